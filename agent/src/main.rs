@@ -1,0 +1,2 @@
+//! `offload-agent`: the node agent.
+fn main() {}

@@ -1,0 +1,147 @@
+//! `OffloadProfile`: the cluster operator's offload policy (cluster-scoped).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::{ModeSetting, NodeClass, OverlapSetting, RatioSetting};
+
+/// Default for `minOverlapEfficiency`.
+pub const DEFAULT_MIN_OVERLAP_EFFICIENCY: f64 = 0.8;
+
+fn default_min_overlap_efficiency() -> f64 {
+    DEFAULT_MIN_OVERLAP_EFFICIENCY
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_node_class_order() -> Vec<NodeClass> {
+    vec![NodeClass::Coherent, NodeClass::Discrete]
+}
+
+/// Policy for resolving the offload configuration of the jobs that name this profile.
+///
+/// A job's own `spec.offload` values win over the profile's; the profile fills in whatever the
+/// job leaves `Auto`, and its `nodeSelector` always narrows the nodes a job may use.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "offload.dev",
+    version = "v1alpha1",
+    kind = "OffloadProfile",
+    doc = "A cluster-wide offload policy: how jobs that name it (annotation offload.dev/profile) get their offload mode, overlap, ratio and node class.",
+    plural = "offloadprofiles",
+    shortname = "ofp",
+    category = "offload",
+    status = "OffloadProfileStatus",
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode"}"#,
+    printcolumn = r#"{"name":"Overlap","type":"string","jsonPath":".spec.overlap"}"#,
+    printcolumn = r#"{"name":"UMA-Nodes","type":"integer","jsonPath":".status.nodes.coherent"}"#,
+    printcolumn = r#"{"name":"Nodes","type":"integer","jsonPath":".status.nodes.total"}"#,
+    printcolumn = r#"{"name":"Jobs","type":"integer","jsonPath":".status.jobs"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct OffloadProfileSpec {
+    /// Offload mode for jobs that leave theirs `Auto`. `Auto` picks `UnifiedMemory` on
+    /// hardware-coherent nodes and `CPUCopy` on every other GPU node.
+    #[serde(default)]
+    pub mode: ModeSetting,
+
+    /// Overlap of the CPU optimizer update with GPU work. `Auto` switches it on only where the
+    /// node agent's self-test measured an efficiency of at least `minOverlapEfficiency`.
+    #[serde(default)]
+    pub overlap: OverlapSetting,
+
+    /// Lowest measured overlap efficiency (0 to 1) at which `overlap: Auto` turns overlap on.
+    #[serde(default = "default_min_overlap_efficiency")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub min_overlap_efficiency: f64,
+
+    /// Share of optimizer state to offload: `Auto` or a number greater than 0 and at most 1.
+    /// `Auto` uses the node report and the job's model hints; without hints it is 1.
+    #[serde(default)]
+    pub offload_ratio: RatioSetting,
+
+    /// Pin (page-lock) host buffers so copies run asynchronously. Turned off automatically on
+    /// nodes whose agent could not allocate pinned memory.
+    #[serde(default = "default_true")]
+    pub pin_memory: bool,
+
+    /// Narrows the nodes this profile may place jobs on. The selector is also written into the
+    /// pods' node affinity, so it binds scheduling as well as the decision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
+
+    /// Order in which node classes are tried when a job could run on either; the first class
+    /// with enough GPUs for the whole job wins.
+    #[serde(default = "default_node_class_order")]
+    #[schemars(length(min = 1, max = 2))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub node_class_order: Vec<NodeClass>,
+
+    /// Allow an explicit-copy (`CPUCopy`) configuration to land on coherent nodes. Off by default:
+    /// copy offload on a coherent node causes extra copies and page-migration conflicts.
+    #[serde(default, rename = "allowCPUCopyOnCoherentNodes")]
+    pub allow_cpu_copy_on_coherent_nodes: bool,
+}
+
+impl Default for OffloadProfileSpec {
+    fn default() -> Self {
+        OffloadProfileSpec {
+            mode: ModeSetting::Auto,
+            overlap: OverlapSetting::Auto,
+            min_overlap_efficiency: DEFAULT_MIN_OVERLAP_EFFICIENCY,
+            offload_ratio: RatioSetting::Auto,
+            pin_memory: true,
+            node_selector: None,
+            node_class_order: default_node_class_order(),
+            allow_cpu_copy_on_coherent_nodes: false,
+        }
+    }
+}
+
+/// What the operator currently observes for a profile.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OffloadProfileStatus {
+    /// Reported GPU nodes matching the profile's selector, by memory model.
+    #[serde(default)]
+    pub nodes: NodeCounts,
+    /// Number of TrainingJobs resolved with this profile.
+    #[serde(default)]
+    pub jobs: i32,
+    /// `metadata.generation` the status was computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Conditions: `Ready` says whether any job could resolve with this profile now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Node counts of a profile, by memory model and overlap result.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCounts {
+    /// All reported GPU nodes matching the selector.
+    #[serde(default)]
+    pub total: i32,
+    /// Hardware-coherent unified-memory nodes (ATS and C2C).
+    #[serde(default)]
+    pub coherent: i32,
+    /// Nodes whose GPUs use HMM (software page migration).
+    #[serde(default)]
+    pub hmm: i32,
+    /// Discrete GPU nodes without HMM or ATS.
+    #[serde(default)]
+    pub discrete: i32,
+    /// Nodes whose overlap self-test passed.
+    #[serde(default)]
+    pub overlap_verified: i32,
+    /// Nodes whose overlap self-test failed.
+    #[serde(default)]
+    pub overlap_failed: i32,
+}

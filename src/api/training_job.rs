@@ -1,0 +1,273 @@
+//! `TrainingJob`: a distributed training job plus its offload configuration (namespaced).
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::{ModeSetting, NodeClass, OffloadMode, OverlapSetting, RatioSetting, Switch};
+
+fn default_replicas() -> i32 {
+    1
+}
+
+/// A distributed training job: `replicas` pods from one template (an Indexed Job with a headless
+/// Service for rendezvous), plus the offload configuration the operator resolves before any pod
+/// starts.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "offload.dev",
+    version = "v1alpha1",
+    kind = "TrainingJob",
+    doc = "A distributed training job whose CPU-offload configuration the operator resolves from the hardware before any pod starts.",
+    plural = "trainingjobs",
+    shortname = "tj",
+    category = "offload",
+    namespaced,
+    status = "TrainingJobStatus",
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.offload.mode"}"#,
+    printcolumn = r#"{"name":"Overlap","type":"string","jsonPath":".spec.offload.overlap"}"#,
+    printcolumn = r#"{"name":"Ratio","type":"string","jsonPath":".spec.offload.offloadRatio"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = r#"{"rule":"self.framework.name == 'DeepSpeed' || !has(self.deepspeed)","message":"spec.deepspeed is only valid with framework.name DeepSpeed"}"#,
+    validation = r#"{"rule":"self.framework.name != 'DeepSpeed' || has(self.framework.version)","message":"framework.version is required for DeepSpeed: its config parser rejects keys the version does not know, so the operator must know the version"}"#,
+    validation = r#"{"rule":"self.framework.name != 'FSDP' || has(self.framework.version)","message":"framework.version (the torch version) is required for FSDP"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainingJobSpec {
+    /// Number of pods (one rank group per pod). Each pod gets `JOB_COMPLETION_INDEX` and the
+    /// rendezvous Service's name.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub replicas: i32,
+
+    /// Retries before the workload is marked failed (the batch Job's `backoffLimit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub backoff_limit: Option<i32>,
+
+    /// The training framework, which decides how the offload configuration is rendered.
+    pub framework: FrameworkSpec,
+
+    /// Offload configuration. Any `Auto` is replaced by a concrete value before a pod exists.
+    #[serde(default)]
+    pub offload: OffloadSpec,
+
+    /// DeepSpeed specifics; only with `framework.name: DeepSpeed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deepspeed: Option<DeepSpeedSpec>,
+
+    /// Model hints used by `offloadRatio: Auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelHints>,
+
+    /// Pod template of every replica. The operator adds env, the framework config mount and
+    /// node affinity; everything else is used as written.
+    #[schemars(schema_with = "pod_template_schema")]
+    pub template: PodTemplateSpec,
+}
+
+/// The pod template is kept as an opaque object in the CRD schema: embedding the full PodSpec
+/// schema makes the CRD several hundred kilobytes, and the API server validates the pods the
+/// Job creates anyway.
+fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "description": "Pod template of every replica (a core/v1 PodTemplateSpec). The operator adds env, the framework config mount and node affinity; everything else is used as written.",
+        "x-kubernetes-preserve-unknown-fields": true,
+        "x-kubernetes-validations": [{
+            "rule": "has(self.spec) && has(self.spec.containers) && size(self.spec.containers) > 0",
+            "message": "template.spec.containers must name at least one container"
+        }]
+    })
+}
+
+/// The training framework and its version.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FrameworkSpec {
+    /// `DeepSpeed`, `FSDP` (PyTorch FSDP through Accelerate) or `Generic` (env vars only).
+    pub name: Framework,
+    /// Version of the framework in the image: the DeepSpeed version for DeepSpeed, the torch
+    /// version for FSDP. Required for both; keys are only emitted where this version accepts them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub version: Option<String>,
+}
+
+/// Training frameworks the operator renders configuration for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum Framework {
+    /// DeepSpeed ZeRO: `zero_optimization.offload_optimizer` / `offload_param` are rendered.
+    DeepSpeed,
+    /// PyTorch FSDP through Accelerate: `FSDP_OFFLOAD_PARAMS` and `FSDP_VERSION` are set.
+    #[serde(rename = "FSDP")]
+    Fsdp,
+    /// Any other framework: only the `OFFLOAD_*` env vars are set.
+    Generic,
+}
+
+/// Offload settings of a job. Each `Auto` defers to the profile, then to the hardware.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OffloadSpec {
+    /// `Auto`, `UnifiedMemory`, `CPUCopy` or `Disabled`.
+    #[serde(default)]
+    pub mode: ModeSetting,
+    /// `Auto`, `Enabled` or `Disabled`.
+    #[serde(default)]
+    pub overlap: OverlapSetting,
+    /// `Auto` or a number greater than 0 and at most 1.
+    #[serde(default)]
+    pub offload_ratio: RatioSetting,
+    /// `Auto`, `Enabled` or `Disabled`: pin host buffers.
+    #[serde(default)]
+    pub pin_memory: Switch,
+}
+
+impl OffloadSpec {
+    /// Whether every field already holds a concrete value.
+    pub fn is_concrete(&self) -> bool {
+        self.mode != ModeSetting::Auto
+            && self.overlap != OverlapSetting::Auto
+            && self.offload_ratio != RatioSetting::Auto
+            && self.pin_memory != Switch::Auto
+    }
+}
+
+/// DeepSpeed specifics.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeepSpeedSpec {
+    /// ConfigMap (same namespace) holding the user's DeepSpeed JSON. The operator merges its
+    /// offload section into a copy and leaves every other key as written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_ref: Option<ConfigMapKeyRef>,
+    /// ZeRO stage (0 to 3) when the user's JSON does not state one; 3 when neither does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 3))]
+    pub zero_stage: Option<u8>,
+    /// Also offload parameters (`offload_param`, ZeRO stage 3 only).
+    #[serde(default)]
+    pub offload_params: bool,
+    /// SuperOffload (`super_offload`). Unset lets the operator switch it on for overlapped
+    /// offload on coherent nodes only; `true` asks for it on any node (DeepSpeed ≥ 0.18.0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub super_offload: Option<bool>,
+    /// Directory where the rendered `ds_config.json` is mounted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^/[^\x00]*$"))]
+    pub mount_path: Option<String>,
+}
+
+/// A key of a ConfigMap in the job's namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigMapKeyRef {
+    /// Name of the ConfigMap.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key holding the DeepSpeed JSON; `ds_config.json` when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+/// Size of the model and the step, for `offloadRatio: Auto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelHints {
+    /// Trainable parameters per GPU after sharding.
+    #[schemars(range(min = 1))]
+    pub parameters: i64,
+    /// Tokens processed per optimizer step on one GPU.
+    #[schemars(range(min = 1))]
+    pub tokens_per_step: i64,
+}
+
+/// Observed state of a TrainingJob.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainingJobStatus {
+    /// `Pending` (not resolved or no pod running yet), `Running`, `Succeeded` or `Failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<JobPhase>,
+    /// The resolved offload configuration and why it was chosen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload: Option<OffloadDecisionStatus>,
+    /// Names of the objects created for the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<WorkloadRef>,
+    /// `metadata.generation` the status was computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Conditions: `OffloadResolved`, `WorkloadCreated`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Lifecycle phase of a TrainingJob.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum JobPhase {
+    /// Waiting for resolution or for pods to start.
+    Pending,
+    /// At least one pod is running.
+    Running,
+    /// The workload completed.
+    Succeeded,
+    /// The workload failed.
+    Failed,
+}
+
+/// The decision recorded in status.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OffloadDecisionStatus {
+    /// Concrete mode.
+    pub mode: OffloadMode,
+    /// Whether overlap is on.
+    pub overlap: bool,
+    /// Offload ratio in (0, 1].
+    pub offload_ratio: f64,
+    /// Whether host buffers are pinned.
+    pub pin_memory: bool,
+    /// Node class the pods are pinned to; absent when offload is disabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_class: Option<NodeClass>,
+    /// Profile used.
+    pub profile: String,
+    /// Lowest overlap efficiency measured on the chosen nodes, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap_efficiency: Option<f64>,
+    /// Whether DeepSpeed SuperOffload is on.
+    #[serde(default)]
+    pub super_offload: bool,
+    /// One reason per choice, in the order they were made.
+    #[serde(default)]
+    pub reasons: Vec<DecisionReason>,
+}
+
+/// Why one setting got its value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DecisionReason {
+    /// The setting: `mode`, `nodeClass`, `overlap`, `offloadRatio`, `pinMemory` or `framework`.
+    pub field: String,
+    /// A sentence a person can act on.
+    pub message: String,
+}
+
+/// Objects the operator created for the job (all owned by it).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadRef {
+    /// The Indexed batch/v1 Job.
+    pub job: String,
+    /// The headless rendezvous Service.
+    pub service: String,
+    /// The ConfigMap with the rendered framework configuration, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<String>,
+}

@@ -1,0 +1,17 @@
+//! offload-operator: makes every training job's CPU-offload configuration match the hardware
+//! its pods run on.
+//!
+//! The crate is laid out by concern:
+//! - [`api`]: the `offload.dev/v1alpha1` types and their CRDs;
+//! - [`names`]: label, annotation and env var names shared by every component;
+//! - [`report`]: the node agent's versioned report, written by the agent and read here;
+//! - [`decision`]: the pure function that resolves a job's offload configuration;
+//! - [`render`]: turns a resolution into env vars, framework config and node affinity.
+#![deny(missing_docs)]
+
+pub mod api;
+pub mod decision;
+pub mod names;
+pub mod render;
+pub mod report;
+pub mod version;

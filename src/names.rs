@@ -1,0 +1,71 @@
+//! Well-known names: the API group, label and annotation keys, env var names and field managers.
+//!
+//! Every string that another component (the agent, the webhook, a training image, a user's
+//! `kubectl`) relies on is defined here once. None of them lives under `nvidia.com/` (GPU Feature
+//! Discovery) or `feature.node.kubernetes.io/` (Node Feature Discovery), so the agent never
+//! fights those projects over a key.
+
+/// API group of the CRDs.
+pub const GROUP: &str = "offload.dev";
+/// API version of the CRDs.
+pub const VERSION: &str = "v1alpha1";
+
+/// Annotation (and, for other job kinds and pods, label) that opts an object in, naming the
+/// OffloadProfile to use or `auto` for the profile named [`DEFAULT_PROFILE`].
+pub const PROFILE_ANNOTATION: &str = "offload.dev/profile";
+/// The value of [`PROFILE_ANNOTATION`] that selects the [`DEFAULT_PROFILE`].
+pub const PROFILE_AUTO: &str = "auto";
+/// Name of the OffloadProfile used when a job asks for `auto`.
+pub const DEFAULT_PROFILE: &str = "default";
+
+/// Node label: `true` only for hardware-coherent unified memory (ATS addressing and C2C enabled).
+pub const LABEL_UMA: &str = "offload.dev/uma";
+/// Node label: NVML addressing mode, `ats`, `hmm` or `none`.
+pub const LABEL_ADDRESSING_MODE: &str = "offload.dev/addressing-mode";
+/// Node label: whether NVLink-C2C is enabled, `true` or `false`.
+pub const LABEL_C2C: &str = "offload.dev/c2c";
+/// Node label: result of the overlap self-test, `verified`, `failed` or `untested`.
+pub const LABEL_OVERLAP: &str = "offload.dev/overlap";
+/// Node annotation: the agent's versioned JSON report (see [`crate::report::NodeReport`]).
+pub const ANNOTATION_NODE_REPORT: &str = "offload.dev/node-report";
+
+/// All label keys the agent owns, for clean-up on uninstall.
+pub const AGENT_LABELS: [&str; 4] = [LABEL_UMA, LABEL_ADDRESSING_MODE, LABEL_C2C, LABEL_OVERLAP];
+
+/// Env var: `unified-memory`, `cpu-copy` or `disabled`.
+pub const ENV_MODE: &str = "OFFLOAD_MODE";
+/// Env var: `1` when the CPU update should overlap GPU work, else `0`.
+pub const ENV_OVERLAP: &str = "OFFLOAD_OVERLAP";
+/// Env var: share of optimizer state offloaded, a decimal in (0, 1].
+pub const ENV_RATIO: &str = "OFFLOAD_RATIO";
+/// Env var: `1` when host buffers should be pinned, else `0`.
+pub const ENV_PIN_MEMORY: &str = "OFFLOAD_PIN_MEMORY";
+/// Env var: the OffloadProfile the configuration was resolved with.
+pub const ENV_PROFILE: &str = "OFFLOAD_PROFILE";
+/// Env var: path of the rendered framework configuration file, where one is rendered.
+pub const ENV_CONFIG_FILE: &str = "OFFLOAD_CONFIG_FILE";
+/// Accelerate env var: offload FSDP parameters to the CPU (`true`/`false`).
+pub const ENV_FSDP_OFFLOAD_PARAMS: &str = "FSDP_OFFLOAD_PARAMS";
+/// Accelerate env var: FSDP generation (`1` or `2`).
+pub const ENV_FSDP_VERSION: &str = "FSDP_VERSION";
+
+/// Every env var name the operator may write into a container; the webhook removes none but
+/// these when it re-renders, so a user's own env is never touched.
+pub const OPERATOR_ENV: [&str; 8] = [
+    ENV_MODE,
+    ENV_OVERLAP,
+    ENV_RATIO,
+    ENV_PIN_MEMORY,
+    ENV_PROFILE,
+    ENV_CONFIG_FILE,
+    ENV_FSDP_OFFLOAD_PARAMS,
+    ENV_FSDP_VERSION,
+];
+
+/// Field manager of the operator's server-side applies.
+pub const OPERATOR_MANAGER: &str = "offload-operator";
+/// Field manager of the agent's server-side applies.
+pub const AGENT_MANAGER: &str = "offload-agent";
+
+/// Extended resource name of NVIDIA GPUs, used to count how many GPUs a pod asks for.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";

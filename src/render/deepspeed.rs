@@ -1,0 +1,221 @@
+//! DeepSpeed `zero_optimization` rendering, per declared version.
+//!
+//! DeepSpeed's config models forbid unknown keys, so every key written here is checked against
+//! what the declared version accepts ([`accepted_offload_optimizer_keys`]).
+
+use std::collections::BTreeSet;
+
+use serde_json::{Map, Value, json};
+
+use crate::api::OffloadMode;
+use crate::decision::{DeepSpeedPlan, Resolution, SUPER_OFFLOAD_CPU_SHARE};
+use crate::version::{FrameworkVersion, deepspeed};
+
+/// File name of the rendered config inside its mount.
+pub const CONFIG_FILE_NAME: &str = "ds_config.json";
+/// Default mount directory of the rendered config.
+pub const DEFAULT_MOUNT_PATH: &str = "/etc/offload";
+
+/// A DeepSpeed config the operator cannot merge into.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DeepSpeedConfigError {
+    /// Not JSON at all.
+    #[error("the DeepSpeed config is not valid JSON: {0}")]
+    NotJson(String),
+    /// JSON, but some part is not an object where DeepSpeed expects one.
+    #[error("the DeepSpeed config's {path} must be a JSON object")]
+    NotAnObject {
+        /// JSON path of the offending value.
+        path: &'static str,
+    },
+    /// `zero_optimization.stage` is not an integer from 0 to 3.
+    #[error(
+        "the DeepSpeed config's zero_optimization.stage must be an integer from 0 to 3, found {0}"
+    )]
+    BadStage(String),
+    /// The user's section has a key the declared version rejects.
+    #[error(
+        "the DeepSpeed config's zero_optimization.{section} has key {key:?}, which DeepSpeed {version} does not accept (its parser forbids unknown keys): remove it or declare a newer framework.version"
+    )]
+    KeyNotAccepted {
+        /// `offload_optimizer` or `offload_param`.
+        section: &'static str,
+        /// The key.
+        key: String,
+        /// The declared version.
+        version: String,
+    },
+}
+
+/// Keys of `zero_optimization.offload_optimizer` that `version` accepts at `stage`.
+pub fn accepted_offload_optimizer_keys(
+    version: &FrameworkVersion,
+    stage: u8,
+) -> BTreeSet<&'static str> {
+    let mut keys = BTreeSet::from([
+        "device",
+        "nvme_path",
+        "buffer_count",
+        "pin_memory",
+        "pipeline_read",
+        "pipeline_write",
+        "fast_init",
+    ]);
+    if stage == 3 && deepspeed::has(version, deepspeed::RATIO) {
+        keys.insert("ratio");
+    }
+    if deepspeed::has(version, deepspeed::SUPER_OFFLOAD) {
+        keys.insert("super_offload");
+        keys.insert("cpuadam_cores_perc");
+    }
+    keys
+}
+
+/// Keys of `zero_optimization.offload_param` that every supported version accepts (the section
+/// only takes effect at ZeRO stage 3).
+pub fn accepted_offload_param_keys() -> BTreeSet<&'static str> {
+    BTreeSet::from([
+        "device",
+        "nvme_path",
+        "buffer_count",
+        "buffer_size",
+        "max_in_cpu",
+        "pin_memory",
+    ])
+}
+
+/// The operator's `zero_optimization` section on its own (no user config).
+pub fn render_section(res: &Resolution, plan: &DeepSpeedPlan) -> Value {
+    match merge_config(&json!({}), res, plan) {
+        Ok(v) => v,
+        // Merging into an empty object cannot fail; fall back to the bare offload keys anyway.
+        Err(_) => json!({"zero_optimization": {"offload_optimizer": {"device": device(res)}}}),
+    }
+}
+
+fn device(res: &Resolution) -> &'static str {
+    match res.mode {
+        OffloadMode::Disabled => "none",
+        OffloadMode::UnifiedMemory | OffloadMode::CpuCopy => "cpu",
+    }
+}
+
+/// Parses the user's DeepSpeed JSON and returns its `zero_optimization.stage`, if stated.
+pub fn stage_of(config: &Value) -> Result<Option<u8>, DeepSpeedConfigError> {
+    let Some(root) = config.as_object() else {
+        return Err(DeepSpeedConfigError::NotAnObject { path: "top level" });
+    };
+    let Some(zero) = root.get("zero_optimization") else {
+        return Ok(None);
+    };
+    let Some(zero) = zero.as_object() else {
+        return Err(DeepSpeedConfigError::NotAnObject {
+            path: "zero_optimization",
+        });
+    };
+    match zero.get("stage") {
+        None => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(s @ 0..=3) => Ok(Some(s as u8)),
+            _ => Err(DeepSpeedConfigError::BadStage(v.to_string())),
+        },
+    }
+}
+
+/// Parses a DeepSpeed JSON document.
+pub fn parse_config(text: &str) -> Result<Value, DeepSpeedConfigError> {
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| DeepSpeedConfigError::NotJson(e.to_string()))?;
+    stage_of(&value)?;
+    Ok(value)
+}
+
+/// Merges the offload section into the user's DeepSpeed JSON. Only the keys the operator owns
+/// change (`device`, `pin_memory`, `ratio`, `super_offload`, `cpuadam_cores_perc` of the two
+/// offload sections, and `stage` when the user's config lacks it); every other key is kept as
+/// written. Merging twice gives the same document.
+pub fn merge_config(
+    user: &Value,
+    res: &Resolution,
+    plan: &DeepSpeedPlan,
+) -> Result<Value, DeepSpeedConfigError> {
+    let mut root = user
+        .as_object()
+        .cloned()
+        .ok_or(DeepSpeedConfigError::NotAnObject { path: "top level" })?;
+    let zero = root
+        .entry("zero_optimization")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let zero = zero
+        .as_object_mut()
+        .ok_or(DeepSpeedConfigError::NotAnObject {
+            path: "zero_optimization",
+        })?;
+    if plan.write_stage && !zero.contains_key("stage") {
+        zero.insert("stage".into(), json!(plan.stage));
+    }
+    let version = plan.version.to_string();
+
+    // offload_optimizer
+    let optimizer_keys = accepted_offload_optimizer_keys(&plan.version, plan.stage);
+    let opt = zero
+        .entry("offload_optimizer")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let opt = opt
+        .as_object_mut()
+        .ok_or(DeepSpeedConfigError::NotAnObject {
+            path: "zero_optimization.offload_optimizer",
+        })?;
+    opt.insert("device".into(), json!(device(res)));
+    opt.insert("pin_memory".into(), json!(res.pin_memory));
+    if plan.write_ratio {
+        opt.insert("ratio".into(), json!(res.ratio));
+    } else {
+        opt.remove("ratio");
+    }
+    if plan.super_offload {
+        opt.insert("super_offload".into(), json!(true));
+        opt.insert("cpuadam_cores_perc".into(), json!(SUPER_OFFLOAD_CPU_SHARE));
+    } else {
+        opt.remove("super_offload");
+        opt.remove("cpuadam_cores_perc");
+    }
+    if let Some(key) = opt.keys().find(|k| !optimizer_keys.contains(k.as_str())) {
+        return Err(DeepSpeedConfigError::KeyNotAccepted {
+            section: "offload_optimizer",
+            key: key.clone(),
+            version,
+        });
+    }
+
+    // offload_param
+    let param_keys = accepted_offload_param_keys();
+    if plan.offload_params || zero.contains_key("offload_param") {
+        let param = zero
+            .entry("offload_param")
+            .or_insert_with(|| Value::Object(Map::new()));
+        let param = param
+            .as_object_mut()
+            .ok_or(DeepSpeedConfigError::NotAnObject {
+                path: "zero_optimization.offload_param",
+            })?;
+        let device = if plan.offload_params {
+            device(res)
+        } else {
+            "none"
+        };
+        param.insert("device".into(), json!(device));
+        param.insert(
+            "pin_memory".into(),
+            json!(res.pin_memory && plan.offload_params),
+        );
+        if let Some(key) = param.keys().find(|k| !param_keys.contains(k.as_str())) {
+            return Err(DeepSpeedConfigError::KeyNotAccepted {
+                section: "offload_param",
+                key: key.clone(),
+                version,
+            });
+        }
+    }
+    Ok(Value::Object(root))
+}

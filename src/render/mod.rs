@@ -1,0 +1,235 @@
+//! Turns a [`Resolution`] into what reaches the training process: env vars, the framework's
+//! config, and node affinity — and writes them into a pod template.
+//!
+//! Every function here is pure and idempotent: applying a rendering twice gives the same pod
+//! template as applying it once, so the webhook is safe to re-invoke and the controller safe
+//! to retry.
+
+pub mod deepspeed;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, ConfigMapVolumeSource, EnvVar, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, PodSpec, PodTemplateSpec, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use crate::api::OffloadMode;
+use crate::decision::{FrameworkPlan, Resolution, class_requirements};
+use crate::names;
+
+/// Name of the volume that carries the rendered framework config.
+pub const CONFIG_VOLUME: &str = "offload-config";
+
+/// Formats a ratio the way env vars and status show it (`1`, `0.9`).
+pub fn format_ratio(ratio: f64) -> String {
+    format!("{ratio}")
+}
+
+/// The env vars for a resolution. `config_file` is the path of the rendered framework config
+/// inside the container, where one is mounted.
+pub fn env_vars(res: &Resolution, config_file: Option<&str>) -> Vec<EnvVar> {
+    let flag = |b: bool| if b { "1" } else { "0" };
+    let mut out = vec![
+        env(names::ENV_MODE, res.mode.env_value()),
+        env(names::ENV_OVERLAP, flag(res.overlap)),
+        env(names::ENV_RATIO, &format_ratio(res.ratio)),
+        env(names::ENV_PIN_MEMORY, flag(res.pin_memory)),
+        env(names::ENV_PROFILE, &res.profile),
+    ];
+    if let Some(path) = config_file {
+        out.push(env(names::ENV_CONFIG_FILE, path));
+    }
+    if let FrameworkPlan::Fsdp(plan) = &res.framework {
+        out.push(env(
+            names::ENV_FSDP_OFFLOAD_PARAMS,
+            if plan.offload_params { "true" } else { "false" },
+        ));
+        out.push(env(names::ENV_FSDP_VERSION, &plan.fsdp_version.to_string()));
+    }
+    out
+}
+
+fn env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value: Some(value.to_string()),
+        value_from: None,
+    }
+}
+
+/// The node-selector requirements that pin pods to the resolution's node class and the
+/// profile's node selector. Empty when neither applies.
+pub fn node_requirements(res: &Resolution) -> Vec<NodeSelectorRequirement> {
+    let mut reqs: Vec<NodeSelectorRequirement> = match (res.mode, res.node_class) {
+        (OffloadMode::Disabled, _) | (_, None) => Vec::new(),
+        (_, Some(class)) => class_requirements(class)
+            .into_iter()
+            .map(|(key, values)| NodeSelectorRequirement {
+                key,
+                operator: "In".to_string(),
+                values: Some(values),
+            })
+            .collect(),
+    };
+    if let Some(sel) = &res.node_selector {
+        reqs.extend(selector_requirements(sel));
+    }
+    reqs
+}
+
+fn selector_requirements(sel: &LabelSelector) -> Vec<NodeSelectorRequirement> {
+    let mut reqs: Vec<NodeSelectorRequirement> = sel
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| NodeSelectorRequirement {
+            key: k.clone(),
+            operator: "In".to_string(),
+            values: Some(vec![v.clone()]),
+        })
+        .collect();
+    reqs.extend(
+        sel.match_expressions
+            .iter()
+            .flatten()
+            .map(|e| NodeSelectorRequirement {
+                key: e.key.clone(),
+                operator: e.operator.clone(),
+                values: e.values.clone().filter(|v| !v.is_empty()),
+            }),
+    );
+    reqs
+}
+
+/// The node affinity for a resolution, or `None` when no node constraint applies.
+pub fn node_affinity(res: &Resolution) -> Option<NodeAffinity> {
+    let reqs = node_requirements(res);
+    if reqs.is_empty() {
+        return None;
+    }
+    Some(NodeAffinity {
+        required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+            node_selector_terms: vec![NodeSelectorTerm {
+                match_expressions: Some(reqs),
+                match_fields: None,
+            }],
+        }),
+        preferred_during_scheduling_ignored_during_execution: None,
+    })
+}
+
+/// Where the rendered framework config is mounted into a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigMount {
+    /// ConfigMap holding the rendered file.
+    pub config_map: String,
+    /// Key (file name) in the ConfigMap.
+    pub key: String,
+    /// Directory the file appears in.
+    pub mount_path: String,
+}
+
+impl ConfigMount {
+    /// Full path of the file inside the container.
+    pub fn file_path(&self) -> String {
+        format!("{}/{}", self.mount_path.trim_end_matches('/'), self.key)
+    }
+}
+
+/// Writes a resolution into a pod template: env on every container (operator-owned names
+/// replaced, the user's own env untouched), the config volume and mounts, and node affinity
+/// ANDed into every required term the user already has.
+pub fn apply_to_pod_template(
+    template: &mut PodTemplateSpec,
+    res: &Resolution,
+    config: Option<&ConfigMount>,
+) {
+    let spec = template.spec.get_or_insert_with(PodSpec::default);
+    apply_to_pod_spec(spec, res, config);
+}
+
+/// [`apply_to_pod_template`] on a bare pod spec (for Pods).
+pub fn apply_to_pod_spec(spec: &mut PodSpec, res: &Resolution, config: Option<&ConfigMount>) {
+    let file = config.map(ConfigMount::file_path);
+    let vars = env_vars(res, file.as_deref());
+    for container in &mut spec.containers {
+        let env = container.env.get_or_insert_with(Vec::new);
+        env.retain(|e| !names::OPERATOR_ENV.contains(&e.name.as_str()));
+        env.extend(vars.iter().cloned());
+        if let Some(cfg) = config {
+            let mounts = container.volume_mounts.get_or_insert_with(Vec::new);
+            mounts.retain(|m| m.name != CONFIG_VOLUME);
+            mounts.push(VolumeMount {
+                name: CONFIG_VOLUME.to_string(),
+                mount_path: cfg.mount_path.clone(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            });
+        }
+    }
+    if let Some(cfg) = config {
+        let volumes = spec.volumes.get_or_insert_with(Vec::new);
+        volumes.retain(|v| v.name != CONFIG_VOLUME);
+        volumes.push(Volume {
+            name: CONFIG_VOLUME.to_string(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: cfg.config_map.clone(),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
+    merge_affinity(spec, &node_requirements(res));
+}
+
+/// ANDs `reqs` into every required node-selector term of the pod (adding one term when there is
+/// none). Requirements already present are not added twice.
+fn merge_affinity(spec: &mut PodSpec, reqs: &[NodeSelectorRequirement]) {
+    if reqs.is_empty() {
+        return;
+    }
+    let affinity = spec.affinity.get_or_insert_with(Affinity::default);
+    let node = affinity
+        .node_affinity
+        .get_or_insert_with(NodeAffinity::default);
+    let required = node
+        .required_during_scheduling_ignored_during_execution
+        .get_or_insert_with(|| NodeSelector {
+            node_selector_terms: Vec::new(),
+        });
+    if required.node_selector_terms.is_empty() {
+        required
+            .node_selector_terms
+            .push(NodeSelectorTerm::default());
+    }
+    for term in &mut required.node_selector_terms {
+        let exprs = term.match_expressions.get_or_insert_with(Vec::new);
+        for req in reqs {
+            if !exprs.contains(req) {
+                exprs.push(req.clone());
+            }
+        }
+    }
+}
+
+/// GPUs a pod template asks for: the sum of `nvidia.com/gpu` limits (or requests) over its
+/// containers, at least 1.
+pub fn gpus_per_pod(spec: Option<&PodSpec>) -> u32 {
+    let Some(spec) = spec else { return 1 };
+    let total: u64 = spec
+        .containers
+        .iter()
+        .filter_map(|c| c.resources.as_ref())
+        .filter_map(|r| {
+            r.limits
+                .as_ref()
+                .and_then(|l| l.get(names::GPU_RESOURCE))
+                .or_else(|| r.requests.as_ref().and_then(|l| l.get(names::GPU_RESOURCE)))
+        })
+        .filter_map(|q| q.0.parse::<u64>().ok())
+        .sum();
+    u32::try_from(total).unwrap_or(u32::MAX).max(1)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,461 @@
+//! The node report: what the agent measured on a node, published as the versioned JSON
+//! annotation `offload.dev/node-report`, and the labels derived from it.
+//!
+//! The agent writes it and the operator reads it with these same types, so the two can never
+//! disagree on a field name. Readers accept only [`REPORT_SCHEMA_VERSION`]; anything else is a
+//! clear error, never a guess.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::names;
+
+/// Version of the report's JSON schema. Bump on any incompatible change.
+pub const REPORT_SCHEMA_VERSION: u32 = 1;
+
+/// How a GPU addresses host memory, as NVML's `nvmlDeviceGetAddressingMode` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AddressingMode {
+    /// Hardware address translation services: coherent access to system memory.
+    Ats,
+    /// Heterogeneous memory management: software page migration (x86 PCIe GPUs too).
+    Hmm,
+    /// Neither.
+    None,
+    /// The driver could not say (symbol missing in an older NVML, or the call failed).
+    Unknown,
+}
+
+impl AddressingMode {
+    /// Value of the `offload.dev/addressing-mode` label. `Unknown` is published as `none`: only
+    /// `ats` ever leads to a unified-memory decision, so the conservative value is the safe one.
+    pub fn label_value(self) -> &'static str {
+        match self {
+            AddressingMode::Ats => "ats",
+            AddressingMode::Hmm => "hmm",
+            AddressingMode::None | AddressingMode::Unknown => "none",
+        }
+    }
+}
+
+/// The memory model of a node, from its GPUs' addressing mode and C2C state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeMemoryModel {
+    /// Hardware-coherent unified memory: every GPU in ATS mode with C2C enabled.
+    Coherent,
+    /// GPUs with HMM (software page migration), not hardware-coherent.
+    Hmm,
+    /// Classic discrete GPUs.
+    Discrete,
+    /// NVML could not be read, or the GPUs disagree.
+    Unknown,
+    /// NVML works but the node has no GPU.
+    NoGpu,
+}
+
+impl NodeMemoryModel {
+    /// Classifies a node from its GPUs. Coherent needs every GPU to be ATS with C2C on: a mixed
+    /// node is not a unified-memory node.
+    pub fn classify(gpus: &[GpuReport]) -> NodeMemoryModel {
+        if gpus.is_empty() {
+            return NodeMemoryModel::NoGpu;
+        }
+        let coherent = |g: &GpuReport| g.addressing_mode == AddressingMode::Ats && g.c2c.enabled;
+        if gpus.iter().all(coherent) {
+            NodeMemoryModel::Coherent
+        } else if gpus.iter().any(coherent) {
+            NodeMemoryModel::Unknown
+        } else if gpus
+            .iter()
+            .all(|g| g.addressing_mode == AddressingMode::Hmm)
+        {
+            NodeMemoryModel::Hmm
+        } else {
+            NodeMemoryModel::Discrete
+        }
+    }
+}
+
+/// Verdict of the overlap self-test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OverlapVerdict {
+    /// Pipelined step overlapped CPU and GPU work at or above the agent's threshold.
+    Verified,
+    /// Overlap was measured below the threshold.
+    Failed,
+    /// Not measured (no GPU, no CUDA, test disabled or errored).
+    Untested,
+}
+
+impl OverlapVerdict {
+    /// Value of the `offload.dev/overlap` label.
+    pub fn label_value(self) -> &'static str {
+        match self {
+            OverlapVerdict::Verified => "verified",
+            OverlapVerdict::Failed => "failed",
+            OverlapVerdict::Untested => "untested",
+        }
+    }
+}
+
+/// The whole report of one node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeReport {
+    /// Always [`REPORT_SCHEMA_VERSION`] for reports this code writes.
+    pub schema_version: u32,
+    /// Version of the agent that wrote it.
+    pub agent_version: String,
+    /// Node name.
+    pub node: String,
+    /// When it was measured (RFC 3339).
+    pub generated_at: String,
+    /// NVML and driver facts, or why they could not be read.
+    pub nvml: NvmlInfo,
+    /// The node's GPUs.
+    #[serde(default)]
+    pub gpus: Vec<GpuReport>,
+    /// Classification of the node.
+    pub memory_model: NodeMemoryModel,
+    /// NUMA nodes the OS shows (GPU memory shows up as memory-only nodes on GH200 in NUMA mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub os_numa_nodes: Option<u32>,
+    /// Overlap self-test results.
+    pub selftest: SelfTestReport,
+}
+
+/// NVML availability and versions.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NvmlInfo {
+    /// Whether NVML initialised.
+    pub available: bool,
+    /// The exact error when it did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Driver version, e.g. `580.159`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    /// NVML library version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvml_version: Option<String>,
+    /// CUDA driver API version, e.g. `13000`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_driver_version: Option<i32>,
+}
+
+/// One GPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GpuReport {
+    /// NVML index.
+    pub index: u32,
+    /// GPU UUID.
+    pub uuid: String,
+    /// Marketing name, e.g. `NVIDIA GH200 480GB`.
+    pub name: String,
+    /// Architecture, e.g. `Hopper`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<String>,
+    /// PCI device id (upper 16 bits of NVML's combined id), e.g. `0x2342`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_device_id: Option<u32>,
+    /// Total GPU memory in bytes.
+    pub memory_total_bytes: u64,
+    /// Addressing mode.
+    pub addressing_mode: AddressingMode,
+    /// NVLink-C2C state.
+    pub c2c: C2cInfo,
+    /// NUMA node of the GPU, when NVML knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<i32>,
+    /// Current PCIe generation (not the host link on coherent nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_generation: Option<u32>,
+    /// Current PCIe width.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_width: Option<u32>,
+    /// Whether MIG is enabled.
+    #[serde(default)]
+    pub mig_enabled: bool,
+}
+
+/// NVLink-C2C state of a GPU.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct C2cInfo {
+    /// `isC2cEnabled` from `nvmlDeviceGetC2cModeInfoV`.
+    pub enabled: bool,
+    /// Number of C2C links, when reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_count: Option<u32>,
+    /// Maximum C2C bandwidth in MB/s, when reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bandwidth_mbps: Option<u64>,
+}
+
+/// Results of the overlap self-test.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SelfTestReport {
+    /// Verdict against `threshold`.
+    pub verdict: OverlapVerdict,
+    /// Efficiency threshold the verdict used.
+    pub threshold: f64,
+    /// Overlap efficiency `(t_gpu + t_cpu - t_pipelined) / min(t_gpu, t_cpu)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub efficiency: Option<f64>,
+    /// Whether pinned host memory could be allocated; `false` means the pageable path was measured.
+    #[serde(default = "yes")]
+    pub pinned_memory: bool,
+    /// Why pinned allocation failed, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned_error: Option<String>,
+    /// Host↔device bandwidths in GB/s.
+    #[serde(default)]
+    pub bandwidth: Bandwidths,
+    /// CPU optimizer (Adam, fp32) update rate, parameters per second, all cores of the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_update_rate: Option<f64>,
+    /// GPU compute rate of the backward-like kernel, FLOP per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_flops: Option<f64>,
+    /// GPU-only time of the K-chunk step, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub t_gpu_ms: Option<f64>,
+    /// CPU-only time of the K-chunk step, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub t_cpu_ms: Option<f64>,
+    /// Serial step time, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub t_serial_ms: Option<f64>,
+    /// Pipelined step time, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub t_pipelined_ms: Option<f64>,
+    /// Number of chunks K.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunks: Option<u32>,
+    /// How long the whole self-test took, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<f64>,
+    /// Why the test did not run or did not finish.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl SelfTestReport {
+    /// A report for a test that did not run, with the reason.
+    pub fn untested(threshold: f64, why: impl Into<String>) -> Self {
+        SelfTestReport {
+            verdict: OverlapVerdict::Untested,
+            threshold,
+            efficiency: None,
+            pinned_memory: true,
+            pinned_error: None,
+            bandwidth: Bandwidths::default(),
+            cpu_update_rate: None,
+            gpu_flops: None,
+            t_gpu_ms: None,
+            t_cpu_ms: None,
+            t_serial_ms: None,
+            t_pipelined_ms: None,
+            chunks: None,
+            duration_ms: None,
+            error: Some(why.into()),
+        }
+    }
+}
+
+/// Host↔device bandwidths, GB/s.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Bandwidths {
+    /// Host to device, pinned host memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub h2d_pinned: Option<f64>,
+    /// Device to host, pinned host memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub d2h_pinned: Option<f64>,
+    /// Host to device, pageable host memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub h2d_pageable: Option<f64>,
+    /// Device to host, pageable host memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub d2h_pageable: Option<f64>,
+    /// GPU kernel reading host memory directly (coherent nodes only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direct_host_read: Option<f64>,
+    /// GPU kernel writing host memory directly (coherent nodes only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direct_host_write: Option<f64>,
+}
+
+/// A report that could not be read.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ReportError {
+    /// Not JSON, or a field of the wrong type.
+    #[error("node report is not valid JSON for schema version {REPORT_SCHEMA_VERSION}: {0}")]
+    Malformed(String),
+    /// A schema version this code does not know.
+    #[error(
+        "node report has schema version {found}, this operator reads version {REPORT_SCHEMA_VERSION}: upgrade the operator or the agent so they match"
+    )]
+    UnsupportedVersion {
+        /// The version found.
+        found: u64,
+    },
+}
+
+impl NodeReport {
+    /// Parses the annotation value, checking the schema version before anything else so an agent
+    /// newer than the operator gets a message about versions, not about fields.
+    pub fn parse(json: &str) -> Result<NodeReport, ReportError> {
+        let value: serde_json::Value =
+            serde_json::from_str(json).map_err(|e| ReportError::Malformed(e.to_string()))?;
+        match value
+            .get("schemaVersion")
+            .and_then(serde_json::Value::as_u64)
+        {
+            Some(v) if v == u64::from(REPORT_SCHEMA_VERSION) => {}
+            Some(found) => return Err(ReportError::UnsupportedVersion { found }),
+            None => {
+                return Err(ReportError::Malformed(
+                    "missing or non-numeric schemaVersion".to_string(),
+                ));
+            }
+        }
+        serde_json::from_value(value).map_err(|e| ReportError::Malformed(e.to_string()))
+    }
+
+    /// Serialises the report as the annotation value.
+    pub fn to_annotation(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string(self)
+    }
+
+    /// The node's addressing mode label: the common mode of all GPUs, `none` if they differ.
+    pub fn addressing_mode(&self) -> AddressingMode {
+        match self.gpus.first() {
+            Some(first)
+                if self
+                    .gpus
+                    .iter()
+                    .all(|g| g.addressing_mode == first.addressing_mode) =>
+            {
+                first.addressing_mode
+            }
+            _ => AddressingMode::None,
+        }
+    }
+
+    /// The labels the agent publishes for this report.
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        let c2c = !self.gpus.is_empty() && self.gpus.iter().all(|g| g.c2c.enabled);
+        let uma = self.memory_model == NodeMemoryModel::Coherent;
+        BTreeMap::from([
+            (names::LABEL_UMA.to_string(), uma.to_string()),
+            (
+                names::LABEL_ADDRESSING_MODE.to_string(),
+                self.addressing_mode().label_value().to_string(),
+            ),
+            (names::LABEL_C2C.to_string(), c2c.to_string()),
+            (
+                names::LABEL_OVERLAP.to_string(),
+                self.selftest.verdict.label_value().to_string(),
+            ),
+        ])
+    }
+}
+
+impl fmt::Display for NodeMemoryModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NodeMemoryModel::Coherent => "coherent",
+            NodeMemoryModel::Hmm => "hmm",
+            NodeMemoryModel::Discrete => "discrete",
+            NodeMemoryModel::Unknown => "unknown",
+            NodeMemoryModel::NoGpu => "no-gpu",
+        })
+    }
+}
+
+/// Node reports used as fixtures where the hardware is not here; `tests/fixtures/README.md` says
+/// where each figure comes from.
+pub mod fixtures {
+    /// Stand-in for a 1-GPU GH200 node (ATS, C2C on; 9 NUMA nodes in NUMA mode), assembled from
+    /// published GH200 figures: this project has no GH200.
+    pub const GH200_REFERENCE: &str = include_str!("../tests/fixtures/node-report-gh200.json");
+    /// An H200 on an x86 PCIe Gen5 host (addressing mode none, C2C off), as read on the lent H200.
+    pub const H200_READING: &str = include_str!("../tests/fixtures/node-report-h200.json");
+    /// Constructed report of an x86 PCIe GPU node with HMM whose container memlock limit refuses
+    /// pinned memory, so overlap fails.
+    pub const HMM_MEMLOCK: &str = include_str!("../tests/fixtures/node-report-hmm.json");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_reports_parse_and_classify() {
+        let gh = NodeReport::parse(fixtures::GH200_REFERENCE).unwrap();
+        assert_eq!(gh.memory_model, NodeMemoryModel::Coherent);
+        assert_eq!(
+            NodeMemoryModel::classify(&gh.gpus),
+            NodeMemoryModel::Coherent
+        );
+        assert_eq!(gh.labels()[names::LABEL_UMA], "true");
+        assert_eq!(gh.labels()[names::LABEL_ADDRESSING_MODE], "ats");
+        let h200 = NodeReport::parse(fixtures::H200_READING).unwrap();
+        assert_eq!(
+            NodeMemoryModel::classify(&h200.gpus),
+            NodeMemoryModel::Discrete
+        );
+        assert_eq!(h200.labels()[names::LABEL_UMA], "false");
+        assert_eq!(h200.labels()[names::LABEL_C2C], "false");
+        let hmm = NodeReport::parse(fixtures::HMM_MEMLOCK).unwrap();
+        assert_eq!(NodeMemoryModel::classify(&hmm.gpus), NodeMemoryModel::Hmm);
+        assert_eq!(hmm.labels()[names::LABEL_UMA], "false");
+        assert_eq!(hmm.labels()[names::LABEL_ADDRESSING_MODE], "hmm");
+    }
+
+    #[test]
+    fn report_round_trips() {
+        let gh = NodeReport::parse(fixtures::GH200_REFERENCE).unwrap();
+        let again = NodeReport::parse(&gh.to_annotation().unwrap()).unwrap();
+        assert_eq!(gh, again);
+    }
+
+    #[test]
+    fn bad_reports_get_specific_errors() {
+        assert!(matches!(
+            NodeReport::parse("{not json"),
+            Err(ReportError::Malformed(_))
+        ));
+        assert!(matches!(
+            NodeReport::parse(r#"{"schemaVersion": 7}"#),
+            Err(ReportError::UnsupportedVersion { found: 7 })
+        ));
+        let err = NodeReport::parse(r#"{"agentVersion": "1"}"#).unwrap_err();
+        assert!(err.to_string().contains("schemaVersion"), "{err}");
+        let err = NodeReport::parse(r#"{"schemaVersion": 1, "node": 3}"#).unwrap_err();
+        assert!(matches!(err, ReportError::Malformed(_)), "{err}");
+    }
+
+    #[test]
+    fn a_mixed_node_is_not_coherent() {
+        let gh = NodeReport::parse(fixtures::GH200_REFERENCE).unwrap();
+        let h200 = NodeReport::parse(fixtures::H200_READING).unwrap();
+        let mixed = vec![gh.gpus[0].clone(), h200.gpus[0].clone()];
+        assert_eq!(NodeMemoryModel::classify(&mixed), NodeMemoryModel::Unknown);
+        assert_eq!(NodeMemoryModel::classify(&[]), NodeMemoryModel::NoGpu);
+    }
+}
