@@ -6,11 +6,17 @@
 //! - [`names`]: label, annotation and env var names shared by every component;
 //! - [`report`]: the node agent's versioned report, written by the agent and read here;
 //! - [`decision`]: the pure function that resolves a job's offload configuration;
-//! - [`render`]: turns a resolution into env vars, framework config and node affinity.
+//! - [`render`]: turns a resolution into env vars, framework config and node affinity;
+//! - `certs` and `devcluster` (feature `runtime`): a small CA, and a local control plane made of
+//!   the real upstream binaries for tests and the demo.
 #![deny(missing_docs)]
 
 pub mod api;
+#[cfg(feature = "runtime")]
+pub mod certs;
 pub mod decision;
+#[cfg(feature = "runtime")]
+pub mod devcluster;
 pub mod names;
 pub mod render;
 pub mod report;

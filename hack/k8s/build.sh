@@ -44,9 +44,10 @@ build() {
   local pid=$!
   # Print a heartbeat so a long first build never waits silently.
   while kill -0 "$pid" 2>/dev/null; do
-    sleep 30 &
-    wait $! || true
-    kill -0 "$pid" 2>/dev/null && log "$name: still building ($((SECONDS - start)) s)"
+    sleep 1
+    if (( (SECONDS - start) % 30 == 0 )) && kill -0 "$pid" 2>/dev/null; then
+      log "$name: still building ($((SECONDS - start)) s)"
+    fi
   done
   wait "$pid"
   mv "$tmp" "$bin_dir/$name"
@@ -75,9 +76,11 @@ stages="$bin_dir/../kwok-stages"
 if [[ ! -d "$stages" ]]; then
   moddir=$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
   mkdir -p "$stages.tmp"
-  cp "$moddir"/kustomize/stage/node/heartbeat-with-lease/*.yaml "$stages.tmp"/ 2>/dev/null || true
-  cp "$moddir"/kustomize/stage/node/fast/*.yaml "$stages.tmp"/ 2>/dev/null || true
-  cp "$moddir"/kustomize/stage/pod/fast/*.yaml "$stages.tmp"/ 2>/dev/null || true
+  for d in node/fast node/heartbeat-with-lease pod/fast; do
+    for f in "$moddir/kustomize/stage/$d"/*.yaml; do
+      [[ "$(basename "$f")" == kustomization.yaml ]] || cp "$f" "$stages.tmp/"
+    done
+  done
   chmod -R u+w "$stages.tmp"
   mv "$stages.tmp" "$stages"
   log "kwok stages: $(ls "$stages" | tr '\n' ' ')"

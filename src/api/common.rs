@@ -114,8 +114,8 @@ impl fmt::Display for NodeClass {
 
 /// Share of optimizer state to offload: `Auto` or a number in (0, 1].
 ///
-/// In YAML it is written either as the string `Auto` or as a plain number (`0.9`); the CRD
-/// schema accepts both and a CEL rule checks the range.
+/// In the API it is a string: `Auto` or a decimal such as `"0.9"` (quoted in YAML). Reading
+/// also accepts a bare number, for configuration files.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub enum RatioSetting {
     /// Let the operator pick the share the CPU can update within the GPU's backward time.
@@ -127,7 +127,10 @@ pub enum RatioSetting {
 
 impl RatioSetting {
     /// The CEL rule the CRD schema uses to check a ratio value.
-    pub const CEL_RULE: &'static str = "type(self) == string ? self == 'Auto' : ((type(self) == double || type(self) == int) && double(self) > 0.0 && double(self) <= 1.0)";
+    pub const CEL_RULE: &'static str =
+        "self == 'Auto' || (double(self) > 0.0 && double(self) <= 1.0)";
+    /// The pattern the CRD schema uses: `Auto` or a plain decimal.
+    pub const PATTERN: &'static str = r"^(Auto|[0-9]*\.?[0-9]+)$";
 
     /// Whether a fixed value lies in (0, 1].
     pub fn is_valid_ratio(value: f64) -> bool {
@@ -146,10 +149,8 @@ impl fmt::Display for RatioSetting {
 
 impl Serialize for RatioSetting {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            RatioSetting::Auto => s.serialize_str("Auto"),
-            RatioSetting::Fixed(v) => s.serialize_f64(*v),
-        }
+        // Always a string in the API (see the schema below); `Display` gives `1` or `0.9`.
+        s.serialize_str(&self.to_string())
     }
 }
 
@@ -187,13 +188,15 @@ impl JsonSchema for RatioSetting {
     }
 
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        // A structural schema cannot say "string or number" except through
-        // x-kubernetes-preserve-unknown-fields on an untyped scalar; the CEL rule does the check.
+        // A structural schema cannot say "the string Auto or a number" (only int-or-string is
+        // special-cased, and CEL cannot type an untyped field), so the ratio is a string
+        // holding `Auto` or a decimal; the pattern and the CEL rule check it.
         schemars::json_schema!({
-            "x-kubernetes-preserve-unknown-fields": true,
+            "type": "string",
+            "pattern": RatioSetting::PATTERN,
             "x-kubernetes-validations": [{
                 "rule": RatioSetting::CEL_RULE,
-                "message": "offloadRatio must be Auto or a number greater than 0 and at most 1"
+                "message": "offloadRatio must be Auto or a number greater than 0 and at most 1, written as a string (e.g. \"0.9\")"
             }]
         })
     }

@@ -30,12 +30,14 @@ fn default_replicas() -> i32 {
     printcolumn = r#"{"name":"Overlap","type":"string","jsonPath":".spec.offload.overlap"}"#,
     printcolumn = r#"{"name":"Ratio","type":"string","jsonPath":".spec.offload.offloadRatio"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
-    validation = r#"{"rule":"self.framework.name == 'DeepSpeed' || !has(self.deepspeed)","message":"spec.deepspeed is only valid with framework.name DeepSpeed"}"#,
-    validation = r#"{"rule":"self.framework.name != 'DeepSpeed' || has(self.framework.version)","message":"framework.version is required for DeepSpeed: its config parser rejects keys the version does not know, so the operator must know the version"}"#,
-    validation = r#"{"rule":"self.framework.name != 'FSDP' || has(self.framework.version)","message":"framework.version (the torch version) is required for FSDP"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.framework.name == 'DeepSpeed' || !has(self.deepspeed)", "message": "spec.deepspeed is only valid with framework.name DeepSpeed"},
+    {"rule": "self.framework.name != 'DeepSpeed' || has(self.framework.version)", "message": "framework.version is required for DeepSpeed: its config parser rejects keys the version does not know, so the operator must know the version"},
+    {"rule": "self.framework.name != 'FSDP' || has(self.framework.version)", "message": "framework.version (the torch version) is required for FSDP"}
+]))]
 pub struct TrainingJobSpec {
     /// Number of pods (one rank group per pod). Each pod gets `JOB_COMPLETION_INDEX` and the
     /// rendezvous Service's name.
@@ -69,18 +71,39 @@ pub struct TrainingJobSpec {
     pub template: PodTemplateSpec,
 }
 
-/// The pod template is kept as an opaque object in the CRD schema: embedding the full PodSpec
-/// schema makes the CRD several hundred kilobytes, and the API server validates the pods the
-/// Job creates anyway.
+/// The pod template's schema names only what the operator relies on (`spec.containers`, each
+/// with a `name`) and keeps the rest as given: embedding the full PodSpec schema makes the CRD
+/// several hundred kilobytes, and the API server validates the pods the Job creates anyway.
 fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "object",
         "description": "Pod template of every replica (a core/v1 PodTemplateSpec). The operator adds env, the framework config mount and node affinity; everything else is used as written.",
-        "x-kubernetes-preserve-unknown-fields": true,
-        "x-kubernetes-validations": [{
-            "rule": "has(self.spec) && has(self.spec.containers) && size(self.spec.containers) > 0",
-            "message": "template.spec.containers must name at least one container"
-        }]
+        "required": ["spec"],
+        "properties": {
+            "metadata": {
+                "type": "object",
+                "description": "Labels and annotations of the pods.",
+                "x-kubernetes-preserve-unknown-fields": true
+            },
+            "spec": {
+                "type": "object",
+                "description": "A core/v1 PodSpec.",
+                "required": ["containers"],
+                "properties": {
+                    "containers": {
+                        "type": "array",
+                        "description": "Containers of the pod; the offload env is written into each.",
+                        "minItems": 1,
+                        "items": {
+                            "type": "object",
+                            "required": ["name"],
+                            "x-kubernetes-preserve-unknown-fields": true
+                        }
+                    }
+                },
+                "x-kubernetes-preserve-unknown-fields": true
+            }
+        }
     })
 }
 

@@ -1,0 +1,197 @@
+//! Integration-test support: one real control plane per test binary, a fresh namespace per test,
+//! the CRDs applied, and waits on conditions with timeouts that say what they waited for.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Client, Resource};
+use offload_operator::devcluster::{ClusterOptions, DevCluster};
+
+/// The shared cluster of this test binary, started on first use with `options`. Every test of
+/// one binary must ask for the same options.
+pub fn cluster(options: ClusterOptions) -> &'static DevCluster {
+    static CLUSTER: OnceLock<DevCluster> = OnceLock::new();
+    let cluster = CLUSTER.get_or_init(|| {
+        // Started on its own runtime: each #[tokio::test] has a runtime of its own that ends
+        // with the test, and the cluster outlives them all.
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let started = Instant::now();
+            let cluster = rt
+                .block_on(DevCluster::start(options))
+                .unwrap_or_else(|e| panic!("could not start the local control plane: {e}"));
+            eprintln!(
+                "control plane ready in {:.1} s at {}",
+                started.elapsed().as_secs_f64(),
+                cluster.server
+            );
+            cluster
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(
+        cluster.options(),
+        options,
+        "all tests of one binary must share cluster options"
+    );
+    cluster
+}
+
+/// A client for the shared cluster, bound to the calling test's runtime.
+pub async fn client(cluster: &DevCluster) -> Client {
+    cluster.client().await.unwrap()
+}
+
+/// Creates a namespace with a unique name for one test.
+pub async fn namespace(client: &Client, prefix: &str) -> String {
+    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("{prefix}-{}-{n}", std::process::id());
+    let ns = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    name
+}
+
+/// Applies the generated CRDs (server-side apply) and waits until each is Established.
+pub async fn apply_crds(client: &Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in offload_operator::api::crds() {
+        let name = crd.metadata.name.clone().unwrap();
+        api.patch(
+            &name,
+            &PatchParams::apply("offload-tests").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap();
+        wait(
+            &format!("CRD {name} established"),
+            Duration::from_secs(30),
+            await_condition(api.clone(), &name, conditions::is_crd_established()),
+        )
+        .await;
+    }
+}
+
+/// Awaits `fut`, failing the test with `what` if it takes longer than `timeout`.
+pub async fn wait<T>(what: &str, timeout: Duration, fut: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {timeout:?} waiting for {what}"),
+    }
+}
+
+/// Polls `check` until it returns `Some`, failing with `what` after `timeout`. For conditions
+/// no watch can express (command output, aggregated state); backs off up to 500 ms.
+pub async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    let mut delay = Duration::from_millis(20);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// Runs kubectl against the cluster and returns stdout, failing the test on a non-zero exit.
+pub fn kubectl(cluster: &DevCluster, args: &[&str]) -> String {
+    let out = cluster.kubectl().args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs kubectl and returns (success, stdout, stderr) without asserting.
+pub fn kubectl_result(
+    cluster: &DevCluster,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> (bool, String, String) {
+    use std::io::Write;
+    let mut cmd = cluster.kubectl();
+    cmd.args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    if stdin.is_some() {
+        cmd.stdin(std::process::Stdio::piped());
+    }
+    let mut child = cmd.spawn().unwrap();
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A kwok-managed Node (simulated: kwok makes it Ready and runs its pods), with extra labels
+/// and annotations, e.g. the agent's labels and report.
+pub fn kwok_node(name: &str, labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> Node {
+    let mut node: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "type": "kwok"}
+        },
+        "status": {
+            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"},
+            "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"}
+        }
+    }))
+    .unwrap();
+    let meta = node.meta_mut();
+    for (k, v) in labels {
+        meta.labels
+            .get_or_insert_with(Default::default)
+            .insert((*k).to_string(), (*v).to_string());
+    }
+    for (k, v) in annotations {
+        meta.annotations
+            .get_or_insert_with(Default::default)
+            .insert((*k).to_string(), (*v).to_string());
+    }
+    node
+}
