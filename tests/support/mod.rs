@@ -88,7 +88,8 @@ pub async fn apply_crds(client: &Client) {
             Duration::from_secs(30),
             await_condition(api.clone(), &name, conditions::is_crd_established()),
         )
-        .await;
+        .await
+        .unwrap();
     }
 }
 
