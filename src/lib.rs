@@ -11,13 +11,21 @@
 //!   the real upstream binaries for tests and the demo.
 #![deny(missing_docs)]
 
+#[cfg(feature = "runtime")]
+pub mod admin;
 pub mod api;
 #[cfg(feature = "runtime")]
 pub mod certs;
+#[cfg(feature = "runtime")]
+pub mod controller;
 pub mod decision;
 #[cfg(feature = "runtime")]
 pub mod devcluster;
+#[cfg(feature = "runtime")]
+pub mod metrics;
 pub mod names;
+#[cfg(feature = "runtime")]
+pub mod operator;
 pub mod render;
 pub mod report;
 pub mod version;

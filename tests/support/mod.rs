@@ -196,3 +196,81 @@ pub fn kwok_node(name: &str, labels: &[(&str, &str)], annotations: &[(&str, &str
     }
     node
 }
+
+/// Starts the operator in-process (its own thread and runtime, like the cluster) once per test
+/// binary; it runs until the binary exits.
+pub fn operator(cluster: &'static DevCluster) {
+    static STARTED: OnceLock<()> = OnceLock::new();
+    STARTED.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let client = cluster.client().await.unwrap();
+                apply_crds(&client).await;
+                let token = tokio_util::sync::CancellationToken::new();
+                let _keep = token.clone();
+                tx.send(()).unwrap();
+                offload_operator::operator::run(client, operator_options(), token)
+                    .await
+                    .unwrap();
+            });
+        });
+        rx.recv().unwrap();
+    });
+}
+
+/// Options for an in-process operator: admin server on a free port, no leader election.
+pub fn operator_options() -> offload_operator::operator::RunOptions {
+    offload_operator::operator::RunOptions {
+        admin_addr: "127.0.0.1:0".parse().unwrap(),
+        leader_election: None,
+        controller: Default::default(),
+    }
+}
+
+/// A kwok node carrying a node report fixture and the labels the agent derives from it, plus a
+/// pool label so a test's profile can select only its own nodes.
+pub fn reported_node(name: &str, fixture: &str, pool: &str) -> Node {
+    let mut report = offload_operator::report::NodeReport::parse(fixture).unwrap();
+    report.node = name.to_string();
+    let labels = report.labels();
+    let mut label_refs: Vec<(&str, &str)> = labels
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    label_refs.push(("offload.dev/test-pool", pool));
+    let annotation = report.to_annotation().unwrap();
+    kwok_node(
+        name,
+        &label_refs,
+        &[(
+            offload_operator::names::ANNOTATION_NODE_REPORT,
+            annotation.as_str(),
+        )],
+    )
+}
+
+/// An OffloadProfile that only sees nodes of one test pool.
+pub fn pool_profile(
+    name: &str,
+    pool: &str,
+    extra: serde_json::Value,
+) -> offload_operator::api::OffloadProfile {
+    let mut spec = serde_json::json!({
+        "nodeSelector": {"matchLabels": {"offload.dev/test-pool": pool}}
+    });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "offload.dev/v1alpha1", "kind": "OffloadProfile",
+        "metadata": {"name": name},
+        "spec": spec
+    }))
+    .unwrap()
+}

@@ -1,0 +1,54 @@
+//! Typed status conditions, built in one place.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// Condition type: the offload configuration is resolved.
+pub const OFFLOAD_RESOLVED: &str = "OffloadResolved";
+/// Condition type: the workload exists.
+pub const WORKLOAD_CREATED: &str = "WorkloadCreated";
+/// Condition type of profiles: at least one reported node matches.
+pub const READY: &str = "Ready";
+
+/// Builds a condition, keeping `lastTransitionTime` from `existing` when the status is unchanged
+/// so repeated reconciles do not churn it.
+pub fn condition(
+    existing: &[Condition],
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: impl Into<String>,
+    observed_generation: Option<i64>,
+) -> Condition {
+    let status = if status { "True" } else { "False" }.to_string();
+    let last_transition_time = existing
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Time(jiff::Timestamp::now()));
+    Condition {
+        type_: type_.to_string(),
+        status,
+        reason: reason.to_string(),
+        message: message.into(),
+        last_transition_time,
+        observed_generation,
+    }
+}
+
+/// Replaces the condition of the same type in `list`, or appends it.
+pub fn set(list: &mut Vec<Condition>, cond: Condition) {
+    match list.iter_mut().find(|c| c.type_ == cond.type_) {
+        Some(slot) => *slot = cond,
+        None => list.push(cond),
+    }
+}
+
+/// Whether the condition of `type_` is present with the same status, reason and message.
+pub fn unchanged(existing: &[Condition], cond: &Condition) -> bool {
+    existing.iter().any(|c| {
+        c.type_ == cond.type_
+            && c.status == cond.status
+            && c.reason == cond.reason
+            && c.message == cond.message
+    })
+}

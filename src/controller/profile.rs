@@ -1,0 +1,129 @@
+//! OffloadProfile status: nodes per memory model and overlap result, jobs using it, `Ready`.
+
+use std::sync::Arc;
+
+use kube::api::{Api, Patch, PatchParams};
+use kube::core::{Selector, SelectorExt};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::conditions::{self, READY};
+use super::{Context, Error, kube_err};
+use crate::api::{NodeCounts, OffloadProfile, OffloadProfileStatus};
+use crate::decision::NodeInfo;
+use crate::names;
+use crate::report::{NodeMemoryModel, OverlapVerdict};
+
+/// Counts the reported nodes a profile's selector matches. `Err` carries the selector error.
+pub fn count_nodes(profile: &OffloadProfile, nodes: &[NodeInfo]) -> Result<NodeCounts, String> {
+    let selector = match &profile.spec.node_selector {
+        Some(s) => Some(Selector::try_from(s.clone()).map_err(|e| e.to_string())?),
+        None => None,
+    };
+    let mut counts = NodeCounts::default();
+    for node in nodes {
+        if selector.as_ref().is_some_and(|s| !s.matches(&node.labels)) {
+            continue;
+        }
+        let Some(model) = node.memory_model() else {
+            continue;
+        };
+        counts.total += 1;
+        match model {
+            NodeMemoryModel::Coherent => counts.coherent += 1,
+            NodeMemoryModel::Hmm => counts.hmm += 1,
+            _ => counts.discrete += 1,
+        }
+        match node.overlap_verdict() {
+            OverlapVerdict::Verified => counts.overlap_verified += 1,
+            OverlapVerdict::Failed => counts.overlap_failed += 1,
+            OverlapVerdict::Untested => {}
+        }
+    }
+    Ok(counts)
+}
+
+/// Reconciles one profile's status.
+pub async fn reconcile(profile: Arc<OffloadProfile>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.metrics.reconcile_timer("OffloadProfile");
+    let name = profile.name_any();
+    let nodes = ctx.node_infos();
+    let jobs = ctx
+        .jobs
+        .state()
+        .iter()
+        .filter(|j| {
+            j.status
+                .as_ref()
+                .and_then(|s| s.offload.as_ref())
+                .is_some_and(|o| o.profile == name)
+        })
+        .count();
+    let existing = profile.status.clone().unwrap_or_default();
+    let generation = profile.metadata.generation;
+    let (counts, ready) = match count_nodes(&profile, &nodes) {
+        Ok(c) if c.total > 0 => {
+            let msg = format!(
+                "{} reported GPU node(s) match: {} coherent, {} HMM, {} discrete; overlap verified on {}, failed on {}",
+                c.total, c.coherent, c.hmm, c.discrete, c.overlap_verified, c.overlap_failed
+            );
+            (
+                c,
+                conditions::condition(
+                    &existing.conditions,
+                    READY,
+                    true,
+                    "NodesAvailable",
+                    msg,
+                    generation,
+                ),
+            )
+        }
+        Ok(c) => (
+            c,
+            conditions::condition(
+                &existing.conditions,
+                READY,
+                false,
+                "NoMatchingNodes",
+                "no GPU node reported by offload-agent matches this profile's nodeSelector",
+                generation,
+            ),
+        ),
+        Err(e) => (
+            NodeCounts::default(),
+            conditions::condition(
+                &existing.conditions,
+                READY,
+                false,
+                "InvalidSelector",
+                format!("nodeSelector is invalid: {e}"),
+                generation,
+            ),
+        ),
+    };
+    let mut status = OffloadProfileStatus {
+        nodes: counts,
+        jobs: i32::try_from(jobs).unwrap_or(i32::MAX),
+        observed_generation: generation,
+        conditions: existing.conditions.clone(),
+    };
+    conditions::set(&mut status.conditions, ready);
+    if status != existing {
+        let patch = json!({
+            "apiVersion": OffloadProfile::api_version(&()),
+            "kind": OffloadProfile::kind(&()),
+            "status": status,
+        });
+        Api::<OffloadProfile>::all(ctx.client.clone())
+            .patch_status(
+                &name,
+                &PatchParams::apply(names::OPERATOR_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+            .map_err(kube_err("writing OffloadProfile status"))?;
+    }
+    Ok(Action::await_change())
+}

@@ -1,0 +1,205 @@
+//! Builds a TrainingJob's workload (Indexed Job, headless Service, rendered config ConfigMap)
+//! from its spec and resolution. Pure: no cluster access, so it is tested from fixtures.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec, Service, ServicePort,
+    ServiceSpec,
+};
+use kube::Resource;
+use kube::api::ObjectMeta;
+use serde_json::Value;
+
+use crate::api::TrainingJob;
+use crate::decision::{FrameworkPlan, Resolution};
+use crate::render::deepspeed::{self, DeepSpeedConfigError};
+use crate::render::{self, ConfigMount};
+
+/// Label on every object and pod of a TrainingJob's workload.
+pub const JOB_LABEL: &str = "offload.dev/training-job";
+/// Pod annotation summarising the resolved configuration (for `kubectl describe`).
+pub const RESOLVED_ANNOTATION: &str = "offload.dev/resolved";
+/// Port of the rendezvous Service (torch.distributed default).
+pub const RENDEZVOUS_PORT: i32 = 29500;
+
+/// The objects of one TrainingJob's workload.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Workload {
+    /// The Indexed batch Job.
+    pub job: Job,
+    /// The headless rendezvous Service.
+    pub service: Service,
+    /// The rendered framework config, when the framework has one.
+    pub config_map: Option<ConfigMap>,
+}
+
+/// Why a workload could not be built.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BuildError {
+    /// The TrainingJob lacks a name or namespace (never the case for a stored object).
+    #[error("the TrainingJob has no {0}")]
+    Missing(&'static str),
+    /// The user's DeepSpeed config cannot take the offload section.
+    #[error(transparent)]
+    DeepSpeed(#[from] DeepSpeedConfigError),
+}
+
+/// Name of the ConfigMap holding the rendered config.
+pub fn config_map_name(job_name: &str) -> String {
+    format!("{job_name}-offload")
+}
+
+/// One-line summary of a resolution, for the pod annotation and `kubectl describe`.
+pub fn resolved_summary(res: &Resolution) -> String {
+    format!(
+        "mode={} overlap={} ratio={} pinMemory={} nodeClass={} profile={}",
+        res.mode,
+        res.overlap,
+        render::format_ratio(res.ratio),
+        res.pin_memory,
+        res.node_class.map_or("none".to_string(), |c| c.to_string()),
+        res.profile
+    )
+}
+
+/// Builds the workload. `user_config` is the user's DeepSpeed JSON (already parsed), if the job
+/// references one.
+pub fn build_workload(
+    tj: &TrainingJob,
+    res: &Resolution,
+    user_config: Option<&Value>,
+) -> Result<Workload, BuildError> {
+    let name = tj
+        .metadata
+        .name
+        .clone()
+        .ok_or(BuildError::Missing("name"))?;
+    let namespace = tj
+        .metadata
+        .namespace
+        .clone()
+        .ok_or(BuildError::Missing("namespace"))?;
+    let owner = tj
+        .controller_owner_ref(&())
+        .ok_or(BuildError::Missing("uid"))?;
+    let labels = BTreeMap::from([(JOB_LABEL.to_string(), name.clone())]);
+    let meta = |object_name: String| ObjectMeta {
+        name: Some(object_name),
+        namespace: Some(namespace.clone()),
+        labels: Some(labels.clone()),
+        owner_references: Some(vec![owner.clone()]),
+        ..ObjectMeta::default()
+    };
+
+    // Framework config.
+    let (config_map, mount) = match &res.framework {
+        FrameworkPlan::DeepSpeed(plan) => {
+            let empty = Value::Object(serde_json::Map::new());
+            let merged = deepspeed::merge_config(user_config.unwrap_or(&empty), res, plan)?;
+            let text = serde_json::to_string_pretty(&merged).unwrap_or_else(|_| merged.to_string());
+            let mount = ConfigMount {
+                config_map: config_map_name(&name),
+                key: deepspeed::CONFIG_FILE_NAME.to_string(),
+                mount_path: tj
+                    .spec
+                    .deepspeed
+                    .as_ref()
+                    .and_then(|d| d.mount_path.clone())
+                    .unwrap_or_else(|| deepspeed::DEFAULT_MOUNT_PATH.to_string()),
+            };
+            let cm = ConfigMap {
+                metadata: meta(config_map_name(&name)),
+                data: Some(BTreeMap::from([(mount.key.clone(), text)])),
+                ..ConfigMap::default()
+            };
+            (Some(cm), Some(mount))
+        }
+        FrameworkPlan::Fsdp(_) | FrameworkPlan::Generic => (None, None),
+    };
+
+    // Pod template.
+    let mut template = tj.spec.template.clone();
+    render::apply_to_pod_template(&mut template, res, mount.as_ref());
+    let tmeta = template.metadata.get_or_insert_with(ObjectMeta::default);
+    tmeta
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(JOB_LABEL.to_string(), name.clone());
+    tmeta
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(RESOLVED_ANNOTATION.to_string(), resolved_summary(res));
+    let spec = template.spec.get_or_insert_with(PodSpec::default);
+    spec.subdomain = Some(name.clone());
+    if spec.restart_policy.is_none() {
+        spec.restart_policy = Some("Never".to_string());
+    }
+    let rendezvous = rendezvous_env(&name, tj.spec.replicas);
+    for container in &mut spec.containers {
+        let env = container.env.get_or_insert_with(Vec::new);
+        env.retain(|e| !rendezvous.iter().any(|r| r.name == e.name));
+        env.extend(rendezvous.iter().cloned());
+    }
+
+    let job = Job {
+        metadata: meta(name.clone()),
+        spec: Some(JobSpec {
+            completions: Some(tj.spec.replicas),
+            parallelism: Some(tj.spec.replicas),
+            completion_mode: Some("Indexed".to_string()),
+            backoff_limit: tj.spec.backoff_limit,
+            template,
+            ..JobSpec::default()
+        }),
+        status: None,
+    };
+    let service = Service {
+        metadata: meta(name.clone()),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_string()),
+            selector: Some(labels.clone()),
+            publish_not_ready_addresses: Some(true),
+            ports: Some(vec![ServicePort {
+                name: Some("rendezvous".to_string()),
+                port: RENDEZVOUS_PORT,
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    };
+    Ok(Workload {
+        job,
+        service,
+        config_map,
+    })
+}
+
+/// torchrun rendezvous env (`PET_*` are torchrun's env forms of its flags): rank 0 is pod
+/// `<name>-0` of the headless Service.
+fn rendezvous_env(name: &str, replicas: i32) -> Vec<EnvVar> {
+    let plain = |n: &str, v: String| EnvVar {
+        name: n.to_string(),
+        value: Some(v),
+        value_from: None,
+    };
+    vec![
+        plain("MASTER_ADDR", format!("{name}-0.{name}")),
+        plain("MASTER_PORT", RENDEZVOUS_PORT.to_string()),
+        plain("PET_NNODES", replicas.to_string()),
+        EnvVar {
+            name: "PET_NODE_RANK".to_string(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+                        .to_string(),
+                    api_version: None,
+                }),
+                ..EnvVarSource::default()
+            }),
+        },
+    ]
+}
