@@ -57,6 +57,9 @@ pub enum RunError {
 }
 
 /// Runs until `shutdown` is cancelled (SIGTERM in `main`) or leadership is lost.
+///
+/// Everything runs inside the returned future (no detached tasks), so dropping it stops the
+/// whole operator at once, as a crash would.
 pub async fn run(
     client: Client,
     options: RunOptions,
@@ -76,16 +79,28 @@ pub async fn run(
             source,
         })?;
     let admin_shutdown = shutdown.clone();
-    let admin = tokio::spawn(async move {
+    let admin = async move {
         if let Err(e) = axum::serve(listener, admin::router(admin_state))
             .with_graceful_shutdown(admin_shutdown.cancelled_owned())
             .await
         {
             tracing::error!(error = %e, "admin server stopped");
         }
-    });
+    };
+    let work = lead_and_control(client, metrics, options, ready, shutdown);
+    let (_, result) = tokio::join!(admin, work);
+    result
+}
 
-    // Leader election: controllers run only on the leader; losing the lease ends the process.
+/// Waits for the leader lease (when configured), then runs the controllers until shutdown or
+/// until the lease is lost.
+async fn lead_and_control(
+    client: Client,
+    metrics: Arc<Metrics>,
+    options: RunOptions,
+    ready: Arc<AtomicBool>,
+    shutdown: CancellationToken,
+) -> Result<(), RunError> {
     let mut lease_state = None;
     if let Some(le) = &options.leader_election {
         let manager = LeaseManagerBuilder::new(client.clone(), &le.lease_name)
@@ -97,10 +112,7 @@ pub async fn run(
             .map_err(|e| RunError::Lease(e.to_string()))?;
         let (mut channel, task) = manager.watch().await;
         tracing::info!(lease = %le.lease_name, identity = %le.identity, "waiting for the leader lease");
-        loop {
-            if *channel.borrow_and_update() {
-                break;
-            }
+        while !*channel.borrow_and_update() {
             tokio::select! {
                 changed = channel.changed() => {
                     if changed.is_err() {
@@ -116,48 +128,47 @@ pub async fn run(
 
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let controllers_shutdown = shutdown.child_token();
-    let controllers = tokio::spawn(controller::run(
+    let controllers = controller::run(
         client.clone(),
-        metrics.clone(),
+        metrics,
         options.controller.clone(),
         controllers_shutdown.clone(),
         ready_tx,
-    ));
-    if let Ok(readiness) = ready_rx.await {
-        let ready = ready.clone();
-        tokio::spawn(async move {
-            if readiness.wait().await {
-                ready.store(true, Ordering::Relaxed);
+    );
+    let mark_ready = async {
+        if let Ok(readiness) = ready_rx.await {
+            tokio::select! {
+                synced = readiness.wait() => ready.store(synced, Ordering::Relaxed),
+                _ = shutdown.cancelled() => {}
             }
-        });
-    }
-
-    let result = match lease_state {
-        Some((mut channel, task, name)) => {
-            let lost = async {
-                while channel.changed().await.is_ok() {
-                    if !*channel.borrow_and_update() {
-                        return;
-                    }
-                }
-            };
-            let outcome = tokio::select! {
-                _ = lost => Err(RunError::LostLease(name)),
-                _ = shutdown.cancelled() => Ok(()),
-            };
-            controllers_shutdown.cancel();
-            drop(channel);
-            // Closing the channel makes the manager release the lease.
-            let _ = task.await;
-            outcome
-        }
-        None => {
-            shutdown.cancelled().await;
-            Ok(())
         }
     };
-    controllers_shutdown.cancel();
-    let _ = controllers.await;
-    let _ = admin.await;
-    result
+    let stop = async {
+        match lease_state {
+            Some((mut channel, task, name)) => {
+                let outcome = tokio::select! {
+                    _ = async {
+                        while channel.changed().await.is_ok() {
+                            if !*channel.borrow_and_update() {
+                                return;
+                            }
+                        }
+                    } => Err(RunError::LostLease(name)),
+                    _ = shutdown.cancelled() => Ok(()),
+                };
+                controllers_shutdown.cancel();
+                // Closing the channel makes the manager release the lease.
+                drop(channel);
+                let _ = task.await;
+                outcome
+            }
+            None => {
+                shutdown.cancelled().await;
+                controllers_shutdown.cancel();
+                Ok(())
+            }
+        }
+    };
+    let ((), (), outcome) = tokio::join!(controllers, mark_ready, stop);
+    outcome
 }

@@ -544,3 +544,57 @@ async fn a_missing_profile_is_reported_and_resolved_once_created() {
         .unwrap();
     wait_for_condition(&api, "later", "WorkloadCreated", "True").await;
 }
+
+#[tokio::test]
+async fn an_object_that_does_not_deserialize_is_reported_and_skipped() {
+    let (cluster, client, ns) = setup("badobj").await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &reported_node(&format!("{ns}-h200"), fixtures::H200_READING, &ns),
+        )
+        .await
+        .unwrap();
+    Api::<OffloadProfile>::all(client.clone())
+        .create(&PostParams::default(), &pool_profile(&ns, &ns, json!({})))
+        .await
+        .unwrap();
+    // The schema keeps the pod template open, so a wrongly typed container field is stored but
+    // cannot be read into a PodTemplateSpec.
+    let bad = format!(
+        "apiVersion: offload.dev/v1alpha1\nkind: TrainingJob\nmetadata:\n  name: broken\n  annotations: {{offload.dev/profile: {ns}}}\nspec:\n  framework: {{name: Generic}}\n  template: {{spec: {{containers: [{{name: t, image: 5}}]}}}}\n"
+    );
+    let (ok, _, err) = kubectl_result(cluster, &["apply", "-n", &ns, "-f", "-"], Some(&bad));
+    assert!(ok, "the API server should store it: {err}");
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &training_job("fine", &ns, json!({"name": "Generic"}), json!({})),
+    )
+    .await
+    .unwrap();
+    wait_for_condition(&api, "fine", "WorkloadCreated", "True").await;
+    let events = poll(
+        "an InvalidObject Event on TrainingJob broken",
+        WAIT,
+        || async {
+            let out = kubectl(
+                cluster,
+                &[
+                    "get",
+                    "events",
+                    "-n",
+                    &ns,
+                    "--field-selector",
+                    "involvedObject.name=broken,reason=InvalidObject",
+                    "-o",
+                    "jsonpath={.items[*].message}",
+                ],
+            );
+            (!out.is_empty()).then_some(out)
+        },
+    )
+    .await;
+    assert!(events.contains("cannot read this TrainingJob"), "{events}");
+}

@@ -17,7 +17,7 @@ use futures::{StreamExt, future};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
-use kube::core::PartialObjectMeta;
+use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -44,8 +44,9 @@ pub struct Context {
     pub profiles: Store<OffloadProfile>,
     /// GPU Nodes' metadata (labels and annotations only).
     pub nodes: Store<PartialObjectMeta<Node>>,
-    /// TrainingJobs, kept current by a reflector.
-    pub jobs: Store<TrainingJob>,
+    /// TrainingJobs, kept current by a reflector. Wrapped in [`DeserializeGuard`] so one object
+    /// that does not deserialize is reported and skipped instead of stalling the watch.
+    pub jobs: Store<DeserializeGuard<TrainingJob>>,
 }
 
 impl Context {
@@ -156,7 +157,7 @@ impl Default for ControllerOptions {
 pub struct Readiness {
     profiles: Store<OffloadProfile>,
     nodes: Store<PartialObjectMeta<Node>>,
-    jobs: Store<TrainingJob>,
+    jobs: Store<DeserializeGuard<TrainingJob>>,
 }
 
 impl Readiness {
@@ -180,7 +181,7 @@ pub async fn run(
     // Shared reflectors.
     let (profiles, profile_writer) = reflector::store_shared::<OffloadProfile>(1024);
     let (nodes, node_writer) = reflector::store_shared::<PartialObjectMeta<Node>>(1024);
-    let (jobs, job_writer) = reflector::store_shared::<TrainingJob>(4096);
+    let (jobs, job_writer) = reflector::store_shared::<DeserializeGuard<TrainingJob>>(4096);
     let profile_subs = (profile_writer.subscribe(), profile_writer.subscribe());
     let node_subs = (node_writer.subscribe(), node_writer.subscribe());
     let job_subs = (job_writer.subscribe(), job_writer.subscribe());
@@ -223,15 +224,18 @@ pub async fn run(
         }
         future::ready(())
     });
-    let job_reflector = watcher(Api::<TrainingJob>::all(client.clone()), wc.clone())
-        .default_backoff()
-        .reflect_shared(job_writer)
-        .for_each(|r| {
-            if let Err(e) = r {
-                tracing::warn!(error = %e, "TrainingJob watch error");
-            }
-            future::ready(())
-        });
+    let job_reflector = watcher(
+        Api::<DeserializeGuard<TrainingJob>>::all(client.clone()),
+        wc.clone(),
+    )
+    .default_backoff()
+    .reflect_shared(job_writer)
+    .for_each(|r| {
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "TrainingJob watch error");
+        }
+        future::ready(())
+    });
 
     let recorder = Recorder::new(
         client.clone(),
@@ -272,7 +276,7 @@ pub async fn run(
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(
             training_job::reconcile,
-            error_policy::<TrainingJob>("TrainingJob"),
+            error_policy::<DeserializeGuard<TrainingJob>>("TrainingJob"),
             ctx.clone(),
         )
         .for_each(|_| future::ready(()));
@@ -288,8 +292,10 @@ pub async fn run(
                 .collect::<Vec<_>>()
         })
         .watches_shared_stream(job_b, |job| {
-            job.status
+            job.0
                 .as_ref()
+                .ok()
+                .and_then(|j| j.status.as_ref())
                 .and_then(|s| s.offload.as_ref())
                 .map(|o| ObjectRef::new(&o.profile))
         })

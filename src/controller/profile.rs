@@ -53,6 +53,7 @@ pub async fn reconcile(profile: Arc<OffloadProfile>, ctx: Arc<Context>) -> Resul
         .jobs
         .state()
         .iter()
+        .filter_map(|g| g.0.as_ref().ok())
         .filter(|j| {
             j.status
                 .as_ref()

@@ -6,7 +6,7 @@ use std::time::Duration;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
 use kube::api::{Api, Patch, PatchParams};
-use kube::core::PartialObjectMeta;
+use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
@@ -59,23 +59,37 @@ fn unresolved(tj: &TrainingJob) -> bool {
         .is_none()
 }
 
-/// Unresolved jobs that name a profile, for re-triggering when it changes.
-pub fn jobs_for_profile(ctx: &Context, profile: &str) -> Vec<ObjectRef<TrainingJob>> {
+/// The jobs in the store that deserialized.
+fn valid_jobs(ctx: &Context) -> impl Iterator<Item = TrainingJob> {
     ctx.jobs
         .state()
-        .iter()
+        .into_iter()
+        .filter_map(|g| g.0.as_ref().ok().cloned())
+}
+
+fn job_ref(tj: &TrainingJob) -> ObjectRef<DeserializeGuard<TrainingJob>> {
+    ObjectRef::new(&tj.name_any()).within(&tj.namespace().unwrap_or_default())
+}
+
+/// Unresolved jobs that name a profile, for re-triggering when it changes.
+pub fn jobs_for_profile(
+    ctx: &Context,
+    profile: &str,
+) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
+    valid_jobs(ctx)
         .filter(|tj| opted_in(tj) && unresolved(tj) && profile_name_for(tj) == profile)
-        .map(|tj| ObjectRef::from(tj.as_ref()))
+        .map(|tj| job_ref(&tj))
         .collect()
 }
 
 /// Unresolved jobs whose profile could use a node (its selector matches, or it has none, or the
 /// profile does not exist yet), for re-triggering when the node's labels or report change.
-pub fn jobs_for_node(ctx: &Context, node: &PartialObjectMeta<Node>) -> Vec<ObjectRef<TrainingJob>> {
+pub fn jobs_for_node(
+    ctx: &Context,
+    node: &PartialObjectMeta<Node>,
+) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
     let labels = node.metadata.labels.clone().unwrap_or_default();
-    ctx.jobs
-        .state()
-        .iter()
+    valid_jobs(ctx)
         .filter(|tj| opted_in(tj) && unresolved(tj))
         .filter(|tj| {
             let selector = ctx
@@ -86,7 +100,7 @@ pub fn jobs_for_node(ctx: &Context, node: &PartialObjectMeta<Node>) -> Vec<Objec
                 _ => true,
             }
         })
-        .map(|tj| ObjectRef::from(tj.as_ref()))
+        .map(|tj| job_ref(&tj))
         .collect()
 }
 
@@ -126,10 +140,66 @@ impl Unresolved {
     }
 }
 
-/// Reconciles one TrainingJob.
-pub async fn reconcile(tj: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+/// Reconciles one TrainingJob; one that does not deserialize is reported and skipped.
+pub async fn reconcile(
+    guard: Arc<DeserializeGuard<TrainingJob>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_timer("TrainingJob");
-    if !opted_in(&tj) {
+    match &guard.0 {
+        Ok(tj) => reconcile_job(tj, &ctx).await,
+        Err(invalid) => {
+            report_invalid(&ctx, invalid).await;
+            Ok(Action::await_change())
+        }
+    }
+}
+
+async fn report_invalid(ctx: &Context, invalid: &kube::core::error_boundary::InvalidObject) {
+    let meta = &invalid.metadata;
+    tracing::warn!(
+        namespace = meta.namespace.as_deref().unwrap_or_default(),
+        name = meta.name.as_deref().unwrap_or_default(),
+        error = %invalid.error,
+        "skipping a TrainingJob that does not deserialize"
+    );
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&crate::metrics::ErrorLabels {
+            kind: "TrainingJob",
+            category: "InvalidObject",
+        })
+        .inc();
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some(TrainingJob::api_version(&()).to_string()),
+        kind: Some(TrainingJob::kind(&()).to_string()),
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        ..Default::default()
+    };
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "InvalidObject".to_string(),
+        note: Some(
+            format!(
+                "the operator cannot read this TrainingJob and skips it: {}",
+                invalid.error
+            )
+            .chars()
+            .take(1000)
+            .collect(),
+        ),
+        action: "Reconcile".to_string(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &reference).await {
+        tracing::warn!(error = %e, "could not publish an Event");
+    }
+}
+
+async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Error> {
+    if !opted_in(tj) {
         // Not ours to touch.
         return Ok(Action::await_change());
     }

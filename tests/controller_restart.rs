@@ -1,0 +1,176 @@
+//! Killing the operator mid-way and starting it again leaves exactly one workload per job.
+//! Its own test binary, so its operators are the only ones running against its cluster.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Service};
+use kube::api::{Api, ListParams, PostParams};
+use offload_operator::api::{OffloadProfile, TrainingJob};
+use offload_operator::devcluster::ClusterOptions;
+use offload_operator::report::fixtures;
+use serde_json::json;
+use support::*;
+
+const JOBS: usize = 40;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_mid_way_leaves_exactly_one_workload_per_job() {
+    let cluster = cluster(ClusterOptions::default());
+    let client = client(cluster).await;
+    apply_crds(&client).await;
+    let ns = namespace(&client, "restart").await;
+    Api::<Node>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &reported_node("restart-h200", fixtures::H200_READING, &ns),
+        )
+        .await
+        .unwrap();
+    Api::<OffloadProfile>::all(client.clone())
+        .create(&PostParams::default(), &pool_profile(&ns, &ns, json!({})))
+        .await
+        .unwrap();
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    for i in 0..JOBS {
+        let tj: TrainingJob = serde_json::from_value(json!({
+            "apiVersion": "offload.dev/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": format!("job-{i}"), "annotations": {"offload.dev/profile": ns}},
+            "spec": {"framework": {"name": "DeepSpeed", "version": "0.19.8"},
+                     "template": {"spec": {"containers": [{"name": "t", "image": "busybox"}]}}}
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &tj).await.unwrap();
+    }
+
+    // First operator: stopped hard as soon as some, but not all, workloads exist.
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let first = tokio::spawn(offload_operator::operator::run(
+        client.clone(),
+        operator_options(),
+        Default::default(),
+    ));
+    let created_before = poll(
+        "the first operator to create some workloads",
+        Duration::from_secs(60),
+        || async {
+            let n = jobs.list(&ListParams::default()).await.ok()?.items.len();
+            (n > 0).then_some(n)
+        },
+    )
+    .await;
+    first.abort();
+    let _ = first.await;
+    eprintln!("first operator stopped after {created_before} of {JOBS} workloads");
+
+    // Second operator: finishes the rest.
+    let token = tokio_util::sync::CancellationToken::new();
+    let second = tokio::spawn(offload_operator::operator::run(
+        client.clone(),
+        operator_options(),
+        token.clone(),
+    ));
+    poll(
+        "every TrainingJob to report WorkloadCreated",
+        Duration::from_secs(120),
+        || async {
+            let list = api.list(&ListParams::default()).await.ok()?;
+            list.items
+                .iter()
+                .all(|tj| {
+                    tj.status.as_ref().is_some_and(|s| {
+                        s.conditions
+                            .iter()
+                            .any(|c| c.type_ == "WorkloadCreated" && c.status == "True")
+                    })
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    token.cancel();
+    second.await.unwrap().unwrap();
+
+    let job_list = jobs.list(&ListParams::default()).await.unwrap().items;
+    let services = Api::<Service>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(job_list.len(), JOBS, "exactly one Job per TrainingJob");
+    assert_eq!(services.len(), JOBS, "exactly one Service per TrainingJob");
+    for tj in api.list(&ListParams::default()).await.unwrap().items {
+        let name = tj.metadata.name.clone().unwrap();
+        let owned: Vec<&Job> = job_list
+            .iter()
+            .filter(|j| {
+                j.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|o| Some(&o.uid) == tj.metadata.uid.as_ref())
+            })
+            .collect();
+        assert_eq!(owned.len(), 1, "{name} owns {} Jobs", owned.len());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_moves_to_the_standby_when_the_leader_stops() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use offload_operator::operator::{LeaderElection, RunOptions};
+    let cluster = cluster(ClusterOptions::default());
+    let client = client(cluster).await;
+    apply_crds(&client).await;
+    let ns = namespace(&client, "lease").await;
+    let options = |identity: &str| RunOptions {
+        leader_election: Some(LeaderElection {
+            namespace: ns.clone(),
+            lease_name: "offload-operator-leader".into(),
+            identity: identity.into(),
+        }),
+        ..operator_options()
+    };
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let holder = |want: &'static str| {
+        let leases = leases.clone();
+        move || {
+            let leases = leases.clone();
+            async move {
+                let lease = leases.get_opt("offload-operator-leader").await.ok()??;
+                (lease.spec?.holder_identity.as_deref() == Some(want)).then_some(())
+            }
+        }
+    };
+    let a_token = tokio_util::sync::CancellationToken::new();
+    let a = tokio::spawn(offload_operator::operator::run(
+        client.clone(),
+        options("replica-a"),
+        a_token.clone(),
+    ));
+    poll(
+        "replica-a to hold the lease",
+        Duration::from_secs(60),
+        holder("replica-a"),
+    )
+    .await;
+    let b_token = tokio_util::sync::CancellationToken::new();
+    let b = tokio::spawn(offload_operator::operator::run(
+        client.clone(),
+        options("replica-b"),
+        b_token.clone(),
+    ));
+    // Stopping the leader hands the lease to the standby.
+    a_token.cancel();
+    a.await.unwrap().unwrap();
+    poll(
+        "replica-b to take the lease after replica-a stopped",
+        Duration::from_secs(90),
+        holder("replica-b"),
+    )
+    .await;
+    b_token.cancel();
+    b.await.unwrap().unwrap();
+}
