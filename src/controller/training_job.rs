@@ -214,22 +214,22 @@ async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Error>
         .await
         .map_err(kube_err("reading the workload Job"))?
     {
-        return follow_workload(&tj, &ctx, &job).await;
+        return follow_workload(tj, ctx, &job).await;
     }
 
-    let outcome = decide(&tj, &ctx).await?;
+    let outcome = decide(tj, ctx).await?;
     let (res, user_config) = match outcome {
         Ok(pair) => pair,
         Err(why) => {
-            record_unresolved(&tj, &ctx, &why).await?;
+            record_unresolved(tj, ctx, &why).await?;
             return Ok(why.retry());
         }
     };
-    let built = match build_workload(&tj, &res, user_config.as_ref()) {
+    let built = match build_workload(tj, &res, user_config.as_ref()) {
         Ok(w) => w,
         Err(e) => {
             let why = Unresolved::Config(e.to_string());
-            record_unresolved(&tj, &ctx, &why).await?;
+            record_unresolved(tj, ctx, &why).await?;
             return Ok(why.retry());
         }
     };
@@ -250,7 +250,7 @@ async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Error>
     }
 
     // Record the decision before any pod can exist.
-    let existing = existing_conditions(&tj);
+    let existing = existing_conditions(tj);
     let generation = tj.metadata.generation;
     let resolved = conditions::condition(
         &existing,
@@ -279,8 +279,8 @@ async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Error>
         .inc();
     if first_resolution {
         publish(
-            &ctx,
-            &tj,
+            ctx,
+            tj,
             EventType::Normal,
             "OffloadResolved",
             &res.summary(),
@@ -325,8 +325,8 @@ async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Error>
     conditions::set(&mut status.conditions, created);
     apply_status(&api, &name, &status).await?;
     publish(
-        &ctx,
-        &tj,
+        ctx,
+        tj,
         EventType::Normal,
         "WorkloadCreated",
         &format!(
