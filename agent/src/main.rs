@@ -1,2 +1,170 @@
-//! `offload-agent`: the node agent.
-fn main() {}
+//! `offload-agent`: the node agent. Reads NVML, classifies the node's memory model, runs the
+//! overlap self-test and publishes labels and a report on its own Node.
+
+use offload_agent::{probe, publish, report};
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use offload_agent::probe::RealNvml;
+use offload_agent::selftest::SelfTestOptions;
+
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print what NVML says about this node (no cluster access, no self-test).
+    Probe,
+    /// Run the overlap self-test and print the report (no cluster access).
+    Selftest(TestArgs),
+    /// Publish labels and the report on this node, re-run on an interval and on demand.
+    Run(RunArgs),
+    /// Remove this agent's labels and report from the node (uninstall).
+    Cleanup {
+        /// This node's name (from the downward API).
+        #[arg(long, env = "NODE_NAME")]
+        node_name: String,
+    },
+}
+
+#[derive(Args, Clone)]
+struct TestArgs {
+    /// Efficiency at or above which overlap is verified.
+    #[arg(long, env = "OFFLOAD_OVERLAP_THRESHOLD", default_value_t = 0.8)]
+    threshold: f64,
+    /// Number of chunks.
+    #[arg(long, default_value_t = 32)]
+    chunks: u32,
+    /// Millions (Mi) of fp32 elements per chunk.
+    #[arg(long, default_value_t = 2)]
+    chunk_mi: usize,
+    /// Timed repetitions (the median is kept).
+    #[arg(long, default_value_t = 5)]
+    repeats: u32,
+    /// Measure with pageable host memory (what a memlock limit forces).
+    #[arg(long)]
+    force_pageable: bool,
+    /// Measure the serial schedule in place of the pipelined one.
+    #[arg(long)]
+    force_serial: bool,
+}
+
+impl TestArgs {
+    fn options(&self) -> SelfTestOptions {
+        SelfTestOptions {
+            threshold: self.threshold,
+            chunks: self.chunks,
+            chunk_elems: self.chunk_mi << 20,
+            repeats: self.repeats,
+            force_pageable: self.force_pageable,
+            force_serial: self.force_serial,
+            coherent: false,
+        }
+    }
+}
+
+#[derive(Args, Clone)]
+struct RunArgs {
+    /// This node's name (from the downward API).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// Re-run interval.
+    #[arg(long, default_value = "6h", value_parser = parse_duration)]
+    interval: Duration,
+    /// Address of /metrics, /healthz and POST /rerun.
+    #[arg(long, env = "OFFLOAD_AGENT_ADDR", default_value = "0.0.0.0:8081")]
+    addr: SocketAddr,
+    /// Skip the GPU self-test (labels overlap as untested).
+    #[arg(long)]
+    no_selftest: bool,
+    #[command(flatten)]
+    test: TestArgs,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 30m or 6h"))?;
+    let secs = match unit {
+        "s" | "" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        _ => return Err(format!("{s:?}: use s, m or h")),
+    };
+    Ok(Duration::from_secs(secs.max(1)))
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube=warn".into()),
+        )
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Probe => {
+            let reading = probe::NvmlSource::read(&RealNvml);
+            let report = report::assemble(
+                &hostname(),
+                reading,
+                offload_operator::report::SelfTestReport::untested(0.8, "not run (probe)"),
+            );
+            print_json(&report)
+        }
+        Command::Selftest(args) => {
+            let report = report::build(&hostname(), &RealNvml, &args.options(), true);
+            print_json(&report)
+        }
+        Command::Run(args) => runtime().block_on(publish::run_loop(publish::LoopConfig {
+            node: args.node_name.clone(),
+            interval: args.interval,
+            addr: args.addr,
+            selftest: !args.no_selftest,
+            options: args.test.options(),
+        })),
+        Command::Cleanup { node_name } => runtime().block_on(publish::cleanup(&node_name)),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("start-up: tokio runtime")
+}
+
+fn hostname() -> String {
+    std::env::var("NODE_NAME")
+        .ok()
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
+fn print_json(report: &offload_operator::report::NodeReport) -> ExitCode {
+    match serde_json::to_string_pretty(report) {
+        Ok(s) => {
+            println!("{s}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

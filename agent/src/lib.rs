@@ -1,0 +1,8 @@
+//! The node agent's library: NVML probe, overlap self-test, report assembly and publishing.
+//! The binary `offload-agent` is a thin CLI over it.
+#![deny(missing_docs)]
+
+pub mod probe;
+pub mod publish;
+pub mod report;
+pub mod selftest;

@@ -1,0 +1,323 @@
+//! Reading the node's GPUs through NVML.
+//!
+//! [`NvmlSource`] is the seam: [`RealNvml`] reads the driver through nvml-wrapper; tests use
+//! [`RecordedNvml`], a test double that replays a recorded or reference reading of hardware that
+//! is not here (a GH200, an HMM PCIe GPU). Nothing here panics on what the driver says.
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::structs::device::MigMode;
+use nvml_wrapper::sys_exports::field_id::{
+    NVML_FI_DEV_C2C_LINK_COUNT, NVML_FI_DEV_C2C_LINK_GET_MAX_BW,
+};
+use nvml_wrapper_sys::bindings::{
+    nvmlC2cModeInfo_v1_t, nvmlDeviceAddressingMode_t, nvmlReturn_enum_NVML_SUCCESS,
+};
+use offload_operator::report::{AddressingMode, C2cInfo, GpuReport, NodeMemoryModel, NvmlInfo};
+
+/// Everything NVML said about the node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeReading {
+    /// Library and driver facts, or the error.
+    pub nvml: NvmlInfo,
+    /// GPUs; empty when NVML failed or there are none.
+    pub gpus: Vec<GpuReport>,
+}
+
+impl NodeReading {
+    /// The node's memory model: unknown when NVML failed.
+    pub fn memory_model(&self) -> NodeMemoryModel {
+        if !self.nvml.available {
+            return NodeMemoryModel::Unknown;
+        }
+        NodeMemoryModel::classify(&self.gpus)
+    }
+}
+
+/// A source of NVML readings.
+pub trait NvmlSource {
+    /// Reads the node. Never fails: errors are part of the reading.
+    fn read(&self) -> NodeReading;
+}
+
+/// The real driver, through nvml-wrapper.
+#[derive(Debug, Default)]
+pub struct RealNvml;
+
+impl NvmlSource for RealNvml {
+    fn read(&self) -> NodeReading {
+        match Nvml::init() {
+            Ok(nvml) => read_with(&nvml),
+            Err(e) => NodeReading {
+                nvml: NvmlInfo {
+                    available: false,
+                    error: Some(describe_init_error(&e)),
+                    ..NvmlInfo::default()
+                },
+                gpus: Vec::new(),
+            },
+        }
+    }
+}
+
+fn describe_init_error(e: &NvmlError) -> String {
+    match e {
+        NvmlError::LibloadingError(inner) => {
+            format!(
+                "NVML library could not be loaded ({inner}): is the NVIDIA driver installed and mounted into the pod?"
+            )
+        }
+        NvmlError::DriverNotLoaded => "the NVIDIA kernel driver is not loaded".to_string(),
+        NvmlError::NoPermission => "no permission to talk to the NVIDIA driver".to_string(),
+        other => format!("NVML initialisation failed: {other}"),
+    }
+}
+
+fn read_with(nvml: &Nvml) -> NodeReading {
+    let info = NvmlInfo {
+        available: true,
+        error: None,
+        driver_version: nvml.sys_driver_version().ok(),
+        nvml_version: nvml.sys_nvml_version().ok(),
+        cuda_driver_version: nvml.sys_cuda_driver_version().ok(),
+    };
+    let count = match nvml.device_count() {
+        Ok(n) => n,
+        Err(e) => {
+            return NodeReading {
+                nvml: NvmlInfo {
+                    error: Some(format!("nvmlDeviceGetCount failed: {e}")),
+                    ..info
+                },
+                gpus: Vec::new(),
+            };
+        }
+    };
+    let mut gpus = Vec::new();
+    let mut errors = Vec::new();
+    for index in 0..count {
+        match nvml.device_by_index(index) {
+            Ok(device) => gpus.push(read_device(nvml, index, &device)),
+            Err(e) => errors.push(format!("GPU {index}: {e}")),
+        }
+    }
+    NodeReading {
+        nvml: NvmlInfo {
+            error: (!errors.is_empty()).then(|| errors.join("; ")),
+            ..info
+        },
+        gpus,
+    }
+}
+
+fn read_device(nvml: &Nvml, index: u32, device: &nvml_wrapper::Device<'_>) -> GpuReport {
+    let c2c_enabled = c2c_enabled(nvml, device);
+    let (link_count, max_bw) = if c2c_enabled == Some(true) {
+        c2c_fields(device)
+    } else {
+        (None, None)
+    };
+    GpuReport {
+        index,
+        uuid: device.uuid().unwrap_or_default(),
+        name: device.name().unwrap_or_else(|_| "unknown".to_string()),
+        architecture: device.architecture().ok().map(|a| a.to_string()),
+        pci_device_id: device.pci_info().ok().map(|p| p.pci_device_id >> 16),
+        memory_total_bytes: device.memory_info().map(|m| m.total).unwrap_or(0),
+        addressing_mode: addressing_mode(nvml, device),
+        c2c: C2cInfo {
+            enabled: c2c_enabled.unwrap_or(false),
+            link_count,
+            max_bandwidth_mbps: max_bw,
+        },
+        numa_node: device
+            .numa_node_id()
+            .ok()
+            .and_then(|n| i32::try_from(n).ok()),
+        pcie_generation: device.current_pcie_link_gen().ok(),
+        pcie_width: device.current_pcie_link_width().ok(),
+        mig_enabled: matches!(device.mig_mode(), Ok(MigMode { current: 1, .. })),
+    }
+}
+
+/// `nvmlDeviceGetAddressingMode` (NVML 13, driver R580+), through the raw symbol: the generated
+/// convenience method panics when the symbol is absent, so its presence is checked first.
+fn addressing_mode(nvml: &Nvml, device: &nvml_wrapper::Device<'_>) -> AddressingMode {
+    let Ok(get) = nvml.lib().nvmlDeviceGetAddressingMode.as_ref() else {
+        return AddressingMode::Unknown;
+    };
+    let mut mode = nvmlDeviceAddressingMode_t {
+        version: ADDRESSING_MODE_V1,
+        value: 0,
+    };
+    // SAFETY: the symbol exists, the handle is valid for `device`'s lifetime, and `mode` is a
+    // properly versioned out-parameter.
+    let ret = unsafe { get(device.handle(), &mut mode) };
+    if ret != nvmlReturn_enum_NVML_SUCCESS {
+        return AddressingMode::Unknown;
+    }
+    addressing_mode_from_raw(mode.value)
+}
+
+/// Version word of `nvmlDeviceAddressingMode_v1_t`: `sizeof | (1 << 24)`.
+pub const ADDRESSING_MODE_V1: u32 =
+    (std::mem::size_of::<nvmlDeviceAddressingMode_t>() as u32) | (1 << 24);
+
+/// NONE=0, HMM=1, ATS=2; anything else is unknown.
+pub fn addressing_mode_from_raw(value: u32) -> AddressingMode {
+    match value {
+        0 => AddressingMode::None,
+        1 => AddressingMode::Hmm,
+        2 => AddressingMode::Ats,
+        _ => AddressingMode::Unknown,
+    }
+}
+
+/// `nvmlDeviceGetC2cModeInfoV` (NVML 12.3+), raw symbol checked for presence.
+fn c2c_enabled(nvml: &Nvml, device: &nvml_wrapper::Device<'_>) -> Option<bool> {
+    let get = nvml.lib().nvmlDeviceGetC2cModeInfoV.as_ref().ok()?;
+    let mut info = nvmlC2cModeInfo_v1_t { isC2cEnabled: 0 };
+    // SAFETY: as above.
+    let ret = unsafe { get(device.handle(), &mut info) };
+    (ret == nvmlReturn_enum_NVML_SUCCESS).then_some(info.isC2cEnabled != 0)
+}
+
+fn c2c_fields(device: &nvml_wrapper::Device<'_>) -> (Option<u32>, Option<u64>) {
+    use nvml_wrapper::enums::device::SampleValue;
+    use nvml_wrapper::structs::device::FieldId;
+    let Ok(values) = device.field_values_for(&[
+        FieldId(NVML_FI_DEV_C2C_LINK_COUNT),
+        FieldId(NVML_FI_DEV_C2C_LINK_GET_MAX_BW),
+    ]) else {
+        return (None, None);
+    };
+    let as_u64 = |v: &SampleValue| match v {
+        SampleValue::U32(x) => Some(u64::from(*x)),
+        SampleValue::U64(x) => Some(*x),
+        SampleValue::I64(x) => u64::try_from(*x).ok(),
+        _ => None,
+    };
+    let mut out = (None, None);
+    for (i, sample) in values.into_iter().enumerate() {
+        let Ok(sample) = sample else { continue };
+        let Ok(value) = sample.value else { continue };
+        match i {
+            0 => out.0 = as_u64(&value).and_then(|v| u32::try_from(v).ok()),
+            _ => out.1 = as_u64(&value),
+        }
+    }
+    out
+}
+
+/// Number of NUMA nodes the OS shows (GPU memory appears as memory-only nodes on GH200 in NUMA
+/// mode).
+pub fn os_numa_nodes() -> Option<u32> {
+    let entries = std::fs::read_dir("/sys/devices/system/node").ok()?;
+    let n = entries
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("node") && name[4..].chars().all(|c| c.is_ascii_digit())
+        })
+        .count();
+    u32::try_from(n).ok().filter(|n| *n > 0)
+}
+
+/// A test double standing in for hardware that is not here: replays the GPUs and NVML facts of
+/// a recorded (or reference) node report.
+#[derive(Clone, Debug)]
+pub struct RecordedNvml {
+    reading: NodeReading,
+}
+
+impl RecordedNvml {
+    /// From a node report fixture (see `tests/fixtures/README.md` for where each comes from).
+    pub fn from_report(json: &str) -> Result<Self, offload_operator::report::ReportError> {
+        let report = offload_operator::report::NodeReport::parse(json)?;
+        Ok(RecordedNvml {
+            reading: NodeReading {
+                nvml: report.nvml,
+                gpus: report.gpus,
+            },
+        })
+    }
+
+    /// A node whose NVML library is missing, with the loader's error text.
+    pub fn missing_library() -> Self {
+        RecordedNvml {
+            reading: NodeReading {
+                nvml: NvmlInfo {
+                    available: false,
+                    error: Some("NVML library could not be loaded (libnvidia-ml.so.1: cannot open shared object file: No such file or directory): is the NVIDIA driver installed and mounted into the pod?".to_string()),
+                    ..NvmlInfo::default()
+                },
+                gpus: Vec::new(),
+            },
+        }
+    }
+}
+
+impl NvmlSource for RecordedNvml {
+    fn read(&self) -> NodeReading {
+        self.reading.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use offload_operator::report::fixtures;
+
+    use super::*;
+
+    #[test]
+    fn recorded_gh200_is_coherent_and_h200_discrete() {
+        let gh = RecordedNvml::from_report(fixtures::GH200_REFERENCE)
+            .unwrap()
+            .read();
+        assert_eq!(gh.memory_model(), NodeMemoryModel::Coherent);
+        assert!(gh.gpus[0].name.contains("GH200"));
+        assert_eq!(gh.gpus[0].pci_device_id, Some(0x2342));
+        let h200 = RecordedNvml::from_report(fixtures::H200_READING)
+            .unwrap()
+            .read();
+        assert_eq!(h200.memory_model(), NodeMemoryModel::Discrete);
+        let hmm = RecordedNvml::from_report(fixtures::HMM_MEMLOCK)
+            .unwrap()
+            .read();
+        assert_eq!(hmm.memory_model(), NodeMemoryModel::Hmm);
+    }
+
+    #[test]
+    fn a_missing_library_is_unknown_with_the_loader_error() {
+        let r = RecordedNvml::missing_library().read();
+        assert_eq!(r.memory_model(), NodeMemoryModel::Unknown);
+        assert!(r.nvml.error.unwrap().contains("libnvidia-ml.so.1"));
+    }
+
+    #[test]
+    fn raw_addressing_modes_map_as_the_header_says() {
+        assert_eq!(addressing_mode_from_raw(0), AddressingMode::None);
+        assert_eq!(addressing_mode_from_raw(1), AddressingMode::Hmm);
+        assert_eq!(addressing_mode_from_raw(2), AddressingMode::Ats);
+        assert_eq!(addressing_mode_from_raw(7), AddressingMode::Unknown);
+        assert_eq!(
+            ADDRESSING_MODE_V1, 0x0100_0008,
+            "FACTS: version word 0x01000008"
+        );
+    }
+
+    #[test]
+    fn real_nvml_never_panics_here() {
+        // On a machine without a driver this reports the loader error; with one, GPUs.
+        let reading = RealNvml.read();
+        if !reading.nvml.available {
+            eprintln!(
+                "no NVML on this machine: {}",
+                reading.nvml.error.clone().unwrap_or_default()
+            );
+            assert!(reading.nvml.error.is_some());
+            assert!(reading.gpus.is_empty());
+        }
+    }
+}

@@ -1,0 +1,715 @@
+//! The GPU side of the self-test, on the raw CUDA driver API (cudarc, loaded at run time).
+//!
+//! The raw API is used on purpose: the schedule under test (which stream waits on which event,
+//! when the host blocks) must be exactly the one written here, with nothing added for safety
+//! bookkeeping. Every handle is owned by a guard that frees it on drop.
+
+use std::ffi::{CString, c_void};
+use std::time::Instant;
+
+use cudarc::driver::result::{self, DriverError, stream::StreamKind};
+use cudarc::driver::sys;
+use offload_operator::report::Bandwidths;
+
+use super::adam::{self, Adam};
+use super::math::{balance_iters, gbps, median};
+use super::{Measurements, SelfTestOptions};
+
+/// FLOP per element per kernel iteration: four independent fused multiply-adds.
+pub const FLOP_PER_ELEMENT_ITER: f64 = 8.0;
+
+/// Two kernels in PTX, JIT-compiled by the driver for whatever GPU is present:
+/// `busy` — a compute-bound, backward-like kernel (4 FMA chains per element, `iters` times);
+/// `copy_f32` — a grid-stride copy, used with host pointers to measure direct host access.
+const PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry busy(.param .u64 busy_buf, .param .u32 busy_n, .param .u32 busy_iters)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<8>;
+    .reg .f32 %f<8>;
+    .reg .b64 %rd<5>;
+    ld.param.u64 %rd1, [busy_buf];
+    ld.param.u32 %r1, [busy_n];
+    ld.param.u32 %r2, [busy_iters];
+    mov.u32 %r3, %ctaid.x;
+    mov.u32 %r4, %ntid.x;
+    mov.u32 %r5, %tid.x;
+    mad.lo.s32 %r6, %r3, %r4, %r5;
+    setp.ge.u32 %p1, %r6, %r1;
+    @%p1 bra BUSY_DONE;
+    cvta.to.global.u64 %rd2, %rd1;
+    mul.wide.u32 %rd3, %r6, 4;
+    add.s64 %rd4, %rd2, %rd3;
+    ld.global.f32 %f1, [%rd4];
+    mov.f32 %f2, %f1;
+    mov.f32 %f3, %f1;
+    mov.f32 %f4, %f1;
+    mov.u32 %r7, 0;
+BUSY_LOOP:
+    setp.ge.u32 %p2, %r7, %r2;
+    @%p2 bra BUSY_END;
+    fma.rn.f32 %f1, %f1, 0f3F7FFFEF, 0f358637BD;
+    fma.rn.f32 %f2, %f2, 0f3F7FFFEF, 0f358637BD;
+    fma.rn.f32 %f3, %f3, 0f3F7FFFEF, 0f358637BD;
+    fma.rn.f32 %f4, %f4, 0f3F7FFFEF, 0f358637BD;
+    add.u32 %r7, %r7, 1;
+    bra BUSY_LOOP;
+BUSY_END:
+    add.f32 %f5, %f1, %f2;
+    add.f32 %f6, %f3, %f4;
+    add.f32 %f7, %f5, %f6;
+    st.global.f32 [%rd4], %f7;
+BUSY_DONE:
+    ret;
+}
+
+.visible .entry copy_f32(.param .u64 copy_dst, .param .u64 copy_src, .param .u64 copy_n)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<5>;
+    .reg .f32 %f<2>;
+    .reg .b64 %rd<10>;
+    ld.param.u64 %rd1, [copy_dst];
+    ld.param.u64 %rd2, [copy_src];
+    ld.param.u64 %rd3, [copy_n];
+    mov.u32 %r1, %ctaid.x;
+    mov.u32 %r2, %ntid.x;
+    mov.u32 %r3, %tid.x;
+    mul.wide.u32 %rd4, %r1, %r2;
+    cvt.u64.u32 %rd5, %r3;
+    add.s64 %rd4, %rd4, %rd5;
+    mov.u32 %r4, %nctaid.x;
+    mul.wide.u32 %rd6, %r4, %r2;
+COPY_LOOP:
+    setp.ge.u64 %p1, %rd4, %rd3;
+    @%p1 bra COPY_DONE;
+    shl.b64 %rd7, %rd4, 2;
+    add.s64 %rd8, %rd2, %rd7;
+    ld.f32 %f1, [%rd8];
+    add.s64 %rd9, %rd1, %rd7;
+    st.f32 [%rd9], %f1;
+    add.s64 %rd4, %rd4, %rd6;
+    bra COPY_LOOP;
+COPY_DONE:
+    ret;
+}
+"#;
+
+/// Why the GPU part could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// No libcuda on this node (or not mounted into the pod).
+    #[error(
+        "the CUDA driver library (libcuda.so.1) is not available: the GPU self-test needs the NVIDIA driver mounted into the pod"
+    )]
+    NoLibrary,
+    /// No GPU visible.
+    #[error("no CUDA device is visible to the pod")]
+    NoDevice,
+    /// A driver call failed.
+    #[error("{call}: {error}")]
+    Driver {
+        /// The call.
+        call: &'static str,
+        /// The driver's error.
+        error: String,
+    },
+    /// Device memory for the test could not be had.
+    #[error("not enough GPU memory for the self-test ({need_mib} MiB needed, {free_mib} MiB free)")]
+    NoMemory {
+        /// Needed.
+        need_mib: usize,
+        /// Free.
+        free_mib: usize,
+    },
+}
+
+fn drv(call: &'static str) -> impl FnOnce(DriverError) -> CudaError {
+    move |e| CudaError::Driver {
+        call,
+        error: e
+            .error_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| format!("{e:?}")),
+    }
+}
+
+/// The primary context of GPU 0, current on this thread while alive.
+struct Context {
+    dev: sys::CUdevice,
+}
+
+impl Context {
+    fn new() -> Result<Self, CudaError> {
+        // SAFETY: checking for the library before any call keeps cudarc from panicking.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(CudaError::NoLibrary);
+        }
+        result::init().map_err(drv("cuInit"))?;
+        if result::device::get_count().map_err(drv("cuDeviceGetCount"))? < 1 {
+            return Err(CudaError::NoDevice);
+        }
+        let dev = result::device::get(0).map_err(drv("cuDeviceGet"))?;
+        // SAFETY: `dev` came from cuDeviceGet.
+        let ctx =
+            unsafe { result::primary_ctx::retain(dev) }.map_err(drv("cuDevicePrimaryCtxRetain"))?;
+        // SAFETY: `ctx` is a live primary context.
+        unsafe { result::ctx::set_current(ctx) }.map_err(drv("cuCtxSetCurrent"))?;
+        Ok(Context { dev })
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: balanced with the retain in `new`.
+        let _ = unsafe { result::primary_ctx::release(self.dev) };
+    }
+}
+
+struct Module {
+    module: sys::CUmodule,
+    busy: sys::CUfunction,
+    copy: sys::CUfunction,
+}
+
+impl Module {
+    fn load() -> Result<Self, CudaError> {
+        let ptx = CString::new(PTX).map_err(|_| CudaError::Driver {
+            call: "PTX",
+            error: "NUL in PTX".into(),
+        })?;
+        // SAFETY: a NUL-terminated PTX image; the context is current.
+        let module = unsafe { result::module::load_data(ptx.as_ptr() as *const c_void) }
+            .map_err(drv("cuModuleLoadData"))?;
+        let get = |name: &str| {
+            let cname = CString::new(name).map_err(|_| CudaError::Driver {
+                call: "kernel name",
+                error: name.into(),
+            })?;
+            // SAFETY: `module` is loaded.
+            unsafe { result::module::get_function(module, cname) }
+                .map_err(drv("cuModuleGetFunction"))
+        };
+        Ok(Module {
+            module,
+            busy: get("busy")?,
+            copy: get("copy_f32")?,
+        })
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        // SAFETY: loaded in `load`, unloaded once.
+        let _ = unsafe { result::module::unload(self.module) };
+    }
+}
+
+struct DeviceBuf {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+}
+
+impl DeviceBuf {
+    fn new(len: usize) -> Result<Self, CudaError> {
+        // SAFETY: plain allocation in the current context.
+        let ptr = unsafe { result::malloc_sync(len * 4) }.map_err(drv("cuMemAlloc"))?;
+        // SAFETY: `ptr` is `len * 4` bytes of device memory.
+        unsafe { result::memset_d8_sync(ptr, 0, len * 4) }.map_err(drv("cuMemsetD8"))?;
+        Ok(DeviceBuf { ptr, len })
+    }
+
+    fn chunk(&self, i: usize, elems: usize) -> sys::CUdeviceptr {
+        self.ptr + (i * elems * 4) as u64
+    }
+}
+
+impl Drop for DeviceBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new`, freed once.
+        let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}
+
+/// Host memory: page-locked (pinned, from the driver) or ordinary pageable memory.
+struct HostBuf {
+    ptr: *mut f32,
+    len: usize,
+    pinned: bool,
+    _pageable: Option<Vec<f32>>,
+}
+
+impl HostBuf {
+    fn pinned(len: usize, flags: u32) -> Result<Self, CudaError> {
+        // SAFETY: allocation of `len * 4` bytes of page-locked memory.
+        let ptr = unsafe { result::malloc_host(len * 4, flags) }.map_err(drv("cuMemHostAlloc"))?
+            as *mut f32;
+        // SAFETY: the allocation is `len` f32s long and exclusively ours.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        Ok(HostBuf {
+            ptr,
+            len,
+            pinned: true,
+            _pageable: None,
+        })
+    }
+
+    fn pageable(len: usize) -> Self {
+        let mut v = vec![0.0f32; len];
+        HostBuf {
+            ptr: v.as_mut_ptr(),
+            len,
+            pinned: false,
+            _pageable: Some(v),
+        }
+    }
+
+    fn slice(&self) -> &[f32] {
+        // SAFETY: `ptr` points to `len` initialised f32s owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    fn slice_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as above, and `&mut self` makes the borrow exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for HostBuf {
+    fn drop(&mut self) {
+        if self.pinned {
+            // SAFETY: allocated with cuMemHostAlloc, freed once.
+            let _ = unsafe { result::free_host(self.ptr as *mut c_void) };
+        }
+    }
+}
+
+struct Stream(sys::CUstream);
+
+impl Stream {
+    fn new() -> Result<Self, CudaError> {
+        result::stream::create(StreamKind::NonBlocking)
+            .map(Stream)
+            .map_err(drv("cuStreamCreate"))
+    }
+
+    fn sync(&self) -> Result<(), CudaError> {
+        // SAFETY: live stream.
+        unsafe { result::stream::synchronize(self.0) }.map_err(drv("cuStreamSynchronize"))
+    }
+
+    fn wait(&self, ev: &Event) -> Result<(), CudaError> {
+        // SAFETY: live stream and event.
+        unsafe {
+            result::stream::wait_event(self.0, ev.0, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+        }
+        .map_err(drv("cuStreamWaitEvent"))
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once.
+        let _ = unsafe { result::stream::destroy(self.0) };
+    }
+}
+
+struct Event(sys::CUevent);
+
+impl Event {
+    fn new() -> Result<Self, CudaError> {
+        result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .map(Event)
+            .map_err(drv("cuEventCreate"))
+    }
+
+    fn record(&self, s: &Stream) -> Result<(), CudaError> {
+        // SAFETY: live event and stream.
+        unsafe { result::event::record(self.0, s.0) }.map_err(drv("cuEventRecord"))
+    }
+
+    fn sync(&self) -> Result<(), CudaError> {
+        // SAFETY: live event.
+        unsafe { result::event::synchronize(self.0) }.map_err(drv("cuEventSynchronize"))
+    }
+
+    fn ms_since(&self, start: &Event) -> Result<f64, CudaError> {
+        // SAFETY: both events recorded and complete.
+        unsafe { result::event::elapsed(start.0, self.0) }
+            .map(f64::from)
+            .map_err(drv("cuEventElapsedTime"))
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once.
+        let _ = unsafe { result::event::destroy(self.0) };
+    }
+}
+
+const BLOCK: u32 = 256;
+
+fn grid(n: usize) -> u32 {
+    u32::try_from(n.div_ceil(BLOCK as usize)).unwrap_or(u32::MAX)
+}
+
+fn launch_busy(
+    m: &Module,
+    s: &Stream,
+    ptr: sys::CUdeviceptr,
+    n: usize,
+    iters: u32,
+) -> Result<(), CudaError> {
+    let mut p = ptr;
+    let mut n32 = u32::try_from(n).unwrap_or(u32::MAX);
+    let mut it = iters;
+    let mut params: [*mut c_void; 3] = [
+        (&raw mut p).cast(),
+        (&raw mut n32).cast(),
+        (&raw mut it).cast(),
+    ];
+    // SAFETY: parameters match the kernel's signature; `ptr` holds `n` f32s.
+    unsafe { result::launch_kernel(m.busy, (grid(n), 1, 1), (BLOCK, 1, 1), 0, s.0, &mut params) }
+        .map_err(drv("cuLaunchKernel(busy)"))
+}
+
+fn launch_copy(m: &Module, s: &Stream, dst: u64, src: u64, n: usize) -> Result<(), CudaError> {
+    let (mut d, mut sp, mut n64) = (dst, src, n as u64);
+    let mut params: [*mut c_void; 3] = [
+        (&raw mut d).cast(),
+        (&raw mut sp).cast(),
+        (&raw mut n64).cast(),
+    ];
+    // SAFETY: parameters match the kernel; both pointers address `n` f32s the GPU can reach.
+    unsafe { result::launch_kernel(m.copy, (1024, 1, 1), (BLOCK, 1, 1), 0, s.0, &mut params) }
+        .map_err(drv("cuLaunchKernel(copy_f32)"))
+}
+
+fn htod(dst: sys::CUdeviceptr, src: &[f32], s: &Stream) -> Result<(), CudaError> {
+    // SAFETY: `dst` holds at least `src.len()` f32s; `src` outlives the stream's use of it
+    // because every caller synchronises before the host buffer is dropped.
+    unsafe { result::memcpy_htod_async(dst, src, s.0) }.map_err(drv("cuMemcpyHtoDAsync"))
+}
+
+fn dtoh(dst: &mut [f32], src: sys::CUdeviceptr, s: &Stream) -> Result<(), CudaError> {
+    // SAFETY: as above, in the other direction.
+    unsafe { result::memcpy_dtoh_async(dst, src, s.0) }.map_err(drv("cuMemcpyDtoHAsync"))
+}
+
+/// Everything one run needs, allocated once.
+struct Rig {
+    module: Module,
+    compute: Stream,
+    d2h: Stream,
+    h2d: Stream,
+    dev_grads: DeviceBuf,
+    dev_params: DeviceBuf,
+    host_grads: HostBuf,
+    host_params: HostBuf,
+    m: Vec<f32>,
+    v: Vec<f32>,
+    chunks: usize,
+    elems: usize,
+    iters: u32,
+}
+
+impl Rig {
+    fn chunk_range(&self, i: usize) -> std::ops::Range<usize> {
+        i * self.elems..(i + 1) * self.elems
+    }
+
+    fn cpu_update(&mut self, i: usize) {
+        let r = self.chunk_range(i);
+        let grads = &self.host_grads.slice()[r.clone()];
+        let params = &mut self.host_params.slice_mut()[r.clone()];
+        adam::update(
+            &Adam::default(),
+            params,
+            grads,
+            &mut self.m[r.clone()],
+            &mut self.v[r],
+        );
+    }
+
+    fn gpu_only(&self) -> Result<f64, CudaError> {
+        let (start, end) = (Event::new()?, Event::new()?);
+        start.record(&self.compute)?;
+        for i in 0..self.chunks {
+            launch_busy(
+                &self.module,
+                &self.compute,
+                self.dev_grads.chunk(i, self.elems),
+                self.elems,
+                self.iters,
+            )?;
+        }
+        end.record(&self.compute)?;
+        end.sync()?;
+        end.ms_since(&start)
+    }
+
+    fn cpu_only(&mut self) -> f64 {
+        let t = Instant::now();
+        for i in 0..self.chunks {
+            self.cpu_update(i);
+        }
+        t.elapsed().as_secs_f64() * 1e3
+    }
+
+    /// GPU work, synchronise, copy all gradients out, CPU update, copy parameters back.
+    fn serial(&mut self) -> Result<f64, CudaError> {
+        let t = Instant::now();
+        for i in 0..self.chunks {
+            launch_busy(
+                &self.module,
+                &self.compute,
+                self.dev_grads.chunk(i, self.elems),
+                self.elems,
+                self.iters,
+            )?;
+        }
+        self.compute.sync()?;
+        for i in 0..self.chunks {
+            let r = self.chunk_range(i);
+            dtoh(
+                &mut self.host_grads.slice_mut()[r],
+                self.dev_grads.chunk(i, self.elems),
+                &self.d2h,
+            )?;
+        }
+        self.d2h.sync()?;
+        for i in 0..self.chunks {
+            self.cpu_update(i);
+        }
+        for i in 0..self.chunks {
+            let r = self.chunk_range(i);
+            htod(
+                self.dev_params.chunk(i, self.elems),
+                &self.host_params.slice()[r],
+                &self.h2d,
+            )?;
+        }
+        self.h2d.sync()?;
+        Ok(t.elapsed().as_secs_f64() * 1e3)
+    }
+
+    /// Each chunk's gradient copied out on its own stream as soon as its kernel ends; the CPU
+    /// updates chunk i while the GPU computes chunk i+1; parameters go back on a third stream;
+    /// no global synchronise until the step ends.
+    fn pipelined(&mut self) -> Result<f64, CudaError> {
+        let done: Vec<Event> = (0..self.chunks)
+            .map(|_| Event::new())
+            .collect::<Result<_, _>>()?;
+        let copied: Vec<Event> = (0..self.chunks)
+            .map(|_| Event::new())
+            .collect::<Result<_, _>>()?;
+        let t = Instant::now();
+        for i in 0..self.chunks {
+            launch_busy(
+                &self.module,
+                &self.compute,
+                self.dev_grads.chunk(i, self.elems),
+                self.elems,
+                self.iters,
+            )?;
+            done[i].record(&self.compute)?;
+            self.d2h.wait(&done[i])?;
+            let r = self.chunk_range(i);
+            // With pageable memory this call blocks the host until the copy is done, which is
+            // exactly how overlap breaks when pinned memory is refused.
+            dtoh(
+                &mut self.host_grads.slice_mut()[r],
+                self.dev_grads.chunk(i, self.elems),
+                &self.d2h,
+            )?;
+            copied[i].record(&self.d2h)?;
+        }
+        for (i, ev) in copied.iter().enumerate() {
+            ev.sync()?;
+            self.cpu_update(i);
+            let r = self.chunk_range(i);
+            htod(
+                self.dev_params.chunk(i, self.elems),
+                &self.host_params.slice()[r],
+                &self.h2d,
+            )?;
+        }
+        self.h2d.sync()?;
+        self.compute.sync()?;
+        Ok(t.elapsed().as_secs_f64() * 1e3)
+    }
+}
+
+/// Host-timed copy of `bytes` in one direction, best of three.
+fn copy_bandwidth(
+    dev: &DeviceBuf,
+    host: &mut HostBuf,
+    s: &Stream,
+    to_device: bool,
+) -> Result<Option<f64>, CudaError> {
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t = Instant::now();
+        if to_device {
+            htod(dev.ptr, &host.slice()[..dev.len], s)?;
+        } else {
+            let n = dev.len;
+            dtoh(&mut host.slice_mut()[..n], dev.ptr, s)?;
+        }
+        s.sync()?;
+        best = best.min(t.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(gbps(dev.len * 4, best))
+}
+
+/// A GPU kernel reading (or writing) host memory directly: system memory through ATS on
+/// coherent nodes, mapped pinned memory elsewhere.
+fn direct_host(
+    m: &Module,
+    dev: &DeviceBuf,
+    coherent: bool,
+    s: &Stream,
+) -> Result<(Option<f64>, Option<f64>), CudaError> {
+    let n = dev.len;
+    let mut system;
+    let mapped;
+    let host_ptr: u64 = if coherent {
+        system = vec![1.0f32; n];
+        system.as_mut_ptr() as u64
+    } else {
+        mapped = HostBuf::pinned(n, sys::CU_MEMHOSTALLOC_DEVICEMAP)?;
+        // With unified addressing the host pointer of mapped pinned memory is valid on the GPU.
+        mapped.ptr as u64
+    };
+    let time = |dst: u64, src: u64| -> Result<f64, CudaError> {
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let (a, b) = (Event::new()?, Event::new()?);
+            a.record(s)?;
+            launch_copy(m, s, dst, src, n)?;
+            b.record(s)?;
+            b.sync()?;
+            best = best.min(b.ms_since(&a)?);
+        }
+        Ok(best)
+    };
+    let read = time(dev.ptr, host_ptr)?;
+    let write = time(host_ptr, dev.ptr)?;
+    Ok((gbps(n * 4, read), gbps(n * 4, write)))
+}
+
+/// Runs every measurement.
+pub fn measure(opt: &SelfTestOptions) -> Result<Measurements, CudaError> {
+    let _ctx = Context::new()?;
+    let module = Module::load()?;
+    let chunks = opt.chunks.max(1) as usize;
+    let elems = opt.chunk_elems.max(BLOCK as usize);
+    let total = chunks * elems;
+    let (free, _) = result::mem_get_info().map_err(drv("cuMemGetInfo"))?;
+    let need = total * 4 * 2;
+    if need + (256 << 20) > free {
+        return Err(CudaError::NoMemory {
+            need_mib: need >> 20,
+            free_mib: free >> 20,
+        });
+    }
+
+    // Host buffers for what crosses the bus: pinned unless refused (or forced off).
+    let (host_grads, host_params, pinned_error) = if opt.force_pageable {
+        (
+            HostBuf::pageable(total),
+            HostBuf::pageable(total),
+            Some("pageable memory forced (--force-pageable)".to_string()),
+        )
+    } else {
+        match (HostBuf::pinned(total, 0), HostBuf::pinned(total, 0)) {
+            (Ok(g), Ok(p)) => (g, p, None),
+            (Err(e), _) | (_, Err(e)) => (
+                HostBuf::pageable(total),
+                HostBuf::pageable(total),
+                Some(e.to_string()),
+            ),
+        }
+    };
+    let pinned = host_grads.pinned;
+    let mut rig = Rig {
+        module,
+        compute: Stream::new()?,
+        d2h: Stream::new()?,
+        h2d: Stream::new()?,
+        dev_grads: DeviceBuf::new(total)?,
+        dev_params: DeviceBuf::new(total)?,
+        host_grads,
+        host_params,
+        m: vec![0.0; total],
+        v: vec![0.0; total],
+        chunks,
+        elems,
+        iters: 256,
+    };
+
+    // Bandwidths: pinned (always measured separately when available) and pageable.
+    let mut bandwidth = Bandwidths::default();
+    let mut pageable = HostBuf::pageable(total);
+    bandwidth.h2d_pageable = copy_bandwidth(&rig.dev_grads, &mut pageable, &rig.h2d, true)?;
+    bandwidth.d2h_pageable = copy_bandwidth(&rig.dev_grads, &mut pageable, &rig.d2h, false)?;
+    drop(pageable);
+    if let Ok(mut p) = HostBuf::pinned(total, 0) {
+        bandwidth.h2d_pinned = copy_bandwidth(&rig.dev_grads, &mut p, &rig.h2d, true)?;
+        bandwidth.d2h_pinned = copy_bandwidth(&rig.dev_grads, &mut p, &rig.d2h, false)?;
+    }
+    let dev_one = DeviceBuf::new(elems.min(total))?;
+    match direct_host(&rig.module, &dev_one, opt.coherent, &rig.compute) {
+        Ok((r, w)) => {
+            bandwidth.direct_host_read = r;
+            bandwidth.direct_host_write = w;
+        }
+        Err(e) => tracing::warn!(error = %e, "direct host access not measured"),
+    }
+    drop(dev_one);
+
+    // Warm up, then balance GPU work against the CPU update.
+    rig.cpu_only();
+    let t_cpu_probe = rig.cpu_only();
+    let probe = rig.gpu_only()? / chunks as f64;
+    rig.iters = balance_iters(t_cpu_probe, opt.chunks, rig.iters, probe);
+
+    let repeats = opt.repeats.max(1);
+    let mut t_gpu = Vec::new();
+    let mut t_cpu = Vec::new();
+    let mut t_serial = Vec::new();
+    let mut t_pipe = Vec::new();
+    rig.serial()?;
+    for _ in 0..repeats {
+        t_gpu.push(rig.gpu_only()?);
+        t_cpu.push(rig.cpu_only());
+        t_serial.push(rig.serial()?);
+        t_pipe.push(if opt.force_serial {
+            rig.serial()?
+        } else {
+            rig.pipelined()?
+        });
+    }
+    tracing::info!(
+        threads = adam::threads(),
+        iters = rig.iters,
+        "self-test measured"
+    );
+    Ok(Measurements {
+        pinned,
+        pinned_error,
+        bandwidth,
+        chunk_elems: elems,
+        chunks: opt.chunks.max(1),
+        kernel_iters: rig.iters,
+        t_gpu_ms: median(t_gpu),
+        t_cpu_ms: median(t_cpu),
+        t_serial_ms: median(t_serial),
+        t_pipelined_ms: median(t_pipe),
+    })
+}

@@ -1,0 +1,98 @@
+//! The self-test's arithmetic, kept apart so it is unit-tested without a GPU.
+
+use offload_operator::report::OverlapVerdict;
+
+/// Overlap efficiency `(t_gpu + t_cpu − t_pipelined) / min(t_gpu, t_cpu)`: 1 when the shorter
+/// of the two hides completely behind the longer, 0 when the pipelined step costs their sum.
+/// Clamped to [0, 1] (timing noise can push it slightly outside); `None` for unusable inputs.
+pub fn efficiency(t_gpu: f64, t_cpu: f64, t_pipelined: f64) -> Option<f64> {
+    let shorter = t_gpu.min(t_cpu);
+    if !(t_gpu.is_finite() && t_cpu.is_finite() && t_pipelined.is_finite())
+        || shorter <= 0.0
+        || t_pipelined <= 0.0
+    {
+        return None;
+    }
+    Some(((t_gpu + t_cpu - t_pipelined) / shorter).clamp(0.0, 1.0))
+}
+
+/// `verified` at or above the threshold, `failed` below it, `untested` without a figure.
+pub fn verdict(efficiency: Option<f64>, threshold: f64) -> OverlapVerdict {
+    match efficiency {
+        Some(e) if e >= threshold => OverlapVerdict::Verified,
+        Some(_) => OverlapVerdict::Failed,
+        None => OverlapVerdict::Untested,
+    }
+}
+
+/// GB/s for `bytes` moved in `ms` milliseconds.
+pub fn gbps(bytes: usize, ms: f64) -> Option<f64> {
+    #[allow(clippy::cast_precision_loss)]
+    let b = bytes as f64;
+    (ms > 0.0 && ms.is_finite()).then(|| b / (ms / 1e3) / 1e9)
+}
+
+/// The median of a non-empty set of timings.
+pub fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    match xs.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => xs[n / 2],
+        n => (xs[n / 2 - 1] + xs[n / 2]) / 2.0,
+    }
+}
+
+/// Kernel iterations that make the K GPU kernels take about as long as the CPU update, given
+/// the time one calibration run of `probe_iters` took. Bounded so a broken timing never asks
+/// for an absurd kernel.
+pub fn balance_iters(t_cpu_ms: f64, chunks: u32, probe_iters: u32, probe_ms_per_chunk: f64) -> u32 {
+    if probe_ms_per_chunk <= 0.0 || !probe_ms_per_chunk.is_finite() || t_cpu_ms <= 0.0 {
+        return probe_iters;
+    }
+    let per_iter = probe_ms_per_chunk / f64::from(probe_iters);
+    let want = t_cpu_ms / f64::from(chunks.max(1)) / per_iter;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let iters = want.round().clamp(16.0, f64::from(1u32 << 22)) as u32;
+    iters
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn perfect_overlap_is_one_and_none_is_zero() {
+        assert_eq!(efficiency(100.0, 80.0, 100.0), Some(1.0));
+        assert_eq!(efficiency(100.0, 80.0, 180.0), Some(0.0));
+        let half = efficiency(100.0, 80.0, 140.0).unwrap();
+        assert!((half - 0.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn noise_is_clamped_and_nonsense_is_none() {
+        assert_eq!(efficiency(100.0, 80.0, 95.0), Some(1.0));
+        assert_eq!(efficiency(100.0, 80.0, 250.0), Some(0.0));
+        assert_eq!(efficiency(0.0, 80.0, 80.0), None);
+        assert_eq!(efficiency(100.0, f64::NAN, 80.0), None);
+        assert_eq!(efficiency(100.0, 80.0, 0.0), None);
+    }
+
+    #[test]
+    fn verdict_compares_with_the_threshold() {
+        assert_eq!(verdict(Some(0.8), 0.8), OverlapVerdict::Verified);
+        assert_eq!(verdict(Some(0.79), 0.8), OverlapVerdict::Failed);
+        assert_eq!(verdict(None, 0.8), OverlapVerdict::Untested);
+    }
+
+    #[test]
+    fn helpers() {
+        assert_eq!(gbps(1_000_000_000, 1000.0), Some(1.0));
+        assert_eq!(gbps(1, 0.0), None);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        // 8 chunks, CPU 80 ms → 10 ms a chunk; the probe ran 1000 iterations in 2 ms.
+        assert_eq!(balance_iters(80.0, 8, 1000, 2.0), 5000);
+        assert_eq!(balance_iters(80.0, 8, 1000, 0.0), 1000);
+        assert_eq!(balance_iters(1e12, 8, 1, 1.0), 1 << 22);
+    }
+}

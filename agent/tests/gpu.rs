@@ -1,0 +1,91 @@
+//! Tests that need a real NVIDIA GPU. Where there is none (CI), each prints why and returns.
+
+use offload_agent::probe::{NvmlSource, RealNvml};
+use offload_agent::selftest::{self, SelfTestOptions};
+use offload_operator::report::{NodeMemoryModel, OverlapVerdict};
+
+/// The reason to skip, if this machine has no usable GPU.
+fn no_gpu() -> Option<String> {
+    let reading = RealNvml.read();
+    if !reading.nvml.available {
+        return Some(
+            reading
+                .nvml
+                .error
+                .unwrap_or_else(|| "NVML unavailable".into()),
+        );
+    }
+    if reading.gpus.is_empty() {
+        return Some("NVML reports no GPU".into());
+    }
+    None
+}
+
+macro_rules! require_gpu {
+    () => {
+        if let Some(why) = no_gpu() {
+            eprintln!("SKIPPED (no GPU on this machine): {why}");
+            return;
+        }
+    };
+}
+
+#[test]
+fn nvml_reports_a_classified_gpu() {
+    require_gpu!();
+    let reading = RealNvml.read();
+    let model = reading.memory_model();
+    assert!(
+        matches!(
+            model,
+            NodeMemoryModel::Coherent | NodeMemoryModel::Hmm | NodeMemoryModel::Discrete
+        ),
+        "{model:?}"
+    );
+    for gpu in &reading.gpus {
+        assert!(
+            !gpu.uuid.is_empty() && gpu.memory_total_bytes > 0,
+            "{gpu:?}"
+        );
+        if gpu.name.contains("GH200") {
+            assert_eq!(model, NodeMemoryModel::Coherent);
+        }
+    }
+}
+
+#[test]
+fn the_pipelined_schedule_overlaps_and_the_broken_ones_do_not() {
+    require_gpu!();
+    let good = selftest::run(&SelfTestOptions::default());
+    assert!(good.error.is_none(), "{:?}", good.error);
+    let eff = good.efficiency.unwrap();
+    eprintln!(
+        "pipelined efficiency {eff:.2}, pinned H2D {:?} GB/s",
+        good.bandwidth.h2d_pinned
+    );
+    let serial = selftest::run(&SelfTestOptions {
+        force_serial: true,
+        ..SelfTestOptions::default()
+    });
+    assert_eq!(
+        serial.verdict,
+        OverlapVerdict::Failed,
+        "a serial schedule cannot pass: {:?}",
+        serial.efficiency
+    );
+    let pageable = selftest::run(&SelfTestOptions {
+        force_pageable: true,
+        ..SelfTestOptions::default()
+    });
+    assert!(!pageable.pinned_memory);
+    assert!(
+        pageable.efficiency.unwrap() < eff,
+        "pageable {:?} vs pinned {eff}",
+        pageable.efficiency
+    );
+    assert!(
+        good.duration_ms.unwrap() < 15_000.0,
+        "self-test took {:?} ms",
+        good.duration_ms
+    );
+}
