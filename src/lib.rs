@@ -29,3 +29,5 @@ pub mod operator;
 pub mod render;
 pub mod report;
 pub mod version;
+#[cfg(feature = "runtime")]
+pub mod webhook;

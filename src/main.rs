@@ -7,6 +7,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use offload_operator::controller::ControllerOptions;
 use offload_operator::operator::{self, LeaderElection, RunOptions};
+use offload_operator::webhook::tls::{FileCerts, ManagedCerts};
+use offload_operator::webhook::{CertMode, WebhookOptions};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// The offload operator: controller and admission webhook.
@@ -49,6 +52,29 @@ struct RunArgs {
     /// Concurrent reconciles per controller.
     #[arg(long, default_value_t = 16)]
     concurrency: u16,
+    /// Address of the admission webhook (HTTPS); empty to not serve it.
+    #[arg(long, env = "OFFLOAD_WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
+    webhook_addr: String,
+    /// Read the serving certificate from this directory (tls.crt, tls.key; e.g. from
+    /// cert-manager) instead of managing a CA.
+    #[arg(long, env = "OFFLOAD_WEBHOOK_CERT_DIR")]
+    webhook_cert_dir: Option<PathBuf>,
+    /// Secret holding the operator-managed CA and serving certificate.
+    #[arg(long, default_value = "offload-operator-webhook-tls")]
+    webhook_secret: String,
+    /// Names for the serving certificate (the webhook Service's DNS names, or an IP address).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "offload-operator-webhook.offload-system.svc"
+    )]
+    webhook_names: Vec<String>,
+    /// MutatingWebhookConfiguration to patch the CA bundle into.
+    #[arg(long, default_value = "offload-operator")]
+    mutating_webhook_config: String,
+    /// ValidatingWebhookConfiguration to patch the CA bundle into.
+    #[arg(long, default_value = "offload-operator")]
+    validating_webhook_config: String,
 }
 
 fn main() -> ExitCode {
@@ -106,6 +132,13 @@ fn run(args: RunArgs) -> ExitCode {
                 concurrency: args.concurrency,
                 ..ControllerOptions::default()
             },
+            webhook: match webhook_options(&args) {
+                Ok(w) => w,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+            },
         };
         match operator::run(client, options, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
@@ -115,6 +148,34 @@ fn run(args: RunArgs) -> ExitCode {
             }
         }
     })
+}
+
+fn webhook_options(args: &RunArgs) -> Result<Option<WebhookOptions>, String> {
+    if args.webhook_addr.is_empty() {
+        return Ok(None);
+    }
+    let addr: SocketAddr = args
+        .webhook_addr
+        .parse()
+        .map_err(|e| format!("--webhook-addr {:?}: {e}", args.webhook_addr))?;
+    let certs = match &args.webhook_cert_dir {
+        Some(dir) => CertMode::Files(FileCerts {
+            cert: dir.join("tls.crt"),
+            key: dir.join("tls.key"),
+        }),
+        None => CertMode::Managed(ManagedCerts {
+            namespace: args.namespace.clone(),
+            secret: args.webhook_secret.clone(),
+            names: args.webhook_names.clone(),
+            mutating: Some(args.mutating_webhook_config.clone()),
+            validating: Some(args.validating_webhook_config.clone()),
+        }),
+    };
+    Ok(Some(WebhookOptions {
+        addr,
+        certs,
+        check_interval: Duration::from_secs(3600),
+    }))
 }
 
 async fn wait_for_signal() {

@@ -62,6 +62,20 @@ pub const OPERATOR_ENV: [&str; 8] = [
     ENV_FSDP_VERSION,
 ];
 
+/// Annotation on other job kinds and Pods: requested mode (`Auto`, `UnifiedMemory`, `CPUCopy`,
+/// `Disabled`); like `spec.offload.mode` of a TrainingJob.
+pub const ANNOTATION_MODE: &str = "offload.dev/mode";
+/// Annotation on other job kinds and Pods: requested overlap (`Auto`, `Enabled`, `Disabled`).
+pub const ANNOTATION_OVERLAP: &str = "offload.dev/overlap";
+/// Annotation on other job kinds and Pods: requested offload ratio (`Auto` or a decimal).
+pub const ANNOTATION_RATIO: &str = "offload.dev/offload-ratio";
+/// Annotation on other job kinds and Pods: framework (`DeepSpeed`, `FSDP`, `Generic`).
+pub const ANNOTATION_FRAMEWORK: &str = "offload.dev/framework";
+/// Annotation on other job kinds and Pods: framework version.
+pub const ANNOTATION_FRAMEWORK_VERSION: &str = "offload.dev/framework-version";
+/// Annotation the webhook writes on mutated objects: the resolved configuration in one line.
+pub const ANNOTATION_RESOLVED: &str = "offload.dev/resolved";
+
 /// Field manager of the operator's server-side applies.
 pub const OPERATOR_MANAGER: &str = "offload-operator";
 /// Field manager of the agent's server-side applies.

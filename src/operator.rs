@@ -23,6 +23,8 @@ pub struct RunOptions {
     pub leader_election: Option<LeaderElection>,
     /// Controller tuning.
     pub controller: ControllerOptions,
+    /// The admission webhook, served by every replica (leader or not); `None` to not serve it.
+    pub webhook: Option<crate::webhook::WebhookOptions>,
 }
 
 /// Where the leader-election Lease lives.
@@ -51,6 +53,9 @@ pub enum RunError {
     /// Leader election failed.
     #[error("leader election: {0}")]
     Lease(String),
+    /// The webhook could not start.
+    #[error("webhook: {0}")]
+    Webhook(#[from] crate::webhook::tls::TlsError),
     /// Leadership was lost; the process exits so a fresh start re-joins the election.
     #[error("lost the leader lease {0}; exiting so another replica takes over cleanly")]
     LostLease(String),
@@ -87,8 +92,30 @@ pub async fn run(
             tracing::error!(error = %e, "admin server stopped");
         }
     };
+    // The webhook serves on every replica, so it starts before the leader election.
+    let webhook = match options.webhook.clone() {
+        Some(wh) => {
+            let (view, drive) = crate::webhook::cluster_view(&client, shutdown.clone());
+            let state = crate::webhook::WebhookState {
+                view,
+                metrics: metrics.clone(),
+            };
+            let (_rotator, bound, serve) =
+                crate::webhook::serve(client.clone(), wh, state, shutdown.clone()).await?;
+            tracing::info!(addr = %bound, "webhook listening");
+            Some(async move {
+                tokio::join!(drive, serve);
+            })
+        }
+        None => None,
+    };
+    let webhook = async move {
+        if let Some(w) = webhook {
+            w.await;
+        }
+    };
     let work = lead_and_control(client, metrics, options, ready, shutdown);
-    let (_, result) = tokio::join!(admin, work);
+    let (_, _, result) = tokio::join!(admin, webhook, work);
     result
 }
 

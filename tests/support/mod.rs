@@ -230,6 +230,7 @@ pub fn operator_options() -> offload_operator::operator::RunOptions {
         admin_addr: "127.0.0.1:0".parse().unwrap(),
         leader_election: None,
         controller: Default::default(),
+        webhook: None,
     }
 }
 

@@ -1,0 +1,512 @@
+//! What each endpoint decides. The envelope has been parsed already; every answer here keeps the
+//! request uid, and a bad object gets `allowed: false` with a message naming the field.
+
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use kube::core::{DynamicObject, Selector, SelectorExt};
+use serde_json::Value;
+
+use super::kinds;
+use crate::api::{
+    Framework, FrameworkSpec, ModeSetting, OffloadProfile, OffloadProfileSpec, OffloadSpec,
+    OverlapSetting, RatioSetting, TrainingJob,
+};
+use crate::controller::{opted_in, profile_name_for};
+use crate::decision::{
+    DeepSpeedRequest, JobRequest, NodeInfo, Resolution, ResolveError, resolve_offload,
+};
+use crate::names;
+use crate::render;
+
+/// The cluster state admission decides against: a snapshot of the reflector stores.
+pub trait ClusterView: Send + Sync {
+    /// A profile by name.
+    fn profile(&self, name: &str) -> Option<OffloadProfileSpec>;
+    /// Every node's agent view.
+    fn nodes(&self) -> Vec<NodeInfo>;
+}
+
+/// The outcome of one admission, with a fixed category for the denial metric.
+pub struct Verdict {
+    /// The response to send.
+    pub response: AdmissionResponse,
+    /// Denial category, when denied.
+    pub denied: Option<&'static str>,
+}
+
+impl Verdict {
+    fn allow(response: AdmissionResponse) -> Self {
+        Verdict {
+            response,
+            denied: None,
+        }
+    }
+
+    fn deny(
+        req: &AdmissionRequest<DynamicObject>,
+        category: &'static str,
+        message: impl ToString,
+    ) -> Self {
+        Verdict {
+            response: AdmissionResponse::from(req).deny(message),
+            denied: Some(category),
+        }
+    }
+}
+
+fn with_warnings(mut response: AdmissionResponse, warnings: Vec<String>) -> AdmissionResponse {
+    if !warnings.is_empty() {
+        response.warnings = Some(warnings);
+    }
+    response
+}
+
+/// Reads the request's object as `T`, or says which field is wrong.
+fn object<T: serde::de::DeserializeOwned>(
+    req: &AdmissionRequest<DynamicObject>,
+    what: &str,
+) -> Result<T, String> {
+    let obj = req
+        .object
+        .as_ref()
+        .ok_or_else(|| format!("the request carries no {what}"))?;
+    let value = serde_json::to_value(obj).map_err(|e| format!("the {what} cannot be read: {e}"))?;
+    serde_json::from_value(value).map_err(|e| format!("the {what} is invalid: {e}"))
+}
+
+fn old_object<T: serde::de::DeserializeOwned>(req: &AdmissionRequest<DynamicObject>) -> Option<T> {
+    let value = serde_json::to_value(req.old_object.as_ref()?).ok()?;
+    serde_json::from_value(value).ok()
+}
+
+/// The profile a job resolves with, as the controller would pick it.
+fn profile_for(
+    view: &dyn ClusterView,
+    tj: &TrainingJob,
+) -> Result<(String, OffloadProfileSpec), String> {
+    let name = profile_name_for(tj);
+    match view.profile(&name) {
+        Some(p) => Ok((name, p)),
+        None if !tj
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(names::PROFILE_ANNOTATION)) =>
+        {
+            Ok((name, OffloadProfileSpec::default()))
+        }
+        None => Err(name),
+    }
+}
+
+fn training_job_request(tj: &TrainingJob) -> JobRequest {
+    JobRequest::from_training_job(
+        &tj.spec,
+        render::gpus_per_pod(tj.spec.template.spec.as_ref()),
+        None,
+    )
+}
+
+/// Validating TrainingJob: statically wrong requests are denied with what to change; problems
+/// the cluster may fix later (no coherent node yet) are admitted with a warning, because the
+/// controller holds the job until they are fixed. A job whose workload exists cannot change its
+/// offload configuration.
+pub fn validate_training_job(
+    req: &AdmissionRequest<DynamicObject>,
+    view: &dyn ClusterView,
+) -> Verdict {
+    let tj: TrainingJob = match object(req, "TrainingJob") {
+        Ok(t) => t,
+        Err(msg) => return Verdict::deny(req, "InvalidObject", msg),
+    };
+    if req.operation == Operation::Update
+        && let Some(old) = old_object::<TrainingJob>(req)
+        && old
+            .status
+            .as_ref()
+            .and_then(|s| s.workload.as_ref())
+            .is_some()
+    {
+        let changed = [
+            (old.spec.offload != tj.spec.offload, "spec.offload"),
+            (old.spec.framework != tj.spec.framework, "spec.framework"),
+            (old.spec.deepspeed != tj.spec.deepspeed, "spec.deepspeed"),
+            (old.spec.template != tj.spec.template, "spec.template"),
+            (old.spec.replicas != tj.spec.replicas, "spec.replicas"),
+        ];
+        if let Some((_, field)) = changed.iter().find(|(c, _)| *c) {
+            return Verdict::deny(
+                req,
+                "RunningJobChanged",
+                format!(
+                    "{field} cannot change once the workload exists (a running job is never re-configured): delete and re-create the TrainingJob to change it"
+                ),
+            );
+        }
+        return Verdict::allow(AdmissionResponse::from(req));
+    }
+    if !opted_in(&tj) {
+        return Verdict::allow(AdmissionResponse::from(req));
+    }
+    let (profile_name, profile) = match profile_for(view, &tj) {
+        Ok(p) => p,
+        Err(name) => {
+            return Verdict::allow(with_warnings(
+                AdmissionResponse::from(req),
+                vec![format!(
+                    "OffloadProfile {name:?} does not exist yet: the job waits until it does"
+                )],
+            ));
+        }
+    };
+    match resolve_offload(
+        &training_job_request(&tj),
+        &profile_name,
+        &profile,
+        &view.nodes(),
+    ) {
+        Ok(_) => Verdict::allow(AdmissionResponse::from(req)),
+        Err(e) if e.depends_on_cluster() => Verdict::allow(with_warnings(
+            AdmissionResponse::from(req),
+            vec![format!("the job waits until the cluster can take it: {e}")],
+        )),
+        Err(e) => Verdict::deny(req, e.category(), format!("spec: {e}")),
+    }
+}
+
+/// Validating OffloadProfile: a selector that is not a valid selector is denied; one that
+/// matches no reported node is admitted with a warning.
+pub fn validate_profile(req: &AdmissionRequest<DynamicObject>, view: &dyn ClusterView) -> Verdict {
+    let profile: OffloadProfile = match object(req, "OffloadProfile") {
+        Ok(p) => p,
+        Err(msg) => return Verdict::deny(req, "InvalidObject", msg),
+    };
+    let mut warnings = Vec::new();
+    if let Some(sel) = &profile.spec.node_selector {
+        let selector = match Selector::try_from(sel.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                return Verdict::deny(
+                    req,
+                    "InvalidSelector",
+                    format!("spec.nodeSelector is not a valid label selector: {e}"),
+                );
+            }
+        };
+        let reported: Vec<NodeInfo> = view
+            .nodes()
+            .into_iter()
+            .filter(|n| n.class().is_some())
+            .collect();
+        if !reported.iter().any(|n| selector.matches(&n.labels)) {
+            warnings.push(format!(
+                "spec.nodeSelector matches none of the {} GPU node(s) reported by offload-agent: jobs using this profile will wait",
+                reported.len()
+            ));
+        }
+    }
+    if profile.spec.mode == ModeSetting::CpuCopy
+        && profile.spec.node_class_order.first() == Some(&crate::api::NodeClass::Coherent)
+        && !profile.spec.allow_cpu_copy_on_coherent_nodes
+    {
+        warnings.push("mode CPUCopy never uses coherent nodes unless allowCPUCopyOnCoherentNodes is set; nodeClassOrder's first entry has no effect".to_string());
+    }
+    Verdict::allow(with_warnings(AdmissionResponse::from(req), warnings))
+}
+
+/// Mutating TrainingJob at CREATE: resolve every `Auto` early so the stored object already
+/// shows the decision. Unresolvable jobs are admitted unchanged (validation warns; the
+/// controller records why).
+pub fn mutate_training_job(
+    req: &AdmissionRequest<DynamicObject>,
+    view: &dyn ClusterView,
+) -> Verdict {
+    let allow = AdmissionResponse::from(req);
+    if req.operation != Operation::Create {
+        return Verdict::allow(allow);
+    }
+    let tj: TrainingJob = match object(req, "TrainingJob") {
+        Ok(t) => t,
+        Err(msg) => return Verdict::deny(req, "InvalidObject", msg),
+    };
+    if !opted_in(&tj) || tj.spec.offload.is_concrete() {
+        return Verdict::allow(allow);
+    }
+    let Ok((profile_name, profile)) = profile_for(view, &tj) else {
+        return Verdict::allow(allow);
+    };
+    let Ok(res) = resolve_offload(
+        &training_job_request(&tj),
+        &profile_name,
+        &profile,
+        &view.nodes(),
+    ) else {
+        return Verdict::allow(allow);
+    };
+    let Ok(original) = serde_json::to_value(&tj) else {
+        return Verdict::allow(allow);
+    };
+    let mut mutated = original.clone();
+    match serde_json::to_value(res.concrete_spec()) {
+        Ok(concrete) => mutated["spec"]["offload"] = concrete,
+        Err(_) => return Verdict::allow(allow),
+    }
+    patch_response(req, &original, &mutated)
+}
+
+/// What another object kind asks for, from its opt-in label and annotations.
+fn annotated_request(
+    labels: &serde_json::Map<String, Value>,
+    annotations: &serde_json::Map<String, Value>,
+    pods: u32,
+    gpus: u32,
+) -> Result<(String, JobRequest), String> {
+    let get = |key: &str| annotations.get(key).and_then(Value::as_str);
+    let field = |key: &str| -> Result<Option<Value>, String> {
+        Ok(get(key).map(|v| Value::String(v.to_string())))
+    };
+    let mode: ModeSetting = match field(names::ANNOTATION_MODE)? {
+        Some(v) => serde_json::from_value(v).map_err(|_| {
+            format!(
+                "annotation {}: use Auto, UnifiedMemory, CPUCopy or Disabled",
+                names::ANNOTATION_MODE
+            )
+        })?,
+        None => ModeSetting::Auto,
+    };
+    let overlap: OverlapSetting = match field(names::ANNOTATION_OVERLAP)? {
+        Some(v) => serde_json::from_value(v).map_err(|_| {
+            format!(
+                "annotation {}: use Auto, Enabled or Disabled",
+                names::ANNOTATION_OVERLAP
+            )
+        })?,
+        None => OverlapSetting::Auto,
+    };
+    let offload_ratio: RatioSetting = match field(names::ANNOTATION_RATIO)? {
+        Some(v) => serde_json::from_value(v)
+            .map_err(|e| format!("annotation {}: {e}", names::ANNOTATION_RATIO))?,
+        None => RatioSetting::Auto,
+    };
+    let framework: Framework = match field(names::ANNOTATION_FRAMEWORK)? {
+        Some(v) => serde_json::from_value(v).map_err(|_| {
+            format!(
+                "annotation {}: use DeepSpeed, FSDP or Generic",
+                names::ANNOTATION_FRAMEWORK
+            )
+        })?,
+        None => Framework::Generic,
+    };
+    let profile = match labels
+        .get(names::PROFILE_ANNOTATION)
+        .and_then(Value::as_str)
+    {
+        Some(names::PROFILE_AUTO) | None => names::DEFAULT_PROFILE.to_string(),
+        Some(p) => p.to_string(),
+    };
+    Ok((
+        profile,
+        JobRequest {
+            offload: OffloadSpec {
+                mode,
+                overlap,
+                offload_ratio,
+                pin_memory: Default::default(),
+            },
+            framework: FrameworkSpec {
+                name: framework,
+                version: get(names::ANNOTATION_FRAMEWORK_VERSION).map(str::to_string),
+            },
+            deepspeed: DeepSpeedRequest::default(),
+            model: None,
+            pods,
+            gpus_per_pod: gpus,
+        },
+    ))
+}
+
+fn metadata_maps(
+    obj: &Value,
+) -> (
+    serde_json::Map<String, Value>,
+    serde_json::Map<String, Value>,
+) {
+    let map = |key: &str| {
+        obj.pointer(&format!("/metadata/{key}"))
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default()
+    };
+    (map("labels"), map("annotations"))
+}
+
+fn resolve_for_object(
+    req: &AdmissionRequest<DynamicObject>,
+    view: &dyn ClusterView,
+    obj: &Value,
+    pods: u32,
+    gpus: u32,
+) -> Result<Resolution, Box<Verdict>> {
+    let (labels, annotations) = metadata_maps(obj);
+    let (profile_name, request) = annotated_request(&labels, &annotations, pods, gpus)
+        .map_err(|m| Box::new(Verdict::deny(req, "InvalidAnnotation", m)))?;
+    let profile = view.profile(&profile_name).ok_or_else(|| {
+        Box::new(Verdict::deny(
+            req,
+            "ProfileNotFound",
+            format!("label {}: OffloadProfile {profile_name:?} does not exist: create it or change the label", names::PROFILE_ANNOTATION),
+        ))
+    })?;
+    resolve_offload(&request, &profile_name, &profile, &view.nodes()).map_err(|e: ResolveError| {
+        // The env of a pod template cannot change after creation, so an object that cannot be
+        // configured now is refused rather than admitted with the wrong configuration.
+        Verdict::deny(
+            req,
+            e.category(),
+            format!("offload configuration cannot be resolved: {e}"),
+        )
+    })
+}
+
+fn annotate_resolved(obj: &mut Value, res: &Resolution) {
+    let summary = crate::controller::workload::resolved_summary(res);
+    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        let annotations = meta
+            .entry("annotations")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Some(a) = annotations.as_object_mut() {
+            a.insert(
+                names::ANNOTATION_RESOLVED.to_string(),
+                Value::String(summary),
+            );
+        }
+    }
+}
+
+/// Mutating batch Job, JobSet, PyTorchJob and TrainJob at CREATE.
+pub fn mutate_workload(req: &AdmissionRequest<DynamicObject>, view: &dyn ClusterView) -> Verdict {
+    if req.operation != Operation::Create {
+        return Verdict::allow(AdmissionResponse::from(req));
+    }
+    let Some(kind) = kinds::kind_for(&req.kind) else {
+        return Verdict::deny(
+            req,
+            "UnknownKind",
+            format!(
+                "{}/{} is not a job kind this webhook configures",
+                req.kind.group, req.kind.kind
+            ),
+        );
+    };
+    let Some(obj) = req
+        .object
+        .as_ref()
+        .and_then(|o| serde_json::to_value(o).ok())
+    else {
+        return Verdict::deny(
+            req,
+            "InvalidObject",
+            format!("the {} cannot be read", kind.name()),
+        );
+    };
+    let gpus = kind
+        .template_pointers(&obj)
+        .first()
+        .and_then(|p| obj.pointer(&format!("{p}/spec")))
+        .and_then(|s| serde_json::from_value::<PodSpec>(s.clone()).ok())
+        .map_or(1, |s| render::gpus_per_pod(Some(&s)));
+    let res = match resolve_for_object(req, view, &obj, kind.pods(&obj), gpus) {
+        Ok(r) => r,
+        Err(v) => return *v,
+    };
+    let mut mutated = obj.clone();
+    if let Err(e) = kind.apply(&mut mutated, &res) {
+        return Verdict::deny(
+            req,
+            "InvalidObject",
+            format!("{}: pod template {e}", kind.name()),
+        );
+    }
+    annotate_resolved(&mut mutated, &res);
+    patch_response(req, &obj, &mutated)
+}
+
+/// Mutating Pod at CREATE: the last safety net for pods created directly.
+pub fn mutate_pod(req: &AdmissionRequest<DynamicObject>, view: &dyn ClusterView) -> Verdict {
+    if req.operation != Operation::Create {
+        return Verdict::allow(AdmissionResponse::from(req));
+    }
+    let pod: Pod = match object(req, "Pod") {
+        Ok(p) => p,
+        Err(msg) => return Verdict::deny(req, "InvalidObject", msg),
+    };
+    let Ok(original) = serde_json::to_value(&pod) else {
+        return Verdict::deny(req, "InvalidObject", "the Pod cannot be read");
+    };
+    // Pods whose template was already configured (by the controller or the workload webhook)
+    // pass unchanged: their env is already there.
+    let configured = pod.spec.as_ref().is_some_and(|s| {
+        s.containers
+            .iter()
+            .all(|c| c.env.iter().flatten().any(|e| e.name == names::ENV_MODE))
+    });
+    if configured {
+        return Verdict::allow(AdmissionResponse::from(req));
+    }
+    let gpus = render::gpus_per_pod(pod.spec.as_ref());
+    let res = match resolve_for_object(req, view, &original, 1, gpus) {
+        Ok(r) => r,
+        Err(v) => return *v,
+    };
+    let mut pod = pod;
+    let spec = pod.spec.get_or_insert_with(PodSpec::default);
+    render::apply_to_pod_spec(spec, &res, None);
+    let Ok(mut mutated) = serde_json::to_value(&pod) else {
+        return Verdict::deny(req, "InvalidObject", "the Pod cannot be written back");
+    };
+    annotate_resolved(&mut mutated, &res);
+    patch_response(req, &original, &mutated)
+}
+
+/// A response carrying the JSON patch from `original` to `mutated` (only the fields that
+/// changed), or a plain allow when nothing changed.
+fn patch_response(
+    req: &AdmissionRequest<DynamicObject>,
+    original: &Value,
+    mutated: &Value,
+) -> Verdict {
+    let patch = json_patch::diff(original, mutated);
+    if patch.0.is_empty() {
+        return Verdict::allow(AdmissionResponse::from(req));
+    }
+    match AdmissionResponse::from(req).with_patch(patch) {
+        Ok(r) => Verdict::allow(r),
+        Err(e) => Verdict::deny(
+            req,
+            "PatchError",
+            format!("could not encode the patch: {e}"),
+        ),
+    }
+}
+
+/// The view over the webhook's reflector stores.
+pub struct StoreView {
+    /// Profiles.
+    pub profiles: kube::runtime::reflector::Store<OffloadProfile>,
+    /// Node metadata.
+    pub nodes: kube::runtime::reflector::Store<
+        kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Node>,
+    >,
+}
+
+impl ClusterView for StoreView {
+    fn profile(&self, name: &str) -> Option<OffloadProfileSpec> {
+        self.profiles
+            .get(&kube::runtime::reflector::ObjectRef::new(name))
+            .map(|p| p.spec.clone())
+    }
+
+    fn nodes(&self) -> Vec<NodeInfo> {
+        crate::controller::node_infos(&self.nodes)
+    }
+}

@@ -1,0 +1,314 @@
+//! The admission webhook: axum over rustls, in the operator's process on its own port.
+//!
+//! Every endpoint parses the AdmissionReview envelope first. An unreadable envelope gets HTTP
+//! 400 with a JSON error; anything wrong inside a readable envelope gets HTTP 200 with
+//! `allowed: false`, the request uid kept, and a message that names the field to change.
+
+pub mod admit;
+pub mod kinds;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum_server::tls_rustls::RustlsConfig;
+use futures::{StreamExt, future};
+use k8s_openapi::api::core::v1::Node;
+use kube::Client;
+use kube::api::Api;
+use kube::core::admission::{AdmissionRequest, AdmissionReview};
+use kube::core::{DynamicObject, PartialObjectMeta};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio_util::sync::CancellationToken;
+
+use crate::api::OffloadProfile;
+use crate::metrics::{AdmissionLabels, DenialLabels, Metrics};
+use admit::{ClusterView, StoreView, Verdict};
+
+/// Paths of the endpoints (the webhook configurations in the chart point at these).
+pub mod paths {
+    /// Validating TrainingJob.
+    pub const VALIDATE_TRAINING_JOB: &str = "/validate/trainingjob";
+    /// Validating OffloadProfile.
+    pub const VALIDATE_PROFILE: &str = "/validate/offloadprofile";
+    /// Mutating TrainingJob.
+    pub const MUTATE_TRAINING_JOB: &str = "/mutate/trainingjob";
+    /// Mutating batch Job, JobSet, PyTorchJob, TrainJob.
+    pub const MUTATE_WORKLOAD: &str = "/mutate/workload";
+    /// Mutating Pod.
+    pub const MUTATE_POD: &str = "/mutate/pod";
+}
+
+/// Shared state of the handlers.
+#[derive(Clone)]
+pub struct WebhookState {
+    /// The cluster view decisions are made against.
+    pub view: Arc<dyn ClusterView>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+type Handler = fn(&AdmissionRequest<DynamicObject>, &dyn ClusterView) -> Verdict;
+
+/// The webhook router. Built in the library so tests drive it in-process.
+pub fn router(state: WebhookState) -> Router {
+    Router::new()
+        .route(
+            paths::VALIDATE_TRAINING_JOB,
+            post(|s: State<WebhookState>, b: Bytes| {
+                handle(s, b, "validate-trainingjob", admit::validate_training_job)
+            }),
+        )
+        .route(
+            paths::VALIDATE_PROFILE,
+            post(|s: State<WebhookState>, b: Bytes| {
+                handle(s, b, "validate-offloadprofile", admit::validate_profile)
+            }),
+        )
+        .route(
+            paths::MUTATE_TRAINING_JOB,
+            post(|s: State<WebhookState>, b: Bytes| {
+                handle(s, b, "mutate-trainingjob", admit::mutate_training_job)
+            }),
+        )
+        .route(
+            paths::MUTATE_WORKLOAD,
+            post(|s: State<WebhookState>, b: Bytes| {
+                handle(s, b, "mutate-workload", admit::mutate_workload)
+            }),
+        )
+        .route(
+            paths::MUTATE_POD,
+            post(|s: State<WebhookState>, b: Bytes| handle(s, b, "mutate-pod", admit::mutate_pod)),
+        )
+        .with_state(state)
+}
+
+fn bad_request(message: String) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        axum::Json(serde_json::json!({"error": message})),
+    )
+        .into_response()
+}
+
+async fn handle(
+    State(state): State<WebhookState>,
+    body: Bytes,
+    endpoint: &'static str,
+    f: Handler,
+) -> Response {
+    let start = Instant::now();
+    let labels = AdmissionLabels { endpoint };
+    state
+        .metrics
+        .admission_requests
+        .get_or_create(&labels)
+        .inc();
+    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return bad_request(format!("the body is not an AdmissionReview: {e}")),
+    };
+    let req: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(r) => r,
+        Err(e) => return bad_request(format!("the AdmissionReview has no usable request: {e}")),
+    };
+    let verdict = f(&req, state.view.as_ref());
+    if let Some(reason) = verdict.denied {
+        state
+            .metrics
+            .admission_denials
+            .get_or_create(&DenialLabels { endpoint, reason })
+            .inc();
+    }
+    state
+        .metrics
+        .admission_duration
+        .get_or_create(&labels)
+        .observe(start.elapsed().as_secs_f64());
+    axum::Json(verdict.response.into_review()).into_response()
+}
+
+/// Where the serving certificate comes from.
+#[derive(Clone, Debug)]
+pub enum CertMode {
+    /// Operator-managed CA and certificate in a Secret, rotated before expiry.
+    Managed(tls::ManagedCerts),
+    /// Mounted files (cert-manager), re-read when they change.
+    Files(tls::FileCerts),
+}
+
+/// Webhook server settings.
+#[derive(Clone, Debug)]
+pub struct WebhookOptions {
+    /// Listen address.
+    pub addr: SocketAddr,
+    /// Certificate source.
+    pub certs: CertMode,
+    /// How often certificates are checked for renewal (or files for change).
+    pub check_interval: Duration,
+}
+
+/// Starts the webhook's own reflectors (every replica serves, leader or not) and returns the
+/// view plus a future that drives them until `shutdown`.
+pub fn cluster_view(
+    client: &Client,
+    shutdown: CancellationToken,
+) -> (Arc<StoreView>, impl Future<Output = ()> + Send + use<>) {
+    let (profiles, pw) = reflector::store::<OffloadProfile>();
+    let (nodes, nw): (Store<PartialObjectMeta<Node>>, _) = reflector::store();
+    let wc = watcher::Config::default().any_semantic();
+    let p = watcher(Api::<OffloadProfile>::all(client.clone()), wc.clone())
+        .default_backoff()
+        .reflect(pw)
+        .for_each(|_| future::ready(()));
+    let n = watcher(Api::<PartialObjectMeta<Node>>::all(client.clone()), wc)
+        .default_backoff()
+        .reflect(nw)
+        .for_each(|_| future::ready(()));
+    let drive = async move {
+        tokio::select! {
+            _ = p => {},
+            _ = n => {},
+            _ = shutdown.cancelled() => {},
+        }
+    };
+    (Arc::new(StoreView { profiles, nodes }), drive)
+}
+
+/// A handle to rotate the serving certificate on demand (tests, an admin action).
+#[derive(Clone)]
+pub struct Rotator {
+    client: Client,
+    mode: CertMode,
+    config: RustlsConfig,
+}
+
+impl Rotator {
+    /// Re-issues (managed) or re-reads (files) the serving certificate and swaps it into the
+    /// running server; connections in flight are not dropped.
+    pub async fn rotate(&self) -> Result<(), tls::TlsError> {
+        let certs = match &self.mode {
+            CertMode::Managed(m) => m.rotate(&self.client).await?,
+            CertMode::Files(f) => f.read()?,
+        };
+        self.install(&certs).await
+    }
+
+    async fn refresh(&self) -> Result<(), tls::TlsError> {
+        let certs = match &self.mode {
+            CertMode::Managed(m) => m.ensure(&self.client).await?,
+            CertMode::Files(f) => f.read()?,
+        };
+        self.install(&certs).await
+    }
+
+    async fn install(&self, certs: &tls::ServingCerts) -> Result<(), tls::TlsError> {
+        if let CertMode::Managed(m) = &self.mode {
+            m.publish_bundle(&self.client, &certs.bundle_pem).await?;
+        }
+        self.config
+            .reload_from_pem(
+                certs.cert_pem.clone().into_bytes(),
+                certs.key_pem.clone().into_bytes(),
+            )
+            .await
+            .map_err(|e| tls::TlsError::File {
+                path: "serving certificate".into(),
+                source: e,
+            })
+    }
+}
+
+/// Gets the first certificate, binds, and returns the rotator and the server future (which
+/// also re-checks certificates every `check_interval`).
+pub async fn serve(
+    client: Client,
+    options: WebhookOptions,
+    state: WebhookState,
+    shutdown: CancellationToken,
+) -> Result<(Rotator, SocketAddr, impl Future<Output = ()> + Send + use<>), tls::TlsError> {
+    let first = match &options.certs {
+        CertMode::Managed(m) => m.ensure(&client).await?,
+        CertMode::Files(f) => f.read()?,
+    };
+    let config = RustlsConfig::from_pem(
+        first.cert_pem.clone().into_bytes(),
+        first.key_pem.clone().into_bytes(),
+    )
+    .await
+    .map_err(|e| tls::TlsError::File {
+        path: "serving certificate".into(),
+        source: e,
+    })?;
+    let rotator = Rotator {
+        client,
+        mode: options.certs.clone(),
+        config: config.clone(),
+    };
+    if let CertMode::Managed(m) = &options.certs {
+        m.publish_bundle(&rotator.client, &first.bundle_pem).await?;
+    }
+    let listener =
+        std::net::TcpListener::bind(options.addr).map_err(|source| tls::TlsError::File {
+            path: format!("listen {}", options.addr),
+            source,
+        })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|source| tls::TlsError::File {
+            path: format!("listen {}", options.addr),
+            source,
+        })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| tls::TlsError::File {
+            path: format!("listen {}", options.addr),
+            source,
+        })?;
+    let handle = axum_server::Handle::new();
+    let server = axum_server::from_tcp_rustls(listener, config)
+        .map_err(|source| tls::TlsError::File {
+            path: format!("listen {}", options.addr),
+            source,
+        })?
+        .handle(handle.clone())
+        .serve(router(state).into_make_service());
+    let refresher = rotator.clone();
+    let interval = options.check_interval;
+    let run = async move {
+        let renew = async {
+            loop {
+                tokio::time::sleep(interval).await;
+                if let Err(e) = refresher.refresh().await {
+                    tracing::warn!(error = %e, "webhook certificate refresh failed");
+                }
+            }
+        };
+        let stop = async {
+            shutdown.cancelled().await;
+            handle.graceful_shutdown(Some(Duration::from_secs(10)));
+        };
+        tokio::select! {
+            r = server => {
+                if let Err(e) = r {
+                    tracing::error!(error = %e, "webhook server stopped");
+                }
+            }
+            _ = renew => {},
+            _ = async { stop.await; std::future::pending::<()>().await } => {},
+        }
+    };
+    Ok((rotator, bound, run))
+}
+
+#[cfg(test)]
+mod tests;

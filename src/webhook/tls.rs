@@ -1,0 +1,322 @@
+//! Serving certificates of the webhook.
+//!
+//! By default the operator manages its own CA and serving certificate: both live in one Secret
+//! (so every replica serves the same certificate), the CA bundle is patched into the webhook
+//! configurations, and the serving certificate is re-issued before it expires and hot-swapped
+//! into the running server (connections in flight keep the old one). With cert-manager, the
+//! certificate comes from mounted files, re-read when they change.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::core::v1::Secret;
+use kube::Client;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::json;
+use time::OffsetDateTime;
+
+use crate::certs::{CertAuthority, IssuedCert};
+
+/// CA lifetime (Kyverno's default).
+pub const CA_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Serving certificate lifetime (Kyverno's default).
+pub const SERVING_VALIDITY: Duration = Duration::from_secs(150 * 24 * 3600);
+/// Re-issue the serving certificate when it has less than this left.
+pub const SERVING_RENEW_BEFORE: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Re-create the CA when it has less than this left (it must outlive every serving certificate).
+pub const CA_RENEW_BEFORE: Duration = Duration::from_secs(160 * 24 * 3600);
+
+const CA_CRT: &str = "ca.crt";
+const CA_KEY: &str = "ca.key";
+const TLS_CRT: &str = "tls.crt";
+const TLS_KEY: &str = "tls.key";
+const BUNDLE: &str = "ca-bundle.crt";
+const CA_NOT_AFTER: &str = "offload.dev/ca-not-after";
+const TLS_NOT_AFTER: &str = "offload.dev/tls-not-after";
+
+/// What the server presents and what the API server must trust.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServingCerts {
+    /// Serving certificate (PEM).
+    pub cert_pem: String,
+    /// Its key (PEM).
+    pub key_pem: String,
+    /// CA bundle for the webhook configurations: the current CA, plus the previous one during a
+    /// CA rollover.
+    pub bundle_pem: String,
+}
+
+/// Where the operator keeps and publishes its certificates.
+#[derive(Clone, Debug)]
+pub struct ManagedCerts {
+    /// Namespace of the Secret.
+    pub namespace: String,
+    /// Name of the Secret.
+    pub secret: String,
+    /// DNS names (and IP addresses) of the serving certificate.
+    pub names: Vec<String>,
+    /// MutatingWebhookConfiguration to patch the CA bundle into.
+    pub mutating: Option<String>,
+    /// ValidatingWebhookConfiguration to patch the CA bundle into.
+    pub validating: Option<String>,
+}
+
+/// Certificate management failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// An API call failed.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What was being done.
+        action: &'static str,
+        /// The error.
+        #[source]
+        source: kube::Error,
+    },
+    /// A certificate could not be made.
+    #[error(transparent)]
+    Cert(#[from] crate::certs::CertError),
+    /// The Secret lacks a certificate field after being written.
+    #[error("secret {0} does not hold a complete certificate set")]
+    Incomplete(String),
+    /// Certificate files could not be read.
+    #[error("reading {path}: {source}")]
+    File {
+        /// Path.
+        path: String,
+        /// Error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn kerr(action: &'static str) -> impl FnOnce(kube::Error) -> TlsError {
+    move |source| TlsError::Kube { action, source }
+}
+
+fn text(data: &BTreeMap<String, ByteString>, key: &str) -> Option<String> {
+    data.get(key)
+        .and_then(|b| String::from_utf8(b.0.clone()).ok())
+        .filter(|s| !s.is_empty())
+}
+
+fn parse_time(s: Option<&String>) -> Option<OffsetDateTime> {
+    OffsetDateTime::parse(s?, &time::format_description::well_known::Rfc3339).ok()
+}
+
+fn fmt_time(t: OffsetDateTime) -> String {
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+fn expires_within(t: Option<OffsetDateTime>, window: Duration) -> bool {
+    t.is_none_or(|t| t - OffsetDateTime::now_utc() < window)
+}
+
+impl ManagedCerts {
+    /// Returns valid serving certificates, creating or renewing them in the Secret when needed.
+    /// Safe for several replicas at once: the Secret is written with optimistic concurrency and
+    /// a replica that loses the race reads the winner's certificates.
+    pub async fn ensure(&self, client: &Client) -> Result<ServingCerts, TlsError> {
+        self.ensure_with(client, false).await
+    }
+
+    /// Like [`ensure`](Self::ensure), but re-issues the serving certificate even if it is still
+    /// valid (rotation on demand).
+    pub async fn rotate(&self, client: &Client) -> Result<ServingCerts, TlsError> {
+        self.ensure_with(client, true).await
+    }
+
+    async fn ensure_with(
+        &self,
+        client: &Client,
+        force_serving: bool,
+    ) -> Result<ServingCerts, TlsError> {
+        let api: Api<Secret> = Api::namespaced(client.clone(), &self.namespace);
+        for _ in 0..5 {
+            let existing = api
+                .get_opt(&self.secret)
+                .await
+                .map_err(kerr("reading the webhook certificate Secret"))?;
+            let (secret, changed) = self.renewed(existing.as_ref(), force_serving)?;
+            if !changed {
+                return serving_from(&secret).ok_or_else(|| self.incomplete());
+            }
+            let result = match &existing {
+                None => api.create(&PostParams::default(), &secret).await,
+                Some(_) => {
+                    api.replace(&self.secret, &PostParams::default(), &secret)
+                        .await
+                }
+            };
+            match result {
+                Ok(stored) => {
+                    if let Some(certs) = serving_from(&stored) {
+                        return Ok(certs);
+                    }
+                }
+                // Another replica wrote first: read its certificates on the next round.
+                Err(kube::Error::Api(e)) if e.code == 409 => continue,
+                Err(e) => return Err(kerr("writing the webhook certificate Secret")(e)),
+            }
+        }
+        let stored = api
+            .get(&self.secret)
+            .await
+            .map_err(kerr("reading the webhook certificate Secret"))?;
+        serving_from(&stored).ok_or_else(|| self.incomplete())
+    }
+
+    fn incomplete(&self) -> TlsError {
+        TlsError::Incomplete(format!("{}/{}", self.namespace, self.secret))
+    }
+
+    /// The Secret as it should be, and whether that differs from `existing`.
+    fn renewed(
+        &self,
+        existing: Option<&Secret>,
+        force_serving: bool,
+    ) -> Result<(Secret, bool), TlsError> {
+        let data = existing.and_then(|s| s.data.clone()).unwrap_or_default();
+        let annotations = existing
+            .and_then(|s| s.metadata.annotations.clone())
+            .unwrap_or_default();
+        let ca_not_after = parse_time(annotations.get(CA_NOT_AFTER));
+        let tls_not_after = parse_time(annotations.get(TLS_NOT_AFTER));
+        let old_ca = text(&data, CA_CRT);
+
+        let ca = match (old_ca.as_ref(), text(&data, CA_KEY), ca_not_after) {
+            (Some(crt), Some(key), Some(na)) if !expires_within(Some(na), CA_RENEW_BEFORE) => {
+                Some(CertAuthority::from_pem(crt, &key, na)?)
+            }
+            _ => None,
+        };
+        let ca_renewed = ca.is_none();
+        let ca = match ca {
+            Some(ca) => ca,
+            None => CertAuthority::generate("offload-operator-webhook-ca", CA_VALIDITY)?,
+        };
+        let serving_ok = !force_serving
+            && !ca_renewed
+            && text(&data, TLS_CRT).is_some()
+            && text(&data, TLS_KEY).is_some()
+            && !expires_within(tls_not_after, SERVING_RENEW_BEFORE);
+        if serving_ok && let Some(s) = existing {
+            return Ok((s.clone(), false));
+        }
+        let serving: IssuedCert = ca.issue_server(&self.names, SERVING_VALIDITY)?;
+        // During a CA rollover the API server must trust both CAs until every replica serves a
+        // certificate from the new one.
+        let bundle = match (ca_renewed, old_ca) {
+            (true, Some(old)) => format!("{}{}", ca.cert.cert_pem, old),
+            _ => ca.cert.cert_pem.clone(),
+        };
+        let bytes = |s: &str| ByteString(s.as_bytes().to_vec());
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(self.secret.clone()),
+                namespace: Some(self.namespace.clone()),
+                resource_version: existing.and_then(|s| s.metadata.resource_version.clone()),
+                labels: Some(BTreeMap::from([(
+                    "app.kubernetes.io/managed-by".to_string(),
+                    "offload-operator".to_string(),
+                )])),
+                annotations: Some(BTreeMap::from([
+                    (CA_NOT_AFTER.to_string(), fmt_time(ca.cert.not_after)),
+                    (TLS_NOT_AFTER.to_string(), fmt_time(serving.not_after)),
+                ])),
+                ..ObjectMeta::default()
+            },
+            type_: Some("kubernetes.io/tls".to_string()),
+            data: Some(BTreeMap::from([
+                (CA_CRT.to_string(), bytes(&ca.cert.cert_pem)),
+                (CA_KEY.to_string(), bytes(&ca.cert.key_pem)),
+                (TLS_CRT.to_string(), bytes(&serving.cert_pem)),
+                (TLS_KEY.to_string(), bytes(&serving.key_pem)),
+                (BUNDLE.to_string(), bytes(&bundle)),
+            ])),
+            ..Secret::default()
+        };
+        Ok((secret, true))
+    }
+
+    /// Patches the CA bundle into every webhook of the configured configurations.
+    pub async fn publish_bundle(&self, client: &Client, bundle_pem: &str) -> Result<(), TlsError> {
+        let encoded = ByteString(bundle_pem.as_bytes().to_vec());
+        if let Some(name) = &self.mutating {
+            let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+            if let Some(cfg) = api
+                .get_opt(name)
+                .await
+                .map_err(kerr("reading the MutatingWebhookConfiguration"))?
+            {
+                let ops = bundle_ops(cfg.webhooks.as_ref().map_or(0, Vec::len), &encoded);
+                api.patch(name, &PatchParams::default(), &Patch::<()>::Json(ops))
+                    .await
+                    .map_err(kerr("patching the MutatingWebhookConfiguration's caBundle"))?;
+            }
+        }
+        if let Some(name) = &self.validating {
+            let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+            if let Some(cfg) = api
+                .get_opt(name)
+                .await
+                .map_err(kerr("reading the ValidatingWebhookConfiguration"))?
+            {
+                let ops = bundle_ops(cfg.webhooks.as_ref().map_or(0, Vec::len), &encoded);
+                api.patch(name, &PatchParams::default(), &Patch::<()>::Json(ops))
+                    .await
+                    .map_err(kerr(
+                        "patching the ValidatingWebhookConfiguration's caBundle",
+                    ))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn bundle_ops(webhooks: usize, bundle: &ByteString) -> json_patch::Patch {
+    let ops: Vec<serde_json::Value> = (0..webhooks)
+        .map(|i| json!({"op": "add", "path": format!("/webhooks/{i}/clientConfig/caBundle"), "value": bundle}))
+        .collect();
+    serde_json::from_value(serde_json::Value::Array(ops)).unwrap_or(json_patch::Patch(Vec::new()))
+}
+
+fn serving_from(secret: &Secret) -> Option<ServingCerts> {
+    let data = secret.data.as_ref()?;
+    Some(ServingCerts {
+        cert_pem: text(data, TLS_CRT)?,
+        key_pem: text(data, TLS_KEY)?,
+        bundle_pem: text(data, BUNDLE).or_else(|| text(data, CA_CRT))?,
+    })
+}
+
+/// Certificates issued by cert-manager (or anything else) into mounted files.
+#[derive(Clone, Debug)]
+pub struct FileCerts {
+    /// Certificate path (`tls.crt`).
+    pub cert: std::path::PathBuf,
+    /// Key path (`tls.key`).
+    pub key: std::path::PathBuf,
+}
+
+impl FileCerts {
+    /// Reads the files.
+    pub fn read(&self) -> Result<ServingCerts, TlsError> {
+        let read = |p: &std::path::Path| {
+            std::fs::read_to_string(p).map_err(|source| TlsError::File {
+                path: p.display().to_string(),
+                source,
+            })
+        };
+        Ok(ServingCerts {
+            cert_pem: read(&self.cert)?,
+            key_pem: read(&self.key)?,
+            bundle_pem: String::new(),
+        })
+    }
+}
