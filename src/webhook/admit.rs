@@ -360,11 +360,11 @@ fn resolve_for_object(
     resolve_offload(&request, &profile_name, &profile, &view.nodes()).map_err(|e: ResolveError| {
         // The env of a pod template cannot change after creation, so an object that cannot be
         // configured now is refused rather than admitted with the wrong configuration.
-        Verdict::deny(
+        Box::new(Verdict::deny(
             req,
             e.category(),
             format!("offload configuration cannot be resolved: {e}"),
-        )
+        ))
     })
 }
 
