@@ -29,7 +29,7 @@ enum Command {
         out_dir: Option<PathBuf>,
     },
     /// Run the operator against the cluster of the current kubeconfig or service account.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 #[derive(clap::Args)]
@@ -87,7 +87,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
     }
 }
 
