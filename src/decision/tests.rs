@@ -635,6 +635,16 @@ fn arb_node() -> impl Strategy<Value = NodeInfo> {
     )
 }
 
+/// Up to 8 nodes with unique names, as in a real cluster.
+fn arb_nodes() -> impl Strategy<Value = Vec<NodeInfo>> {
+    prop::collection::vec(arb_node(), 0..8).prop_map(|mut nodes| {
+        for (i, n) in nodes.iter_mut().enumerate() {
+            n.name = format!("node-{i}");
+        }
+        nodes
+    })
+}
+
 fn arb_job() -> impl Strategy<Value = JobRequest> {
     let mode = prop::sample::select(vec![
         ModeSetting::Auto,
@@ -745,7 +755,7 @@ proptest! {
     /// affinity it renders admits only coherent nodes.
     #[test]
     fn unified_memory_only_ever_lands_on_coherent_nodes(
-        job in arb_job(), p in arb_profile(), nodes in prop::collection::vec(arb_node(), 0..8)
+        job in arb_job(), p in arb_profile(), nodes in arb_nodes()
     ) {
         if let Ok(res) = resolve_offload(&job, "p", &p, &nodes) {
             let reqs = crate::render::node_requirements(&res);
@@ -767,7 +777,7 @@ proptest! {
     /// Resolving twice, or with the nodes in another order, gives the same result.
     #[test]
     fn resolution_is_deterministic(
-        job in arb_job(), p in arb_profile(), nodes in prop::collection::vec(arb_node(), 0..8)
+        job in arb_job(), p in arb_profile(), nodes in arb_nodes()
     ) {
         let first = resolve_offload(&job, "p", &p, &nodes);
         prop_assert_eq!(&first, &resolve_offload(&job, "p", &p, &nodes));
@@ -779,7 +789,7 @@ proptest! {
     /// Every output carries a reason for every field; every error says what to change.
     #[test]
     fn every_outcome_is_explained(
-        job in arb_job(), p in arb_profile(), nodes in prop::collection::vec(arb_node(), 0..8)
+        job in arb_job(), p in arb_profile(), nodes in arb_nodes()
     ) {
         match resolve_offload(&job, "p", &p, &nodes) {
             Ok(res) => {
@@ -796,7 +806,7 @@ proptest! {
     /// The rendered DeepSpeed JSON contains only keys the declared version accepts.
     #[test]
     fn rendered_deepspeed_only_has_accepted_keys(
-        job in arb_job(), p in arb_profile(), nodes in prop::collection::vec(arb_node(), 0..8)
+        job in arb_job(), p in arb_profile(), nodes in arb_nodes()
     ) {
         if let Ok(res) = resolve_offload(&job, "p", &p, &nodes)
             && let FrameworkPlan::DeepSpeed(plan) = &res.framework

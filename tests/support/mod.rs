@@ -68,6 +68,22 @@ pub async fn namespace(client: &Client, prefix: &str) -> String {
         .create(&PostParams::default(), &ns)
         .await
         .unwrap();
+    // The ServiceAccount admission plugin needs the namespace's `default` account before any
+    // pod is accepted; without a controller-manager nobody else creates it.
+    let sa = k8s_openapi::api::core::v1::ServiceAccount {
+        metadata: kube::api::ObjectMeta {
+            name: Some("default".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client.clone(), &name);
+    match sas.create(&PostParams::default(), &sa).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("creating the default ServiceAccount in {name}: {e}"),
+    }
     name
 }
 

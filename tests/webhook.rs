@@ -1,0 +1,361 @@
+//! The webhook through the real API server, over real TLS with the operator-managed CA.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::Client;
+use kube::api::{Api, PostParams};
+use offload_operator::api::OffloadProfile;
+use offload_operator::devcluster::{ClusterOptions, DevCluster, free_port};
+use offload_operator::metrics::Metrics;
+use offload_operator::report::fixtures;
+use offload_operator::webhook::tls::ManagedCerts;
+use offload_operator::webhook::{self, CertMode, Rotator, WebhookOptions, WebhookState, paths};
+use serde_json::json;
+use support::*;
+use tokio::sync::OnceCell;
+
+const WEBHOOK_NS: &str = "offload-system";
+const POOL: &str = "webhook-tests";
+
+/// The webhook of this test binary, registered with the API server once.
+struct Served {
+    rotator: Rotator,
+}
+
+fn configurations(port: u16) -> (MutatingWebhookConfiguration, ValidatingWebhookConfiguration) {
+    let url = |path: &str| format!("https://127.0.0.1:{port}{path}");
+    let not_system = json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", WEBHOOK_NS]}]});
+    let opted = json!({"matchExpressions": [{"key": "offload.dev/profile", "operator": "Exists"}]});
+    let common =
+        |name: &str, path: &str, rules: serde_json::Value, object_selector: serde_json::Value| {
+            json!({
+                "name": name,
+                "clientConfig": {"url": url(path)},
+                "rules": rules,
+                "namespaceSelector": not_system,
+                "objectSelector": object_selector,
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 5,
+                "failurePolicy": "Fail"
+            })
+        };
+    let mut mutating = vec![
+        common(
+            "trainingjobs.mutate.offload.dev",
+            paths::MUTATE_TRAINING_JOB,
+            json!([{"apiGroups": ["offload.dev"], "apiVersions": ["v1alpha1"], "operations": ["CREATE"], "resources": ["trainingjobs"]}]),
+            json!({}),
+        ),
+        common(
+            "workloads.mutate.offload.dev",
+            paths::MUTATE_WORKLOAD,
+            json!([
+                {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["jobs"]},
+                {"apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["*"], "operations": ["CREATE"], "resources": ["jobsets"]},
+                {"apiGroups": ["kubeflow.org"], "apiVersions": ["*"], "operations": ["CREATE"], "resources": ["pytorchjobs"]},
+                {"apiGroups": ["trainer.kubeflow.org"], "apiVersions": ["*"], "operations": ["CREATE"], "resources": ["trainjobs"]}
+            ]),
+            opted.clone(),
+        ),
+        common(
+            "pods.mutate.offload.dev",
+            paths::MUTATE_POD,
+            json!([{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}]),
+            opted,
+        ),
+    ];
+    for m in &mut mutating {
+        m["reinvocationPolicy"] = json!("IfNeeded");
+    }
+    let validating = vec![
+        common(
+            "trainingjobs.validate.offload.dev",
+            paths::VALIDATE_TRAINING_JOB,
+            json!([{"apiGroups": ["offload.dev"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": ["trainingjobs"]}]),
+            json!({}),
+        ),
+        common(
+            "offloadprofiles.validate.offload.dev",
+            paths::VALIDATE_PROFILE,
+            json!([{"apiGroups": ["offload.dev"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": ["offloadprofiles"]}]),
+            json!({}),
+        ),
+    ];
+    (
+        serde_json::from_value(json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration", "metadata": {"name": "offload-operator-test"}, "webhooks": mutating})).unwrap(),
+        serde_json::from_value(json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration", "metadata": {"name": "offload-operator-test"}, "webhooks": validating})).unwrap(),
+    )
+}
+
+async fn setup() -> (&'static DevCluster, Client, &'static Served) {
+    static SERVED: OnceCell<Served> = OnceCell::const_new();
+    let cluster = cluster(ClusterOptions::default());
+    let served = SERVED
+        .get_or_init(|| async {
+            // The webhook runs on a runtime of its own that outlives every test.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    let client = cluster.client().await.unwrap();
+                    apply_crds(&client).await;
+                    let ns: Namespace =
+                        serde_json::from_value(json!({"metadata": {"name": WEBHOOK_NS}})).unwrap();
+                    let _ = Api::<Namespace>::all(client.clone())
+                        .create(&PostParams::default(), &ns)
+                        .await;
+                    let nodes: Api<Node> = Api::all(client.clone());
+                    let _ = nodes
+                        .create(
+                            &PostParams::default(),
+                            &reported_node("webhook-h200", fixtures::H200_READING, POOL),
+                        )
+                        .await;
+                    let profile = pool_profile("default", POOL, json!({}));
+                    let _ = Api::<OffloadProfile>::all(client.clone())
+                        .create(&PostParams::default(), &profile)
+                        .await;
+
+                    let port = free_port().unwrap();
+                    let (mutating, validating) = configurations(port);
+                    Api::<MutatingWebhookConfiguration>::all(client.clone())
+                        .create(&PostParams::default(), &mutating)
+                        .await
+                        .unwrap();
+                    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+                        .create(&PostParams::default(), &validating)
+                        .await
+                        .unwrap();
+
+                    let shutdown = tokio_util::sync::CancellationToken::new();
+                    let (view, drive) = webhook::cluster_view(&client, shutdown.clone());
+                    let mut registry = prometheus_client::registry::Registry::default();
+                    let state = WebhookState {
+                        view,
+                        metrics: Metrics::new(&mut registry),
+                    };
+                    let options = WebhookOptions {
+                        addr: format!("127.0.0.1:{port}").parse().unwrap(),
+                        certs: CertMode::Managed(ManagedCerts {
+                            namespace: WEBHOOK_NS.into(),
+                            secret: "offload-operator-webhook-tls".into(),
+                            names: vec!["127.0.0.1".into()],
+                            mutating: Some("offload-operator-test".into()),
+                            validating: Some("offload-operator-test".into()),
+                        }),
+                        check_interval: Duration::from_secs(3600),
+                    };
+                    let (rotator, _bound, serve) =
+                        webhook::serve(client.clone(), options, state, shutdown.clone())
+                            .await
+                            .unwrap();
+                    // Wait until the webhook's own view has the profile and node it decides from.
+                    tx.send(rotator).ok();
+                    tokio::join!(drive, serve);
+                });
+            });
+            Served {
+                rotator: rx.await.unwrap(),
+            }
+        })
+        .await;
+    let client = client(cluster).await;
+    // The webhook's caches fill asynchronously: wait until a labelled pod is admitted with env.
+    (cluster, client, served)
+}
+
+fn pod(name: &str, labelled: bool) -> Pod {
+    let labels = if labelled {
+        json!({"offload.dev/profile": "auto"})
+    } else {
+        json!({})
+    };
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "env": [{"name": "KEEP", "value": "me"}]}]}
+    }))
+    .unwrap()
+}
+
+fn env_names(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<String> {
+    spec.containers[0]
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.clone())
+        .collect()
+}
+
+/// Creates a labelled pod, retrying while the webhook's caches are still filling (it refuses
+/// pods it cannot configure yet, with ProfileNotFound or NoReportedNodes) and while the API
+/// server's ServiceAccount cache has not seen the new namespace's `default` account.
+async fn create_configured_pod(pods: &Api<Pod>, name: &str) -> Pod {
+    poll(
+        &format!("the webhook to configure pod {name}"),
+        Duration::from_secs(30),
+        || async {
+            match pods.create(&PostParams::default(), &pod(name, true)).await {
+                Ok(p) => Some(p),
+                Err(kube::Error::Api(e))
+                    if e.message.contains("does not exist")
+                        || e.message.contains("reported")
+                        || e.message.contains("serviceaccount") =>
+                {
+                    eprintln!("not yet: {}", e.message);
+                    None
+                }
+                Err(e) => panic!("creating pod {name}: {e}"),
+            }
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn labelled_pods_and_jobs_are_stored_configured_and_others_untouched() {
+    let (_cluster, client, _served) = setup().await;
+    let ns = namespace(&client, "wh").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let stored = create_configured_pod(&pods, "labelled").await;
+    let spec = stored.spec.unwrap();
+    let names = env_names(&spec);
+    assert!(
+        names.contains(&"OFFLOAD_MODE".to_string()) && names.contains(&"KEEP".to_string()),
+        "{names:?}"
+    );
+    let terms = spec
+        .affinity
+        .unwrap()
+        .node_affinity
+        .unwrap()
+        .required_during_scheduling_ignored_during_execution
+        .unwrap()
+        .node_selector_terms;
+    assert!(
+        terms[0]
+            .match_expressions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|e| e.key == "offload.dev/uma")
+    );
+    assert!(stored.metadata.annotations.unwrap()["offload.dev/resolved"].contains("mode=CPUCopy"));
+
+    let plain = pods
+        .create(&PostParams::default(), &pod("plain", false))
+        .await
+        .unwrap();
+    assert_eq!(
+        env_names(&plain.spec.unwrap()),
+        vec!["KEEP".to_string()],
+        "an unlabelled pod is untouched"
+    );
+    assert!(
+        !plain
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("offload.dev/resolved")
+    );
+
+    let job: Job = serde_json::from_value(json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "train", "labels": {"offload.dev/profile": "auto"}},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}
+    }))
+    .unwrap();
+    let stored = Api::<Job>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &job)
+        .await
+        .unwrap();
+    let template = stored.spec.unwrap().template.spec.unwrap();
+    assert!(env_names(&template).contains(&"OFFLOAD_MODE".to_string()));
+    assert!(template.affinity.is_some());
+}
+
+#[tokio::test]
+async fn kubectl_apply_of_an_invalid_training_job_prints_the_webhook_message() {
+    let (cluster, client, _served) = setup().await;
+    let ns = namespace(&client, "whtj").await;
+    // Wait for the webhook to be serving with its view.
+    create_configured_pod(&Api::namespaced(client.clone(), &ns), "probe").await;
+    let manifest = "apiVersion: offload.dev/v1alpha1\nkind: TrainingJob\nmetadata:\n  name: half\n  annotations: {offload.dev/profile: auto}\nspec:\n  framework: {name: FSDP, version: \"2.7.1\"}\n  offload: {offloadRatio: \"0.5\"}\n  template: {spec: {containers: [{name: t, image: busybox}]}}\n";
+    let (ok, _out, err) = kubectl_result(cluster, &["apply", "-n", &ns, "-f", "-"], Some(manifest));
+    assert!(!ok);
+    assert!(
+        err.contains("denied the request")
+            && err.contains("FSDP has no partial-offload switch")
+            && err.contains("set offload.offloadRatio to 1 or Auto"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_certificate_rotation_mid_stream_fails_no_admission() {
+    let (_cluster, client, served) = setup().await;
+    let ns = namespace(&client, "whrot").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    create_configured_pod(&pods, "warm").await;
+    let created = Arc::new(AtomicUsize::new(0));
+    let creator = {
+        let pods = pods.clone();
+        let created = created.clone();
+        tokio::spawn(async move {
+            for i in 0..60 {
+                let p = pods
+                    .create(&PostParams::default(), &pod(&format!("p-{i}"), true))
+                    .await
+                    .unwrap_or_else(|e| panic!("admission {i} failed: {e}"));
+                assert!(env_names(&p.spec.unwrap()).contains(&"OFFLOAD_MODE".to_string()));
+                created.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    // Rotate once some admissions went through, while the rest are still to come.
+    poll(
+        "some admissions before the rotation",
+        Duration::from_secs(30),
+        || async { (created.load(Ordering::Relaxed) >= 10).then_some(()) },
+    )
+    .await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), WEBHOOK_NS);
+    let before = secrets
+        .get("offload-operator-webhook-tls")
+        .await
+        .unwrap()
+        .data
+        .unwrap()["tls.crt"]
+        .clone();
+    served.rotator.rotate().await.unwrap();
+    let after = secrets
+        .get("offload-operator-webhook-tls")
+        .await
+        .unwrap()
+        .data
+        .unwrap()["tls.crt"]
+        .clone();
+    assert_ne!(before, after, "the serving certificate was re-issued");
+    let done_at_rotation = created.load(Ordering::Relaxed);
+    creator.await.unwrap();
+    assert!(
+        done_at_rotation < 60,
+        "the rotation happened mid-stream ({done_at_rotation} of 60 done)"
+    );
+    assert_eq!(created.load(Ordering::Relaxed), 60);
+}
