@@ -114,8 +114,10 @@ pub async fn run(
             w.await;
         }
     };
-    let work = lead_and_control(client, metrics, options, ready, shutdown);
-    let (_, _, result) = tokio::join!(admin, webhook, work);
+    // The controllers' and servers' state machines are large: keep them on the heap so the
+    // caller's stack (a test thread, `main`) never has to hold them.
+    let work = Box::pin(lead_and_control(client, metrics, options, ready, shutdown));
+    let (_, _, result) = tokio::join!(Box::pin(admin), Box::pin(webhook), work);
     result
 }
 
@@ -155,13 +157,13 @@ async fn lead_and_control(
 
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let controllers_shutdown = shutdown.child_token();
-    let controllers = controller::run(
+    let controllers = Box::pin(controller::run(
         client.clone(),
         metrics,
         options.controller.clone(),
         controllers_shutdown.clone(),
         ready_tx,
-    );
+    ));
     let mark_ready = async {
         if let Ok(readiness) = ready_rx.await {
             tokio::select! {

@@ -315,7 +315,11 @@ pub async fn run(
             _ = shutdown.cancelled() => {},
         }
     };
-    tokio::join!(job_controller, profile_controller, reflectors);
+    tokio::join!(
+        Box::pin(job_controller),
+        Box::pin(profile_controller),
+        Box::pin(reflectors)
+    );
 }
 
 /// Passes a node on only when its labels or annotations changed since it was last seen.
