@@ -76,6 +76,11 @@ pub const ANNOTATION_FRAMEWORK_VERSION: &str = "offload.dev/framework-version";
 /// Annotation the webhook writes on mutated objects: the resolved configuration in one line.
 pub const ANNOTATION_RESOLVED: &str = "offload.dev/resolved";
 
+/// Annotation the webhook writes on a TrainingJob whose `Auto` values it resolved at creation:
+/// the `spec.offload` the user asked for (JSON), so the controller explains the decision from
+/// the original request, not from the concrete values that replaced it.
+pub const ANNOTATION_REQUESTED: &str = "offload.dev/requested";
+
 /// Field manager of the operator's server-side applies.
 pub const OPERATOR_MANAGER: &str = "offload-operator";
 /// Field manager of the agent's server-side applies.

@@ -30,8 +30,11 @@ enum Command {
     /// Remove this agent's labels and report from the node (uninstall).
     Cleanup {
         /// This node's name (from the downward API).
-        #[arg(long, env = "NODE_NAME")]
-        node_name: String,
+        #[arg(long, env = "NODE_NAME", required_unless_present = "all_nodes")]
+        node_name: Option<String>,
+        /// Clean every node (the chart's uninstall hook).
+        #[arg(long, conflicts_with = "node_name")]
+        all_nodes: bool,
     },
 }
 
@@ -85,6 +88,13 @@ struct RunArgs {
     /// Skip the GPU self-test (labels overlap as untested).
     #[arg(long)]
     no_selftest: bool,
+    /// Publish this recorded node report instead of reading the node: a stand-in for hardware
+    /// that is not here (simulated nodes in the local demo).
+    #[arg(long)]
+    replay: Option<std::path::PathBuf>,
+    /// Publish once and exit.
+    #[arg(long)]
+    once: bool,
     #[command(flatten)]
     test: TestArgs,
 }
@@ -132,8 +142,12 @@ fn main() -> ExitCode {
             addr: args.addr,
             selftest: !args.no_selftest,
             options: args.test.options(),
+            replay: args.replay.clone(),
+            once: args.once,
         })),
-        Command::Cleanup { node_name } => runtime().block_on(publish::cleanup(&node_name)),
+        Command::Cleanup { node_name, .. } => {
+            runtime().block_on(publish::cleanup(node_name.as_deref()))
+        }
     }
 }
 

@@ -66,8 +66,8 @@ pub async fn remove(client: &Client, node: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// `offload-agent cleanup`.
-pub async fn cleanup(node: &str) -> ExitCode {
+/// `offload-agent cleanup`: one node, or every node (the uninstall hook).
+pub async fn cleanup(node: Option<&str>) -> ExitCode {
     let client = match Client::try_default().await {
         Ok(c) => c,
         Err(e) => {
@@ -75,12 +75,37 @@ pub async fn cleanup(node: &str) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match remove(&client, node).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
+    let names: Vec<String> = match node {
+        Some(n) => vec![n.to_string()],
+        None => match Api::<Node>::all(client.clone())
+            .list_metadata(&Default::default())
+            .await
+        {
+            Ok(list) => list
+                .items
+                .into_iter()
+                .filter_map(|n| n.metadata.name)
+                .collect(),
+            Err(e) => {
+                eprintln!("error: listing nodes: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let mut failed = false;
+    for name in names {
+        match remove(&client, &name).await {
+            Ok(()) => eprintln!("removed offload.dev labels and report from node {name}"),
+            Err(e) => {
+                eprintln!("error: {e}");
+                failed = true;
+            }
         }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }
 
@@ -96,6 +121,36 @@ pub struct LoopConfig {
     pub selftest: bool,
     /// Self-test settings.
     pub options: SelfTestOptions,
+    /// Publish a recorded node report instead of reading this node (a stand-in for hardware
+    /// that is not here, e.g. simulated nodes in the local demo).
+    pub replay: Option<std::path::PathBuf>,
+    /// Publish once and exit.
+    pub once: bool,
+}
+
+/// Builds this round's report: a replayed recording, or a fresh measurement.
+fn measure(cfg: &LoopConfig) -> Result<NodeReport, String> {
+    match &cfg.replay {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("reading {}: {e}", path.display()))?;
+            let recorded =
+                NodeReport::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            let source =
+                crate::probe::RecordedNvml::from_report(&text).map_err(|e| e.to_string())?;
+            Ok(report::assemble(
+                &cfg.node,
+                crate::probe::NvmlSource::read(&source),
+                recorded.selftest,
+            ))
+        }
+        None => Ok(report::build(
+            &cfg.node,
+            &RealNvml,
+            &cfg.options,
+            cfg.selftest,
+        )),
+    }
 }
 
 /// Gauges of the last measurement.
@@ -222,17 +277,17 @@ pub async fn run_loop(cfg: LoopConfig) -> ExitCode {
             tracing::error!(error = %e, "agent server stopped");
         }
     });
+    let cfg = Arc::new(cfg);
     loop {
-        let node = cfg.node.clone();
-        let options = cfg.options.clone();
-        let selftest = cfg.selftest;
+        let round = cfg.clone();
         // NVML and CUDA block; keep them off the async workers.
-        let built = tokio::task::spawn_blocking(move || {
-            report::build(&node, &RealNvml, &options, selftest)
-        })
-        .await;
+        let built = tokio::task::spawn_blocking(move || measure(&round)).await;
         match built {
-            Ok(report) => {
+            Ok(Err(e)) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+            Ok(Ok(report)) => {
                 gauges.set(&report);
                 tracing::info!(
                     node = %report.node,
@@ -250,6 +305,12 @@ pub async fn run_loop(cfg: LoopConfig) -> ExitCode {
                 }
             }
             Err(e) => tracing::error!(error = %e, "measurement task failed"),
+        }
+        if cfg.once {
+            return ExitCode::SUCCESS;
+        }
+        if cfg.once {
+            return ExitCode::SUCCESS;
         }
         tokio::select! {
             _ = tokio::time::sleep(cfg.interval) => {},

@@ -357,7 +357,16 @@ async fn decide(tj: &TrainingJob, ctx: &Context) -> Result<Decided, Error> {
     };
     let nodes: Vec<NodeInfo> = ctx.node_infos();
     let gpus = render::gpus_per_pod(tj.spec.template.spec.as_ref());
-    let request = JobRequest::from_training_job(&tj.spec, gpus, stage);
+    let mut request = JobRequest::from_training_job(&tj.spec, gpus, stage);
+    // Where the webhook resolved `Auto` at creation, decide (and explain) from what the user
+    // asked for; the result is the same, the reasons say why.
+    if let Some(requested) = tj
+        .annotations()
+        .get(names::ANNOTATION_REQUESTED)
+        .and_then(|json| serde_json::from_str::<crate::api::OffloadSpec>(json).ok())
+    {
+        request.offload = requested;
+    }
     Ok(resolve_offload(&request, &profile_name, &profile, &nodes)
         .map(|res| (res, user_config))
         .map_err(Unresolved::Decision))

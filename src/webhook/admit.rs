@@ -247,9 +247,23 @@ pub fn mutate_training_job(
         return Verdict::allow(allow);
     };
     let mut mutated = original.clone();
-    match serde_json::to_value(res.concrete_spec()) {
-        Ok(concrete) => mutated["spec"]["offload"] = concrete,
-        Err(_) => return Verdict::allow(allow),
+    let (Ok(concrete), Ok(requested)) = (
+        serde_json::to_value(res.concrete_spec()),
+        serde_json::to_string(&tj.spec.offload),
+    ) else {
+        return Verdict::allow(allow);
+    };
+    mutated["spec"]["offload"] = concrete;
+    if let Some(meta) = mutated.get_mut("metadata").and_then(Value::as_object_mut) {
+        let annotations = meta
+            .entry("annotations")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Some(a) = annotations.as_object_mut() {
+            a.insert(
+                names::ANNOTATION_REQUESTED.to_string(),
+                Value::String(requested),
+            );
+        }
     }
     patch_response(req, &original, &mutated)
 }

@@ -343,7 +343,7 @@ async fn a_running_job_cannot_be_reconfigured() {
 }
 
 #[tokio::test]
-async fn mutation_resolves_auto_at_creation_and_only_touches_spec_offload() {
+async fn mutation_resolves_auto_at_creation_and_keeps_the_request() {
     let tj = training_job(
         json!({"mode": "Auto", "overlap": "Auto", "offloadRatio": "Auto", "pinMemory": "Auto"}),
         json!({"name": "DeepSpeed", "version": "0.19.8"}),
@@ -356,8 +356,9 @@ async fn mutation_resolves_auto_at_creation_and_only_touches_spec_offload() {
     .await;
     assert_eq!(r["allowed"], true);
     for op in patch_of(&r) {
+        let path = op["path"].as_str().unwrap();
         assert!(
-            op["path"].as_str().unwrap().starts_with("/spec/offload"),
+            path.starts_with("/spec/offload") || path.starts_with("/metadata/annotations"),
             "{op}"
         );
     }
@@ -366,6 +367,14 @@ async fn mutation_resolves_auto_at_creation_and_only_touches_spec_offload() {
         out["spec"]["offload"],
         json!({"mode": "UnifiedMemory", "overlap": "Enabled", "offloadRatio": "1", "pinMemory": "Enabled"})
     );
+    // The original request is kept so the controller explains the decision from it.
+    let requested: Value = serde_json::from_str(
+        out["metadata"]["annotations"][names::ANNOTATION_REQUESTED]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(requested["mode"], "Auto");
     // Re-invocation on the mutated object changes nothing.
     let again = admit(
         coherent_cluster(),
