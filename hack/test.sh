@@ -16,4 +16,6 @@ step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
 step "cargo test (unit, property, CRD drift, integration against the real API server)"
+# The demo and chart tests run the agent binary; build every binary first.
+cargo build --workspace --bins
 cargo test --workspace

@@ -25,6 +25,24 @@ fn committed_crds_match_the_code() {
     }
 }
 
+#[test]
+fn the_charts_crds_are_the_committed_crds() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for crd in crds() {
+        let file = crd_file_name(&crd);
+        let committed = std::fs::read_to_string(root.join("crds").join(&file)).unwrap();
+        let charted =
+            std::fs::read_to_string(root.join("charts/offload-operator/crds").join(&file))
+                .unwrap_or_else(|e| {
+                    panic!("charts/offload-operator/crds/{file}: {e}; copy crds/ into the chart")
+                });
+        assert!(
+            committed == charted,
+            "charts/offload-operator/crds/{file} differs from crds/{file}: cp crds/*.yaml charts/offload-operator/crds/"
+        );
+    }
+}
+
 /// Walks a JSON schema and collects the paths of properties without a description.
 fn undocumented(schema: &serde_json::Value, path: &str, out: &mut Vec<String>) {
     if let Some(props) = schema.get("properties").and_then(|p| p.as_object()) {

@@ -1,0 +1,466 @@
+//! The Helm chart against the real control plane: lint, server-side validation of the rendered
+//! manifests, install → the whole flow → uninstall leaving nothing behind, and the policy that
+//! confines the agent to its own node.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Api, ListParams, PostParams};
+use offload_operator::api::{OffloadProfile, TrainingJob};
+use offload_operator::devcluster::{ClusterOptions, DevCluster, free_port};
+use offload_operator::names;
+use offload_operator::operator::{self, RunOptions};
+use offload_operator::webhook::tls::ManagedCerts;
+use offload_operator::webhook::{CertMode, WebhookOptions};
+use serde_json::json;
+use support::*;
+
+const OPTIONS: ClusterOptions = ClusterOptions {
+    controller_manager: true,
+    scheduler: true,
+    kwok: true,
+};
+const NS: &str = "offload-system";
+const WAIT: Duration = Duration::from_secs(90);
+
+fn chart() -> String {
+    format!("{}/charts/offload-operator", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn agent_binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/debug/offload-agent")
+}
+
+fn output(cmd: &mut Command, what: &str) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+fn gpu_node(name: &str) -> Node {
+    kwok_node(name, &[("nvidia.com/gpu.present", "true")], &[])
+}
+
+fn publish_with_agent(cluster: &DevCluster, node: &str, fixture: &str) {
+    output(
+        Command::new(agent_binary())
+            .env("KUBECONFIG", &cluster.kubeconfig)
+            .env("RUST_LOG", "warn")
+            .args([
+                "run",
+                "--once",
+                "--node-name",
+                node,
+                "--addr",
+                &format!("127.0.0.1:{}", free_port().unwrap()),
+            ])
+            .arg("--replay")
+            .arg(format!(
+                "{}/tests/fixtures/{fixture}",
+                env!("CARGO_MANIFEST_DIR")
+            )),
+        &format!("offload-agent on {node}"),
+    );
+}
+
+/// One test, in order: cluster-scoped objects of the chart (webhook configurations, cluster
+/// roles) would collide between tests running at once.
+#[tokio::test]
+async fn the_chart_lints_validates_installs_runs_and_uninstalls_cleanly() {
+    lint_and_server_side_validation_of_the_rendered_chart().await;
+    install_run_the_whole_flow_and_uninstall_leaving_nothing_behind().await;
+}
+
+async fn lint_and_server_side_validation_of_the_rendered_chart() {
+    let cluster = cluster(OPTIONS);
+    let lint = output(
+        cluster.helm().args(["lint", "--strict", &chart()]),
+        "helm lint",
+    );
+    assert!(lint.contains("0 chart(s) failed"), "{lint}");
+    let client = client(cluster).await;
+    apply_crds(&client).await;
+    let ns = namespace(&client, "render").await;
+    for values in [
+        vec![],
+        vec![
+            "--set",
+            "webhook.url=https://127.0.0.1:9443",
+            "--set",
+            "operator.enabled=false",
+        ],
+        vec!["--set", "networkPolicy.enabled=true"],
+    ] {
+        let rendered = output(
+            cluster
+                .helm()
+                .args([
+                    "template",
+                    "t",
+                    &chart(),
+                    "--skip-tests",
+                    "--namespace",
+                    &ns,
+                ])
+                .args(&values),
+            "helm template",
+        );
+        let (ok, out, err) = kubectl_result(
+            cluster,
+            &["apply", "--dry-run=server", "-n", &ns, "-f", "-"],
+            Some(&rendered),
+        );
+        assert!(
+            ok,
+            "server-side dry-run of the chart ({values:?}) failed:\n{err}\n{out}"
+        );
+    }
+    // Values the schema rejects.
+    let bad = cluster
+        .helm()
+        .args([
+            "template",
+            "t",
+            &chart(),
+            "--set",
+            "agent.overlapThreshold=2",
+        ])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("overlapThreshold"));
+}
+
+async fn install_run_the_whole_flow_and_uninstall_leaving_nothing_behind() {
+    let cluster = cluster(OPTIONS);
+    let client = client(cluster).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    for name in ["chart-gh200-0", "chart-gh200-1", "chart-h200-0"] {
+        nodes
+            .create(&PostParams::default(), &gpu_node(name))
+            .await
+            .unwrap();
+    }
+    publish_with_agent(cluster, "chart-gh200-0", "node-report-gh200.json");
+    publish_with_agent(cluster, "chart-gh200-1", "node-report-gh200.json");
+    publish_with_agent(cluster, "chart-h200-0", "node-report-h200.json");
+
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
+    let _ = Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await;
+    let port = free_port().unwrap();
+    output(
+        cluster
+            .helm()
+            .args([
+                "install",
+                "offload-operator",
+                &chart(),
+                "--namespace",
+                NS,
+                "--set",
+                "operator.enabled=false",
+                "--set",
+                "agent.runtimeClassName=",
+            ])
+            .args(["--set", &format!("webhook.url=https://127.0.0.1:{port}")]),
+        "helm install",
+    );
+    // The chart's agent DaemonSet lands on the GPU nodes (kwok simulates its pods).
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    poll("agent pods on the 3 GPU nodes", WAIT, || async {
+        let list = pods
+            .list(&ListParams::default().labels("app.kubernetes.io/component=agent"))
+            .await
+            .ok()?;
+        (list
+            .items
+            .iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+            .count()
+            == 3)
+            .then_some(())
+    })
+    .await;
+
+    // The operator, outside the cluster as the chart's values say.
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let options = RunOptions {
+        webhook: Some(WebhookOptions {
+            addr: format!("127.0.0.1:{port}").parse().unwrap(),
+            certs: CertMode::Managed(ManagedCerts {
+                namespace: NS.into(),
+                secret: "offload-operator-webhook-tls".into(),
+                names: vec!["127.0.0.1".into()],
+                mutating: Some("offload-operator".into()),
+                validating: Some("offload-operator".into()),
+            }),
+            check_interval: Duration::from_secs(3600),
+        }),
+        ..operator_options()
+    };
+    let op = tokio::spawn(operator::run(client.clone(), options, shutdown.clone()));
+
+    // The chart's default profile, filled from real status.
+    let profiles: Api<OffloadProfile> = Api::all(client.clone());
+    wait(
+        "the default profile to count the 3 nodes",
+        WAIT,
+        kube::runtime::wait::await_condition(
+            profiles.clone(),
+            "default",
+            |p: Option<&OffloadProfile>| {
+                p.and_then(|p| p.status.as_ref())
+                    .is_some_and(|s| s.nodes.total >= 3 && s.nodes.coherent >= 2)
+            },
+        ),
+    )
+    .await
+    .unwrap();
+
+    let job_ns = namespace(&client, "e2e").await;
+    let tj: TrainingJob = serde_json::from_value(json!({
+        "apiVersion": "offload.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": "e2e", "annotations": {names::PROFILE_ANNOTATION: "auto"}},
+        "spec": {"replicas": 2, "framework": {"name": "DeepSpeed", "version": "0.19.8"},
+                 "template": {"spec": {"containers": [{"name": "t", "image": "train:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}
+    }))
+    .unwrap();
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &job_ns);
+    // The webhook may still be filling its caches: retry while it says it cannot decide yet.
+    poll("the TrainingJob to be admitted", WAIT, || async {
+        match jobs.create(&PostParams::default(), &tj).await {
+            Ok(_) => Some(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => Some(()),
+            Err(e) => {
+                eprintln!("not yet: {e}");
+                None
+            }
+        }
+    })
+    .await;
+    wait(
+        "TrainingJob e2e to create its workload",
+        WAIT,
+        kube::runtime::wait::await_condition(jobs.clone(), "e2e", |j: Option<&TrainingJob>| {
+            j.and_then(|j| j.status.as_ref()).is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "WorkloadCreated" && c.status == "True")
+            })
+        }),
+    )
+    .await
+    .unwrap();
+    let job_pods: Api<Pod> = Api::namespaced(client.clone(), &job_ns);
+    let placed = poll("the e2e pods on the coherent nodes", WAIT, || async {
+        let list = job_pods
+            .list(&ListParams::default().labels("offload.dev/training-job=e2e"))
+            .await
+            .ok()?;
+        let nodes: Vec<String> = list
+            .items
+            .iter()
+            .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+            .collect();
+        (nodes.len() >= 2).then_some(nodes)
+    })
+    .await;
+    assert!(
+        placed.iter().all(|n| n.starts_with("chart-gh200")),
+        "{placed:?}"
+    );
+    let table = kubectl(
+        cluster,
+        &["get", "offloadprofiles", "default", "--no-headers"],
+    );
+    let cols: Vec<&str> = table.split_whitespace().collect();
+    assert_eq!(&cols[..3], ["default", "Auto", "Auto"], "{table}");
+    assert!(
+        cols[3].parse::<u32>().unwrap() >= 2
+            && cols[4].parse::<u32>().unwrap() >= 3
+            && cols[5].parse::<u32>().unwrap() >= 1,
+        "{table}"
+    );
+
+    the_agent_may_only_touch_offload_keys_on_its_own_node(cluster, &client).await;
+
+    // Uninstall. kwok simulates the clean-up hook's pod without running it, so its command
+    // (`offload-agent cleanup --all-nodes`) is run here against the same cluster.
+    shutdown.cancel();
+    op.await.unwrap().unwrap();
+    output(
+        cluster.helm().args([
+            "uninstall",
+            "offload-operator",
+            "--namespace",
+            NS,
+            "--wait",
+            "--timeout",
+            "90s",
+        ]),
+        "helm uninstall",
+    );
+    output(
+        Command::new(agent_binary())
+            .env("KUBECONFIG", &cluster.kubeconfig)
+            .args(["cleanup", "--all-nodes"]),
+        "offload-agent cleanup --all-nodes",
+    );
+    for node in nodes.list(&ListParams::default()).await.unwrap().items {
+        let labels: BTreeMap<String, String> = node.metadata.labels.clone().unwrap_or_default();
+        for key in names::AGENT_LABELS {
+            assert!(
+                !labels.contains_key(key),
+                "{key} left on {:?}",
+                node.metadata.name
+            );
+        }
+        assert!(
+            !node
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key(names::ANNOTATION_NODE_REPORT)
+        );
+    }
+    let left = kubectl(
+        cluster,
+        &[
+            "get",
+            "all,serviceaccounts,roles,rolebindings,poddisruptionbudgets",
+            "-n",
+            NS,
+            "-l",
+            "app.kubernetes.io/instance=offload-operator",
+            "-o",
+            "name",
+        ],
+    );
+    assert!(left.trim().is_empty(), "left behind in {NS}: {left}");
+    let cluster_left = kubectl(
+        cluster,
+        &[
+            "get",
+            "clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations,validatingadmissionpolicies,validatingadmissionpolicybindings",
+            "-l",
+            "app.kubernetes.io/instance=offload-operator",
+            "-o",
+            "name",
+        ],
+    );
+    assert!(
+        cluster_left.trim().is_empty(),
+        "left behind cluster-wide: {cluster_left}"
+    );
+}
+
+/// The ValidatingAdmissionPolicy of the chart, with a real bound service-account token of the
+/// agent: the token of a pod on node A may change offload.dev/* keys of node A, nothing else.
+async fn the_agent_may_only_touch_offload_keys_on_its_own_node(
+    cluster: &DevCluster,
+    client: &kube::Client,
+) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let probe: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "agent-probe"},
+        "spec": {"serviceAccountName": "offload-agent", "nodeName": "chart-h200-0",
+                 "containers": [{"name": "c", "image": "busybox"}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &probe).await.unwrap();
+    let token = kubectl(
+        cluster,
+        &[
+            "create",
+            "token",
+            "offload-agent",
+            "-n",
+            NS,
+            "--bound-object-kind",
+            "Pod",
+            "--bound-object-name",
+            "agent-probe",
+            "--duration",
+            "10m",
+        ],
+    );
+    let ca = cluster.root().join("ca.crt");
+    let as_agent = |args: &[&str]| {
+        let out = Command::new(cluster.bin_dir().join("kubectl"))
+            .env("KUBECONFIG", "/dev/null")
+            .args([
+                "--server",
+                &cluster.server,
+                "--certificate-authority",
+                ca.to_str().unwrap(),
+                "--token",
+                token.trim(),
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // The policy reaches the API server's admission cache a moment after install; until then
+    // the change goes through, so each attempt sets a new value (a no-op change is allowed).
+    let attempt = std::sync::atomic::AtomicU32::new(0);
+    poll("the agent policy to deny a foreign label", WAIT, || async {
+        let n = attempt.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (ok, err) = as_agent(&[
+            "label",
+            "node",
+            "chart-h200-0",
+            &format!("team=ml-{n}"),
+            "--overwrite",
+        ]);
+        (!ok && err.contains("offload-agent may only change offload.dev/* labels")).then_some(())
+    })
+    .await;
+    let (ok, err) = as_agent(&[
+        "label",
+        "node",
+        "chart-h200-0",
+        "offload.dev/probe=1",
+        "--overwrite",
+    ]);
+    assert!(ok, "its own node's offload.dev/* label: {err}");
+    let (ok, err) = as_agent(&[
+        "label",
+        "node",
+        "chart-gh200-0",
+        "offload.dev/probe=1",
+        "--overwrite",
+    ]);
+    assert!(
+        !ok && err.contains("offload-agent may only change the node its pod runs on"),
+        "{err}"
+    );
+    let (ok, err) = as_agent(&[
+        "annotate",
+        "node",
+        "chart-h200-0",
+        "example.com/note=x",
+        "--overwrite",
+    ]);
+    assert!(!ok && err.contains("offload.dev/* annotations"), "{err}");
+    kubectl(
+        cluster,
+        &["label", "node", "chart-h200-0", "offload.dev/probe-"],
+    );
+}
