@@ -249,7 +249,8 @@ async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Error>
             .map_err(kube_err("patching spec.offload"))?;
     }
 
-    // Record the decision before any pod can exist.
+    // The decision is in spec.offload already (patched above, before any pod can exist); the
+    // status with its reasons is written once, together with the workload reference.
     let existing = existing_conditions(tj);
     let generation = tj.metadata.generation;
     let resolved = conditions::condition(
@@ -269,7 +270,6 @@ async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Error>
         conditions: existing,
     };
     conditions::set(&mut status.conditions, resolved);
-    apply_status(&api, &name, &status).await?;
     ctx.metrics
         .decisions
         .get_or_create(&DecisionLabels {
