@@ -202,6 +202,32 @@ impl std::fmt::Debug for DevCluster {
 }
 
 const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+const DIR_PREFIX: &str = "offload-devcluster-";
+const OWNER_FILE: &str = "owner.pid";
+
+/// Removes cluster directories left by processes that no longer exist.
+fn remove_stale_dirs() {
+    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let is_ours = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(DIR_PREFIX));
+        let owner = fs::read_to_string(path.join(OWNER_FILE))
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok());
+        // SAFETY: signal 0 only checks whether the process exists.
+        if is_ours
+            && let Some(pid) = owner
+            && unsafe { libc::kill(pid, 0) } != 0
+        {
+            let _ = fs::remove_dir_all(&path);
+        }
+    }
+}
 
 impl DevCluster {
     /// Starts etcd and kube-apiserver (and whatever `options` asks for) and waits until the API
@@ -216,11 +242,16 @@ impl DevCluster {
                 )));
             }
         }
+        remove_stale_dirs();
         let dir = tempfile::Builder::new()
-            .prefix("offload-devcluster-")
+            .prefix(DIR_PREFIX)
             .tempdir()
             .map_err(io_err("creating the cluster directory"))?;
         let root = dir.path().to_path_buf();
+        // A cluster kept in a static (one per test binary) is never dropped; its directory is
+        // removed by the next start once this process is gone.
+        fs::write(root.join(OWNER_FILE), std::process::id().to_string())
+            .map_err(io_err("writing the owner file"))?;
         let ca = CertAuthority::generate("offload-devcluster-ca", YEAR)?;
         let mut cluster = DevCluster {
             dir: Some(dir),

@@ -32,7 +32,11 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
     let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
     sorted[i.min(sorted.len() - 1)]
 }
@@ -41,12 +45,24 @@ fn summary(mut ms: Vec<f64>) -> (f64, f64, f64, f64, f64) {
     ms.sort_by(f64::total_cmp);
     #[allow(clippy::cast_precision_loss)]
     let mean = ms.iter().sum::<f64>() / ms.len().max(1) as f64;
-    (mean, percentile(&ms, 50.0), percentile(&ms, 99.0), percentile(&ms, 99.9), ms.last().copied().unwrap_or(f64::NAN))
+    (
+        mean,
+        percentile(&ms, 50.0),
+        percentile(&ms, 99.0),
+        percentile(&ms, 99.9),
+        ms.last().copied().unwrap_or(f64::NAN),
+    )
 }
 
 fn proc_status(pid: u32, key: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find(|l| l.starts_with(key))?.split_whitespace().nth(1)?.parse().ok()
+    status
+        .lines()
+        .find(|l| l.starts_with(key))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// utime + stime of a process, seconds.
@@ -64,15 +80,28 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_default();
-    format!("{} cores ({cpu}), {} GiB", std::thread::available_parallelism().map_or(0, |n| n.get()), proc_total_gib())
+    format!(
+        "{} cores ({cpu}), {} GiB",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        proc_total_gib()
+    )
 }
 
 fn proc_total_gib() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|m| m.lines().next().and_then(|l| l.split_whitespace().nth(1)).and_then(|k| k.parse::<u64>().ok()))
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|k| k.parse::<u64>().ok())
+        })
         .map_or(0, |kib| kib / 1024 / 1024)
 }
 
@@ -81,16 +110,27 @@ async fn control_plane(runs: u32) -> Result<(), String> {
     let mut apiserver = Vec::new();
     for _ in 0..runs {
         let t = Instant::now();
-        let c = DevCluster::start(ClusterOptions::default()).await.map_err(|e| e.to_string())?;
+        let c = DevCluster::start(ClusterOptions::default())
+            .await
+            .map_err(|e| e.to_string())?;
         apiserver.push(t.elapsed().as_secs_f64());
         drop(c);
     }
     let t = Instant::now();
-    let full = DevCluster::start(ClusterOptions::full()).await.map_err(|e| e.to_string())?;
+    let full = DevCluster::start(ClusterOptions::full())
+        .await
+        .map_err(|e| e.to_string())?;
     let full_ready = t.elapsed().as_secs_f64();
     // Let the controllers finish their first sync before reading memory.
     tokio::time::sleep(Duration::from_secs(15)).await;
-    println!("etcd + kube-apiserver to /readyz, {runs} runs: {}", apiserver.iter().map(|s| format!("{s:.2} s")).collect::<Vec<_>>().join(", "));
+    println!(
+        "etcd + kube-apiserver to /readyz, {runs} runs: {}",
+        apiserver
+            .iter()
+            .map(|s| format!("{s:.2} s"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     println!("with controller-manager, scheduler, kwok (apiserver ready): {full_ready:.2} s");
     println!("resident memory 15 s after start:");
     for (name, kib) in full.memory_kib() {
@@ -115,18 +155,46 @@ fn reported_node(name: &str, fixture: &str) -> Result<Node, String> {
 async fn setup_cluster(cluster: &DevCluster) -> Result<kube::Client, String> {
     let client = cluster.client().await.map_err(|e| e.to_string())?;
     let crds = root().join("crds");
-    let out = cluster.kubectl().args(["apply", "--server-side", "-f"]).arg(&crds).output().map_err(|e| e.to_string())?;
+    let out = cluster
+        .kubectl()
+        .args(["apply", "--server-side", "-f"])
+        .arg(&crds)
+        .output()
+        .map_err(|e| e.to_string())?;
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }
-    let _ = cluster.kubectl().args(["wait", "--for=condition=Established", "crd/trainingjobs.offload.dev", "crd/offloadprofiles.offload.dev"]).output();
+    let _ = cluster
+        .kubectl()
+        .args([
+            "wait",
+            "--for=condition=Established",
+            "crd/trainingjobs.offload.dev",
+            "crd/offloadprofiles.offload.dev",
+        ])
+        .output();
     let nodes: Api<Node> = Api::all(client.clone());
     for i in 0..8 {
-        nodes.create(&PostParams::default(), &reported_node(&format!("gh200-{i}"), fixtures::GH200_REFERENCE)?).await.map_err(|e| e.to_string())?;
-        nodes.create(&PostParams::default(), &reported_node(&format!("h200-{i}"), fixtures::H200_READING)?).await.map_err(|e| e.to_string())?;
+        nodes
+            .create(
+                &PostParams::default(),
+                &reported_node(&format!("gh200-{i}"), fixtures::GH200_REFERENCE)?,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        nodes
+            .create(
+                &PostParams::default(),
+                &reported_node(&format!("h200-{i}"), fixtures::H200_READING)?,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
     }
     let profile: OffloadProfile = serde_json::from_value(json!({"apiVersion": "offload.dev/v1alpha1", "kind": "OffloadProfile", "metadata": {"name": "default"}, "spec": {}})).map_err(|e| e.to_string())?;
-    Api::<OffloadProfile>::all(client.clone()).create(&PostParams::default(), &profile).await.map_err(|e| e.to_string())?;
+    Api::<OffloadProfile>::all(client.clone())
+        .create(&PostParams::default(), &profile)
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(client)
 }
 
@@ -138,20 +206,34 @@ fn spawn_operator(cluster: &DevCluster, webhook_port: Option<u16>) -> Result<Chi
     let mut cmd = Command::new(bin);
     cmd.env("KUBECONFIG", &cluster.kubeconfig)
         .env("RUST_LOG", "warn")
-        .args(["run", "--admin-addr", &format!("127.0.0.1:{}", free_port().map_err(|e| e.to_string())?)])
+        .args([
+            "run",
+            "--admin-addr",
+            &format!("127.0.0.1:{}", free_port().map_err(|e| e.to_string())?),
+        ])
         .args(["--namespace", "offload-system"])
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
     match webhook_port {
-        Some(p) => cmd.args(["--webhook-addr", &format!("127.0.0.1:{p}"), "--webhook-names", "127.0.0.1"]),
+        Some(p) => cmd.args([
+            "--webhook-addr",
+            &format!("127.0.0.1:{p}"),
+            "--webhook-names",
+            "127.0.0.1",
+        ]),
         None => cmd.args(["--webhook-addr", ""]),
     };
     cmd.spawn().map_err(|e| e.to_string())
 }
 
 async fn controller(jobs: usize) -> Result<(), String> {
-    println!("# controller: {jobs} TrainingJobs in a burst ({})", machine());
-    let cluster = DevCluster::start(ClusterOptions::default()).await.map_err(|e| e.to_string())?;
+    println!(
+        "# controller: {jobs} TrainingJobs in a burst ({})",
+        machine()
+    );
+    let cluster = DevCluster::start(ClusterOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
     let client = setup_cluster(&cluster).await?;
     let mut op = spawn_operator(&cluster, None)?;
     let pid = op.id();
@@ -163,11 +245,18 @@ async fn controller(jobs: usize) -> Result<(), String> {
     let api_jobs: Api<Job> = Api::namespaced(client.clone(), "default");
     let seen_w = seen.clone();
     let watch = tokio::spawn(async move {
-        let stream = watcher(api_jobs, watcher::Config::default().labels("offload.dev/training-job")).touched_objects();
+        let stream = watcher(
+            api_jobs,
+            watcher::Config::default().labels("offload.dev/training-job"),
+        )
+        .touched_objects();
         futures::pin_mut!(stream);
         while let Ok(Some(job)) = stream.try_next().await {
             if let Some(name) = job.metadata.name {
-                seen_w.lock().map(|mut s| s.entry(name).or_insert_with(Instant::now).to_owned()).ok();
+                seen_w
+                    .lock()
+                    .map(|mut s| s.entry(name).or_insert_with(Instant::now).to_owned())
+                    .ok();
             }
         }
     });
@@ -211,15 +300,32 @@ async fn controller(jobs: usize) -> Result<(), String> {
     let _ = op.kill();
     let _ = op.wait();
     watch.abort();
-    let (created, seen) = (created.lock().map(|c| c.clone()).unwrap_or_default(), seen.lock().map(|s| s.clone()).unwrap_or_default());
+    let (created, seen) = (
+        created.lock().map(|c| c.clone()).unwrap_or_default(),
+        seen.lock().map(|s| s.clone()).unwrap_or_default(),
+    );
     let latencies: Vec<f64> = created
         .iter()
-        .filter_map(|(name, t0)| seen.get(name).map(|t1| t1.saturating_duration_since(*t0).as_secs_f64() * 1e3))
+        .filter_map(|(name, t0)| {
+            seen.get(name)
+                .map(|t1| t1.saturating_duration_since(*t0).as_secs_f64() * 1e3)
+        })
         .collect();
     let (mean, p50, p99, _, max) = summary(latencies.clone());
-    println!("created {} TrainingJobs in {create_wall:.1} s (32 concurrent clients); {} workloads seen after {all_wall:.1} s", created.len(), latencies.len());
-    println!("creation → workload Job: mean {mean:.0} ms, p50 {p50:.0} ms, p99 {p99:.0} ms, max {max:.0} ms");
-    println!("operator CPU {cpu:.1} s over the burst ({:.0} % of one core), peak RSS {:.0} MiB, RSS at end {:.0} MiB", cpu / all_wall * 100.0, hwm as f64 / 1024.0, rss as f64 / 1024.0);
+    println!(
+        "created {} TrainingJobs in {create_wall:.1} s (32 concurrent clients); {} workloads seen after {all_wall:.1} s",
+        created.len(),
+        latencies.len()
+    );
+    println!(
+        "creation → workload Job: mean {mean:.0} ms, p50 {p50:.0} ms, p99 {p99:.0} ms, max {max:.0} ms"
+    );
+    println!(
+        "operator CPU {cpu:.1} s over the burst ({:.0} % of one core), peak RSS {:.0} MiB, RSS at end {:.0} MiB",
+        cpu / all_wall * 100.0,
+        hwm as f64 / 1024.0,
+        rss as f64 / 1024.0
+    );
     Ok(())
 }
 
@@ -246,16 +352,28 @@ fn pod_review(i: usize) -> Vec<u8> {
 type Conn = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
 
 async fn connect(port: u16, tls: Arc<rustls::ClientConfig>) -> Result<Conn, String> {
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| e.to_string())?;
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
     tcp.set_nodelay(true).map_err(|e| e.to_string())?;
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
-    let stream = tokio_rustls::TlsConnector::from(tls).connect(name, tcp).await.map_err(|e| e.to_string())?;
-    let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
     Ok(send)
 }
 
-async fn webhook_load(port: u16, tls: Arc<rustls::ClientConfig>, concurrency: usize, duration: Duration) -> Result<(usize, Vec<f64>), String> {
+async fn webhook_load(
+    port: u16,
+    tls: Arc<rustls::ClientConfig>,
+    concurrency: usize,
+    duration: Duration,
+) -> Result<(usize, Vec<f64>), String> {
     let body = bytes::Bytes::from(pod_review(1));
     let deadline = Instant::now() + duration;
     let tasks: Vec<_> = (0..concurrency)
@@ -273,7 +391,10 @@ async fn webhook_load(port: u16, tls: Arc<rustls::ClientConfig>, concurrency: us
                         .map_err(|e| e.to_string())?;
                     let t = Instant::now();
                     let res = conn.send_request(req).await.map_err(|e| e.to_string())?;
-                    let bytes = http_body_util::BodyExt::collect(res.into_body()).await.map_err(|e| e.to_string())?.to_bytes();
+                    let bytes = http_body_util::BodyExt::collect(res.into_body())
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .to_bytes();
                     lat.push(t.elapsed().as_secs_f64() * 1e3);
                     if bytes.len() < 50 {
                         return Err("short response".to_string());
@@ -292,10 +413,16 @@ async fn webhook_load(port: u16, tls: Arc<rustls::ClientConfig>, concurrency: us
 
 async fn webhook(seconds: u64, pods: usize, clients: usize) -> Result<(), String> {
     println!("# webhook ({})", machine());
-    let cluster = DevCluster::start(ClusterOptions::default()).await.map_err(|e| e.to_string())?;
+    let cluster = DevCluster::start(ClusterOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
     let client = setup_cluster(&cluster).await?;
-    let ns: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(json!({"metadata": {"name": "offload-system"}})).map_err(|e| e.to_string())?;
-    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await;
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "offload-system"}}))
+            .map_err(|e| e.to_string())?;
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await;
     let port = free_port().map_err(|e| e.to_string())?;
     // Register the pod webhook (as the chart does, by URL for an operator outside the cluster).
     let chart = root().join("charts/offload-operator");
@@ -303,7 +430,16 @@ async fn webhook(seconds: u64, pods: usize, clients: usize) -> Result<(), String
         .helm()
         .args(["install", "offload-operator"])
         .arg(&chart)
-        .args(["--namespace", "offload-system", "--set", "operator.enabled=false", "--set", "agent.enabled=false", "--set", "defaultProfile.create=false"])
+        .args([
+            "--namespace",
+            "offload-system",
+            "--set",
+            "operator.enabled=false",
+            "--set",
+            "agent.enabled=false",
+            "--set",
+            "defaultProfile.create=false",
+        ])
         .args(["--set", &format!("webhook.url=https://127.0.0.1:{port}")])
         .output()
         .map_err(|e| e.to_string())?;
@@ -312,7 +448,8 @@ async fn webhook(seconds: u64, pods: usize, clients: usize) -> Result<(), String
     }
     let mut op = spawn_operator(&cluster, Some(port))?;
     // The CA the operator generated, to trust the webhook.
-    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), "offload-system");
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), "offload-system");
     let mut ca = None;
     for _ in 0..100 {
         if let Ok(Some(s)) = secrets.get_opt("offload-operator-webhook-tls").await {
@@ -329,11 +466,13 @@ async fn webhook(seconds: u64, pods: usize, clients: usize) -> Result<(), String
         roots.add(cert).map_err(|e| e.to_string())?;
     }
     let tls = Arc::new(
-        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .with_root_certificates(roots)
-            .with_no_client_auth(),
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
     );
     // Wait until the webhook serves with its caches filled (a mutation comes back with a patch).
     for _ in 0..100 {
@@ -345,7 +484,9 @@ async fn webhook(seconds: u64, pods: usize, clients: usize) -> Result<(), String
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let op_pid = op.id();
-    println!("\npod mutation over TLS on loopback ({seconds} s per level, keep-alive connections):");
+    println!(
+        "\npod mutation over TLS on loopback ({seconds} s per level, keep-alive connections):"
+    );
     println!("| concurrency | mutations/s | p50 ms | p99 ms | p99.9 ms | operator CPU % |");
     println!("|---|---|---|---|---|---|");
     for c in [1usize, 2, 4, 8, 16, 32, 64] {
@@ -357,15 +498,26 @@ async fn webhook(seconds: u64, pods: usize, clients: usize) -> Result<(), String
         let (_, p50, p99, p999, _) = summary(lat);
         #[allow(clippy::cast_precision_loss)]
         let rate = n as f64 / wall;
-        println!("| {c} | {rate:.0} | {p50:.3} | {p99:.3} | {p999:.3} | {:.0} |", cpu / wall * 100.0);
+        println!(
+            "| {c} | {rate:.0} | {p50:.3} | {p99:.3} | {p999:.3} | {:.0} |",
+            cpu / wall * 100.0
+        );
     }
 
     // Real pod creation through the API server: unlabelled pods (not sent to the webhook) and
     // labelled pods (mutated), interleaved in rounds so both see the same conditions.
-    let bench_ns: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(json!({"metadata": {"name": "bench"}})).map_err(|e| e.to_string())?;
-    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone()).create(&PostParams::default(), &bench_ns).await;
-    let sa: k8s_openapi::api::core::v1::ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}})).map_err(|e| e.to_string())?;
-    let _ = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client.clone(), "bench").create(&PostParams::default(), &sa).await;
+    let bench_ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "bench"}}))
+            .map_err(|e| e.to_string())?;
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(&PostParams::default(), &bench_ns)
+        .await;
+    let sa: k8s_openapi::api::core::v1::ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "default"}}))
+            .map_err(|e| e.to_string())?;
+    let _ = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client.clone(), "bench")
+        .create(&PostParams::default(), &sa)
+        .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let podsapi: Api<Pod> = Api::namespaced(client.clone(), "bench");
     let mut without = Vec::new();
@@ -391,17 +543,35 @@ async fn webhook(seconds: u64, pods: usize, clients: usize) -> Result<(), String
                 .filter_map(|x| async move { x })
                 .collect()
                 .await;
-            if labelled { with.extend(lat) } else { without.extend(lat) }
+            if labelled {
+                with.extend(lat)
+            } else {
+                without.extend(lat)
+            }
         }
     }
     let (m0, p50_0, p99_0, _, _) = summary(without.clone());
     let (m1, p50_1, p99_1, _, _) = summary(with.clone());
-    println!("\nreal pod creation through kube-apiserver, {clients} concurrent clients, {pods} pods each way:");
+    println!(
+        "\nreal pod creation through kube-apiserver, {clients} concurrent clients, {pods} pods each way:"
+    );
     println!("| pods | created | mean ms | p50 ms | p99 ms |");
     println!("|---|---|---|---|---|");
-    println!("| without the webhook (unlabelled) | {} | {m0:.2} | {p50_0:.2} | {p99_0:.2} |", without.len());
-    println!("| with the webhook (labelled, mutated) | {} | {m1:.2} | {p50_1:.2} | {p99_1:.2} |", with.len());
-    println!("added: mean {:+.2} ms ({:+.1} %), p50 {:+.2} ms ({:+.1} %)", m1 - m0, (m1 / m0 - 1.0) * 100.0, p50_1 - p50_0, (p50_1 / p50_0 - 1.0) * 100.0);
+    println!(
+        "| without the webhook (unlabelled) | {} | {m0:.2} | {p50_0:.2} | {p99_0:.2} |",
+        without.len()
+    );
+    println!(
+        "| with the webhook (labelled, mutated) | {} | {m1:.2} | {p50_1:.2} | {p99_1:.2} |",
+        with.len()
+    );
+    println!(
+        "added: mean {:+.2} ms ({:+.1} %), p50 {:+.2} ms ({:+.1} %)",
+        m1 - m0,
+        (m1 / m0 - 1.0) * 100.0,
+        p50_1 - p50_0,
+        (p50_1 / p50_0 - 1.0) * 100.0
+    );
     let _ = op.kill();
     let _ = op.wait();
     Ok(())
@@ -409,15 +579,24 @@ async fn webhook(seconds: u64, pods: usize, clients: usize) -> Result<(), String
 
 fn rustls_pemfile_certs(pem: &[u8]) -> Vec<rustls::pki_types::CertificateDer<'static>> {
     use rustls::pki_types::pem::PemObject;
-    rustls::pki_types::CertificateDer::pem_slice_iter(pem).filter_map(Result::ok).collect()
+    rustls::pki_types::CertificateDer::pem_slice_iter(pem)
+        .filter_map(Result::ok)
+        .collect()
 }
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let flag = |name: &str, default: usize| -> usize {
-        args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
     };
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("start-up: tokio runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("start-up: tokio runtime");
     let result = match args.first().map(String::as_str) {
         Some("control-plane") => rt.block_on(control_plane(u32::try_from(flag("--runs", 3)).unwrap_or(3))),
         Some("controller") => rt.block_on(controller(flag("--jobs", 1000))),

@@ -258,3 +258,31 @@ pub static KINDS: [&dyn JobKind; 4] = [&BatchJob, &JobSet, &PyTorchJob, &TrainJo
 pub fn kind_for(gvk: &GroupVersionKind) -> Option<&'static dyn JobKind> {
     KINDS.iter().copied().find(|k| k.matches(gvk))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_knows_its_templates_pods_and_suspend_field() {
+        let job = json!({"spec": {"parallelism": 3, "suspend": true, "template": {}}});
+        assert_eq!(BatchJob.template_pointers(&job), ["/spec/template"]);
+        assert_eq!(BatchJob.pods(&job), 3);
+        assert!(BatchJob.suspended(&job));
+        let js = json!({"spec": {"replicatedJobs": [{"replicas": 2, "template": {"spec": {"parallelism": 4}}}, {}]}});
+        assert_eq!(JobSet.template_pointers(&js).len(), 2);
+        assert_eq!(JobSet.pods(&js), 9);
+        assert!(!JobSet.suspended(&js));
+        let pt = json!({"spec": {"runPolicy": {"suspend": true}, "pytorchReplicaSpecs": {"Worker": {"replicas": 3, "template": {}}}}});
+        assert_eq!(
+            PyTorchJob.template_pointers(&pt),
+            ["/spec/pytorchReplicaSpecs/Worker/template"]
+        );
+        assert_eq!(PyTorchJob.pods(&pt), 3);
+        assert!(PyTorchJob.suspended(&pt));
+        let tj = json!({"spec": {"trainer": {"numNodes": 4}}});
+        assert_eq!(TrainJob.pods(&tj), 4);
+        assert!(TrainJob.template_pointers(&tj).is_empty());
+        assert_eq!(TrainJob.suspend_pointer(), Some("/spec/suspend"));
+    }
+}
