@@ -200,42 +200,23 @@ pub async fn run(
         jobs: jobs.clone(),
     });
 
-    let wc = watcher::Config::default().any_semantic();
-    // A bad object is reported and skipped by the reflector's error handling; watch errors back
-    // off and retry instead of ending the stream.
-    let profile_reflector = watcher(Api::<OffloadProfile>::all(client.clone()), wc.clone())
-        .default_backoff()
-        .reflect_shared(profile_writer)
-        .for_each(|r| {
-            if let Err(e) = r {
-                tracing::warn!(error = %e, "OffloadProfile watch error");
-            }
-            future::ready(())
-        });
-    let node_reflector = watcher(
+    // Watch errors back off and retry instead of ending the stream; a TrainingJob that does
+    // not deserialize is carried as an error value by its guard and skipped by the reconciler.
+    let profile_reflector = shared_reflector(
+        Api::<OffloadProfile>::all(client.clone()),
+        profile_writer,
+        "OffloadProfile",
+    );
+    let node_reflector = shared_reflector(
         Api::<PartialObjectMeta<Node>>::all(client.clone()),
-        wc.clone(),
-    )
-    .default_backoff()
-    .reflect_shared(node_writer)
-    .for_each(|r| {
-        if let Err(e) = r {
-            tracing::warn!(error = %e, "Node watch error");
-        }
-        future::ready(())
-    });
-    let job_reflector = watcher(
+        node_writer,
+        "Node",
+    );
+    let job_reflector = shared_reflector(
         Api::<DeserializeGuard<TrainingJob>>::all(client.clone()),
-        wc.clone(),
-    )
-    .default_backoff()
-    .reflect_shared(job_writer)
-    .for_each(|r| {
-        if let Err(e) = r {
-            tracing::warn!(error = %e, "TrainingJob watch error");
-        }
-        future::ready(())
-    });
+        job_writer,
+        "TrainingJob",
+    );
 
     let recorder = Recorder::new(
         client.clone(),
@@ -320,6 +301,32 @@ pub async fn run(
         Box::pin(profile_controller),
         Box::pin(reflectors)
     );
+}
+
+/// Drives a watch into a shared store until the stream ends, logging (not failing on) errors.
+fn shared_reflector<K>(
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+    kind: &'static str,
+) -> impl std::future::Future<Output = ()> + Send
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    watcher(api, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .reflect_shared(writer)
+        .for_each(move |r| {
+            if let Err(e) = r {
+                tracing::warn!(kind, error = %e, "watch error");
+            }
+            future::ready(())
+        })
 }
 
 /// Passes a node on only when its labels or annotations changed since it was last seen.
