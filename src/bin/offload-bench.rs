@@ -572,6 +572,47 @@ async fn webhook(seconds: u64, pods: usize, clients: usize) -> Result<(), String
         p50_1 - p50_0,
         (p50_1 / p50_0 - 1.0) * 100.0
     );
+    // Connections the API server opened to the webhook (closed ones linger in TIME-WAIT).
+    if let Ok(out) = Command::new("ss")
+        .args([
+            "-tan",
+            "state",
+            "time-wait",
+            &format!("( sport = :{port} or dport = :{port} )"),
+        ])
+        .output()
+    {
+        println!(
+            "closed connections to the webhook port (TIME-WAIT): {}",
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .count()
+                .saturating_sub(1)
+        );
+    }
+    // The API server's own view of the webhook call (round trip as it measures it).
+    if let Ok(out) = cluster
+        .kubectl()
+        .args(["get", "--raw", "/metrics"])
+        .output()
+    {
+        let text = String::from_utf8_lossy(&out.stdout);
+        let metric = |name: &str| -> Option<f64> {
+            text.lines()
+                .filter(|l| l.starts_with(name) && l.contains("pods.mutate.offload.dev"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .next()
+        };
+        if let (Some(sum), Some(count)) = (
+            metric("apiserver_admission_webhook_admission_duration_seconds_sum"),
+            metric("apiserver_admission_webhook_admission_duration_seconds_count"),
+        ) {
+            println!(
+                "kube-apiserver's own measure of the webhook call: {count:.0} calls, mean {:.2} ms",
+                sum / count * 1e3
+            );
+        }
+    }
     let _ = op.kill();
     let _ = op.wait();
     Ok(())

@@ -511,6 +511,25 @@ pub struct StoreView {
     pub nodes: kube::runtime::reflector::Store<
         kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Node>,
     >,
+    /// Parsed node views by name, reused while the node's resourceVersion is unchanged: the
+    /// report annotation is parsed once per change, not once per admission request.
+    parsed: std::sync::Mutex<std::collections::HashMap<String, (String, NodeInfo)>>,
+}
+
+impl StoreView {
+    /// A view over the two stores.
+    pub fn new(
+        profiles: kube::runtime::reflector::Store<OffloadProfile>,
+        nodes: kube::runtime::reflector::Store<
+            kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Node>,
+        >,
+    ) -> Self {
+        StoreView {
+            profiles,
+            nodes,
+            parsed: Default::default(),
+        }
+    }
 }
 
 impl ClusterView for StoreView {
@@ -521,6 +540,40 @@ impl ClusterView for StoreView {
     }
 
     fn nodes(&self) -> Vec<NodeInfo> {
-        crate::controller::node_infos(&self.nodes)
+        let Ok(mut cache) = self.parsed.lock() else {
+            return crate::controller::node_infos(&self.nodes);
+        };
+        let state = self.nodes.state();
+        let mut out = Vec::with_capacity(state.len());
+        for node in &state {
+            let name = node.metadata.name.clone().unwrap_or_default();
+            let rv = node.metadata.resource_version.clone().unwrap_or_default();
+            match cache.get(&name) {
+                Some((cached_rv, info)) if *cached_rv == rv && !rv.is_empty() => {
+                    out.push(info.clone())
+                }
+                _ => {
+                    let info = NodeInfo::from_metadata(
+                        name.clone(),
+                        node.metadata.labels.clone().unwrap_or_default(),
+                        node.metadata
+                            .annotations
+                            .as_ref()
+                            .unwrap_or(&std::collections::BTreeMap::new()),
+                    );
+                    cache.insert(name, (rv, info.clone()));
+                    out.push(info);
+                }
+            }
+        }
+        // Forget nodes that are gone.
+        if cache.len() > state.len() {
+            let live: std::collections::HashSet<String> = state
+                .iter()
+                .filter_map(|n| n.metadata.name.clone())
+                .collect();
+            cache.retain(|k, _| live.contains(k));
+        }
+        out
     }
 }

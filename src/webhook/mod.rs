@@ -181,7 +181,7 @@ pub fn cluster_view(
             _ = shutdown.cancelled() => {},
         }
     };
-    (Arc::new(StoreView { profiles, nodes }), drive)
+    (Arc::new(StoreView::new(profiles, nodes)), drive)
 }
 
 /// A handle to rotate the serving certificate on demand (tests, an admin action).
