@@ -43,6 +43,25 @@ async fn setup(
     (cluster, client, ns)
 }
 
+/// A reported kwok node `<ns>-<suffix>` in the test's pool.
+async fn add_node(client: &Client, ns: &str, suffix: &str, fixture: &str) {
+    Api::<Node>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &reported_node(&format!("{ns}-{suffix}"), fixture, ns),
+        )
+        .await
+        .unwrap();
+}
+
+/// The test's profile (named after its namespace), selecting only its pool.
+async fn add_profile(client: &Client, ns: &str) {
+    Api::<OffloadProfile>::all(client.clone())
+        .create(&PostParams::default(), &pool_profile(ns, ns, json!({})))
+        .await
+        .unwrap();
+}
+
 fn training_job(
     name: &str,
     profile: &str,
@@ -132,25 +151,9 @@ fn env_of(pod: &Pod) -> BTreeMap<String, String> {
 #[tokio::test]
 async fn coherent_nodes_give_unified_memory_and_pods_carry_env_config_and_affinity() {
     let (_cluster, client, ns) = setup("uma").await;
-    let nodes: Api<Node> = Api::all(client.clone());
-    nodes
-        .create(
-            &PostParams::default(),
-            &reported_node(&format!("{ns}-gh200"), fixtures::GH200_REFERENCE, &ns),
-        )
-        .await
-        .unwrap();
-    nodes
-        .create(
-            &PostParams::default(),
-            &reported_node(&format!("{ns}-gh200-b"), fixtures::GH200_REFERENCE, &ns),
-        )
-        .await
-        .unwrap();
-    Api::<OffloadProfile>::all(client.clone())
-        .create(&PostParams::default(), &pool_profile(&ns, &ns, json!({})))
-        .await
-        .unwrap();
+    add_node(&client, &ns, "gh200", fixtures::GH200_REFERENCE).await;
+    add_node(&client, &ns, "gh200-b", fixtures::GH200_REFERENCE).await;
+    add_profile(&client, &ns).await;
     let cm: ConfigMap = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ds"},
         "data": {"ds_config.json": "{\"train_batch_size\": 32, \"zero_optimization\": {\"stage\": 3, \"overlap_comm\": true}}"}
@@ -292,18 +295,8 @@ async fn coherent_nodes_give_unified_memory_and_pods_carry_env_config_and_affini
 #[tokio::test]
 async fn discrete_nodes_give_cpu_copy() {
     let (_cluster, client, ns) = setup("pcie").await;
-    let nodes: Api<Node> = Api::all(client.clone());
-    nodes
-        .create(
-            &PostParams::default(),
-            &reported_node(&format!("{ns}-h200"), fixtures::H200_READING, &ns),
-        )
-        .await
-        .unwrap();
-    Api::<OffloadProfile>::all(client.clone())
-        .create(&PostParams::default(), &pool_profile(&ns, &ns, json!({})))
-        .await
-        .unwrap();
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    add_profile(&client, &ns).await;
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     api.create(
         &PostParams::default(),
@@ -342,18 +335,8 @@ async fn discrete_nodes_give_cpu_copy() {
 #[tokio::test]
 async fn unified_memory_without_coherent_nodes_waits_then_resolves_when_one_appears() {
     let (_cluster, client, ns) = setup("wait").await;
-    let nodes: Api<Node> = Api::all(client.clone());
-    nodes
-        .create(
-            &PostParams::default(),
-            &reported_node(&format!("{ns}-h200"), fixtures::H200_READING, &ns),
-        )
-        .await
-        .unwrap();
-    Api::<OffloadProfile>::all(client.clone())
-        .create(&PostParams::default(), &pool_profile(&ns, &ns, json!({})))
-        .await
-        .unwrap();
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    add_profile(&client, &ns).await;
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     api.create(
         &PostParams::default(),
@@ -392,13 +375,7 @@ async fn unified_memory_without_coherent_nodes_waits_then_resolves_when_one_appe
     );
 
     // A coherent node appears in the pool: the job resolves without being touched.
-    nodes
-        .create(
-            &PostParams::default(),
-            &reported_node(&format!("{ns}-gh200"), fixtures::GH200_REFERENCE, &ns),
-        )
-        .await
-        .unwrap();
+    add_node(&client, &ns, "gh200", fixtures::GH200_REFERENCE).await;
     let done = wait_for_condition(&api, "uma", "WorkloadCreated", "True").await;
     assert_eq!(
         done.status.unwrap().offload.unwrap().mode,
@@ -415,14 +392,7 @@ async fn unified_memory_without_coherent_nodes_waits_then_resolves_when_one_appe
 #[tokio::test]
 async fn a_running_job_is_never_reconfigured() {
     let (_cluster, client, ns) = setup("frozen").await;
-    let nodes: Api<Node> = Api::all(client.clone());
-    nodes
-        .create(
-            &PostParams::default(),
-            &reported_node(&format!("{ns}-h200"), fixtures::H200_READING, &ns),
-        )
-        .await
-        .unwrap();
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
     let profiles: Api<OffloadProfile> = Api::all(client.clone());
     profiles
         .create(&PostParams::default(), &pool_profile(&ns, &ns, json!({})))
@@ -480,18 +450,8 @@ async fn a_job_that_did_not_opt_in_is_left_alone() {
     api.create(&PostParams::default(), &tj).await.unwrap();
     // A job that did opt in, created after it, is resolved: once that happened the controller
     // has seen "plain" too and must have left it untouched.
-    let nodes: Api<Node> = Api::all(client.clone());
-    nodes
-        .create(
-            &PostParams::default(),
-            &reported_node(&format!("{ns}-h200"), fixtures::H200_READING, &ns),
-        )
-        .await
-        .unwrap();
-    Api::<OffloadProfile>::all(client.clone())
-        .create(&PostParams::default(), &pool_profile(&ns, &ns, json!({})))
-        .await
-        .unwrap();
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    add_profile(&client, &ns).await;
     api.create(
         &PostParams::default(),
         &training_job("opted", &ns, json!({"name": "Generic"}), json!({})),
@@ -514,14 +474,7 @@ async fn a_job_that_did_not_opt_in_is_left_alone() {
 #[tokio::test]
 async fn a_missing_profile_is_reported_and_resolved_once_created() {
     let (_cluster, client, ns) = setup("noprof").await;
-    let nodes: Api<Node> = Api::all(client.clone());
-    nodes
-        .create(
-            &PostParams::default(),
-            &reported_node(&format!("{ns}-h200"), fixtures::H200_READING, &ns),
-        )
-        .await
-        .unwrap();
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     api.create(
         &PostParams::default(),
@@ -538,28 +491,15 @@ async fn a_missing_profile_is_reported_and_resolved_once_created() {
         .find(|c| c.type_ == "OffloadResolved")
         .unwrap();
     assert_eq!(cond.reason, "ProfileNotFound");
-    Api::<OffloadProfile>::all(client.clone())
-        .create(&PostParams::default(), &pool_profile(&ns, &ns, json!({})))
-        .await
-        .unwrap();
+    add_profile(&client, &ns).await;
     wait_for_condition(&api, "later", "WorkloadCreated", "True").await;
 }
 
 #[tokio::test]
 async fn an_object_that_does_not_deserialize_is_reported_and_skipped() {
     let (cluster, client, ns) = setup("badobj").await;
-    let nodes: Api<Node> = Api::all(client.clone());
-    nodes
-        .create(
-            &PostParams::default(),
-            &reported_node(&format!("{ns}-h200"), fixtures::H200_READING, &ns),
-        )
-        .await
-        .unwrap();
-    Api::<OffloadProfile>::all(client.clone())
-        .create(&PostParams::default(), &pool_profile(&ns, &ns, json!({})))
-        .await
-        .unwrap();
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    add_profile(&client, &ns).await;
     // The schema keeps the pod template open, so a wrongly typed container field is stored but
     // cannot be read into a PodTemplateSpec.
     let bad = format!(
