@@ -314,14 +314,7 @@ async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Error>
             .as_ref()
             .and_then(|c| c.metadata.name.clone()),
     });
-    let created = conditions::condition(
-        &status.conditions,
-        WORKLOAD_CREATED,
-        true,
-        "Created",
-        format!("created Job {name} and Service {name}"),
-        generation,
-    );
+    let created = workload_created(&status.conditions, &name, generation);
     conditions::set(&mut status.conditions, created);
     apply_status(&api, &name, &status).await?;
     publish(
@@ -465,14 +458,7 @@ async fn follow_workload(tj: &TrainingJob, ctx: &Context, job: &Job) -> Result<A
                     .map(|c| c.name.clone())
             }),
     };
-    let created = conditions::condition(
-        &status.conditions,
-        WORKLOAD_CREATED,
-        true,
-        "Created",
-        format!("created Job {name} and Service {name}"),
-        generation,
-    );
+    let created = workload_created(&status.conditions, &name, generation);
     if status.phase == Some(phase)
         && status.workload.as_ref() == Some(&workload)
         && conditions::unchanged(&status.conditions, &created)
@@ -539,6 +525,22 @@ async fn record_unresolved(tj: &TrainingJob, ctx: &Context, why: &Unresolved) ->
         .inc();
     publish(ctx, tj, EventType::Warning, why.reason(), &why.message()).await;
     Ok(())
+}
+
+/// The `WorkloadCreated=True` condition, built the same way by creation and by follow-up.
+fn workload_created(
+    existing: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    name: &str,
+    generation: Option<i64>,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    conditions::condition(
+        existing,
+        WORKLOAD_CREATED,
+        true,
+        "Created",
+        format!("created Job {name} and Service {name}"),
+        generation,
+    )
 }
 
 fn existing_conditions(

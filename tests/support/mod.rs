@@ -229,7 +229,6 @@ pub fn operator(cluster: &'static DevCluster) {
                 let client = cluster.client().await.unwrap();
                 apply_crds(&client).await;
                 let token = tokio_util::sync::CancellationToken::new();
-                let _keep = token.clone();
                 tx.send(()).unwrap();
                 offload_operator::operator::run(client, operator_options(), token)
                     .await
