@@ -4,6 +4,8 @@
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use kube::core::{DynamicObject, Selector, SelectorExt};
+use std::sync::Arc;
+
 use serde_json::Value;
 
 use super::kinds;
@@ -22,8 +24,8 @@ use crate::render;
 pub trait ClusterView: Send + Sync {
     /// A profile by name.
     fn profile(&self, name: &str) -> Option<OffloadProfileSpec>;
-    /// Every node's agent view.
-    fn nodes(&self) -> Vec<NodeInfo>;
+    /// Every node's agent view (shared: a request does not copy the node reports).
+    fn nodes(&self) -> Arc<[NodeInfo]>;
 }
 
 /// The outcome of one admission, with a fixed category for the denial metric.
@@ -193,11 +195,8 @@ pub fn validate_profile(req: &AdmissionRequest<DynamicObject>, view: &dyn Cluste
                 );
             }
         };
-        let reported: Vec<NodeInfo> = view
-            .nodes()
-            .into_iter()
-            .filter(|n| n.class().is_some())
-            .collect();
+        let nodes = view.nodes();
+        let reported: Vec<&NodeInfo> = nodes.iter().filter(|n| n.class().is_some()).collect();
         if !reported.iter().any(|n| selector.matches(&n.labels)) {
             warnings.push(format!(
                 "spec.nodeSelector matches none of the {} GPU node(s) reported by offload-agent: jobs using this profile will wait",
@@ -511,23 +510,33 @@ pub struct StoreView {
     pub nodes: kube::runtime::reflector::Store<
         kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Node>,
     >,
-    /// Parsed node views by name, reused while the node's resourceVersion is unchanged: the
-    /// report annotation is parsed once per change, not once per admission request.
-    parsed: std::sync::Mutex<std::collections::HashMap<String, (String, NodeInfo)>>,
+    /// The node views handed to requests, rebuilt only when the store changed.
+    snapshot: std::sync::Mutex<NodeSnapshot>,
+}
+
+type NodeMeta = kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Node>;
+
+/// The last node views built from the store. The store replaces an object's `Arc` on every
+/// change, so an unchanged list of pointers means unchanged nodes: a request compares pointers
+/// (no parsing, no copies) and shares the views.
+#[derive(Default)]
+struct NodeSnapshot {
+    objects: Vec<Arc<NodeMeta>>,
+    infos: Option<Arc<[NodeInfo]>>,
+    /// Parsed views by name and resourceVersion: a report is parsed once per change.
+    parsed: std::collections::HashMap<String, (String, NodeInfo)>,
 }
 
 impl StoreView {
     /// A view over the two stores.
     pub fn new(
         profiles: kube::runtime::reflector::Store<OffloadProfile>,
-        nodes: kube::runtime::reflector::Store<
-            kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Node>,
-        >,
+        nodes: kube::runtime::reflector::Store<NodeMeta>,
     ) -> Self {
         StoreView {
             profiles,
             nodes,
-            parsed: Default::default(),
+            snapshot: Default::default(),
         }
     }
 }
@@ -539,16 +548,26 @@ impl ClusterView for StoreView {
             .map(|p| p.spec.clone())
     }
 
-    fn nodes(&self) -> Vec<NodeInfo> {
-        let Ok(mut cache) = self.parsed.lock() else {
-            return crate::controller::node_infos(&self.nodes);
-        };
+    fn nodes(&self) -> Arc<[NodeInfo]> {
         let state = self.nodes.state();
+        let Ok(mut snap) = self.snapshot.lock() else {
+            return crate::controller::node_infos(&self.nodes).into();
+        };
+        if let Some(infos) = &snap.infos
+            && snap.objects.len() == state.len()
+            && snap
+                .objects
+                .iter()
+                .zip(&state)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+        {
+            return infos.clone();
+        }
         let mut out = Vec::with_capacity(state.len());
         for node in &state {
             let name = node.metadata.name.clone().unwrap_or_default();
             let rv = node.metadata.resource_version.clone().unwrap_or_default();
-            match cache.get(&name) {
+            match snap.parsed.get(&name) {
                 Some((cached_rv, info)) if *cached_rv == rv && !rv.is_empty() => {
                     out.push(info.clone())
                 }
@@ -561,19 +580,22 @@ impl ClusterView for StoreView {
                             .as_ref()
                             .unwrap_or(&std::collections::BTreeMap::new()),
                     );
-                    cache.insert(name, (rv, info.clone()));
+                    snap.parsed.insert(name, (rv, info.clone()));
                     out.push(info);
                 }
             }
         }
         // Forget nodes that are gone.
-        if cache.len() > state.len() {
-            let live: std::collections::HashSet<String> = state
+        if snap.parsed.len() > state.len() {
+            let live: std::collections::HashSet<&str> = state
                 .iter()
-                .filter_map(|n| n.metadata.name.clone())
+                .filter_map(|n| n.metadata.name.as_deref())
                 .collect();
-            cache.retain(|k, _| live.contains(k));
+            snap.parsed.retain(|k, _| live.contains(k.as_str()));
         }
-        out
+        let infos: Arc<[NodeInfo]> = out.into();
+        snap.infos = Some(infos.clone());
+        snap.objects = state;
+        infos
     }
 }

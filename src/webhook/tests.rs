@@ -28,8 +28,8 @@ impl ClusterView for InMemoryView {
     fn profile(&self, name: &str) -> Option<OffloadProfileSpec> {
         self.profiles.get(name).cloned()
     }
-    fn nodes(&self) -> Vec<NodeInfo> {
-        self.nodes.clone()
+    fn nodes(&self) -> Arc<[NodeInfo]> {
+        self.nodes.clone().into()
     }
 }
 
@@ -129,18 +129,13 @@ async fn admit(app: axum::Router, path: &str, review: Value) -> Value {
     response
 }
 
-/// The patch bytes: kube encodes them as a JSON array of byte values, which the API server's
-/// decoder reads as `[]byte`; a base64 string is accepted too.
+/// The patch: a base64 string, as the API documents `response.patch` (Go's `[]byte`).
 fn patch_of(response: &Value) -> Vec<Value> {
     let bytes: Vec<u8> = match &response["patch"] {
         Value::String(encoded) => base64::engine::general_purpose::STANDARD
             .decode(encoded)
             .unwrap(),
-        Value::Array(items) => items
-            .iter()
-            .map(|b| u8::try_from(b.as_u64().unwrap()).unwrap())
-            .collect(),
-        other => panic!("no patch in the response: {other}"),
+        other => panic!("no base64 patch in the response: {other}"),
     };
     serde_json::from_slice(&bytes).unwrap()
 }
@@ -693,4 +688,78 @@ async fn objects_that_cannot_be_configured_are_refused_with_the_reason() {
     )
     .await;
     assert_eq!(r["allowed"], false);
+}
+
+/// The store view hands every request the same parsed node views until a node changes, and
+/// sees changes and deletions at once.
+#[test]
+fn store_view_shares_node_views_until_a_node_changes() {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::core::{ObjectMeta, PartialObjectMeta, PartialObjectMetaExt};
+    use kube::runtime::{reflector, watcher};
+
+    use super::admit::StoreView;
+    use crate::api::{NodeClass, OffloadProfile};
+
+    let meta = |name: &str, rv: &str, fixture: &str| -> PartialObjectMeta<Node> {
+        let r = NodeReport::parse(fixture).unwrap();
+        ObjectMeta {
+            name: Some(name.into()),
+            resource_version: Some(rv.into()),
+            labels: Some(r.labels()),
+            annotations: Some(BTreeMap::from([(
+                names::ANNOTATION_NODE_REPORT.to_string(),
+                fixture.to_string(),
+            )])),
+            ..Default::default()
+        }
+        .into_response_partial()
+    };
+    let (profiles, _pw) = reflector::store::<OffloadProfile>();
+    let (nodes, mut nw) = reflector::store::<PartialObjectMeta<Node>>();
+    nw.apply_watcher_event(&watcher::Event::Apply(meta(
+        "gpu-0",
+        "1",
+        fixtures::H200_READING,
+    )));
+    nw.apply_watcher_event(&watcher::Event::Apply(meta(
+        "gpu-1",
+        "1",
+        fixtures::H200_READING,
+    )));
+    let view = StoreView::new(profiles, nodes);
+
+    let first = view.nodes();
+    assert_eq!(first.len(), 2);
+    assert!(first.iter().all(|n| n.class() == Some(NodeClass::Discrete)));
+    assert!(
+        Arc::ptr_eq(&first, &view.nodes()),
+        "unchanged nodes: the same views are shared"
+    );
+
+    // The agent re-publishes gpu-0 as a coherent node.
+    nw.apply_watcher_event(&watcher::Event::Apply(meta(
+        "gpu-0",
+        "2",
+        fixtures::GH200_REFERENCE,
+    )));
+    let changed = view.nodes();
+    assert!(!Arc::ptr_eq(&first, &changed));
+    let class = |views: &[NodeInfo], name: &str| {
+        views
+            .iter()
+            .find(|n| n.name == name)
+            .and_then(NodeInfo::class)
+    };
+    assert_eq!(class(&changed, "gpu-0"), Some(NodeClass::Coherent));
+    assert_eq!(class(&changed, "gpu-1"), Some(NodeClass::Discrete));
+
+    nw.apply_watcher_event(&watcher::Event::Delete(meta(
+        "gpu-1",
+        "2",
+        fixtures::H200_READING,
+    )));
+    let after_delete = view.nodes();
+    assert_eq!(after_delete.len(), 1);
+    assert_eq!(after_delete[0].name, "gpu-0");
 }
