@@ -44,15 +44,17 @@ pub struct Context {
     pub profiles: Store<OffloadProfile>,
     /// GPU Nodes' metadata (labels and annotations only).
     pub nodes: Store<PartialObjectMeta<Node>>,
+    /// The decision's view of those nodes, parsed once per change.
+    pub node_views: NodeViews,
     /// TrainingJobs, kept current by a reflector. Wrapped in [`DeserializeGuard`] so one object
     /// that does not deserialize is reported and skipped instead of stalling the watch.
     pub jobs: Store<DeserializeGuard<TrainingJob>>,
 }
 
 impl Context {
-    /// The decision's view of every node in the store.
-    pub fn node_infos(&self) -> Vec<NodeInfo> {
-        node_infos(&self.nodes)
+    /// The decision's view of every node in the store (shared until a node changes).
+    pub fn node_infos(&self) -> Arc<[NodeInfo]> {
+        self.node_views.get()
     }
 
     /// The named profile, if it exists.
@@ -74,6 +76,86 @@ pub fn node_infos(nodes: &Store<PartialObjectMeta<Node>>) -> Vec<NodeInfo> {
             )
         })
         .collect()
+}
+
+/// The decision's view of the nodes in a metadata store, rebuilt only when the store changed.
+///
+/// The store replaces an object's `Arc` on every change, so an unchanged list of pointers means
+/// unchanged nodes: a caller compares pointers (no parsing, no copies) and shares the last views.
+/// On a change only the nodes whose resourceVersion moved are parsed again.
+pub struct NodeViews {
+    store: Store<PartialObjectMeta<Node>>,
+    snapshot: std::sync::Mutex<NodeSnapshot>,
+}
+
+#[derive(Default)]
+struct NodeSnapshot {
+    objects: Vec<Arc<PartialObjectMeta<Node>>>,
+    infos: Option<Arc<[NodeInfo]>>,
+    /// Parsed views by name, with the resourceVersion they were parsed at.
+    parsed: std::collections::HashMap<String, (String, NodeInfo)>,
+}
+
+impl NodeViews {
+    /// Views over `store`.
+    pub fn new(store: Store<PartialObjectMeta<Node>>) -> Self {
+        NodeViews {
+            store,
+            snapshot: Default::default(),
+        }
+    }
+
+    /// Every node's view, as of now.
+    pub fn get(&self) -> Arc<[NodeInfo]> {
+        let state = self.store.state();
+        let Ok(mut snap) = self.snapshot.lock() else {
+            return node_infos(&self.store).into();
+        };
+        if let Some(infos) = &snap.infos
+            && snap.objects.len() == state.len()
+            && snap
+                .objects
+                .iter()
+                .zip(&state)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+        {
+            return infos.clone();
+        }
+        let mut out = Vec::with_capacity(state.len());
+        for node in &state {
+            let name = node.name_any();
+            let rv = node.metadata.resource_version.clone().unwrap_or_default();
+            match snap.parsed.get(&name) {
+                Some((cached_rv, info)) if *cached_rv == rv && !rv.is_empty() => {
+                    out.push(info.clone())
+                }
+                _ => {
+                    let info = NodeInfo::from_metadata(
+                        name.clone(),
+                        node.metadata.labels.clone().unwrap_or_default(),
+                        node.metadata
+                            .annotations
+                            .as_ref()
+                            .unwrap_or(&BTreeMap::new()),
+                    );
+                    snap.parsed.insert(name, (rv, info.clone()));
+                    out.push(info);
+                }
+            }
+        }
+        // Forget nodes that are gone.
+        if snap.parsed.len() > state.len() {
+            let live: std::collections::HashSet<&str> = state
+                .iter()
+                .filter_map(|n| n.metadata.name.as_deref())
+                .collect();
+            snap.parsed.retain(|k, _| live.contains(k.as_str()));
+        }
+        let infos: Arc<[NodeInfo]> = out.into();
+        snap.infos = Some(infos.clone());
+        snap.objects = state;
+        infos
+    }
 }
 
 /// Errors of a reconcile. Each has a fixed category for metrics and logs.
@@ -231,6 +313,7 @@ pub async fn run(
         metrics,
         profiles: profiles.clone(),
         nodes: nodes.clone(),
+        node_views: NodeViews::new(nodes.clone()),
         jobs: jobs.clone(),
     });
     let config = kube::runtime::controller::Config::default().concurrency(options.concurrency);

@@ -20,7 +20,7 @@ use crate::api::{
     ConfigMapKeyRef, JobPhase, ModeSetting, OffloadDecisionStatus, OverlapSetting, RatioSetting,
     Switch, TrainingJob, TrainingJobStatus, WorkloadRef,
 };
-use crate::decision::{JobRequest, NodeInfo, Resolution, ResolveError, resolve_offload};
+use crate::decision::{JobRequest, Resolution, ResolveError, resolve_offload};
 use crate::metrics::DecisionLabels;
 use crate::names;
 use crate::render::{self, deepspeed};
@@ -348,7 +348,7 @@ async fn decide(tj: &TrainingJob, ctx: &Context) -> Result<Decided, Error> {
         Ok(pair) => pair,
         Err(msg) => return Ok(Err(Unresolved::Config(msg))),
     };
-    let nodes: Vec<NodeInfo> = ctx.node_infos();
+    let nodes = ctx.node_infos();
     let gpus = render::gpus_per_pod(tj.spec.template.spec.as_ref());
     let mut request = JobRequest::from_training_job(&tj.spec, gpus, stage);
     // Where the webhook resolved `Auto` at creation, decide (and explain) from what the user

@@ -506,37 +506,21 @@ fn patch_response(
 pub struct StoreView {
     /// Profiles.
     pub profiles: kube::runtime::reflector::Store<OffloadProfile>,
-    /// Node metadata.
-    pub nodes: kube::runtime::reflector::Store<
-        kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Node>,
-    >,
-    /// The node views handed to requests, rebuilt only when the store changed.
-    snapshot: std::sync::Mutex<NodeSnapshot>,
-}
-
-type NodeMeta = kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Node>;
-
-/// The last node views built from the store. The store replaces an object's `Arc` on every
-/// change, so an unchanged list of pointers means unchanged nodes: a request compares pointers
-/// (no parsing, no copies) and shares the views.
-#[derive(Default)]
-struct NodeSnapshot {
-    objects: Vec<Arc<NodeMeta>>,
-    infos: Option<Arc<[NodeInfo]>>,
-    /// Parsed views by name and resourceVersion: a report is parsed once per change.
-    parsed: std::collections::HashMap<String, (String, NodeInfo)>,
+    /// Node views, shared between requests until a node changes.
+    pub nodes: crate::controller::NodeViews,
 }
 
 impl StoreView {
     /// A view over the two stores.
     pub fn new(
         profiles: kube::runtime::reflector::Store<OffloadProfile>,
-        nodes: kube::runtime::reflector::Store<NodeMeta>,
+        nodes: kube::runtime::reflector::Store<
+            kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Node>,
+        >,
     ) -> Self {
         StoreView {
             profiles,
-            nodes,
-            snapshot: Default::default(),
+            nodes: crate::controller::NodeViews::new(nodes),
         }
     }
 }
@@ -549,53 +533,6 @@ impl ClusterView for StoreView {
     }
 
     fn nodes(&self) -> Arc<[NodeInfo]> {
-        let state = self.nodes.state();
-        let Ok(mut snap) = self.snapshot.lock() else {
-            return crate::controller::node_infos(&self.nodes).into();
-        };
-        if let Some(infos) = &snap.infos
-            && snap.objects.len() == state.len()
-            && snap
-                .objects
-                .iter()
-                .zip(&state)
-                .all(|(a, b)| Arc::ptr_eq(a, b))
-        {
-            return infos.clone();
-        }
-        let mut out = Vec::with_capacity(state.len());
-        for node in &state {
-            let name = node.metadata.name.clone().unwrap_or_default();
-            let rv = node.metadata.resource_version.clone().unwrap_or_default();
-            match snap.parsed.get(&name) {
-                Some((cached_rv, info)) if *cached_rv == rv && !rv.is_empty() => {
-                    out.push(info.clone())
-                }
-                _ => {
-                    let info = NodeInfo::from_metadata(
-                        name.clone(),
-                        node.metadata.labels.clone().unwrap_or_default(),
-                        node.metadata
-                            .annotations
-                            .as_ref()
-                            .unwrap_or(&std::collections::BTreeMap::new()),
-                    );
-                    snap.parsed.insert(name, (rv, info.clone()));
-                    out.push(info);
-                }
-            }
-        }
-        // Forget nodes that are gone.
-        if snap.parsed.len() > state.len() {
-            let live: std::collections::HashSet<&str> = state
-                .iter()
-                .filter_map(|n| n.metadata.name.as_deref())
-                .collect();
-            snap.parsed.retain(|k, _| live.contains(k.as_str()));
-        }
-        let infos: Arc<[NodeInfo]> = out.into();
-        snap.infos = Some(infos.clone());
-        snap.objects = state;
-        infos
+        self.nodes.get()
     }
 }
