@@ -198,19 +198,17 @@ async fn setup_cluster(cluster: &DevCluster) -> Result<kube::Client, String> {
     Ok(client)
 }
 
-fn spawn_operator(cluster: &DevCluster, webhook_port: Option<u16>) -> Result<Child, String> {
+/// Starts the release operator; returns it with its admin (metrics) port.
+fn spawn_operator(cluster: &DevCluster, webhook_port: Option<u16>) -> Result<(Child, u16), String> {
     let bin = root().join("target/release/offload-operator");
     if !bin.exists() {
         return Err("build the release binaries first: cargo build --release --bins".into());
     }
+    let admin = free_port().map_err(|e| e.to_string())?;
     let mut cmd = Command::new(bin);
     cmd.env("KUBECONFIG", &cluster.kubeconfig)
         .env("RUST_LOG", "warn")
-        .args([
-            "run",
-            "--admin-addr",
-            &format!("127.0.0.1:{}", free_port().map_err(|e| e.to_string())?),
-        ])
+        .args(["run", "--admin-addr", &format!("127.0.0.1:{admin}")])
         .args(["--namespace", "offload-system"])
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
@@ -223,7 +221,28 @@ fn spawn_operator(cluster: &DevCluster, webhook_port: Option<u16>) -> Result<Chi
         ]),
         None => cmd.args(["--webhook-addr", ""]),
     };
-    cmd.spawn().map_err(|e| e.to_string())
+    cmd.spawn().map(|c| (c, admin)).map_err(|e| e.to_string())
+}
+
+/// The operator's own measure of its pod-mutation handler: (sum seconds, count) of
+/// `offload_operator_admission_duration_seconds{endpoint="mutate-pod"}` from its `/metrics`.
+fn handler_seconds(admin_port: u16) -> Option<(f64, f64)> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", admin_port)).ok()?;
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .ok()?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text).ok()?;
+    let metric = |name: &str| -> Option<f64> {
+        text.lines()
+            .filter(|l| l.starts_with(name) && l.contains("endpoint=\"mutate-pod\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .next()
+    };
+    Some((
+        metric("offload_operator_admission_duration_seconds_sum")?,
+        metric("offload_operator_admission_duration_seconds_count")?,
+    ))
 }
 
 async fn controller(jobs: usize) -> Result<(), String> {
@@ -235,7 +254,7 @@ async fn controller(jobs: usize) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     let client = setup_cluster(&cluster).await?;
-    let mut op = spawn_operator(&cluster, None)?;
+    let (mut op, _) = spawn_operator(&cluster, None)?;
     let pid = op.id();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let cpu0 = cpu_seconds(pid).unwrap_or(0.0);
@@ -411,7 +430,12 @@ async fn webhook_load(
     Ok((all.len(), all))
 }
 
-async fn webhook(seconds: u64, pods: usize, clients: usize) -> Result<(), String> {
+async fn webhook(
+    seconds: u64,
+    pods: usize,
+    clients: usize,
+    kubectl_pods: usize,
+) -> Result<(), String> {
     println!("# webhook ({})", machine());
     let cluster = DevCluster::start(ClusterOptions::default())
         .await
@@ -446,7 +470,7 @@ async fn webhook(seconds: u64, pods: usize, clients: usize) -> Result<(), String
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }
-    let mut op = spawn_operator(&cluster, Some(port))?;
+    let (mut op, admin) = spawn_operator(&cluster, Some(port))?;
     // The CA the operator generated, to trust the webhook.
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(client.clone(), "offload-system");
@@ -504,8 +528,102 @@ async fn webhook(seconds: u64, pods: usize, clients: usize) -> Result<(), String
         );
     }
 
-    // Real pod creation through the API server: unlabelled pods (not sent to the webhook) and
-    // labelled pods (mutated), interleaved in rounds so both see the same conditions.
+    let created = pod_creation(
+        &cluster,
+        &client,
+        (port, admin),
+        &tls,
+        pods,
+        clients,
+        kubectl_pods,
+    )
+    .await;
+    let _ = op.kill();
+    let _ = op.wait();
+    created
+}
+
+/// The kinds of pod in the side-by-side creation run: what the API server does with each.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PodKind {
+    /// Unlabelled: no webhook is called.
+    Without,
+    /// Unlabelled, created with the operator's configuration already written in (the pod the
+    /// webhook produces, without the webhook).
+    Preconfigured,
+    /// Sent to the peer webhook, which allows without a patch.
+    PeerNoop,
+    /// Sent to the peer webhook, which answers with the patch the operator computed for the
+    /// same pod (a fixed answer, no work).
+    PeerReplay,
+    /// Sent to the operator's webhook and mutated.
+    Operator,
+}
+
+impl PodKind {
+    const ALL: [PodKind; 5] = [
+        Self::Without,
+        Self::Preconfigured,
+        Self::PeerNoop,
+        Self::PeerReplay,
+        Self::Operator,
+    ];
+
+    fn row(self) -> &'static str {
+        match self {
+            Self::Without => "no webhook called (unlabelled)",
+            Self::Preconfigured => "no webhook called, configuration written by the client",
+            Self::PeerNoop => "minimal webhook, allow without a patch",
+            Self::PeerReplay => "minimal webhook, answers the operator's patch",
+            Self::Operator => "the operator's webhook (mutates)",
+        }
+    }
+
+    fn prefix(self) -> &'static str {
+        match self {
+            Self::Without => "without",
+            Self::Preconfigured => "preconfigured",
+            Self::PeerNoop => "noop",
+            Self::PeerReplay => "replay",
+            Self::Operator => "with",
+        }
+    }
+
+    fn labels(self) -> serde_json::Value {
+        match self {
+            Self::Without | Self::Preconfigured => json!({}),
+            Self::PeerNoop => json!({"bench.offload.dev/peer": "noop"}),
+            Self::PeerReplay => json!({"bench.offload.dev/peer": "replay"}),
+            Self::Operator => json!({"offload.dev/profile": "auto"}),
+        }
+    }
+
+    /// The pod to create; `configuration` is the operator's patch for it (applied by the
+    /// client for `Preconfigured`).
+    fn pod(self, name: &str, configuration: &json_patch::Patch) -> serde_json::Value {
+        let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "labels": self.labels()},
+               "spec": {"containers": [{"name": "c", "image": "busybox"}]}});
+        if self == Self::Preconfigured {
+            // Checked once in start_peer: the patch applies to this pod.
+            let _ = json_patch::patch(&mut pod, configuration);
+        }
+        pod
+    }
+}
+
+/// Real pod creation through the API server, four kinds interleaved in rounds so that all see
+/// the same conditions: no webhook, a minimal peer webhook (no patch, and replaying the
+/// operator's patch) and the operator's webhook; then the same through `kubectl create`.
+async fn pod_creation(
+    cluster: &DevCluster,
+    client: &kube::Client,
+    (port, admin): (u16, u16),
+    tls: &Arc<rustls::ClientConfig>,
+    pods: usize,
+    clients: usize,
+    kubectl_pods: usize,
+) -> Result<(), String> {
     let bench_ns: k8s_openapi::api::core::v1::Namespace =
         serde_json::from_value(json!({"metadata": {"name": "bench"}}))
             .map_err(|e| e.to_string())?;
@@ -518,60 +636,97 @@ async fn webhook(seconds: u64, pods: usize, clients: usize) -> Result<(), String
     let _ = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client.clone(), "bench")
         .create(&PostParams::default(), &sa)
         .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
     let podsapi: Api<Pod> = Api::namespaced(client.clone(), "bench");
-    let mut without = Vec::new();
-    let mut with = Vec::new();
+    let (mut peer, configuration) = start_peer(cluster, client, &podsapi, port, tls).await?;
+    let configuration = &configuration;
+    let handler_before = handler_seconds(admin);
+    let mut lat: HashMap<&'static str, Vec<f64>> = HashMap::new();
+    let mut failed: HashMap<&'static str, usize> = HashMap::new();
     let rounds = 10;
     for round in 0..rounds {
-        for labelled in [false, true] {
-            let lat: Vec<f64> = futures::stream::iter(0..pods / rounds)
+        for kind in PodKind::ALL {
+            let results: Vec<Result<f64, String>> = futures::stream::iter(0..pods / rounds)
                 .map(|i| {
                     let podsapi = podsapi.clone();
                     async move {
-                        let labels = if labelled { json!({"offload.dev/profile": "auto"}) } else { json!({}) };
-                        let pod: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
-                            "metadata": {"name": format!("{}-{round}-{i}", if labelled { "with" } else { "without" }), "labels": labels},
-                            "spec": {"containers": [{"name": "c", "image": "busybox"}]}}))
-                        .ok()?;
+                        let pod: Pod = serde_json::from_value(
+                            kind.pod(&format!("{}-{round}-{i}", kind.prefix()), configuration),
+                        )
+                        .map_err(|e| e.to_string())?;
                         let t = Instant::now();
-                        podsapi.create(&PostParams::default(), &pod).await.ok()?;
-                        Some(t.elapsed().as_secs_f64() * 1e3)
+                        podsapi
+                            .create(&PostParams::default(), &pod)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        Ok(t.elapsed().as_secs_f64() * 1e3)
                     }
                 })
                 .buffer_unordered(clients)
-                .filter_map(|x| async move { x })
                 .collect()
                 .await;
-            if labelled {
-                with.extend(lat)
-            } else {
-                without.extend(lat)
+            for r in results {
+                match r {
+                    Ok(ms) => lat.entry(kind.prefix()).or_default().push(ms),
+                    Err(e) => {
+                        let n = failed.entry(kind.prefix()).or_default();
+                        if *n == 0 {
+                            eprintln!("{}: creation failed: {e}", kind.row());
+                        }
+                        *n += 1;
+                    }
+                }
             }
         }
     }
-    let (m0, p50_0, p99_0, _, _) = summary(without.clone());
-    let (m1, p50_1, p99_1, _, _) = summary(with.clone());
     println!(
-        "\nreal pod creation through kube-apiserver, {clients} concurrent clients, {pods} pods each way:"
+        "\nreal pod creation through kube-apiserver (kube client), {clients} concurrent clients, {pods} pods of each kind, interleaved:"
     );
-    println!("| pods | created | mean ms | p50 ms | p99 ms |");
-    println!("|---|---|---|---|---|");
-    println!(
-        "| without the webhook (unlabelled) | {} | {m0:.2} | {p50_0:.2} | {p99_0:.2} |",
-        without.len()
-    );
-    println!(
-        "| with the webhook (labelled, mutated) | {} | {m1:.2} | {p50_1:.2} | {p99_1:.2} |",
-        with.len()
-    );
-    println!(
-        "added: mean {:+.2} ms ({:+.1} %), p50 {:+.2} ms ({:+.1} %)",
-        m1 - m0,
-        (m1 / m0 - 1.0) * 100.0,
-        p50_1 - p50_0,
-        (p50_1 / p50_0 - 1.0) * 100.0
-    );
+    creation_table(&lat, &failed);
+    if let (Some((s0, n0)), Some((s1, n1))) = (handler_before, handler_seconds(admin)) {
+        println!(
+            "the operator's handler itself (its offload_operator_admission_duration_seconds, parse to answer): {:.0} calls, mean {:.3} ms",
+            n1 - n0,
+            (s1 - s0) / (n1 - n0) * 1e3
+        );
+    }
+
+    // The same through kubectl, one process per pod, as a user creates one.
+    if kubectl_pods > 0 {
+        let mut lat: HashMap<&'static str, Vec<f64>> = HashMap::new();
+        let mut failed: HashMap<&'static str, usize> = HashMap::new();
+        for i in 0..kubectl_pods {
+            for kind in PodKind::ALL {
+                let manifest = kind
+                    .pod(&format!("kubectl-{}-{i}", kind.prefix()), configuration)
+                    .to_string();
+                let t = Instant::now();
+                let ok = run_with_stdin(
+                    cluster
+                        .kubectl()
+                        .args(["create", "--namespace", "bench", "-f", "-"]),
+                    &manifest,
+                );
+                match ok {
+                    Ok(()) => lat
+                        .entry(kind.prefix())
+                        .or_default()
+                        .push(t.elapsed().as_secs_f64() * 1e3),
+                    Err(e) => {
+                        let n = failed.entry(kind.prefix()).or_default();
+                        if *n == 0 {
+                            eprintln!("{}: kubectl create failed: {e}", kind.row());
+                        }
+                        *n += 1;
+                    }
+                }
+            }
+        }
+        println!(
+            "\nreal pod creation with `kubectl create -f -` (one process per pod), {kubectl_pods} pods of each kind, interleaved:"
+        );
+        creation_table(&lat, &failed);
+    }
+
     // Connections the API server opened to the webhook (closed ones linger in TIME-WAIT).
     if let Ok(out) = Command::new("ss")
         .args([
@@ -583,39 +738,277 @@ async fn webhook(seconds: u64, pods: usize, clients: usize) -> Result<(), String
         .output()
     {
         println!(
-            "closed connections to the webhook port (TIME-WAIT): {}",
+            "\nclosed connections to the operator's webhook port (TIME-WAIT): {}",
             String::from_utf8_lossy(&out.stdout)
                 .lines()
                 .count()
                 .saturating_sub(1)
         );
     }
-    // The API server's own view of the webhook call (round trip as it measures it).
+    // The API server's own view of each webhook call.
     if let Ok(out) = cluster
         .kubectl()
         .args(["get", "--raw", "/metrics"])
         .output()
     {
         let text = String::from_utf8_lossy(&out.stdout);
-        let metric = |name: &str| -> Option<f64> {
-            text.lines()
-                .filter(|l| l.starts_with(name) && l.contains("pods.mutate.offload.dev"))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .next()
-        };
-        if let (Some(sum), Some(count)) = (
-            metric("apiserver_admission_webhook_admission_duration_seconds_sum"),
-            metric("apiserver_admission_webhook_admission_duration_seconds_count"),
-        ) {
-            println!(
-                "kube-apiserver's own measure of the webhook call: {count:.0} calls, mean {:.2} ms",
-                sum / count * 1e3
-            );
+        println!(
+            "kube-apiserver's own measure of each webhook call (apiserver_admission_webhook_admission_duration_seconds):"
+        );
+        for (hook, row) in [
+            ("noop.bench.offload.dev", PodKind::PeerNoop.row()),
+            ("replay.bench.offload.dev", PodKind::PeerReplay.row()),
+            ("pods.mutate.offload.dev", PodKind::Operator.row()),
+        ] {
+            let metric = |name: &str| -> Option<f64> {
+                text.lines()
+                    .filter(|l| l.starts_with(name) && l.contains(&format!("name=\"{hook}\"")))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .next()
+            };
+            if let (Some(sum), Some(count)) = (
+                metric("apiserver_admission_webhook_admission_duration_seconds_sum"),
+                metric("apiserver_admission_webhook_admission_duration_seconds_count"),
+            ) {
+                println!(
+                    "- {row}: {count:.0} calls, mean {:.2} ms",
+                    sum / count * 1e3
+                );
+            }
         }
     }
-    let _ = op.kill();
-    let _ = op.wait();
+    let _ = peer.kill();
+    let _ = peer.wait();
     Ok(())
+}
+
+/// Prints one row per pod kind, with what each adds to the creation of the unlabelled pod
+/// and of the same configured pod created without a webhook.
+fn creation_table(lat: &HashMap<&'static str, Vec<f64>>, failed: &HashMap<&'static str, usize>) {
+    println!(
+        "| pods | created | failed | mean ms | p50 ms | p99 ms | added p50 (vs unlabelled) | added p50 (vs configured by the client) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let p50_of = |kind: PodKind| summary(lat.get(kind.prefix()).cloned().unwrap_or_default()).1;
+    let base = p50_of(PodKind::Without);
+    let configured = p50_of(PodKind::Preconfigured);
+    let added = |p50: f64, base: f64| {
+        format!(
+            "{:+.2} ms ({:+.1} %)",
+            p50 - base,
+            (p50 / base - 1.0) * 100.0
+        )
+    };
+    for kind in PodKind::ALL {
+        let l = lat.get(kind.prefix()).cloned().unwrap_or_default();
+        let n = l.len();
+        let (mean, p50, p99, _, _) = summary(l);
+        let (vs_base, vs_configured) = match kind {
+            PodKind::Without => ("—".to_string(), "—".to_string()),
+            PodKind::Preconfigured => (added(p50, base), "—".to_string()),
+            PodKind::PeerNoop => (added(p50, base), "—".to_string()),
+            PodKind::PeerReplay | PodKind::Operator => (added(p50, base), added(p50, configured)),
+        };
+        println!(
+            "| {} | {n} | {} | {mean:.2} | {p50:.2} | {p99:.2} | {vs_base} | {vs_configured} |",
+            kind.row(),
+            failed.get(kind.prefix()).copied().unwrap_or(0)
+        );
+    }
+}
+
+fn run_with_stdin(cmd: &mut Command, input: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(input.as_bytes())
+            .map_err(|e| e.to_string())?;
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// Starts the peer webhook as its own process (this binary, `peer-webhook`), with a CA of its
+/// own, the operator's patch for a bench pod to replay, and a configuration that sends the
+/// peer-labelled pods to it; returns once the API server calls it.
+async fn start_peer(
+    cluster: &DevCluster,
+    client: &kube::Client,
+    podsapi: &Api<Pod>,
+    operator_port: u16,
+    tls: &Arc<rustls::ClientConfig>,
+) -> Result<(Child, json_patch::Patch), String> {
+    // The operator's patch for a bench pod as the API server would send it (defaulted): create
+    // one unlabelled, read it back, label it and ask the operator's webhook directly.
+    let probe: Pod =
+        serde_json::from_value(PodKind::Without.pod("probe", &json_patch::Patch(Vec::new())))
+            .map_err(|e| e.to_string())?;
+    let stored = podsapi
+        .create(&PostParams::default(), &probe)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut object = serde_json::to_value(&stored).map_err(|e| e.to_string())?;
+    object["metadata"]["labels"] = PodKind::Operator.labels();
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "00000000-0000-0000-0000-000000000001",
+                    "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "resource": {"group": "", "version": "v1", "resource": "pods"},
+                    "namespace": "bench", "operation": "CREATE",
+                    "userInfo": {"username": "bench"}, "object": object}
+    });
+    let mut conn = connect(operator_port, tls.clone()).await?;
+    let req = hyper::Request::post("/mutate/pod")
+        .header("content-type", "application/json")
+        .header("host", "127.0.0.1")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            serde_json::to_vec(&review).map_err(|e| e.to_string())?,
+        )))
+        .map_err(|e| e.to_string())?;
+    let res = conn.send_request(req).await.map_err(|e| e.to_string())?;
+    let body = http_body_util::BodyExt::collect(res.into_body())
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    let answer: serde_json::Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+    let patch = answer
+        .pointer("/response/patch")
+        .and_then(|p| p.as_str())
+        .ok_or_else(|| format!("the operator's webhook did not patch the probe pod: {answer}"))?
+        .to_string();
+    let configuration: json_patch::Patch =
+        base64::Engine::decode(&base64::engine::general_purpose::STANDARD, &patch)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .ok_or("the operator's patch is not base64 JSON Patch")?;
+    let mut check = PodKind::Without.pod("check", &configuration);
+    json_patch::patch(&mut check, &configuration)
+        .map_err(|e| format!("the operator's patch does not apply to a bench pod: {e}"))?;
+
+    let ca = offload_operator::certs::CertAuthority::generate(
+        "offload-bench-peer",
+        Duration::from_secs(3600),
+    )
+    .map_err(|e| e.to_string())?;
+    let serving = ca
+        .issue_server(&["127.0.0.1".to_string()], Duration::from_secs(3600))
+        .map_err(|e| e.to_string())?;
+    let dir = cluster
+        .kubeconfig
+        .parent()
+        .ok_or("the cluster has no directory")?
+        .join("peer-webhook");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("tls.crt"), &serving.cert_pem).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("tls.key"), &serving.key_pem).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("patch"), &patch).map_err(|e| e.to_string())?;
+    let port = free_port().map_err(|e| e.to_string())?;
+    let child = Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
+        .arg("peer-webhook")
+        .arg(&dir)
+        .arg(port.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let bundle = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        ca.cert.cert_pem.as_bytes(),
+    );
+    let hook = |name: &str, path: &str, value: &str| {
+        json!({"name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None",
+               "failurePolicy": "Fail", "timeoutSeconds": 5,
+               "clientConfig": {"url": format!("https://127.0.0.1:{port}/{path}"), "caBundle": bundle},
+               "objectSelector": {"matchLabels": {"bench.offload.dev/peer": value}},
+               "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE"]}]})
+    };
+    let config: k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration =
+        serde_json::from_value(json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "offload-bench-peer"},
+            "webhooks": [hook("noop.bench.offload.dev", "noop", "noop"),
+                         hook("replay.bench.offload.dev", "replay", "replay")]
+        }))
+        .map_err(|e| e.to_string())?;
+    Api::<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration>::all(
+        client.clone(),
+    )
+    .create(&PostParams::default(), &config)
+    .await
+    .map_err(|e| e.to_string())?;
+    // Ready when a replay pod comes back with the operator's env (the peer serves and the API
+    // server has loaded the configuration).
+    let mut last = String::from("no attempt");
+    for i in 0..100 {
+        let pod: Pod = serde_json::from_value(
+            PodKind::PeerReplay.pod(&format!("peer-ready-{i}"), &configuration),
+        )
+        .map_err(|e| e.to_string())?;
+        match podsapi.create(&PostParams::default(), &pod).await {
+            Ok(p)
+                if p.spec
+                    .iter()
+                    .flat_map(|s| &s.containers)
+                    .flat_map(|c| c.env.iter().flatten())
+                    .any(|e| e.name == offload_operator::names::ENV_MODE) =>
+            {
+                return Ok((child, configuration));
+            }
+            Ok(_) => last = "created without the replayed patch".into(),
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("the peer webhook did not come into use: {last}"))
+}
+
+/// The peer webhook: the operator's server stack (axum, rustls, TCP_NODELAY) with a handler
+/// that only reads the request uid and answers allowed, `/noop` without a patch and `/replay`
+/// with a fixed one. What a webhook call costs the API server, without our work.
+async fn peer_webhook(dir: PathBuf, port: u16) -> Result<(), String> {
+    use axum::routing::post;
+    use axum_server::accept::NoDelayAcceptor;
+    use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
+    let patch = Arc::new(std::fs::read_to_string(dir.join("patch")).map_err(|e| e.to_string())?);
+    let config = RustlsConfig::from_pem_file(dir.join("tls.crt"), dir.join("tls.key"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let answer = |patch: Option<Arc<String>>| {
+        move |body: bytes::Bytes| async move {
+            let review: serde_json::Value = match serde_json::from_slice(&body) {
+                Ok(r) => r,
+                Err(e) => return (hyper::StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+            };
+            let mut response = json!({
+                "uid": review.pointer("/request/uid").cloned().unwrap_or_default(),
+                "allowed": true
+            });
+            if let Some(p) = patch {
+                response["patchType"] = json!("JSONPatch");
+                response["patch"] = json!(*p);
+            }
+            axum::Json(json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})).into_response()
+        }
+    };
+    use axum::response::IntoResponse;
+    let app = axum::Router::new()
+        .route("/noop", post(answer(None)))
+        .route("/replay", post(answer(Some(patch))));
+    axum_server::bind(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .acceptor(RustlsAcceptor::new(config).acceptor(NoDelayAcceptor::new()))
+        .serve(app.into_make_service())
+        .await
+        .map_err(|e| e.to_string())
 }
 
 fn rustls_pemfile_certs(pem: &[u8]) -> Vec<rustls::pki_types::CertificateDer<'static>> {
@@ -641,8 +1034,12 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("control-plane") => rt.block_on(control_plane(u32::try_from(flag("--runs", 3)).unwrap_or(3))),
         Some("controller") => rt.block_on(controller(flag("--jobs", 1000))),
-        Some("webhook") => rt.block_on(webhook(flag("--seconds", 5) as u64, flag("--pods", 500), flag("--clients", 10))),
-        _ => Err("usage: offload-bench control-plane [--runs N] | controller [--jobs N] | webhook [--seconds S] [--pods N] [--clients N]".into()),
+        Some("webhook") => rt.block_on(webhook(flag("--seconds", 5) as u64, flag("--pods", 500), flag("--clients", 10), flag("--kubectl-pods", 40))),
+        Some("peer-webhook") => match (args.get(1), args.get(2).and_then(|p| p.parse().ok())) {
+            (Some(dir), Some(port)) => rt.block_on(peer_webhook(PathBuf::from(dir), port)),
+            _ => Err("usage: offload-bench peer-webhook DIR PORT".into()),
+        },
+        _ => Err("usage: offload-bench control-plane [--runs N] | controller [--jobs N] | webhook [--seconds S] [--pods N] [--clients N] [--kubectl-pods N]".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
