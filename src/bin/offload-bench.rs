@@ -640,8 +640,7 @@ async fn pod_creation(
     let (mut peer, configuration) = start_peer(cluster, client, &podsapi, port, tls).await?;
     let configuration = &configuration;
     let handler_before = handler_seconds(admin);
-    let mut lat: HashMap<&'static str, Vec<f64>> = HashMap::new();
-    let mut failed: HashMap<&'static str, usize> = HashMap::new();
+    let mut api = Tally::default();
     let rounds = 10;
     for round in 0..rounds {
         for kind in PodKind::ALL {
@@ -665,23 +664,14 @@ async fn pod_creation(
                 .collect()
                 .await;
             for r in results {
-                match r {
-                    Ok(ms) => lat.entry(kind.prefix()).or_default().push(ms),
-                    Err(e) => {
-                        let n = failed.entry(kind.prefix()).or_default();
-                        if *n == 0 {
-                            eprintln!("{}: creation failed: {e}", kind.row());
-                        }
-                        *n += 1;
-                    }
-                }
+                api.record(kind, r);
             }
         }
     }
     println!(
         "\nreal pod creation through kube-apiserver (kube client), {clients} concurrent clients, {pods} pods of each kind, interleaved:"
     );
-    creation_table(&lat, &failed);
+    api.table();
     if let (Some((s0, n0)), Some((s1, n1))) = (handler_before, handler_seconds(admin)) {
         println!(
             "the operator's handler itself (its offload_operator_admission_duration_seconds, parse to answer): {:.0} calls, mean {:.3} ms",
@@ -692,8 +682,7 @@ async fn pod_creation(
 
     // The same through kubectl, one process per pod, as a user creates one.
     if kubectl_pods > 0 {
-        let mut lat: HashMap<&'static str, Vec<f64>> = HashMap::new();
-        let mut failed: HashMap<&'static str, usize> = HashMap::new();
+        let mut cli = Tally::default();
         for i in 0..kubectl_pods {
             for kind in PodKind::ALL {
                 let manifest = kind
@@ -706,25 +695,13 @@ async fn pod_creation(
                         .args(["create", "--namespace", "bench", "-f", "-"]),
                     &manifest,
                 );
-                match ok {
-                    Ok(()) => lat
-                        .entry(kind.prefix())
-                        .or_default()
-                        .push(t.elapsed().as_secs_f64() * 1e3),
-                    Err(e) => {
-                        let n = failed.entry(kind.prefix()).or_default();
-                        if *n == 0 {
-                            eprintln!("{}: kubectl create failed: {e}", kind.row());
-                        }
-                        *n += 1;
-                    }
-                }
+                cli.record(kind, ok.map(|()| t.elapsed().as_secs_f64() * 1e3));
             }
         }
         println!(
             "\nreal pod creation with `kubectl create -f -` (one process per pod), {kubectl_pods} pods of each kind, interleaved:"
         );
-        creation_table(&lat, &failed);
+        cli.table();
     }
 
     // Connections the API server opened to the webhook (closed ones linger in TIME-WAIT).
@@ -782,38 +759,64 @@ async fn pod_creation(
     Ok(())
 }
 
-/// Prints one row per pod kind, with what each adds to the creation of the unlabelled pod
-/// and of the same configured pod created without a webhook.
-fn creation_table(lat: &HashMap<&'static str, Vec<f64>>, failed: &HashMap<&'static str, usize>) {
-    println!(
-        "| pods | created | failed | mean ms | p50 ms | p99 ms | added p50 (vs unlabelled) | added p50 (vs configured by the client) |"
-    );
-    println!("|---|---|---|---|---|---|---|---|");
-    let p50_of = |kind: PodKind| summary(lat.get(kind.prefix()).cloned().unwrap_or_default()).1;
-    let base = p50_of(PodKind::Without);
-    let configured = p50_of(PodKind::Preconfigured);
-    let added = |p50: f64, base: f64| {
-        format!(
-            "{:+.2} ms ({:+.1} %)",
-            p50 - base,
-            (p50 / base - 1.0) * 100.0
-        )
-    };
-    for kind in PodKind::ALL {
-        let l = lat.get(kind.prefix()).cloned().unwrap_or_default();
-        let n = l.len();
-        let (mean, p50, p99, _, _) = summary(l);
-        let (vs_base, vs_configured) = match kind {
-            PodKind::Without => ("—".to_string(), "—".to_string()),
-            PodKind::Preconfigured => (added(p50, base), "—".to_string()),
-            PodKind::PeerNoop => (added(p50, base), "—".to_string()),
-            PodKind::PeerReplay | PodKind::Operator => (added(p50, base), added(p50, configured)),
-        };
+/// Creation latencies and failures by pod kind.
+#[derive(Default)]
+struct Tally {
+    lat: HashMap<&'static str, Vec<f64>>,
+    failed: HashMap<&'static str, usize>,
+}
+
+impl Tally {
+    /// Records one creation; the first failure of a kind is printed.
+    fn record(&mut self, kind: PodKind, result: Result<f64, String>) {
+        match result {
+            Ok(ms) => self.lat.entry(kind.prefix()).or_default().push(ms),
+            Err(e) => {
+                let n = self.failed.entry(kind.prefix()).or_default();
+                if *n == 0 {
+                    eprintln!("{}: creation failed: {e}", kind.row());
+                }
+                *n += 1;
+            }
+        }
+    }
+
+    /// Prints one row per pod kind, with what each adds to the creation of the unlabelled pod
+    /// and of the same configured pod created without a webhook.
+    fn table(&self) {
+        let (lat, failed) = (&self.lat, &self.failed);
         println!(
-            "| {} | {n} | {} | {mean:.2} | {p50:.2} | {p99:.2} | {vs_base} | {vs_configured} |",
-            kind.row(),
-            failed.get(kind.prefix()).copied().unwrap_or(0)
+            "| pods | created | failed | mean ms | p50 ms | p99 ms | added p50 (vs unlabelled) | added p50 (vs configured by the client) |"
         );
+        println!("|---|---|---|---|---|---|---|---|");
+        let p50_of = |kind: PodKind| summary(lat.get(kind.prefix()).cloned().unwrap_or_default()).1;
+        let base = p50_of(PodKind::Without);
+        let configured = p50_of(PodKind::Preconfigured);
+        let added = |p50: f64, base: f64| {
+            format!(
+                "{:+.2} ms ({:+.1} %)",
+                p50 - base,
+                (p50 / base - 1.0) * 100.0
+            )
+        };
+        for kind in PodKind::ALL {
+            let l = lat.get(kind.prefix()).cloned().unwrap_or_default();
+            let n = l.len();
+            let (mean, p50, p99, _, _) = summary(l);
+            let (vs_base, vs_configured) = match kind {
+                PodKind::Without => ("—".to_string(), "—".to_string()),
+                PodKind::Preconfigured => (added(p50, base), "—".to_string()),
+                PodKind::PeerNoop => (added(p50, base), "—".to_string()),
+                PodKind::PeerReplay | PodKind::Operator => {
+                    (added(p50, base), added(p50, configured))
+                }
+            };
+            println!(
+                "| {} | {n} | {} | {mean:.2} | {p50:.2} | {p99:.2} | {vs_base} | {vs_configured} |",
+                kind.row(),
+                failed.get(kind.prefix()).copied().unwrap_or(0)
+            );
+        }
     }
 }
 
