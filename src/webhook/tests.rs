@@ -622,55 +622,40 @@ async fn pods_are_the_last_safety_net() {
 
 #[tokio::test]
 async fn objects_that_cannot_be_configured_are_refused_with_the_reason() {
-    let mut meta = opted_meta("p");
-    meta["annotations"]["offload.dev/mode"] = json!("UnifiedMemory");
-    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": [container()]}});
-    let r = admit(
-        discrete_cluster(),
-        paths::MUTATE_POD,
-        review("", "v1", "Pod", "pods", "CREATE", pod, None),
-    )
-    .await;
-    assert_eq!(r["allowed"], false);
-    assert!(
-        r["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("needs a hardware-coherent node")
-    );
-
-    let mut meta = opted_meta("p");
-    meta["annotations"]["offload.dev/mode"] = json!("Sometimes");
-    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": [container()]}});
-    let r = admit(
-        discrete_cluster(),
-        paths::MUTATE_POD,
-        review("", "v1", "Pod", "pods", "CREATE", pod, None),
-    )
-    .await;
-    assert_eq!(r["allowed"], false);
-    assert!(
-        r["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("annotation offload.dev/mode")
-    );
-
-    let mut meta = opted_meta("p");
-    meta["labels"]["offload.dev/profile"] = json!("missing");
-    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": [container()]}});
-    let r = admit(
-        discrete_cluster(),
-        paths::MUTATE_POD,
-        review("", "v1", "Pod", "pods", "CREATE", pod, None),
-    )
-    .await;
-    assert!(
-        r["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("OffloadProfile \"missing\" does not exist")
-    );
+    let cases = [
+        (
+            "annotations",
+            "offload.dev/mode",
+            "UnifiedMemory",
+            "needs a hardware-coherent node",
+        ),
+        (
+            "annotations",
+            "offload.dev/mode",
+            "Sometimes",
+            "annotation offload.dev/mode",
+        ),
+        (
+            "labels",
+            "offload.dev/profile",
+            "missing",
+            "OffloadProfile \"missing\" does not exist",
+        ),
+    ];
+    for (map, key, value, expected) in cases {
+        let mut meta = opted_meta("p");
+        meta[map][key] = json!(value);
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": [container()]}});
+        let r = admit(
+            discrete_cluster(),
+            paths::MUTATE_POD,
+            review("", "v1", "Pod", "pods", "CREATE", pod, None),
+        )
+        .await;
+        assert_eq!(r["allowed"], false, "{map} {key}={value}: {r}");
+        let message = r["status"]["message"].as_str().unwrap();
+        assert!(message.contains(expected), "{map} {key}={value}: {message}");
+    }
 
     let unknown = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": opted_meta("d"), "spec": {}});
     let r = admit(
