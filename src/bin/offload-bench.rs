@@ -7,6 +7,8 @@
 //! - `webhook`: pod mutation over TLS on loopback at increasing concurrency (throughput,
 //!   p50/p99/p99.9), and real pod creation through the API server with and without the webhook,
 //!   side by side.
+//! - `admission`: the admission handlers in process by cluster size (µs per request with and
+//!   without a decision over every reported node).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -345,6 +347,131 @@ async fn controller(jobs: usize) -> Result<(), String> {
         hwm as f64 / 1024.0,
         rss as f64 / 1024.0
     );
+    Ok(())
+}
+
+// ---- admission in process ------------------------------------------------------------------
+
+/// A fixed cluster view: every profile is the default one, `nodes` reported nodes.
+struct FixedView(Arc<[offload_operator::decision::NodeInfo]>);
+
+impl offload_operator::webhook::admit::ClusterView for FixedView {
+    fn profile(&self, _name: &str) -> Option<offload_operator::api::OffloadProfileSpec> {
+        Some(offload_operator::api::OffloadProfileSpec::default())
+    }
+    fn nodes(&self) -> Arc<[offload_operator::decision::NodeInfo]> {
+        self.0.clone()
+    }
+}
+
+fn fixed_view(nodes: usize) -> Result<FixedView, String> {
+    let mut out = Vec::with_capacity(nodes);
+    for i in 0..nodes {
+        let (name, fixture) = if i % 2 == 0 {
+            (format!("gh200-{i}"), fixtures::GH200_REFERENCE)
+        } else {
+            (format!("h200-{i}"), fixtures::H200_READING)
+        };
+        let report = NodeReport::parse(fixture).map_err(|e| e.to_string())?;
+        out.push(offload_operator::decision::NodeInfo::from_metadata(
+            name,
+            report.labels(),
+            &BTreeMap::from([(
+                offload_operator::names::ANNOTATION_NODE_REPORT.to_string(),
+                fixture.to_string(),
+            )]),
+        ));
+    }
+    Ok(FixedView(out.into()))
+}
+
+fn admission_request(
+    kind: (&str, &str, &str, &str),
+    object: serde_json::Value,
+) -> Result<kube::core::admission::AdmissionRequest<kube::core::DynamicObject>, String> {
+    let (group, version, kind, resource) = kind;
+    let review: kube::core::admission::AdmissionReview<kube::core::DynamicObject> =
+        serde_json::from_value(json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "00000000-0000-0000-0000-000000000001",
+                        "kind": {"group": group, "version": version, "kind": kind},
+                        "resource": {"group": group, "version": version, "resource": resource},
+                        "namespace": "bench", "operation": "CREATE",
+                        "userInfo": {"username": "bench"}, "object": object}
+        }))
+        .map_err(|e| e.to_string())?;
+    review.try_into().map_err(|e| format!("{e}"))
+}
+
+/// The admission handlers in process (no TLS, no HTTP), by cluster size: what a request costs
+/// the operator's CPU when it needs a decision over every reported node, and when it does not.
+fn admission(node_counts: &[usize], iterations: u32) -> Result<(), String> {
+    use offload_operator::webhook::admit;
+    println!("# admission handlers in process ({})", machine());
+    println!(
+        "\n{iterations} requests per cell, one thread; µs per request (requests/s on one core)\n"
+    );
+    println!(
+        "| reported nodes | bare Pod (decision) | batch Job (decision) | Pod from a configured template (no decision) |"
+    );
+    println!("|---|---|---|---|");
+    let labels = json!({"offload.dev/profile": "default"});
+    let container = json!({"name": "train", "image": "train:1",
+                           "resources": {"limits": {"nvidia.com/gpu": "1"}}});
+    let bare = admission_request(
+        ("", "v1", "Pod", "pods"),
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "p", "namespace": "bench", "labels": labels},
+               "spec": {"containers": [container]}}),
+    )?;
+    let job = admission_request(
+        ("batch", "v1", "Job", "jobs"),
+        json!({"apiVersion": "batch/v1", "kind": "Job",
+               "metadata": {"name": "j", "namespace": "bench", "labels": labels},
+               "spec": {"parallelism": 4, "completions": 4,
+                        "template": {"metadata": {"labels": labels},
+                                     "spec": {"restartPolicy": "Never", "containers": [container]}}}}),
+    )?;
+    for &nodes in node_counts {
+        let view = fixed_view(nodes)?;
+        // The pod a configured template produces: the bare pod with the webhook's patch applied.
+        let answer = admit::mutate_pod(&bare, &view).response;
+        let patch: json_patch::Patch = answer
+            .patch
+            .as_deref()
+            .and_then(|p| serde_json::from_slice(p).ok())
+            .ok_or("the bare pod was not mutated")?;
+        let mut configured_pod =
+            serde_json::to_value(bare.object.as_ref()).map_err(|e| e.to_string())?;
+        json_patch::patch(&mut configured_pod, &patch).map_err(|e| e.to_string())?;
+        let configured = admission_request(("", "v1", "Pod", "pods"), configured_pod)?;
+        let time = |req: &kube::core::admission::AdmissionRequest<kube::core::DynamicObject>,
+                    f: fn(
+            &kube::core::admission::AdmissionRequest<kube::core::DynamicObject>,
+            &dyn admit::ClusterView,
+        ) -> admit::Verdict,
+                    patched: bool|
+         -> Result<String, String> {
+            let t = Instant::now();
+            for _ in 0..iterations {
+                let v = f(req, &view);
+                if !v.response.allowed || v.response.patch.is_some() != patched {
+                    return Err(format!(
+                        "unexpected answer: {:?}",
+                        v.response.result.message
+                    ));
+                }
+            }
+            let us = t.elapsed().as_secs_f64() * 1e6 / f64::from(iterations);
+            Ok(format!("{us:.1} ({:.0}/s)", 1e6 / us))
+        };
+        println!(
+            "| {nodes} | {} | {} | {} |",
+            time(&bare, admit::mutate_pod, true)?,
+            time(&job, admit::mutate_workload, true)?,
+            time(&configured, admit::mutate_pod, false)?
+        );
+    }
     Ok(())
 }
 
@@ -1038,11 +1165,20 @@ fn main() -> ExitCode {
         Some("control-plane") => rt.block_on(control_plane(u32::try_from(flag("--runs", 3)).unwrap_or(3))),
         Some("controller") => rt.block_on(controller(flag("--jobs", 1000))),
         Some("webhook") => rt.block_on(webhook(flag("--seconds", 5) as u64, flag("--pods", 500), flag("--clients", 10), flag("--kubectl-pods", 40))),
+        Some("admission") => {
+            let nodes: Vec<usize> = args
+                .iter()
+                .position(|a| a == "--nodes")
+                .and_then(|i| args.get(i + 1))
+                .map(|v| v.split(',').filter_map(|n| n.parse().ok()).collect())
+                .unwrap_or_else(|| vec![16, 256, 2048]);
+            admission(&nodes, u32::try_from(flag("--iterations", 2000)).unwrap_or(2000))
+        }
         Some("peer-webhook") => match (args.get(1), args.get(2).and_then(|p| p.parse().ok())) {
             (Some(dir), Some(port)) => rt.block_on(peer_webhook(PathBuf::from(dir), port)),
             _ => Err("usage: offload-bench peer-webhook DIR PORT".into()),
         },
-        _ => Err("usage: offload-bench control-plane [--runs N] | controller [--jobs N] | webhook [--seconds S] [--pods N] [--clients N] [--kubectl-pods N]".into()),
+        _ => Err("usage: offload-bench control-plane [--runs N] | controller [--jobs N] | webhook [--seconds S] [--pods N] [--clients N] [--kubectl-pods N] | admission [--nodes N,N,..] [--iterations N]".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
