@@ -516,6 +516,7 @@ async fn connect(port: u16, tls: Arc<rustls::ClientConfig>) -> Result<Conn, Stri
 
 async fn webhook_load(
     port: u16,
+    path: &'static str,
     tls: Arc<rustls::ClientConfig>,
     concurrency: usize,
     duration: Duration,
@@ -530,7 +531,7 @@ async fn webhook_load(
                 let mut conn = connect(port, tls).await?;
                 let mut lat = Vec::new();
                 while Instant::now() < deadline {
-                    let req = hyper::Request::post("/mutate/pod")
+                    let req = hyper::Request::post(path)
                         .header("content-type", "application/json")
                         .header("host", "127.0.0.1")
                         .body(http_body_util::Full::new(body.clone()))
@@ -612,54 +613,83 @@ async fn webhook(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let ca = ca.ok_or("the operator did not write its CA")?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile_certs(&ca) {
-        roots.add(cert).map_err(|e| e.to_string())?;
-    }
-    let tls = Arc::new(
-        rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth(),
-    );
+    let tls = trusting(&ca)?;
     // Wait until the webhook serves with its caches filled (a mutation comes back with a patch).
     for _ in 0..100 {
-        if let Ok((n, _)) = webhook_load(port, tls.clone(), 1, Duration::from_millis(50)).await
+        if let Ok((n, _)) = webhook_load(
+            port,
+            "/mutate/pod",
+            tls.clone(),
+            1,
+            Duration::from_millis(50),
+        )
+        .await
             && n > 0
         {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The bench namespace and the peer webhook (it needs the operator's patch for a bench pod).
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "bench"}}))
+            .map_err(|e| e.to_string())?;
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await;
+    let sa: k8s_openapi::api::core::v1::ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "default"}}))
+            .map_err(|e| e.to_string())?;
+    let _ = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client.clone(), "bench")
+        .create(&PostParams::default(), &sa)
+        .await;
+    let podsapi: Api<Pod> = Api::namespaced(client.clone(), "bench");
+    let peer = start_peer(&cluster, &client, &podsapi, port, &tls).await?;
+
     let op_pid = op.id();
+    let peer_pid = peer.child.id();
     println!(
-        "\npod mutation over TLS on loopback ({seconds} s per level, keep-alive connections):"
+        "\npod mutation over TLS on loopback ({seconds} s per level, keep-alive connections), the operator's webhook and the minimal peer answering the same patch:"
     );
-    println!("| concurrency | mutations/s | p50 ms | p99 ms | p99.9 ms | operator CPU % |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| concurrency | mutations/s | p50 ms | p99 ms | p99.9 ms | operator CPU % | peer answers/s | peer p50 ms | peer p99 ms | peer CPU % |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for c in [1usize, 2, 4, 8, 16, 32, 64] {
-        let cpu0 = cpu_seconds(op_pid).unwrap_or(0.0);
-        let t = Instant::now();
-        let (n, lat) = webhook_load(port, tls.clone(), c, Duration::from_secs(seconds)).await?;
-        let wall = t.elapsed().as_secs_f64();
-        let cpu = cpu_seconds(op_pid).unwrap_or(0.0) - cpu0;
-        let (_, p50, p99, p999, _) = summary(lat);
-        #[allow(clippy::cast_precision_loss)]
-        let rate = n as f64 / wall;
-        println!(
-            "| {c} | {rate:.0} | {p50:.3} | {p99:.3} | {p999:.3} | {:.0} |",
-            cpu / wall * 100.0
-        );
+        let mut row = format!("| {c} ");
+        for (pid, port, path, tls) in [
+            (op_pid, port, "/mutate/pod", &tls),
+            (peer_pid, peer.port, "/replay", &peer.tls),
+        ] {
+            let cpu0 = cpu_seconds(pid).unwrap_or(0.0);
+            let t = Instant::now();
+            let (n, lat) =
+                webhook_load(port, path, tls.clone(), c, Duration::from_secs(seconds)).await?;
+            let wall = t.elapsed().as_secs_f64();
+            let cpu = cpu_seconds(pid).unwrap_or(0.0) - cpu0;
+            let (_, p50, p99, p999, _) = summary(lat);
+            #[allow(clippy::cast_precision_loss)]
+            let rate = n as f64 / wall;
+            if pid == op_pid {
+                row += &format!(
+                    "| {rate:.0} | {p50:.3} | {p99:.3} | {p999:.3} | {:.0} ",
+                    cpu / wall * 100.0
+                );
+            } else {
+                row += &format!(
+                    "| {rate:.0} | {p50:.3} | {p99:.3} | {:.0} |",
+                    cpu / wall * 100.0
+                );
+            }
+        }
+        println!("{row}");
     }
 
     let created = pod_creation(
         &cluster,
-        &client,
+        &podsapi,
         (port, admin),
-        &tls,
+        &peer.configuration,
         pods,
         clients,
         kubectl_pods,
@@ -744,28 +774,13 @@ impl PodKind {
 /// operator's patch) and the operator's webhook; then the same through `kubectl create`.
 async fn pod_creation(
     cluster: &DevCluster,
-    client: &kube::Client,
+    podsapi: &Api<Pod>,
     (port, admin): (u16, u16),
-    tls: &Arc<rustls::ClientConfig>,
+    configuration: &json_patch::Patch,
     pods: usize,
     clients: usize,
     kubectl_pods: usize,
 ) -> Result<(), String> {
-    let bench_ns: k8s_openapi::api::core::v1::Namespace =
-        serde_json::from_value(json!({"metadata": {"name": "bench"}}))
-            .map_err(|e| e.to_string())?;
-    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
-        .create(&PostParams::default(), &bench_ns)
-        .await;
-    let sa: k8s_openapi::api::core::v1::ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": "default"}}))
-            .map_err(|e| e.to_string())?;
-    let _ = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client.clone(), "bench")
-        .create(&PostParams::default(), &sa)
-        .await;
-    let podsapi: Api<Pod> = Api::namespaced(client.clone(), "bench");
-    let (mut peer, configuration) = start_peer(cluster, client, &podsapi, port, tls).await?;
-    let configuration = &configuration;
     let handler_before = handler_seconds(admin);
     let mut api = Tally::default();
     let rounds = 10;
@@ -831,22 +846,29 @@ async fn pod_creation(
         cli.table();
     }
 
-    // Connections the API server opened to the webhook (closed ones linger in TIME-WAIT).
-    if let Ok(out) = Command::new("ss")
-        .args([
-            "-tan",
-            "state",
-            "time-wait",
-            &format!("( sport = :{port} or dport = :{port} )"),
-        ])
-        .output()
-    {
-        println!(
-            "\nclosed connections to the operator's webhook port (TIME-WAIT): {}",
+    // Connections to the webhook port: the API server's open ones, and those closed in the last
+    // minute (they linger in TIME-WAIT; the load phase's own connections may be among them).
+    let sockets = |state: &str| -> Option<usize> {
+        let out = Command::new("ss")
+            .args([
+                "-tan",
+                "state",
+                state,
+                &format!("( sport = :{port} or dport = :{port} )"),
+            ])
+            .output()
+            .ok()?;
+        Some(
             String::from_utf8_lossy(&out.stdout)
                 .lines()
                 .count()
-                .saturating_sub(1)
+                .saturating_sub(1),
+        )
+    };
+    if let (Some(open), Some(closed)) = (sockets("established"), sockets("time-wait")) {
+        println!(
+            "\nconnections to the operator's webhook port after the run: {} open (each seen from both ends), {closed} closed in the last minute (TIME-WAIT)",
+            open
         );
     }
     // The API server's own view of each webhook call.
@@ -881,8 +903,6 @@ async fn pod_creation(
             }
         }
     }
-    let _ = peer.kill();
-    let _ = peer.wait();
     Ok(())
 }
 
@@ -968,6 +988,40 @@ fn run_with_stdin(cmd: &mut Command, input: &str) -> Result<(), String> {
     }
 }
 
+/// The peer webhook process and what the benchmark needs of it.
+struct Peer {
+    child: Child,
+    port: u16,
+    /// Trusts the peer's own CA.
+    tls: Arc<rustls::ClientConfig>,
+    /// The operator's patch for a bench pod (what the peer replays).
+    configuration: json_patch::Patch,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A TLS client configuration that trusts the CA in `ca_pem`.
+fn trusting(ca_pem: &[u8]) -> Result<Arc<rustls::ClientConfig>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile_certs(ca_pem) {
+        roots.add(cert).map_err(|e| e.to_string())?;
+    }
+    Ok(Arc::new(
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    ))
+}
+
 /// Starts the peer webhook as its own process (this binary, `peer-webhook`), with a CA of its
 /// own, the operator's patch for a bench pod to replay, and a configuration that sends the
 /// peer-labelled pods to it; returns once the API server calls it.
@@ -977,7 +1031,7 @@ async fn start_peer(
     podsapi: &Api<Pod>,
     operator_port: u16,
     tls: &Arc<rustls::ClientConfig>,
-) -> Result<(Child, json_patch::Patch), String> {
+) -> Result<Peer, String> {
     // The operator's patch for a bench pod as the API server would send it (defaulted): create
     // one unlabelled, read it back, label it and ask the operator's webhook directly.
     let probe: Pod =
@@ -1092,7 +1146,12 @@ async fn start_peer(
                     .flat_map(|c| c.env.iter().flatten())
                     .any(|e| e.name == offload_operator::names::ENV_MODE) =>
             {
-                return Ok((child, configuration));
+                return Ok(Peer {
+                    child,
+                    port,
+                    tls: trusting(ca.cert.cert_pem.as_bytes())?,
+                    configuration,
+                });
             }
             Ok(_) => last = "created without the replayed patch".into(),
             Err(e) => last = e.to_string(),
