@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use offload_operator::controller::ControllerOptions;
+use offload_operator::names;
 use offload_operator::operator::{self, LeaderElection, RunOptions};
 use offload_operator::webhook::tls::{FileCerts, ManagedCerts};
 use offload_operator::webhook::{CertMode, WebhookOptions};
@@ -60,7 +61,7 @@ struct RunArgs {
     #[arg(long, env = "OFFLOAD_WEBHOOK_CERT_DIR")]
     webhook_cert_dir: Option<PathBuf>,
     /// Secret holding the operator-managed CA and serving certificate.
-    #[arg(long, default_value = "offload-operator-webhook-tls")]
+    #[arg(long, default_value = names::WEBHOOK_SECRET)]
     webhook_secret: String,
     /// Names for the serving certificate (the webhook Service's DNS names, or an IP address).
     #[arg(
@@ -70,10 +71,10 @@ struct RunArgs {
     )]
     webhook_names: Vec<String>,
     /// MutatingWebhookConfiguration to patch the CA bundle into.
-    #[arg(long, default_value = "offload-operator")]
+    #[arg(long, default_value = names::WEBHOOK_CONFIGURATION)]
     mutating_webhook_config: String,
     /// ValidatingWebhookConfiguration to patch the CA bundle into.
-    #[arg(long, default_value = "offload-operator")]
+    #[arg(long, default_value = names::WEBHOOK_CONFIGURATION)]
     validating_webhook_config: String,
 }
 

@@ -81,6 +81,11 @@ pub const ANNOTATION_RESOLVED: &str = "offload.dev/resolved";
 /// the original request, not from the concrete values that replaced it.
 pub const ANNOTATION_REQUESTED: &str = "offload.dev/requested";
 
+/// Secret the chart's operator keeps its managed webhook CA and serving certificate in.
+pub const WEBHOOK_SECRET: &str = "offload-operator-webhook-tls";
+/// Name of the chart's Mutating- and ValidatingWebhookConfiguration.
+pub const WEBHOOK_CONFIGURATION: &str = "offload-operator";
+
 /// Field manager of the operator's server-side applies.
 pub const OPERATOR_MANAGER: &str = "offload-operator";
 /// Field manager of the agent's server-side applies.

@@ -199,13 +199,7 @@ async fn install_run_the_whole_flow_and_uninstall_leaving_nothing_behind() {
     let options = RunOptions {
         webhook: Some(WebhookOptions {
             addr: format!("127.0.0.1:{port}").parse().unwrap(),
-            certs: CertMode::Managed(ManagedCerts {
-                namespace: NS.into(),
-                secret: "offload-operator-webhook-tls".into(),
-                names: vec!["127.0.0.1".into()],
-                mutating: Some("offload-operator".into()),
-                validating: Some("offload-operator".into()),
-            }),
+            certs: CertMode::Managed(ManagedCerts::chart(NS, vec!["127.0.0.1".into()])),
             check_interval: Duration::from_secs(3600),
         }),
         ..operator_options()

@@ -152,7 +152,7 @@ async fn setup() -> (&'static DevCluster, Client, &'static Served) {
                         addr: format!("127.0.0.1:{port}").parse().unwrap(),
                         certs: CertMode::Managed(ManagedCerts {
                             namespace: WEBHOOK_NS.into(),
-                            secret: "offload-operator-webhook-tls".into(),
+                            secret: offload_operator::names::WEBHOOK_SECRET.into(),
                             names: vec!["127.0.0.1".into()],
                             mutating: Some("offload-operator-test".into()),
                             validating: Some("offload-operator-test".into()),
@@ -335,21 +335,18 @@ async fn a_certificate_rotation_mid_stream_fails_no_admission() {
     .await;
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(client.clone(), WEBHOOK_NS);
-    let before = secrets
-        .get("offload-operator-webhook-tls")
-        .await
-        .unwrap()
-        .data
-        .unwrap()["tls.crt"]
-        .clone();
+    let serving_cert = || async {
+        secrets
+            .get(offload_operator::names::WEBHOOK_SECRET)
+            .await
+            .unwrap()
+            .data
+            .unwrap()["tls.crt"]
+            .clone()
+    };
+    let before = serving_cert().await;
     served.rotator.rotate().await.unwrap();
-    let after = secrets
-        .get("offload-operator-webhook-tls")
-        .await
-        .unwrap()
-        .data
-        .unwrap()["tls.crt"]
-        .clone();
+    let after = serving_cert().await;
     assert_ne!(before, after, "the serving certificate was re-issued");
     let done_at_rotation = created.load(Ordering::Relaxed);
     creator.await.unwrap();

@@ -604,7 +604,10 @@ async fn webhook(
         Api::namespaced(client.clone(), "offload-system");
     let mut ca = None;
     for _ in 0..100 {
-        if let Ok(Some(s)) = secrets.get_opt("offload-operator-webhook-tls").await {
+        if let Ok(Some(s)) = secrets
+            .get_opt(offload_operator::names::WEBHOOK_SECRET)
+            .await
+        {
             ca = s.data.and_then(|d| d.get("ca.crt").map(|b| b.0.clone()));
             if ca.is_some() {
                 break;

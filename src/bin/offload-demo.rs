@@ -178,13 +178,7 @@ async fn demo(keep: bool) -> Result<(), String> {
             addr: format!("127.0.0.1:{webhook_port}")
                 .parse()
                 .map_err(|e| format!("{e}"))?,
-            certs: CertMode::Managed(ManagedCerts {
-                namespace: NS.into(),
-                secret: "offload-operator-webhook-tls".into(),
-                names: vec!["127.0.0.1".into()],
-                mutating: Some("offload-operator".into()),
-                validating: Some("offload-operator".into()),
-            }),
+            certs: CertMode::Managed(ManagedCerts::chart(NS, vec!["127.0.0.1".into()])),
             check_interval: Duration::from_secs(3600),
         }),
     };

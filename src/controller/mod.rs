@@ -42,9 +42,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// OffloadProfiles, kept current by a reflector.
     pub profiles: Store<OffloadProfile>,
-    /// GPU Nodes' metadata (labels and annotations only).
-    pub nodes: Store<PartialObjectMeta<Node>>,
-    /// The decision's view of those nodes, parsed once per change.
+    /// The decision's view of the GPU Nodes' metadata (labels and annotations only), parsed
+    /// once per change.
     pub node_views: NodeViews,
     /// TrainingJobs, kept current by a reflector. Wrapped in [`DeserializeGuard`] so one object
     /// that does not deserialize is reported and skipped instead of stalling the watch.
@@ -312,7 +311,6 @@ pub async fn run(
         recorder,
         metrics,
         profiles: profiles.clone(),
-        nodes: nodes.clone(),
         node_views: NodeViews::new(nodes.clone()),
         jobs: jobs.clone(),
     });

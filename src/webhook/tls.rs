@@ -118,6 +118,18 @@ fn expires_within(t: Option<OffsetDateTime>, window: Duration) -> bool {
 }
 
 impl ManagedCerts {
+    /// The chart's Secret and webhook configurations in `namespace`, with a serving
+    /// certificate for `names`.
+    pub fn chart(namespace: &str, names: Vec<String>) -> Self {
+        ManagedCerts {
+            namespace: namespace.to_string(),
+            secret: crate::names::WEBHOOK_SECRET.to_string(),
+            names,
+            mutating: Some(crate::names::WEBHOOK_CONFIGURATION.to_string()),
+            validating: Some(crate::names::WEBHOOK_CONFIGURATION.to_string()),
+        }
+    }
+
     /// Returns valid serving certificates, creating or renewing them in the Secret when needed.
     /// Safe for several replicas at once: the Secret is written with optimistic concurrency and
     /// a replica that loses the race reads the winner's certificates.
