@@ -5,6 +5,6 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 printf '==> building the control plane (cached after the first run)\n'
 bash hack/k8s/build.sh >/dev/null
-printf '==> building offload-operator, offload-agent and offload-demo\n'
-cargo build --bins
+printf '==> building offload-operator, offload-agent and offload-demo (every binary of the workspace)\n'
+cargo build --workspace --bins
 exec target/debug/offload-demo "$@"

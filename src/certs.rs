@@ -1,12 +1,12 @@
-//! A small certificate authority: issues serving and client certificates with rcgen.
-//!
-//! Used by the webhook's operator-managed certificates and by the local control plane.
+//! A small certificate authority on rcgen: the webhook's operator-managed CA issues its serving
+//! certificates with it (the local control plane of the tests uses it too).
 
 use std::time::Duration;
 
+pub use rcgen::ExtendedKeyUsagePurpose;
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
 };
 use time::OffsetDateTime;
 
@@ -127,23 +127,9 @@ impl CertAuthority {
         )
     }
 
-    /// Issues a client certificate (Kubernetes reads the user from CN and groups from O).
-    pub fn issue_client(
-        &self,
-        user: &str,
-        groups: &[&str],
-        valid_for: Duration,
-    ) -> Result<IssuedCert, CertError> {
-        self.issue(
-            &[],
-            user,
-            groups,
-            ExtendedKeyUsagePurpose::ClientAuth,
-            valid_for,
-        )
-    }
-
-    fn issue(
+    /// Issues a certificate for `names` (DNS names or IP addresses) with this subject and
+    /// extended key usage.
+    pub fn issue(
         &self,
         names: &[String],
         common_name: &str,
@@ -170,18 +156,4 @@ impl CertAuthority {
             not_after,
         })
     }
-}
-
-/// Generates a private key in PEM (PKCS#8, ECDSA P-256), e.g. for service-account token signing.
-pub fn generate_key_pem() -> Result<String, CertError> {
-    Ok(KeyPair::generate()
-        .map_err(ctx("key generation"))?
-        .serialize_pem())
-}
-
-/// The public key in PEM of a private key in PEM.
-pub fn public_key_pem(private_key_pem: &str) -> Result<String, CertError> {
-    Ok(KeyPair::from_pem(private_key_pem)
-        .map_err(ctx("key parsing"))?
-        .public_key_pem())
 }

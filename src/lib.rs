@@ -1,33 +1,29 @@
-//! offload-operator: makes every training job's CPU-offload configuration match the hardware
-//! its pods run on.
+//! offload-operator: the controller and admission webhook that make every training job's
+//! CPU-offload configuration match the hardware its pods run on.
 //!
-//! The crate is laid out by concern:
-//! - [`api`]: the `offload.dev/v1alpha1` types and their CRDs;
-//! - [`names`]: label, annotation and env var names shared by every component;
-//! - [`report`]: the node agent's versioned report, written by the agent and read here;
-//! - [`decision`]: the pure function that resolves a job's offload configuration;
+//! The crate is laid out by concern, in the order a request flows through it:
+//! - [`index`]: the operator's view of the GPU nodes (agent labels and report, cross-checked),
+//!   parsed once per node change and shared by every caller;
+//! - [`decision`]: the pure function that resolves a job's offload configuration, with a
+//!   reason for every choice, and the one rule that picks a job's profile;
 //! - [`render`]: turns a resolution into env vars, framework config and node affinity;
-//! - `certs` and `devcluster` (feature `runtime`): a small CA, and a local control plane made of
-//!   the real upstream binaries for tests and the demo.
+//! - [`controller`]: the TrainingJob and OffloadProfile controllers;
+//! - [`webhook`]: the admission endpoints, job kinds and serving certificates;
+//! - [`caches`], [`operator`], [`admin`], [`metrics`], [`certs`]: the process around them.
+//!
+//! The API types, names, node report and version gates live in the `offload-api` crate and are
+//! re-exported here under their old paths.
 #![deny(missing_docs)]
 
-#[cfg(feature = "runtime")]
+pub use offload_api::{api, labels, names, report, version};
+
 pub mod admin;
-pub mod api;
-#[cfg(feature = "runtime")]
+pub mod caches;
 pub mod certs;
-#[cfg(feature = "runtime")]
 pub mod controller;
 pub mod decision;
-#[cfg(feature = "runtime")]
-pub mod devcluster;
-#[cfg(feature = "runtime")]
+pub mod index;
 pub mod metrics;
-pub mod names;
-#[cfg(feature = "runtime")]
 pub mod operator;
 pub mod render;
-pub mod report;
-pub mod version;
-#[cfg(feature = "runtime")]
 pub mod webhook;

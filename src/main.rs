@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use offload_api::names;
 use offload_operator::controller::ControllerOptions;
-use offload_operator::names;
 use offload_operator::operator::{self, LeaderElection, RunOptions};
 use offload_operator::webhook::tls::{FileCerts, ManagedCerts};
 use offload_operator::webhook::{CertMode, WebhookOptions};

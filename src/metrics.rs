@@ -69,6 +69,8 @@ pub struct Metrics {
     pub admission_duration: Family<AdmissionLabels, Histogram>,
     /// Admission denials, by endpoint and reason category.
     pub admission_denials: Family<DenialLabels, Counter>,
+    /// Watch errors of the caches, by kind (the watch backs off and retries).
+    pub watch_errors: Family<KindLabels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -87,6 +89,7 @@ impl Metrics {
             admission_requests: Family::default(),
             admission_duration: Family::new_with_constructor(latency_histogram),
             admission_denials: Family::default(),
+            watch_errors: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("offload_operator");
         r.register("reconciles", "Reconciles started", m.reconciles.clone());
@@ -119,6 +122,11 @@ impl Metrics {
             "admission_denials",
             "Admission denials by reason category",
             m.admission_denials.clone(),
+        );
+        r.register(
+            "watch_errors",
+            "Watch errors of the caches by kind",
+            m.watch_errors.clone(),
         );
         Arc::new(m)
     }

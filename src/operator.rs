@@ -11,6 +11,7 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, AdminState};
+use crate::caches::Caches;
 use crate::controller::{self, ControllerOptions};
 use crate::metrics::Metrics;
 
@@ -63,6 +64,11 @@ pub enum RunError {
 
 /// Runs until `shutdown` is cancelled (SIGTERM in `main`) or leadership is lost.
 ///
+/// The caches are built once and shared: the webhook serves from them on every replica, and
+/// the controllers run from them while this replica leads. A replica is ready as soon as its
+/// caches have synced (and its webhook listens), whether it leads or not, so every replica
+/// answers admission requests and a leader's restart never leaves the webhook Service empty.
+///
 /// Everything runs inside the returned future (no detached tasks), so dropping it stops the
 /// whole operator at once, as a crash would.
 pub async fn run(
@@ -70,6 +76,9 @@ pub async fn run(
     options: RunOptions,
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
+    // Everything below stops with `stop`: on shutdown, and also when the controllers end on
+    // their own (a lost lease), so the process exits and re-joins the election fresh.
+    let stop = shutdown.child_token();
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     let ready = Arc::new(AtomicBool::new(false));
@@ -83,7 +92,7 @@ pub async fn run(
             addr: options.admin_addr,
             source,
         })?;
-    let admin_shutdown = shutdown.clone();
+    let admin_shutdown = stop.clone();
     let admin = async move {
         if let Err(e) = axum::serve(listener, admin::router(admin_state))
             .with_graceful_shutdown(admin_shutdown.cancelled_owned())
@@ -92,20 +101,26 @@ pub async fn run(
             tracing::error!(error = %e, "admin server stopped");
         }
     };
+
+    let (caches, drive_caches) = Caches::new(&client, metrics.clone());
+    let drive_caches = async {
+        tokio::select! {
+            () = drive_caches => {},
+            () = stop.cancelled() => {},
+        }
+    };
+
     // The webhook serves on every replica, so it starts before the leader election.
     let webhook = match options.webhook.clone() {
         Some(wh) => {
-            let (view, drive) = crate::webhook::cluster_view(&client, shutdown.clone());
             let state = crate::webhook::WebhookState {
-                view,
+                view: Arc::new(crate::webhook::admit::StoreView::new(&caches)),
                 metrics: metrics.clone(),
             };
             let (_rotator, bound, serve) =
-                crate::webhook::serve(client.clone(), wh, state, shutdown.clone()).await?;
+                crate::webhook::serve(client.clone(), wh, state, stop.clone()).await?;
             tracing::info!(addr = %bound, "webhook listening");
-            Some(async move {
-                tokio::join!(drive, serve);
-            })
+            Some(serve)
         }
         None => None,
     };
@@ -114,10 +129,31 @@ pub async fn run(
             w.await;
         }
     };
+    let mark_ready = async {
+        tokio::select! {
+            synced = caches.wait_synced() => {
+                ready.store(synced, Ordering::Relaxed);
+                if synced {
+                    tracing::info!("caches synced; ready");
+                }
+            }
+            () = stop.cancelled() => {}
+        }
+    };
     // The controllers' and servers' state machines are large: keep them on the heap so the
     // caller's stack (a test thread, `main`) never has to hold them.
-    let work = Box::pin(lead_and_control(client, metrics, options, ready, shutdown));
-    let (_, _, result) = tokio::join!(Box::pin(admin), Box::pin(webhook), work);
+    let work = Box::pin(async {
+        let outcome = lead_and_control(client, &caches, metrics, &options, &stop).await;
+        stop.cancel();
+        outcome
+    });
+    let (_, _, _, _, result) = tokio::join!(
+        Box::pin(admin),
+        Box::pin(drive_caches),
+        Box::pin(webhook),
+        Box::pin(mark_ready),
+        work
+    );
     result
 }
 
@@ -125,10 +161,10 @@ pub async fn run(
 /// until the lease is lost.
 async fn lead_and_control(
     client: Client,
+    caches: &Caches,
     metrics: Arc<Metrics>,
-    options: RunOptions,
-    ready: Arc<AtomicBool>,
-    shutdown: CancellationToken,
+    options: &RunOptions,
+    shutdown: &CancellationToken,
 ) -> Result<(), RunError> {
     let mut lease_state = None;
     if let Some(le) = &options.leader_election {
@@ -148,42 +184,33 @@ async fn lead_and_control(
                         return Err(RunError::Lease("lease manager stopped".into()));
                     }
                 }
-                _ = shutdown.cancelled() => return Ok(()),
+                () = shutdown.cancelled() => return Ok(()),
             }
         }
         tracing::info!("acquired the leader lease");
         lease_state = Some((channel, task, le.lease_name.clone()));
     }
 
-    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let controllers_shutdown = shutdown.child_token();
     let controllers = Box::pin(controller::run(
         client.clone(),
+        caches,
         metrics,
         options.controller.clone(),
         controllers_shutdown.clone(),
-        ready_tx,
     ));
-    let mark_ready = async {
-        if let Ok(readiness) = ready_rx.await {
-            tokio::select! {
-                synced = readiness.wait() => ready.store(synced, Ordering::Relaxed),
-                _ = shutdown.cancelled() => {}
-            }
-        }
-    };
     let stop = async {
         match lease_state {
             Some((mut channel, task, name)) => {
                 let outcome = tokio::select! {
-                    _ = async {
+                    () = async {
                         while channel.changed().await.is_ok() {
                             if !*channel.borrow_and_update() {
                                 return;
                             }
                         }
                     } => Err(RunError::LostLease(name)),
-                    _ = shutdown.cancelled() => Ok(()),
+                    () = shutdown.cancelled() => Ok(()),
                 };
                 controllers_shutdown.cancel();
                 // Closing the channel makes the manager release the lease.
@@ -198,6 +225,6 @@ async fn lead_and_control(
             }
         }
     };
-    let ((), (), outcome) = tokio::join!(controllers, mark_ready, stop);
+    let ((), outcome) = tokio::join!(controllers, stop);
     outcome
 }

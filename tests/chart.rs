@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, ListParams, PostParams};
+use offload_api::names;
 use offload_operator::api::{OffloadProfile, TrainingJob};
-use offload_operator::devcluster::{ClusterOptions, DevCluster, free_port};
-use offload_operator::names;
 use offload_operator::operator::{self, RunOptions};
 use offload_operator::webhook::tls::ManagedCerts;
 use offload_operator::webhook::{CertMode, WebhookOptions};
+use offload_testenv::devcluster::{ClusterOptions, DevCluster, free_port};
 use serde_json::json;
 use support::*;
 
@@ -33,7 +33,7 @@ fn chart() -> String {
 }
 
 fn agent_binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/debug/offload-agent")
+    workspace_binary("offload-agent")
 }
 
 fn output(cmd: &mut Command, what: &str) -> String {
@@ -65,10 +65,7 @@ fn publish_with_agent(cluster: &DevCluster, node: &str, fixture: &str) {
                 &format!("127.0.0.1:{}", free_port().unwrap()),
             ])
             .arg("--replay")
-            .arg(format!(
-                "{}/tests/fixtures/{fixture}",
-                env!("CARGO_MANIFEST_DIR")
-            )),
+            .arg(offload_testenv::fixtures::path(fixture)),
         &format!("offload-agent on {node}"),
     );
 }

@@ -9,7 +9,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use offload_operator::api::{ModeSetting, OffloadProfile, RatioSetting, TrainingJob};
-use offload_operator::devcluster::ClusterOptions;
+use offload_testenv::devcluster::ClusterOptions;
 use support::*;
 
 const OPTIONS: ClusterOptions = ClusterOptions {

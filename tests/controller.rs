@@ -13,12 +13,12 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
+use offload_api::names;
 use offload_operator::api::{
     JobPhase, ModeSetting, NodeClass, OffloadMode, OffloadProfile, TrainingJob,
 };
-use offload_operator::devcluster::ClusterOptions;
-use offload_operator::names;
-use offload_operator::report::fixtures;
+use offload_testenv::devcluster::ClusterOptions;
+use offload_testenv::fixtures;
 use serde_json::json;
 use support::*;
 
@@ -32,7 +32,7 @@ const WAIT: Duration = Duration::from_secs(90);
 async fn setup(
     prefix: &str,
 ) -> (
-    &'static offload_operator::devcluster::DevCluster,
+    &'static offload_testenv::devcluster::DevCluster,
     Client,
     String,
 ) {
@@ -442,32 +442,52 @@ async fn a_running_job_is_never_reconfigured() {
 }
 
 #[tokio::test]
-async fn a_job_that_did_not_opt_in_is_left_alone() {
+async fn a_job_that_did_not_opt_in_runs_without_offload_and_says_so() {
     let (_cluster, client, ns) = setup("optout").await;
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     let mut tj = training_job("plain", "x", json!({"name": "Generic"}), json!({}));
     tj.metadata.annotations = None;
     api.create(&PostParams::default(), &tj).await.unwrap();
-    // A job that did opt in, created after it, is resolved: once that happened the controller
-    // has seen "plain" too and must have left it untouched.
-    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
-    add_profile(&client, &ns).await;
-    api.create(
-        &PostParams::default(),
-        &training_job("opted", &ns, json!({"name": "Generic"}), json!({})),
-    )
-    .await
-    .unwrap();
-    wait_for_condition(&api, "opted", "WorkloadCreated", "True").await;
+    // Our own kind is never left silent: it runs as written, and its status says why it has no
+    // offload configuration.
+    wait_for_condition(&api, "plain", "WorkloadCreated", "True").await;
     let plain = api.get("plain").await.unwrap();
-    assert!(plain.status.is_none());
-    assert_eq!(plain.spec.offload.mode, ModeSetting::Auto);
+    let status = plain.status.unwrap();
+    let held = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "OffloadResolved")
+        .unwrap();
+    assert_eq!(
+        (held.status.as_str(), held.reason.as_str()),
+        ("False", "NotRequested")
+    );
     assert!(
-        Api::<Job>::namespaced(client.clone(), &ns)
-            .get_opt("plain")
-            .await
-            .unwrap()
-            .is_none()
+        held.message.contains("runs without offload configuration"),
+        "{}",
+        held.message
+    );
+    assert!(status.offload.is_none());
+    assert_eq!(
+        plain.spec.offload.mode,
+        ModeSetting::Auto,
+        "the spec is not touched"
+    );
+    let job = Api::<Job>::namespaced(client.clone(), &ns)
+        .get("plain")
+        .await
+        .unwrap();
+    let container = &job.spec.unwrap().template.spec.unwrap().containers[0];
+    let env: Vec<&str> = container
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.as_str())
+        .collect();
+    assert!(env.contains(&"USER_SETTING"), "{env:?}");
+    assert!(
+        !env.iter().any(|e| e.starts_with("OFFLOAD_")),
+        "no offload env for a job that asked for none: {env:?}"
     );
 }
 

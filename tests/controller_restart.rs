@@ -9,8 +9,8 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{Api, ListParams, PostParams};
 use offload_operator::api::{OffloadProfile, TrainingJob};
-use offload_operator::devcluster::ClusterOptions;
-use offload_operator::report::fixtures;
+use offload_testenv::devcluster::ClusterOptions;
+use offload_testenv::fixtures;
 use serde_json::json;
 use support::*;
 

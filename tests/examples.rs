@@ -3,10 +3,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use offload_api::names;
+use offload_api::report::NodeReport;
 use offload_operator::api::{ModeSetting, OffloadMode, OffloadProfile, RatioSetting, TrainingJob};
-use offload_operator::decision::{JobRequest, NodeInfo, resolve_offload};
-use offload_operator::names;
-use offload_operator::report::{NodeReport, fixtures};
+use offload_operator::decision::{JobRequest, resolve_offload};
+use offload_operator::index::{NodeIndex, NodeInfo};
+use offload_testenv::fixtures;
 
 fn read<T: serde::de::DeserializeOwned>(file: &str) -> T {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -41,11 +43,11 @@ fn example_profiles_parse_with_their_defaults() {
 
 #[test]
 fn example_jobs_resolve_on_a_mixed_cluster() {
-    let nodes = [
+    let nodes = NodeIndex::new(vec![
         node("gh200-0", fixtures::GH200_REFERENCE),
         node("h200-0", fixtures::H200_READING),
         node("h200-1", fixtures::H200_READING),
-    ];
+    ]);
     let default: OffloadProfile = read("offloadprofile-default.yaml");
     let pcie: OffloadProfile = read("offloadprofile-pcie-pool.yaml");
 

@@ -14,11 +14,13 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::Client;
 use kube::api::{Api, PostParams};
 use offload_operator::api::OffloadProfile;
-use offload_operator::devcluster::{ClusterOptions, DevCluster, free_port};
+use offload_operator::caches::Caches;
 use offload_operator::metrics::Metrics;
-use offload_operator::report::fixtures;
+use offload_operator::webhook::admit::StoreView;
 use offload_operator::webhook::tls::ManagedCerts;
 use offload_operator::webhook::{self, CertMode, Rotator, WebhookOptions, WebhookState, paths};
+use offload_testenv::devcluster::{ClusterOptions, DevCluster, free_port};
+use offload_testenv::fixtures;
 use serde_json::json;
 use support::*;
 use tokio::sync::OnceCell;
@@ -142,11 +144,12 @@ async fn setup() -> (&'static DevCluster, Client, &'static Served) {
                         .unwrap();
 
                     let shutdown = tokio_util::sync::CancellationToken::new();
-                    let (view, drive) = webhook::cluster_view(&client, shutdown.clone());
                     let mut registry = prometheus_client::registry::Registry::default();
+                    let metrics = Metrics::new(&mut registry);
+                    let (caches, drive) = Caches::new(&client, metrics.clone());
                     let state = WebhookState {
-                        view,
-                        metrics: Metrics::new(&mut registry),
+                        view: Arc::new(StoreView::new(&caches)),
+                        metrics,
                     };
                     let options = WebhookOptions {
                         addr: format!("127.0.0.1:{port}").parse().unwrap(),

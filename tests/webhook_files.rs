@@ -71,7 +71,7 @@ async fn file_certificates_are_served_and_reloaded_without_a_restart() {
     let (nodes, _) = kube::runtime::reflector::store();
     let mut registry = prometheus_client::registry::Registry::default();
     let state = WebhookState {
-        view: Arc::new(StoreView::new(profiles, nodes)),
+        view: Arc::new(StoreView::from_stores(profiles, nodes)),
         metrics: Metrics::new(&mut registry),
     };
     let options = WebhookOptions {

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
 
 use offload_agent::probe::RealNvml;
 use offload_agent::selftest::SelfTestOptions;
@@ -128,7 +129,7 @@ fn main() -> ExitCode {
             let report = report::assemble(
                 &hostname(),
                 reading,
-                offload_operator::report::SelfTestReport::untested(0.8, "not run (probe)"),
+                offload_api::report::SelfTestReport::untested(0.8, "not run (probe)"),
             );
             print_json(&report)
         }
@@ -136,17 +137,73 @@ fn main() -> ExitCode {
             let report = report::build(&hostname(), &RealNvml, &args.options(), true);
             print_json(&report)
         }
-        Command::Run(args) => runtime().block_on(publish::run_loop(publish::LoopConfig {
-            node: args.node_name.clone(),
-            interval: args.interval,
-            addr: args.addr,
-            selftest: !args.no_selftest,
-            options: args.test.options(),
-            replay: args.replay.clone(),
-            once: args.once,
-        })),
+        Command::Run(args) => {
+            let cfg = publish::LoopConfig {
+                node: args.node_name.clone(),
+                interval: args.interval,
+                addr: args.addr,
+                selftest: !args.no_selftest,
+                options: args.test.options(),
+                replay: args.replay.clone(),
+                once: args.once,
+            };
+            with_client(|client, shutdown| publish::run_loop(client, cfg, shutdown))
+        }
         Command::Cleanup { node_name, .. } => {
-            runtime().block_on(publish::cleanup(node_name.as_deref()))
+            with_client(
+                |client, _| async move { publish::cleanup(&client, node_name.as_deref()).await },
+            )
+        }
+    }
+}
+
+/// Runs `work` with a client from the kubeconfig or service account, until it ends or SIGTERM
+/// (or Ctrl-C) asks it to stop; prints what went wrong.
+fn with_client<F, Fut>(work: F) -> ExitCode
+where
+    F: FnOnce(kube::Client, CancellationToken) -> Fut,
+    Fut: std::future::Future<Output = Result<(), publish::AgentError>>,
+{
+    runtime().block_on(async move {
+        let client = match kube::Client::try_default().await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("error: no usable kubeconfig or in-cluster service account: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let shutdown = CancellationToken::new();
+        let on_signal = shutdown.clone();
+        let signals = async move {
+            wait_for_signal().await;
+            tracing::info!("shutting down");
+            on_signal.cancel();
+        };
+        let outcome = tokio::select! {
+            outcome = work(client, shutdown.clone()) => outcome,
+            () = async { signals.await; std::future::pending::<()>().await } => Ok(()),
+        };
+        match outcome {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = tokio::signal::ctrl_c() => {},
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
         }
     }
 }
@@ -170,7 +227,7 @@ fn hostname() -> String {
         .unwrap_or_else(|| "unknown".to_string())
 }
 
-fn print_json(report: &offload_operator::report::NodeReport) -> ExitCode {
+fn print_json(report: &offload_api::report::NodeReport) -> ExitCode {
     match serde_json::to_string_pretty(report) {
         Ok(s) => {
             println!("{s}");

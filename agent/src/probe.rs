@@ -13,7 +13,7 @@ use nvml_wrapper::sys_exports::field_id::{
 use nvml_wrapper_sys::bindings::{
     nvmlC2cModeInfo_v1_t, nvmlDeviceAddressingMode_t, nvmlReturn_enum_NVML_SUCCESS,
 };
-use offload_operator::report::{AddressingMode, C2cInfo, GpuReport, NodeMemoryModel, NvmlInfo};
+use offload_api::report::{AddressingMode, C2cInfo, GpuReport, NodeMemoryModel, NvmlInfo};
 
 /// Everything NVML said about the node.
 #[derive(Clone, Debug, PartialEq)]
@@ -232,9 +232,9 @@ pub struct RecordedNvml {
 }
 
 impl RecordedNvml {
-    /// From a node report fixture (see `tests/fixtures/README.md` for where each comes from).
-    pub fn from_report(json: &str) -> Result<Self, offload_operator::report::ReportError> {
-        let report = offload_operator::report::NodeReport::parse(json)?;
+    /// From a node report fixture (see `crates/testenv/fixtures/README.md` for where each comes from).
+    pub fn from_report(json: &str) -> Result<Self, offload_api::report::ReportError> {
+        let report = offload_api::report::NodeReport::parse(json)?;
         Ok(RecordedNvml {
             reading: NodeReading {
                 nvml: report.nvml,
@@ -266,7 +266,7 @@ impl NvmlSource for RecordedNvml {
 
 #[cfg(test)]
 mod tests {
-    use offload_operator::report::fixtures;
+    use offload_testenv::fixtures;
 
     use super::*;
 
@@ -282,7 +282,7 @@ mod tests {
             .unwrap()
             .read();
         assert_eq!(h200.memory_model(), NodeMemoryModel::Discrete);
-        let hmm = RecordedNvml::from_report(fixtures::HMM_MEMLOCK)
+        let hmm = RecordedNvml::from_report(fixtures::HMM_UNPINNED)
             .unwrap()
             .read();
         assert_eq!(hmm.memory_model(), NodeMemoryModel::Hmm);

@@ -2,7 +2,6 @@
 //! with field manager `offload-agent`, so it owns exactly its keys and never touches others'.
 
 use std::net::SocketAddr;
-use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,12 +12,13 @@ use axum::routing::{get, post};
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
-use offload_operator::names;
-use offload_operator::report::NodeReport;
+use offload_api::names;
+use offload_api::report::NodeReport;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use crate::probe::RealNvml;
 use crate::report;
@@ -37,9 +37,51 @@ pub fn apply_document(report: &NodeReport) -> Result<serde_json::Value, serde_js
     }))
 }
 
+/// Why the agent could not do its job.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// An API call failed.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What was being done.
+        action: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The report could not be serialised (a bug, never input).
+    #[error("serialising the report: {0}")]
+    Serialize(#[from] serde_json::Error),
+    /// A recorded report to replay could not be read.
+    #[error("{path}: {detail}")]
+    Replay {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The admin address could not be bound.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// Address.
+        addr: SocketAddr,
+        /// Error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Cleaning some nodes failed; the others were cleaned.
+    #[error("{failed} of {total} node(s) could not be cleaned (see above)")]
+    Cleanup {
+        /// Nodes that failed.
+        failed: usize,
+        /// Nodes tried.
+        total: usize,
+    },
+}
+
 /// Applies the report to its node.
-pub async fn publish(client: &Client, report: &NodeReport) -> Result<(), String> {
-    let doc = apply_document(report).map_err(|e| format!("serialising the report: {e}"))?;
+pub async fn publish(client: &Client, report: &NodeReport) -> Result<(), AgentError> {
+    let doc = apply_document(report)?;
     Api::<Node>::all(client.clone())
         .patch(
             &report.node,
@@ -47,13 +89,16 @@ pub async fn publish(client: &Client, report: &NodeReport) -> Result<(), String>
             &Patch::Apply(&doc),
         )
         .await
-        .map_err(|e| format!("applying labels to node {}: {e}", report.node))?;
+        .map_err(|source| AgentError::Kube {
+            action: format!("applying labels to node {}", report.node),
+            source,
+        })?;
     Ok(())
 }
 
 /// Removes every label and annotation the agent owns: applying an empty document under the
 /// agent's field manager releases (and so deletes) the fields it set.
-pub async fn remove(client: &Client, node: &str) -> Result<(), String> {
+pub async fn remove(client: &Client, node: &str) -> Result<(), AgentError> {
     let doc = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}});
     Api::<Node>::all(client.clone())
         .patch(
@@ -62,54 +107,49 @@ pub async fn remove(client: &Client, node: &str) -> Result<(), String> {
             &Patch::Apply(&doc),
         )
         .await
-        .map_err(|e| format!("removing labels from node {node}: {e}"))?;
+        .map_err(|source| AgentError::Kube {
+            action: format!("removing labels from node {node}"),
+            source,
+        })?;
     Ok(())
 }
 
-/// `offload-agent cleanup`: one node, or every node (the uninstall hook).
-pub async fn cleanup(node: Option<&str>) -> ExitCode {
-    let client = match Client::try_default().await {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: no kubeconfig or service account: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+/// `offload-agent cleanup`: one node, or every node (the uninstall hook). Every node is tried;
+/// each outcome is logged.
+pub async fn cleanup(client: &Client, node: Option<&str>) -> Result<(), AgentError> {
     let names: Vec<String> = match node {
         Some(n) => vec![n.to_string()],
-        None => match Api::<Node>::all(client.clone())
+        None => Api::<Node>::all(client.clone())
             .list_metadata(&Default::default())
             .await
-        {
-            Ok(list) => list
-                .items
-                .into_iter()
-                .filter_map(|n| n.metadata.name)
-                .collect(),
-            Err(e) => {
-                eprintln!("error: listing nodes: {e}");
-                return ExitCode::FAILURE;
-            }
-        },
+            .map_err(|source| AgentError::Kube {
+                action: "listing nodes".to_string(),
+                source,
+            })?
+            .items
+            .into_iter()
+            .filter_map(|n| n.metadata.name)
+            .collect(),
     };
-    let mut failed = false;
+    let total = names.len();
+    let mut failed = 0;
     for name in names {
-        match remove(&client, &name).await {
-            Ok(()) => eprintln!("removed offload.dev labels and report from node {name}"),
+        match remove(client, &name).await {
+            Ok(()) => tracing::info!(node = %name, "removed offload.dev labels and report"),
             Err(e) => {
-                eprintln!("error: {e}");
-                failed = true;
+                tracing::error!(node = %name, error = %e, "cleanup failed");
+                failed += 1;
             }
         }
     }
-    if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
+    if failed > 0 {
+        return Err(AgentError::Cleanup { failed, total });
     }
+    Ok(())
 }
 
 /// Settings of the publishing loop.
+#[derive(Clone, Debug)]
 pub struct LoopConfig {
     /// This node.
     pub node: String,
@@ -129,15 +169,17 @@ pub struct LoopConfig {
 }
 
 /// Builds this round's report: a replayed recording, or a fresh measurement.
-fn measure(cfg: &LoopConfig) -> Result<NodeReport, String> {
+fn measure(cfg: &LoopConfig) -> Result<NodeReport, AgentError> {
     match &cfg.replay {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("reading {}: {e}", path.display()))?;
-            let recorded =
-                NodeReport::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-            let source =
-                crate::probe::RecordedNvml::from_report(&text).map_err(|e| e.to_string())?;
+            let replay_err = |detail: String| AgentError::Replay {
+                path: path.display().to_string(),
+                detail,
+            };
+            let text = std::fs::read_to_string(path).map_err(|e| replay_err(e.to_string()))?;
+            let recorded = NodeReport::parse(&text).map_err(|e| replay_err(e.to_string()))?;
+            let source = crate::probe::RecordedNvml::from_report(&text)
+                .map_err(|e| replay_err(e.to_string()))?;
             Ok(report::assemble(
                 &cfg.node,
                 crate::probe::NvmlSource::read(&source),
@@ -232,7 +274,7 @@ impl Gauges {
             .set(s.cpu_update_rate.unwrap_or(f64::NAN));
         self.gpu_flops.set(s.gpu_flops.unwrap_or(f64::NAN));
         self.coherent.set(i64::from(
-            report.memory_model == offload_operator::report::NodeMemoryModel::Coherent,
+            report.memory_model == offload_api::report::NodeMemoryModel::Coherent,
         ));
     }
 }
@@ -243,16 +285,14 @@ struct AppState {
     rerun: Arc<Notify>,
 }
 
-/// Measures, publishes, then waits for the interval or a `POST /rerun`. Publishing failures are
-/// retried with back-off; the agent keeps serving whatever the node says.
-pub async fn run_loop(cfg: LoopConfig) -> ExitCode {
-    let client = match Client::try_default().await {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: no kubeconfig or service account: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+/// Measures, publishes, then waits for the interval or a `POST /rerun`, until `shutdown`.
+/// Publishing failures are retried with back-off; the admin server (`/healthz`, `/metrics`,
+/// `POST /rerun`) runs beside the loop and stops with it.
+pub async fn run_loop(
+    client: Client,
+    cfg: LoopConfig,
+    shutdown: CancellationToken,
+) -> Result<(), AgentError> {
     let gauges = Arc::new(Gauges::default());
     let mut registry = Registry::default();
     gauges.register(&mut registry);
@@ -265,28 +305,46 @@ pub async fn run_loop(cfg: LoopConfig) -> ExitCode {
         .route("/metrics", get(metrics))
         .route("/rerun", post(rerun))
         .with_state(state.clone());
-    let listener = match tokio::net::TcpListener::bind(cfg.addr).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("error: binding {}: {e}", cfg.addr);
-            return ExitCode::FAILURE;
-        }
-    };
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
+    let listener = tokio::net::TcpListener::bind(cfg.addr)
+        .await
+        .map_err(|source| AgentError::Bind {
+            addr: cfg.addr,
+            source,
+        })?;
+    // The loop ends the server when it returns (once, an error), as well as on shutdown.
+    let stop_server = shutdown.child_token();
+    let server_stop = stop_server.clone();
+    let server = async move {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(server_stop.cancelled_owned())
+            .await
+        {
             tracing::error!(error = %e, "agent server stopped");
         }
-    });
-    let cfg = Arc::new(cfg);
+    };
+    let work = async {
+        let outcome = measure_and_publish(&client, &cfg, &gauges, &state, &shutdown).await;
+        stop_server.cancel();
+        outcome
+    };
+    let ((), outcome) = tokio::join!(server, work);
+    outcome
+}
+
+async fn measure_and_publish(
+    client: &Client,
+    cfg: &LoopConfig,
+    gauges: &Gauges,
+    state: &AppState,
+    shutdown: &CancellationToken,
+) -> Result<(), AgentError> {
+    let cfg = Arc::new(cfg.clone());
     loop {
         let round = cfg.clone();
         // NVML and CUDA block; keep them off the async workers.
         let built = tokio::task::spawn_blocking(move || measure(&round)).await;
         match built {
-            Ok(Err(e)) => {
-                eprintln!("error: {e}");
-                return ExitCode::FAILURE;
-            }
+            Ok(Err(e)) => return Err(e),
             Ok(Ok(report)) => {
                 gauges.set(&report);
                 tracing::info!(
@@ -297,24 +355,25 @@ pub async fn run_loop(cfg: LoopConfig) -> ExitCode {
                     "measured"
                 );
                 let mut delay = Duration::from_secs(1);
-                while let Err(e) = publish(&client, &report).await {
+                while let Err(e) = publish(client, &report).await {
                     gauges.publish_errors.inc();
                     tracing::warn!(error = %e, "publishing failed; retrying");
-                    tokio::time::sleep(delay).await;
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {},
+                        () = shutdown.cancelled() => return Ok(()),
+                    }
                     delay = (delay * 2).min(Duration::from_secs(60));
                 }
             }
             Err(e) => tracing::error!(error = %e, "measurement task failed"),
         }
         if cfg.once {
-            return ExitCode::SUCCESS;
-        }
-        if cfg.once {
-            return ExitCode::SUCCESS;
+            return Ok(());
         }
         tokio::select! {
-            _ = tokio::time::sleep(cfg.interval) => {},
-            _ = state.rerun.notified() => tracing::info!("re-run requested"),
+            () = tokio::time::sleep(cfg.interval) => {},
+            () = state.rerun.notified() => tracing::info!("re-run requested"),
+            () = shutdown.cancelled() => return Ok(()),
         }
     }
 }

@@ -1,8 +1,6 @@
 //! Assembling the node report from a reading and a self-test.
 
-use offload_operator::report::{
-    NodeMemoryModel, NodeReport, REPORT_SCHEMA_VERSION, SelfTestReport,
-};
+use offload_api::report::{NodeMemoryModel, NodeReport, REPORT_SCHEMA_VERSION, SelfTestReport};
 
 use crate::probe::{NodeReading, NvmlSource, os_numa_nodes};
 use crate::selftest::{self, SelfTestOptions};
@@ -56,8 +54,9 @@ pub fn assemble(node: &str, reading: NodeReading, selftest: SelfTestReport) -> N
 
 #[cfg(test)]
 mod tests {
-    use offload_operator::names;
-    use offload_operator::report::{OverlapVerdict, fixtures};
+    use offload_api::names;
+    use offload_api::report::OverlapVerdict;
+    use offload_testenv::fixtures;
 
     use super::*;
     use crate::probe::RecordedNvml;

@@ -2,7 +2,7 @@
 
 use offload_agent::probe::{NvmlSource, RealNvml};
 use offload_agent::selftest::{self, SelfTestOptions};
-use offload_operator::report::{NodeMemoryModel, OverlapVerdict};
+use offload_api::report::{NodeMemoryModel, OverlapVerdict};
 
 /// The reason to skip, if this machine has no usable GPU.
 fn no_gpu() -> Option<String> {

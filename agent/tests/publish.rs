@@ -1,8 +1,7 @@
 //! The agent's report, written to a real API server's Node, is exactly what the operator's
 //! decision engine reads; the agent owns only its own keys and removes them on uninstall.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use offload_testenv::support;
 
 use std::collections::BTreeMap;
 
@@ -10,13 +9,13 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use offload_agent::probe::{NvmlSource, RealNvml, RecordedNvml};
 use offload_agent::{publish, report};
-use offload_operator::api::{
-    Framework, FrameworkSpec, OffloadMode, OffloadProfileSpec, OffloadSpec,
-};
-use offload_operator::decision::{DeepSpeedRequest, JobRequest, NodeInfo, resolve_offload};
-use offload_operator::devcluster::ClusterOptions;
-use offload_operator::names;
-use offload_operator::report::{NodeReport, fixtures};
+use offload_api::api::{Framework, FrameworkSpec, OffloadMode, OffloadProfileSpec, OffloadSpec};
+use offload_api::names;
+use offload_api::report::NodeReport;
+use offload_operator::decision::{DeepSpeedRequest, JobRequest, resolve_offload};
+use offload_operator::index::{NodeIndex, NodeInfo};
+use offload_testenv::devcluster::ClusterOptions;
+use offload_testenv::fixtures;
 
 fn plain_node(name: &str, labels: &[(&str, &str)]) -> Node {
     let mut node = Node::default();
@@ -88,7 +87,13 @@ async fn a_published_report_is_what_the_decision_reads_and_cleanup_removes_only_
         pods: 1,
         gpus_per_pod: 1,
     };
-    let res = resolve_offload(&job, "default", &OffloadProfileSpec::default(), &[info]).unwrap();
+    let res = resolve_offload(
+        &job,
+        "default",
+        &OffloadProfileSpec::default(),
+        &NodeIndex::new(vec![info]),
+    )
+    .unwrap();
     assert_eq!(res.mode, OffloadMode::UnifiedMemory);
     assert!(res.overlap);
 
@@ -132,5 +137,9 @@ async fn this_machine_is_reported_truthfully_whatever_it_has() {
             report.nvml.error.clone().unwrap_or_default()
         );
         assert_eq!(stored.metadata.labels.unwrap()[names::LABEL_UMA], "false");
+        // And the operator never takes a node without NVML for a GPU node of either class.
+        assert_eq!(info.class(), None);
+        let why = info.ignored_because().unwrap();
+        assert!(why.contains("NVML could not be read"), "{why}");
     }
 }

@@ -1,38 +1,37 @@
-//! The controller: resolves each opted-in TrainingJob's offload configuration, patches it in,
-//! then creates the workload; keeps OffloadProfile status current.
+//! The controllers: resolve each opted-in TrainingJob's offload configuration, patch it in,
+//! then create the workload; keep OffloadProfile status current.
 //!
-//! Reflectors for Nodes (metadata only, so memory stays flat on large clusters), OffloadProfiles
-//! and TrainingJobs are built once and shared by both controllers through subscriptions.
+//! They run only on the leader, from the process's shared [`Caches`]: a controller subscribes
+//! when it starts and so first sees every object already cached.
 
 mod conditions;
 mod profile;
+pub mod status;
 mod training_job;
 pub mod workload;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{StreamExt, future};
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::Api;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{OffloadProfile, OffloadProfileSpec, TrainingJob};
-use crate::decision::NodeInfo;
+use crate::api::{OffloadProfile, TrainingJob};
+use crate::caches::Caches;
+use crate::index::{NodeIndex, NodeViews};
 use crate::metrics::{ErrorLabels, Metrics};
 use crate::names;
 
-pub use training_job::{opted_in, profile_name_for};
-
-/// Shared state of the controllers, built once at start-up.
+/// Shared state of the controllers, built once when they start.
 pub struct Context {
     /// The one API client.
     pub client: Client,
@@ -40,120 +39,42 @@ pub struct Context {
     pub recorder: Recorder,
     /// Metrics registry handles.
     pub metrics: Arc<Metrics>,
-    /// OffloadProfiles, kept current by a reflector.
+    /// OffloadProfiles, from the shared cache.
     pub profiles: Store<OffloadProfile>,
-    /// The decision's view of the GPU Nodes' metadata (labels and annotations only), parsed
-    /// once per change.
-    pub node_views: NodeViews,
-    /// TrainingJobs, kept current by a reflector. Wrapped in [`DeserializeGuard`] so one object
-    /// that does not deserialize is reported and skipped instead of stalling the watch.
+    /// The decision's view of the GPU nodes, shared with the webhook.
+    pub node_views: Arc<NodeViews>,
+    /// TrainingJobs, from the shared cache.
     pub jobs: Store<DeserializeGuard<TrainingJob>>,
 }
 
 impl Context {
-    /// The decision's view of every node in the store (shared until a node changes).
-    pub fn node_infos(&self) -> Arc<[NodeInfo]> {
+    /// The controllers' context over the process's caches.
+    pub fn new(client: Client, caches: &Caches, metrics: Arc<Metrics>, reporter: &str) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: reporter.to_string(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        );
+        Context {
+            client,
+            recorder,
+            metrics,
+            profiles: caches.profiles.store().clone(),
+            node_views: caches.node_views.clone(),
+            jobs: caches.jobs.store().clone(),
+        }
+    }
+
+    /// The node index as of now (shared until a node changes).
+    pub fn nodes(&self) -> Arc<NodeIndex> {
         self.node_views.get()
     }
 
     /// The named profile, if it exists.
     pub fn profile(&self, name: &str) -> Option<Arc<OffloadProfile>> {
         self.profiles.get(&ObjectRef::new(name))
-    }
-}
-
-/// The decision's view of the nodes in a metadata store.
-pub fn node_infos(nodes: &Store<PartialObjectMeta<Node>>) -> Vec<NodeInfo> {
-    nodes
-        .state()
-        .iter()
-        .map(|n| {
-            NodeInfo::from_metadata(
-                n.name_any(),
-                n.metadata.labels.clone().unwrap_or_default(),
-                n.metadata.annotations.as_ref().unwrap_or(&BTreeMap::new()),
-            )
-        })
-        .collect()
-}
-
-/// The decision's view of the nodes in a metadata store, rebuilt only when the store changed.
-///
-/// The store replaces an object's `Arc` on every change, so an unchanged list of pointers means
-/// unchanged nodes: a caller compares pointers (no parsing, no copies) and shares the last views.
-/// On a change only the nodes whose resourceVersion moved are parsed again.
-pub struct NodeViews {
-    store: Store<PartialObjectMeta<Node>>,
-    snapshot: std::sync::Mutex<NodeSnapshot>,
-}
-
-#[derive(Default)]
-struct NodeSnapshot {
-    objects: Vec<Arc<PartialObjectMeta<Node>>>,
-    infos: Option<Arc<[NodeInfo]>>,
-    /// Parsed views by name, with the resourceVersion they were parsed at.
-    parsed: std::collections::HashMap<String, (String, NodeInfo)>,
-}
-
-impl NodeViews {
-    /// Views over `store`.
-    pub fn new(store: Store<PartialObjectMeta<Node>>) -> Self {
-        NodeViews {
-            store,
-            snapshot: Default::default(),
-        }
-    }
-
-    /// Every node's view, as of now.
-    pub fn get(&self) -> Arc<[NodeInfo]> {
-        let state = self.store.state();
-        let Ok(mut snap) = self.snapshot.lock() else {
-            return node_infos(&self.store).into();
-        };
-        if let Some(infos) = &snap.infos
-            && snap.objects.len() == state.len()
-            && snap
-                .objects
-                .iter()
-                .zip(&state)
-                .all(|(a, b)| Arc::ptr_eq(a, b))
-        {
-            return infos.clone();
-        }
-        let mut out = Vec::with_capacity(state.len());
-        for node in &state {
-            let name = node.name_any();
-            let rv = node.metadata.resource_version.clone().unwrap_or_default();
-            match snap.parsed.get(&name) {
-                Some((cached_rv, info)) if *cached_rv == rv && !rv.is_empty() => {
-                    out.push(info.clone())
-                }
-                _ => {
-                    let info = NodeInfo::from_metadata(
-                        name.clone(),
-                        node.metadata.labels.clone().unwrap_or_default(),
-                        node.metadata
-                            .annotations
-                            .as_ref()
-                            .unwrap_or(&BTreeMap::new()),
-                    );
-                    snap.parsed.insert(name, (rv, info.clone()));
-                    out.push(info);
-                }
-            }
-        }
-        // Forget nodes that are gone.
-        if snap.parsed.len() > state.len() {
-            let live: std::collections::HashSet<&str> = state
-                .iter()
-                .filter_map(|n| n.metadata.name.as_deref())
-                .collect();
-            snap.parsed.retain(|k, _| live.contains(k.as_str()));
-        }
-        let infos: Arc<[NodeInfo]> = out.into();
-        snap.infos = Some(infos.clone());
-        snap.objects = state;
-        infos
     }
 }
 
@@ -233,201 +154,151 @@ impl Default for ControllerOptions {
     }
 }
 
-/// Handle to the stores, for readiness checks.
-#[derive(Clone)]
-pub struct Readiness {
-    profiles: Store<OffloadProfile>,
-    nodes: Store<PartialObjectMeta<Node>>,
-    jobs: Store<DeserializeGuard<TrainingJob>>,
-}
-
-impl Readiness {
-    /// Waits until every reflector has listed once.
-    pub async fn wait(&self) -> bool {
-        self.profiles.wait_until_ready().await.is_ok()
-            && self.nodes.wait_until_ready().await.is_ok()
-            && self.jobs.wait_until_ready().await.is_ok()
-    }
-}
-
-/// Runs both controllers until `shutdown` is cancelled. `ready` receives the store handles as
-/// soon as they exist, for the readiness probe.
+/// Runs both controllers until `shutdown` is cancelled.
 pub async fn run(
     client: Client,
+    caches: &Caches,
     metrics: Arc<Metrics>,
     options: ControllerOptions,
     shutdown: CancellationToken,
-    ready: tokio::sync::oneshot::Sender<Readiness>,
 ) {
-    // Shared reflectors.
-    let (profiles, profile_writer) = reflector::store_shared::<OffloadProfile>(1024);
-    let (nodes, node_writer) = reflector::store_shared::<PartialObjectMeta<Node>>(1024);
-    let (jobs, job_writer) = reflector::store_shared::<DeserializeGuard<TrainingJob>>(4096);
-    let profile_subs = (profile_writer.subscribe(), profile_writer.subscribe());
-    let node_subs = (node_writer.subscribe(), node_writer.subscribe());
-    let job_subs = (job_writer.subscribe(), job_writer.subscribe());
-    let (Some(profile_a), Some(profile_b)) = profile_subs else {
-        return;
-    };
-    let (Some(node_a), Some(node_b)) = node_subs else {
-        return;
-    };
-    let (Some(job_a), Some(job_b)) = job_subs else {
-        return;
-    };
-    let _ = ready.send(Readiness {
-        profiles: profiles.clone(),
-        nodes: nodes.clone(),
-        jobs: jobs.clone(),
-    });
-
-    // Watch errors back off and retry instead of ending the stream; a TrainingJob that does
-    // not deserialize is carried as an error value by its guard and skipped by the reconciler.
-    let profile_reflector = shared_reflector(
-        Api::<OffloadProfile>::all(client.clone()),
-        profile_writer,
-        "OffloadProfile",
-    );
-    let node_reflector = shared_reflector(
-        Api::<PartialObjectMeta<Node>>::all(client.clone()),
-        node_writer,
-        "Node",
-    );
-    let job_reflector = shared_reflector(
-        Api::<DeserializeGuard<TrainingJob>>::all(client.clone()),
-        job_writer,
-        "TrainingJob",
-    );
-
-    let recorder = Recorder::new(
+    let ctx = Arc::new(Context::new(
         client.clone(),
-        Reporter {
-            controller: options.reporter.clone(),
-            instance: std::env::var("POD_NAME").ok(),
-        },
-    );
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        recorder,
-        metrics,
-        profiles: profiles.clone(),
-        node_views: NodeViews::new(nodes.clone()),
-        jobs: jobs.clone(),
-    });
-    let config = kube::runtime::controller::Config::default().concurrency(options.concurrency);
-
-    // Node changes matter only when labels or annotations change (the agent's output), not on
-    // every status heartbeat.
-    let node_changes_for_jobs = metadata_changes(node_a);
-    let node_changes_for_profiles = metadata_changes(node_b);
+        caches,
+        metrics.clone(),
+        &options.reporter,
+    ));
+    let config = controller::Config::default().concurrency(options.concurrency);
 
     let job_ctx = ctx.clone();
     let job_ctx_nodes = ctx.clone();
-    let job_controller = Controller::for_shared_stream(job_a, jobs.clone())
-        .with_config(config.clone())
-        .owns(
-            Api::<Job>::all(client.clone()),
-            watcher::Config::default().labels(workload::JOB_LABEL),
-        )
-        .watches_shared_stream(profile_a, move |profile| {
-            training_job::jobs_for_profile(&job_ctx, &profile.name_any())
-        })
-        .watches_shared_stream(node_changes_for_jobs, move |node| {
-            training_job::jobs_for_node(&job_ctx_nodes, &node)
-        })
-        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(
-            training_job::reconcile,
-            error_policy::<DeserializeGuard<TrainingJob>>("TrainingJob"),
-            ctx.clone(),
-        )
-        .for_each(|_| future::ready(()));
+    let job_ctx_config_maps = ctx.clone();
+    let job_controller =
+        Controller::for_shared_stream(caches.jobs.subscribe(), caches.jobs.store().clone())
+            .with_config(config.clone())
+            .owns(
+                Api::<Job>::all(client.clone()),
+                watcher::Config::default().labels(names::LABEL_TRAINING_JOB),
+            )
+            .watches_shared_stream(caches.profiles.subscribe(), move |profile| {
+                training_job::jobs_for_profile(&job_ctx, &profile.name_any())
+            })
+            // Node changes matter only when labels or annotations change (the agent's output), not
+            // on every heartbeat.
+            .watches_shared_stream(
+                metadata_changes(caches.nodes.subscribe(), caches.nodes.store().clone()),
+                move |node| training_job::jobs_for_node(&job_ctx_nodes, &node),
+            )
+            // A held job whose DeepSpeed ConfigMap the user fixes is tried again at once. Metadata is
+            // enough to map a ConfigMap to its jobs, and its resourceVersion moves with every edit.
+            .watches_stream(
+                watcher(
+                    Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
+                    watcher::Config::default().any_semantic(),
+                )
+                .default_backoff()
+                .touched_objects(),
+                move |cm| {
+                    training_job::jobs_for_config_map(
+                        &job_ctx_config_maps,
+                        &cm.namespace().unwrap_or_default(),
+                        &cm.name_any(),
+                    )
+                },
+            )
+            .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+            .run(
+                training_job::reconcile,
+                error_policy::<DeserializeGuard<TrainingJob>>("TrainingJob"),
+                ctx.clone(),
+            );
 
-    let profiles_for_nodes = profiles.clone();
-    let profile_controller = Controller::for_shared_stream(profile_b, profiles.clone())
-        .with_config(config)
-        .watches_shared_stream(node_changes_for_profiles, move |_node| {
-            profiles_for_nodes
-                .state()
-                .iter()
-                .map(|p| ObjectRef::from(p.as_ref()))
-                .collect::<Vec<_>>()
-        })
-        .watches_shared_stream(job_b, |job| {
-            job.0
-                .as_ref()
-                .ok()
-                .and_then(|j| j.status.as_ref())
-                .and_then(|s| s.offload.as_ref())
-                .map(|o| ObjectRef::new(&o.profile))
-        })
-        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(
-            profile::reconcile,
-            error_policy::<OffloadProfile>("OffloadProfile"),
-            ctx,
-        )
-        .for_each(|_| future::ready(()));
+    let profiles_for_nodes = caches.profiles.store().clone();
+    let profile_controller =
+        Controller::for_shared_stream(caches.profiles.subscribe(), caches.profiles.store().clone())
+            .with_config(config)
+            .watches_shared_stream(
+                metadata_changes(caches.nodes.subscribe(), caches.nodes.store().clone()),
+                move |_node| {
+                    profiles_for_nodes
+                        .state()
+                        .iter()
+                        .map(|p| ObjectRef::from(p.as_ref()))
+                        .collect::<Vec<_>>()
+                },
+            )
+            .watches_shared_stream(caches.jobs.subscribe(), |job| {
+                job.0
+                    .as_ref()
+                    .ok()
+                    .and_then(|j| j.status.as_ref())
+                    .and_then(|s| s.offload.as_ref())
+                    .map(|o| ObjectRef::new(&o.profile))
+            })
+            .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+            .run(
+                profile::reconcile,
+                error_policy::<OffloadProfile>("OffloadProfile"),
+                ctx,
+            );
 
-    let reflectors = async {
-        tokio::select! {
-            _ = profile_reflector => {},
-            _ = node_reflector => {},
-            _ = job_reflector => {},
-            _ = shutdown.cancelled() => {},
-        }
-    };
     tokio::join!(
-        Box::pin(job_controller),
-        Box::pin(profile_controller),
-        Box::pin(reflectors)
+        Box::pin(log_outcomes(job_controller, "TrainingJob", metrics.clone())),
+        Box::pin(log_outcomes(profile_controller, "OffloadProfile", metrics)),
     );
 }
 
-/// Drives a watch into a shared store until the stream ends, logging (not failing on) errors.
-fn shared_reflector<K>(
-    api: Api<K>,
-    writer: reflector::store::Writer<K>,
+/// Drains a controller's outcome stream: reconcile failures are already counted by the error
+/// policy; everything else the stream reports (an object that vanished from the cache, a
+/// trigger watch failing) is logged and counted here instead of being thrown away.
+async fn log_outcomes<K, E, W>(
+    outcomes: impl Stream<Item = Result<(ObjectRef<K>, Action), controller::Error<E, W>>>,
     kind: &'static str,
-) -> impl std::future::Future<Output = ()> + Send
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    metrics: Arc<Metrics>,
+) where
+    K: kube::Resource,
+    E: std::error::Error + 'static,
+    W: std::error::Error + 'static,
 {
-    watcher(api, watcher::Config::default().any_semantic())
-        .default_backoff()
-        .reflect_shared(writer)
-        .for_each(move |r| {
-            if let Err(e) = r {
-                tracing::warn!(kind, error = %e, "watch error");
+    outcomes
+        .for_each(|outcome| {
+            if let Err(e) = outcome {
+                let category = match &e {
+                    controller::Error::ReconcilerFailed(..) => None,
+                    controller::Error::ObjectNotFound(_) => Some("ObjectNotFound"),
+                    controller::Error::QueueError(_) => Some("TriggerWatch"),
+                    controller::Error::RunnerError(_) => Some("Runner"),
+                };
+                if let Some(category) = category {
+                    tracing::warn!(kind, category, error = %e, "controller");
+                    metrics
+                        .reconcile_errors
+                        .get_or_create(&ErrorLabels { kind, category })
+                        .inc();
+                }
             }
-            future::ready(())
+            futures::future::ready(())
         })
+        .await;
 }
 
-/// Passes a node on only when its labels or annotations changed since it was last seen.
+/// Passes a node on only when its labels or annotations changed since it was last seen, or when
+/// it was deleted (it is gone from the cache).
 fn metadata_changes(
-    nodes: impl futures::Stream<Item = Arc<PartialObjectMeta<Node>>>,
-) -> impl futures::Stream<Item = Arc<PartialObjectMeta<Node>>> {
+    nodes: impl Stream<Item = Arc<PartialObjectMeta<Node>>>,
+    store: Store<PartialObjectMeta<Node>>,
+) -> impl Stream<Item = Arc<PartialObjectMeta<Node>>> {
     use std::hash::{Hash, Hasher};
     let mut seen: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     nodes.filter(move |node| {
+        if store.get(&ObjectRef::from_obj(node.as_ref())).is_none() {
+            seen.remove(&node.name_any());
+            return futures::future::ready(true);
+        }
         let mut h = std::collections::hash_map::DefaultHasher::new();
         node.metadata.labels.hash(&mut h);
         node.metadata.annotations.hash(&mut h);
         let digest = h.finish();
-        future::ready(seen.insert(node.name_any(), digest) != Some(digest))
+        futures::future::ready(seen.insert(node.name_any(), digest) != Some(digest))
     })
-}
-
-/// The profile a job resolves with: the named one, or for a job that opted in through an
-/// explicit `spec.offload` without naming a profile, the built-in defaults when no `default`
-/// profile exists.
-pub(crate) fn builtin_default_profile() -> OffloadProfileSpec {
-    OffloadProfileSpec::default()
 }

@@ -11,19 +11,29 @@ use serde_json::json;
 use super::conditions::{self, READY};
 use super::{Context, Error, kube_err};
 use crate::api::{NodeCounts, OffloadProfile, OffloadProfileStatus};
-use crate::decision::NodeInfo;
+use crate::index::NodeIndex;
 use crate::names;
 use crate::report::{NodeMemoryModel, OverlapVerdict};
 
-/// Counts the reported nodes a profile's selector matches. `Err` carries the selector error.
-pub fn count_nodes(profile: &OffloadProfile, nodes: &[NodeInfo]) -> Result<NodeCounts, String> {
+/// Counts the reported nodes a profile's selector matches, and the nodes it ignores with the
+/// first reason. `Err` carries the selector error.
+pub fn count_nodes(
+    profile: &OffloadProfile,
+    nodes: &NodeIndex,
+) -> Result<(NodeCounts, Option<String>), String> {
     let selector = match &profile.spec.node_selector {
         Some(s) => Some(Selector::try_from(s.clone()).map_err(|e| e.to_string())?),
         None => None,
     };
     let mut counts = NodeCounts::default();
-    for node in nodes {
+    let mut first_ignored = None;
+    for node in nodes.nodes() {
         if selector.as_ref().is_some_and(|s| !s.matches(&node.labels)) {
+            continue;
+        }
+        if let Some(why) = node.ignored_because() {
+            counts.ignored += 1;
+            first_ignored.get_or_insert_with(|| format!("node {} is ignored: {why}", node.name));
             continue;
         }
         let Some(model) = node.memory_model() else {
@@ -41,14 +51,14 @@ pub fn count_nodes(profile: &OffloadProfile, nodes: &[NodeInfo]) -> Result<NodeC
             OverlapVerdict::Untested => {}
         }
     }
-    Ok(counts)
+    Ok((counts, first_ignored))
 }
 
 /// Reconciles one profile's status.
 pub async fn reconcile(profile: Arc<OffloadProfile>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_timer("OffloadProfile");
     let name = profile.name_any();
-    let nodes = ctx.node_infos();
+    let nodes = ctx.nodes();
     let jobs = ctx
         .jobs
         .state()
@@ -64,11 +74,14 @@ pub async fn reconcile(profile: Arc<OffloadProfile>, ctx: Arc<Context>) -> Resul
     let existing = profile.status.clone().unwrap_or_default();
     let generation = profile.metadata.generation;
     let (counts, ready) = match count_nodes(&profile, &nodes) {
-        Ok(c) if c.total > 0 => {
-            let msg = format!(
+        Ok((c, ignored)) if c.total > 0 => {
+            let mut msg = format!(
                 "{} reported GPU node(s) match: {} coherent, {} HMM, {} discrete; overlap verified on {}, failed on {}",
                 c.total, c.coherent, c.hmm, c.discrete, c.overlap_verified, c.overlap_failed
             );
+            if let Some(why) = ignored {
+                msg.push_str(&format!("; {} more ignored ({why})", c.ignored));
+            }
             (
                 c,
                 conditions::condition(
@@ -81,17 +94,27 @@ pub async fn reconcile(profile: Arc<OffloadProfile>, ctx: Arc<Context>) -> Resul
                 ),
             )
         }
-        Ok(c) => (
-            c,
-            conditions::condition(
-                &existing.conditions,
-                READY,
-                false,
-                "NoMatchingNodes",
-                "no GPU node reported by offload-agent matches this profile's nodeSelector",
-                generation,
-            ),
-        ),
+        Ok((c, ignored)) => {
+            let msg = match ignored {
+                Some(why) => format!(
+                    "no usable GPU node reported by offload-agent matches this profile's nodeSelector; {} ignored ({why})",
+                    c.ignored
+                ),
+                None => "no GPU node reported by offload-agent matches this profile's nodeSelector"
+                    .to_string(),
+            };
+            (
+                c,
+                conditions::condition(
+                    &existing.conditions,
+                    READY,
+                    false,
+                    "NoMatchingNodes",
+                    msg,
+                    generation,
+                ),
+            )
+        }
         Err(e) => (
             NodeCounts::default(),
             conditions::condition(

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::controller::Action;
@@ -14,44 +15,22 @@ use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use super::conditions::{self, OFFLOAD_RESOLVED, WORKLOAD_CREATED};
-use super::workload::{self, build_workload};
-use super::{Context, Error, builtin_default_profile, kube_err};
+use super::status;
+use super::workload::{Workload, build_workload};
+use super::{Context, Error, kube_err};
 use crate::api::{
-    ConfigMapKeyRef, JobPhase, ModeSetting, OffloadDecisionStatus, OverlapSetting, RatioSetting,
-    Switch, TrainingJob, TrainingJobStatus, WorkloadRef,
+    ConfigMapKeyRef, DecisionReason, JobPhase, NodeClass, OffloadDecisionStatus, OffloadMode,
+    TrainingJob, TrainingJobStatus, WorkloadRef,
 };
-use crate::decision::{JobRequest, Resolution, ResolveError, resolve_offload};
+use crate::decision::{
+    AdmittedRequest, JobRequest, ProfileNotFound, Resolution, ResolveError, opted_in,
+    profile_name_for, requested_profile, resolve_offload, select_profile,
+};
 use crate::metrics::DecisionLabels;
 use crate::names;
 use crate::render::{self, deepspeed};
 
-/// Whether a job opted in: it names a profile, or sets any offload field explicitly.
-pub fn opted_in(tj: &TrainingJob) -> bool {
-    tj.annotations().contains_key(names::PROFILE_ANNOTATION) || explicit_offload(tj)
-}
-
-fn explicit_offload(tj: &TrainingJob) -> bool {
-    let o = &tj.spec.offload;
-    o.mode != ModeSetting::Auto
-        || o.overlap != OverlapSetting::Auto
-        || o.offload_ratio != RatioSetting::Auto
-        || o.pin_memory != Switch::Auto
-}
-
-/// The profile a job names (`auto` → `default`); `default` for jobs that opted in through an
-/// explicit `spec.offload` alone.
-pub fn profile_name_for(tj: &TrainingJob) -> String {
-    match tj
-        .annotations()
-        .get(names::PROFILE_ANNOTATION)
-        .map(String::as_str)
-    {
-        Some(names::PROFILE_AUTO) | None => names::DEFAULT_PROFILE.to_string(),
-        Some(name) => name.to_string(),
-    }
-}
-
-/// Whether the job still waits for a decision (no workload yet).
+/// Whether the job still waits for its workload.
 fn unresolved(tj: &TrainingJob) -> bool {
     tj.status
         .as_ref()
@@ -59,7 +38,7 @@ fn unresolved(tj: &TrainingJob) -> bool {
         .is_none()
 }
 
-/// The jobs in the store that deserialized.
+/// The jobs in the cache that deserialized.
 fn valid_jobs(ctx: &Context) -> impl Iterator<Item = TrainingJob> {
     ctx.jobs
         .state()
@@ -104,10 +83,30 @@ pub fn jobs_for_node(
         .collect()
 }
 
+/// Unresolved jobs in `namespace` whose DeepSpeed config is the ConfigMap `name`, for
+/// re-triggering when the user fixes it.
+pub fn jobs_for_config_map(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
+    valid_jobs(ctx)
+        .filter(|tj| tj.namespace().as_deref() == Some(namespace) && unresolved(tj))
+        .filter(|tj| {
+            tj.spec
+                .deepspeed
+                .as_ref()
+                .and_then(|d| d.config_map_ref.as_ref())
+                .is_some_and(|r| r.name == name)
+        })
+        .map(|tj| job_ref(&tj))
+        .collect()
+}
+
 /// Why a job has no decision yet; each carries the condition reason and message.
 enum Unresolved {
     Decision(ResolveError),
-    ProfileNotFound(String),
+    ProfileNotFound(ProfileNotFound),
     Config(String),
 }
 
@@ -123,19 +122,8 @@ impl Unresolved {
     fn message(&self) -> String {
         match self {
             Unresolved::Decision(e) => e.to_string(),
-            Unresolved::ProfileNotFound(name) => format!(
-                "OffloadProfile {name:?} does not exist: create it or change the offload.dev/profile annotation"
-            ),
+            Unresolved::ProfileNotFound(e) => e.to_string(),
             Unresolved::Config(msg) => msg.clone(),
-        }
-    }
-
-    /// Config problems are retried on a timer (ConfigMaps are not watched); the rest are
-    /// re-triggered by profile and node changes or by the job itself.
-    fn retry(&self) -> Action {
-        match self {
-            Unresolved::Config(_) => Action::requeue(Duration::from_secs(30)),
-            _ => Action::await_change(),
         }
     }
 }
@@ -181,34 +169,25 @@ async fn report_invalid(ctx: &Context, invalid: &kube::core::error_boundary::Inv
     let event = Event {
         type_: EventType::Warning,
         reason: "InvalidObject".to_string(),
-        note: Some(
-            format!(
-                "the operator cannot read this TrainingJob and skips it: {}",
-                invalid.error
-            )
-            .chars()
-            .take(1000)
-            .collect(),
-        ),
+        note: Some(format!(
+            "the operator cannot read this TrainingJob and skips it: {}",
+            invalid.error
+        )),
         action: "Reconcile".to_string(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &reference).await {
-        tracing::warn!(error = %e, "could not publish an Event");
-    }
+    publish_to(ctx, &reference, event).await;
 }
 
-async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Error> {
-    if !opted_in(tj) {
-        // Not ours to touch.
-        return Ok(Action::await_change());
-    }
+/// Reconciles one TrainingJob as given (which may be a stale copy: every write is safe for that).
+pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Error> {
     let (Some(ns), name) = (tj.namespace(), tj.name_any()) else {
         return Ok(Action::await_change());
     };
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
 
-    // Frozen once the workload exists: only phase and the workload reference follow it.
+    // Frozen once the workload exists (read from the API, never from the cache): only phase
+    // and the workload reference follow it.
     if let Some(job) = jobs
         .get_opt(&name)
         .await
@@ -217,26 +196,30 @@ async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Error>
         return follow_workload(tj, ctx, &job).await;
     }
 
-    let outcome = decide(tj, ctx).await?;
-    let (res, user_config) = match outcome {
+    if !opted_in(tj) {
+        return run_without_offload(tj, ctx).await;
+    }
+
+    let (res, user_config) = match decide(tj, ctx).await? {
         Ok(pair) => pair,
         Err(why) => {
             record_unresolved(tj, ctx, &why).await?;
-            return Ok(why.retry());
+            return Ok(Action::await_change());
         }
     };
-    let built = match build_workload(tj, &res, user_config.as_ref()) {
+    let built = match build_workload(tj, Some(&res), user_config.as_ref()) {
         Ok(w) => w,
         Err(e) => {
-            let why = Unresolved::Config(e.to_string());
-            record_unresolved(tj, ctx, &why).await?;
-            return Ok(why.retry());
+            record_unresolved(tj, ctx, &Unresolved::Config(e.to_string())).await?;
+            return Ok(Action::await_change());
         }
     };
 
-    // Patch the concrete values into spec.offload (server-side apply, our field manager).
+    // Patch the concrete values into spec.offload before any pod can exist (server-side
+    // apply, our field manager). The write moves the generation on: the status records the
+    // generation it produced.
     let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &ns);
-    let params = PatchParams::apply(names::OPERATOR_MANAGER).force();
+    let mut generation = tj.metadata.generation;
     let concrete = res.concrete_spec();
     if tj.spec.offload != concrete {
         let patch = json!({
@@ -244,15 +227,18 @@ async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Error>
             "kind": TrainingJob::kind(&()),
             "spec": {"offload": concrete},
         });
-        api.patch(&name, &params, &Patch::Apply(&patch))
+        let patched = api
+            .patch(
+                &name,
+                &PatchParams::apply(names::OPERATOR_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
             .await
             .map_err(kube_err("patching spec.offload"))?;
+        generation = patched.metadata.generation;
     }
 
-    // The decision is in spec.offload already (patched above, before any pod can exist); the
-    // status with its reasons is written once, together with the workload reference.
     let existing = existing_conditions(tj);
-    let generation = tj.metadata.generation;
     let resolved = conditions::condition(
         &existing,
         OFFLOAD_RESOLVED,
@@ -262,19 +248,11 @@ async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Error>
         generation,
     );
     let first_resolution = !conditions::unchanged(&existing, &resolved);
-    let mut status = TrainingJobStatus {
-        phase: Some(JobPhase::Pending),
-        offload: Some(decision_status(&res)),
-        workload: None,
-        observed_generation: generation,
-        conditions: existing,
-    };
-    conditions::set(&mut status.conditions, resolved);
     ctx.metrics
         .decisions
         .get_or_create(&DecisionLabels {
-            mode: mode_label(&res),
-            node_class: class_label(&res),
+            mode: mode_label(res.mode),
+            node_class: class_label(res.node_class),
         })
         .inc();
     if first_resolution {
@@ -288,24 +266,147 @@ async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Error>
         .await;
     }
 
-    // Create the workload: deterministic names and server-side apply, so a retry or a restart
-    // mid-way converges on exactly one of each.
-    if let Some(cm) = &built.config_map {
+    let mut status = TrainingJobStatus {
+        phase: Some(JobPhase::Pending),
+        offload: Some(decision_status(&res)),
+        workload: None,
+        observed_generation: generation,
+        conditions: existing,
+    };
+    conditions::set(&mut status.conditions, resolved);
+    if let Some(action) = apply_workload(tj, ctx, &built, &mut status).await? {
+        return Ok(action);
+    }
+    publish(
+        ctx,
+        tj,
+        EventType::Normal,
+        "WorkloadCreated",
+        &format!("created Job {name} with {}", render::resolved_summary(&res)),
+    )
+    .await;
+    Ok(Action::await_change())
+}
+
+/// A TrainingJob that opted out of offload configuration (no profile annotation, no offload
+/// field): it is still our kind, so it runs, without offload settings, and its status says so.
+async fn run_without_offload(tj: &TrainingJob, ctx: &Context) -> Result<Action, Error> {
+    let built = match build_workload(tj, None, None) {
+        Ok(w) => w,
+        Err(e) => {
+            record_unresolved(tj, ctx, &Unresolved::Config(e.to_string())).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    let existing = existing_conditions(tj);
+    let not_requested = conditions::condition(
+        &existing,
+        OFFLOAD_RESOLVED,
+        false,
+        "NotRequested",
+        format!(
+            "the job names no OffloadProfile (annotation {}) and sets no spec.offload field, so it runs without offload configuration",
+            names::PROFILE_ANNOTATION
+        ),
+        tj.metadata.generation,
+    );
+    let mut status = TrainingJobStatus {
+        phase: Some(JobPhase::Pending),
+        offload: None,
+        workload: None,
+        observed_generation: tj.metadata.generation,
+        conditions: existing,
+    };
+    conditions::set(&mut status.conditions, not_requested);
+    if let Some(action) = apply_workload(tj, ctx, &built, &mut status).await? {
+        return Ok(action);
+    }
+    publish(
+        ctx,
+        tj,
+        EventType::Normal,
+        "WorkloadCreated",
+        &format!(
+            "created Job {} without offload configuration (none requested)",
+            tj.name_any()
+        ),
+    )
+    .await;
+    Ok(Action::await_change())
+}
+
+/// Whether an API error will repeat until something changes (the job, the cluster's limits,
+/// RBAC), as opposed to a conflict, throttling or an outage that a retry fixes.
+fn lasting(e: &kube::Error) -> Option<String> {
+    match e {
+        kube::Error::Api(s) if matches!(s.code, 400 | 403 | 413 | 422) => {
+            Some(format!("{} ({})", s.message, s.code))
+        }
+        _ => None,
+    }
+}
+
+/// Creates the workload (deterministic names and server-side apply, so a retry or a restart
+/// mid-way converges on exactly one of each), then writes `status` with the workload in it.
+/// An apply the API server refuses for a lasting reason is written into `status` as
+/// `WorkloadCreated=False` with the server's message, and an action is returned.
+async fn apply_workload(
+    tj: &TrainingJob,
+    ctx: &Context,
+    built: &Workload,
+    status: &mut TrainingJobStatus,
+) -> Result<Option<Action>, Error> {
+    let name = tj.name_any();
+    let ns = tj.namespace().unwrap_or_default();
+    let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &ns);
+    let applied = async {
+        if let Some(cm) = &built.config_map {
+            apply(
+                &Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns),
+                cm,
+                "applying the config ConfigMap",
+            )
+            .await?;
+        }
         apply(
-            &Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns),
-            cm,
-            "applying the config ConfigMap",
+            &Api::<Service>::namespaced(ctx.client.clone(), &ns),
+            &built.service,
+            "applying the rendezvous Service",
         )
         .await?;
+        apply(
+            &Api::<Job>::namespaced(ctx.client.clone(), &ns),
+            &built.job,
+            "applying the workload Job",
+        )
+        .await
     }
-    apply(
-        &Api::<Service>::namespaced(ctx.client.clone(), &ns),
-        &built.service,
-        "applying the rendezvous Service",
-    )
-    .await?;
-    apply(&jobs, &built.job, "applying the workload Job").await?;
-
+    .await;
+    if let Err(err) = applied {
+        let Error::Kube { action, source } = &err else {
+            return Err(err);
+        };
+        let Some(detail) = lasting(source) else {
+            return Err(err);
+        };
+        let message = format!("{action} failed: {detail}");
+        let failed = conditions::condition(
+            &status.conditions,
+            WORKLOAD_CREATED,
+            false,
+            "ApplyFailed",
+            &message,
+            status.observed_generation,
+        );
+        if !conditions::unchanged(&existing_conditions(tj), &failed) {
+            conditions::set(&mut status.conditions, failed);
+            status::apply_decision(&api, &name, status).await?;
+            publish(ctx, tj, EventType::Warning, "ApplyFailed", &message).await;
+        }
+        // A change of the job re-triggers sooner; otherwise try again now and then (the cause
+        // may be outside the job: RBAC, a quota, an admission policy).
+        return Ok(Some(Action::requeue(Duration::from_secs(300))));
+    }
     status.workload = Some(WorkloadRef {
         job: name.clone(),
         service: name.clone(),
@@ -314,55 +415,39 @@ async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Error>
             .as_ref()
             .and_then(|c| c.metadata.name.clone()),
     });
-    let created = workload_created(&status.conditions, &name, generation);
+    let created = workload_created(&status.conditions, &name, status.observed_generation);
     conditions::set(&mut status.conditions, created);
-    apply_status(&api, &name, &status).await?;
-    publish(
-        ctx,
-        tj,
-        EventType::Normal,
-        "WorkloadCreated",
-        &format!(
-            "created Job {name} with {}",
-            workload::resolved_summary(&res)
-        ),
-    )
-    .await;
-    Ok(Action::await_change())
+    status::apply_decision(&api, &name, status).await?;
+    Ok(None)
 }
 
 type Decided = Result<(Resolution, Option<Value>), Unresolved>;
 
 /// Resolves the job against the current profiles and nodes.
 async fn decide(tj: &TrainingJob, ctx: &Context) -> Result<Decided, Error> {
-    let profile_name = profile_name_for(tj);
-    let profile = match ctx.profile(&profile_name) {
-        Some(p) => p.spec.clone(),
-        // A job that only set spec.offload, with no `default` profile: built-in defaults.
-        None if !tj.annotations().contains_key(names::PROFILE_ANNOTATION) => {
-            builtin_default_profile()
-        }
-        None => return Ok(Err(Unresolved::ProfileNotFound(profile_name))),
+    let profile = match select_profile(requested_profile(tj), |name| {
+        ctx.profile(name).map(|p| p.spec.clone())
+    }) {
+        Ok(p) => p,
+        Err(missing) => return Ok(Err(Unresolved::ProfileNotFound(missing))),
     };
     let (user_config, stage) = match read_deepspeed_config(tj, ctx).await? {
         Ok(pair) => pair,
         Err(msg) => return Ok(Err(Unresolved::Config(msg))),
     };
-    let nodes = ctx.node_infos();
     let gpus = render::gpus_per_pod(tj.spec.template.spec.as_ref());
     let mut request = JobRequest::from_training_job(&tj.spec, gpus, stage);
-    // Where the webhook resolved `Auto` at creation, decide (and explain) from what the user
-    // asked for; the result is the same, the reasons say why.
-    if let Some(requested) = tj
-        .annotations()
-        .get(names::ANNOTATION_REQUESTED)
-        .and_then(|json| serde_json::from_str::<crate::api::OffloadSpec>(json).ok())
-    {
-        request.offload = requested;
+    // Where the webhook resolved `Auto` at creation and the spec still holds what it wrote,
+    // decide (and explain) from what the user asked for; once the user edits spec.offload,
+    // the spec is the request.
+    if let Some(asked) = AdmittedRequest::original(tj) {
+        request.offload = asked;
     }
-    Ok(resolve_offload(&request, &profile_name, &profile, &nodes)
-        .map(|res| (res, user_config))
-        .map_err(Unresolved::Decision))
+    Ok(
+        resolve_offload(&request, &profile.name, &profile.spec, &ctx.nodes())
+            .map(|res| (res, user_config))
+            .map_err(Unresolved::Decision),
+    )
 }
 
 /// Reads the user's DeepSpeed ConfigMap, if referenced: the parsed JSON and its ZeRO stage, or
@@ -388,12 +473,12 @@ async fn read_deepspeed_config(
         .map_err(kube_err("reading the DeepSpeed ConfigMap"))?
     else {
         return Ok(Err(format!(
-            "ConfigMap {name:?} (deepspeed.configMapRef) does not exist in namespace {ns:?}"
+            "ConfigMap {name:?} (spec.deepspeed.configMapRef) does not exist in namespace {ns:?}"
         )));
     };
     let Some(text) = cm.data.as_ref().and_then(|d| d.get(&key)) else {
         return Ok(Err(format!(
-            "ConfigMap {name:?} has no key {key:?} (deepspeed.configMapRef.key)"
+            "ConfigMap {name:?} has no key {key:?} (spec.deepspeed.configMapRef.key)"
         )));
     };
     let parsed = match deepspeed::parse_config(text) {
@@ -404,7 +489,7 @@ async fn read_deepspeed_config(
     Ok(Ok((Some(parsed), stage)))
 }
 
-/// Keeps phase and the workload reference in step with the Job; never touches the config.
+/// Keeps phase and the workload reference in step with the Job; never touches the decision.
 async fn follow_workload(tj: &TrainingJob, ctx: &Context, job: &Job) -> Result<Action, Error> {
     let name = tj.name_any();
     let owned = job
@@ -413,11 +498,11 @@ async fn follow_workload(tj: &TrainingJob, ctx: &Context, job: &Job) -> Result<A
         .any(|o| o.controller == Some(true) && Some(&o.uid) == tj.metadata.uid.as_ref());
     let api: Api<TrainingJob> =
         Api::namespaced(ctx.client.clone(), &tj.namespace().unwrap_or_default());
-    let mut status = tj.status.clone().unwrap_or_default();
+    let current = tj.status.clone().unwrap_or_default();
     let generation = tj.metadata.generation;
     if !owned {
         let cond = conditions::condition(
-            &status.conditions,
+            &current.conditions,
             WORKLOAD_CREATED,
             false,
             "NameConflict",
@@ -426,9 +511,8 @@ async fn follow_workload(tj: &TrainingJob, ctx: &Context, job: &Job) -> Result<A
             ),
             generation,
         );
-        if !conditions::unchanged(&status.conditions, &cond) {
-            conditions::set(&mut status.conditions, cond);
-            apply_status(&api, &name, &status).await?;
+        if !conditions::unchanged(&current.conditions, &cond) {
+            status::apply_workload(&api, &name, JobPhase::Pending, None, &cond).await?;
             publish(
                 ctx,
                 tj,
@@ -444,7 +528,7 @@ async fn follow_workload(tj: &TrainingJob, ctx: &Context, job: &Job) -> Result<A
     let workload = WorkloadRef {
         job: name.clone(),
         service: name.clone(),
-        config_map: status
+        config_map: current
             .workload
             .as_ref()
             .and_then(|w| w.config_map.clone())
@@ -458,17 +542,14 @@ async fn follow_workload(tj: &TrainingJob, ctx: &Context, job: &Job) -> Result<A
                     .map(|c| c.name.clone())
             }),
     };
-    let created = workload_created(&status.conditions, &name, generation);
-    if status.phase == Some(phase)
-        && status.workload.as_ref() == Some(&workload)
-        && conditions::unchanged(&status.conditions, &created)
+    let created = workload_created(&current.conditions, &name, generation);
+    if current.phase == Some(phase)
+        && current.workload.as_ref() == Some(&workload)
+        && conditions::unchanged(&current.conditions, &created)
     {
         return Ok(Action::await_change());
     }
-    status.phase = Some(phase);
-    status.workload = Some(workload);
-    conditions::set(&mut status.conditions, created);
-    apply_status(&api, &name, &status).await?;
+    status::apply_workload(&api, &name, phase, Some(&workload), &created).await?;
     Ok(Action::await_change())
 }
 
@@ -499,23 +580,32 @@ async fn record_unresolved(tj: &TrainingJob, ctx: &Context, why: &Unresolved) ->
     let name = tj.name_any();
     let api: Api<TrainingJob> =
         Api::namespaced(ctx.client.clone(), &tj.namespace().unwrap_or_default());
-    let mut status = tj.status.clone().unwrap_or_default();
+    let current = tj.status.clone().unwrap_or_default();
+    let generation = tj.metadata.generation;
     let cond = conditions::condition(
-        &status.conditions,
+        &current.conditions,
         OFFLOAD_RESOLVED,
         false,
         why.reason(),
         why.message(),
-        tj.metadata.generation,
+        generation,
     );
-    if conditions::unchanged(&status.conditions, &cond) && status.phase == Some(JobPhase::Pending) {
+    if conditions::unchanged(&current.conditions, &cond)
+        && current.phase == Some(JobPhase::Pending)
+        && current.observed_generation == generation
+        && current.offload.is_none()
+    {
         return Ok(());
     }
-    conditions::set(&mut status.conditions, cond);
-    status.phase = Some(JobPhase::Pending);
-    status.offload = None;
-    status.observed_generation = tj.metadata.generation;
-    apply_status(&api, &name, &status).await?;
+    // Only the decision part: no offload (it is not resolved), the held condition.
+    let status = TrainingJobStatus {
+        phase: Some(JobPhase::Pending),
+        offload: None,
+        workload: None,
+        observed_generation: generation,
+        conditions: vec![cond],
+    };
+    status::apply_decision(&api, &name, &status).await?;
     ctx.metrics
         .decisions
         .get_or_create(&DecisionLabels {
@@ -528,11 +618,7 @@ async fn record_unresolved(tj: &TrainingJob, ctx: &Context, why: &Unresolved) ->
 }
 
 /// The `WorkloadCreated=True` condition, built the same way by creation and by follow-up.
-fn workload_created(
-    existing: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
-    name: &str,
-    generation: Option<i64>,
-) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+fn workload_created(existing: &[Condition], name: &str, generation: Option<i64>) -> Condition {
     conditions::condition(
         existing,
         WORKLOAD_CREATED,
@@ -543,9 +629,7 @@ fn workload_created(
     )
 }
 
-fn existing_conditions(
-    tj: &TrainingJob,
-) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+fn existing_conditions(tj: &TrainingJob) -> Vec<Condition> {
     tj.status
         .as_ref()
         .map(|s| s.conditions.clone())
@@ -565,7 +649,7 @@ fn decision_status(res: &Resolution) -> OffloadDecisionStatus {
         reasons: res
             .reasons
             .iter()
-            .map(|r| crate::api::DecisionReason {
+            .map(|r| DecisionReason {
                 field: r.field.as_str().to_string(),
                 message: r.message.clone(),
             })
@@ -573,40 +657,20 @@ fn decision_status(res: &Resolution) -> OffloadDecisionStatus {
     }
 }
 
-fn mode_label(res: &Resolution) -> &'static str {
-    match res.mode {
-        crate::api::OffloadMode::UnifiedMemory => "UnifiedMemory",
-        crate::api::OffloadMode::CpuCopy => "CPUCopy",
-        crate::api::OffloadMode::Disabled => "Disabled",
+fn mode_label(mode: OffloadMode) -> &'static str {
+    match mode {
+        OffloadMode::UnifiedMemory => "UnifiedMemory",
+        OffloadMode::CpuCopy => "CPUCopy",
+        OffloadMode::Disabled => "Disabled",
     }
 }
 
-fn class_label(res: &Resolution) -> &'static str {
-    match res.node_class {
-        Some(crate::api::NodeClass::Coherent) => "Coherent",
-        Some(crate::api::NodeClass::Discrete) => "Discrete",
+fn class_label(class: Option<NodeClass>) -> &'static str {
+    match class {
+        Some(NodeClass::Coherent) => "Coherent",
+        Some(NodeClass::Discrete) => "Discrete",
         None => "none",
     }
-}
-
-async fn apply_status(
-    api: &Api<TrainingJob>,
-    name: &str,
-    status: &TrainingJobStatus,
-) -> Result<(), Error> {
-    let patch = json!({
-        "apiVersion": TrainingJob::api_version(&()),
-        "kind": TrainingJob::kind(&()),
-        "status": status,
-    });
-    api.patch_status(
-        name,
-        &PatchParams::apply(names::OPERATOR_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(kube_err("writing TrainingJob status"))?;
-    Ok(())
 }
 
 async fn apply<K>(api: &Api<K>, obj: &K, action: &'static str) -> Result<(), Error>
@@ -632,16 +696,46 @@ where
 }
 
 async fn publish(ctx: &Context, tj: &TrainingJob, type_: EventType, reason: &str, note: &str) {
-    // Event notes are capped at 1 kB by the API server.
-    let note: String = note.chars().take(1000).collect();
     let event = Event {
         type_,
         reason: reason.to_string(),
-        note: Some(note),
+        note: Some(note.to_string()),
         action: "Reconcile".to_string(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &tj.object_ref(&())).await {
+    publish_to(ctx, &tj.object_ref(&()), event).await;
+}
+
+async fn publish_to(
+    ctx: &Context,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    mut event: Event,
+) {
+    // Event notes are capped at 1 kB by the API server.
+    event.note = event.note.map(|n| n.chars().take(1000).collect());
+    if let Err(e) = ctx.recorder.publish(&event, reference).await {
         tracing::warn!(error = %e, "could not publish an Event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_refusals_that_repeat_become_conditions() {
+        let api = |code: u16| {
+            kube::Error::Api(
+                kube::core::Status::failure("refused", "Reason")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        for code in [400, 403, 413, 422] {
+            assert!(lasting(&api(code)).is_some(), "{code}");
+        }
+        for code in [409, 429, 500, 503] {
+            assert!(lasting(&api(code)).is_none(), "{code}");
+        }
     }
 }

@@ -14,13 +14,10 @@ use serde_json::Value;
 
 use crate::api::TrainingJob;
 use crate::decision::{FrameworkPlan, Resolution};
+use crate::names;
 use crate::render::deepspeed::{self, DeepSpeedConfigError};
 use crate::render::{self, ConfigMount};
 
-/// Label on every object and pod of a TrainingJob's workload.
-pub const JOB_LABEL: &str = "offload.dev/training-job";
-/// Pod annotation summarising the resolved configuration (for `kubectl describe`).
-pub const RESOLVED_ANNOTATION: &str = "offload.dev/resolved";
 /// Port of the rendezvous Service (torch.distributed default).
 pub const RENDEZVOUS_PORT: i32 = 29500;
 
@@ -44,31 +41,30 @@ pub enum BuildError {
     /// The user's DeepSpeed config cannot take the offload section.
     #[error(transparent)]
     DeepSpeed(#[from] DeepSpeedConfigError),
+    /// The merged config does not fit in a ConfigMap.
+    #[error(
+        "the merged DeepSpeed config is {bytes} bytes, more than the {MAX_CONFIG_MAP_DATA} bytes a ConfigMap holds: shorten the config in deepspeed.configMapRef"
+    )]
+    ConfigTooLarge {
+        /// Size of the merged config.
+        bytes: usize,
+    },
 }
+
+/// Most bytes of data (keys and values) the API server accepts in one ConfigMap.
+pub const MAX_CONFIG_MAP_DATA: usize = 1024 * 1024;
 
 /// Name of the ConfigMap holding the rendered config.
 pub fn config_map_name(job_name: &str) -> String {
     format!("{job_name}-offload")
 }
 
-/// One-line summary of a resolution, for the pod annotation and `kubectl describe`.
-pub fn resolved_summary(res: &Resolution) -> String {
-    format!(
-        "mode={} overlap={} ratio={} pinMemory={} nodeClass={} profile={}",
-        res.mode,
-        res.overlap,
-        render::format_ratio(res.ratio),
-        res.pin_memory,
-        res.node_class.map_or("none".to_string(), |c| c.to_string()),
-        res.profile
-    )
-}
-
-/// Builds the workload. `user_config` is the user's DeepSpeed JSON (already parsed), if the job
-/// references one.
+/// Builds the workload. `res` is the job's resolution (`None` for a job that asked for no offload
+/// configuration: it runs as written); `user_config` is the user's DeepSpeed JSON (already
+/// parsed), if the job references one.
 pub fn build_workload(
     tj: &TrainingJob,
-    res: &Resolution,
+    res: Option<&Resolution>,
     user_config: Option<&Value>,
 ) -> Result<Workload, BuildError> {
     let name = tj
@@ -84,7 +80,7 @@ pub fn build_workload(
     let owner = tj
         .controller_owner_ref(&())
         .ok_or(BuildError::Missing("uid"))?;
-    let labels = BTreeMap::from([(JOB_LABEL.to_string(), name.clone())]);
+    let labels = BTreeMap::from([(names::LABEL_TRAINING_JOB.to_string(), name.clone())]);
     let meta = |object_name: String| ObjectMeta {
         name: Some(object_name),
         namespace: Some(namespace.clone()),
@@ -94,11 +90,16 @@ pub fn build_workload(
     };
 
     // Framework config.
-    let (config_map, mount) = match &res.framework {
-        FrameworkPlan::DeepSpeed(plan) => {
+    let (config_map, mount) = match res.map(|r| (r, &r.framework)) {
+        Some((res, FrameworkPlan::DeepSpeed(plan))) => {
             let empty = Value::Object(serde_json::Map::new());
             let merged = deepspeed::merge_config(user_config.unwrap_or(&empty), res, plan)?;
-            let text = serde_json::to_string_pretty(&merged).unwrap_or_else(|_| merged.to_string());
+            // Compact: a config the user kept under the ConfigMap limit must not outgrow it here.
+            let text = merged.to_string();
+            let bytes = text.len() + deepspeed::CONFIG_FILE_NAME.len();
+            if bytes > MAX_CONFIG_MAP_DATA {
+                return Err(BuildError::ConfigTooLarge { bytes });
+            }
             let mount = ConfigMount {
                 config_map: config_map_name(&name),
                 key: deepspeed::CONFIG_FILE_NAME.to_string(),
@@ -116,21 +117,29 @@ pub fn build_workload(
             };
             (Some(cm), Some(mount))
         }
-        FrameworkPlan::Fsdp(_) | FrameworkPlan::Generic => (None, None),
+        _ => (None, None),
     };
 
     // Pod template.
     let mut template = tj.spec.template.clone();
-    render::apply_to_pod_template(&mut template, res, mount.as_ref());
-    let tmeta = template.metadata.get_or_insert_with(ObjectMeta::default);
-    tmeta
+    if let Some(res) = res {
+        render::apply_to_pod_template(&mut template, res, mount.as_ref());
+        template
+            .metadata
+            .get_or_insert_with(ObjectMeta::default)
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(
+                names::ANNOTATION_RESOLVED.to_string(),
+                render::resolved_summary(res),
+            );
+    }
+    template
+        .metadata
+        .get_or_insert_with(ObjectMeta::default)
         .labels
         .get_or_insert_with(BTreeMap::new)
-        .insert(JOB_LABEL.to_string(), name.clone());
-    tmeta
-        .annotations
-        .get_or_insert_with(BTreeMap::new)
-        .insert(RESOLVED_ANNOTATION.to_string(), resolved_summary(res));
+        .insert(names::LABEL_TRAINING_JOB.to_string(), name.clone());
     let spec = template.spec.get_or_insert_with(PodSpec::default);
     spec.subdomain = Some(name.clone());
     if spec.restart_policy.is_none() {

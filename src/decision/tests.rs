@@ -6,9 +6,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use proptest::prelude::*;
 
 use super::*;
-use crate::api::{FrameworkSpec, OffloadProfileSpec};
+use crate::api::{Framework, FrameworkSpec, ModeSetting, ModelHints, OffloadProfileSpec};
+use crate::index::{NodeIndex, NodeInfo};
 use crate::names;
-use crate::report::{NodeReport, fixtures};
+use crate::report::NodeReport;
+use offload_testenv::fixtures;
 
 // ---- helpers -------------------------------------------------------------------------------
 
@@ -32,28 +34,37 @@ fn h200(name: &str) -> NodeInfo {
 }
 
 fn hmm(name: &str) -> NodeInfo {
-    node_from(name, fixtures::HMM_MEMLOCK)
+    node_from(name, fixtures::HMM_UNPINNED)
 }
 
 /// A node the agent has never labelled.
 fn unreported(name: &str) -> NodeInfo {
-    NodeInfo {
-        name: name.to_string(),
-        labels: BTreeMap::from([("kubernetes.io/hostname".to_string(), name.to_string())]),
-        report: None,
-    }
+    NodeInfo::new(
+        name,
+        BTreeMap::from([("kubernetes.io/hostname".to_string(), name.to_string())]),
+        None,
+    )
 }
 
-fn with_label(mut n: NodeInfo, k: &str, v: &str) -> NodeInfo {
-    n.labels.insert(k.to_string(), v.to_string());
-    n
+/// The node with one more (or one changed) label, its report untouched.
+fn with_label(n: NodeInfo, k: &str, v: &str) -> NodeInfo {
+    let mut labels = n.labels.clone();
+    labels.insert(k.to_string(), v.to_string());
+    NodeInfo::new(n.name.clone(), labels, n.report.clone())
 }
 
-fn with_report(mut n: NodeInfo, edit: impl FnOnce(&mut NodeReport)) -> NodeInfo {
-    if let Some(Ok(r)) = n.report.as_mut() {
-        edit(r);
-    }
-    n
+/// The node re-published by the agent with an edited report (labels follow the report).
+fn with_report(n: NodeInfo, edit: impl FnOnce(&mut NodeReport)) -> NodeInfo {
+    let mut report = n.parsed_report().cloned().unwrap();
+    edit(&mut report);
+    let mut labels = n.labels.clone();
+    labels.extend(report.labels());
+    NodeInfo::new(n.name.clone(), labels, Some(Ok(report)))
+}
+
+/// The index of some nodes.
+fn idx(nodes: &[NodeInfo]) -> NodeIndex {
+    NodeIndex::new(nodes.to_vec())
 }
 
 fn deepspeed(version: &str) -> JobRequest {
@@ -95,7 +106,7 @@ fn profile() -> OffloadProfileSpec {
 }
 
 fn resolve(job: &JobRequest, nodes: &[NodeInfo]) -> Result<Resolution, ResolveError> {
-    resolve_offload(job, "default", &profile(), nodes)
+    resolve_offload(job, "default", &profile(), &idx(nodes))
 }
 
 fn reason(res: &Resolution, field: Field) -> String {
@@ -140,23 +151,41 @@ fn discrete_nodes_get_cpu_copy_and_never_superoffload_by_themselves() {
 }
 
 #[test]
-fn hmm_nodes_are_discrete_class_and_memlock_turns_pinning_and_overlap_off() {
+fn hmm_nodes_are_discrete_class_and_unpinnable_memory_turns_pinning_and_overlap_off() {
     let res = resolve(&deepspeed("0.19.8"), &[hmm("p-a")]).unwrap();
     assert_eq!(res.mode, OffloadMode::CpuCopy);
     assert_eq!(res.node_class, Some(NodeClass::Discrete));
     assert!(!res.overlap);
     assert!(reason(&res, Field::Overlap).contains("failed on node p-a"));
     assert!(!res.pin_memory);
-    assert!(reason(&res, Field::PinMemory).contains("memlock"));
+    let why = reason(&res, Field::PinMemory);
+    assert!(
+        why.contains("could not allocate pinned memory on p-a"),
+        "{why}"
+    );
+    assert!(why.contains("CUDA_ERROR_OUT_OF_MEMORY"), "{why}");
 }
 
 #[test]
-fn explicit_pin_memory_wins_over_a_memlock_warning() {
+fn explicit_pin_memory_wins_over_an_unpinnable_node() {
     let mut job = deepspeed("0.19.8");
     job.offload.pin_memory = Switch::Enabled;
     let res = resolve(&job, &[hmm("p-a")]).unwrap();
     assert!(res.pin_memory);
-    assert!(reason(&res, Field::PinMemory).contains("memlock limit"));
+    let why = reason(&res, Field::PinMemory);
+    assert!(why.contains("pod's memory limit"), "{why}");
+}
+
+/// A node's error text reaches every job's status: it is bounded there.
+#[test]
+fn a_huge_pinned_error_is_cut_in_the_reason() {
+    let node = with_report(hmm("p-a"), |r| {
+        r.selftest.pinned_error = Some("E".repeat(200_000));
+    });
+    let res = resolve(&deepspeed("0.19.8"), &[node]).unwrap();
+    let why = reason(&res, Field::PinMemory);
+    assert!(why.len() < 600, "{} bytes", why.len());
+    assert!(why.contains('…'));
 }
 
 #[test]
@@ -188,7 +217,7 @@ fn mixed_cluster_prefers_the_profile_order() {
 
     let mut discrete_first = profile();
     discrete_first.node_class_order = vec![NodeClass::Discrete, NodeClass::Coherent];
-    let res = resolve_offload(&deepspeed("0.19.8"), "p", &discrete_first, &nodes).unwrap();
+    let res = resolve_offload(&deepspeed("0.19.8"), "p", &discrete_first, &idx(&nodes)).unwrap();
     assert_eq!(res.node_class, Some(NodeClass::Discrete));
     assert_eq!(res.mode, OffloadMode::CpuCopy);
 }
@@ -241,7 +270,7 @@ fn unified_memory_without_coherent_nodes_is_a_clear_error() {
 fn unified_memory_from_the_profile_says_so() {
     let mut p = profile();
     p.mode = ModeSetting::UnifiedMemory;
-    let res = resolve_offload(&deepspeed("0.19.8"), "uma", &p, &[gh200("gh-a")]).unwrap();
+    let res = resolve_offload(&deepspeed("0.19.8"), "uma", &p, &idx(&[gh200("gh-a")])).unwrap();
     assert!(reason(&res, Field::Mode).contains("requested by the profile"));
 }
 
@@ -258,7 +287,7 @@ fn cpu_copy_on_coherent_nodes_needs_the_profile_to_allow_it() {
 
     let mut p = profile();
     p.allow_cpu_copy_on_coherent_nodes = true;
-    let res = resolve_offload(&job, "copy", &p, &[gh200("gh-a")]).unwrap();
+    let res = resolve_offload(&job, "copy", &p, &idx(&[gh200("gh-a")])).unwrap();
     assert_eq!(res.mode, OffloadMode::CpuCopy);
     assert_eq!(res.node_class, Some(NodeClass::Coherent));
     assert!(
@@ -295,7 +324,7 @@ fn profile_selector_narrows_the_candidates() {
         match_labels: Some(BTreeMap::from([("pool".into(), "train".into())])),
         match_expressions: None,
     });
-    let res = resolve_offload(&deepspeed("0.19.8"), "train", &p, &nodes).unwrap();
+    let res = resolve_offload(&deepspeed("0.19.8"), "train", &p, &idx(&nodes)).unwrap();
     assert_eq!(res.node_class, Some(NodeClass::Discrete));
     assert_eq!(res.node_selector, p.node_selector);
 
@@ -307,7 +336,7 @@ fn profile_selector_narrows_the_candidates() {
             values: None,
         }]),
     });
-    let err = resolve_offload(&deepspeed("0.19.8"), "train", &p, &nodes).unwrap_err();
+    let err = resolve_offload(&deepspeed("0.19.8"), "train", &p, &idx(&nodes)).unwrap_err();
     assert_eq!(err.category(), "InvalidProfileSelector");
 }
 
@@ -317,7 +346,13 @@ fn profile_selector_narrows_the_candidates() {
 fn overlap_auto_compares_the_lowest_efficiency_with_the_profile_minimum() {
     let mut strict = profile();
     strict.min_overlap_efficiency = 0.95;
-    let res = resolve_offload(&deepspeed("0.19.8"), "strict", &strict, &[gh200("gh-a")]).unwrap();
+    let res = resolve_offload(
+        &deepspeed("0.19.8"),
+        "strict",
+        &strict,
+        &idx(&[gh200("gh-a")]),
+    )
+    .unwrap();
     assert!(!res.overlap);
     let why = reason(&res, Field::Overlap);
     assert!(why.contains("0.91") && why.contains("0.95"), "{why}");
@@ -332,20 +367,29 @@ fn overlap_auto_compares_the_lowest_efficiency_with_the_profile_minimum() {
 
 #[test]
 fn overlap_auto_is_off_when_any_chosen_node_is_untested_or_unreadable() {
-    let untested = with_label(gh200("gh-b"), names::LABEL_OVERLAP, "untested");
+    let untested = with_report(gh200("gh-b"), |r| {
+        r.selftest.verdict = crate::report::OverlapVerdict::Untested;
+        r.selftest.efficiency = None;
+    });
     let res = resolve(&deepspeed("0.19.8"), &[gh200("gh-a"), untested]).unwrap();
     assert!(!res.overlap);
     assert!(reason(&res, Field::Overlap).contains("gh-b has not run"));
 
-    let mut broken = gh200("gh-c");
-    broken.report = Some(NodeReport::parse("{\"schemaVersion\": 99}"));
-    let res = resolve(&deepspeed("0.19.8"), &[broken]).unwrap();
+    // A label that contradicts the report is a conflict, not a verdict.
+    let conflicting = with_label(gh200("gh-c"), names::LABEL_OVERLAP, "failed");
+    let res = resolve(&deepspeed("0.19.8"), &[conflicting]).unwrap();
     assert!(!res.overlap);
-    assert!(
-        reason(&res, Field::Overlap).contains("unreadable"),
-        "{}",
-        reason(&res, Field::Overlap)
+    let why = reason(&res, Field::Overlap);
+    assert!(why.contains("contradicts its report"), "{why}");
+
+    // An unreadable report makes the node no candidate at all.
+    let broken = NodeInfo::new(
+        "gh-d",
+        gh200("gh-d").labels,
+        Some(NodeReport::parse("{\"schemaVersion\": 99}")),
     );
+    let err = resolve(&deepspeed("0.19.8"), &[broken]).unwrap_err();
+    assert!(matches!(err, ResolveError::NoReportedNodes { .. }), "{err}");
 }
 
 #[test]
@@ -481,10 +525,10 @@ fn a_job_ratio_the_framework_cannot_take_is_rejected_with_what_to_change() {
 fn a_profile_ratio_the_framework_cannot_take_is_lowered() {
     let mut p = profile();
     p.offload_ratio = RatioSetting::Fixed(0.5);
-    let res = resolve_offload(&fsdp("2.6.0"), "half", &p, &[h200("h")]).unwrap();
+    let res = resolve_offload(&fsdp("2.6.0"), "half", &p, &idx(&[h200("h")])).unwrap();
     assert_eq!(res.ratio, 1.0);
     assert!(reason(&res, Field::OffloadRatio).contains("lowered"));
-    let res = resolve_offload(&deepspeed("0.19.8"), "half", &p, &[h200("h")]).unwrap();
+    let res = resolve_offload(&deepspeed("0.19.8"), "half", &p, &idx(&[h200("h")])).unwrap();
     assert_eq!(res.ratio, 0.5);
     assert!(ds_plan(&res).write_ratio);
 }
@@ -603,7 +647,7 @@ fn arb_node() -> impl Strategy<Value = NodeInfo> {
     let fixture = prop::sample::select(vec![
         Some(fixtures::GH200_REFERENCE),
         Some(fixtures::H200_READING),
-        Some(fixtures::HMM_MEMLOCK),
+        Some(fixtures::HMM_UNPINNED),
         None,
     ]);
     let efficiency = prop::option::of(0.0f64..1.0);
@@ -626,11 +670,7 @@ fn arb_node() -> impl Strategy<Value = NodeInfo> {
                 r.selftest.efficiency = efficiency;
                 Ok(r)
             });
-            NodeInfo {
-                name,
-                labels,
-                report,
-            }
+            NodeInfo::new(name, labels, report)
         },
     )
 }
@@ -757,18 +797,29 @@ proptest! {
     fn unified_memory_only_ever_lands_on_coherent_nodes(
         job in arb_job(), p in arb_profile(), nodes in arb_nodes()
     ) {
-        if let Ok(res) = resolve_offload(&job, "p", &p, &nodes) {
+        if let Ok(res) = resolve_offload(&job, "p", &p, &idx(&nodes)) {
             let reqs = crate::render::node_requirements(&res);
             if res.mode == OffloadMode::UnifiedMemory {
                 prop_assert_eq!(res.node_class, Some(NodeClass::Coherent));
             }
             if let Some(class) = res.node_class {
+                // Scheduling admits only nodes whose labels state the class; the nodes the
+                // decision counted for it are of that class by their reports. (A node whose
+                // labels lie about its report is never counted; the start-up guard stops a pod
+                // that lands on one.)
                 for n in &nodes {
                     if admits(&reqs, &n.labels) {
-                        let model = n.memory_model();
-                        prop_assert!(model.is_some_and(|m| class_admits(class, m)),
-                            "{} admitted for {:?} with labels {:?}", n.name, class, n.labels);
+                        let labelled = crate::labels::NodeLabels::parse(&n.labels)
+                            .ok()
+                            .flatten()
+                            .and_then(|l| l.class());
+                        prop_assert_eq!(labelled, Some(class),
+                            "{} admitted for {:?} with labels {:?}", &n.name, class, &n.labels);
                     }
+                }
+                for n in idx(&nodes).class(class) {
+                    prop_assert!(n.memory_model().is_some_and(|m| class_admits(class, m)),
+                        "{} counted for {:?}", &n.name, class);
                 }
             }
         }
@@ -779,11 +830,11 @@ proptest! {
     fn resolution_is_deterministic(
         job in arb_job(), p in arb_profile(), nodes in arb_nodes()
     ) {
-        let first = resolve_offload(&job, "p", &p, &nodes);
-        prop_assert_eq!(&first, &resolve_offload(&job, "p", &p, &nodes));
+        let first = resolve_offload(&job, "p", &p, &idx(&nodes));
+        prop_assert_eq!(&first, &resolve_offload(&job, "p", &p, &idx(&nodes)));
         let mut reversed = nodes.clone();
         reversed.reverse();
-        prop_assert_eq!(&first, &resolve_offload(&job, "p", &p, &reversed));
+        prop_assert_eq!(&first, &resolve_offload(&job, "p", &p, &idx(&reversed)));
     }
 
     /// Every output carries a reason for every field; every error says what to change.
@@ -791,7 +842,7 @@ proptest! {
     fn every_outcome_is_explained(
         job in arb_job(), p in arb_profile(), nodes in arb_nodes()
     ) {
-        match resolve_offload(&job, "p", &p, &nodes) {
+        match resolve_offload(&job, "p", &p, &idx(&nodes)) {
             Ok(res) => {
                 for field in Field::ALL {
                     prop_assert!(res.reasons.iter().any(|r| r.field == field && !r.message.is_empty()),
@@ -808,7 +859,7 @@ proptest! {
     fn rendered_deepspeed_only_has_accepted_keys(
         job in arb_job(), p in arb_profile(), nodes in arb_nodes()
     ) {
-        if let Ok(res) = resolve_offload(&job, "p", &p, &nodes)
+        if let Ok(res) = resolve_offload(&job, "p", &p, &idx(&nodes))
             && let FrameworkPlan::DeepSpeed(plan) = &res.framework
         {
             let doc = crate::render::deepspeed::render_section(&res, plan);

@@ -14,7 +14,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::api::OffloadMode;
-use crate::decision::{FrameworkPlan, Resolution, class_requirements};
+use crate::decision::{FrameworkPlan, Resolution};
+use crate::labels::class_requirements;
 use crate::names;
 
 /// Name of the volume that carries the rendered framework config.
@@ -23,6 +24,19 @@ pub const CONFIG_VOLUME: &str = "offload-config";
 /// Formats a ratio the way env vars and status show it (`1`, `0.9`).
 pub fn format_ratio(ratio: f64) -> String {
     format!("{ratio}")
+}
+
+/// One-line summary of a resolution, for the `offload.dev/resolved` annotation and Events.
+pub fn resolved_summary(res: &Resolution) -> String {
+    format!(
+        "mode={} overlap={} ratio={} pinMemory={} nodeClass={} profile={}",
+        res.mode,
+        res.overlap,
+        format_ratio(res.ratio),
+        res.pin_memory,
+        res.node_class.map_or("none".to_string(), |c| c.to_string()),
+        res.profile
+    )
 }
 
 /// The env vars for a resolution. `config_file` is the path of the rendered framework config

@@ -14,8 +14,10 @@ use super::deepspeed::{
 };
 use super::*;
 use crate::api::{Framework, FrameworkSpec, OffloadProfileSpec, OffloadSpec};
-use crate::decision::{DeepSpeedRequest, JobRequest, NodeInfo, resolve_offload};
-use crate::report::{NodeReport, fixtures};
+use crate::decision::{DeepSpeedRequest, JobRequest, resolve_offload};
+use crate::index::{NodeIndex, NodeInfo};
+use crate::report::NodeReport;
+use offload_testenv::fixtures;
 
 fn node(name: &str, fixture: &str) -> NodeInfo {
     let report = NodeReport::parse(fixture).unwrap();
@@ -45,7 +47,7 @@ fn resolved(framework: Framework, version: Option<&str>, fixture: &str) -> Resol
         &job(framework, version),
         "default",
         &OffloadProfileSpec::default(),
-        &[node("n", fixture)],
+        &NodeIndex::new(vec![node("n", fixture)]),
     )
     .unwrap()
 }
@@ -79,7 +81,7 @@ fn env_vars_state_the_whole_decision() {
     assert_eq!(env["OFFLOAD_CONFIG_FILE"], "/etc/offload/ds_config.json");
     assert!(!env.contains_key("FSDP_VERSION"));
 
-    let res = resolved(Framework::Fsdp, Some("2.6.0"), fixtures::HMM_MEMLOCK);
+    let res = resolved(Framework::Fsdp, Some("2.6.0"), fixtures::HMM_UNPINNED);
     let env = env_map(&env_vars(&res, None));
     assert_eq!(env["OFFLOAD_MODE"], "cpu-copy");
     assert_eq!(env["OFFLOAD_OVERLAP"], "0");
@@ -351,7 +353,7 @@ fn disabled_offload_adds_no_affinity_but_the_profile_selector_still_binds() {
     let mut j = job(Framework::Generic, None);
     j.offload.mode = crate::api::ModeSetting::Disabled;
     let mut p = OffloadProfileSpec::default();
-    let res = resolve_offload(&j, "off", &p, &[]).unwrap();
+    let res = resolve_offload(&j, "off", &p, &NodeIndex::default()).unwrap();
     assert!(node_affinity(&res).is_none());
     p.node_selector = Some(
         k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
@@ -359,7 +361,7 @@ fn disabled_offload_adds_no_affinity_but_the_profile_selector_still_binds() {
             match_expressions: None,
         },
     );
-    let res = resolve_offload(&j, "off", &p, &[]).unwrap();
+    let res = resolve_offload(&j, "off", &p, &NodeIndex::default()).unwrap();
     let reqs = node_requirements(&res);
     assert_eq!(
         reqs,

@@ -13,10 +13,12 @@ use crate::api::{
     Framework, FrameworkSpec, ModeSetting, OffloadProfile, OffloadProfileSpec, OffloadSpec,
     OverlapSetting, RatioSetting, TrainingJob,
 };
-use crate::controller::{opted_in, profile_name_for};
+use crate::caches::Caches;
 use crate::decision::{
-    DeepSpeedRequest, JobRequest, NodeInfo, Resolution, ResolveError, resolve_offload,
+    AdmittedRequest, DeepSpeedRequest, JobRequest, Resolution, ResolveError, SelectedProfile,
+    opted_in, requested_profile, resolve_offload, select_profile,
 };
+use crate::index::{NodeIndex, NodeViews};
 use crate::names;
 use crate::render;
 
@@ -24,8 +26,8 @@ use crate::render;
 pub trait ClusterView: Send + Sync {
     /// A profile by name.
     fn profile(&self, name: &str) -> Option<OffloadProfileSpec>;
-    /// Every node's agent view (shared: a request does not copy the node reports).
-    fn nodes(&self) -> Arc<[NodeInfo]>;
+    /// The node index (shared: a request does not copy the node reports).
+    fn nodes(&self) -> Arc<NodeIndex>;
 }
 
 /// The outcome of one admission, with a fixed category for the denial metric.
@@ -81,32 +83,27 @@ fn old_object<T: serde::de::DeserializeOwned>(req: &AdmissionRequest<DynamicObje
     serde_json::from_value(value).ok()
 }
 
-/// The profile a job resolves with, as the controller would pick it.
+/// The profile a TrainingJob resolves with: the rule the controller follows.
 fn profile_for(
     view: &dyn ClusterView,
     tj: &TrainingJob,
-) -> Result<(String, OffloadProfileSpec), String> {
-    let name = profile_name_for(tj);
-    match view.profile(&name) {
-        Some(p) => Ok((name, p)),
-        None if !tj
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(names::PROFILE_ANNOTATION)) =>
-        {
-            Ok((name, OffloadProfileSpec::default()))
-        }
-        None => Err(name),
-    }
+) -> Result<SelectedProfile, crate::decision::ProfileNotFound> {
+    select_profile(requested_profile(tj), |name| view.profile(name))
 }
 
+/// What a TrainingJob asks for. Where this webhook resolved its `Auto` values at creation and
+/// the spec still holds them, the user's original request (values filled in here are not the
+/// user's).
 fn training_job_request(tj: &TrainingJob) -> JobRequest {
-    JobRequest::from_training_job(
+    let mut request = JobRequest::from_training_job(
         &tj.spec,
         render::gpus_per_pod(tj.spec.template.spec.as_ref()),
         None,
-    )
+    );
+    if let Some(asked) = AdmittedRequest::original(tj) {
+        request.offload = asked;
+    }
+    request
 }
 
 /// Validating TrainingJob: statically wrong requests are denied with what to change; problems
@@ -150,21 +147,22 @@ pub fn validate_training_job(
     if !opted_in(&tj) {
         return Verdict::allow(AdmissionResponse::from(req));
     }
-    let (profile_name, profile) = match profile_for(view, &tj) {
+    let profile = match profile_for(view, &tj) {
         Ok(p) => p,
-        Err(name) => {
+        Err(missing) => {
             return Verdict::allow(with_warnings(
                 AdmissionResponse::from(req),
                 vec![format!(
-                    "OffloadProfile {name:?} does not exist yet: the job waits until it does"
+                    "OffloadProfile {:?} does not exist yet: the job waits until it does",
+                    missing.name
                 )],
             ));
         }
     };
     match resolve_offload(
         &training_job_request(&tj),
-        &profile_name,
-        &profile,
+        &profile.name,
+        &profile.spec,
         &view.nodes(),
     ) {
         Ok(_) => Verdict::allow(AdmissionResponse::from(req)),
@@ -196,11 +194,10 @@ pub fn validate_profile(req: &AdmissionRequest<DynamicObject>, view: &dyn Cluste
             }
         };
         let nodes = view.nodes();
-        let reported: Vec<&NodeInfo> = nodes.iter().filter(|n| n.class().is_some()).collect();
-        if !reported.iter().any(|n| selector.matches(&n.labels)) {
+        if !nodes.candidates().any(|n| selector.matches(&n.labels)) {
             warnings.push(format!(
                 "spec.nodeSelector matches none of the {} GPU node(s) reported by offload-agent: jobs using this profile will wait",
-                reported.len()
+                nodes.candidates().count()
             ));
         }
     }
@@ -231,13 +228,13 @@ pub fn mutate_training_job(
     if !opted_in(&tj) || tj.spec.offload.is_concrete() {
         return Verdict::allow(allow);
     }
-    let Ok((profile_name, profile)) = profile_for(view, &tj) else {
+    let Ok(profile) = profile_for(view, &tj) else {
         return Verdict::allow(allow);
     };
     let Ok(res) = resolve_offload(
         &training_job_request(&tj),
-        &profile_name,
-        &profile,
+        &profile.name,
+        &profile.spec,
         &view.nodes(),
     ) else {
         return Verdict::allow(allow);
@@ -246,10 +243,12 @@ pub fn mutate_training_job(
         return Verdict::allow(allow);
     };
     let mut mutated = original.clone();
-    let (Ok(concrete), Ok(requested)) = (
-        serde_json::to_value(res.concrete_spec()),
-        serde_json::to_string(&tj.spec.offload),
-    ) else {
+    let record = AdmittedRequest {
+        requested: tj.spec.offload.clone(),
+        wrote: res.concrete_spec(),
+    };
+    let (Ok(concrete), Ok(requested)) = (serde_json::to_value(&record.wrote), record.annotation())
+    else {
         return Verdict::allow(allow);
     };
     mutated["spec"]["offload"] = concrete;
@@ -273,7 +272,7 @@ fn annotated_request(
     annotations: &serde_json::Map<String, Value>,
     pods: u32,
     gpus: u32,
-) -> Result<(String, JobRequest), String> {
+) -> Result<(Option<String>, JobRequest), String> {
     let get = |key: &str| annotations.get(key).and_then(Value::as_str);
     let field = |key: &str| -> Result<Option<Value>, String> {
         Ok(get(key).map(|v| Value::String(v.to_string())))
@@ -310,15 +309,11 @@ fn annotated_request(
         })?,
         None => Framework::Generic,
     };
-    let profile = match labels
-        .get(names::PROFILE_ANNOTATION)
-        .and_then(Value::as_str)
-    {
-        Some(names::PROFILE_AUTO) | None => names::DEFAULT_PROFILE.to_string(),
-        Some(p) => p.to_string(),
-    };
     Ok((
-        profile,
+        labels
+            .get(names::PROFILE_ANNOTATION)
+            .and_then(Value::as_str)
+            .map(str::to_string),
         JobRequest {
             offload: OffloadSpec {
                 mode,
@@ -361,28 +356,32 @@ fn resolve_for_object(
     gpus: u32,
 ) -> Result<Resolution, Box<Verdict>> {
     let (labels, annotations) = metadata_maps(obj);
-    let (profile_name, request) = annotated_request(&labels, &annotations, pods, gpus)
+    let (requested, request) = annotated_request(&labels, &annotations, pods, gpus)
         .map_err(|m| Box::new(Verdict::deny(req, "InvalidAnnotation", m)))?;
-    let profile = view.profile(&profile_name).ok_or_else(|| {
-        Box::new(Verdict::deny(
-            req,
-            "ProfileNotFound",
-            format!("label {}: OffloadProfile {profile_name:?} does not exist: create it or change the label", names::PROFILE_ANNOTATION),
-        ))
-    })?;
-    resolve_offload(&request, &profile_name, &profile, &view.nodes()).map_err(|e: ResolveError| {
-        // The env of a pod template cannot change after creation, so an object that cannot be
-        // configured now is refused rather than admitted with the wrong configuration.
-        Box::new(Verdict::deny(
-            req,
-            e.category(),
-            format!("offload configuration cannot be resolved: {e}"),
-        ))
-    })
+    let profile = select_profile(requested.as_deref(), |name| view.profile(name))
+        .map_err(|e| Box::new(Verdict::deny(req, "ProfileNotFound", e.to_string())))?;
+    resolve_offload(&request, &profile.name, &profile.spec, &view.nodes()).map_err(
+        |e: ResolveError| {
+            // The env of a pod template cannot change after creation, so an object that cannot be
+            // configured now is refused rather than admitted with the wrong configuration.
+            Box::new(Verdict::deny(
+                req,
+                e.category(),
+                format!("offload configuration cannot be resolved: {e}"),
+            ))
+        },
+    )
+}
+
+/// Whether an object carries the opt-in label.
+fn labelled(obj: &Value) -> bool {
+    obj.pointer("/metadata/labels")
+        .and_then(|l| l.get(names::PROFILE_ANNOTATION))
+        .is_some()
 }
 
 fn annotate_resolved(obj: &mut Value, res: &Resolution) {
-    let summary = crate::controller::workload::resolved_summary(res);
+    let summary = render::resolved_summary(res);
     if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
         let annotations = meta
             .entry("annotations")
@@ -422,13 +421,24 @@ pub fn mutate_workload(req: &AdmissionRequest<DynamicObject>, view: &dyn Cluster
             format!("the {} cannot be read", kind.name()),
         );
     };
+    if !labelled(&obj) {
+        // Only opted-in objects are configured (the webhook configuration selects them by the
+        // label; this guards against a configuration that does not).
+        return Verdict::allow(AdmissionResponse::from(req));
+    }
+    let pods = match kind.pods(&obj) {
+        Ok(n) => n,
+        Err(e) => {
+            return Verdict::deny(req, "InvalidObject", format!("{}: {e}", kind.name()));
+        }
+    };
     let gpus = kind
         .template_pointers(&obj)
         .first()
         .and_then(|p| obj.pointer(&format!("{p}/spec")))
         .and_then(|s| serde_json::from_value::<PodSpec>(s.clone()).ok())
         .map_or(1, |s| render::gpus_per_pod(Some(&s)));
-    let res = match resolve_for_object(req, view, &obj, kind.pods(&obj), gpus) {
+    let res = match resolve_for_object(req, view, &obj, pods, gpus) {
         Ok(r) => r,
         Err(v) => return *v,
     };
@@ -456,6 +466,9 @@ pub fn mutate_pod(req: &AdmissionRequest<DynamicObject>, view: &dyn ClusterView)
     let Ok(original) = serde_json::to_value(&pod) else {
         return Verdict::deny(req, "InvalidObject", "the Pod cannot be read");
     };
+    if !labelled(&original) {
+        return Verdict::allow(AdmissionResponse::from(req));
+    }
     // Pods whose template was already configured (by the controller or the workload webhook)
     // pass unchanged: their env is already there.
     let configured = pod.spec.as_ref().is_some_and(|s| {
@@ -502,17 +515,25 @@ fn patch_response(
     }
 }
 
-/// The view over the webhook's reflector stores.
+/// The view over the process's shared caches.
 pub struct StoreView {
     /// Profiles.
     pub profiles: kube::runtime::reflector::Store<OffloadProfile>,
-    /// Node views, shared between requests until a node changes.
-    pub nodes: crate::controller::NodeViews,
+    /// The node index, shared with the controllers.
+    pub nodes: Arc<NodeViews>,
 }
 
 impl StoreView {
-    /// A view over the two stores.
-    pub fn new(
+    /// A view over the caches.
+    pub fn new(caches: &Caches) -> Self {
+        StoreView {
+            profiles: caches.profiles.store().clone(),
+            nodes: caches.node_views.clone(),
+        }
+    }
+
+    /// A view over two stores (tests, tools that fill stores themselves).
+    pub fn from_stores(
         profiles: kube::runtime::reflector::Store<OffloadProfile>,
         nodes: kube::runtime::reflector::Store<
             kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Node>,
@@ -520,7 +541,7 @@ impl StoreView {
     ) -> Self {
         StoreView {
             profiles,
-            nodes: crate::controller::NodeViews::new(nodes),
+            nodes: Arc::new(NodeViews::new(nodes)),
         }
     }
 }
@@ -532,7 +553,7 @@ impl ClusterView for StoreView {
             .map(|p| p.spec.clone())
     }
 
-    fn nodes(&self) -> Arc<[NodeInfo]> {
+    fn nodes(&self) -> Arc<NodeIndex> {
         self.nodes.get()
     }
 }

@@ -31,8 +31,9 @@ pub trait JobKind: Sync {
     fn template_pointers(&self, obj: &Value) -> Vec<String>;
     /// JSON pointer of the field that suspends the job, if the kind has one.
     fn suspend_pointer(&self) -> Option<&'static str>;
-    /// Pods the job runs at once (for the capacity check of the decision).
-    fn pods(&self, obj: &Value) -> u32;
+    /// Pods the job runs at once (for the capacity check of the decision). A count field that
+    /// is not a non-negative integer, or a total beyond `u32::MAX`, is an error, never a wrap.
+    fn pods(&self, obj: &Value) -> Result<u32, KindError>;
 
     /// Writes the resolution into every pod template.
     fn apply(&self, obj: &mut Value, res: &Resolution) -> Result<(), KindError> {
@@ -65,14 +66,29 @@ pub fn apply_template(obj: &mut Value, path: &str, res: &Resolution) -> Result<(
     Ok(())
 }
 
-fn int_at(obj: &Value, pointer: &str, default: u64) -> u64 {
-    obj.pointer(pointer)
-        .and_then(Value::as_u64)
-        .unwrap_or(default)
+/// The count at `pointer` (`default` when absent), or what is wrong with it.
+fn count_at(obj: &Value, pointer: &str, default: u64) -> Result<u64, KindError> {
+    match obj.pointer(pointer) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v.as_u64().ok_or_else(|| KindError {
+            path: pointer.to_string(),
+            detail: format!("{v} is not a non-negative integer"),
+        }),
+    }
 }
 
-fn clamp_pods(n: u64) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX).max(1)
+fn too_many(path: &str) -> KindError {
+    KindError {
+        path: path.to_string(),
+        detail: format!("asks for more than {} pods at once", u32::MAX),
+    }
+}
+
+/// A pod total as the decision takes it: at least 1, at most `u32::MAX`.
+fn pod_total(n: u64, path: &str) -> Result<u32, KindError> {
+    u32::try_from(n)
+        .map(|n| n.max(1))
+        .map_err(|_| too_many(path))
 }
 
 /// batch/v1 Job: `spec.template`.
@@ -91,8 +107,8 @@ impl JobKind for BatchJob {
     fn suspend_pointer(&self) -> Option<&'static str> {
         Some("/spec/suspend")
     }
-    fn pods(&self, obj: &Value) -> u32 {
-        clamp_pods(int_at(obj, "/spec/parallelism", 1))
+    fn pods(&self, obj: &Value) -> Result<u32, KindError> {
+        pod_total(count_at(obj, "/spec/parallelism", 1)?, "/spec/parallelism")
     }
 }
 
@@ -118,17 +134,29 @@ impl JobKind for JobSet {
     fn suspend_pointer(&self) -> Option<&'static str> {
         Some("/spec/suspend")
     }
-    fn pods(&self, obj: &Value) -> u32 {
-        let jobs = obj
-            .pointer("/spec/replicatedJobs")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        clamp_pods(
-            jobs.iter()
-                .map(|j| int_at(j, "/replicas", 1) * int_at(j, "/template/spec/parallelism", 1))
-                .sum(),
-        )
+    fn pods(&self, obj: &Value) -> Result<u32, KindError> {
+        let path = "/spec/replicatedJobs";
+        let Some(jobs) = obj.pointer(path).and_then(Value::as_array) else {
+            return Ok(1);
+        };
+        let mut total: u64 = 0;
+        for (i, job) in jobs.iter().enumerate() {
+            let at = |field: &str| format!("{path}/{i}{field}");
+            let replicas = count_at(job, "/replicas", 1).map_err(|e| KindError {
+                path: at("/replicas"),
+                ..e
+            })?;
+            let parallelism =
+                count_at(job, "/template/spec/parallelism", 1).map_err(|e| KindError {
+                    path: at("/template/spec/parallelism"),
+                    ..e
+                })?;
+            total = replicas
+                .checked_mul(parallelism)
+                .and_then(|pods| total.checked_add(pods))
+                .ok_or_else(|| too_many(path))?;
+        }
+        pod_total(total, path)
     }
 }
 
@@ -155,17 +183,21 @@ impl JobKind for PyTorchJob {
     fn suspend_pointer(&self) -> Option<&'static str> {
         Some("/spec/runPolicy/suspend")
     }
-    fn pods(&self, obj: &Value) -> u32 {
-        clamp_pods(
-            ["Master", "Worker"]
-                .iter()
-                .filter(|r| {
-                    obj.pointer(&format!("/spec/pytorchReplicaSpecs/{r}"))
-                        .is_some()
-                })
-                .map(|r| int_at(obj, &format!("/spec/pytorchReplicaSpecs/{r}/replicas"), 1))
-                .sum(),
-        )
+    fn pods(&self, obj: &Value) -> Result<u32, KindError> {
+        let mut total: u64 = 0;
+        for role in ["Master", "Worker"] {
+            if obj
+                .pointer(&format!("/spec/pytorchReplicaSpecs/{role}"))
+                .is_none()
+            {
+                continue;
+            }
+            let path = format!("/spec/pytorchReplicaSpecs/{role}/replicas");
+            total = total
+                .checked_add(count_at(obj, &path, 1)?)
+                .ok_or_else(|| too_many(&path))?;
+        }
+        pod_total(total, "/spec/pytorchReplicaSpecs")
     }
 }
 
@@ -190,8 +222,11 @@ impl JobKind for TrainJob {
     fn suspend_pointer(&self) -> Option<&'static str> {
         Some("/spec/suspend")
     }
-    fn pods(&self, obj: &Value) -> u32 {
-        clamp_pods(int_at(obj, "/spec/trainer/numNodes", 1))
+    fn pods(&self, obj: &Value) -> Result<u32, KindError> {
+        pod_total(
+            count_at(obj, "/spec/trainer/numNodes", 1)?,
+            "/spec/trainer/numNodes",
+        )
     }
 
     fn apply(&self, obj: &mut Value, res: &Resolution) -> Result<(), KindError> {
@@ -267,22 +302,67 @@ mod tests {
     fn each_kind_knows_its_templates_pods_and_suspend_field() {
         let job = json!({"spec": {"parallelism": 3, "suspend": true, "template": {}}});
         assert_eq!(BatchJob.template_pointers(&job), ["/spec/template"]);
-        assert_eq!(BatchJob.pods(&job), 3);
+        assert_eq!(BatchJob.pods(&job), Ok(3));
         assert!(BatchJob.suspended(&job));
         let js = json!({"spec": {"replicatedJobs": [{"replicas": 2, "template": {"spec": {"parallelism": 4}}}, {}]}});
         assert_eq!(JobSet.template_pointers(&js).len(), 2);
-        assert_eq!(JobSet.pods(&js), 9);
+        assert_eq!(JobSet.pods(&js), Ok(9));
         assert!(!JobSet.suspended(&js));
         let pt = json!({"spec": {"runPolicy": {"suspend": true}, "pytorchReplicaSpecs": {"Worker": {"replicas": 3, "template": {}}}}});
         assert_eq!(
             PyTorchJob.template_pointers(&pt),
             ["/spec/pytorchReplicaSpecs/Worker/template"]
         );
-        assert_eq!(PyTorchJob.pods(&pt), 3);
+        assert_eq!(PyTorchJob.pods(&pt), Ok(3));
         assert!(PyTorchJob.suspended(&pt));
         let tj = json!({"spec": {"trainer": {"numNodes": 4}}});
-        assert_eq!(TrainJob.pods(&tj), 4);
+        assert_eq!(TrainJob.pods(&tj), Ok(4));
         assert!(TrainJob.template_pointers(&tj).is_empty());
         assert_eq!(TrainJob.suspend_pointer(), Some("/spec/suspend"));
+    }
+
+    /// Sizes that JobSet's own schema allows, and sizes beyond any integer type, are refused
+    /// with the field named; nothing overflows (it panicked in debug builds and wrapped in
+    /// release builds).
+    #[test]
+    fn crafted_sizes_are_errors_not_overflows() {
+        let max = i64::from(i32::MAX);
+        let huge_jobset = json!({"spec": {"replicatedJobs": [
+            {"replicas": 5, "template": {"spec": {"parallelism": max}}},
+            {"replicas": max, "template": {"spec": {"parallelism": max}}},
+        ]}});
+        let err = JobSet.pods(&huge_jobset).unwrap_err();
+        assert!(
+            err.to_string().contains("more than 4294967295 pods"),
+            "{err}"
+        );
+        let overflow = json!({"spec": {"replicatedJobs": [
+            {"replicas": u64::MAX, "template": {"spec": {"parallelism": u64::MAX}}},
+        ]}});
+        assert!(JobSet.pods(&overflow).is_err());
+        let pt = json!({"spec": {"pytorchReplicaSpecs": {
+            "Master": {"replicas": u64::MAX}, "Worker": {"replicas": u64::MAX}}}});
+        assert!(PyTorchJob.pods(&pt).is_err());
+        for bad in [json!(-1), json!(1.5), json!("3"), json!(1e30)] {
+            let job = json!({"spec": {"parallelism": bad}});
+            let err = BatchJob.pods(&job).unwrap_err();
+            assert_eq!(err.path, "/spec/parallelism");
+            assert!(
+                err.to_string().contains("not a non-negative integer"),
+                "{err}"
+            );
+        }
+        let js = json!({"spec": {"replicatedJobs": [{"replicas": "two"}]}});
+        assert_eq!(
+            JobSet.pods(&js).unwrap_err().path,
+            "/spec/replicatedJobs/0/replicas"
+        );
+        assert_eq!(
+            TrainJob
+                .pods(&json!({"spec": {"trainer": {"numNodes": u64::MAX}}}))
+                .unwrap_err()
+                .path,
+            "/spec/trainer/numNodes"
+        );
     }
 }

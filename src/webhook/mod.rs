@@ -14,25 +14,25 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum_server::accept::NoDelayAcceptor;
 use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
-use futures::{StreamExt, future};
-use k8s_openapi::api::core::v1::Node;
 use kube::Client;
-use kube::api::Api;
+use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
-use kube::core::{DynamicObject, PartialObjectMeta};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
 use tokio_util::sync::CancellationToken;
 
-use crate::api::OffloadProfile;
 use crate::metrics::{AdmissionLabels, DenialLabels, Metrics};
-use admit::{ClusterView, StoreView, Verdict};
+use admit::{ClusterView, Verdict};
+
+/// Largest AdmissionReview the webhook reads. The API server stores objects of up to about
+/// 1.5 MiB and accepts request bodies of up to 3 MiB; a review of an UPDATE carries the old and
+/// the new object, JSON-escaped inside the envelope. Anything it can send must fit.
+pub const MAX_REVIEW_BYTES: usize = 16 * 1024 * 1024;
 
 /// Paths of the endpoints (the webhook configurations in the chart point at these).
 pub mod paths {
@@ -90,6 +90,7 @@ pub fn router(state: WebhookState) -> Router {
             paths::MUTATE_POD,
             post(|s: State<WebhookState>, b: Bytes| handle(s, b, "mutate-pod", admit::mutate_pod)),
         )
+        .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
         .with_state(state)
 }
 
@@ -184,39 +185,14 @@ pub struct WebhookOptions {
     pub check_interval: Duration,
 }
 
-/// Starts the webhook's own reflectors (every replica serves, leader or not) and returns the
-/// view plus a future that drives them until `shutdown`.
-pub fn cluster_view(
-    client: &Client,
-    shutdown: CancellationToken,
-) -> (Arc<StoreView>, impl Future<Output = ()> + Send + use<>) {
-    let (profiles, pw) = reflector::store::<OffloadProfile>();
-    let (nodes, nw): (Store<PartialObjectMeta<Node>>, _) = reflector::store();
-    let wc = watcher::Config::default().any_semantic();
-    let p = watcher(Api::<OffloadProfile>::all(client.clone()), wc.clone())
-        .default_backoff()
-        .reflect(pw)
-        .for_each(|_| future::ready(()));
-    let n = watcher(Api::<PartialObjectMeta<Node>>::all(client.clone()), wc)
-        .default_backoff()
-        .reflect(nw)
-        .for_each(|_| future::ready(()));
-    let drive = async move {
-        tokio::select! {
-            _ = p => {},
-            _ = n => {},
-            _ = shutdown.cancelled() => {},
-        }
-    };
-    (Arc::new(StoreView::new(profiles, nodes)), drive)
-}
-
 /// A handle to rotate the serving certificate on demand (tests, an admin action).
 #[derive(Clone)]
 pub struct Rotator {
     client: Client,
     mode: CertMode,
     config: RustlsConfig,
+    /// The CA bundle now published (managed mode), for the bundle watch.
+    bundle: Arc<std::sync::Mutex<String>>,
 }
 
 impl Rotator {
@@ -241,6 +217,9 @@ impl Rotator {
     async fn install(&self, certs: &tls::ServingCerts) -> Result<(), tls::TlsError> {
         if let CertMode::Managed(m) = &self.mode {
             m.publish_bundle(&self.client, &certs.bundle_pem).await?;
+            if let Ok(mut b) = self.bundle.lock() {
+                b.clone_from(&certs.bundle_pem);
+            }
         }
         self.config
             .reload_from_pem(
@@ -248,10 +227,7 @@ impl Rotator {
                 certs.key_pem.clone().into_bytes(),
             )
             .await
-            .map_err(|e| tls::TlsError::File {
-                path: "serving certificate".into(),
-                source: e,
-            })
+            .map_err(tls::TlsError::Pem)
     }
 }
 
@@ -272,50 +248,56 @@ pub async fn serve(
         first.key_pem.clone().into_bytes(),
     )
     .await
-    .map_err(|e| tls::TlsError::File {
-        path: "serving certificate".into(),
-        source: e,
-    })?;
+    .map_err(tls::TlsError::Pem)?;
     let rotator = Rotator {
         client,
         mode: options.certs.clone(),
         config: config.clone(),
+        bundle: Arc::new(std::sync::Mutex::new(first.bundle_pem.clone())),
     };
     if let CertMode::Managed(m) = &options.certs {
         m.publish_bundle(&rotator.client, &first.bundle_pem).await?;
     }
-    let listener =
-        std::net::TcpListener::bind(options.addr).map_err(|source| tls::TlsError::File {
-            path: format!("listen {}", options.addr),
-            source,
-        })?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|source| tls::TlsError::File {
-            path: format!("listen {}", options.addr),
-            source,
-        })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| tls::TlsError::File {
-            path: format!("listen {}", options.addr),
-            source,
-        })?;
+    let bind_err = |source| tls::TlsError::Bind {
+        addr: options.addr,
+        source,
+    };
+    let listener = std::net::TcpListener::bind(options.addr).map_err(bind_err)?;
+    listener.set_nonblocking(true).map_err(bind_err)?;
+    let bound = listener.local_addr().map_err(bind_err)?;
     let handle = axum_server::Handle::new();
     // TCP_NODELAY: an answer is written as more than one segment (TLS records, HTTP/2 frames);
     // with Nagle's algorithm the last one waits for the API server's delayed ACK.
     let acceptor = RustlsAcceptor::new(config).acceptor(NoDelayAcceptor::new());
     let server = axum_server::from_tcp(listener)
-        .map_err(|source| tls::TlsError::File {
-            path: format!("listen {}", options.addr),
-            source,
-        })?
+        .map_err(bind_err)?
         .acceptor(acceptor)
         .handle(handle.clone())
         .serve(router(state).into_make_service());
     let refresher = rotator.clone();
     let interval = options.check_interval;
+    let watcher_client = rotator.client.clone();
+    let published = rotator.bundle.clone();
+    let managed = match &options.certs {
+        CertMode::Managed(m) => Some(m.clone()),
+        CertMode::Files(_) => None,
+    };
     let run = async move {
+        let keep_published = async {
+            match &managed {
+                Some(m) => {
+                    m.keep_bundle_published(&watcher_client, || {
+                        published
+                            .lock()
+                            .map(|b| b.clone())
+                            .unwrap_or_else(|p| p.into_inner().clone())
+                    })
+                    .await;
+                    std::future::pending::<()>().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
         let renew = async {
             loop {
                 tokio::time::sleep(interval).await;
@@ -335,6 +317,7 @@ pub async fn serve(
                 }
             }
             _ = renew => {},
+            _ = keep_published => {},
             _ = async { stop.await; std::future::pending::<()>().await } => {},
         }
     };

@@ -14,22 +14,23 @@ use tower::ServiceExt;
 use super::admit::ClusterView;
 use super::{WebhookState, paths, router};
 use crate::api::OffloadProfileSpec;
-use crate::decision::NodeInfo;
+use crate::index::{NodeIndex, NodeInfo};
 use crate::metrics::Metrics;
 use crate::names;
-use crate::report::{NodeReport, fixtures};
+use crate::report::NodeReport;
+use offload_testenv::fixtures;
 
 struct InMemoryView {
     profiles: BTreeMap<String, OffloadProfileSpec>,
-    nodes: Vec<NodeInfo>,
+    nodes: Arc<NodeIndex>,
 }
 
 impl ClusterView for InMemoryView {
     fn profile(&self, name: &str) -> Option<OffloadProfileSpec> {
         self.profiles.get(name).cloned()
     }
-    fn nodes(&self) -> Arc<[NodeInfo]> {
-        self.nodes.clone().into()
+    fn nodes(&self) -> Arc<NodeIndex> {
+        self.nodes.clone()
     }
 }
 
@@ -49,7 +50,7 @@ fn app(nodes: Vec<NodeInfo>) -> axum::Router {
     let mut registry = Registry::default();
     let view = InMemoryView {
         profiles: BTreeMap::from([("default".to_string(), OffloadProfileSpec::default())]),
-        nodes,
+        nodes: Arc::new(NodeIndex::new(nodes)),
     };
     router(WebhookState {
         view: Arc::new(view),
@@ -362,14 +363,16 @@ async fn mutation_resolves_auto_at_creation_and_keeps_the_request() {
         out["spec"]["offload"],
         json!({"mode": "UnifiedMemory", "overlap": "Enabled", "offloadRatio": "1", "pinMemory": "Enabled"})
     );
-    // The original request is kept so the controller explains the decision from it.
-    let requested: Value = serde_json::from_str(
+    // The original request is kept, beside what was written, so the controller explains the
+    // decision from it for as long as the spec holds what the webhook wrote.
+    let record: Value = serde_json::from_str(
         out["metadata"]["annotations"][names::ANNOTATION_REQUESTED]
             .as_str()
             .unwrap(),
     )
     .unwrap();
-    assert_eq!(requested["mode"], "Auto");
+    assert_eq!(record["requested"]["mode"], "Auto");
+    assert_eq!(record["wrote"], out["spec"]["offload"]);
     // Re-invocation on the mutated object changes nothing.
     let again = admit(
         coherent_cluster(),
@@ -673,78 +676,4 @@ async fn objects_that_cannot_be_configured_are_refused_with_the_reason() {
     )
     .await;
     assert_eq!(r["allowed"], false);
-}
-
-/// The store view hands every request the same parsed node views until a node changes, and
-/// sees changes and deletions at once.
-#[test]
-fn store_view_shares_node_views_until_a_node_changes() {
-    use k8s_openapi::api::core::v1::Node;
-    use kube::core::{ObjectMeta, PartialObjectMeta, PartialObjectMetaExt};
-    use kube::runtime::{reflector, watcher};
-
-    use super::admit::StoreView;
-    use crate::api::{NodeClass, OffloadProfile};
-
-    let meta = |name: &str, rv: &str, fixture: &str| -> PartialObjectMeta<Node> {
-        let r = NodeReport::parse(fixture).unwrap();
-        ObjectMeta {
-            name: Some(name.into()),
-            resource_version: Some(rv.into()),
-            labels: Some(r.labels()),
-            annotations: Some(BTreeMap::from([(
-                names::ANNOTATION_NODE_REPORT.to_string(),
-                fixture.to_string(),
-            )])),
-            ..Default::default()
-        }
-        .into_response_partial()
-    };
-    let (profiles, _pw) = reflector::store::<OffloadProfile>();
-    let (nodes, mut nw) = reflector::store::<PartialObjectMeta<Node>>();
-    nw.apply_watcher_event(&watcher::Event::Apply(meta(
-        "gpu-0",
-        "1",
-        fixtures::H200_READING,
-    )));
-    nw.apply_watcher_event(&watcher::Event::Apply(meta(
-        "gpu-1",
-        "1",
-        fixtures::H200_READING,
-    )));
-    let view = StoreView::new(profiles, nodes);
-
-    let first = view.nodes();
-    assert_eq!(first.len(), 2);
-    assert!(first.iter().all(|n| n.class() == Some(NodeClass::Discrete)));
-    assert!(
-        Arc::ptr_eq(&first, &view.nodes()),
-        "unchanged nodes: the same views are shared"
-    );
-
-    // The agent re-publishes gpu-0 as a coherent node.
-    nw.apply_watcher_event(&watcher::Event::Apply(meta(
-        "gpu-0",
-        "2",
-        fixtures::GH200_REFERENCE,
-    )));
-    let changed = view.nodes();
-    assert!(!Arc::ptr_eq(&first, &changed));
-    let class = |views: &[NodeInfo], name: &str| {
-        views
-            .iter()
-            .find(|n| n.name == name)
-            .and_then(NodeInfo::class)
-    };
-    assert_eq!(class(&changed, "gpu-0"), Some(NodeClass::Coherent));
-    assert_eq!(class(&changed, "gpu-1"), Some(NodeClass::Discrete));
-
-    nw.apply_watcher_event(&watcher::Event::Delete(meta(
-        "gpu-1",
-        "2",
-        fixtures::H200_READING,
-    )));
-    let after_delete = view.nodes();
-    assert_eq!(after_delete.len(), 1);
-    assert_eq!(after_delete[0].name, "gpu-0");
 }

@@ -16,7 +16,6 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use serde_json::json;
 use time::OffsetDateTime;
 
 use crate::certs::{CertAuthority, IssuedCert};
@@ -88,6 +87,18 @@ pub enum TlsError {
     File {
         /// Path.
         path: String,
+        /// Error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The certificate or key is not usable PEM.
+    #[error("loading the serving certificate and key: {0}")]
+    Pem(#[source] std::io::Error),
+    /// The listen address could not be bound.
+    #[error("listening on {addr}: {source}")]
+    Bind {
+        /// Address.
+        addr: std::net::SocketAddr,
         /// Error.
         #[source]
         source: std::io::Error,
@@ -256,9 +267,10 @@ impl ManagedCerts {
         Ok((secret, true))
     }
 
-    /// Patches the CA bundle into every webhook of the configured configurations.
+    /// Patches the CA bundle into every webhook of the configured configurations that does not
+    /// already carry it. A configuration that does not exist (yet) is skipped: the bundle
+    /// watch ([`ManagedCerts::keep_bundle_published`]) injects it when it appears.
     pub async fn publish_bundle(&self, client: &Client, bundle_pem: &str) -> Result<(), TlsError> {
-        let encoded = ByteString(bundle_pem.as_bytes().to_vec());
         if let Some(name) = &self.mutating {
             let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
             if let Some(cfg) = api
@@ -266,10 +278,17 @@ impl ManagedCerts {
                 .await
                 .map_err(kerr("reading the MutatingWebhookConfiguration"))?
             {
-                let ops = bundle_ops(cfg.webhooks.as_ref().map_or(0, Vec::len), &encoded);
-                api.patch(name, &PatchParams::default(), &Patch::<()>::Json(ops))
-                    .await
-                    .map_err(kerr("patching the MutatingWebhookConfiguration's caBundle"))?;
+                let current: Vec<Option<&ByteString>> = cfg
+                    .webhooks
+                    .iter()
+                    .flatten()
+                    .map(|w| w.client_config.ca_bundle.as_ref())
+                    .collect();
+                if let Some(ops) = bundle_ops(&current, bundle_pem) {
+                    api.patch(name, &PatchParams::default(), &Patch::<()>::Json(ops))
+                        .await
+                        .map_err(kerr("patching the MutatingWebhookConfiguration's caBundle"))?;
+                }
             }
         }
         if let Some(name) = &self.validating {
@@ -279,23 +298,94 @@ impl ManagedCerts {
                 .await
                 .map_err(kerr("reading the ValidatingWebhookConfiguration"))?
             {
-                let ops = bundle_ops(cfg.webhooks.as_ref().map_or(0, Vec::len), &encoded);
-                api.patch(name, &PatchParams::default(), &Patch::<()>::Json(ops))
-                    .await
-                    .map_err(kerr(
-                        "patching the ValidatingWebhookConfiguration's caBundle",
-                    ))?;
+                let current: Vec<Option<&ByteString>> = cfg
+                    .webhooks
+                    .iter()
+                    .flatten()
+                    .map(|w| w.client_config.ca_bundle.as_ref())
+                    .collect();
+                if let Some(ops) = bundle_ops(&current, bundle_pem) {
+                    api.patch(name, &PatchParams::default(), &Patch::<()>::Json(ops))
+                        .await
+                        .map_err(kerr(
+                            "patching the ValidatingWebhookConfiguration's caBundle",
+                        ))?;
+                }
             }
         }
         Ok(())
     }
+
+    /// Watches the two webhook configurations and publishes `bundle` again whenever one
+    /// appears or loses it (a `helm upgrade` resets `caBundle` to the chart's empty value).
+    /// Runs until dropped; failures are logged and retried on the next change.
+    pub async fn keep_bundle_published(&self, client: &Client, bundle: impl Fn() -> String) {
+        use futures::StreamExt;
+        use kube::runtime::{WatchStreamExt, watcher};
+        let by_name = |name: &Option<String>| {
+            name.as_ref()
+                .map(|n| watcher::Config::default().fields(&format!("metadata.name={n}")))
+        };
+        let mutating = by_name(&self.mutating).map(|cfg| {
+            watcher(
+                Api::<MutatingWebhookConfiguration>::all(client.clone()),
+                cfg,
+            )
+            .default_backoff()
+            .touched_objects()
+            .map(|r| r.map(|_| ()))
+            .boxed()
+        });
+        let validating = by_name(&self.validating).map(|cfg| {
+            watcher(
+                Api::<ValidatingWebhookConfiguration>::all(client.clone()),
+                cfg,
+            )
+            .default_backoff()
+            .touched_objects()
+            .map(|r| r.map(|_| ()))
+            .boxed()
+        });
+        let mut changes = futures::stream::select_all(mutating.into_iter().chain(validating));
+        while let Some(change) = changes.next().await {
+            match change {
+                Ok(()) => {
+                    if let Err(e) = self.publish_bundle(client, &bundle()).await {
+                        tracing::warn!(error = %e, "publishing the webhook CA bundle failed");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "watching the webhook configurations"),
+            }
+        }
+    }
 }
 
-fn bundle_ops(webhooks: usize, bundle: &ByteString) -> json_patch::Patch {
-    let ops: Vec<serde_json::Value> = (0..webhooks)
-        .map(|i| json!({"op": "add", "path": format!("/webhooks/{i}/clientConfig/caBundle"), "value": bundle}))
+/// JSON-patch operations that set `bundle` on every webhook whose `caBundle` differs; `None`
+/// when all already carry it (or there are no webhooks).
+fn bundle_ops(current: &[Option<&ByteString>], bundle_pem: &str) -> Option<json_patch::Patch> {
+    use json_patch::jsonptr::PointerBuf;
+    use json_patch::{AddOperation, PatchOperation};
+    let ops: Vec<PatchOperation> = current
+        .iter()
+        .enumerate()
+        .filter(|(_, have)| have.is_none_or(|b| b.0 != bundle_pem.as_bytes()))
+        .map(|(i, _)| {
+            PatchOperation::Add(AddOperation {
+                path: PointerBuf::from_tokens([
+                    "webhooks".to_string(),
+                    i.to_string(),
+                    "clientConfig".to_string(),
+                    "caBundle".to_string(),
+                ]),
+                // caBundle is a []byte: base64 in JSON.
+                value: serde_json::Value::String(base64::Engine::encode(
+                    &base64::engine::general_purpose::STANDARD,
+                    bundle_pem,
+                )),
+            })
+        })
         .collect();
-    serde_json::from_value(serde_json::Value::Array(ops)).unwrap_or(json_patch::Patch(Vec::new()))
+    (!ops.is_empty()).then_some(json_patch::Patch(ops))
 }
 
 fn serving_from(secret: &Secret) -> Option<ServingCerts> {
@@ -330,5 +420,36 @@ impl FileCerts {
             key_pem: read(&self.key)?,
             bundle_pem: String::new(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bundle_ops_touch_only_webhooks_without_the_bundle() {
+        let have = ByteString(b"PEM".to_vec());
+        let other = ByteString(b"OLD".to_vec());
+        assert_eq!(bundle_ops(&[], "PEM"), None);
+        assert_eq!(bundle_ops(&[Some(&have), Some(&have)], "PEM"), None);
+        let ops = bundle_ops(&[Some(&have), None, Some(&other)], "PEM").unwrap();
+        let paths: Vec<String> = ops
+            .0
+            .iter()
+            .map(|op| match op {
+                json_patch::PatchOperation::Add(add) => add.path.to_string(),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                "/webhooks/1/clientConfig/caBundle",
+                "/webhooks/2/clientConfig/caBundle"
+            ]
+        );
+        let json = serde_json::to_value(&ops).unwrap();
+        assert_eq!(json[0]["value"], "UEVN", "base64 of the PEM");
     }
 }

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use cudarc::driver::result::{self, DriverError, stream::StreamKind};
 use cudarc::driver::sys;
-use offload_operator::report::Bandwidths;
+use offload_api::report::Bandwidths;
 
 use super::adam::{self, Adam};
 use super::math::{balance_iters, gbps, median};

@@ -1,6 +1,6 @@
 //! The self-test's arithmetic, kept apart so it is unit-tested without a GPU.
 
-use offload_operator::report::OverlapVerdict;
+use offload_api::report::OverlapVerdict;
 
 /// Overlap efficiency `(t_gpu + t_cpu − t_pipelined) / min(t_gpu, t_cpu)`: 1 when the shorter
 /// of the two hides completely behind the longer, 0 when the pipelined step costs their sum.

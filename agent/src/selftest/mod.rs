@@ -12,7 +12,7 @@ pub mod math;
 
 use std::time::Instant;
 
-use offload_operator::report::{Bandwidths, SelfTestReport};
+use offload_api::report::{Bandwidths, SelfTestReport};
 
 pub use math::{efficiency, verdict};
 

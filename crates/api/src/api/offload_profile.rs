@@ -144,4 +144,8 @@ pub struct NodeCounts {
     /// Nodes whose overlap self-test failed.
     #[serde(default)]
     pub overlap_failed: i32,
+    /// Nodes matching the selector whose agent publication cannot be used (unreadable or
+    /// impossible report, labels that contradict it, no GPU); the `Ready` condition says why.
+    #[serde(default)]
+    pub ignored: i32,
 }

@@ -10,7 +10,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::names;
+use crate::labels::NodeLabels;
 
 /// Version of the report's JSON schema. Bump on any incompatible change.
 pub const REPORT_SCHEMA_VERSION: u32 = 1;
@@ -37,6 +37,16 @@ impl AddressingMode {
             AddressingMode::Ats => "ats",
             AddressingMode::Hmm => "hmm",
             AddressingMode::None | AddressingMode::Unknown => "none",
+        }
+    }
+
+    /// Reads a value of the `offload.dev/addressing-mode` label.
+    pub fn from_label(value: &str) -> Option<Self> {
+        match value {
+            "ats" => Some(AddressingMode::Ats),
+            "hmm" => Some(AddressingMode::Hmm),
+            "none" => Some(AddressingMode::None),
+            _ => None,
         }
     }
 }
@@ -99,6 +109,16 @@ impl OverlapVerdict {
             OverlapVerdict::Verified => "verified",
             OverlapVerdict::Failed => "failed",
             OverlapVerdict::Untested => "untested",
+        }
+    }
+
+    /// Reads a value of the `offload.dev/overlap` label.
+    pub fn from_label(value: &str) -> Option<Self> {
+        match value {
+            "verified" => Some(OverlapVerdict::Verified),
+            "failed" => Some(OverlapVerdict::Failed),
+            "untested" => Some(OverlapVerdict::Untested),
+            _ => None,
         }
     }
 }
@@ -299,6 +319,9 @@ pub struct Bandwidths {
     pub direct_host_write: Option<f64>,
 }
 
+/// Most GPUs a report may list; a node with more is not a node this project knows.
+pub const MAX_GPUS: usize = 64;
+
 /// A report that could not be read.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ReportError {
@@ -313,11 +336,16 @@ pub enum ReportError {
         /// The version found.
         found: u64,
     },
+    /// Well-formed, but what it says cannot be true (a figure out of range, a verdict with no
+    /// measurement, a memory model its own GPUs contradict).
+    #[error("node report is not believable: {0}")]
+    Impossible(String),
 }
 
 impl NodeReport {
     /// Parses the annotation value, checking the schema version before anything else so an agent
-    /// newer than the operator gets a message about versions, not about fields.
+    /// newer than the operator gets a message about versions, not about fields; then rejects a
+    /// report whose figures cannot be true (see [`NodeReport::check`]).
     pub fn parse(json: &str) -> Result<NodeReport, ReportError> {
         let value: serde_json::Value =
             serde_json::from_str(json).map_err(|e| ReportError::Malformed(e.to_string()))?;
@@ -333,7 +361,79 @@ impl NodeReport {
                 ));
             }
         }
-        serde_json::from_value(value).map_err(|e| ReportError::Malformed(e.to_string()))
+        let report: NodeReport =
+            serde_json::from_value(value).map_err(|e| ReportError::Malformed(e.to_string()))?;
+        report.check()?;
+        Ok(report)
+    }
+
+    /// Rejects what the agent could never have measured: an efficiency or threshold outside
+    /// 0–1, a negative or non-finite rate or time, a verdict without the figure it rests on, a
+    /// memory model that the listed GPUs contradict, more than [`MAX_GPUS`] GPUs.
+    pub fn check(&self) -> Result<(), ReportError> {
+        let impossible = |msg: String| Err(ReportError::Impossible(msg));
+        if self.gpus.len() > MAX_GPUS {
+            return impossible(format!(
+                "{} GPUs listed, more than the {MAX_GPUS} a node can have",
+                self.gpus.len()
+            ));
+        }
+        let expected = if self.nvml.available {
+            NodeMemoryModel::classify(&self.gpus)
+        } else {
+            NodeMemoryModel::Unknown
+        };
+        if self.memory_model != expected {
+            return impossible(format!(
+                "memoryModel is {} but its GPUs make the node {expected}",
+                self.memory_model
+            ));
+        }
+        let s = &self.selftest;
+        let unit = |name: &str, v: f64| -> Result<(), ReportError> {
+            if (0.0..=1.0).contains(&v) {
+                Ok(())
+            } else {
+                Err(ReportError::Impossible(format!(
+                    "selftest.{name} {v} is outside 0–1"
+                )))
+            }
+        };
+        unit("threshold", s.threshold)?;
+        if let Some(e) = s.efficiency {
+            unit("efficiency", e)?;
+        }
+        if s.verdict != OverlapVerdict::Untested && s.efficiency.is_none() {
+            return impossible(format!(
+                "selftest.verdict is {} without an efficiency",
+                s.verdict.label_value()
+            ));
+        }
+        let figures = [
+            ("cpuUpdateRate", s.cpu_update_rate),
+            ("gpuFlops", s.gpu_flops),
+            ("tGpuMs", s.t_gpu_ms),
+            ("tCpuMs", s.t_cpu_ms),
+            ("tSerialMs", s.t_serial_ms),
+            ("tPipelinedMs", s.t_pipelined_ms),
+            ("durationMs", s.duration_ms),
+            ("bandwidth.h2dPinned", s.bandwidth.h2d_pinned),
+            ("bandwidth.d2hPinned", s.bandwidth.d2h_pinned),
+            ("bandwidth.h2dPageable", s.bandwidth.h2d_pageable),
+            ("bandwidth.d2hPageable", s.bandwidth.d2h_pageable),
+            ("bandwidth.directHostRead", s.bandwidth.direct_host_read),
+            ("bandwidth.directHostWrite", s.bandwidth.direct_host_write),
+        ];
+        for (name, value) in figures {
+            if let Some(v) = value
+                && !(v.is_finite() && v >= 0.0)
+            {
+                return impossible(format!(
+                    "selftest.{name} {v} is not a finite, non-negative figure"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Serialises the report as the annotation value.
@@ -358,20 +458,7 @@ impl NodeReport {
 
     /// The labels the agent publishes for this report.
     pub fn labels(&self) -> BTreeMap<String, String> {
-        let c2c = !self.gpus.is_empty() && self.gpus.iter().all(|g| g.c2c.enabled);
-        let uma = self.memory_model == NodeMemoryModel::Coherent;
-        BTreeMap::from([
-            (names::LABEL_UMA.to_string(), uma.to_string()),
-            (
-                names::LABEL_ADDRESSING_MODE.to_string(),
-                self.addressing_mode().label_value().to_string(),
-            ),
-            (names::LABEL_C2C.to_string(), c2c.to_string()),
-            (
-                names::LABEL_OVERLAP.to_string(),
-                self.selftest.verdict.label_value().to_string(),
-            ),
-        ])
+        NodeLabels::from_report(self).to_map()
     }
 }
 
@@ -387,26 +474,19 @@ impl fmt::Display for NodeMemoryModel {
     }
 }
 
-/// Node reports used as fixtures where the hardware is not here; `tests/fixtures/README.md` says
-/// where each figure comes from.
-pub mod fixtures {
-    /// Stand-in for a 1-GPU GH200 node (ATS, C2C on; 9 NUMA nodes in NUMA mode), assembled from
-    /// published GH200 figures: this project has no GH200.
-    pub const GH200_REFERENCE: &str = include_str!("../tests/fixtures/node-report-gh200.json");
-    /// An H200 on an x86 PCIe Gen5 host (addressing mode none, C2C off), as read on the lent H200.
-    pub const H200_READING: &str = include_str!("../tests/fixtures/node-report-h200.json");
-    /// Constructed report of an x86 PCIe GPU node with HMM whose container memlock limit refuses
-    /// pinned memory, so overlap fails.
-    pub const HMM_MEMLOCK: &str = include_str!("../tests/fixtures/node-report-hmm.json");
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::names;
+
+    // The recorded readings live with the test environment; read here as plain text.
+    const GH200_REFERENCE: &str = include_str!("../../testenv/fixtures/node-report-gh200.json");
+    const H200_READING: &str = include_str!("../../testenv/fixtures/node-report-h200.json");
+    const HMM_UNPINNED: &str = include_str!("../../testenv/fixtures/node-report-hmm-unpinned.json");
 
     #[test]
     fn recorded_reports_parse_and_classify() {
-        let gh = NodeReport::parse(fixtures::GH200_REFERENCE).unwrap();
+        let gh = NodeReport::parse(GH200_REFERENCE).unwrap();
         assert_eq!(gh.memory_model, NodeMemoryModel::Coherent);
         assert_eq!(
             NodeMemoryModel::classify(&gh.gpus),
@@ -414,14 +494,14 @@ mod tests {
         );
         assert_eq!(gh.labels()[names::LABEL_UMA], "true");
         assert_eq!(gh.labels()[names::LABEL_ADDRESSING_MODE], "ats");
-        let h200 = NodeReport::parse(fixtures::H200_READING).unwrap();
+        let h200 = NodeReport::parse(H200_READING).unwrap();
         assert_eq!(
             NodeMemoryModel::classify(&h200.gpus),
             NodeMemoryModel::Discrete
         );
         assert_eq!(h200.labels()[names::LABEL_UMA], "false");
         assert_eq!(h200.labels()[names::LABEL_C2C], "false");
-        let hmm = NodeReport::parse(fixtures::HMM_MEMLOCK).unwrap();
+        let hmm = NodeReport::parse(HMM_UNPINNED).unwrap();
         assert_eq!(NodeMemoryModel::classify(&hmm.gpus), NodeMemoryModel::Hmm);
         assert_eq!(hmm.labels()[names::LABEL_UMA], "false");
         assert_eq!(hmm.labels()[names::LABEL_ADDRESSING_MODE], "hmm");
@@ -429,7 +509,7 @@ mod tests {
 
     #[test]
     fn report_round_trips() {
-        let gh = NodeReport::parse(fixtures::GH200_REFERENCE).unwrap();
+        let gh = NodeReport::parse(GH200_REFERENCE).unwrap();
         let again = NodeReport::parse(&gh.to_annotation().unwrap()).unwrap();
         assert_eq!(gh, again);
     }
@@ -450,10 +530,51 @@ mod tests {
         assert!(matches!(err, ReportError::Malformed(_)), "{err}");
     }
 
+    /// Each edit makes the H200 reading impossible in one way; each is refused with a message
+    /// that names the field.
+    #[test]
+    fn impossible_reports_are_refused_with_the_field_named() {
+        let base: serde_json::Value = serde_json::from_str(H200_READING).unwrap();
+        type Edit = fn(&mut serde_json::Value);
+        let cases: [(&str, Edit); 7] = [
+            ("efficiency 2", |r| r["selftest"]["efficiency"] = 2.0.into()),
+            ("threshold -0.5", |r| {
+                r["selftest"]["threshold"] = (-0.5).into()
+            }),
+            ("verdict is verified without an efficiency", |r| {
+                r["selftest"].as_object_mut().unwrap().remove("efficiency");
+            }),
+            ("cpuUpdateRate -1", |r| {
+                r["selftest"]["cpuUpdateRate"] = (-1.0).into()
+            }),
+            ("bandwidth.h2dPinned -55", |r| {
+                r["selftest"]["bandwidth"]["h2dPinned"] = (-55.0).into()
+            }),
+            (
+                "memoryModel is coherent but its GPUs make the node discrete",
+                |r| r["memoryModel"] = "coherent".into(),
+            ),
+            ("65 GPUs listed", |r| {
+                let gpu = r["gpus"][0].clone();
+                r["gpus"] = serde_json::Value::Array(vec![gpu; 65]);
+            }),
+        ];
+        for (expected, edit) in cases {
+            let mut report = base.clone();
+            edit(&mut report);
+            let err = NodeReport::parse(&report.to_string()).unwrap_err();
+            assert!(
+                matches!(err, ReportError::Impossible(_)),
+                "{expected}: {err}"
+            );
+            assert!(err.to_string().contains(expected), "{expected}: {err}");
+        }
+    }
+
     #[test]
     fn a_mixed_node_is_not_coherent() {
-        let gh = NodeReport::parse(fixtures::GH200_REFERENCE).unwrap();
-        let h200 = NodeReport::parse(fixtures::H200_READING).unwrap();
+        let gh = NodeReport::parse(GH200_REFERENCE).unwrap();
+        let h200 = NodeReport::parse(H200_READING).unwrap();
         let mixed = vec![gh.gpus[0].clone(), h200.gpus[0].clone()];
         assert_eq!(NodeMemoryModel::classify(&mixed), NodeMemoryModel::Unknown);
         assert_eq!(NodeMemoryModel::classify(&[]), NodeMemoryModel::NoGpu);

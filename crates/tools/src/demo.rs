@@ -7,24 +7,42 @@
 //! operator (controller + webhook) in this process; applies `examples/`; and prints the
 //! decisions and the configuration that reached the pods.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::api::{Api, ListParams, PostParams};
 use offload_operator::api::TrainingJob;
-use offload_operator::devcluster::{ClusterOptions, DevCluster, free_port};
 use offload_operator::operator::{self, RunOptions};
 use offload_operator::webhook::tls::ManagedCerts;
 use offload_operator::webhook::{CertMode, WebhookOptions};
+use offload_testenv::devcluster::{ClusterOptions, DevCluster, free_port, repo_root};
+use offload_testenv::fixtures;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 const NS: &str = "offload-system";
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    repo_root()
+}
+
+/// A binary built beside this one (the workspace builds all of them into one directory).
+fn sibling(name: &str) -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("locating offload-demo: {e}"))?;
+    let path = exe
+        .parent()
+        .map(|dir| dir.join(name))
+        .ok_or_else(|| format!("{} has no directory", exe.display()))?;
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "{} is missing: build every binary first (cargo build --workspace --bins; hack/demo.sh does)",
+            path.display()
+        ))
+    }
 }
 
 fn step(msg: &str) {
@@ -108,7 +126,7 @@ async fn demo(keep: bool) -> Result<(), String> {
     }
 
     step("offload-agent publishes each node's report (replaying recorded readings: no GPU here)");
-    let agent = root().join("target/debug/offload-agent");
+    let agent = sibling("offload-agent")?;
     for (name, fixture) in [
         ("gh200-0", "node-report-gh200.json"),
         ("gh200-1", "node-report-gh200.json"),
@@ -129,7 +147,7 @@ async fn demo(keep: bool) -> Result<(), String> {
                     &format!("127.0.0.1:{port}"),
                 ])
                 .arg("--replay")
-                .arg(root().join("tests/fixtures").join(fixture)),
+                .arg(fixtures::path(fixture)),
             &format!("offload-agent on {name}"),
         )?;
     }
@@ -365,10 +383,6 @@ fn job_has_config(kubectl: &dyn Fn(&[&str]) -> Result<String, String>) -> Result
 
 fn main() -> ExitCode {
     let keep = std::env::args().any(|a| a == "--keep");
-    if !Path::new(&root().join("target/debug/offload-agent")).exists() {
-        eprintln!("error: build the agent first: cargo build --bins (hack/demo.sh does)");
-        return ExitCode::FAILURE;
-    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -73,8 +73,12 @@ pub const ANNOTATION_RATIO: &str = "offload.dev/offload-ratio";
 pub const ANNOTATION_FRAMEWORK: &str = "offload.dev/framework";
 /// Annotation on other job kinds and Pods: framework version.
 pub const ANNOTATION_FRAMEWORK_VERSION: &str = "offload.dev/framework-version";
-/// Annotation the webhook writes on mutated objects: the resolved configuration in one line.
+/// Annotation the operator writes on mutated objects and on the pods of a TrainingJob: the
+/// resolved configuration in one line (for `kubectl describe`).
 pub const ANNOTATION_RESOLVED: &str = "offload.dev/resolved";
+
+/// Label on every object and pod of a TrainingJob's workload: the TrainingJob's name.
+pub const LABEL_TRAINING_JOB: &str = "offload.dev/training-job";
 
 /// Annotation the webhook writes on a TrainingJob whose `Auto` values it resolved at creation:
 /// the `spec.offload` the user asked for (JSON), so the controller explains the decision from
@@ -86,8 +90,13 @@ pub const WEBHOOK_SECRET: &str = "offload-operator-webhook-tls";
 /// Name of the chart's Mutating- and ValidatingWebhookConfiguration.
 pub const WEBHOOK_CONFIGURATION: &str = "offload-operator";
 
-/// Field manager of the operator's server-side applies.
+/// Field manager of the operator's server-side applies: `spec.offload`, the workload objects,
+/// and the decision part of a TrainingJob's status (`offload`, `OffloadResolved`).
 pub const OPERATOR_MANAGER: &str = "offload-operator";
+/// Field manager of the part of a TrainingJob's status that follows its workload (`phase`,
+/// `workload`, `WorkloadCreated`). Kept apart from [`OPERATOR_MANAGER`] so that writing one part
+/// can never drop fields of the other, even from a stale copy of the object.
+pub const WORKLOAD_STATUS_MANAGER: &str = "offload-operator-workload";
 /// Field manager of the agent's server-side applies.
 pub const AGENT_MANAGER: &str = "offload-agent";
 

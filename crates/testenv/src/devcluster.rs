@@ -18,10 +18,14 @@ use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::config::{
+    AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster,
+    NamedContext,
+};
 use kube::{Client, Config};
+use offload_operator::certs::{self, CertAuthority};
 
-use crate::certs::{self, CertAuthority};
+use crate::pki;
 
 /// What to start beside etcd and kube-apiserver.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -63,6 +67,9 @@ pub enum DevClusterError {
     /// Certificates could not be made.
     #[error(transparent)]
     Certs(#[from] certs::CertError),
+    /// Keys could not be made.
+    #[error(transparent)]
+    Keys(#[from] pki::KeyError),
     /// A component did not become ready in time.
     #[error("{component} was not ready after {waited:?}; its log is at {log}:\n{tail}")]
     NotReady {
@@ -93,7 +100,7 @@ pub fn ensure_binaries() -> Result<PathBuf, DevClusterError> {
         if let Ok(dir) = std::env::var("OFFLOAD_K8S_BIN_DIR") {
             return Ok(PathBuf::from(dir));
         }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/k8s/build.sh");
+        let script = repo_root().join("hack/k8s/build.sh");
         let out = Command::new("bash")
             .arg(&script)
             .stderr(Stdio::inherit())
@@ -116,6 +123,14 @@ pub fn ensure_binaries() -> Result<PathBuf, DevClusterError> {
     })
     .clone()
     .map_err(DevClusterError::Binaries)
+}
+
+/// The repository root (this crate lives in `crates/testenv`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }
 
 /// Spawns children from one thread that lives as long as the process, so `PR_SET_PDEATHSIG`
@@ -328,23 +343,26 @@ impl DevCluster {
             ],
             YEAR,
         )?;
-        let admin = self.ca.issue_client("admin", &["system:masters"], YEAR)?;
-        let sa_key = certs::generate_key_pem()?;
+        let admin = pki::issue_client(&self.ca, "admin", &["system:masters"], YEAR)?;
+        let sa_key = pki::generate_key_pem()?;
         let ca_file = self.write("ca.crt", &self.ca.cert.cert_pem)?;
         let ca_key_file = self.write("ca.key", &self.ca.cert.key_pem)?;
         let serving_cert = self.write("apiserver.crt", &serving.cert_pem)?;
         let serving_key = self.write("apiserver.key", &serving.key_pem)?;
         let sa_key_file = self.write("sa.key", &sa_key)?;
-        let sa_pub_file = self.write("sa.pub", &certs::public_key_pem(&sa_key)?)?;
+        let sa_pub_file = self.write("sa.pub", &pki::public_key_pem(&sa_key)?)?;
         self.server = format!("https://127.0.0.1:{api_port}");
-        let kubeconfig = kubeconfig_yaml(
+        let kubeconfig = admin_kubeconfig(
             &self.server,
             &self.ca.cert.cert_pem,
             &admin.cert_pem,
             &admin.key_pem,
         );
-        let kubeconfig_path = self.kubeconfig.clone();
-        fs::write(&kubeconfig_path, kubeconfig).map_err(io_err("writing the kubeconfig"))?;
+        let yaml = serde_saphyr::to_string(&kubeconfig).map_err(|e| DevClusterError::Io {
+            what: "writing the kubeconfig".into(),
+            source: io::Error::other(e.to_string()),
+        })?;
+        fs::write(&self.kubeconfig, yaml).map_err(io_err("writing the kubeconfig"))?;
         let _ = ca_key_file;
 
         let d = |p: &Path| p.display().to_string();
@@ -612,38 +630,42 @@ impl Drop for DevCluster {
     }
 }
 
-fn kubeconfig_yaml(server: &str, ca_pem: &str, cert_pem: &str, key_pem: &str) -> String {
-    use base64_engine::encode;
-    format!(
-        "apiVersion: v1
-kind: Config
-clusters:
-- name: devcluster
-  cluster:
-    server: {server}
-    certificate-authority-data: {ca}
-users:
-- name: admin
-  user:
-    client-certificate-data: {cert}
-    client-key-data: {key}
-contexts:
-- name: devcluster
-  context:
-    cluster: devcluster
-    user: admin
-current-context: devcluster
-",
-        ca = encode(ca_pem),
-        cert = encode(cert_pem),
-        key = encode(key_pem),
-    )
-}
-
-mod base64_engine {
+/// The admin kubeconfig: one cluster, one user authenticated by client certificate.
+fn admin_kubeconfig(server: &str, ca_pem: &str, cert_pem: &str, key_pem: &str) -> Kubeconfig {
     use base64::Engine as _;
-
-    pub fn encode(text: &str) -> String {
-        base64::engine::general_purpose::STANDARD.encode(text)
+    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
+    let name = "devcluster".to_string();
+    Kubeconfig {
+        clusters: vec![NamedCluster {
+            name: name.clone(),
+            cluster: Some(Cluster {
+                server: Some(server.to_string()),
+                certificate_authority_data: Some(b64(ca_pem)),
+                ..Cluster::default()
+            }),
+            ..NamedCluster::default()
+        }],
+        auth_infos: vec![NamedAuthInfo {
+            name: "admin".to_string(),
+            auth_info: Some(AuthInfo {
+                client_certificate_data: Some(b64(cert_pem)),
+                client_key_data: Some(secrecy::SecretString::from(b64(key_pem))),
+                ..AuthInfo::default()
+            }),
+            ..NamedAuthInfo::default()
+        }],
+        contexts: vec![NamedContext {
+            name: name.clone(),
+            context: Some(Context {
+                cluster: name.clone(),
+                user: Some("admin".to_string()),
+                ..Context::default()
+            }),
+            ..NamedContext::default()
+        }],
+        current_context: Some(name),
+        kind: Some("Config".to_string()),
+        api_version: Some("v1".to_string()),
+        ..Kubeconfig::default()
     }
 }

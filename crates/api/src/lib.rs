@@ -1,0 +1,17 @@
+//! The `offload.dev` API shared by the operator and the node agent.
+//!
+//! - [`api`]: the `offload.dev/v1alpha1` CRD types (`TrainingJob`, `OffloadProfile`) and the
+//!   CRDs generated from them;
+//! - [`names`]: every label, annotation, env var and field-manager name another component
+//!   relies on;
+//! - [`labels`]: the node labels the agent writes and the operator reads, typed, with their
+//!   one vocabulary of values;
+//! - [`report`]: the agent's versioned node report, and the checks that reject an impossible one;
+//! - [`version`]: framework versions and the feature gates that depend on them.
+#![deny(missing_docs)]
+
+pub mod api;
+pub mod labels;
+pub mod names;
+pub mod report;
+pub mod version;

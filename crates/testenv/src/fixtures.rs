@@ -1,0 +1,20 @@
+//! Recorded node reports: stand-ins for hardware that is not here. `fixtures/README.md` says
+//! where each figure comes from.
+
+use std::path::PathBuf;
+
+/// Stand-in for a 1-GPU GH200 node (ATS, C2C on; 9 NUMA nodes in NUMA mode), assembled from
+/// published GH200 figures: this project has no GH200.
+pub const GH200_REFERENCE: &str = include_str!("../fixtures/node-report-gh200.json");
+/// An H200 on an x86 PCIe Gen5 host (addressing mode none, C2C off), as read on the lent H200.
+pub const H200_READING: &str = include_str!("../fixtures/node-report-h200.json");
+/// Constructed report of an x86 PCIe GPU node with HMM where pinned allocation was refused, so
+/// the pageable path was measured and overlap failed.
+pub const HMM_UNPINNED: &str = include_str!("../fixtures/node-report-hmm-unpinned.json");
+
+/// Path of a fixture file, e.g. for `offload-agent run --replay`.
+pub fn path(file: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(file)
+}

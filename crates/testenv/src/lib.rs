@@ -1,0 +1,14 @@
+//! The test environment of offload-operator: never part of a release binary.
+//!
+//! - [`devcluster`]: a local Kubernetes control plane made of the real upstream binaries
+//!   (etcd, kube-apiserver, controller-manager, scheduler, kwok), built from their Go modules;
+//! - [`pki`]: the certificates it runs on (admin client certificate, service-account keys);
+//! - [`fixtures`]: recorded node reports, stand-ins for hardware that is not here;
+//! - [`support`]: helpers for integration tests (one cluster per test binary, a namespace per
+//!   test, waits on conditions, kwok nodes, the operator in process).
+#![deny(missing_docs)]
+
+pub mod devcluster;
+pub mod fixtures;
+pub mod pki;
+pub mod support;

@@ -1,0 +1,309 @@
+//! Integration-test support: one real control plane per test binary, a fresh namespace per test,
+//! the CRDs applied, and waits on conditions with timeouts that say what they waited for.
+//!
+//! These helpers run inside tests, where a failure is a panic that names what failed.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::devcluster::{ClusterOptions, DevCluster};
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Client, Resource};
+
+/// The shared cluster of this test binary, started on first use with `options`. Every test of
+/// one binary must ask for the same options.
+pub fn cluster(options: ClusterOptions) -> &'static DevCluster {
+    static CLUSTER: OnceLock<DevCluster> = OnceLock::new();
+    let cluster = CLUSTER.get_or_init(|| {
+        // Started on its own runtime: each #[tokio::test] has a runtime of its own that ends
+        // with the test, and the cluster outlives them all.
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let started = Instant::now();
+            let cluster = rt
+                .block_on(DevCluster::start(options))
+                .unwrap_or_else(|e| panic!("could not start the local control plane: {e}"));
+            eprintln!(
+                "control plane ready in {:.1} s at {}",
+                started.elapsed().as_secs_f64(),
+                cluster.server
+            );
+            cluster
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(
+        cluster.options(),
+        options,
+        "all tests of one binary must share cluster options"
+    );
+    cluster
+}
+
+/// A client for the shared cluster, bound to the calling test's runtime.
+pub async fn client(cluster: &DevCluster) -> Client {
+    cluster.client().await.unwrap()
+}
+
+/// A binary of the workspace, built beside the running test (`target/<profile>/<name>`). The
+/// test command builds every binary before the tests run.
+pub fn workspace_binary(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<test> → target/<profile>/<name>
+    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: build every binary first (cargo build --workspace --bins)",
+        path.display()
+    );
+    path
+}
+
+/// Creates a namespace with a unique name for one test.
+pub async fn namespace(client: &Client, prefix: &str) -> String {
+    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("{prefix}-{}-{n}", std::process::id());
+    let ns = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    // The ServiceAccount admission plugin needs the namespace's `default` account before any
+    // pod is accepted; without a controller-manager nobody else creates it.
+    let sa = k8s_openapi::api::core::v1::ServiceAccount {
+        metadata: kube::api::ObjectMeta {
+            name: Some("default".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client.clone(), &name);
+    match sas.create(&PostParams::default(), &sa).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("creating the default ServiceAccount in {name}: {e}"),
+    }
+    name
+}
+
+/// Applies the generated CRDs (server-side apply) and waits until each is Established.
+pub async fn apply_crds(client: &Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in offload_api::api::crds() {
+        let name = crd.metadata.name.clone().unwrap();
+        api.patch(
+            &name,
+            &PatchParams::apply("offload-tests").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap();
+        wait(
+            &format!("CRD {name} established"),
+            Duration::from_secs(30),
+            await_condition(api.clone(), &name, conditions::is_crd_established()),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+/// Awaits `fut`, failing the test with `what` if it takes longer than `timeout`.
+pub async fn wait<T>(what: &str, timeout: Duration, fut: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {timeout:?} waiting for {what}"),
+    }
+}
+
+/// Polls `check` until it returns `Some`, failing with `what` after `timeout`. For conditions
+/// no watch can express (command output, aggregated state); backs off up to 500 ms.
+pub async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    let mut delay = Duration::from_millis(20);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// Runs kubectl against the cluster and returns stdout, failing the test on a non-zero exit.
+pub fn kubectl(cluster: &DevCluster, args: &[&str]) -> String {
+    let out = cluster.kubectl().args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs kubectl and returns (success, stdout, stderr) without asserting.
+pub fn kubectl_result(
+    cluster: &DevCluster,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> (bool, String, String) {
+    use std::io::Write;
+    let mut cmd = cluster.kubectl();
+    cmd.args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    if stdin.is_some() {
+        cmd.stdin(std::process::Stdio::piped());
+    }
+    let mut child = cmd.spawn().unwrap();
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A kwok-managed Node (simulated: kwok makes it Ready and runs its pods), with extra labels
+/// and annotations, e.g. the agent's labels and report.
+pub fn kwok_node(name: &str, labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> Node {
+    let mut node: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "type": "kwok"}
+        },
+        "status": {
+            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"},
+            "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"}
+        }
+    }))
+    .unwrap();
+    let meta = node.meta_mut();
+    for (k, v) in labels {
+        meta.labels
+            .get_or_insert_with(Default::default)
+            .insert((*k).to_string(), (*v).to_string());
+    }
+    for (k, v) in annotations {
+        meta.annotations
+            .get_or_insert_with(Default::default)
+            .insert((*k).to_string(), (*v).to_string());
+    }
+    node
+}
+
+/// Starts the operator in-process (its own thread and runtime, like the cluster) once per test
+/// binary; it runs until the binary exits.
+pub fn operator(cluster: &'static DevCluster) {
+    static STARTED: OnceLock<()> = OnceLock::new();
+    STARTED.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let client = cluster.client().await.unwrap();
+                apply_crds(&client).await;
+                let token = tokio_util::sync::CancellationToken::new();
+                tx.send(()).unwrap();
+                offload_operator::operator::run(client, operator_options(), token)
+                    .await
+                    .unwrap();
+            });
+        });
+        rx.recv().unwrap();
+    });
+}
+
+/// Options for an in-process operator: admin server on a free port, no leader election.
+pub fn operator_options() -> offload_operator::operator::RunOptions {
+    offload_operator::operator::RunOptions {
+        admin_addr: "127.0.0.1:0".parse().unwrap(),
+        leader_election: None,
+        controller: Default::default(),
+        webhook: None,
+    }
+}
+
+/// A kwok node carrying a node report fixture and the labels the agent derives from it, plus a
+/// pool label so a test's profile can select only its own nodes.
+pub fn reported_node(name: &str, fixture: &str, pool: &str) -> Node {
+    let mut report = offload_api::report::NodeReport::parse(fixture).unwrap();
+    report.node = name.to_string();
+    let labels = report.labels();
+    let mut label_refs: Vec<(&str, &str)> = labels
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    label_refs.push(("offload.dev/test-pool", pool));
+    let annotation = report.to_annotation().unwrap();
+    kwok_node(
+        name,
+        &label_refs,
+        &[(
+            offload_api::names::ANNOTATION_NODE_REPORT,
+            annotation.as_str(),
+        )],
+    )
+}
+
+/// An OffloadProfile that only sees nodes of one test pool.
+pub fn pool_profile(
+    name: &str,
+    pool: &str,
+    extra: serde_json::Value,
+) -> offload_api::api::OffloadProfile {
+    let mut spec = serde_json::json!({
+        "nodeSelector": {"matchLabels": {"offload.dev/test-pool": pool}}
+    });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "offload.dev/v1alpha1", "kind": "OffloadProfile",
+        "metadata": {"name": name},
+        "spec": spec
+    }))
+    .unwrap()
+}

@@ -1,0 +1,104 @@
+//! `offload-bench`: benchmarks that print figures (never pass/fail). Each subcommand is a module:
+//!
+//! - `control-plane`: start-up time of the local control plane and each process's memory;
+//! - `controller`: TrainingJobs created in a burst, creation → workload latency, the operator's
+//!   CPU time and peak RSS;
+//! - `webhook`: pod mutation over TLS at increasing concurrency, beside a minimal peer webhook;
+//!   real pod creation with and without the webhook, side by side;
+//! - `admission`: the admission handlers in process, by cluster size.
+
+mod admission;
+mod cluster;
+mod control_plane;
+mod controller;
+mod error;
+mod measure;
+mod webhook;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Benchmarks of offload-operator; each prints its figures as Markdown.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start-up time of the local control plane and each process's memory.
+    ControlPlane {
+        /// Start-ups of etcd + kube-apiserver to time.
+        #[arg(long, default_value_t = 3)]
+        runs: u32,
+    },
+    /// TrainingJobs created in a burst: time to workload, the operator's CPU and memory.
+    Controller {
+        /// TrainingJobs in the burst.
+        #[arg(long, default_value_t = 1000)]
+        jobs: usize,
+    },
+    /// The webhook under load over TLS, and real pod creation with and without it.
+    Webhook {
+        /// Seconds per concurrency level.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Pods of each kind created through the kube client.
+        #[arg(long, default_value_t = 500)]
+        pods: usize,
+        /// Concurrent kube clients.
+        #[arg(long, default_value_t = 10)]
+        clients: usize,
+        /// Pods of each kind created with `kubectl create`.
+        #[arg(long, default_value_t = 40)]
+        kubectl_pods: usize,
+    },
+    /// The admission handlers in process, by cluster size.
+    Admission {
+        /// Reported nodes per row.
+        #[arg(long, value_delimiter = ',', default_value = "16,256,2048")]
+        nodes: Vec<usize>,
+        /// Requests per cell.
+        #[arg(long, default_value_t = 2000)]
+        iterations: u32,
+    },
+    /// The minimal peer webhook (started by `webhook` as its own process).
+    #[command(hide = true)]
+    PeerWebhook {
+        /// Directory with tls.crt, tls.key and patch.
+        dir: PathBuf,
+        /// Port to listen on.
+        port: u16,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("start-up: tokio runtime");
+    let result = match cli.command {
+        Command::ControlPlane { runs } => rt.block_on(control_plane::run(runs)),
+        Command::Controller { jobs } => rt.block_on(controller::run(jobs)),
+        Command::Webhook {
+            seconds,
+            pods,
+            clients,
+            kubectl_pods,
+        } => rt.block_on(webhook::run(seconds, pods, clients, kubectl_pods)),
+        Command::Admission { nodes, iterations } => admission::run(&nodes, iterations),
+        Command::PeerWebhook { dir, port } => rt.block_on(webhook::peer_webhook(dir, port)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! The operator's caches: one watch per kind — Nodes (metadata only, so memory stays flat on
+//! large clusters), OffloadProfiles and TrainingJobs — built once per process and shared by the
+//! webhook (every replica serves it) and the controllers (the leader runs them).
+//!
+//! A controller that starts late (on winning the lease) subscribes to a cache and receives
+//! every object already in it, then every change; a subscriber that falls behind gets the whole
+//! cache again instead of stalling the watch, so a slow or absent subscriber never holds up
+//! the webhook's view.
+
+use std::collections::VecDeque;
+use std::fmt::Debug;
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use kube::core::{DeserializeGuard, PartialObjectMeta};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use tokio::sync::broadcast;
+
+use crate::api::{OffloadProfile, TrainingJob};
+use crate::index::NodeViews;
+use crate::metrics::{KindLabels, Metrics};
+
+/// How many changes a subscriber may fall behind before it is handed the whole cache again.
+const SUBSCRIBER_BUFFER: usize = 1024;
+
+/// One kind's cache and its change feed.
+pub struct Cache<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store: Store<K>,
+    changes: broadcast::Sender<Arc<K>>,
+}
+
+impl<K> Clone for Cache<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    fn clone(&self) -> Self {
+        Cache {
+            store: self.store.clone(),
+            changes: self.changes.clone(),
+        }
+    }
+}
+
+impl<K> Cache<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    /// The objects as of now.
+    pub fn store(&self) -> &Store<K> {
+        &self.store
+    }
+
+    /// Every object now in the cache, then every change (applied or deleted objects). After
+    /// falling more than [`SUBSCRIBER_BUFFER`] changes behind, the whole cache is sent again.
+    pub fn subscribe(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
+        // Subscribe before taking the snapshot, so no change falls between the two.
+        let receiver = self.changes.subscribe();
+        let store = self.store.clone();
+        let pending: VecDeque<Arc<K>> = store.state().into();
+        futures::stream::unfold(
+            (receiver, pending, store),
+            |(mut receiver, mut pending, store)| async move {
+                loop {
+                    if let Some(obj) = pending.pop_front() {
+                        return Some((obj, (receiver, pending, store)));
+                    }
+                    match receiver.recv().await {
+                        Ok(obj) => return Some((obj, (receiver, pending, store))),
+                        Err(broadcast::error::RecvError::Lagged(_)) => {
+                            pending = store.state().into();
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return None,
+                    }
+                }
+            },
+        )
+    }
+}
+
+/// Builds a cache fed by `events` and returns it with the future that drives it.
+fn cache<K, S>(
+    events: S,
+    kind: &'static str,
+    metrics: Arc<Metrics>,
+) -> (Cache<K>, impl Future<Output = ()> + Send + 'static)
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+{
+    let (store, writer) = reflector::store::<K>();
+    let (changes, _) = broadcast::channel(SUBSCRIBER_BUFFER);
+    let cache = Cache {
+        store: store.clone(),
+        changes: changes.clone(),
+    };
+    let drive = events.reflect(writer).for_each(move |event| {
+        match event {
+            Ok(watcher::Event::Apply(obj)) => {
+                // Hand out the cache's own Arc: subscribers share it instead of a copy.
+                let key = ObjectRef::from_obj(&obj);
+                let shared = store.get(&key).unwrap_or_else(|| Arc::new(obj));
+                let _ = changes.send(shared);
+            }
+            Ok(watcher::Event::Delete(obj)) => {
+                let _ = changes.send(Arc::new(obj));
+            }
+            Ok(watcher::Event::InitDone) => {
+                for obj in store.state() {
+                    let _ = changes.send(obj);
+                }
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+            Err(e) => {
+                // The watcher backs off and retries; a watch error never ends the stream.
+                tracing::warn!(kind, error = %e, "watch error");
+                metrics
+                    .watch_errors
+                    .get_or_create(&KindLabels { kind })
+                    .inc();
+            }
+        }
+        futures::future::ready(())
+    });
+    (cache, drive)
+}
+
+/// The operator's three caches and the node index built on the Node cache.
+#[derive(Clone)]
+pub struct Caches {
+    /// OffloadProfiles.
+    pub profiles: Cache<OffloadProfile>,
+    /// Nodes, metadata only.
+    pub nodes: Cache<PartialObjectMeta<Node>>,
+    /// TrainingJobs, each wrapped in a [`DeserializeGuard`] so one object that does not
+    /// deserialize is carried as an error and skipped instead of stalling the watch.
+    pub jobs: Cache<DeserializeGuard<TrainingJob>>,
+    /// The decision's view of the Node cache, parsed once per node change.
+    pub node_views: Arc<NodeViews>,
+}
+
+impl Caches {
+    /// Starts nothing: returns the caches and the future that drives all three watches (it
+    /// runs until dropped).
+    pub fn new(
+        client: &Client,
+        metrics: Arc<Metrics>,
+    ) -> (Caches, impl Future<Output = ()> + Send + 'static) {
+        fn config() -> watcher::Config {
+            watcher::Config::default().any_semantic()
+        }
+        let (profiles, drive_profiles) = cache(
+            watcher(Api::<OffloadProfile>::all(client.clone()), config()).default_backoff(),
+            "OffloadProfile",
+            metrics.clone(),
+        );
+        let (nodes, drive_nodes) = cache(
+            // `Api<PartialObjectMeta<_>>` lists and watches metadata only.
+            watcher(
+                Api::<PartialObjectMeta<Node>>::all(client.clone()),
+                config(),
+            )
+            .default_backoff(),
+            "Node",
+            metrics.clone(),
+        );
+        let (jobs, drive_jobs) = cache(
+            watcher(
+                Api::<DeserializeGuard<TrainingJob>>::all(client.clone()),
+                config(),
+            )
+            .default_backoff(),
+            "TrainingJob",
+            metrics,
+        );
+        let node_views = Arc::new(NodeViews::new(nodes.store().clone()));
+        let drive = async move {
+            tokio::join!(drive_profiles, drive_nodes, drive_jobs);
+        };
+        (
+            Caches {
+                profiles,
+                nodes,
+                jobs,
+                node_views,
+            },
+            drive,
+        )
+    }
+
+    /// Waits until every cache has listed once; `false` if a cache's feed is gone.
+    pub async fn wait_synced(&self) -> bool {
+        self.profiles.store().wait_until_ready().await.is_ok()
+            && self.nodes.store().wait_until_ready().await.is_ok()
+            && self.jobs.store().wait_until_ready().await.is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::{ObjectMeta, PartialObjectMetaExt};
+
+    fn node(name: &str, rv: &str) -> PartialObjectMeta<Node> {
+        ObjectMeta {
+            name: Some(name.into()),
+            resource_version: Some(rv.into()),
+            ..Default::default()
+        }
+        .into_response_partial()
+    }
+
+    fn names(objs: &[Arc<PartialObjectMeta<Node>>]) -> Vec<String> {
+        let mut v: Vec<String> = objs
+            .iter()
+            .filter_map(|o| o.metadata.name.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// A late subscriber (a controller that just won the lease) sees what is already cached,
+    /// then changes; one that falls behind is handed the whole cache again, and the feed never
+    /// waits for it.
+    #[tokio::test]
+    async fn late_and_slow_subscribers_see_every_object() {
+        let metrics = Metrics::new(&mut prometheus_client::registry::Registry::default());
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let (cache, drive) = super::cache::<PartialObjectMeta<Node>, _>(rx, "Node", metrics);
+        let driver = tokio::spawn(drive);
+        for event in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(node("a", "1")),
+            watcher::Event::InitApply(node("b", "1")),
+            watcher::Event::InitDone,
+        ] {
+            tx.unbounded_send(Ok(event)).unwrap();
+        }
+        cache.store().wait_until_ready().await.unwrap();
+        // Wait until the driver has handled the events (the store is filled at InitDone).
+        while cache.store().state().len() < 2 {
+            tokio::task::yield_now().await;
+        }
+
+        let mut late = Box::pin(cache.subscribe());
+        let first: Vec<_> = late.as_mut().take(2).collect().await;
+        assert_eq!(names(&first), ["a", "b"]);
+        tx.unbounded_send(Ok(watcher::Event::Apply(node("c", "2"))))
+            .unwrap();
+        let next = late.next().await.unwrap();
+        assert_eq!(next.metadata.name.as_deref(), Some("c"));
+
+        // A subscriber that never reads does not hold the feed up.
+        let mut slow = Box::pin(cache.subscribe());
+        let _ = slow.as_mut().take(3).collect::<Vec<_>>().await;
+        for i in 0..(SUBSCRIBER_BUFFER + 10) {
+            tx.unbounded_send(Ok(watcher::Event::Apply(node("d", &i.to_string()))))
+                .unwrap();
+        }
+        tx.unbounded_send(Ok(watcher::Event::Apply(node("e", "9"))))
+            .unwrap();
+        while cache.store().state().len() < 5 {
+            tokio::task::yield_now().await;
+        }
+        // It lagged: it gets the whole cache again, which includes the newest object.
+        let resent: Vec<_> = slow.as_mut().take(5).collect().await;
+        assert_eq!(names(&resent), ["a", "b", "c", "d", "e"]);
+        drop(tx);
+        driver.await.unwrap();
+    }
+}

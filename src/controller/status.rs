@@ -1,0 +1,69 @@
+//! A TrainingJob's status is written in two parts, each by server-side apply under its own
+//! field manager, so that writing one part can never drop a field of the other — not even when
+//! the writer works from a stale copy of the object:
+//!
+//! - the **decision** ([`names::OPERATOR_MANAGER`]): `offload`, `observedGeneration`, the
+//!   `OffloadResolved` condition; written when the job is resolved (together with the first
+//!   view of its workload) or held;
+//! - the **workload** ([`names::WORKLOAD_STATUS_MANAGER`]): `phase`, `workload`, the
+//!   `WorkloadCreated` condition; written as the Job runs.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::Resource;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use super::{Error, kube_err};
+use crate::api::{JobPhase, TrainingJob, TrainingJobStatus, WorkloadRef};
+use crate::names;
+
+async fn apply(
+    api: &Api<TrainingJob>,
+    name: &str,
+    manager: &str,
+    status: serde_json::Value,
+) -> Result<(), Error> {
+    let patch = json!({
+        "apiVersion": TrainingJob::api_version(&()),
+        "kind": TrainingJob::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(kube_err("writing TrainingJob status"))?;
+    Ok(())
+}
+
+/// Writes the decision part. `status` may also carry the workload part (phase, workload,
+/// `WorkloadCreated`) when the decision and the first view of the workload are written in one
+/// request; the workload writer takes those fields over later.
+pub async fn apply_decision(
+    api: &Api<TrainingJob>,
+    name: &str,
+    status: &TrainingJobStatus,
+) -> Result<(), Error> {
+    let value =
+        serde_json::to_value(status).map_err(|e| Error::Serialize("TrainingJob status", e))?;
+    apply(api, name, names::OPERATOR_MANAGER, value).await
+}
+
+/// Writes the workload part only: phase, the workload reference and the `WorkloadCreated`
+/// condition. Every other status field is left as it is.
+pub async fn apply_workload(
+    api: &Api<TrainingJob>,
+    name: &str,
+    phase: JobPhase,
+    workload: Option<&WorkloadRef>,
+    created: &Condition,
+) -> Result<(), Error> {
+    let mut value = json!({"phase": phase, "conditions": [created]});
+    if let Some(w) = workload {
+        value["workload"] = serde_json::to_value(w)
+            .map_err(|e| Error::Serialize("TrainingJob workload reference", e))?;
+    }
+    apply(api, name, names::WORKLOAD_STATUS_MANAGER, value).await
+}

@@ -1,0 +1,115 @@
+//! Why a job cannot be resolved now. Every message says what to change.
+
+use crate::api::Framework;
+use crate::version::VersionError;
+
+/// Why a job cannot be resolved now. Every message says what to change.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ResolveError {
+    /// The framework version does not parse.
+    #[error(transparent)]
+    InvalidVersion(#[from] VersionError),
+    /// The framework version is missing.
+    #[error(
+        "framework.version is required for {framework:?}: set it to the version installed in the image"
+    )]
+    MissingVersion {
+        /// The framework.
+        framework: Framework,
+    },
+    /// The framework version is older than the operator supports.
+    #[error(
+        "{framework:?} {version} is older than {minimum}, the oldest version the operator renders configuration for: upgrade the image or set framework.name to Generic"
+    )]
+    UnsupportedVersion {
+        /// The framework.
+        framework: Framework,
+        /// The declared version.
+        version: String,
+        /// The oldest supported version.
+        minimum: String,
+    },
+    /// The framework (at this version or stage) cannot take what was asked.
+    #[error("{problem}: {change}")]
+    FrameworkCannot {
+        /// What cannot be done.
+        problem: String,
+        /// What to change.
+        change: String,
+    },
+    /// The ZeRO stage in the spec and in the user's JSON disagree.
+    #[error(
+        "deepspeed.zeroStage is {spec} but the DeepSpeed config in the ConfigMap says stage {config}: remove one of them or make them agree"
+    )]
+    StageConflict {
+        /// Stage in the spec.
+        spec: u8,
+        /// Stage in the config.
+        config: u8,
+    },
+    /// The profile's node selector is not a valid selector.
+    #[error("OffloadProfile {profile:?} has an invalid nodeSelector ({detail}): fix the profile")]
+    InvalidSelector {
+        /// Profile name.
+        profile: String,
+        /// Parse error.
+        detail: String,
+    },
+    /// No node matching the profile has an agent report.
+    #[error(
+        "no GPU node matching OffloadProfile {profile:?} has been reported by offload-agent yet: check that the agent DaemonSet runs on your GPU nodes and that the profile's nodeSelector matches them"
+    )]
+    NoReportedNodes {
+        /// Profile name.
+        profile: String,
+    },
+    /// UnifiedMemory asked for where no coherent node exists.
+    #[error(
+        "mode UnifiedMemory needs a hardware-coherent node (ATS over NVLink-C2C, e.g. GH200) but none of the {discrete} reported node(s) matching OffloadProfile {profile:?} is one: set offload.mode to Auto or CPUCopy, or add coherent nodes"
+    )]
+    NoCoherentNodes {
+        /// Profile name.
+        profile: String,
+        /// Discrete nodes that do match.
+        discrete: usize,
+    },
+    /// CPUCopy asked for where only coherent nodes exist and the profile forbids copy there.
+    #[error(
+        "mode CPUCopy needs a discrete GPU node but all {coherent} node(s) matching OffloadProfile {profile:?} are coherent, where copy offload causes extra copies and page-migration conflicts: set offload.mode to Auto or UnifiedMemory, or set allowCPUCopyOnCoherentNodes in the profile"
+    )]
+    CopyOnCoherentNotAllowed {
+        /// Profile name.
+        profile: String,
+        /// Coherent nodes that match.
+        coherent: usize,
+    },
+}
+
+impl ResolveError {
+    /// A fixed CamelCase category: the condition reason and the metrics label.
+    pub fn category(&self) -> &'static str {
+        match self {
+            ResolveError::InvalidVersion(_) => "InvalidFrameworkVersion",
+            ResolveError::MissingVersion { .. } => "MissingFrameworkVersion",
+            ResolveError::UnsupportedVersion { .. } => "UnsupportedFrameworkVersion",
+            ResolveError::FrameworkCannot { .. } => "FrameworkCannotTakeConfig",
+            ResolveError::StageConflict { .. } => "ZeroStageConflict",
+            ResolveError::InvalidSelector { .. } => "InvalidProfileSelector",
+            ResolveError::NoReportedNodes { .. } => "NoReportedNodes",
+            ResolveError::NoCoherentNodes { .. } => "NoCoherentNodes",
+            ResolveError::CopyOnCoherentNotAllowed { .. } => "CopyOnCoherentNotAllowed",
+        }
+    }
+
+    /// Whether a change of nodes or profiles could make the job resolvable (the controller
+    /// retries those); the rest need the job itself to change.
+    pub fn depends_on_cluster(&self) -> bool {
+        matches!(
+            self,
+            ResolveError::InvalidSelector { .. }
+                | ResolveError::NoReportedNodes { .. }
+                | ResolveError::NoCoherentNodes { .. }
+                | ResolveError::CopyOnCoherentNotAllowed { .. }
+        )
+    }
+}

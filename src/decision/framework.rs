@@ -1,0 +1,295 @@
+//! The framework step: what the declared framework and version can take, and how each one
+//! turns the decided configuration into its own keys.
+
+use crate::api::{Framework, NodeClass, OffloadMode};
+use crate::version::{self, FrameworkVersion};
+
+use super::DEFAULT_ZERO_STAGE;
+use super::error::ResolveError;
+use super::request::JobRequest;
+
+/// How the framework receives the configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FrameworkPlan {
+    /// DeepSpeed JSON keys.
+    DeepSpeed(DeepSpeedPlan),
+    /// Accelerate FSDP env vars.
+    Fsdp(FsdpPlan),
+    /// `OFFLOAD_*` env vars only.
+    Generic,
+}
+
+/// What to write into DeepSpeed's `zero_optimization`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeepSpeedPlan {
+    /// The declared version.
+    pub version: FrameworkVersion,
+    /// ZeRO stage.
+    pub stage: u8,
+    /// Whether to write `zero_optimization.stage` (the user's JSON does not state it).
+    pub write_stage: bool,
+    /// Write `offload_param` too.
+    pub offload_params: bool,
+    /// Write `super_offload: true` and `cpuadam_cores_perc`.
+    pub super_offload: bool,
+    /// Write `ratio` (partial offload).
+    pub write_ratio: bool,
+}
+
+/// Accelerate FSDP switches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FsdpPlan {
+    /// FSDP generation, 1 or 2.
+    pub fsdp_version: u8,
+    /// `FSDP_OFFLOAD_PARAMS`.
+    pub offload_params: bool,
+}
+
+/// Validated framework facts.
+pub(super) struct FrameworkFacts {
+    pub(super) version: Option<FrameworkVersion>,
+    pub(super) stage: u8,
+    pub(super) stage_defaulted: bool,
+}
+
+/// Checks the declared framework, version and ZeRO stage before anything else is decided.
+pub(super) fn check(job: &JobRequest) -> Result<FrameworkFacts, ResolveError> {
+    let kind = job.framework.name;
+    let version = match (kind, job.framework.version.as_deref()) {
+        (Framework::Generic, _) => None,
+        (_, None) => return Err(ResolveError::MissingVersion { framework: kind }),
+        (_, Some(v)) => Some(FrameworkVersion::parse(v)?),
+    };
+    let minimum = match kind {
+        Framework::DeepSpeed => Some(version::deepspeed::MIN_SUPPORTED),
+        Framework::Fsdp => Some(version::torch::MIN_SUPPORTED),
+        Framework::Generic => None,
+    };
+    if let (Some(v), Some(min)) = (&version, minimum)
+        && !v.at_least(min.0, min.1, min.2)
+    {
+        return Err(ResolveError::UnsupportedVersion {
+            framework: kind,
+            version: v.to_string(),
+            minimum: version::deepspeed::show(min),
+        });
+    }
+    let ds = &job.deepspeed;
+    let (stage, stage_defaulted) = match (ds.stage_in_spec, ds.stage_in_config) {
+        (Some(s), Some(c)) if s != c => {
+            return Err(ResolveError::StageConflict { spec: s, config: c });
+        }
+        (Some(s), _) | (None, Some(s)) => (s, false),
+        (None, None) => (DEFAULT_ZERO_STAGE, true),
+    };
+    if kind == Framework::DeepSpeed {
+        if ds.offload_params && stage != 3 {
+            return Err(ResolveError::FrameworkCannot {
+                problem: format!(
+                    "deepspeed.offloadParams needs ZeRO stage 3, the job uses stage {stage}"
+                ),
+                change: "set deepspeed.offloadParams to false or use ZeRO stage 3".to_string(),
+            });
+        }
+        if ds.super_offload == Some(true)
+            && let Some(v) = &version
+            && !version::deepspeed::has(v, version::deepspeed::SUPER_OFFLOAD)
+        {
+            return Err(ResolveError::FrameworkCannot {
+                problem: format!(
+                    "deepspeed.superOffload needs DeepSpeed {} or newer, the image has {v}",
+                    version::deepspeed::show(version::deepspeed::SUPER_OFFLOAD)
+                ),
+                change: "upgrade DeepSpeed or remove deepspeed.superOffload".to_string(),
+            });
+        }
+    }
+    Ok(FrameworkFacts {
+        version,
+        stage,
+        stage_defaulted,
+    })
+}
+
+/// Whether the framework can take a ratio below 1, or why not.
+pub(super) fn partial_ratio_support(
+    job: &JobRequest,
+    facts: &FrameworkFacts,
+) -> Result<(), String> {
+    match job.framework.name {
+        Framework::Generic => Ok(()),
+        Framework::Fsdp => Err("FSDP has no partial-offload switch".to_string()),
+        Framework::DeepSpeed => {
+            let Some(v) = &facts.version else {
+                return Err("the DeepSpeed version is unknown".to_string());
+            };
+            if facts.stage != 3 {
+                Err(format!(
+                    "DeepSpeed offload_optimizer.ratio needs ZeRO stage 3, the job uses stage {}",
+                    facts.stage
+                ))
+            } else if !version::deepspeed::has(v, version::deepspeed::RATIO) {
+                Err(format!(
+                    "DeepSpeed offload_optimizer.ratio needs DeepSpeed {} or newer, the image has {v}",
+                    version::deepspeed::show(version::deepspeed::RATIO)
+                ))
+            } else {
+                Ok(())
+            }
+        }
+    }
+}
+
+/// How the framework realises the configuration, with the reasons (one or two sentences).
+pub(super) fn plan(
+    job: &JobRequest,
+    facts: &FrameworkFacts,
+    mode: OffloadMode,
+    overlap: bool,
+    ratio: f64,
+    node_class: Option<NodeClass>,
+) -> (FrameworkPlan, Vec<String>) {
+    let mut why: Vec<String> = Vec::new();
+    let plan = plan_inner(job, facts, mode, overlap, ratio, node_class, &mut why);
+    (plan, why)
+}
+
+fn say(why: &mut Vec<String>, message: impl Into<String>) {
+    why.push(message.into());
+}
+
+fn plan_inner(
+    job: &JobRequest,
+    facts: &FrameworkFacts,
+    mode: OffloadMode,
+    overlap: bool,
+    ratio: f64,
+    node_class: Option<NodeClass>,
+    why: &mut Vec<String>,
+) -> FrameworkPlan {
+    match (job.framework.name, &facts.version) {
+        (Framework::DeepSpeed, Some(version)) => {
+            let ds = &job.deepspeed;
+            let can_super = version::deepspeed::has(version, version::deepspeed::SUPER_OFFLOAD);
+            let super_offload = match (mode, ds.super_offload) {
+                (OffloadMode::Disabled, _) => false,
+                (_, Some(false)) => {
+                    say(why, "SuperOffload off: deepspeed.superOffload is false");
+                    false
+                }
+                (_, Some(true)) => {
+                    if node_class == Some(NodeClass::Discrete) {
+                        say(
+                            why,
+                            "SuperOffload on because deepspeed.superOffload asks for it; note it was measured 2.2x slower than plain CPU offload on a PCIe H200",
+                        );
+                    } else {
+                        say(why, "SuperOffload on: deepspeed.superOffload asks for it");
+                    }
+                    true
+                }
+                (OffloadMode::UnifiedMemory, None) if overlap && can_super => {
+                    if version::deepspeed::has(
+                        version,
+                        version::deepspeed::SUPER_OFFLOAD_RECOMMENDED,
+                    ) {
+                        say(
+                            why,
+                            "SuperOffload on: overlapped offload on a coherent node",
+                        );
+                    } else {
+                        say(
+                            why,
+                            format!(
+                                "SuperOffload on: overlapped offload on a coherent node; DeepSpeed {version} has it, but {} carries its fixes",
+                                version::deepspeed::show(
+                                    version::deepspeed::SUPER_OFFLOAD_RECOMMENDED
+                                )
+                            ),
+                        );
+                    }
+                    true
+                }
+                (OffloadMode::UnifiedMemory, None) if overlap => {
+                    say(
+                        why,
+                        format!(
+                            "SuperOffload lowered to DeepSpeed's standard asynchronous CPU offload: DeepSpeed {version} predates SuperOffload (upgrade to {} or newer to use it)",
+                            version::deepspeed::show(version::deepspeed::SUPER_OFFLOAD_RECOMMENDED)
+                        ),
+                    );
+                    false
+                }
+                (OffloadMode::CpuCopy, None) if overlap => {
+                    say(
+                        why,
+                        "standard asynchronous CPU offload, not SuperOffload: SuperOffload targets coherent nodes and was measured slower on PCIe",
+                    );
+                    false
+                }
+                (_, None) => false,
+            };
+            let write_ratio = mode != OffloadMode::Disabled
+                && facts.stage == 3
+                && version::deepspeed::has(version, version::deepspeed::RATIO)
+                && (ratio < 1.0 || super_offload);
+            let offload_params = ds.offload_params && mode != OffloadMode::Disabled;
+            let stage_note = if facts.stage_defaulted {
+                format!(
+                    "ZeRO stage {} assumed (neither deepspeed.zeroStage nor the config names one) and written",
+                    facts.stage
+                )
+            } else {
+                format!("ZeRO stage {}", facts.stage)
+            };
+            let what = match mode {
+                OffloadMode::Disabled => "offload_optimizer.device none".to_string(),
+                _ if offload_params => "offload_optimizer and offload_param on the CPU".to_string(),
+                _ => "offload_optimizer on the CPU".to_string(),
+            };
+            say(
+                why,
+                format!("DeepSpeed {version}: {what}, {stage_note}, pin_memory written explicitly"),
+            );
+            FrameworkPlan::DeepSpeed(DeepSpeedPlan {
+                version: version.clone(),
+                stage: facts.stage,
+                write_stage: facts.stage_defaulted,
+                offload_params,
+                super_offload,
+                write_ratio,
+            })
+        }
+        (Framework::Fsdp, Some(version)) => {
+            let fsdp_version = if version::torch::has(version, version::torch::FSDP2) {
+                2
+            } else {
+                1
+            };
+            let offload_params = mode == OffloadMode::CpuCopy;
+            let message = match mode {
+                OffloadMode::CpuCopy => {
+                    format!("FSDP{fsdp_version} (torch {version}) with CPU offload of parameters")
+                }
+                OffloadMode::UnifiedMemory => format!(
+                    "FSDP{fsdp_version} (torch {version}) without copy offload: FSDP has no unified-memory switch, so residency is left to the training code through OFFLOAD_MODE=unified-memory"
+                ),
+                OffloadMode::Disabled => {
+                    format!("FSDP{fsdp_version} (torch {version}) without offload")
+                }
+            };
+            say(why, message);
+            FrameworkPlan::Fsdp(FsdpPlan {
+                fsdp_version,
+                offload_params,
+            })
+        }
+        _ => {
+            say(
+                why,
+                "Generic: the configuration reaches the process through OFFLOAD_* env vars only",
+            );
+            FrameworkPlan::Generic
+        }
+    }
+}

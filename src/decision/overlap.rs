@@ -1,0 +1,112 @@
+//! The overlap step: on only where every chosen node's self-test verified it at or above the
+//! profile's minimum, unless the job or profile says otherwise.
+
+use crate::api::{OffloadMode, OffloadProfileSpec, OverlapSetting};
+use crate::index::NodeInfo;
+use crate::report::OverlapVerdict;
+
+use super::effective;
+use super::placement::Placement;
+use super::request::JobRequest;
+
+/// The lowest measured efficiency among nodes, or what stops overlap being trusted.
+#[derive(Default)]
+pub(super) struct Measured {
+    pub(super) lowest: Option<(String, f64)>,
+    blocker: Option<String>,
+}
+
+impl Measured {
+    fn describe(&self) -> String {
+        match (&self.lowest, &self.blocker) {
+            (Some((node, e)), _) => format!("lowest measured efficiency {e:.2} on {node}"),
+            (None, Some(b)) => b.clone(),
+            (None, None) => "no measurement".to_string(),
+        }
+    }
+
+    fn of(nodes: &[&NodeInfo]) -> Measured {
+        let mut out = Measured::default();
+        for node in nodes {
+            let efficiency = node.parsed_report().and_then(|r| r.selftest.efficiency);
+            if node.parsed_report().is_none() {
+                out.blocker
+                    .get_or_insert_with(|| format!("node {} has no readable report", node.name));
+            }
+            if let Some(conflict) = node.overlap_conflict() {
+                out.blocker
+                    .get_or_insert_with(|| format!("node {}: {conflict}", node.name));
+            }
+            match node.overlap_verdict() {
+                OverlapVerdict::Verified => {}
+                OverlapVerdict::Failed => {
+                    out.blocker.get_or_insert_with(|| match efficiency {
+                        Some(e) => format!(
+                            "the self-test failed on node {} (efficiency {e:.2})",
+                            node.name
+                        ),
+                        None => format!("the self-test failed on node {}", node.name),
+                    });
+                }
+                OverlapVerdict::Untested => {
+                    out.blocker.get_or_insert_with(|| {
+                        format!("node {} has not run the overlap self-test", node.name)
+                    });
+                }
+            }
+            if let Some(e) = efficiency
+                && out.lowest.as_ref().is_none_or(|(_, low)| e < *low)
+            {
+                out.lowest = Some((node.name.clone(), e));
+            }
+        }
+        out
+    }
+}
+
+/// Overlap on or off, the lowest efficiency measured on the chosen nodes, and why.
+pub(super) fn decide(
+    job: &JobRequest,
+    profile: &OffloadProfileSpec,
+    placement: &Placement,
+) -> (bool, Option<f64>, String) {
+    let (requested, source) = effective(job.offload.overlap, profile.overlap, OverlapSetting::Auto);
+    let measured = placement
+        .chosen
+        .map(|c| Measured::of(&c.nodes))
+        .unwrap_or_default();
+    let efficiency = measured.lowest.as_ref().map(|(_, e)| *e);
+    if placement.mode == OffloadMode::Disabled {
+        return (false, efficiency, "off: offload is disabled".to_string());
+    }
+    let (on, why) = match requested {
+        OverlapSetting::Disabled => (false, format!("off: disabled by {source}")),
+        OverlapSetting::Enabled => (
+            true,
+            format!("on: enabled by {source}; {}", measured.describe()),
+        ),
+        OverlapSetting::Auto => {
+            let threshold = profile.min_overlap_efficiency;
+            match (&measured.blocker, measured.lowest.as_ref()) {
+                (Some(blocker), _) => (false, format!("off: {blocker}")),
+                (None, Some((node, e))) if *e >= threshold => (
+                    true,
+                    format!(
+                        "on: self-test verified overlap on every chosen node, lowest efficiency {e:.2} on {node} (minimum {threshold:.2})"
+                    ),
+                ),
+                (None, Some((node, e))) => (
+                    false,
+                    format!(
+                        "off: self-test measured efficiency {e:.2} on {node}, below the profile's minimum {threshold:.2}"
+                    ),
+                ),
+                (None, None) => (
+                    false,
+                    "off: no chosen node has an overlap measurement".to_string(),
+                ),
+            }
+        }
+    };
+    (on, efficiency, why)
+}

@@ -1,0 +1,168 @@
+//! The operator's view of the GPU nodes: each node's agent report, cross-checked against its
+//! labels ([`NodeInfo`]), grouped by node class ([`NodeIndex`]), and rebuilt from the Node cache
+//! only when a node changed ([`NodeViews`]). The controllers and the webhook share one.
+
+mod node;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::Store;
+
+pub use node::{MAX_NODE_TEXT, NodeInfo, Standing, bounded};
+
+use crate::api::NodeClass;
+
+/// Every known node, sorted by name, with the candidates of each class listed apart so a
+/// decision looks only at the class it considers.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeIndex {
+    nodes: Vec<NodeInfo>,
+    coherent: Vec<usize>,
+    discrete: Vec<usize>,
+}
+
+impl NodeIndex {
+    /// Indexes `nodes` (any order; sorted by name here).
+    pub fn new(mut nodes: Vec<NodeInfo>) -> Self {
+        nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut index = NodeIndex {
+            nodes,
+            ..NodeIndex::default()
+        };
+        for (i, node) in index.nodes.iter().enumerate() {
+            match node.class() {
+                Some(NodeClass::Coherent) => index.coherent.push(i),
+                Some(NodeClass::Discrete) => index.discrete.push(i),
+                None => {}
+            }
+        }
+        index
+    }
+
+    /// Every node, sorted by name.
+    pub fn nodes(&self) -> &[NodeInfo] {
+        &self.nodes
+    }
+
+    /// The candidates of one class, sorted by name.
+    pub fn class(&self, class: NodeClass) -> impl Iterator<Item = &NodeInfo> + '_ {
+        let positions = match class {
+            NodeClass::Coherent => &self.coherent,
+            NodeClass::Discrete => &self.discrete,
+        };
+        positions.iter().map(|&i| &self.nodes[i])
+    }
+
+    /// Candidates of either class.
+    pub fn candidates(&self) -> impl Iterator<Item = &NodeInfo> + '_ {
+        self.nodes.iter().filter(|n| n.class().is_some())
+    }
+
+    /// Nodes the agent published on whose publication cannot be used, with the reason.
+    pub fn ignored(&self) -> impl Iterator<Item = (&NodeInfo, &str)> + '_ {
+        self.nodes
+            .iter()
+            .filter_map(|n| n.ignored_because().map(|why| (n, why)))
+    }
+}
+
+impl From<Vec<NodeInfo>> for NodeIndex {
+    fn from(nodes: Vec<NodeInfo>) -> Self {
+        NodeIndex::new(nodes)
+    }
+}
+
+/// The node view of one Node's metadata.
+pub fn node_info(node: &PartialObjectMeta<Node>) -> NodeInfo {
+    NodeInfo::from_metadata(
+        node.name_any(),
+        node.metadata.labels.clone().unwrap_or_default(),
+        node.metadata
+            .annotations
+            .as_ref()
+            .unwrap_or(&BTreeMap::new()),
+    )
+}
+
+/// The node index of a Node metadata cache, rebuilt only when the cache changed.
+///
+/// The cache replaces an object's `Arc` on every change, so an unchanged list of pointers means
+/// unchanged nodes: a caller compares pointers (no parsing, no copies) and shares the last
+/// index. On a change only the nodes whose resourceVersion moved are parsed again.
+pub struct NodeViews {
+    store: Store<PartialObjectMeta<Node>>,
+    snapshot: Mutex<Snapshot>,
+}
+
+#[derive(Default)]
+struct Snapshot {
+    objects: Vec<Arc<PartialObjectMeta<Node>>>,
+    index: Option<Arc<NodeIndex>>,
+    /// Parsed views by name, with the resourceVersion they were parsed at.
+    parsed: HashMap<String, (String, NodeInfo)>,
+}
+
+impl NodeViews {
+    /// Views over `store`.
+    pub fn new(store: Store<PartialObjectMeta<Node>>) -> Self {
+        NodeViews {
+            store,
+            snapshot: Mutex::default(),
+        }
+    }
+
+    /// The index as of now.
+    pub fn get(&self) -> Arc<NodeIndex> {
+        let state = self.store.state();
+        let mut snap = match self.snapshot.lock() {
+            Ok(s) => s,
+            // A panic while holding the lock leaves a snapshot that is at worst stale; the
+            // pointer comparison below rebuilds it.
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(index) = &snap.index
+            && snap.objects.len() == state.len()
+            && snap
+                .objects
+                .iter()
+                .zip(&state)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+        {
+            return index.clone();
+        }
+        let mut out = Vec::with_capacity(state.len());
+        for node in &state {
+            let name = node.name_any();
+            let rv = node.metadata.resource_version.clone().unwrap_or_default();
+            match snap.parsed.get(&name) {
+                Some((cached_rv, info)) if *cached_rv == rv && !rv.is_empty() => {
+                    out.push(info.clone());
+                }
+                _ => {
+                    let info = node_info(node);
+                    snap.parsed.insert(name, (rv, info.clone()));
+                    out.push(info);
+                }
+            }
+        }
+        // Forget nodes that are gone.
+        if snap.parsed.len() > state.len() {
+            let live: HashSet<&str> = state
+                .iter()
+                .filter_map(|n| n.metadata.name.as_deref())
+                .collect();
+            snap.parsed.retain(|k, _| live.contains(k.as_str()));
+        }
+        let index = Arc::new(NodeIndex::new(out));
+        snap.index = Some(index.clone());
+        snap.objects = state;
+        index
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,226 @@
+//! How the operator sees one node: the agent's report, cross-checked against its labels.
+//!
+//! The report is what the agent measured, so it is the source of truth; the labels are what
+//! pods are pinned by, so they must agree with it. A node whose labels contradict its report,
+//! or whose report is unreadable or impossible, is ignored with a reason rather than trusted.
+
+use std::collections::BTreeMap;
+
+use crate::api::NodeClass;
+use crate::labels::NodeLabels;
+use crate::names;
+use crate::report::{NodeMemoryModel, NodeReport, OverlapVerdict, ReportError};
+
+/// Longest piece of agent-written text (an error from the node) copied into a decision's
+/// reasons; the rest is cut, so a node cannot bloat every job's status.
+pub const MAX_NODE_TEXT: usize = 200;
+
+/// Cuts `text` to at most [`MAX_NODE_TEXT`] characters, marking the cut.
+pub fn bounded(text: &str) -> String {
+    if text.chars().count() <= MAX_NODE_TEXT {
+        return text.to_string();
+    }
+    let mut cut: String = text.chars().take(MAX_NODE_TEXT).collect();
+    cut.push('…');
+    cut
+}
+
+/// Whether a node can take offloaded jobs, and as which class.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Standing {
+    /// A GPU node of this memory model and class, with a readable, believable report whose
+    /// labels agree with it.
+    Candidate {
+        /// Memory model from the report.
+        model: NodeMemoryModel,
+        /// The class jobs are pinned to.
+        class: NodeClass,
+    },
+    /// The agent has published here, but what it published cannot be used; says why.
+    Ignored(String),
+    /// No agent label and no report: not a node the agent runs on.
+    NotReported,
+}
+
+/// A node as the decision sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeInfo {
+    /// Node name.
+    pub name: String,
+    /// All labels of the node (a profile's selector may look at any of them).
+    pub labels: BTreeMap<String, String>,
+    /// The parsed `offload.dev/node-report` annotation: `None` when absent.
+    pub report: Option<Result<NodeReport, ReportError>>,
+    standing: Standing,
+    overlap_conflict: Option<String>,
+}
+
+impl NodeInfo {
+    /// Builds the view from a node's labels and annotations.
+    pub fn from_metadata(
+        name: impl Into<String>,
+        labels: BTreeMap<String, String>,
+        annotations: &BTreeMap<String, String>,
+    ) -> Self {
+        let report = annotations
+            .get(names::ANNOTATION_NODE_REPORT)
+            .map(|json| NodeReport::parse(json));
+        NodeInfo::new(name, labels, report)
+    }
+
+    /// Builds the view from labels and an already parsed report.
+    pub fn new(
+        name: impl Into<String>,
+        labels: BTreeMap<String, String>,
+        report: Option<Result<NodeReport, ReportError>>,
+    ) -> Self {
+        let name = name.into();
+        let (standing, overlap_conflict) = judge(&labels, report.as_ref());
+        NodeInfo {
+            name,
+            labels,
+            report,
+            standing,
+            overlap_conflict,
+        }
+    }
+
+    /// Whether and how the node can be used.
+    pub fn standing(&self) -> &Standing {
+        &self.standing
+    }
+
+    /// The memory model, for candidates only.
+    pub fn memory_model(&self) -> Option<NodeMemoryModel> {
+        match self.standing {
+            Standing::Candidate { model, .. } => Some(model),
+            _ => None,
+        }
+    }
+
+    /// The node class, for candidates only.
+    pub fn class(&self) -> Option<NodeClass> {
+        match self.standing {
+            Standing::Candidate { class, .. } => Some(class),
+            _ => None,
+        }
+    }
+
+    /// Why the node is ignored, when it is.
+    pub fn ignored_because(&self) -> Option<&str> {
+        match &self.standing {
+            Standing::Ignored(why) => Some(why),
+            _ => None,
+        }
+    }
+
+    /// The overlap verdict of the report (`untested` without one).
+    pub fn overlap_verdict(&self) -> OverlapVerdict {
+        self.parsed_report()
+            .map_or(OverlapVerdict::Untested, |r| r.selftest.verdict)
+    }
+
+    /// Why the overlap verdict cannot be trusted although the node is a candidate: its label
+    /// says something else than its report.
+    pub fn overlap_conflict(&self) -> Option<&str> {
+        self.overlap_conflict.as_deref()
+    }
+
+    /// The parsed report, if present and readable.
+    pub fn parsed_report(&self) -> Option<&NodeReport> {
+        self.report.as_ref().and_then(|r| r.as_ref().ok())
+    }
+
+    /// GPUs on the node, from the report (1 without a readable report).
+    pub fn gpu_count(&self) -> u32 {
+        self.parsed_report()
+            .map(|r| u32::try_from(r.gpus.len()).unwrap_or(u32::MAX))
+            .filter(|n| *n > 0)
+            .unwrap_or(1)
+    }
+}
+
+fn class_of(model: NodeMemoryModel) -> Option<NodeClass> {
+    match model {
+        NodeMemoryModel::Coherent => Some(NodeClass::Coherent),
+        NodeMemoryModel::Hmm | NodeMemoryModel::Discrete => Some(NodeClass::Discrete),
+        NodeMemoryModel::Unknown | NodeMemoryModel::NoGpu => None,
+    }
+}
+
+/// The node's standing, and a conflict on the overlap label if there is one.
+fn judge(
+    labels: &BTreeMap<String, String>,
+    report: Option<&Result<NodeReport, ReportError>>,
+) -> (Standing, Option<String>) {
+    let published = NodeLabels::parse(labels);
+    let report = match (report, &published) {
+        (None, Ok(None)) => return (Standing::NotReported, None),
+        (None, _) => {
+            return (
+                Standing::Ignored(format!(
+                    "it carries offload.dev labels but no {} annotation",
+                    names::ANNOTATION_NODE_REPORT
+                )),
+                None,
+            );
+        }
+        (Some(Err(e)), _) => return (Standing::Ignored(bounded(&e.to_string())), None),
+        (Some(Ok(r)), _) => r,
+    };
+    let Some(class) = class_of(report.memory_model) else {
+        let why = match report.memory_model {
+            NodeMemoryModel::NoGpu => "its report says it has no GPU".to_string(),
+            _ => match &report.nvml.error {
+                Some(e) => format!("its report says NVML could not be read ({})", bounded(e)),
+                None => "its report says the GPUs' memory model is unknown".to_string(),
+            },
+        };
+        return (Standing::Ignored(why), None);
+    };
+    let labels = match published {
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            return (
+                Standing::Ignored(format!("it has a report but no {} label", names::LABEL_UMA)),
+                None,
+            );
+        }
+        Err(e) => return (Standing::Ignored(e.to_string()), None),
+    };
+    let expected = NodeLabels::from_report(report);
+    if labels.class() != Some(class)
+        || labels.uma != expected.uma
+        || labels.addressing_mode != expected.addressing_mode
+        || labels.c2c != expected.c2c
+    {
+        return (
+            Standing::Ignored(format!(
+                "its labels (uma={}, addressing-mode={}, c2c={}) contradict its report ({} memory, uma={}, addressing-mode={}, c2c={})",
+                labels.uma,
+                labels.addressing_mode.label_value(),
+                labels.c2c,
+                report.memory_model,
+                expected.uma,
+                expected.addressing_mode.label_value(),
+                expected.c2c
+            )),
+            None,
+        );
+    }
+    let conflict = (labels.overlap != report.selftest.verdict).then(|| {
+        format!(
+            "its label {}={} contradicts its report ({})",
+            names::LABEL_OVERLAP,
+            labels.overlap.label_value(),
+            report.selftest.verdict.label_value()
+        )
+    });
+    (
+        Standing::Candidate {
+            model: report.memory_model,
+            class,
+        },
+        conflict,
+    )
+}

@@ -1,0 +1,181 @@
+//! The node view: what the operator believes about a node, and the shared index.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::core::{ObjectMeta, PartialObjectMeta, PartialObjectMetaExt};
+use kube::runtime::{reflector, watcher};
+use offload_testenv::fixtures;
+
+use super::*;
+use crate::names;
+use crate::report::{NodeMemoryModel, NodeReport};
+
+fn annotations(report: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(
+        names::ANNOTATION_NODE_REPORT.to_string(),
+        report.to_string(),
+    )])
+}
+
+fn labels_of(fixture: &str) -> BTreeMap<String, String> {
+    NodeReport::parse(fixture).unwrap().labels()
+}
+
+#[test]
+fn a_node_published_by_the_agent_is_a_candidate_of_its_reports_class() {
+    let gh = NodeInfo::from_metadata(
+        "gh",
+        labels_of(fixtures::GH200_REFERENCE),
+        &annotations(fixtures::GH200_REFERENCE),
+    );
+    assert_eq!(gh.class(), Some(NodeClass::Coherent));
+    assert_eq!(gh.memory_model(), Some(NodeMemoryModel::Coherent));
+    assert_eq!(gh.overlap_conflict(), None);
+    let hmm = NodeInfo::from_metadata(
+        "hmm",
+        labels_of(fixtures::HMM_UNPINNED),
+        &annotations(fixtures::HMM_UNPINNED),
+    );
+    assert_eq!(hmm.class(), Some(NodeClass::Discrete));
+    assert_eq!(hmm.memory_model(), Some(NodeMemoryModel::Hmm));
+}
+
+/// Labels claiming unified memory on a node whose report says discrete H200 must not make it a
+/// coherent node (that led to UnifiedMemory on a PCIe node); the node is ignored, with the
+/// contradiction in the reason.
+#[test]
+fn labels_that_contradict_the_report_make_the_node_ignored() {
+    let lying = NodeInfo::from_metadata(
+        "h200",
+        labels_of(fixtures::GH200_REFERENCE),
+        &annotations(fixtures::H200_READING),
+    );
+    assert_eq!(lying.class(), None);
+    let why = lying.ignored_because().unwrap();
+    assert!(why.contains("contradict its report"), "{why}");
+    assert!(why.contains("discrete memory"), "{why}");
+}
+
+#[test]
+fn an_overlap_label_that_contradicts_the_report_is_a_conflict_not_a_verdict() {
+    let mut labels = labels_of(fixtures::HMM_UNPINNED);
+    labels.insert(names::LABEL_OVERLAP.into(), "verified".into());
+    let node = NodeInfo::from_metadata("hmm", labels, &annotations(fixtures::HMM_UNPINNED));
+    assert_eq!(node.class(), Some(NodeClass::Discrete));
+    assert_eq!(
+        node.overlap_verdict(),
+        crate::report::OverlapVerdict::Failed,
+        "the report is what was measured"
+    );
+    let conflict = node.overlap_conflict().unwrap();
+    assert!(
+        conflict.contains("offload.dev/overlap=verified"),
+        "{conflict}"
+    );
+}
+
+#[test]
+fn unusable_publications_are_ignored_with_a_reason() {
+    let mut impossible: serde_json::Value = serde_json::from_str(fixtures::H200_READING).unwrap();
+    impossible["selftest"]["efficiency"] = 2.0.into();
+    let cases = [
+        (
+            labels_of(fixtures::H200_READING),
+            BTreeMap::new(),
+            "no offload.dev/node-report annotation",
+        ),
+        (
+            labels_of(fixtures::H200_READING),
+            annotations(&impossible.to_string()),
+            "efficiency 2 is outside 0–1",
+        ),
+        (
+            labels_of(fixtures::H200_READING),
+            annotations("{not json"),
+            "not valid JSON",
+        ),
+        (
+            BTreeMap::new(),
+            annotations(fixtures::H200_READING),
+            "no offload.dev/uma label",
+        ),
+    ];
+    for (labels, annotations, expected) in cases {
+        let node = NodeInfo::from_metadata("n", labels, &annotations);
+        assert_eq!(node.class(), None, "{expected}");
+        let why = node.ignored_because().unwrap_or_default();
+        assert!(why.contains(expected), "{expected}: {why}");
+    }
+    let plain = NodeInfo::from_metadata("cpu", BTreeMap::new(), &BTreeMap::new());
+    assert_eq!(plain.standing(), &Standing::NotReported);
+}
+
+#[test]
+fn text_from_a_node_is_bounded() {
+    let long = "x".repeat(200_000);
+    let cut = bounded(&long);
+    assert_eq!(cut.chars().count(), MAX_NODE_TEXT + 1);
+    assert_eq!(bounded("short"), "short");
+}
+
+/// The views hand every caller the same index until a node changes, and see changes and
+/// deletions at once.
+#[test]
+fn node_views_share_the_index_until_a_node_changes() {
+    let meta = |name: &str, rv: &str, fixture: &str| -> PartialObjectMeta<Node> {
+        ObjectMeta {
+            name: Some(name.into()),
+            resource_version: Some(rv.into()),
+            labels: Some(labels_of(fixture)),
+            annotations: Some(annotations(fixture)),
+            ..Default::default()
+        }
+        .into_response_partial()
+    };
+    let (nodes, mut writer) = reflector::store::<PartialObjectMeta<Node>>();
+    writer.apply_watcher_event(&watcher::Event::Apply(meta(
+        "gpu-0",
+        "1",
+        fixtures::H200_READING,
+    )));
+    writer.apply_watcher_event(&watcher::Event::Apply(meta(
+        "gpu-1",
+        "1",
+        fixtures::H200_READING,
+    )));
+    let views = NodeViews::new(nodes);
+
+    let first = views.get();
+    assert_eq!(first.nodes().len(), 2);
+    assert_eq!(first.class(NodeClass::Discrete).count(), 2);
+    assert!(
+        Arc::ptr_eq(&first, &views.get()),
+        "unchanged nodes: the same index is shared"
+    );
+
+    // The agent re-publishes gpu-0 as a coherent node.
+    writer.apply_watcher_event(&watcher::Event::Apply(meta(
+        "gpu-0",
+        "2",
+        fixtures::GH200_REFERENCE,
+    )));
+    let changed = views.get();
+    assert!(!Arc::ptr_eq(&first, &changed));
+    let coherent: Vec<&str> = changed
+        .class(NodeClass::Coherent)
+        .map(|n| n.name.as_str())
+        .collect();
+    assert_eq!(coherent, ["gpu-0"]);
+    assert_eq!(changed.class(NodeClass::Discrete).count(), 1);
+
+    writer.apply_watcher_event(&watcher::Event::Delete(meta(
+        "gpu-1",
+        "2",
+        fixtures::H200_READING,
+    )));
+    let after_delete = views.get();
+    assert_eq!(after_delete.nodes().len(), 1);
+    assert_eq!(after_delete.nodes()[0].name, "gpu-0");
+}
