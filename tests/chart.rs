@@ -176,19 +176,20 @@ async fn install_run_the_whole_flow_and_uninstall_leaving_nothing_behind() {
     );
     // The chart's agent DaemonSet lands on the GPU nodes (kwok simulates its pods).
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    poll("agent pods on the 3 GPU nodes", WAIT, || async {
-        let list = pods
-            .list(&ListParams::default().labels("app.kubernetes.io/component=agent"))
-            .await
-            .ok()?;
-        (list
-            .items
-            .iter()
-            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
-            .count()
-            == 3)
-            .then_some(())
-    })
+    wait_list(
+        pods.clone(),
+        kube::runtime::watcher::Config::default().labels("app.kubernetes.io/component=agent"),
+        "agent pods on the 3 GPU nodes",
+        WAIT,
+        |pods| {
+            (pods
+                .iter()
+                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+                .count()
+                == 3)
+                .then_some(())
+        },
+    )
     .await;
 
     // The operator, outside the cluster as the chart's values say.
@@ -255,18 +256,19 @@ async fn install_run_the_whole_flow_and_uninstall_leaving_nothing_behind() {
     .await
     .unwrap();
     let job_pods: Api<Pod> = Api::namespaced(client.clone(), &job_ns);
-    let placed = poll("the e2e pods on the coherent nodes", WAIT, || async {
-        let list = job_pods
-            .list(&ListParams::default().labels("offload.dev/training-job=e2e"))
-            .await
-            .ok()?;
-        let nodes: Vec<String> = list
-            .items
-            .iter()
-            .filter_map(|p| p.spec.as_ref()?.node_name.clone())
-            .collect();
-        (nodes.len() >= 2).then_some(nodes)
-    })
+    let placed = wait_list(
+        job_pods,
+        kube::runtime::watcher::Config::default().labels("offload.dev/training-job=e2e"),
+        "the e2e pods on the coherent nodes",
+        WAIT,
+        |pods| {
+            let nodes: Vec<String> = pods
+                .iter()
+                .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+                .collect();
+            (nodes.len() >= 2).then_some(nodes)
+        },
+    )
     .await;
     assert!(
         placed.iter().all(|n| n.starts_with("chart-gh200")),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use offload_operator::api::{ModeSetting, OffloadProfile, RatioSetting, TrainingJob};
 use offload_testenv::devcluster::ClusterOptions;
 use support::*;
@@ -184,33 +184,26 @@ async fn a_batch_job_runs_its_pods_on_a_kwok_node() {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     // kwok's stock pod stages run a Job's pods to completion at once, so a pod is seen Running
     // or already Succeeded; what matters is that it was bound to the kwok node and ran.
-    let bound = poll(
+    let bound = wait_list(
+        pods,
+        kube::runtime::watcher::Config::default().labels("job-name=hello"),
         "2 pods of Job hello bound to the kwok node and run",
         Duration::from_secs(90),
-        || {
-            let pods = pods.clone();
-            let node_name = node_name.clone();
-            async move {
-                let list = pods
-                    .list(&ListParams::default().labels("job-name=hello"))
-                    .await
-                    .ok()?;
-                let ran: Vec<Pod> = list
-                    .items
-                    .into_iter()
-                    .filter(|p| {
-                        p.spec.as_ref().and_then(|s| s.node_name.as_deref())
-                            == Some(node_name.as_str())
-                    })
-                    .filter(|p| {
-                        matches!(
-                            p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                            Some("Running" | "Succeeded")
-                        )
-                    })
-                    .collect();
-                (ran.len() == 2).then_some(ran)
-            }
+        |pods| {
+            let ran: Vec<Pod> = pods
+                .iter()
+                .filter(|p| {
+                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node_name.as_str())
+                })
+                .filter(|p| {
+                    matches!(
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                        Some("Running" | "Succeeded")
+                    )
+                })
+                .map(|p| Pod::clone(p))
+                .collect();
+            (ran.len() == 2).then_some(ran)
         },
     )
     .await;

@@ -11,8 +11,9 @@ use std::time::Duration;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
 use kube::Client;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
+use kube::runtime::watcher;
 use offload_api::names;
 use offload_operator::api::{
     JobPhase, ModeSetting, NodeClass, OffloadMode, OffloadProfile, TrainingJob,
@@ -116,24 +117,18 @@ async fn wait_for_condition(
 async fn pods_of(client: &Client, ns: &str, job: &str, count: usize) -> Vec<Pod> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let selector = format!("batch.kubernetes.io/job-name={job}");
-    poll(
+    wait_list(
+        pods,
+        watcher::Config::default().labels(&selector),
         &format!("{count} pods of Job {job} bound to nodes"),
         WAIT,
-        || {
-            let pods = pods.clone();
-            let selector = selector.clone();
-            async move {
-                let list = pods
-                    .list(&ListParams::default().labels(&selector))
-                    .await
-                    .ok()?;
-                let bound: Vec<Pod> = list
-                    .items
-                    .into_iter()
-                    .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
-                    .collect();
-                (bound.len() >= count).then_some(bound)
-            }
+        |pods| {
+            let bound: Vec<Pod> = pods
+                .iter()
+                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+                .map(|p| Pod::clone(p))
+                .collect();
+            (bound.len() >= count).then_some(bound)
         },
     )
     .await
@@ -535,26 +530,137 @@ async fn an_object_that_does_not_deserialize_is_reported_and_skipped() {
     .await
     .unwrap();
     wait_for_condition(&api, "fine", "WorkloadCreated", "True").await;
-    let events = poll(
+    let events = wait_list(
+        Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), &ns),
+        watcher::Config::default().fields("involvedObject.name=broken,reason=InvalidObject"),
         "an InvalidObject Event on TrainingJob broken",
         WAIT,
-        || async {
-            let out = kubectl(
-                cluster,
-                &[
-                    "get",
-                    "events",
-                    "-n",
-                    &ns,
-                    "--field-selector",
-                    "involvedObject.name=broken,reason=InvalidObject",
-                    "-o",
-                    "jsonpath={.items[*].message}",
-                ],
-            );
-            (!out.is_empty()).then_some(out)
-        },
+        |events| events.first().and_then(|e| e.message.clone()),
     )
     .await;
     assert!(events.contains("cannot read this TrainingJob"), "{events}");
+}
+
+/// A second reconcile working from a stale cached copy (the job as created, no status yet)
+/// must not drop the decision another write just recorded: 7 of 187 jobs lost
+/// `status.offload` and `OffloadResolved` that way when one writer applied the whole status.
+#[tokio::test]
+async fn a_stale_copy_never_drops_the_recorded_decision() {
+    let (_cluster, client, ns) = setup("stale").await;
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    add_profile(&client, &ns).await;
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let stale = api
+        .create(
+            &PostParams::default(),
+            &training_job("late", &ns, json!({"name": "Generic"}), json!({})),
+        )
+        .await
+        .unwrap();
+    let resolved = wait_for_condition(&api, "late", "WorkloadCreated", "True").await;
+    assert!(resolved.status.as_ref().unwrap().offload.is_some());
+
+    // The reconcile a stale cache would run: it finds the workload and follows it.
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = offload_operator::metrics::Metrics::new(&mut registry);
+    let (caches, _not_driven) = offload_operator::caches::Caches::new(&client, metrics.clone());
+    let ctx = offload_operator::controller::Context::new(client.clone(), &caches, metrics, "test");
+    offload_operator::controller::reconcile_job(&stale, &ctx)
+        .await
+        .unwrap();
+
+    let after = api.get("late").await.unwrap();
+    let status = after.status.unwrap();
+    assert!(
+        status.offload.is_some(),
+        "status.offload dropped: {status:?}"
+    );
+    for (kind, want) in [("OffloadResolved", "True"), ("WorkloadCreated", "True")] {
+        assert!(
+            status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == kind && c.status == want),
+            "{kind} lost: {:?}",
+            status.conditions
+        );
+    }
+}
+
+/// A legal DeepSpeed config of 680 KB (compact) fits a ConfigMap once merged: it was
+/// pretty-printed to over 3 MiB, refused by the API server every few seconds, and the job's
+/// status stayed empty.
+#[tokio::test]
+async fn a_large_deepspeed_config_is_merged_compactly() {
+    let (_cluster, client, ns) = setup("bigds").await;
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    add_profile(&client, &ns).await;
+    let partition = vec![1u8; 340_000];
+    let user = json!({"zero_optimization": {"stage": 3}, "pipeline": {"partition": partition}});
+    let text = user.to_string();
+    assert!(text.len() > 600_000, "{} bytes", text.len());
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "big-ds"}, "data": {"ds_config.json": text}
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &cm)
+        .await
+        .unwrap();
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &training_job(
+            "big",
+            &ns,
+            json!({"name": "DeepSpeed", "version": "0.19.8"}),
+            json!({"deepspeed": {"configMapRef": {"name": "big-ds"}}}),
+        ),
+    )
+    .await
+    .unwrap();
+    wait_for_condition(&api, "big", "WorkloadCreated", "True").await;
+    let rendered = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .get("big-offload")
+        .await
+        .unwrap();
+    let merged: serde_json::Value =
+        serde_json::from_str(&rendered.data.unwrap()["ds_config.json"]).unwrap();
+    assert_eq!(
+        merged["pipeline"]["partition"].as_array().unwrap().len(),
+        340_000
+    );
+    assert_eq!(
+        merged["zero_optimization"]["offload_optimizer"]["device"],
+        "cpu"
+    );
+}
+
+/// A workload the API server refuses for a reason that will not pass on its own (here a
+/// container without an image) is shown on the TrainingJob, with the server's message.
+#[tokio::test]
+async fn a_refused_workload_is_a_condition_with_the_servers_message() {
+    let (_cluster, client, ns) = setup("refused").await;
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    add_profile(&client, &ns).await;
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let mut tj = training_job("noimage", &ns, json!({"name": "Generic"}), json!({}));
+    if let Some(spec) = tj.spec.template.spec.as_mut() {
+        spec.containers[0].image = None;
+    }
+    api.create(&PostParams::default(), &tj).await.unwrap();
+    let held = wait_for_condition(&api, "noimage", "WorkloadCreated", "False").await;
+    let status = held.status.unwrap();
+    let cond = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "WorkloadCreated")
+        .unwrap();
+    assert_eq!(cond.reason, "ApplyFailed");
+    assert!(
+        cond.message.contains("applying the workload Job failed") && cond.message.contains("image"),
+        "{}",
+        cond.message
+    );
+    assert!(status.offload.is_some(), "the decision itself stands");
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::watcher;
 use offload_operator::api::{OffloadProfile, TrainingJob};
 use offload_testenv::devcluster::ClusterOptions;
 use offload_testenv::fixtures;
@@ -52,13 +53,12 @@ async fn a_restart_mid_way_leaves_exactly_one_workload_per_job() {
         operator_options(),
         Default::default(),
     ));
-    let created_before = poll(
+    let created_before = wait_list(
+        jobs.clone(),
+        watcher::Config::default(),
         "the first operator to create some workloads",
         Duration::from_secs(60),
-        || async {
-            let n = jobs.list(&ListParams::default()).await.ok()?.items.len();
-            (n > 0).then_some(n)
-        },
+        |jobs| (!jobs.is_empty()).then_some(jobs.len()),
     )
     .await;
     first.abort();
@@ -72,21 +72,21 @@ async fn a_restart_mid_way_leaves_exactly_one_workload_per_job() {
         operator_options(),
         token.clone(),
     ));
-    poll(
+    wait_list(
+        api.clone(),
+        watcher::Config::default(),
         "every TrainingJob to report WorkloadCreated",
         Duration::from_secs(120),
-        || async {
-            let list = api.list(&ListParams::default()).await.ok()?;
-            list.items
-                .iter()
-                .all(|tj| {
+        |tjs| {
+            (tjs.len() == JOBS
+                && tjs.iter().all(|tj| {
                     tj.status.as_ref().is_some_and(|s| {
                         s.conditions
                             .iter()
                             .any(|c| c.type_ == "WorkloadCreated" && c.status == "True")
                     })
-                })
-                .then_some(())
+                }))
+            .then_some(())
         },
     )
     .await;
@@ -135,14 +135,16 @@ async fn leadership_moves_to_the_standby_when_the_leader_stops() {
     };
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let holder = |want: &'static str| {
-        let leases = leases.clone();
-        move || {
-            let leases = leases.clone();
-            async move {
-                let lease = leases.get_opt("offload-operator-leader").await.ok()??;
-                (lease.spec?.holder_identity.as_deref() == Some(want)).then_some(())
-            }
-        }
+        kube::runtime::wait::await_condition(
+            leases.clone(),
+            "offload-operator-leader",
+            move |lease: Option<&Lease>| {
+                lease
+                    .and_then(|l| l.spec.as_ref())
+                    .and_then(|s| s.holder_identity.as_deref())
+                    == Some(want)
+            },
+        )
     };
     let a_token = tokio_util::sync::CancellationToken::new();
     let a = tokio::spawn(offload_operator::operator::run(
@@ -150,12 +152,13 @@ async fn leadership_moves_to_the_standby_when_the_leader_stops() {
         options("replica-a"),
         a_token.clone(),
     ));
-    poll(
+    wait(
         "replica-a to hold the lease",
         Duration::from_secs(60),
         holder("replica-a"),
     )
-    .await;
+    .await
+    .unwrap();
     let b_token = tokio_util::sync::CancellationToken::new();
     let b = tokio::spawn(offload_operator::operator::run(
         client.clone(),
@@ -165,12 +168,13 @@ async fn leadership_moves_to_the_standby_when_the_leader_stops() {
     // Stopping the leader hands the lease to the standby.
     a_token.cancel();
     a.await.unwrap().unwrap();
-    poll(
+    wait(
         "replica-b to take the lease after replica-a stopped",
         Duration::from_secs(90),
         holder("replica-b"),
     )
-    .await;
+    .await
+    .unwrap();
     b_token.cancel();
     b.await.unwrap().unwrap();
 }

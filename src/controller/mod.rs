@@ -8,6 +8,8 @@ mod conditions;
 mod profile;
 pub mod status;
 mod training_job;
+
+pub use training_job::reconcile_job;
 pub mod workload;
 
 use std::sync::Arc;

@@ -110,7 +110,7 @@ async fn post(app: axum::Router, path: &str, body: Vec<u8>) -> (StatusCode, Valu
         .await
         .unwrap();
     let status = res.status();
-    let bytes = axum::body::to_bytes(res.into_body(), 1 << 20)
+    let bytes = axum::body::to_bytes(res.into_body(), 64 << 20)
         .await
         .unwrap();
     (
@@ -676,4 +676,93 @@ async fn objects_that_cannot_be_configured_are_refused_with_the_reason() {
     )
     .await;
     assert_eq!(r["allowed"], false);
+}
+
+/// Job sizes crafted to overflow (JobSet's schema allows 5 × (2³¹−1) × (2³¹−1) pods, or any
+/// unsigned 64-bit count before validation) get a clear denial naming the field; the handler
+/// answered nothing before, closing the connection on an arithmetic overflow.
+#[tokio::test]
+async fn crafted_job_sizes_are_denied_with_the_field_named() {
+    let max = i64::from(i32::MAX);
+    let template =
+        json!({"spec": {"parallelism": max, "template": {"spec": {"containers": [container()]}}}});
+    let cases = [
+        (
+            ("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets"),
+            json!({"replicatedJobs": [
+                {"name": "a", "replicas": 5, "template": template},
+                {"name": "b", "replicas": max, "template": template}
+            ]}),
+            "/spec/replicatedJobs",
+        ),
+        (
+            ("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets"),
+            json!({"replicatedJobs": [{"name": "a", "replicas": u64::MAX, "template":
+                {"spec": {"parallelism": u64::MAX, "template": {"spec": {"containers": [container()]}}}}}]}),
+            "/spec/replicatedJobs",
+        ),
+        (
+            ("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs"),
+            json!({"pytorchReplicaSpecs": {
+                "Master": {"replicas": u64::MAX, "template": {"spec": {"containers": [container()]}}},
+                "Worker": {"replicas": u64::MAX, "template": {"spec": {"containers": [container()]}}}}}),
+            "/spec/pytorchReplicaSpecs",
+        ),
+        (
+            ("batch", "v1", "Job", "jobs"),
+            json!({"parallelism": -3, "template": {"spec": {"containers": [container()]}}}),
+            "/spec/parallelism",
+        ),
+    ];
+    for ((group, version, kind, resource), spec, field) in cases {
+        let obj = json!({"apiVersion": format!("{group}/{version}"), "kind": kind,
+                         "metadata": opted_meta("big"), "spec": spec});
+        let r = admit(
+            discrete_cluster(),
+            paths::MUTATE_WORKLOAD,
+            review(group, version, kind, resource, "CREATE", obj, None),
+        )
+        .await;
+        assert_eq!(r["allowed"], false, "{kind}: {r}");
+        let message = r["status"]["message"].as_str().unwrap();
+        assert!(message.contains(field), "{kind}: {message}");
+    }
+}
+
+/// An UPDATE review carries the old and the new object; for a TrainingJob near the API
+/// server's object size limit that is well over 2 MiB, which the webhook refused with 413.
+#[tokio::test]
+async fn reviews_as_large_as_the_api_server_sends_are_read() {
+    let mut tj = training_job(json!({}), json!({"name": "Generic"}));
+    tj["spec"]["template"]["spec"]["containers"][0]["env"] =
+        json!([{"name": "BIG", "value": "x".repeat(1_500_000)}]);
+    let body = serde_json::to_vec(&tj_review("UPDATE", tj.clone(), Some(tj))).unwrap();
+    assert!(body.len() > 3_000_000, "{} bytes", body.len());
+    let (status, answer) = post(discrete_cluster(), paths::VALIDATE_TRAINING_JOB, body).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+}
+
+/// Objects without the opt-in label pass unchanged even where a webhook configuration sends
+/// them (the configurations select by the label; the handler does not rely on it).
+#[tokio::test]
+async fn unlabelled_objects_are_never_configured() {
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+                     "spec": {"template": {"spec": {"containers": [container()]}}}});
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                     "spec": {"containers": [container()]}});
+    for (path, r) in [
+        (
+            paths::MUTATE_WORKLOAD,
+            review("batch", "v1", "Job", "jobs", "CREATE", job, None),
+        ),
+        (
+            paths::MUTATE_POD,
+            review("", "v1", "Pod", "pods", "CREATE", pod, None),
+        ),
+    ] {
+        let r = admit(discrete_cluster(), path, r).await;
+        assert_eq!(r["allowed"], true, "{path}: {r}");
+        assert!(r.get("patch").is_none_or(Value::is_null), "{path}: {r}");
+    }
 }

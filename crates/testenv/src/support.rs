@@ -134,8 +134,52 @@ pub async fn wait<T>(what: &str, timeout: Duration, fut: impl Future<Output = T>
     }
 }
 
-/// Polls `check` until it returns `Some`, failing with `what` after `timeout`. For conditions
-/// no watch can express (command output, aggregated state); backs off up to 500 ms.
+/// Watches the objects `config` selects and returns as soon as `check` accepts the current list
+/// (evaluated after the initial list and after every change); fails with `what` after
+/// `timeout`. The wait for a condition over several objects, without polling.
+pub async fn wait_list<K, T>(
+    api: kube::Api<K>,
+    config: kube::runtime::watcher::Config,
+    what: &str,
+    timeout: Duration,
+    check: impl Fn(&[std::sync::Arc<K>]) -> Option<T>,
+) -> T
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let (store, writer) = reflector::store();
+    let events = watcher(api, config).default_backoff().reflect(writer);
+    let until = async {
+        futures::pin_mut!(events);
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => continue,
+                Ok(_) => {}
+                Err(e) => {
+                    eprintln!("{what}: watch error (retrying): {e}");
+                    continue;
+                }
+            }
+            if let Some(v) = check(&store.state()) {
+                return v;
+            }
+        }
+        panic!("the watch for {what} ended")
+    };
+    wait(what, timeout, until).await
+}
+
+/// Retries an action (`check`) until it returns `Some`, failing with `what` after `timeout`;
+/// backs off up to 500 ms. Only for what no watch can express: an admission that succeeds once
+/// a webhook's or the API server's caches have caught up, a command's outcome.
 pub async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
 where
     F: FnMut() -> Fut,
