@@ -6,10 +6,9 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
@@ -18,101 +17,10 @@ use offload_api::names;
 use offload_operator::api::{
     JobPhase, ModeSetting, NodeClass, OffloadMode, OffloadProfile, TrainingJob,
 };
-use offload_testenv::devcluster::ClusterOptions;
 use offload_testenv::fixtures;
 use serde_json::json;
+use support::controller::*;
 use support::*;
-
-const OPTIONS: ClusterOptions = ClusterOptions {
-    controller_manager: true,
-    scheduler: true,
-    kwok: true,
-};
-const WAIT: Duration = Duration::from_secs(90);
-
-async fn setup(
-    prefix: &str,
-) -> (
-    &'static offload_testenv::devcluster::DevCluster,
-    Client,
-    String,
-) {
-    let cluster = cluster(OPTIONS);
-    operator(cluster);
-    let client = client(cluster).await;
-    let ns = namespace(&client, prefix).await;
-    (cluster, client, ns)
-}
-
-/// A reported kwok node `<ns>-<suffix>` in the test's pool.
-async fn add_node(client: &Client, ns: &str, suffix: &str, fixture: &str) {
-    Api::<Node>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &reported_node(&format!("{ns}-{suffix}"), fixture, ns),
-        )
-        .await
-        .unwrap();
-}
-
-/// The test's profile (named after its namespace), selecting only its pool.
-async fn add_profile(client: &Client, ns: &str) {
-    Api::<OffloadProfile>::all(client.clone())
-        .create(&PostParams::default(), &pool_profile(ns, ns, json!({})))
-        .await
-        .unwrap();
-}
-
-fn training_job(
-    name: &str,
-    profile: &str,
-    framework: serde_json::Value,
-    extra: serde_json::Value,
-) -> TrainingJob {
-    let mut spec = json!({
-        "replicas": 2,
-        "framework": framework,
-        "template": {"spec": {"containers": [{
-            "name": "train", "image": "registry.example.com/train:1",
-            "env": [{"name": "USER_SETTING", "value": "kept"}],
-            "resources": {"limits": {"nvidia.com/gpu": "1"}}
-        }]}}
-    });
-    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
-        s.extend(e.clone());
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "offload.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": name, "annotations": {names::PROFILE_ANNOTATION: profile}},
-        "spec": spec
-    }))
-    .unwrap()
-}
-
-async fn wait_for_condition(
-    api: &Api<TrainingJob>,
-    name: &str,
-    type_: &str,
-    status: &str,
-) -> TrainingJob {
-    let what = format!("TrainingJob {name} condition {type_}={status}");
-    let want_type = type_.to_string();
-    let want_status = status.to_string();
-    wait(
-        &what,
-        WAIT,
-        await_condition(api.clone(), name, move |tj: Option<&TrainingJob>| {
-            tj.and_then(|t| t.status.as_ref()).is_some_and(|s| {
-                s.conditions
-                    .iter()
-                    .any(|c| c.type_ == want_type && c.status == want_status)
-            })
-        }),
-    )
-    .await
-    .unwrap()
-    .unwrap()
-}
 
 async fn pods_of(client: &Client, ns: &str, job: &str, count: usize) -> Vec<Pod> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -437,56 +345,6 @@ async fn a_running_job_is_never_reconfigured() {
 }
 
 #[tokio::test]
-async fn a_job_that_did_not_opt_in_runs_without_offload_and_says_so() {
-    let (_cluster, client, ns) = setup("optout").await;
-    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    let mut tj = training_job("plain", "x", json!({"name": "Generic"}), json!({}));
-    tj.metadata.annotations = None;
-    api.create(&PostParams::default(), &tj).await.unwrap();
-    // Our own kind is never left silent: it runs as written, and its status says why it has no
-    // offload configuration.
-    wait_for_condition(&api, "plain", "WorkloadCreated", "True").await;
-    let plain = api.get("plain").await.unwrap();
-    let status = plain.status.unwrap();
-    let held = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "OffloadResolved")
-        .unwrap();
-    assert_eq!(
-        (held.status.as_str(), held.reason.as_str()),
-        ("False", "NotRequested")
-    );
-    assert!(
-        held.message.contains("runs without offload configuration"),
-        "{}",
-        held.message
-    );
-    assert!(status.offload.is_none());
-    assert_eq!(
-        plain.spec.offload.mode,
-        ModeSetting::Auto,
-        "the spec is not touched"
-    );
-    let job = Api::<Job>::namespaced(client.clone(), &ns)
-        .get("plain")
-        .await
-        .unwrap();
-    let container = &job.spec.unwrap().template.spec.unwrap().containers[0];
-    let env: Vec<&str> = container
-        .env
-        .iter()
-        .flatten()
-        .map(|e| e.name.as_str())
-        .collect();
-    assert!(env.contains(&"USER_SETTING"), "{env:?}");
-    assert!(
-        !env.iter().any(|e| e.starts_with("OFFLOAD_")),
-        "no offload env for a job that asked for none: {env:?}"
-    );
-}
-
-#[tokio::test]
 async fn a_missing_profile_is_reported_and_resolved_once_created() {
     let (_cluster, client, ns) = setup("noprof").await;
     add_node(&client, &ns, "h200", fixtures::H200_READING).await;
@@ -539,128 +397,4 @@ async fn an_object_that_does_not_deserialize_is_reported_and_skipped() {
     )
     .await;
     assert!(events.contains("cannot read this TrainingJob"), "{events}");
-}
-
-/// A second reconcile working from a stale cached copy (the job as created, no status yet)
-/// must not drop the decision another write just recorded: 7 of 187 jobs lost
-/// `status.offload` and `OffloadResolved` that way when one writer applied the whole status.
-#[tokio::test]
-async fn a_stale_copy_never_drops_the_recorded_decision() {
-    let (_cluster, client, ns) = setup("stale").await;
-    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
-    add_profile(&client, &ns).await;
-    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    let stale = api
-        .create(
-            &PostParams::default(),
-            &training_job("late", &ns, json!({"name": "Generic"}), json!({})),
-        )
-        .await
-        .unwrap();
-    let resolved = wait_for_condition(&api, "late", "WorkloadCreated", "True").await;
-    assert!(resolved.status.as_ref().unwrap().offload.is_some());
-
-    // The reconcile a stale cache would run: it finds the workload and follows it.
-    let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = offload_operator::metrics::Metrics::new(&mut registry);
-    let (caches, _not_driven) = offload_operator::caches::Caches::new(&client, metrics.clone());
-    let ctx = offload_operator::controller::Context::new(client.clone(), &caches, metrics, "test");
-    offload_operator::controller::reconcile_job(&stale, &ctx)
-        .await
-        .unwrap();
-
-    let after = api.get("late").await.unwrap();
-    let status = after.status.unwrap();
-    assert!(
-        status.offload.is_some(),
-        "status.offload dropped: {status:?}"
-    );
-    for (kind, want) in [("OffloadResolved", "True"), ("WorkloadCreated", "True")] {
-        assert!(
-            status
-                .conditions
-                .iter()
-                .any(|c| c.type_ == kind && c.status == want),
-            "{kind} lost: {:?}",
-            status.conditions
-        );
-    }
-}
-
-/// A legal DeepSpeed config of 680 KB (compact) fits a ConfigMap once merged: it was
-/// pretty-printed to over 3 MiB, refused by the API server every few seconds, and the job's
-/// status stayed empty.
-#[tokio::test]
-async fn a_large_deepspeed_config_is_merged_compactly() {
-    let (_cluster, client, ns) = setup("bigds").await;
-    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
-    add_profile(&client, &ns).await;
-    let partition = vec![1u8; 340_000];
-    let user = json!({"zero_optimization": {"stage": 3}, "pipeline": {"partition": partition}});
-    let text = user.to_string();
-    assert!(text.len() > 600_000, "{} bytes", text.len());
-    let cm: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "big-ds"}, "data": {"ds_config.json": text}
-    }))
-    .unwrap();
-    Api::<ConfigMap>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &cm)
-        .await
-        .unwrap();
-    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    api.create(
-        &PostParams::default(),
-        &training_job(
-            "big",
-            &ns,
-            json!({"name": "DeepSpeed", "version": "0.19.8"}),
-            json!({"deepspeed": {"configMapRef": {"name": "big-ds"}}}),
-        ),
-    )
-    .await
-    .unwrap();
-    wait_for_condition(&api, "big", "WorkloadCreated", "True").await;
-    let rendered = Api::<ConfigMap>::namespaced(client.clone(), &ns)
-        .get("big-offload")
-        .await
-        .unwrap();
-    let merged: serde_json::Value =
-        serde_json::from_str(&rendered.data.unwrap()["ds_config.json"]).unwrap();
-    assert_eq!(
-        merged["pipeline"]["partition"].as_array().unwrap().len(),
-        340_000
-    );
-    assert_eq!(
-        merged["zero_optimization"]["offload_optimizer"]["device"],
-        "cpu"
-    );
-}
-
-/// A workload the API server refuses for a reason that will not pass on its own (here a
-/// container without an image) is shown on the TrainingJob, with the server's message.
-#[tokio::test]
-async fn a_refused_workload_is_a_condition_with_the_servers_message() {
-    let (_cluster, client, ns) = setup("refused").await;
-    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
-    add_profile(&client, &ns).await;
-    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    let mut tj = training_job("noimage", &ns, json!({"name": "Generic"}), json!({}));
-    if let Some(spec) = tj.spec.template.spec.as_mut() {
-        spec.containers[0].image = None;
-    }
-    api.create(&PostParams::default(), &tj).await.unwrap();
-    let held = wait_for_condition(&api, "noimage", "WorkloadCreated", "False").await;
-    let status = held.status.unwrap();
-    let cond = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "WorkloadCreated")
-        .unwrap();
-    assert_eq!(cond.reason, "ApplyFailed");
-    assert!(
-        cond.message.contains("applying the workload Job failed") && cond.message.contains("image"),
-        "{}",
-        cond.message
-    );
-    assert!(status.offload.is_some(), "the decision itself stands");
 }

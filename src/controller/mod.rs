@@ -4,7 +4,7 @@
 //! They run only on the leader, from the process's shared [`Caches`]: a controller subscribes
 //! when it starts and so first sees every object already cached.
 
-mod conditions;
+pub(crate) mod conditions;
 mod profile;
 pub mod status;
 mod training_job;

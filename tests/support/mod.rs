@@ -1,4 +1,6 @@
 //! The operator's integration tests share the test environment's helpers.
-#![allow(unused_imports)]
+#![allow(unused_imports, dead_code)]
+
+pub mod controller;
 
 pub use offload_testenv::support::*;

@@ -1,0 +1,289 @@
+//! Writing the workload and the status: server-side apply under the operator's field managers;
+//! refusals that last become conditions.
+
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::Unresolved;
+use crate::api::{
+    DecisionReason, JobPhase, NodeClass, OffloadDecisionStatus, OffloadMode, TrainingJob,
+    TrainingJobStatus, WorkloadRef,
+};
+use crate::controller::conditions::{self, OFFLOAD_RESOLVED, WORKLOAD_CREATED};
+use crate::controller::workload::Workload;
+use crate::controller::{Context, Error, kube_err, status};
+use crate::decision::Resolution;
+use crate::metrics::DecisionLabels;
+use crate::names;
+
+/// Whether an API error will repeat until something changes (the job, the cluster's limits,
+/// RBAC), as opposed to a conflict, throttling or an outage that a retry fixes.
+pub(super) fn lasting(e: &kube::Error) -> Option<String> {
+    match e {
+        kube::Error::Api(s) if matches!(s.code, 400 | 403 | 413 | 422) => {
+            Some(format!("{} ({})", s.message, s.code))
+        }
+        _ => None,
+    }
+}
+
+/// Creates the workload (deterministic names and server-side apply, so a retry or a restart
+/// mid-way converges on exactly one of each), then writes `status` with the workload in it.
+/// An apply the API server refuses for a lasting reason is written into `status` as
+/// `WorkloadCreated=False` with the server's message, and an action is returned.
+pub(super) async fn apply_workload(
+    tj: &TrainingJob,
+    ctx: &Context,
+    built: &Workload,
+    status: &mut TrainingJobStatus,
+) -> Result<Option<Action>, Error> {
+    let name = tj.name_any();
+    let ns = tj.namespace().unwrap_or_default();
+    let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &ns);
+    let applied = async {
+        if let Some(cm) = &built.config_map {
+            apply(
+                &Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns),
+                cm,
+                "applying the config ConfigMap",
+            )
+            .await?;
+        }
+        apply(
+            &Api::<Service>::namespaced(ctx.client.clone(), &ns),
+            &built.service,
+            "applying the rendezvous Service",
+        )
+        .await?;
+        apply(
+            &Api::<Job>::namespaced(ctx.client.clone(), &ns),
+            &built.job,
+            "applying the workload Job",
+        )
+        .await
+    }
+    .await;
+    if let Err(err) = applied {
+        let Error::Kube { action, source } = &err else {
+            return Err(err);
+        };
+        let Some(detail) = lasting(source) else {
+            return Err(err);
+        };
+        let message = format!("{action} failed: {detail}");
+        let failed = conditions::condition(
+            &status.conditions,
+            WORKLOAD_CREATED,
+            false,
+            "ApplyFailed",
+            &message,
+            status.observed_generation,
+        );
+        if !conditions::unchanged(&existing_conditions(tj), &failed) {
+            conditions::set(&mut status.conditions, failed);
+            status::apply_decision(&api, &name, status).await?;
+            publish(ctx, tj, EventType::Warning, "ApplyFailed", &message).await;
+        }
+        // A change of the job re-triggers sooner; otherwise try again now and then (the cause
+        // may be outside the job: RBAC, a quota, an admission policy).
+        return Ok(Some(Action::requeue(Duration::from_secs(300))));
+    }
+    status.workload = Some(WorkloadRef {
+        job: name.clone(),
+        service: name.clone(),
+        config_map: built
+            .config_map
+            .as_ref()
+            .and_then(|c| c.metadata.name.clone()),
+    });
+    let created = workload_created(&status.conditions, &name, status.observed_generation);
+    conditions::set(&mut status.conditions, created);
+    status::apply_decision(&api, &name, status).await?;
+    Ok(None)
+}
+
+pub(super) async fn record_unresolved(
+    tj: &TrainingJob,
+    ctx: &Context,
+    why: &Unresolved,
+) -> Result<(), Error> {
+    let name = tj.name_any();
+    let api: Api<TrainingJob> =
+        Api::namespaced(ctx.client.clone(), &tj.namespace().unwrap_or_default());
+    let current = tj.status.clone().unwrap_or_default();
+    let generation = tj.metadata.generation;
+    let cond = conditions::condition(
+        &current.conditions,
+        OFFLOAD_RESOLVED,
+        false,
+        why.reason(),
+        why.message(),
+        generation,
+    );
+    if conditions::unchanged(&current.conditions, &cond)
+        && current.phase == Some(JobPhase::Pending)
+        && current.observed_generation == generation
+        && current.offload.is_none()
+    {
+        return Ok(());
+    }
+    // Only the decision part: no offload (it is not resolved), the held condition.
+    let status = TrainingJobStatus {
+        phase: Some(JobPhase::Pending),
+        offload: None,
+        workload: None,
+        observed_generation: generation,
+        conditions: vec![cond],
+    };
+    status::apply_decision(&api, &name, &status).await?;
+    ctx.metrics
+        .decisions
+        .get_or_create(&DecisionLabels {
+            mode: why.reason(),
+            node_class: "none",
+        })
+        .inc();
+    publish(ctx, tj, EventType::Warning, why.reason(), &why.message()).await;
+    Ok(())
+}
+
+/// The `WorkloadCreated=True` condition, built the same way by creation and by follow-up.
+pub(super) fn workload_created(
+    existing: &[Condition],
+    name: &str,
+    generation: Option<i64>,
+) -> Condition {
+    conditions::condition(
+        existing,
+        WORKLOAD_CREATED,
+        true,
+        "Created",
+        format!("created Job {name} and Service {name}"),
+        generation,
+    )
+}
+
+pub(super) fn existing_conditions(tj: &TrainingJob) -> Vec<Condition> {
+    tj.status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default()
+}
+
+pub(super) fn decision_status(res: &Resolution) -> OffloadDecisionStatus {
+    OffloadDecisionStatus {
+        mode: res.mode,
+        overlap: res.overlap,
+        offload_ratio: res.ratio,
+        pin_memory: res.pin_memory,
+        node_class: res.node_class,
+        profile: res.profile.clone(),
+        overlap_efficiency: res.overlap_efficiency,
+        super_offload: res.super_offload(),
+        reasons: res
+            .reasons
+            .iter()
+            .map(|r| DecisionReason {
+                field: r.field.as_str().to_string(),
+                message: r.message.clone(),
+            })
+            .collect(),
+    }
+}
+
+pub(super) fn mode_label(mode: OffloadMode) -> &'static str {
+    match mode {
+        OffloadMode::UnifiedMemory => "UnifiedMemory",
+        OffloadMode::CpuCopy => "CPUCopy",
+        OffloadMode::Disabled => "Disabled",
+    }
+}
+
+pub(super) fn class_label(class: Option<NodeClass>) -> &'static str {
+    match class {
+        Some(NodeClass::Coherent) => "Coherent",
+        Some(NodeClass::Discrete) => "Discrete",
+        None => "none",
+    }
+}
+
+pub(super) async fn apply<K>(api: &Api<K>, obj: &K, action: &'static str) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let name = obj.meta().name.clone().unwrap_or_default();
+    let mut value = serde_json::to_value(obj).map_err(|e| Error::Serialize(action, e))?;
+    value["apiVersion"] = json!(K::api_version(&()));
+    value["kind"] = json!(K::kind(&()));
+    api.patch(
+        &name,
+        &PatchParams::apply(names::OPERATOR_MANAGER).force(),
+        &Patch::Apply(&value),
+    )
+    .await
+    .map_err(kube_err(action))?;
+    Ok(())
+}
+
+pub(super) async fn publish(
+    ctx: &Context,
+    tj: &TrainingJob,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note.to_string()),
+        action: "Reconcile".to_string(),
+        secondary: None,
+    };
+    publish_to(ctx, &tj.object_ref(&()), event).await;
+}
+
+pub(super) async fn publish_to(
+    ctx: &Context,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    mut event: Event,
+) {
+    // Event notes are capped at 1 kB by the API server.
+    event.note = event.note.map(|n| n.chars().take(1000).collect());
+    if let Err(e) = ctx.recorder.publish(&event, reference).await {
+        tracing::warn!(error = %e, "could not publish an Event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_refusals_that_repeat_become_conditions() {
+        let api = |code: u16| {
+            kube::Error::Api(
+                kube::core::Status::failure("refused", "Reason")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        for code in [400, 403, 413, 422] {
+            assert!(lasting(&api(code)).is_some(), "{code}");
+        }
+        for code in [409, 429, 500, 503] {
+            assert!(lasting(&api(code)).is_none(), "{code}");
+        }
+    }
+}

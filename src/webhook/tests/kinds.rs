@@ -1,0 +1,320 @@
+//! Other job kinds and Pods: configured at creation, refused with the reason, or left alone.
+
+use super::*;
+
+// ---- other kinds and Pods --------------------------------------------------------------------
+
+fn container() -> Value {
+    json!({"name": "train", "image": "train:1", "env": [{"name": "KEEP", "value": "me"}], "resources": {"limits": {"nvidia.com/gpu": "1"}}})
+}
+
+fn opted_meta(name: &str) -> Value {
+    json!({"name": name, "namespace": "team-a", "labels": {"offload.dev/profile": "auto"}, "annotations": {"offload.dev/framework": "Generic"}})
+}
+
+fn env_of(template: &Value) -> BTreeMap<String, String> {
+    template["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["value"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn assert_configured(template: &Value, mode: &str) {
+    let env = env_of(template);
+    assert_eq!(env["OFFLOAD_MODE"], mode, "{template}");
+    assert_eq!(env["KEEP"], "me");
+    let exprs = &template["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"][0]["matchExpressions"];
+    assert!(
+        exprs
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["key"] == names::LABEL_UMA),
+        "{exprs}"
+    );
+}
+
+#[tokio::test]
+async fn batch_jobs_are_configured_once() {
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": opted_meta("j"),
+        "spec": {"parallelism": 2, "template": {"spec": {"restartPolicy": "Never", "containers": [container()]}}}});
+    let r = admit(
+        coherent_cluster(),
+        paths::MUTATE_WORKLOAD,
+        review("batch", "v1", "Job", "jobs", "CREATE", job.clone(), None),
+    )
+    .await;
+    assert_eq!(r["allowed"], true, "{r}");
+    let out = patched(&job, &r);
+    assert_configured(&out["spec"]["template"], "unified-memory");
+    assert!(
+        out["metadata"]["annotations"][names::ANNOTATION_RESOLVED]
+            .as_str()
+            .unwrap()
+            .contains("mode=UnifiedMemory")
+    );
+    let again = admit(
+        coherent_cluster(),
+        paths::MUTATE_WORKLOAD,
+        review("batch", "v1", "Job", "jobs", "CREATE", out, None),
+    )
+    .await;
+    assert!(
+        again.get("patch").is_none_or(Value::is_null),
+        "re-invocation adds nothing: {again}"
+    );
+}
+
+#[tokio::test]
+async fn jobsets_pytorchjobs_and_trainjobs_are_configured() {
+    let jobset = json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": opted_meta("js"),
+    "spec": {"replicatedJobs": [
+        {"name": "leader", "replicas": 1, "template": {"spec": {"template": {"spec": {"containers": [container()]}}}}},
+        {"name": "workers", "replicas": 2, "template": {"spec": {"parallelism": 2, "template": {"spec": {"containers": [container()]}}}}}
+    ]}});
+    let r = admit(
+        discrete_cluster(),
+        paths::MUTATE_WORKLOAD,
+        review(
+            "jobset.x-k8s.io",
+            "v1alpha2",
+            "JobSet",
+            "jobsets",
+            "CREATE",
+            jobset.clone(),
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(r["allowed"], true, "{r}");
+    let out = patched(&jobset, &r);
+    for i in 0..2 {
+        assert_configured(
+            &out["spec"]["replicatedJobs"][i]["template"]["spec"]["template"],
+            "cpu-copy",
+        );
+    }
+
+    let ptj = json!({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": opted_meta("pt"),
+    "spec": {"pytorchReplicaSpecs": {
+        "Master": {"replicas": 1, "template": {"spec": {"containers": [container()]}}},
+        "Worker": {"replicas": 3, "template": {"spec": {"containers": [container()]}}}
+    }}});
+    let r = admit(
+        coherent_cluster(),
+        paths::MUTATE_WORKLOAD,
+        review(
+            "kubeflow.org",
+            "v1",
+            "PyTorchJob",
+            "pytorchjobs",
+            "CREATE",
+            ptj.clone(),
+            None,
+        ),
+    )
+    .await;
+    // Four pods, two coherent GPUs: the only class still wins, pods wait for capacity.
+    assert_eq!(r["allowed"], true, "{r}");
+    let out = patched(&ptj, &r);
+    assert_configured(
+        &out["spec"]["pytorchReplicaSpecs"]["Master"]["template"],
+        "unified-memory",
+    );
+    assert_configured(
+        &out["spec"]["pytorchReplicaSpecs"]["Worker"]["template"],
+        "unified-memory",
+    );
+
+    let tj = json!({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": opted_meta("tj"),
+        "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": {"numNodes": 1, "env": [{"name": "KEEP", "value": "me"}]}}});
+    let r = admit(
+        coherent_cluster(),
+        paths::MUTATE_WORKLOAD,
+        review(
+            "trainer.kubeflow.org",
+            "v1alpha1",
+            "TrainJob",
+            "trainjobs",
+            "CREATE",
+            tj.clone(),
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(r["allowed"], true, "{r}");
+    let out = patched(&tj, &r);
+    let env: Vec<&str> = out["spec"]["trainer"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        env.contains(&"KEEP") && env.contains(&"OFFLOAD_MODE"),
+        "{env:?}"
+    );
+    let ov = &out["spec"]["podTemplateOverrides"][0];
+    assert_eq!(ov["targetJobs"][0]["name"], "node");
+    assert!(ov["spec"]["affinity"]["nodeAffinity"].is_object());
+}
+
+#[tokio::test]
+async fn pods_are_the_last_safety_net() {
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": opted_meta("p"), "spec": {"containers": [container()]}});
+    let r = admit(
+        discrete_cluster(),
+        paths::MUTATE_POD,
+        review("", "v1", "Pod", "pods", "CREATE", pod.clone(), None),
+    )
+    .await;
+    assert_eq!(r["allowed"], true, "{r}");
+    let out = patched(&pod, &r);
+    assert_configured(&out, "cpu-copy");
+    // An already configured pod passes unchanged.
+    let r = admit(
+        discrete_cluster(),
+        paths::MUTATE_POD,
+        review("", "v1", "Pod", "pods", "CREATE", out, None),
+    )
+    .await;
+    assert!(r.get("patch").is_none_or(Value::is_null));
+}
+
+#[tokio::test]
+async fn objects_that_cannot_be_configured_are_refused_with_the_reason() {
+    let cases = [
+        (
+            "annotations",
+            "offload.dev/mode",
+            "UnifiedMemory",
+            "needs a hardware-coherent node",
+        ),
+        (
+            "annotations",
+            "offload.dev/mode",
+            "Sometimes",
+            "annotation offload.dev/mode",
+        ),
+        (
+            "labels",
+            "offload.dev/profile",
+            "missing",
+            "OffloadProfile \"missing\" does not exist",
+        ),
+    ];
+    for (map, key, value, expected) in cases {
+        let mut meta = opted_meta("p");
+        meta[map][key] = json!(value);
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": [container()]}});
+        let r = admit(
+            discrete_cluster(),
+            paths::MUTATE_POD,
+            review("", "v1", "Pod", "pods", "CREATE", pod, None),
+        )
+        .await;
+        assert_eq!(r["allowed"], false, "{map} {key}={value}: {r}");
+        let message = r["status"]["message"].as_str().unwrap();
+        assert!(message.contains(expected), "{map} {key}={value}: {message}");
+    }
+
+    let unknown = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": opted_meta("d"), "spec": {}});
+    let r = admit(
+        discrete_cluster(),
+        paths::MUTATE_WORKLOAD,
+        review(
+            "apps",
+            "v1",
+            "Deployment",
+            "deployments",
+            "CREATE",
+            unknown,
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(r["allowed"], false);
+}
+
+/// Job sizes crafted to overflow (JobSet's schema allows 5 × (2³¹−1) × (2³¹−1) pods, or any
+/// unsigned 64-bit count before validation) get a clear denial naming the field; the handler
+/// answered nothing before, closing the connection on an arithmetic overflow.
+#[tokio::test]
+async fn crafted_job_sizes_are_denied_with_the_field_named() {
+    let max = i64::from(i32::MAX);
+    let template =
+        json!({"spec": {"parallelism": max, "template": {"spec": {"containers": [container()]}}}});
+    let cases = [
+        (
+            ("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets"),
+            json!({"replicatedJobs": [
+                {"name": "a", "replicas": 5, "template": template},
+                {"name": "b", "replicas": max, "template": template}
+            ]}),
+            "/spec/replicatedJobs",
+        ),
+        (
+            ("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets"),
+            json!({"replicatedJobs": [{"name": "a", "replicas": u64::MAX, "template":
+                {"spec": {"parallelism": u64::MAX, "template": {"spec": {"containers": [container()]}}}}}]}),
+            "/spec/replicatedJobs",
+        ),
+        (
+            ("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs"),
+            json!({"pytorchReplicaSpecs": {
+                "Master": {"replicas": u64::MAX, "template": {"spec": {"containers": [container()]}}},
+                "Worker": {"replicas": u64::MAX, "template": {"spec": {"containers": [container()]}}}}}),
+            "/spec/pytorchReplicaSpecs",
+        ),
+        (
+            ("batch", "v1", "Job", "jobs"),
+            json!({"parallelism": -3, "template": {"spec": {"containers": [container()]}}}),
+            "/spec/parallelism",
+        ),
+    ];
+    for ((group, version, kind, resource), spec, field) in cases {
+        let obj = json!({"apiVersion": format!("{group}/{version}"), "kind": kind,
+                         "metadata": opted_meta("big"), "spec": spec});
+        let r = admit(
+            discrete_cluster(),
+            paths::MUTATE_WORKLOAD,
+            review(group, version, kind, resource, "CREATE", obj, None),
+        )
+        .await;
+        assert_eq!(r["allowed"], false, "{kind}: {r}");
+        let message = r["status"]["message"].as_str().unwrap();
+        assert!(message.contains(field), "{kind}: {message}");
+    }
+}
+
+/// Objects without the opt-in label pass unchanged even where a webhook configuration sends
+/// them (the configurations select by the label; the handler does not rely on it).
+#[tokio::test]
+async fn unlabelled_objects_are_never_configured() {
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+                     "spec": {"template": {"spec": {"containers": [container()]}}}});
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                     "spec": {"containers": [container()]}});
+    for (path, r) in [
+        (
+            paths::MUTATE_WORKLOAD,
+            review("batch", "v1", "Job", "jobs", "CREATE", job, None),
+        ),
+        (
+            paths::MUTATE_POD,
+            review("", "v1", "Pod", "pods", "CREATE", pod, None),
+        ),
+    ] {
+        let r = admit(discrete_cluster(), path, r).await;
+        assert_eq!(r["allowed"], true, "{path}: {r}");
+        assert!(r.get("patch").is_none_or(Value::is_null), "{path}: {r}");
+    }
+}

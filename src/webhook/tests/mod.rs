@@ -1,0 +1,182 @@
+//! The endpoints driven in process with AdmissionReview fixtures, one module per concern.
+
+mod envelope;
+mod kinds;
+mod profiles;
+mod training_jobs;
+
+// The cluster view is an in-memory set of profiles and recorded nodes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use base64::Engine as _;
+use prometheus_client::registry::Registry;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use super::admit::ClusterView;
+use super::{WebhookState, paths, router};
+use crate::api::OffloadProfileSpec;
+use crate::index::{NodeIndex, NodeInfo};
+use crate::metrics::Metrics;
+use crate::names;
+use crate::report::NodeReport;
+use offload_testenv::fixtures;
+
+pub(super) struct InMemoryView {
+    profiles: BTreeMap<String, OffloadProfileSpec>,
+    nodes: Arc<NodeIndex>,
+}
+
+impl ClusterView for InMemoryView {
+    fn profile(&self, name: &str) -> Option<OffloadProfileSpec> {
+        self.profiles.get(name).cloned()
+    }
+    fn nodes(&self) -> Arc<NodeIndex> {
+        self.nodes.clone()
+    }
+}
+
+pub(super) fn node(name: &str, fixture: &str) -> NodeInfo {
+    let r = NodeReport::parse(fixture).unwrap();
+    NodeInfo::from_metadata(
+        name,
+        r.labels(),
+        &BTreeMap::from([(
+            names::ANNOTATION_NODE_REPORT.to_string(),
+            fixture.to_string(),
+        )]),
+    )
+}
+
+pub(super) fn app(nodes: Vec<NodeInfo>) -> axum::Router {
+    let mut registry = Registry::default();
+    let view = InMemoryView {
+        profiles: BTreeMap::from([("default".to_string(), OffloadProfileSpec::default())]),
+        nodes: Arc::new(NodeIndex::new(nodes)),
+    };
+    router(WebhookState {
+        view: Arc::new(view),
+        metrics: Metrics::new(&mut registry),
+    })
+}
+
+pub(super) fn coherent_cluster() -> axum::Router {
+    app(vec![
+        node("gh200-0", fixtures::GH200_REFERENCE),
+        node("gh200-1", fixtures::GH200_REFERENCE),
+    ])
+}
+
+pub(super) fn discrete_cluster() -> axum::Router {
+    app(vec![node("h200-0", fixtures::H200_READING)])
+}
+
+pub(super) fn review(
+    group: &str,
+    version: &str,
+    kind: &str,
+    resource: &str,
+    op: &str,
+    object: Value,
+    old: Option<Value>,
+) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": group, "version": version, "kind": kind},
+            "resource": {"group": group, "version": version, "resource": resource},
+            "requestKind": {"group": group, "version": version, "kind": kind},
+            "requestResource": {"group": group, "version": version, "resource": resource},
+            "name": object.pointer("/metadata/name").cloned().unwrap_or(Value::Null),
+            "namespace": "team-a",
+            "operation": op,
+            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+            "object": object,
+            "oldObject": old,
+            "dryRun": false,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}
+        }
+    })
+}
+
+pub(super) async fn post(app: axum::Router, path: &str, body: Vec<u8>) -> (StatusCode, Value) {
+    let res = app
+        .oneshot(
+            Request::post(path)
+                .header("content-type", "application/json")
+                .body(Body::from(body))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = res.status();
+    let bytes = axum::body::to_bytes(res.into_body(), 64 << 20)
+        .await
+        .unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+pub(super) async fn admit(app: axum::Router, path: &str, review: Value) -> Value {
+    let (status, body) = post(app, path, serde_json::to_vec(&review).unwrap()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let response = body["response"].clone();
+    assert_eq!(
+        response["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002",
+        "the uid is kept"
+    );
+    response
+}
+
+/// The patch: a base64 string, as the API documents `response.patch` (Go's `[]byte`).
+pub(super) fn patch_of(response: &Value) -> Vec<Value> {
+    let bytes: Vec<u8> = match &response["patch"] {
+        Value::String(encoded) => base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .unwrap(),
+        other => panic!("no base64 patch in the response: {other}"),
+    };
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+/// Applies the response's JSON patch to `object`.
+pub(super) fn patched(object: &Value, response: &Value) -> Value {
+    let mut doc = object.clone();
+    let patch: json_patch::Patch =
+        serde_json::from_value(Value::Array(patch_of(response))).unwrap();
+    json_patch::patch(&mut doc, &patch).unwrap();
+    doc
+}
+
+pub(super) fn training_job(offload: Value, framework: Value) -> Value {
+    json!({
+        "apiVersion": "offload.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": "llama", "namespace": "team-a", "annotations": {"offload.dev/profile": "auto"}},
+        "spec": {
+            "replicas": 1,
+            "framework": framework,
+            "offload": offload,
+            "template": {"spec": {"containers": [{"name": "train", "image": "train:1"}]}}
+        }
+    })
+}
+
+pub(super) fn tj_review(op: &str, object: Value, old: Option<Value>) -> Value {
+    review(
+        "offload.dev",
+        "v1alpha1",
+        "TrainingJob",
+        "trainingjobs",
+        op,
+        object,
+        old,
+    )
+}

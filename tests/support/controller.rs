@@ -1,0 +1,105 @@
+//! Helpers of the controller tests: the shared cluster with controller-manager, scheduler and
+//! kwok, the in-process operator, a pool of reported nodes and a profile per test.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Client;
+use kube::api::{Api, PostParams};
+use kube::runtime::wait::await_condition;
+use offload_api::names;
+use offload_operator::api::{OffloadProfile, TrainingJob};
+use offload_testenv::devcluster::ClusterOptions;
+use offload_testenv::support::*;
+use serde_json::json;
+
+pub const OPTIONS: ClusterOptions = ClusterOptions {
+    controller_manager: true,
+    scheduler: true,
+    kwok: true,
+};
+pub const WAIT: Duration = Duration::from_secs(90);
+
+pub async fn setup(
+    prefix: &str,
+) -> (
+    &'static offload_testenv::devcluster::DevCluster,
+    Client,
+    String,
+) {
+    let cluster = cluster(OPTIONS);
+    operator(cluster);
+    let client = client(cluster).await;
+    let ns = namespace(&client, prefix).await;
+    (cluster, client, ns)
+}
+
+/// A reported kwok node `<ns>-<suffix>` in the test's pool.
+pub async fn add_node(client: &Client, ns: &str, suffix: &str, fixture: &str) {
+    Api::<Node>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &reported_node(&format!("{ns}-{suffix}"), fixture, ns),
+        )
+        .await
+        .unwrap();
+}
+
+/// The test's profile (named after its namespace), selecting only its pool.
+pub async fn add_profile(client: &Client, ns: &str) {
+    Api::<OffloadProfile>::all(client.clone())
+        .create(&PostParams::default(), &pool_profile(ns, ns, json!({})))
+        .await
+        .unwrap();
+}
+
+pub fn training_job(
+    name: &str,
+    profile: &str,
+    framework: serde_json::Value,
+    extra: serde_json::Value,
+) -> TrainingJob {
+    let mut spec = json!({
+        "replicas": 2,
+        "framework": framework,
+        "template": {"spec": {"containers": [{
+            "name": "train", "image": "registry.example.com/train:1",
+            "env": [{"name": "USER_SETTING", "value": "kept"}],
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}
+        }]}}
+    });
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+        s.extend(e.clone());
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "offload.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": name, "annotations": {names::PROFILE_ANNOTATION: profile}},
+        "spec": spec
+    }))
+    .unwrap()
+}
+
+pub async fn wait_for_condition(
+    api: &Api<TrainingJob>,
+    name: &str,
+    type_: &str,
+    status: &str,
+) -> TrainingJob {
+    let what = format!("TrainingJob {name} condition {type_}={status}");
+    let want_type = type_.to_string();
+    let want_status = status.to_string();
+    wait(
+        &what,
+        WAIT,
+        await_condition(api.clone(), name, move |tj: Option<&TrainingJob>| {
+            tj.and_then(|t| t.status.as_ref()).is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == want_type && c.status == want_status)
+            })
+        }),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+}
