@@ -24,8 +24,15 @@ struct Cli {
 enum Command {
     /// Print what NVML says about this node (no cluster access, no self-test).
     Probe,
-    /// Run the overlap self-test and print the report (no cluster access).
-    Selftest(TestArgs),
+    /// Run the overlap self-test and print the report (no cluster access). Postponed when the
+    /// GPUs are in use, unless --force.
+    Selftest {
+        #[command(flatten)]
+        test: TestArgs,
+        /// Measure even when a process uses the GPUs (it disturbs that job).
+        #[arg(long)]
+        force: bool,
+    },
     /// Publish labels and the report on this node, re-run on an interval and on demand.
     Run(RunArgs),
     /// Remove this agent's labels and report from the node (uninstall).
@@ -44,16 +51,23 @@ struct TestArgs {
     /// Efficiency at or above which overlap is verified.
     #[arg(long, env = "OFFLOAD_OVERLAP_THRESHOLD", default_value_t = 0.8)]
     threshold: f64,
-    /// Number of chunks.
-    #[arg(long, default_value_t = 32)]
+    /// How far past the threshold a new median must be to change a published verdict.
+    #[arg(long, default_value_t = offload_agent::selftest::math::DEFAULT_MARGIN)]
+    margin: f64,
+    /// Number of chunks (layers of the step).
+    #[arg(long, default_value_t = 16)]
     chunks: u32,
-    /// Millions (Mi) of fp32 elements per chunk.
-    #[arg(long, default_value_t = 2)]
-    chunk_mi: usize,
-    /// Timed repetitions (the median is kept).
+    /// Milliseconds of CPU update (and GPU work) per chunk; sizes the chunks from the measured
+    /// Adam rate.
+    #[arg(long, default_value_t = 4.5)]
+    chunk_ms: f64,
+    /// Millions (Mi) of fp32 elements per chunk, overriding --chunk-ms.
+    #[arg(long)]
+    chunk_mi: Option<usize>,
+    /// Timed repetitions (the median is kept, the spread reported).
     #[arg(long, default_value_t = 5)]
     repeats: u32,
-    /// Measure with pageable host memory (what a memlock limit forces).
+    /// Measure with pageable host memory.
     #[arg(long)]
     force_pageable: bool,
     /// Measure the serial schedule in place of the pipelined one.
@@ -65,8 +79,10 @@ impl TestArgs {
     fn options(&self) -> SelfTestOptions {
         SelfTestOptions {
             threshold: self.threshold,
+            margin: self.margin,
             chunks: self.chunks,
-            chunk_elems: self.chunk_mi << 20,
+            chunk_ms: self.chunk_ms,
+            chunk_elems: self.chunk_mi.map(|m| m << 20),
             repeats: self.repeats,
             force_pageable: self.force_pageable,
             force_serial: self.force_serial,
@@ -133,8 +149,17 @@ fn main() -> ExitCode {
             );
             print_json(&report)
         }
-        Command::Selftest(args) => {
-            let report = report::build(&hostname(), &RealNvml, &args.options(), true);
+        Command::Selftest { test, force } => {
+            let report = report::build(
+                &hostname(),
+                &RealNvml,
+                &test.options(),
+                report::SelfTestRun {
+                    enabled: true,
+                    force,
+                    previous: None,
+                },
+            );
             print_json(&report)
         }
         Command::Run(args) => {

@@ -34,10 +34,57 @@ impl NodeReading {
     }
 }
 
+/// What one GPU is doing now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GpuActivity {
+    /// NVML index.
+    pub index: u32,
+    /// Processes with a compute context on it (host PIDs).
+    pub processes: Vec<u32>,
+    /// Percent of the last sample period a kernel ran, when NVML says.
+    pub utilization_percent: Option<u32>,
+}
+
+/// Utilization at or above which a GPU counts as busy even without a visible process (a
+/// process in another PID namespace NVML cannot name, MPS, a short-lived context).
+pub const BUSY_UTILIZATION_PERCENT: u32 = 5;
+
+/// Why the GPUs are not free for a self-test, if they are not: one line naming each busy GPU.
+pub fn busy(activity: &[GpuActivity]) -> Option<String> {
+    let busy: Vec<String> = activity
+        .iter()
+        .filter(|a| {
+            !a.processes.is_empty()
+                || a.utilization_percent
+                    .is_some_and(|u| u >= BUSY_UTILIZATION_PERCENT)
+        })
+        .map(|a| {
+            let mut parts = Vec::new();
+            if !a.processes.is_empty() {
+                let shown: Vec<String> = a.processes.iter().take(4).map(u32::to_string).collect();
+                parts.push(format!(
+                    "{} compute process(es) (pid {})",
+                    a.processes.len(),
+                    shown.join(", ")
+                ));
+            }
+            if let Some(u) = a.utilization_percent {
+                parts.push(format!("{u} % busy"));
+            }
+            format!("GPU {}: {}", a.index, parts.join(", "))
+        })
+        .collect();
+    (!busy.is_empty()).then(|| busy.join("; "))
+}
+
 /// A source of NVML readings.
 pub trait NvmlSource {
     /// Reads the node. Never fails: errors are part of the reading.
     fn read(&self) -> NodeReading;
+
+    /// What every GPU is doing now (compute processes, utilization). An error when NVML cannot
+    /// say: the caller then treats the GPUs as busy rather than measure over a job.
+    fn activity(&self) -> Result<Vec<GpuActivity>, String>;
 }
 
 /// The real driver, through nvml-wrapper.
@@ -45,6 +92,31 @@ pub trait NvmlSource {
 pub struct RealNvml;
 
 impl NvmlSource for RealNvml {
+    fn activity(&self) -> Result<Vec<GpuActivity>, String> {
+        let nvml = Nvml::init().map_err(|e| describe_init_error(&e))?;
+        let count = nvml
+            .device_count()
+            .map_err(|e| format!("nvmlDeviceGetCount failed: {e}"))?;
+        let mut out = Vec::new();
+        for index in 0..count {
+            let device = nvml
+                .device_by_index(index)
+                .map_err(|e| format!("GPU {index}: {e}"))?;
+            let processes = device
+                .running_compute_processes()
+                .map_err(|e| format!("GPU {index}: listing compute processes failed: {e}"))?
+                .into_iter()
+                .map(|p| p.pid)
+                .collect();
+            out.push(GpuActivity {
+                index,
+                processes,
+                utilization_percent: device.utilization_rates().ok().map(|u| u.gpu),
+            });
+        }
+        Ok(out)
+    }
+
     fn read(&self) -> NodeReading {
         match Nvml::init() {
             Ok(nvml) => read_with(&nvml),
@@ -229,6 +301,7 @@ pub fn os_numa_nodes() -> Option<u32> {
 #[derive(Clone, Debug)]
 pub struct RecordedNvml {
     reading: NodeReading,
+    activity: Vec<GpuActivity>,
 }
 
 impl RecordedNvml {
@@ -240,7 +313,14 @@ impl RecordedNvml {
                 nvml: report.nvml,
                 gpus: report.gpus,
             },
+            activity: Vec::new(),
         })
+    }
+
+    /// The same reading with GPUs in use (a job running), for the busy check.
+    pub fn with_activity(mut self, activity: Vec<GpuActivity>) -> Self {
+        self.activity = activity;
+        self
     }
 
     /// A node whose NVML library is missing, with the loader's error text.
@@ -254,6 +334,7 @@ impl RecordedNvml {
                 },
                 gpus: Vec::new(),
             },
+            activity: Vec::new(),
         }
     }
 }
@@ -261,6 +342,14 @@ impl RecordedNvml {
 impl NvmlSource for RecordedNvml {
     fn read(&self) -> NodeReading {
         self.reading.clone()
+    }
+
+    fn activity(&self) -> Result<Vec<GpuActivity>, String> {
+        if self.reading.nvml.available {
+            Ok(self.activity.clone())
+        } else {
+            Err(self.reading.nvml.error.clone().unwrap_or_default())
+        }
     }
 }
 

@@ -168,8 +168,13 @@ pub struct LoopConfig {
     pub once: bool,
 }
 
-/// Builds this round's report: a replayed recording, or a fresh measurement.
-fn measure(cfg: &LoopConfig) -> Result<NodeReport, AgentError> {
+/// Builds this round's report: a replayed recording, or a fresh measurement (never over a job
+/// unless `force`; the previous result's verdict stands unless the new one is clear).
+fn measure(
+    cfg: &LoopConfig,
+    previous: Option<&NodeReport>,
+    force: bool,
+) -> Result<NodeReport, AgentError> {
     match &cfg.replay {
         Some(path) => {
             let replay_err = |detail: String| AgentError::Replay {
@@ -190,7 +195,11 @@ fn measure(cfg: &LoopConfig) -> Result<NodeReport, AgentError> {
             &cfg.node,
             &RealNvml,
             &cfg.options,
-            cfg.selftest,
+            report::SelfTestRun {
+                enabled: cfg.selftest,
+                force,
+                previous: previous.map(|r| &r.selftest),
+            },
         )),
     }
 }
@@ -283,6 +292,7 @@ impl Gauges {
 struct AppState {
     registry: Arc<Mutex<Registry>>,
     rerun: Arc<Notify>,
+    force: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Measures, publishes, then waits for the interval or a `POST /rerun`, until `shutdown`.
@@ -299,6 +309,7 @@ pub async fn run_loop(
     let state = AppState {
         registry: Arc::new(Mutex::new(registry)),
         rerun: Arc::new(Notify::new()),
+        force: Arc::default(),
     };
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -339,13 +350,22 @@ async fn measure_and_publish(
     shutdown: &CancellationToken,
 ) -> Result<(), AgentError> {
     let cfg = Arc::new(cfg.clone());
+    // What this node published last (before a restart too): its verdict stands until a clear
+    // new measurement, and its figures are kept when a round must not measure.
+    let mut last: Option<NodeReport> = published_report(client, &cfg.node).await;
+    let mut force = false;
     loop {
         let round = cfg.clone();
+        let previous = last.clone();
         // NVML and CUDA block; keep them off the async workers.
-        let built = tokio::task::spawn_blocking(move || measure(&round)).await;
+        let built =
+            tokio::task::spawn_blocking(move || measure(&round, previous.as_ref(), force)).await;
         match built {
             Ok(Err(e)) => return Err(e),
             Ok(Ok(report)) => {
+                if let Some(why) = &report.selftest.postponed {
+                    tracing::info!(node = %report.node, reason = %why, "self-test postponed");
+                }
                 gauges.set(&report);
                 tracing::info!(
                     node = %report.node,
@@ -364,18 +384,37 @@ async fn measure_and_publish(
                     }
                     delay = (delay * 2).min(Duration::from_secs(60));
                 }
+                last = Some(report);
             }
             Err(e) => tracing::error!(error = %e, "measurement task failed"),
         }
         if cfg.once {
             return Ok(());
         }
+        force = false;
         tokio::select! {
             () = tokio::time::sleep(cfg.interval) => {},
-            () = state.rerun.notified() => tracing::info!("re-run requested"),
+            () = state.rerun.notified() => {
+                force = state.force.swap(false, std::sync::atomic::Ordering::Relaxed);
+                tracing::info!(force, "re-run requested");
+            }
             () = shutdown.cancelled() => return Ok(()),
         }
     }
+}
+
+/// The report this agent published on its node before, if it is there and readable.
+async fn published_report(client: &Client, node: &str) -> Option<NodeReport> {
+    let node = Api::<Node>::all(client.clone())
+        .get_opt(node)
+        .await
+        .ok()??;
+    let text = node
+        .metadata
+        .annotations?
+        .get(names::ANNOTATION_NODE_REPORT)?
+        .clone();
+    NodeReport::parse(&text).ok()
 }
 
 async fn metrics(State(state): State<AppState>) -> (StatusCode, String) {
@@ -390,7 +429,24 @@ async fn metrics(State(state): State<AppState>) -> (StatusCode, String) {
     }
 }
 
-async fn rerun(State(state): State<AppState>) -> StatusCode {
+/// `POST /rerun` re-runs the self-test now unless the GPUs are in use; `POST /rerun?force=true`
+/// runs it even then (it disturbs a running job: an explicit choice).
+async fn rerun(
+    State(state): State<AppState>,
+    axum::extract::Query(q): axum::extract::Query<RerunQuery>,
+) -> StatusCode {
+    if q.force {
+        state
+            .force
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     state.rerun.notify_one();
     StatusCode::ACCEPTED
+}
+
+/// Query of `POST /rerun`.
+#[derive(serde::Deserialize)]
+struct RerunQuery {
+    #[serde(default)]
+    force: bool,
 }

@@ -2,22 +2,48 @@
 
 use offload_api::report::{NodeMemoryModel, NodeReport, REPORT_SCHEMA_VERSION, SelfTestReport};
 
-use crate::probe::{NodeReading, NvmlSource, os_numa_nodes};
+use crate::probe::{NodeReading, NvmlSource, busy, os_numa_nodes};
 use crate::selftest::{self, SelfTestOptions};
 
 /// Version of this agent, written into every report.
 pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// Reads NVML, runs the self-test where a GPU is present, and builds the report.
+/// How this round treats the self-test.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SelfTestRun<'a> {
+    /// Run it at all.
+    pub enabled: bool,
+    /// Run it even when the GPUs are in use (an explicit re-run).
+    pub force: bool,
+    /// The last published result: its verdict stands unless a new measurement is clearly on
+    /// the other side of the threshold, and it is kept when this round must not measure.
+    pub previous: Option<&'a SelfTestReport>,
+}
+
+/// Reads NVML, runs the self-test where a GPU is present and free, and builds the report.
+///
+/// The self-test is never run over a job: when NVML shows a compute process or load on a GPU
+/// (or cannot say), the round is postponed, the previous figures are kept and the report says
+/// why and when they were measured, unless `run.force`.
 pub fn build(
     node: &str,
     source: &dyn NvmlSource,
     options: &SelfTestOptions,
-    run_selftest: bool,
+    run: SelfTestRun<'_>,
 ) -> NodeReport {
     let reading = source.read();
     let model = reading.memory_model();
-    let selftest = if !run_selftest {
+    let occupied = if run.force {
+        None
+    } else {
+        match source.activity() {
+            Ok(activity) => busy(&activity),
+            Err(e) => Some(format!(
+                "NVML could not say whether the GPUs are free ({e})"
+            )),
+        }
+    };
+    let selftest = if !run.enabled {
         SelfTestReport::untested(options.threshold, "self-test disabled (--no-selftest)")
     } else if model == NodeMemoryModel::NoGpu {
         SelfTestReport::untested(options.threshold, "no GPU on this node")
@@ -26,14 +52,36 @@ pub fn build(
             options.threshold,
             "NVML is not available, so the GPU was not tested",
         )
+    } else if let Some(why) = occupied {
+        postponed(options, run.previous, &why)
     } else {
         let opts = SelfTestOptions {
             coherent: model == NodeMemoryModel::Coherent,
             ..options.clone()
         };
-        selftest::run(&opts)
+        selftest::run(&opts, run.previous.map(|p| p.verdict))
     };
     assemble(node, reading, selftest)
+}
+
+/// The self-test section of a round that must not measure: the last figures, kept, with the
+/// reason; `untested` when there are none yet.
+fn postponed(
+    options: &SelfTestOptions,
+    previous: Option<&SelfTestReport>,
+    why: &str,
+) -> SelfTestReport {
+    let reason = format!("not re-run, the GPUs are in use: {why}");
+    match previous {
+        Some(p) if p.verdict != offload_api::report::OverlapVerdict::Untested => SelfTestReport {
+            postponed: Some(reason),
+            ..p.clone()
+        },
+        _ => SelfTestReport {
+            postponed: Some(reason.clone()),
+            ..SelfTestReport::untested(options.threshold, reason)
+        },
+    }
 }
 
 /// Puts a reading and a self-test together.
@@ -67,7 +115,10 @@ mod tests {
             "cpu-0",
             &RecordedNvml::missing_library(),
             &SelfTestOptions::default(),
-            true,
+            SelfTestRun {
+                enabled: true,
+                ..Default::default()
+            },
         );
         assert_eq!(report.memory_model, NodeMemoryModel::Unknown);
         assert_eq!(report.selftest.verdict, OverlapVerdict::Untested);
@@ -79,18 +130,80 @@ mod tests {
                 .unwrap()
                 .contains("libnvidia-ml.so.1")
         );
+        // No memory-model labels on a node that is not a GPU node as far as the agent can
+        // tell: nothing a discrete node's affinity could match.
         let labels = report.labels();
-        assert_eq!(labels[names::LABEL_UMA], "false");
+        assert_eq!(
+            labels.keys().collect::<Vec<_>>(),
+            [names::LABEL_OVERLAP],
+            "{labels:?}"
+        );
         assert_eq!(labels[names::LABEL_OVERLAP], "untested");
         // The operator's parser reads exactly what the agent wrote.
         let parsed = NodeReport::parse(&report.to_annotation().unwrap()).unwrap();
         assert_eq!(parsed, report);
     }
 
+    /// A job is using the GPU: the round is postponed, the last figures are kept, and the
+    /// report says why and when they were measured.
+    #[test]
+    fn a_busy_gpu_is_not_measured_and_the_last_result_is_kept() {
+        use crate::probe::GpuActivity;
+        let source = RecordedNvml::from_report(fixtures::H200_READING)
+            .unwrap()
+            .with_activity(vec![GpuActivity {
+                index: 0,
+                processes: vec![4242],
+                utilization_percent: Some(97),
+            }]);
+        let mut last = NodeReport::parse(fixtures::H200_READING).unwrap().selftest;
+        last.measured_at = Some("2026-11-30T00:00:00Z".into());
+        let report = build(
+            "h200-0",
+            &source,
+            &SelfTestOptions::default(),
+            SelfTestRun {
+                enabled: true,
+                force: false,
+                previous: Some(&last),
+            },
+        );
+        let s = &report.selftest;
+        assert_eq!(
+            s.verdict,
+            OverlapVerdict::Verified,
+            "the last verdict stands"
+        );
+        assert_eq!(s.efficiency, last.efficiency);
+        assert_eq!(s.measured_at.as_deref(), Some("2026-11-30T00:00:00Z"));
+        let why = s.postponed.as_deref().unwrap();
+        assert!(
+            why.contains("GPU 0") && why.contains("pid 4242") && why.contains("97 %"),
+            "{why}"
+        );
+        // Nothing measured before: untested, with the reason.
+        let first = build(
+            "h200-0",
+            &source,
+            &SelfTestOptions::default(),
+            SelfTestRun {
+                enabled: true,
+                ..Default::default()
+            },
+        );
+        assert_eq!(first.selftest.verdict, OverlapVerdict::Untested);
+        assert!(first.selftest.postponed.is_some());
+    }
+
     #[test]
     fn a_recorded_gh200_reading_labels_the_node_coherent() {
         let source = RecordedNvml::from_report(fixtures::GH200_REFERENCE).unwrap();
-        let report = build("gh200-0", &source, &SelfTestOptions::default(), false);
+        let report = build(
+            "gh200-0",
+            &source,
+            &SelfTestOptions::default(),
+            SelfTestRun::default(),
+        );
         assert_eq!(report.memory_model, NodeMemoryModel::Coherent);
         let labels = report.labels();
         assert_eq!(labels[names::LABEL_UMA], "true");

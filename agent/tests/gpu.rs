@@ -56,33 +56,46 @@ fn nvml_reports_a_classified_gpu() {
 #[test]
 fn the_pipelined_schedule_overlaps_and_the_broken_ones_do_not() {
     require_gpu!();
-    let good = selftest::run(&SelfTestOptions::default());
+    let good = selftest::run(&SelfTestOptions::default(), None);
     assert!(good.error.is_none(), "{:?}", good.error);
     let eff = good.efficiency.unwrap();
     eprintln!(
         "pipelined efficiency {eff:.2}, pinned H2D {:?} GB/s",
         good.bandwidth.h2d_pinned
     );
-    let serial = selftest::run(&SelfTestOptions {
-        force_serial: true,
-        ..SelfTestOptions::default()
-    });
+    let serial = selftest::run(
+        &SelfTestOptions {
+            force_serial: true,
+            ..SelfTestOptions::default()
+        },
+        None,
+    );
     assert_eq!(
         serial.verdict,
         OverlapVerdict::Failed,
         "a serial schedule cannot pass: {:?}",
         serial.efficiency
     );
-    let pageable = selftest::run(&SelfTestOptions {
-        force_pageable: true,
-        ..SelfTestOptions::default()
-    });
+    let pageable = selftest::run(
+        &SelfTestOptions {
+            force_pageable: true,
+            ..SelfTestOptions::default()
+        },
+        None,
+    );
     assert!(!pageable.pinned_memory);
     assert!(
         pageable.efficiency.unwrap() < eff,
         "pageable {:?} vs pinned {eff}",
         pageable.efficiency
     );
+    // A correct pipeline costs about max(t_gpu, t_cpu) plus a chunk or so.
+    let over = good.pipelined_over_max.unwrap();
+    eprintln!(
+        "pipelined/max {over:.3}, serial/pipelined {:?}",
+        good.serial_over_pipelined
+    );
+    assert!(over < 1.25, "pipelined/max {over}");
     assert!(
         good.duration_ms.unwrap() < 15_000.0,
         "self-test took {:?} ms",

@@ -126,7 +126,7 @@ async fn this_machine_is_reported_truthfully_whatever_it_has() {
         .await
         .unwrap();
     // The real NVML: on a machine without a driver the report says so and labels are safe.
-    let report = report::build(&name, &RealNvml, &Default::default(), false);
+    let report = report::build(&name, &RealNvml, &Default::default(), Default::default());
     publish::publish(&client, &report).await.unwrap();
     let stored = nodes.get(&name).await.unwrap();
     let info = view(&stored);
@@ -136,7 +136,9 @@ async fn this_machine_is_reported_truthfully_whatever_it_has() {
             "no NVML here: {}",
             report.nvml.error.clone().unwrap_or_default()
         );
-        assert_eq!(stored.metadata.labels.unwrap()[names::LABEL_UMA], "false");
+        let labels = stored.metadata.labels.unwrap_or_default();
+        assert!(!labels.contains_key(names::LABEL_UMA), "{labels:?}");
+        assert_eq!(labels[names::LABEL_OVERLAP], "untested");
         // And the operator never takes a node without NVML for a GPU node of either class.
         assert_eq!(info.class(), None);
         let why = info.ignored_because().unwrap();

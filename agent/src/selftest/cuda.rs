@@ -12,7 +12,7 @@ use cudarc::driver::sys;
 use offload_api::report::Bandwidths;
 
 use super::adam::{self, Adam};
-use super::math::{balance_iters, gbps, median};
+use super::math::{balance_iters, gbps};
 use super::{Measurements, SelfTestOptions};
 
 /// FLOP per element per kernel iteration: four independent fused multiply-adds.
@@ -138,22 +138,30 @@ fn drv(call: &'static str) -> impl FnOnce(DriverError) -> CudaError {
     }
 }
 
-/// The primary context of GPU 0, current on this thread while alive.
+/// GPUs the CUDA driver shows this process (the pod's allocation).
+pub fn device_count() -> Result<usize, CudaError> {
+    // SAFETY: checking for the library before any call keeps cudarc from panicking.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(CudaError::NoLibrary);
+    }
+    result::init().map_err(drv("cuInit"))?;
+    let n = result::device::get_count().map_err(drv("cuDeviceGetCount"))?;
+    match usize::try_from(n) {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(CudaError::NoDevice),
+    }
+}
+
+/// The primary context of one GPU, current on this thread while alive.
 struct Context {
     dev: sys::CUdevice,
 }
 
 impl Context {
-    fn new() -> Result<Self, CudaError> {
-        // SAFETY: checking for the library before any call keeps cudarc from panicking.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(CudaError::NoLibrary);
-        }
-        result::init().map_err(drv("cuInit"))?;
-        if result::device::get_count().map_err(drv("cuDeviceGetCount"))? < 1 {
-            return Err(CudaError::NoDevice);
-        }
-        let dev = result::device::get(0).map_err(drv("cuDeviceGet"))?;
+    fn new(device: usize) -> Result<Self, CudaError> {
+        device_count()?;
+        let ordinal = i32::try_from(device).map_err(|_| CudaError::NoDevice)?;
+        let dev = result::device::get(ordinal).map_err(drv("cuDeviceGet"))?;
         // SAFETY: `dev` came from cuDeviceGet.
         let ctx =
             unsafe { result::primary_ctx::retain(dev) }.map_err(drv("cuDevicePrimaryCtxRetain"))?;
@@ -603,12 +611,47 @@ fn direct_host(
     Ok((gbps(n * 4, read), gbps(n * 4, write)))
 }
 
-/// Runs every measurement.
-pub fn measure(opt: &SelfTestOptions) -> Result<Measurements, CudaError> {
-    let _ctx = Context::new()?;
+/// The Adam rate of this thread pool, in elements per millisecond, on a probe buffer.
+fn adam_rate() -> f64 {
+    let n = 4 << 20;
+    let (mut p, g, mut m, mut v) = (
+        vec![0.5f32; n],
+        vec![0.01f32; n],
+        vec![0.0f32; n],
+        vec![0.0f32; n],
+    );
+    adam::update(&Adam::default(), &mut p, &g, &mut m, &mut v);
+    let t = Instant::now();
+    for _ in 0..2 {
+        adam::update(&Adam::default(), &mut p, &g, &mut m, &mut v);
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let per_ms = (2 * n) as f64 / (t.elapsed().as_secs_f64() * 1e3).max(1e-3);
+    per_ms
+}
+
+/// Elements per chunk: `chunk_ms` of the measured Adam rate, bounded, a whole number of blocks.
+fn chunk_elems(opt: &SelfTestOptions) -> usize {
+    let wanted = opt.chunk_elems.unwrap_or_else(|| {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let e = (adam_rate() * opt.chunk_ms.max(0.1)) as usize;
+        e
+    });
+    let (lo, hi) = super::CHUNK_ELEMS;
+    let bounded = if opt.chunk_elems.is_some() {
+        wanted.max(BLOCK as usize)
+    } else {
+        wanted.clamp(lo, hi)
+    };
+    bounded.div_ceil(BLOCK as usize) * BLOCK as usize
+}
+
+/// Runs every measurement on GPU `device`, with the CPU threads of the current thread pool.
+pub fn measure(opt: &SelfTestOptions, device: usize) -> Result<Measurements, CudaError> {
+    let _ctx = Context::new(device)?;
     let module = Module::load()?;
     let chunks = opt.chunks.max(1) as usize;
-    let elems = opt.chunk_elems.max(BLOCK as usize);
+    let elems = chunk_elems(opt);
     let total = chunks * elems;
     let (free, _) = result::mem_get_info().map_err(drv("cuMemGetInfo"))?;
     let need = total * 4 * 2;
@@ -618,7 +661,6 @@ pub fn measure(opt: &SelfTestOptions) -> Result<Measurements, CudaError> {
             free_mib: free >> 20,
         });
     }
-
     // Host buffers for what crosses the bus: pinned unless refused (or forced off).
     let (host_grads, host_params, pinned_error) = if opt.force_pageable {
         (
@@ -685,6 +727,7 @@ pub fn measure(opt: &SelfTestOptions) -> Result<Measurements, CudaError> {
     let mut t_serial = Vec::new();
     let mut t_pipe = Vec::new();
     rig.serial()?;
+    rig.pipelined()?;
     for _ in 0..repeats {
         t_gpu.push(rig.gpu_only()?);
         t_cpu.push(rig.cpu_only());
@@ -696,20 +739,24 @@ pub fn measure(opt: &SelfTestOptions) -> Result<Measurements, CudaError> {
         });
     }
     tracing::info!(
+        device,
         threads = adam::threads(),
+        chunk_elems = elems,
         iters = rig.iters,
         "self-test measured"
     );
     Ok(Measurements {
+        device: u32::try_from(device).unwrap_or(u32::MAX),
+        cpu_threads: adam::threads(),
         pinned,
         pinned_error,
         bandwidth,
         chunk_elems: elems,
         chunks: opt.chunks.max(1),
         kernel_iters: rig.iters,
-        t_gpu_ms: median(t_gpu),
-        t_cpu_ms: median(t_cpu),
-        t_serial_ms: median(t_serial),
-        t_pipelined_ms: median(t_pipe),
+        t_gpu_ms: t_gpu,
+        t_cpu_ms: t_cpu,
+        t_serial_ms: t_serial,
+        t_pipelined_ms: t_pipe,
     })
 }

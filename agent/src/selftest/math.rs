@@ -25,6 +25,63 @@ pub fn verdict(efficiency: Option<f64>, threshold: f64) -> OverlapVerdict {
     }
 }
 
+/// The smallest distance from the threshold at which a new measurement changes a published
+/// verdict; the measured spread widens it.
+pub const DEFAULT_MARGIN: f64 = 0.05;
+
+/// The verdict to publish, and why: a measurement changes the previous verdict only when it is
+/// clearly on the other side of the threshold — by [`DEFAULT_MARGIN`] or by half the spread of
+/// its repetitions, whichever is wider. Inside that band the previous verdict stands; without
+/// one (the first measurement), the median decides and the basis says it was close.
+pub fn hysteresis(
+    previous: Option<OverlapVerdict>,
+    median: Option<f64>,
+    spread: Option<(f64, f64)>,
+    threshold: f64,
+    margin: f64,
+) -> (OverlapVerdict, String) {
+    let Some(e) = median else {
+        return (
+            OverlapVerdict::Untested,
+            "no efficiency was measured".to_string(),
+        );
+    };
+    let half_spread = spread.map_or(0.0, |(lo, hi)| (hi - lo).abs() / 2.0);
+    let band = margin.max(half_spread);
+    let range = spread.map_or_else(String::new, |(lo, hi)| format!(" ({lo:.2}–{hi:.2})"));
+    if e >= threshold + band {
+        (
+            OverlapVerdict::Verified,
+            format!("{e:.2}{range} is clear of the threshold {threshold:.2} (±{band:.2})"),
+        )
+    } else if e < threshold - band {
+        (
+            OverlapVerdict::Failed,
+            format!("{e:.2}{range} is clearly below the threshold {threshold:.2} (±{band:.2})"),
+        )
+    } else {
+        match previous {
+            Some(v @ (OverlapVerdict::Verified | OverlapVerdict::Failed)) => (
+                v,
+                format!(
+                    "kept {}: {e:.2}{range} is within ±{band:.2} of the threshold {threshold:.2}, too close to change it",
+                    v.label_value()
+                ),
+            ),
+            _ => {
+                let v = verdict(Some(e), threshold);
+                (
+                    v,
+                    format!(
+                        "first measurement, {e:.2}{range}, within ±{band:.2} of the threshold {threshold:.2}: {} until a clearer one",
+                        v.label_value()
+                    ),
+                )
+            }
+        }
+    }
+}
+
 /// GB/s for `bytes` moved in `ms` milliseconds.
 pub fn gbps(bytes: usize, ms: f64) -> Option<f64> {
     #[allow(clippy::cast_precision_loss)]
@@ -82,6 +139,35 @@ mod tests {
         assert_eq!(verdict(Some(0.8), 0.8), OverlapVerdict::Verified);
         assert_eq!(verdict(Some(0.79), 0.8), OverlapVerdict::Failed);
         assert_eq!(verdict(None, 0.8), OverlapVerdict::Untested);
+    }
+
+    /// A verdict changes only on a measurement clearly across the threshold.
+    #[test]
+    fn hysteresis_keeps_the_verdict_near_the_threshold() {
+        use OverlapVerdict::*;
+        let t = 0.8;
+        let m = DEFAULT_MARGIN;
+        // (previous, median, spread) → verdict
+        let cases = [
+            (None, Some(0.92), Some((0.90, 0.94)), Verified),
+            (None, Some(0.70), Some((0.68, 0.72)), Failed),
+            (Some(Failed), Some(0.81), Some((0.79, 0.83)), Failed),
+            (Some(Verified), Some(0.78), Some((0.76, 0.80)), Verified),
+            (Some(Verified), Some(0.74), Some((0.73, 0.75)), Failed),
+            (Some(Failed), Some(0.86), Some((0.85, 0.87)), Verified),
+            // A wide spread widens the band: 0.88 with 0.70–1.00 is not clear of 0.80.
+            (Some(Failed), Some(0.88), Some((0.70, 1.00)), Failed),
+            (None, Some(0.81), None, Verified),
+            (Some(Untested), Some(0.79), None, Failed),
+            (Some(Verified), None, None, Untested),
+        ];
+        for (previous, median, spread, want) in cases {
+            let (got, basis) = hysteresis(previous, median, spread, t, m);
+            assert_eq!(got, want, "{previous:?} {median:?} {spread:?}: {basis}");
+            assert!(!basis.is_empty());
+        }
+        let (_, basis) = hysteresis(Some(Verified), Some(0.78), None, t, m);
+        assert!(basis.starts_with("kept verified"), "{basis}");
     }
 
     #[test]

@@ -3,8 +3,18 @@
 //!
 //! It measures, on the CUDA driver API (loaded at run time, so the binary runs anywhere):
 //! host↔device bandwidth (pinned and pageable), the GPU rate of a backward-like kernel, the CPU
-//! Adam update rate on every core of the pod's CPU set, and one K-chunk step run serially and
-//! pipelined. Overlap efficiency is `(t_gpu + t_cpu − t_pipelined) / min(t_gpu, t_cpu)`.
+//! Adam update rate, and one K-chunk step run serially and pipelined, repeated.
+//!
+//! The step is shaped like the offload step of a real job: [`SelfTestOptions::chunks`]
+//! layer-sized chunks, each with milliseconds of GPU work ([`SelfTestOptions::chunk_ms`]) and a
+//! CPU update sized from the Adam rate measured first, so a correct pipeline costs about
+//! `max(t_gpu, t_cpu)` plus one chunk, and what is measured is the node, not the test's own
+//! per-chunk overheads. On a node with several GPUs every GPU is tested at once, one rank per
+//! GPU with its share of the pod's CPUs, as a job runs; the node's figure is its worst GPU.
+//!
+//! Overlap efficiency is `(t_gpu + t_cpu − t_pipelined) / min(t_gpu, t_cpu)`; the verdict
+//! changes a published one only when the new median is clearly across the threshold
+//! ([`math::hysteresis`]).
 
 pub mod adam;
 mod cuda;
@@ -12,7 +22,7 @@ pub mod math;
 
 use std::time::Instant;
 
-use offload_api::report::{Bandwidths, SelfTestReport};
+use offload_api::report::{Bandwidths, GpuSelfTest, OverlapVerdict, SelfTestReport};
 
 pub use math::{efficiency, verdict};
 
@@ -21,13 +31,19 @@ pub use math::{efficiency, verdict};
 pub struct SelfTestOptions {
     /// Efficiency at or above which overlap is `verified`.
     pub threshold: f64,
-    /// Number of chunks K.
+    /// How far past the threshold a new median must be to change a published verdict (the
+    /// spread of the repetitions widens it).
+    pub margin: f64,
+    /// Number of chunks K (layers of a step).
     pub chunks: u32,
-    /// fp32 elements per chunk.
-    pub chunk_elems: usize,
-    /// Timed repetitions of each schedule (the median is kept).
+    /// Milliseconds of CPU update (and of GPU work) per chunk; sets the chunk size from the
+    /// measured Adam rate.
+    pub chunk_ms: f64,
+    /// fp32 elements per chunk, overriding [`Self::chunk_ms`].
+    pub chunk_elems: Option<usize>,
+    /// Timed repetitions of each schedule (the median is kept, the spread reported).
     pub repeats: u32,
-    /// Use pageable host memory even when pinned memory is available (the memlock failure case).
+    /// Use pageable host memory even when pinned memory is available.
     pub force_pageable: bool,
     /// Run the pipelined measurement with the serial schedule (to show the verdict fails).
     pub force_serial: bool,
@@ -40,11 +56,13 @@ impl Default for SelfTestOptions {
     fn default() -> Self {
         SelfTestOptions {
             threshold: 0.8,
-            // 32 chunks (a layer-by-layer pipeline's depth) × 2 Mi fp32 = 256 MiB of gradients:
-            // seconds to run, well under a GiB of GPU memory. With 8 chunks, pipeline fill and
-            // drain alone cost about an eighth of the step on a balanced H200 node.
-            chunks: 32,
-            chunk_elems: 2 << 20,
+            margin: math::DEFAULT_MARGIN,
+            // 16 layer-sized chunks of about 4.5 ms: pipeline fill and drain cost about one
+            // chunk (1/16 of the step); per-chunk launch and wake-up costs are small beside
+            // 4.5 ms of work, unlike with sub-millisecond chunks.
+            chunks: 16,
+            chunk_ms: 4.5,
+            chunk_elems: None,
             repeats: 5,
             force_pageable: false,
             force_serial: false,
@@ -53,66 +71,328 @@ impl Default for SelfTestOptions {
     }
 }
 
-/// Runs the self-test. Never panics: a node without CUDA or a GPU gets an `untested` report
-/// with the reason.
-pub fn run(options: &SelfTestOptions) -> SelfTestReport {
-    let start = Instant::now();
-    let mut report = match cuda::measure(options) {
-        Ok(m) => m.into_report(options),
-        Err(e) => SelfTestReport::untested(options.threshold, e.to_string()),
-    };
-    report.duration_ms = Some(start.elapsed().as_secs_f64() * 1e3);
-    report
-}
+/// Smallest and largest chunk the sizing picks (fp32 elements).
+pub const CHUNK_ELEMS: (usize, usize) = (1 << 20, 16 << 20);
 
-/// Raw measurements of one run.
+/// Raw measurements of one GPU's run.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Measurements {
+    /// NVML/CUDA index of the GPU.
+    pub device: u32,
+    /// CPU threads its rank used.
+    pub cpu_threads: usize,
     /// Whether pinned host memory was used for the copied buffers.
     pub pinned: bool,
     /// Why pinned allocation failed, if it did.
     pub pinned_error: Option<String>,
     /// Bandwidths, GB/s.
     pub bandwidth: Bandwidths,
-    /// Elements updated per chunk, and chunks.
+    /// Elements updated per chunk.
     pub chunk_elems: usize,
     /// Chunks K.
     pub chunks: u32,
     /// Kernel iterations chosen so GPU and CPU work are comparable.
     pub kernel_iters: u32,
-    /// GPU-only time of the K kernels, ms.
-    pub t_gpu_ms: f64,
-    /// CPU-only time of the K updates, ms.
-    pub t_cpu_ms: f64,
-    /// Serial step, ms.
-    pub t_serial_ms: f64,
-    /// Pipelined step, ms.
-    pub t_pipelined_ms: f64,
+    /// Per repetition: GPU-only time of the K kernels, ms.
+    pub t_gpu_ms: Vec<f64>,
+    /// Per repetition: CPU-only time of the K updates, ms.
+    pub t_cpu_ms: Vec<f64>,
+    /// Per repetition: serial step, ms.
+    pub t_serial_ms: Vec<f64>,
+    /// Per repetition: pipelined step, ms.
+    pub t_pipelined_ms: Vec<f64>,
 }
 
 impl Measurements {
-    /// Turns measurements into the report's self-test section.
-    pub fn into_report(self, options: &SelfTestOptions) -> SelfTestReport {
-        let eff = efficiency(self.t_gpu_ms, self.t_cpu_ms, self.t_pipelined_ms);
+    fn median(xs: &[f64]) -> f64 {
+        math::median(xs.to_vec())
+    }
+
+    /// Efficiency of each repetition.
+    pub fn efficiencies(&self) -> Vec<f64> {
+        self.t_gpu_ms
+            .iter()
+            .zip(&self.t_cpu_ms)
+            .zip(&self.t_pipelined_ms)
+            .filter_map(|((g, c), p)| efficiency(*g, *c, *p))
+            .collect()
+    }
+
+    /// Median efficiency over the repetitions.
+    pub fn efficiency(&self) -> Option<f64> {
+        let e = self.efficiencies();
+        (!e.is_empty()).then(|| math::median(e))
+    }
+
+    /// Lowest and highest efficiency of one repetition.
+    pub fn spread(&self) -> Option<(f64, f64)> {
+        let e = self.efficiencies();
+        let lo = e.iter().copied().reduce(f64::min)?;
+        let hi = e.iter().copied().reduce(f64::max)?;
+        Some((lo, hi))
+    }
+
+    fn gpu_entry(&self) -> GpuSelfTest {
+        GpuSelfTest {
+            index: self.device,
+            efficiency: self.efficiency(),
+            t_gpu_ms: Some(Self::median(&self.t_gpu_ms)),
+            t_cpu_ms: Some(Self::median(&self.t_cpu_ms)),
+            t_pipelined_ms: Some(Self::median(&self.t_pipelined_ms)),
+            t_serial_ms: Some(Self::median(&self.t_serial_ms)),
+            cpu_threads: u32::try_from(self.cpu_threads).ok(),
+            error: None,
+        }
+    }
+
+    /// Turns one GPU's measurements into the report's self-test section, the verdict decided
+    /// with the previous published one (hysteresis).
+    pub fn into_report(
+        self,
+        options: &SelfTestOptions,
+        previous: Option<OverlapVerdict>,
+    ) -> SelfTestReport {
+        let eff = self.efficiency();
+        let spread = self.spread();
+        let (t_gpu, t_cpu) = (Self::median(&self.t_gpu_ms), Self::median(&self.t_cpu_ms));
+        let (t_serial, t_pipe) = (
+            Self::median(&self.t_serial_ms),
+            Self::median(&self.t_pipelined_ms),
+        );
         #[allow(clippy::cast_precision_loss)]
         let elems = self.chunk_elems as f64 * f64::from(self.chunks);
         let flop = elems * f64::from(self.kernel_iters) * cuda::FLOP_PER_ELEMENT_ITER;
+        let (verdict, basis) =
+            math::hysteresis(previous, eff, spread, options.threshold, options.margin);
+        let longer = t_gpu.max(t_cpu);
         SelfTestReport {
-            verdict: verdict(eff, options.threshold),
+            verdict,
             threshold: options.threshold,
             efficiency: eff,
             pinned_memory: self.pinned,
             pinned_error: self.pinned_error,
             bandwidth: self.bandwidth,
-            cpu_update_rate: (self.t_cpu_ms > 0.0).then(|| elems / (self.t_cpu_ms / 1e3)),
-            gpu_flops: (self.t_gpu_ms > 0.0).then(|| flop / (self.t_gpu_ms / 1e3)),
-            t_gpu_ms: Some(self.t_gpu_ms),
-            t_cpu_ms: Some(self.t_cpu_ms),
-            t_serial_ms: Some(self.t_serial_ms),
-            t_pipelined_ms: Some(self.t_pipelined_ms),
+            cpu_update_rate: (t_cpu > 0.0).then(|| elems / (t_cpu / 1e3)),
+            gpu_flops: (t_gpu > 0.0).then(|| flop / (t_gpu / 1e3)),
+            t_gpu_ms: Some(t_gpu),
+            t_cpu_ms: Some(t_cpu),
+            t_serial_ms: Some(t_serial),
+            t_pipelined_ms: Some(t_pipe),
             chunks: Some(self.chunks),
             duration_ms: None,
             error: None,
+            runs: u32::try_from(self.t_pipelined_ms.len()).ok(),
+            efficiency_min: spread.map(|s| s.0),
+            efficiency_max: spread.map(|s| s.1),
+            pipelined_over_max: (longer > 0.0 && t_pipe > 0.0).then(|| t_pipe / longer),
+            serial_over_pipelined: (t_pipe > 0.0).then(|| t_serial / t_pipe),
+            verdict_basis: Some(basis),
+            measured_at: Some(jiff::Timestamp::now().to_string()),
+            postponed: None,
+            per_gpu: Vec::new(),
         }
+    }
+}
+
+/// The CPUs this process may run on.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is this thread; the size matches the set.
+    let ok =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if ok != 0 {
+        return (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: reading a bit of an initialised set.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// Splits CPUs into `n` contiguous shares, one per GPU rank (the larger shares first).
+pub fn split_cpus(cpus: &[usize], n: usize) -> Vec<Vec<usize>> {
+    let n = n.max(1);
+    let base = cpus.len() / n;
+    let extra = cpus.len() % n;
+    let mut out = Vec::with_capacity(n);
+    let mut at = 0;
+    for i in 0..n {
+        let take = (base + usize::from(i < extra))
+            .max(1)
+            .min(cpus.len().saturating_sub(at).max(1));
+        let end = (at + take).min(cpus.len());
+        let share = if at < end {
+            cpus[at..end].to_vec()
+        } else {
+            cpus.last().map(|c| vec![*c]).unwrap_or_default()
+        };
+        out.push(share);
+        at = end;
+    }
+    out
+}
+
+/// A thread pool of `cpus.len()` workers, each pinned to those CPUs.
+fn pinned_pool(cpus: &[usize]) -> Result<rayon::ThreadPool, String> {
+    let set = cpus.to_vec();
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(cpus.len().max(1))
+        .start_handler(move |_| {
+            // SAFETY: building a set from CPU numbers and applying it to this thread.
+            unsafe {
+                let mut s: libc::cpu_set_t = std::mem::zeroed();
+                for &c in &set {
+                    libc::CPU_SET(c, &mut s);
+                }
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &s);
+            }
+        })
+        .build()
+        .map_err(|e| format!("CPU thread pool: {e}"))
+}
+
+/// Runs the self-test on every GPU at once. Never panics: a node without CUDA or a GPU gets an
+/// `untested` report with the reason.
+pub fn run(options: &SelfTestOptions, previous: Option<OverlapVerdict>) -> SelfTestReport {
+    let start = Instant::now();
+    let mut report = match cuda::device_count() {
+        Err(e) => SelfTestReport::untested(options.threshold, e.to_string()),
+        Ok(n) => {
+            let shares = split_cpus(&allowed_cpus(), n);
+            let results: Vec<Result<Measurements, String>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = shares
+                    .iter()
+                    .enumerate()
+                    .map(|(device, cpus)| {
+                        scope.spawn(move || {
+                            let pool = pinned_pool(cpus)?;
+                            pool.install(|| cuda::measure(options, device))
+                                .map_err(|e| e.to_string())
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err("the test thread panicked".into()))
+                    })
+                    .collect()
+            });
+            combine(options, previous, results)
+        }
+    };
+    report.duration_ms = Some(start.elapsed().as_secs_f64() * 1e3);
+    report
+}
+
+/// The node's report from each GPU's result: the worst GPU's figures (a GPU that could not be
+/// tested makes the node untested, with the reason).
+fn combine(
+    options: &SelfTestOptions,
+    previous: Option<OverlapVerdict>,
+    results: Vec<Result<Measurements, String>>,
+) -> SelfTestReport {
+    let n = results.len();
+    let mut per_gpu = Vec::with_capacity(n);
+    let mut worst: Option<Measurements> = None;
+    let mut failed = Vec::new();
+    for (i, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(m) => {
+                per_gpu.push(m.gpu_entry());
+                let lower = m.efficiency().unwrap_or(0.0)
+                    < worst
+                        .as_ref()
+                        .and_then(Measurements::efficiency)
+                        .unwrap_or(f64::INFINITY);
+                if worst.is_none() || lower {
+                    worst = Some(m);
+                }
+            }
+            Err(e) => {
+                per_gpu.push(GpuSelfTest {
+                    index: u32::try_from(i).unwrap_or(u32::MAX),
+                    efficiency: None,
+                    t_gpu_ms: None,
+                    t_cpu_ms: None,
+                    t_pipelined_ms: None,
+                    t_serial_ms: None,
+                    cpu_threads: None,
+                    error: Some(e.clone()),
+                });
+                failed.push(format!("GPU {i}: {e}"));
+            }
+        }
+    }
+    let mut report = match (worst, failed.is_empty()) {
+        (Some(m), true) => m.into_report(options, previous),
+        (_, false) => SelfTestReport::untested(options.threshold, failed.join("; ")),
+        (None, true) => SelfTestReport::untested(options.threshold, "no GPU was tested"),
+    };
+    if n > 1 {
+        report.per_gpu = per_gpu;
+    }
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpus_are_shared_out_evenly_and_never_left_empty() {
+        let cpus: Vec<usize> = (0..16).collect();
+        let shares = split_cpus(&cpus, 2);
+        assert_eq!(shares, vec![(0..8).collect::<Vec<_>>(), (8..16).collect()]);
+        let shares = split_cpus(&(0..5).collect::<Vec<_>>(), 2);
+        assert_eq!(shares, vec![vec![0, 1, 2], vec![3, 4]]);
+        // More GPUs than CPUs: every rank still gets a CPU.
+        let shares = split_cpus(&[0, 1], 4);
+        assert!(shares.iter().all(|s| !s.is_empty()), "{shares:?}");
+        assert_eq!(split_cpus(&[0, 1, 2], 1), vec![vec![0, 1, 2]]);
+    }
+
+    fn measured(device: u32, pipelined: &[f64]) -> Measurements {
+        Measurements {
+            device,
+            cpu_threads: 8,
+            pinned: true,
+            chunk_elems: 1 << 20,
+            chunks: 16,
+            kernel_iters: 100,
+            t_gpu_ms: vec![80.0; pipelined.len()],
+            t_cpu_ms: vec![80.0; pipelined.len()],
+            t_serial_ms: vec![170.0; pipelined.len()],
+            t_pipelined_ms: pipelined.to_vec(),
+            ..Measurements::default()
+        }
+    }
+
+    #[test]
+    fn the_node_is_its_worst_gpu_and_reports_each_one() {
+        let opts = SelfTestOptions::default();
+        let report = combine(
+            &opts,
+            None,
+            vec![
+                Ok(measured(0, &[85.0, 86.0, 84.0])),
+                Ok(measured(1, &[120.0, 118.0, 121.0])),
+            ],
+        );
+        assert_eq!(report.per_gpu.len(), 2);
+        // GPU 1: (80 + 80 − 120) / 80 = 0.5 at the median.
+        assert_eq!(report.efficiency, Some(0.5));
+        assert_eq!(report.verdict, OverlapVerdict::Failed);
+        assert_eq!(report.runs, Some(3));
+        assert!(report.pipelined_over_max.unwrap() > 1.4);
+        let broken = combine(
+            &opts,
+            None,
+            vec![Ok(measured(0, &[85.0])), Err("out of memory".into())],
+        );
+        assert_eq!(broken.verdict, OverlapVerdict::Untested);
+        assert!(broken.error.unwrap().contains("GPU 1: out of memory"));
     }
 }

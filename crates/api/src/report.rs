@@ -12,8 +12,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::labels::NodeLabels;
 
-/// Version of the report's JSON schema. Bump on any incompatible change.
-pub const REPORT_SCHEMA_VERSION: u32 = 1;
+/// Version of the report's JSON schema this code writes. Bump on any change; readers accept
+/// every version in [`READABLE_SCHEMA_VERSIONS`].
+pub const REPORT_SCHEMA_VERSION: u32 = 2;
+/// Schema versions this code reads: version 1 is version 2 without the repeated-measurement,
+/// per-GPU and postponement fields.
+pub const READABLE_SCHEMA_VERSIONS: [u32; 2] = [1, 2];
 
 /// How a GPU addresses host memory, as NVML's `nvmlDeviceGetAddressingMode` reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -266,6 +270,66 @@ pub struct SelfTestReport {
     /// Why the test did not run or did not finish.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Timed repetitions the figures are the median of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs: Option<u32>,
+    /// Lowest efficiency of one repetition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub efficiency_min: Option<f64>,
+    /// Highest efficiency of one repetition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub efficiency_max: Option<f64>,
+    /// Pipelined step over `max(t_gpu, t_cpu)`: 1 is perfect overlap; about 1 + 1/chunks is
+    /// what a correct pipeline pays for its fill and drain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipelined_over_max: Option<f64>,
+    /// Serial step over pipelined step: how much overlap saves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial_over_pipelined: Option<f64>,
+    /// Why the verdict is what it is: measured on which side of the threshold, or kept from
+    /// the previous measurement because this one is too close to call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict_basis: Option<String>,
+    /// When the figures were measured (RFC 3339); older than the report when a run was
+    /// postponed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_at: Option<String>,
+    /// Why this round did not measure (GPUs in use by a job), keeping the last figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postponed: Option<String>,
+    /// Each GPU's own result when the GPUs were tested at once, one rank per GPU as a job runs
+    /// (the top-level figures are the node's worst GPU).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_gpu: Vec<GpuSelfTest>,
+}
+
+/// One GPU's self-test when all GPUs of a node are tested at once.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GpuSelfTest {
+    /// NVML index of the GPU.
+    pub index: u32,
+    /// Median efficiency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub efficiency: Option<f64>,
+    /// GPU-only time of the step, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub t_gpu_ms: Option<f64>,
+    /// CPU-only time of the step, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub t_cpu_ms: Option<f64>,
+    /// Pipelined step, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub t_pipelined_ms: Option<f64>,
+    /// Serial step, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub t_serial_ms: Option<f64>,
+    /// CPU threads the GPU's rank used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_threads: Option<u32>,
+    /// Why this GPU's test did not run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 fn yes() -> bool {
@@ -291,6 +355,15 @@ impl SelfTestReport {
             chunks: None,
             duration_ms: None,
             error: Some(why.into()),
+            runs: None,
+            efficiency_min: None,
+            efficiency_max: None,
+            pipelined_over_max: None,
+            serial_over_pipelined: None,
+            verdict_basis: None,
+            measured_at: None,
+            postponed: None,
+            per_gpu: Vec::new(),
         }
     }
 }
@@ -330,7 +403,7 @@ pub enum ReportError {
     Malformed(String),
     /// A schema version this code does not know.
     #[error(
-        "node report has schema version {found}, this operator reads version {REPORT_SCHEMA_VERSION}: upgrade the operator or the agent so they match"
+        "node report has schema version {found}, this operator reads versions {READABLE_SCHEMA_VERSIONS:?}: upgrade the operator or the agent so they match"
     )]
     UnsupportedVersion {
         /// The version found.
@@ -353,7 +426,7 @@ impl NodeReport {
             .get("schemaVersion")
             .and_then(serde_json::Value::as_u64)
         {
-            Some(v) if v == u64::from(REPORT_SCHEMA_VERSION) => {}
+            Some(v) if READABLE_SCHEMA_VERSIONS.iter().any(|r| u64::from(*r) == v) => {}
             Some(found) => return Err(ReportError::UnsupportedVersion { found }),
             None => {
                 return Err(ReportError::Malformed(
@@ -390,6 +463,12 @@ impl NodeReport {
             ));
         }
         let s = &self.selftest;
+        if s.per_gpu.len() > MAX_GPUS {
+            return impossible(format!(
+                "selftest.perGpu lists {} GPUs, more than the {MAX_GPUS} a node can have",
+                s.per_gpu.len()
+            ));
+        }
         let unit = |name: &str, v: f64| -> Result<(), ReportError> {
             if (0.0..=1.0).contains(&v) {
                 Ok(())
@@ -400,8 +479,19 @@ impl NodeReport {
             }
         };
         unit("threshold", s.threshold)?;
-        if let Some(e) = s.efficiency {
-            unit("efficiency", e)?;
+        for (name, value) in [
+            ("efficiency", s.efficiency),
+            ("efficiencyMin", s.efficiency_min),
+            ("efficiencyMax", s.efficiency_max),
+        ] {
+            if let Some(e) = value {
+                unit(name, e)?;
+            }
+        }
+        for gpu in &s.per_gpu {
+            if let Some(e) = gpu.efficiency {
+                unit("perGpu[].efficiency", e)?;
+            }
         }
         if s.verdict != OverlapVerdict::Untested && s.efficiency.is_none() {
             return impossible(format!(
@@ -417,6 +507,8 @@ impl NodeReport {
             ("tSerialMs", s.t_serial_ms),
             ("tPipelinedMs", s.t_pipelined_ms),
             ("durationMs", s.duration_ms),
+            ("pipelinedOverMax", s.pipelined_over_max),
+            ("serialOverPipelined", s.serial_over_pipelined),
             ("bandwidth.h2dPinned", s.bandwidth.h2d_pinned),
             ("bandwidth.d2hPinned", s.bandwidth.d2h_pinned),
             ("bandwidth.h2dPageable", s.bandwidth.h2d_pageable),
@@ -456,9 +548,18 @@ impl NodeReport {
         }
     }
 
-    /// The labels the agent publishes for this report.
+    /// The labels the agent publishes for this report. A node without a GPU, or whose NVML
+    /// could not be read, gets no memory-model labels at all (not `uma=false`, which would
+    /// make it match a discrete node's affinity); only `offload.dev/overlap: untested` says the
+    /// agent runs there.
     pub fn labels(&self) -> BTreeMap<String, String> {
-        NodeLabels::from_report(self).to_map()
+        match self.memory_model {
+            NodeMemoryModel::Unknown | NodeMemoryModel::NoGpu => BTreeMap::from([(
+                crate::names::LABEL_OVERLAP.to_string(),
+                self.selftest.verdict.label_value().to_string(),
+            )]),
+            _ => NodeLabels::from_report(self).to_map(),
+        }
     }
 }
 

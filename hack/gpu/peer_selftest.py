@@ -1,0 +1,152 @@
+"""PyTorch peer of the agent's overlap self-test: exactly its shape and schedule, so the two
+efficiencies can be compared side by side.
+
+Shape: K chunks of E fp32 elements; per chunk, GPU work of about the CPU update's time (a spin
+kernel, like the agent's compute-bound one, calibrated here) and a CPU Adam update of the chunk.
+Schedule, as the agent's `pipelined`: every chunk's kernel on the compute stream, its gradient
+copied to pinned host memory on a D2H stream as soon as the kernel ends (event), the host
+updating chunk i as soon as its copy lands while the GPU works on later chunks, the parameters
+copied back on an H2D stream; one synchronise at the end. `serial` computes everything, then
+copies everything out, updates, copies back.
+
+Usage: python3 peer_selftest.py --chunks K --elems E [--repeats N] [--device I]
+Prints one JSON object: t_gpu, t_cpu, t_serial, t_pipelined (medians, ms), efficiency
+(the agent's formula) per repetition and median.
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+
+def efficiency(t_gpu, t_cpu, t_pipe):
+    shorter = min(t_gpu, t_cpu)
+    if shorter <= 0 or t_pipe <= 0:
+        return None
+    return max(0.0, min(1.0, (t_gpu + t_cpu - t_pipe) / shorter))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--chunks", type=int, required=True)
+    ap.add_argument("--elems", type=int, required=True)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", type=int, default=0)
+    a = ap.parse_args()
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    dev = torch.device("cuda", a.device)
+    torch.cuda.set_device(dev)
+    K, E = a.chunks, a.elems
+    d_grads = torch.zeros(K * E, device=dev)
+    d_params = torch.zeros(K * E, device=dev)
+    h_grads = torch.zeros(K * E, pin_memory=True)
+    h_params = torch.zeros(K * E, pin_memory=True)
+    m = torch.zeros(K * E)
+    v = torch.zeros(K * E)
+    compute, d2h, h2d = (torch.cuda.Stream(dev) for _ in range(3))
+    b1, b2, lr, eps = 0.9, 0.999, 1e-4, 1e-8
+
+    def chunk(t, i):
+        return t[i * E:(i + 1) * E]
+
+    def cpu_update(i):
+        g, p, mi, vi = chunk(h_grads, i), chunk(h_params, i), chunk(m, i), chunk(v, i)
+        mi.mul_(b1).add_(g, alpha=1 - b1)
+        vi.mul_(b2).addcmul_(g, g, value=1 - b2)
+        p.addcdiv_(mi, vi.sqrt().add_(eps), value=-lr / (1 - b1))
+
+    def cpu_only():
+        t = time.perf_counter()
+        for i in range(K):
+            cpu_update(i)
+        return (time.perf_counter() - t) * 1e3
+
+    # Calibrate the spin kernel so one chunk of GPU work takes what one chunk of CPU work does.
+    cpu_only()
+    per_chunk_ms = cpu_only() / K
+    probe = 1_000_000
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(compute):
+        s.record()
+        torch.cuda._sleep(probe)
+        e.record()
+    e.synchronize()
+    cycles = int(probe * per_chunk_ms / s.elapsed_time(e))
+
+    def gpu_only():
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(compute):
+            s.record()
+            for _ in range(K):
+                torch.cuda._sleep(cycles)
+            e.record()
+        e.synchronize()
+        return s.elapsed_time(e)
+
+    def serial():
+        t = time.perf_counter()
+        with torch.cuda.stream(compute):
+            for _ in range(K):
+                torch.cuda._sleep(cycles)
+        compute.synchronize()
+        with torch.cuda.stream(d2h):
+            for i in range(K):
+                chunk(h_grads, i).copy_(chunk(d_grads, i), non_blocking=True)
+        d2h.synchronize()
+        for i in range(K):
+            cpu_update(i)
+        with torch.cuda.stream(h2d):
+            for i in range(K):
+                chunk(d_params, i).copy_(chunk(h_params, i), non_blocking=True)
+        h2d.synchronize()
+        return (time.perf_counter() - t) * 1e3
+
+    def pipelined():
+        done = [torch.cuda.Event() for _ in range(K)]
+        copied = [torch.cuda.Event() for _ in range(K)]
+        t = time.perf_counter()
+        for i in range(K):
+            with torch.cuda.stream(compute):
+                torch.cuda._sleep(cycles)
+                done[i].record()
+            d2h.wait_event(done[i])
+            with torch.cuda.stream(d2h):
+                chunk(h_grads, i).copy_(chunk(d_grads, i), non_blocking=True)
+                copied[i].record()
+        for i in range(K):
+            copied[i].synchronize()
+            cpu_update(i)
+            with torch.cuda.stream(h2d):
+                chunk(d_params, i).copy_(chunk(h_params, i), non_blocking=True)
+        h2d.synchronize()
+        compute.synchronize()
+        return (time.perf_counter() - t) * 1e3
+
+    serial()
+    runs = []
+    for _ in range(a.repeats):
+        runs.append((gpu_only(), cpu_only(), serial(), pipelined()))
+    effs = [efficiency(g, c, p) for g, c, _, p in runs]
+    med = lambda k: statistics.median(r[k] for r in runs)
+    out = {
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(dev),
+        "threads": torch.get_num_threads(),
+        "chunks": K,
+        "elems": E,
+        "tGpuMs": med(0),
+        "tCpuMs": med(1),
+        "tSerialMs": med(2),
+        "tPipelinedMs": med(3),
+        "efficiencies": effs,
+        "efficiency": statistics.median([x for x in effs if x is not None]),
+    }
+    out["pipelinedOverMax"] = out["tPipelinedMs"] / max(out["tGpuMs"], out["tCpuMs"])
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
