@@ -3,15 +3,31 @@
 # kube-scheduler, kubectl, etcd, helm, kwok) from their Go modules and caches them outside the
 # clone, keyed by version, so that later runs and CI on the same machine reuse them.
 #
-# Usage: hack/k8s/build.sh            # builds what is missing, prints the bin directory last
-#        hack/k8s/build.sh --print-dir  # prints the bin directory without building
+# Usage: hack/k8s/build.sh                  # builds what is missing, prints the bin directory last
+#        hack/k8s/build.sh --print-dir        # prints the bin directory without building
+#        hack/k8s/build.sh node               # the real node's binaries (kubelet, kube-proxy,
+#                                             # containerd, its shim, ctr, CNI plugins)
+#        hack/k8s/build.sh node --print-dir
+#        hack/k8s/build.sh jobkinds           # upstream CRDs and examples of JobSet, Kubeflow
+#                                             # Trainer and the Training Operator (no build)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/versions.env"
 
 cache_root=${OFFLOAD_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/offload-operator}
-bin_dir="$cache_root/k8s-v${KUBE_VERSION}-etcd-v${ETCD_VERSION}-helm-v${HELM_VERSION}-kwok-v${KWOK_VERSION}/bin"
+what=control-plane
+if [[ "${1:-}" == "node" || "${1:-}" == "jobkinds" ]]; then
+  what=$1
+  shift
+fi
+if [[ $what == jobkinds ]]; then
+  bin_dir="$cache_root/jobkinds-jobset-v${JOBSET_VERSION}-trainer-v${TRAINER_VERSION}-v${TRAINER_OLD_VERSION}-training-operator-v${TRAINING_OPERATOR_VERSION}"
+elif [[ $what == node ]]; then
+  bin_dir="$cache_root/node-k8s-v${KUBE_VERSION}-containerd-v${CONTAINERD_VERSION}-cni-v${CNI_PLUGINS_VERSION}/bin"
+else
+  bin_dir="$cache_root/k8s-v${KUBE_VERSION}-etcd-v${ETCD_VERSION}-helm-v${HELM_VERSION}-kwok-v${KWOK_VERSION}/bin"
+fi
 
 if [[ "${1:-}" == "--print-dir" ]]; then
   echo "$bin_dir"
@@ -39,7 +55,7 @@ build() {
     return
   fi
   log "$name: building $pkg (first build takes several minutes on 2 cores)..."
-  local start=$SECONDS tmp="$bin_dir/.$name.tmp"
+  local start=$SECONDS tmp="$bin_dir/$name.tmp"
   (cd "$here/$dir" && go build -ldflags "-s -w $ldflags" -o "$tmp" "$pkg") &
   local pid=$!
   # Print a heartbeat so a long first build never waits silently.
@@ -62,6 +78,76 @@ kube_ldflags="-X k8s.io/component-base/version.gitVersion=v${KUBE_VERSION}
  -X k8s.io/client-go/pkg/version.gitMajor=${KUBE_VERSION%%.*}
  -X k8s.io/client-go/pkg/version.gitMinor=$(echo "$KUBE_VERSION" | cut -d. -f2)"
 kube_ldflags=$(echo $kube_ldflags)
+
+if [[ $what == jobkinds ]]; then
+  if [[ -f "$bin_dir/.complete" ]]; then
+    log "job kinds: cached"
+    echo "$bin_dir"
+    exit 0
+  fi
+  # The manifests ship in the projects' Go modules; `go mod download` fetches each pinned
+  # version through the module proxy and checks it against the checksum database.
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  (cd "$work" && go mod init offload.dev/jobkinds >/dev/null 2>&1)
+  moddir() {
+    (cd "$work" && GOFLAGS= go mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  }
+  log "job kinds: downloading JobSet v$JOBSET_VERSION, Trainer v$TRAINER_VERSION and v$TRAINER_OLD_VERSION, Training Operator v$TRAINING_OPERATOR_VERSION"
+  jobset=$(moddir "sigs.k8s.io/jobset@v$JOBSET_VERSION")
+  trainer=$(moddir "github.com/kubeflow/trainer/v2@v$TRAINER_VERSION")
+  trainer_old=$(moddir "github.com/kubeflow/trainer/v2@v$TRAINER_OLD_VERSION")
+  to=$(moddir "github.com/kubeflow/training-operator@v$TRAINING_OPERATOR_VERSION")
+  for d in "$jobset" "$trainer" "$trainer_old" "$to"; do
+    [[ -n "$d" && -d "$d" ]] || { echo "error: a job-kind module did not download" >&2; exit 1; }
+  done
+  out="$bin_dir.tmp"
+  rm -rf "$out"
+  mkdir -p "$out"/{jobset,trainer,trainer-old,training-operator}
+  cp "$jobset/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml" "$out/jobset/"
+  cp "$trainer"/manifests/base/crds/trainer.kubeflow.org_*.yaml "$out/trainer/"
+  cp "$trainer/manifests/base/runtimes/torch_distributed.yaml" "$out/trainer/"
+  cp "$trainer"/examples/yaml/0[12]-*.yaml "$out/trainer/"
+  cp "$trainer_old"/manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml "$out/trainer-old/"
+  cp "$to/manifests/base/crds/kubeflow.org_pytorchjobs.yaml" "$out/training-operator/"
+  cp "$to/examples/pytorch/simple.yaml" "$out/training-operator/"
+  chmod -R u+w "$out"
+  touch "$out/.complete"
+  rm -rf "$bin_dir"
+  mv "$out" "$bin_dir"
+  log "job kinds: $(cd "$bin_dir" && find . -name '*.yaml' | sort | tr '\n' ' ')"
+  echo "$bin_dir"
+  exit 0
+fi
+
+if [[ $what == node ]]; then
+  # The node's runtime pieces from Debian: runc (containerd's OCI runtime), iptables and
+  # conntrack (kube-proxy, CNI portmap), iproute2 (the node's interfaces).
+  missing=()
+  for pkg in runc iptables conntrack iproute2; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  if [[ ${#missing[@]} -gt 0 ]]; then
+    if [[ $(id -u) -ne 0 ]]; then
+      echo "error: the real node needs Debian packages ${missing[*]} (apt-get install ${missing[*]}) and root" >&2
+      exit 1
+    fi
+    log "installing ${missing[*]} (Debian)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
+  fi
+  build kubelet kube k8s.io/kubernetes/cmd/kubelet "$kube_ldflags"
+  build kube-proxy kube k8s.io/kubernetes/cmd/kube-proxy "$kube_ldflags"
+  ctr_ldflags="-X github.com/containerd/containerd/v2/version.Version=v${CONTAINERD_VERSION}"
+  build containerd containerd github.com/containerd/containerd/v2/cmd/containerd "$ctr_ldflags"
+  build containerd-shim-runc-v2 containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 "$ctr_ldflags"
+  build ctr containerd github.com/containerd/containerd/v2/cmd/ctr "$ctr_ldflags"
+  mkdir -p "$bin_dir/cni"
+  for plugin in ipam/host-local main/bridge main/loopback meta/portmap; do
+    build "cni/$(basename "$plugin")" cni "github.com/containernetworking/plugins/plugins/$plugin"
+  done
+  echo "$bin_dir"
+  exit 0
+fi
 
 build etcd etcd go.etcd.io/etcd/server/v3
 build kube-apiserver kube k8s.io/kubernetes/cmd/kube-apiserver "$kube_ldflags"

@@ -1,5 +1,6 @@
 //! The test environment of offload-operator: never part of a release binary.
 //!
+//! - [`deploy`]: the chart installed with the images built here, on a cluster with a real node;
 //! - [`devcluster`]: a local Kubernetes control plane made of the real upstream binaries
 //!   (etcd, kube-apiserver, controller-manager, scheduler, kwok), built from their Go modules;
 //! - [`pki`]: the certificates it runs on (admin client certificate, service-account keys);
@@ -8,6 +9,7 @@
 //!   test, waits on conditions, kwok nodes, the operator in process).
 #![deny(missing_docs)]
 
+pub mod deploy;
 pub mod devcluster;
 pub mod fixtures;
 pub mod pki;

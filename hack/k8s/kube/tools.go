@@ -1,11 +1,14 @@
 //go:build tools
 
-// Package tools pins the commands this module builds.
+// Package tools pins the commands this module builds: the control plane, and the kubelet and
+// kube-proxy of the local real node.
 package tools
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )

@@ -1,0 +1,720 @@
+//! A real node beside kwok's simulated ones: containerd 2.x with runc and the CNI plugins
+//! (bridge, host-local, loopback, portmap), the kubelet and kube-proxy — all built from their
+//! pinned Go modules except runc, which comes from Debian — running this project's images.
+//!
+//! Everything the node makes stays inside this machine: the node's address is a second address
+//! of the loopback interface, pods live on a local bridge, Services in kube-proxy's iptables
+//! rules. The kubelet's
+//! cgroups (and containerd's shims) live under one cgroup root of their own, so stopping the
+//! node finds and ends every process it started, even after a crash of the test that started
+//! it: what a node leaves behind is recorded in [`STATE_DIR`] and cleaned up by the next start.
+//! One real node runs on a machine at a time (an exclusive lock on [`STATE_DIR`]).
+
+use std::fs;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::{DevClusterError, io_err};
+
+/// The node's address (a second address of `lo`, local to this machine and reachable from the
+/// pods' bridge): the API server listens and advertises here, so pods reach it through the
+/// `kubernetes` Service.
+pub const NODE_IP: &str = "10.254.0.1";
+/// Pod addresses of the real node (kwok's simulated pods use 10.244.0.0/16).
+pub const POD_CIDR: &str = "10.88.0.0/24";
+/// Where the lock and the record of the running node live.
+pub const STATE_DIR: &str = "/run/offload-devcluster";
+const BRIDGE: &str = "offload-br0";
+/// cgroup v1 hierarchies the node's processes are created in (and cleaned from).
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// What a node leaves on the machine, recorded so a later start can remove it after a crash.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Footprint {
+    /// The node's working directory (mounts under it are removed).
+    pub dir: PathBuf,
+    /// The cgroup (in every hierarchy) the kubelet's pods and containerd's shims live under.
+    pub cgroup: String,
+    /// The kube-proxy binary, to clean its iptables rules.
+    pub kube_proxy: PathBuf,
+}
+
+/// The lock held for as long as a real node exists on this machine.
+pub(crate) struct NodeLock {
+    file: fs::File,
+}
+
+impl NodeLock {
+    /// Takes the machine's node lock, waiting up to `timeout` for another node to stop.
+    pub(crate) fn acquire(timeout: Duration) -> Result<NodeLock, DevClusterError> {
+        fs::create_dir_all(STATE_DIR).map_err(io_err(format!("creating {STATE_DIR}")))?;
+        let path = Path::new(STATE_DIR).join("node.lock");
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io_err(format!("opening {}", path.display())))?;
+        let start = Instant::now();
+        loop {
+            // SAFETY: flock on a file descriptor we own.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Ok(NodeLock { file });
+            }
+            if start.elapsed() > timeout {
+                return Err(DevClusterError::Node(format!(
+                    "another real node holds {} for more than {timeout:?}",
+                    path.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for NodeLock {
+    fn drop(&mut self) {
+        // SAFETY: unlocking our own descriptor; closing it would release the lock anyway.
+        unsafe {
+            libc::flock(self.file.as_raw_fd(), libc::LOCK_UN);
+        }
+    }
+}
+
+fn footprint_file() -> PathBuf {
+    Path::new(STATE_DIR).join("node.json")
+}
+
+/// Runs a command that must succeed; its output is in the error.
+pub(crate) fn run(cmd: &mut Command, what: &str) -> Result<String, DevClusterError> {
+    let out = cmd.output().map_err(io_err(format!("running {what}")))?;
+    if !out.status.success() {
+        return Err(DevClusterError::Node(format!(
+            "{what} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Checks what the node needs from the machine, with a message that says what to install.
+pub(crate) fn check_machine() -> Result<(), DevClusterError> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(DevClusterError::Node(
+            "a real node needs root (namespaces, mounts, cgroups, iptables); the demo runs without one with --out-of-cluster".into(),
+        ));
+    }
+    for (tool, package) in [
+        ("runc", "runc"),
+        ("iptables", "iptables"),
+        ("ip", "iproute2"),
+    ] {
+        if !Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            return Err(DevClusterError::Node(format!(
+                "{tool} is not installed: apt-get install {package}"
+            )));
+        }
+    }
+    if !Path::new(CGROUP_ROOT).join("pids").is_dir() {
+        return Err(DevClusterError::Node(format!(
+            "no cgroup v1 pids hierarchy under {CGROUP_ROOT}"
+        )));
+    }
+    Ok(())
+}
+
+/// Sets up the node's address. Called before the API server starts, which listens on it.
+pub(crate) fn create_node_address() -> Result<(), DevClusterError> {
+    remove_node_address();
+    run(
+        Command::new("ip").args(["addr", "add", &format!("{NODE_IP}/32"), "dev", "lo"]),
+        "adding the node's address to lo",
+    )?;
+    Ok(())
+}
+
+fn remove_node_address() {
+    let _ = Command::new("ip")
+        .args(["addr", "del", &format!("{NODE_IP}/32"), "dev", "lo"])
+        .output();
+}
+
+/// The cgroup v1 hierarchies mounted here (`cpu`, `memory`, `pids`, …, and `systemd`).
+fn hierarchies() -> Vec<PathBuf> {
+    fs::read_dir(CGROUP_ROOT)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.join("cgroup.procs").exists())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Creates the node's cgroup in every hierarchy (the kubelet requires its cgroup root to exist;
+/// a new cpuset cgroup needs its CPUs and memory nodes before it can hold a process).
+pub(crate) fn create_cgroup(name: &str) -> Result<(), DevClusterError> {
+    for hierarchy in hierarchies() {
+        let dir = hierarchy.join(name);
+        fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        if hierarchy.ends_with("cpuset") {
+            for file in ["cpuset.cpus", "cpuset.mems"] {
+                let parent = fs::read_to_string(hierarchy.join(file))
+                    .map_err(io_err(format!("reading the root {file}")))?;
+                fs::write(dir.join(file), parent.trim())
+                    .map_err(io_err(format!("writing {}", dir.join(file).display())))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Moves a process into the node's `runtime` cgroup in the pids hierarchy, so its children
+/// (containerd's shims) are found by [`clean_up`].
+pub(crate) fn adopt(cgroup: &str, pid: u32) -> Result<(), DevClusterError> {
+    let dir = Path::new(CGROUP_ROOT)
+        .join("pids")
+        .join(cgroup)
+        .join("runtime");
+    fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
+    fs::write(dir.join("cgroup.procs"), pid.to_string())
+        .map_err(io_err(format!("moving pid {pid} into {}", dir.display())))
+}
+
+/// Records what a node is about to leave on the machine.
+pub(crate) fn record(footprint: &Footprint) -> Result<(), DevClusterError> {
+    let text =
+        serde_json::to_string(footprint).map_err(|e| DevClusterError::Node(e.to_string()))?;
+    fs::write(footprint_file(), text).map_err(io_err("recording the node's footprint"))
+}
+
+/// Removes what a node left behind according to the record, if there is one (a crashed run).
+pub(crate) fn clean_up_recorded() {
+    let Ok(text) = fs::read_to_string(footprint_file()) else {
+        return;
+    };
+    if let Ok(footprint) = serde_json::from_str::<Footprint>(&text) {
+        eprintln!(
+            "removing what an earlier real node left behind ({})",
+            footprint.dir.display()
+        );
+        clean_up(&footprint);
+    }
+}
+
+/// Every process in a cgroup and its descendants (pids hierarchy).
+fn processes_under(cgroup: &Path) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut stack = vec![cgroup.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        if let Ok(text) = fs::read_to_string(dir.join("cgroup.procs")) {
+            out.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+        }
+        if let Ok(entries) = fs::read_dir(&dir) {
+            stack.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+        }
+    }
+    out
+}
+
+/// Removes a cgroup tree, deepest first.
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for child in entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()) {
+            remove_cgroup_tree(&child);
+        }
+    }
+    let _ = fs::remove_dir(dir);
+}
+
+/// Mount points under `dir`, deepest first.
+fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let Ok(text) = fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut mounts: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4))
+        // mountinfo escapes spaces and the like as octal; our paths have none.
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    mounts.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    mounts
+}
+
+/// Ends every process the node started, unmounts what it mounted, removes its cgroups, its
+/// network devices and kube-proxy's rules, and forgets the record.
+pub(crate) fn clean_up(footprint: &Footprint) {
+    let pids_root = Path::new(CGROUP_ROOT).join("pids").join(&footprint.cgroup);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let pids = processes_under(&pids_root);
+        if pids.is_empty() || Instant::now() > deadline {
+            break;
+        }
+        for pid in pids {
+            // SAFETY: signalling a process of the node's own cgroup.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for mount in mounts_under(&footprint.dir) {
+        let Ok(c) = std::ffi::CString::new(mount.as_os_str().as_encoded_bytes()) else {
+            continue;
+        };
+        // SAFETY: a NUL-terminated path; a lazy unmount of our own mount point.
+        unsafe {
+            libc::umount2(c.as_ptr(), libc::MNT_DETACH);
+        }
+    }
+    for hierarchy in hierarchies() {
+        remove_cgroup_tree(&hierarchy.join(&footprint.cgroup));
+    }
+    if footprint.kube_proxy.is_file() {
+        let _ = Command::new(&footprint.kube_proxy)
+            .args(["--cleanup", "--v=0"])
+            .output();
+    }
+    let _ = Command::new("ip").args(["link", "del", BRIDGE]).output();
+    remove_node_address();
+    let _ = fs::remove_file(footprint_file());
+}
+
+/// containerd's configuration (version 3, containerd 2.x): everything under `dir`, the CRI
+/// plugin with the pinned sandbox image, runc (and the same runc under the handler name
+/// `nvidia`, as the NVIDIA container toolkit registers it on GPU nodes), the CNI plugins.
+pub(crate) fn containerd_config(
+    dir: &Path,
+    bin_dir: &Path,
+    runc: &str,
+    sandbox_image: &str,
+) -> String {
+    let d = |p: &str| dir.join(p).display().to_string();
+    let runtime = |name: &str| {
+        format!(
+            "
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{name}]
+        runtime_type = 'io.containerd.runc.v2'
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{name}.options]
+          BinaryName = '{runc}'
+          Root = '{root}'
+          SystemdCgroup = false",
+            root = d("containerd/state/runc"),
+        )
+    };
+    format!(
+        "version = 3
+root = '{root}'
+state = '{state}'
+temp = '{tmp}'
+
+[grpc]
+  address = '{sock}'
+
+[ttrpc]
+  address = '{sock}.ttrpc'
+
+[debug]
+  level = 'warn'
+
+[plugins]
+  [plugins.'io.containerd.internal.v1.opt']
+    path = '{opt}'
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = 'overlayfs'
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = '{sandbox_image}'
+  [plugins.'io.containerd.cri.v1.runtime']
+    enable_selinux = false
+    disable_apparmor = true
+    # This machine's root cannot lower a process's OOM score (no CAP_SYS_RESOURCE); keep
+    # containers' scores at or above containerd's own, as kind does.
+    restrict_oom_score_adj = true
+    tolerate_missing_hugetlb_controller = true
+    disable_hugetlb_controller = true
+    netns_mounts_under_state_dir = true
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = 'runc'
+{runc_runtime}
+{nvidia_runtime}
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dirs = ['{cni_bin}']
+      conf_dir = '{cni_conf}'
+",
+        root = d("containerd/root"),
+        state = d("containerd/state"),
+        tmp = d("containerd/tmp"),
+        sock = containerd_socket(dir).display(),
+        opt = d("containerd/opt"),
+        runc_runtime = runtime("runc"),
+        nvidia_runtime = runtime("nvidia"),
+        cni_bin = bin_dir.join("cni").display(),
+        cni_conf = d("cni/net.d"),
+    )
+}
+
+/// containerd's socket.
+pub(crate) fn containerd_socket(dir: &Path) -> PathBuf {
+    dir.join("containerd/containerd.sock")
+}
+
+/// The CNI configuration: one bridge on this machine with host-local addresses from
+/// [`POD_CIDR`], and portmap for host ports.
+pub(crate) fn cni_config(dir: &Path) -> String {
+    serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "offload-node",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": true,
+                "ipMasq": false,
+                "hairpinMode": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": POD_CIDR}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": dir.join("cni/ipam").display().to_string()
+                }
+            },
+            {"type": "portmap", "capabilities": {"portMappings": true}}
+        ]
+    })
+    .to_string()
+}
+
+/// The kubelet's configuration.
+pub(crate) struct KubeletSettings<'a> {
+    pub dir: &'a Path,
+    pub cgroup: &'a str,
+    pub port: u16,
+    pub healthz_port: u16,
+    pub client_ca: &'a Path,
+}
+
+pub(crate) fn kubelet_config(s: &KubeletSettings) -> String {
+    serde_json::json!({
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        // This machine mounts cgroup v1; kubelet 1.35+ refuses it unless told.
+        "failCgroupV1": false,
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": format!("/{}", s.cgroup),
+        "containerRuntimeEndpoint": format!("unix://{}", containerd_socket(s.dir).display()),
+        "address": NODE_IP,
+        "port": s.port,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": s.healthz_port,
+        "authentication": {
+            "anonymous": {"enabled": false},
+            "webhook": {"enabled": false},
+            "x509": {"clientCAFile": s.client_ca.display().to_string()}
+        },
+        "authorization": {"mode": "AlwaysAllow"},
+        "failSwapOn": false,
+        "resolvConf": s.dir.join("resolv.conf").display().to_string(),
+        "podLogsDir": s.dir.join("pod-logs").display().to_string(),
+        "serializeImagePulls": false,
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        "rotateCertificates": false,
+        "registerNode": true,
+        "maxPods": 30,
+        "nodeStatusUpdateFrequency": "5s"
+    })
+    .to_string()
+}
+
+/// kube-proxy's configuration: iptables mode, touching only this node's addresses and no
+/// sysctl it does not need.
+pub(crate) fn kube_proxy_config(
+    kubeconfig: &Path,
+    node: &str,
+    healthz_port: u16,
+    metrics_port: u16,
+) -> String {
+    serde_json::json!({
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "mode": "iptables",
+        "clientConnection": {"kubeconfig": kubeconfig.display().to_string()},
+        "hostnameOverride": node,
+        "clusterCIDR": POD_CIDR,
+        "healthzBindAddress": format!("127.0.0.1:{healthz_port}"),
+        "metricsBindAddress": format!("127.0.0.1:{metrics_port}"),
+        "nodePortAddresses": [format!("{NODE_IP}/32")],
+        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+        "iptables": {"localhostNodePorts": false, "minSyncPeriod": "0s", "syncPeriod": "30s"}
+    })
+    .to_string()
+}
+
+/// Waits until containerd answers on its socket.
+pub(crate) fn wait_for_socket(path: &Path, timeout: Duration) -> Result<(), DevClusterError> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(DevClusterError::Node(format!(
+        "containerd did not open {} within {timeout:?}",
+        path.display()
+    )))
+}
+
+/// Makes the node's directories.
+pub(crate) fn make_dirs(dir: &Path) -> io::Result<()> {
+    for sub in [
+        "containerd/root",
+        "containerd/state",
+        "containerd/tmp",
+        "containerd/opt",
+        "cni/net.d",
+        "cni/ipam",
+        "kubelet",
+        "kubelet-certs",
+        "pod-logs",
+    ] {
+        fs::create_dir_all(dir.join(sub))?;
+    }
+    fs::write(dir.join("resolv.conf"), "")?;
+    Ok(())
+}
+
+/// The archives `hack/images.sh` writes, and the references they carry.
+pub mod images {
+    use std::path::PathBuf;
+
+    use crate::devcluster::repo_root;
+
+    /// The tag `hack/images.sh` gives by default: the workspace version.
+    pub const TAG: &str = env!("CARGO_PKG_VERSION");
+
+    /// `target/images/<name>.tar`.
+    pub fn archive(name: &str) -> PathBuf {
+        repo_root()
+            .join("target/images")
+            .join(format!("{name}.tar"))
+    }
+
+    /// `localhost/<name>:<TAG>`.
+    pub fn reference(name: &str) -> String {
+        format!("localhost/{name}:{TAG}")
+    }
+
+    /// The images the real node imports at start, the sandbox image first.
+    pub const ALL: [&str; 3] = ["offload-pause", "offload-agent", "offload-operator"];
+}
+
+impl super::DevCluster {
+    /// Starts containerd, imports the images, and starts the kubelet and kube-proxy; returns
+    /// once the node is Ready.
+    pub(super) async fn start_real_node(&mut self) -> Result<(), DevClusterError> {
+        use super::{YEAR, pki};
+        let Some(node) = self.node.as_ref() else {
+            return Ok(());
+        };
+        let dir = node.footprint.dir.clone();
+        let cgroup = node.footprint.cgroup.clone();
+        let bins = node.bin_dir.clone();
+        for name in images::ALL {
+            if !images::archive(name).is_file() {
+                return Err(DevClusterError::Node(format!(
+                    "{} is missing: build the images first (hack/images.sh)",
+                    images::archive(name).display()
+                )));
+            }
+        }
+        make_dirs(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        create_cgroup(&cgroup)?;
+        let runc = run(
+            Command::new("sh").args(["-c", "command -v runc"]),
+            "finding runc",
+        )?
+        .trim()
+        .to_string();
+
+        // containerd, in the node's cgroup so that its shims are found at clean-up.
+        let config = dir.join("containerd/config.toml");
+        fs::write(
+            &config,
+            containerd_config(&dir, &bins, &runc, &images::reference("offload-pause")),
+        )
+        .map_err(io_err("writing containerd's configuration"))?;
+        fs::write(dir.join("cni/net.d/10-offload.conflist"), cni_config(&dir))
+            .map_err(io_err("writing the CNI configuration"))?;
+        let path = std::env::var("PATH").unwrap_or_default();
+        self.launch_node(
+            "containerd",
+            &bins.join("containerd"),
+            &[format!("--config={}", config.display())],
+            // containerd finds its shim on PATH.
+            &[("PATH", format!("{}:{path}", bins.display()))],
+        )?;
+        if let Some(p) = self.procs.last() {
+            adopt(&cgroup, p.child.id())?;
+        }
+        let socket = containerd_socket(&dir);
+        wait_for_socket(&socket, Duration::from_secs(30))?;
+        for name in images::ALL {
+            run(
+                Command::new(bins.join("ctr"))
+                    .arg("--address")
+                    .arg(&socket)
+                    .args(["--namespace", "k8s.io", "images", "import", "--local"])
+                    .arg(images::archive(name)),
+                &format!("importing {name} into containerd"),
+            )?;
+        }
+
+        // The kubelet: a client certificate for system:node:<name> (the Node authorizer and
+        // NodeRestriction apply to it), its configuration, and its own directories.
+        let node_name = super::REAL_NODE;
+        let kubelet_cert = pki::issue_client(
+            &self.ca,
+            &format!("system:node:{node_name}"),
+            &["system:nodes"],
+            YEAR,
+        )?;
+        let kubelet_kc = self.write_kubeconfig(
+            "kubelet.kubeconfig",
+            &format!("system:node:{node_name}"),
+            &kubelet_cert,
+        )?;
+        let ca_file = self.root.join("ca.crt");
+        let kubelet_config_file = dir.join("kubelet-config.json");
+        fs::write(
+            &kubelet_config_file,
+            kubelet_config(&KubeletSettings {
+                dir: &dir,
+                cgroup: &cgroup,
+                port: super::free_port()?,
+                healthz_port: super::free_port()?,
+                client_ca: &ca_file,
+            }),
+        )
+        .map_err(io_err("writing the kubelet's configuration"))?;
+        self.launch_node(
+            "kubelet",
+            &bins.join("kubelet"),
+            &[
+                format!("--config={}", kubelet_config_file.display()),
+                format!("--kubeconfig={}", kubelet_kc.display()),
+                format!("--root-dir={}", dir.join("kubelet").display()),
+                format!("--cert-dir={}", dir.join("kubelet-certs").display()),
+                format!("--hostname-override={node_name}"),
+                format!("--node-ip={NODE_IP}"),
+                "--v=1".to_string(),
+            ],
+            &[],
+        )?;
+
+        // kube-proxy, as system:kube-proxy (bound to system:node-proxier by default).
+        let proxy_cert = pki::issue_client(&self.ca, "system:kube-proxy", &[], YEAR)?;
+        let proxy_kc =
+            self.write_kubeconfig("kube-proxy.kubeconfig", "system:kube-proxy", &proxy_cert)?;
+        let proxy_config = dir.join("kube-proxy-config.json");
+        fs::write(
+            &proxy_config,
+            kube_proxy_config(
+                &proxy_kc,
+                node_name,
+                super::free_port()?,
+                super::free_port()?,
+            ),
+        )
+        .map_err(io_err("writing kube-proxy's configuration"))?;
+        self.launch_node(
+            "kube-proxy",
+            &bins.join("kube-proxy"),
+            &[
+                format!("--config={}", proxy_config.display()),
+                "--v=1".to_string(),
+            ],
+            &[],
+        )?;
+        self.wait_node_ready(node_name, Duration::from_secs(120))
+            .await
+    }
+
+    /// A `ctr` command bound to the real node's containerd, namespace `k8s.io` (the kubelet's).
+    pub fn ctr(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(
+            self.node
+                .as_ref()
+                .map_or_else(PathBuf::new, |n| n.bin_dir.join("ctr")),
+        );
+        if let Some(node) = &self.node {
+            cmd.arg("--address")
+                .arg(containerd_socket(&node.footprint.dir))
+                .args(["--namespace", "k8s.io"]);
+        }
+        cmd.args(args);
+        cmd
+    }
+
+    /// Waits until the node reports Ready (or a node process exits).
+    async fn wait_node_ready(
+        &mut self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<(), DevClusterError> {
+        use k8s_openapi::api::core::v1::Node;
+        let client = self.client().await?;
+        let nodes: kube::Api<Node> = kube::Api::all(client);
+        let start = Instant::now();
+        let mut delay = Duration::from_millis(100);
+        loop {
+            if let Ok(Some(node)) = nodes.get_opt(name).await
+                && node
+                    .status
+                    .and_then(|s| s.conditions)
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            {
+                return Ok(());
+            }
+            if let Some(exited) = self.exited() {
+                return Err(self.not_ready(exited, start.elapsed()));
+            }
+            if start.elapsed() > timeout {
+                return Err(self.not_ready("kubelet", start.elapsed()));
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Stops the node's own processes (kube-proxy, kubelet), then everything in its cgroup
+    /// (containerd, its shims, the containers), and removes what it left on the machine.
+    pub(super) fn stop_real_node(&mut self) {
+        let Some(node) = self.node.take() else {
+            return;
+        };
+        self.stop_named(&["kube-proxy", "kubelet"]);
+        clean_up(&node.footprint);
+        self.stop_named(&["containerd"]);
+    }
+}
