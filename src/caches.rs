@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -144,6 +145,10 @@ pub struct Caches {
     pub jobs: Cache<DeserializeGuard<TrainingJob>>,
     /// The decision's view of the Node cache, parsed once per node change.
     pub node_views: Arc<NodeViews>,
+    /// The Kubeflow Trainer TrainJob CRD (empty when not installed): which field the installed
+    /// version takes per-job pod settings in. Part of readiness, so the webhook never writes
+    /// TrainJobs before it knows the installed API.
+    pub trainjob_crd: Cache<CustomResourceDefinition>,
 }
 
 impl Caches {
@@ -178,11 +183,23 @@ impl Caches {
             )
             .default_backoff(),
             "TrainingJob",
-            metrics,
+            metrics.clone(),
+        );
+        let (trainjob_crd, drive_crd) = cache(
+            watcher(
+                Api::<CustomResourceDefinition>::all(client.clone()),
+                config().fields(&format!(
+                    "metadata.name={}",
+                    crate::webhook::kinds::TRAINJOB_CRD
+                )),
+            )
+            .default_backoff(),
+            "CustomResourceDefinition",
+            metrics.clone(),
         );
         let node_views = Arc::new(NodeViews::new(nodes.store().clone()));
         let drive = async move {
-            tokio::join!(drive_profiles, drive_nodes, drive_jobs);
+            tokio::join!(drive_profiles, drive_nodes, drive_jobs, drive_crd);
         };
         (
             Caches {
@@ -190,6 +207,7 @@ impl Caches {
                 nodes,
                 jobs,
                 node_views,
+                trainjob_crd,
             },
             drive,
         )
@@ -200,6 +218,7 @@ impl Caches {
         self.profiles.store().wait_until_ready().await.is_ok()
             && self.nodes.store().wait_until_ready().await.is_ok()
             && self.jobs.store().wait_until_ready().await.is_ok()
+            && self.trainjob_crd.store().wait_until_ready().await.is_ok()
     }
 }
 

@@ -396,3 +396,240 @@ async fn a_large_training_job_can_be_updated_through_the_webhook() {
         .unwrap();
     assert_eq!(updated.metadata.labels.unwrap()["touched"], "yes");
 }
+
+// ---- upstream job kinds ----------------------------------------------------------------------
+
+/// An upstream manifest as JSON (kubectl reads the YAML; the kind's CRD must be installed).
+fn manifest_json(cluster: &DevCluster, path: &std::path::Path) -> serde_json::Value {
+    let out = kubectl(
+        cluster,
+        &[
+            "create",
+            "--dry-run=client",
+            "-o",
+            "json",
+            "-f",
+            &path.display().to_string(),
+        ],
+    );
+    serde_json::from_str(&out).unwrap()
+}
+
+/// Opts an upstream object in (the profile label), into the test's namespace.
+fn opted_in(mut obj: serde_json::Value, ns: &str, name: &str) -> serde_json::Value {
+    let meta = obj["metadata"].as_object_mut().unwrap();
+    meta.insert("namespace".into(), json!(ns));
+    meta.insert("name".into(), json!(name));
+    meta.entry("labels")
+        .or_insert_with(|| json!({}))
+        .as_object_mut()
+        .unwrap()
+        .insert("offload.dev/profile".into(), json!("auto"));
+    obj
+}
+
+/// Creates an object through the API server (and so through the webhook); returns what was stored.
+fn create_stored(cluster: &DevCluster, obj: &serde_json::Value) -> serde_json::Value {
+    let (ok, out, err) = kubectl_result(
+        cluster,
+        &["create", "-o", "json", "-f", "-"],
+        Some(&obj.to_string()),
+    );
+    assert!(
+        ok,
+        "creating {} {}: {err}",
+        obj["kind"], obj["metadata"]["name"]
+    );
+    serde_json::from_str(&out).unwrap()
+}
+
+fn env_of(env: &serde_json::Value) -> Vec<&str> {
+    env.as_array()
+        .map(|e| e.iter().filter_map(|v| v["name"].as_str()).collect())
+        .unwrap_or_default()
+}
+
+/// The stored pod template carries the configuration the webhook wrote (env and placement).
+fn assert_template_configured(what: &str, template: &serde_json::Value) {
+    let spec = &template["spec"];
+    for c in spec["containers"].as_array().unwrap() {
+        assert!(
+            env_of(&c["env"]).contains(&"OFFLOAD_MODE"),
+            "{what}: container {} lost its env: {c}",
+            c["name"]
+        );
+    }
+    assert!(
+        spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0]["matchExpressions"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|e| e["key"] == "offload.dev/uma")),
+        "{what}: placement was pruned or not written: {spec}"
+    );
+}
+
+/// The upstream CRDs of JobSet, Kubeflow Trainer and the Training Operator, installed at their
+/// pinned versions; their own example manifests, opted in, keep what the webhook wrote once the
+/// API server has pruned what their schemas do not know.
+#[tokio::test]
+async fn upstream_job_kinds_keep_what_the_webhook_wrote() {
+    let dir = offload_testenv::devcluster::ensure_job_kinds().unwrap();
+    let (cluster, client, _served) = setup().await;
+    let ns = namespace(&client, "kinds").await;
+    create_configured_pod(&Api::namespaced(client.clone(), &ns), "probe").await;
+    let install = |path: std::path::PathBuf| {
+        kubectl(
+            cluster,
+            &[
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager=offload-tests",
+                "-f",
+                &path.display().to_string(),
+            ],
+        );
+    };
+    for crd in [
+        "jobset/jobset.x-k8s.io_jobsets.yaml",
+        "trainer/trainer.kubeflow.org_trainjobs.yaml",
+        "trainer/trainer.kubeflow.org_trainingruntimes.yaml",
+        "trainer/trainer.kubeflow.org_clustertrainingruntimes.yaml",
+        "training-operator/kubeflow.org_pytorchjobs.yaml",
+    ] {
+        install(dir.join(crd));
+    }
+    kubectl(
+        cluster,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/jobsets.jobset.x-k8s.io",
+            "crd/trainjobs.trainer.kubeflow.org",
+            "crd/trainingruntimes.trainer.kubeflow.org",
+            "crd/clustertrainingruntimes.trainer.kubeflow.org",
+            "crd/pytorchjobs.kubeflow.org",
+        ],
+    );
+    // Trainer's stock runtime: the TrainJobs below refer to it, and its template is a JobSet.
+    install(dir.join("trainer/torch_distributed.yaml"));
+
+    // PyTorchJob (Training Operator): every replica's template.
+    let ptj = create_stored(
+        cluster,
+        &opted_in(
+            manifest_json(cluster, &dir.join("training-operator/simple.yaml")),
+            &ns,
+            "pytorch-simple",
+        ),
+    );
+    for (role, spec) in ptj["spec"]["pytorchReplicaSpecs"].as_object().unwrap() {
+        assert_template_configured(&format!("PyTorchJob {role}"), &spec["template"]);
+    }
+
+    // JobSet: the JobSet that Trainer's torch-distributed runtime runs.
+    let runtime = manifest_json(cluster, &dir.join("trainer/torch_distributed.yaml"));
+    let jobset = opted_in(
+        json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {},
+               "spec": runtime["spec"]["template"]["spec"]}),
+        &ns,
+        "torch-distributed",
+    );
+    let stored = create_stored(cluster, &jobset);
+    let jobs = stored["spec"]["replicatedJobs"].as_array().unwrap();
+    assert!(!jobs.is_empty());
+    for job in jobs {
+        assert_template_configured(
+            &format!("JobSet job {}", job["name"]),
+            &job["template"]["spec"]["template"],
+        );
+    }
+
+    // TrainJob, current Trainer: env in spec.trainer.env, placement in our runtimePatches entry,
+    // beside the example's own entry.
+    let trainer_patch = |tj: &serde_json::Value| -> Option<serde_json::Value> {
+        tj["spec"]["runtimePatches"]
+            .as_array()?
+            .iter()
+            .find(|p| p["manager"] == "offload.dev/operator")
+            .map(|p| {
+                p["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]
+                    ["spec"]["template"]
+                    .clone()
+            })
+    };
+    for (file, name) in [
+        ("trainer/01-multi-node.yaml", "multi-node"),
+        ("trainer/02-runtime-patches.yaml", "runtime-patches"),
+    ] {
+        let tj = create_stored(
+            cluster,
+            &opted_in(manifest_json(cluster, &dir.join(file)), &ns, name),
+        );
+        assert!(
+            env_of(&tj["spec"]["trainer"]["env"]).contains(&"OFFLOAD_MODE"),
+            "{name}: {}",
+            tj["spec"]["trainer"]
+        );
+        let mut template = trainer_patch(&tj)
+            .unwrap_or_else(|| panic!("{name}: our runtime patch was pruned: {}", tj["spec"]));
+        // The env is in spec.trainer.env (runtime patches may not set the node container's env).
+        template["spec"]["containers"] = json!([]);
+        assert_template_configured(name, &template);
+    }
+    let stored = kubectl(
+        cluster,
+        &[
+            "get",
+            "-n",
+            &ns,
+            "trainjob",
+            "runtime-patches",
+            "-o",
+            "json",
+        ],
+    );
+    let stored: serde_json::Value = serde_json::from_str(&stored).unwrap();
+    assert!(
+        stored["spec"]["runtimePatches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["manager"] == "example.io/platform-team"),
+        "the example's own patch is kept"
+    );
+
+    // The last Trainer with spec.podTemplateOverrides: once the webhook's view has the replaced
+    // CRD, what it writes is that field, and it survives pruning.
+    install(dir.join("trainer-old/trainer.kubeflow.org_trainjobs.yaml"));
+    let old = manifest_json(cluster, &dir.join("trainer/01-multi-node.yaml"));
+    let mut attempt = 0;
+    let tj = poll(
+        "a TrainJob stored with podTemplateOverrides under Trainer 2.1's CRD",
+        Duration::from_secs(60),
+        || {
+            attempt += 1;
+            let name = format!("old-{attempt}");
+            let obj = opted_in(old.clone(), &ns, &name);
+            let tj = create_stored(cluster, &obj);
+            let ok = tj["spec"]["podTemplateOverrides"].is_array();
+            if !ok {
+                eprintln!(
+                    "not yet: the webhook wrote for the previous schema: {}",
+                    tj["spec"]
+                );
+                kubectl(cluster, &["delete", "-n", &ns, "trainjob", &name]);
+            }
+            async move { ok.then_some(tj) }
+        },
+    )
+    .await;
+    let ov = &tj["spec"]["podTemplateOverrides"][0];
+    assert_eq!(ov["targetJobs"][0]["name"], "node");
+    let template = json!({"spec": {"containers": [], "affinity": ov["spec"]["affinity"]}});
+    assert_template_configured("TrainJob (Trainer 2.1)", &template);
+    assert!(env_of(&tj["spec"]["trainer"]["env"]).contains(&"OFFLOAD_MODE"));
+    // Put the current CRD back for anything after this test.
+    install(dir.join("trainer/trainer.kubeflow.org_trainjobs.yaml"));
+}

@@ -28,6 +28,10 @@ pub trait ClusterView: Send + Sync {
     fn profile(&self, name: &str) -> Option<OffloadProfileSpec>;
     /// The node index (shared: a request does not copy the node reports).
     fn nodes(&self) -> Arc<NodeIndex>;
+    /// What the installed APIs of other job kinds take.
+    fn features(&self) -> kinds::ApiFeatures {
+        kinds::ApiFeatures::default()
+    }
 }
 
 /// The outcome of one admission, with a fixed category for the denial metric.
@@ -443,7 +447,7 @@ pub fn mutate_workload(req: &AdmissionRequest<DynamicObject>, view: &dyn Cluster
         Err(v) => return *v,
     };
     let mut mutated = obj.clone();
-    if let Err(e) = kind.apply(&mut mutated, &res) {
+    if let Err(e) = kind.apply(&mut mutated, &res, &view.features()) {
         return Verdict::deny(
             req,
             "InvalidObject",
@@ -521,6 +525,12 @@ pub struct StoreView {
     pub profiles: kube::runtime::reflector::Store<OffloadProfile>,
     /// The node index, shared with the controllers.
     pub nodes: Arc<NodeViews>,
+    /// The TrainJob CRD, when Kubeflow Trainer is installed.
+    pub trainjob_crd: Option<
+        kube::runtime::reflector::Store<
+            k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+        >,
+    >,
 }
 
 impl StoreView {
@@ -529,6 +539,7 @@ impl StoreView {
         StoreView {
             profiles: caches.profiles.store().clone(),
             nodes: caches.node_views.clone(),
+            trainjob_crd: Some(caches.trainjob_crd.store().clone()),
         }
     }
 
@@ -542,6 +553,7 @@ impl StoreView {
         StoreView {
             profiles,
             nodes: Arc::new(NodeViews::new(nodes)),
+            trainjob_crd: None,
         }
     }
 }
@@ -555,5 +567,15 @@ impl ClusterView for StoreView {
 
     fn nodes(&self) -> Arc<NodeIndex> {
         self.nodes.get()
+    }
+
+    fn features(&self) -> kinds::ApiFeatures {
+        let trainjob = self
+            .trainjob_crd
+            .as_ref()
+            .and_then(|s| s.state().first().cloned())
+            .map(|crd| kinds::TrainJobApi::from_crd(&crd))
+            .unwrap_or_default();
+        kinds::ApiFeatures { trainjob }
     }
 }

@@ -4,6 +4,7 @@
 //! kind is a few lines of paths, not a copy of the mutation logic.
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, PodTemplateSpec};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
 
@@ -21,6 +22,64 @@ pub struct KindError {
     pub detail: String,
 }
 
+/// Where the installed Kubeflow Trainer takes a TrainJob's per-job pod settings. The API server
+/// prunes fields a CRD's schema does not know, without an error, so the webhook must write the
+/// field the installed version has.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TrainJobApi {
+    /// Trainer 2.2 and later: `spec.runtimePatches`, entries keyed by manager.
+    #[default]
+    RuntimePatches,
+    /// Trainer 2.1: `spec.podTemplateOverrides`.
+    PodTemplateOverrides,
+    /// A TrainJob CRD with neither field (Trainer 2.0 has only `podSpecOverrides`, which cannot
+    /// take node affinity): placement cannot be written, so opted-in TrainJobs are refused.
+    Unsupported,
+}
+
+impl TrainJobApi {
+    /// The API of an installed TrainJob CRD, from the schema of its storage version.
+    pub fn from_crd(crd: &CustomResourceDefinition) -> Self {
+        Self::from_schema(crd).unwrap_or(TrainJobApi::Unsupported)
+    }
+
+    fn from_schema(crd: &CustomResourceDefinition) -> Option<Self> {
+        let version = crd
+            .spec
+            .versions
+            .iter()
+            .find(|v| v.storage)
+            .or_else(|| crd.spec.versions.first())?;
+        let spec = version
+            .schema
+            .as_ref()?
+            .open_api_v3_schema
+            .as_ref()?
+            .properties
+            .as_ref()?
+            .get("spec")?
+            .properties
+            .as_ref()?;
+        if spec.contains_key("runtimePatches") {
+            Some(TrainJobApi::RuntimePatches)
+        } else if spec.contains_key("podTemplateOverrides") {
+            Some(TrainJobApi::PodTemplateOverrides)
+        } else {
+            Some(TrainJobApi::Unsupported)
+        }
+    }
+}
+
+/// Facts about the cluster's installed APIs that change what the webhook writes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ApiFeatures {
+    /// The installed Kubeflow Trainer's TrainJob API.
+    pub trainjob: TrainJobApi,
+}
+
+/// Name of the Kubeflow Trainer TrainJob CRD.
+pub const TRAINJOB_CRD: &str = "trainjobs.trainer.kubeflow.org";
+
 /// A workload kind the webhook knows.
 pub trait JobKind: Sync {
     /// `group/Kind`, for messages.
@@ -36,7 +95,12 @@ pub trait JobKind: Sync {
     fn pods(&self, obj: &Value) -> Result<u32, KindError>;
 
     /// Writes the resolution into every pod template.
-    fn apply(&self, obj: &mut Value, res: &Resolution) -> Result<(), KindError> {
+    fn apply(
+        &self,
+        obj: &mut Value,
+        res: &Resolution,
+        _features: &ApiFeatures,
+    ) -> Result<(), KindError> {
         for path in self.template_pointers(obj) {
             apply_template(obj, &path, res)?;
         }
@@ -203,7 +267,8 @@ impl JobKind for PyTorchJob {
 
 /// Kubeflow Trainer TrainJob. Its pod templates live in the (shared) training runtime, so the
 /// configuration goes where the TrainJob API takes per-job settings: `spec.trainer.env` for the
-/// env and a `podTemplateOverrides` entry for the trainer's (`node`) pods' placement.
+/// env, and for the trainer's (`node`) pods' placement a `runtimePatches` entry of its own
+/// manager (Trainer ≥ 2.2) or a `podTemplateOverrides` entry (Trainer 2.1).
 pub struct TrainJob;
 
 /// The replicated job of a training runtime that runs the trainer.
@@ -229,7 +294,12 @@ impl JobKind for TrainJob {
         )
     }
 
-    fn apply(&self, obj: &mut Value, res: &Resolution) -> Result<(), KindError> {
+    fn apply(
+        &self,
+        obj: &mut Value,
+        res: &Resolution,
+        features: &ApiFeatures,
+    ) -> Result<(), KindError> {
         let err = |path: &str, detail: &str| KindError {
             path: path.into(),
             detail: detail.into(),
@@ -259,28 +329,64 @@ impl JobKind for TrainJob {
         }
         // Placement of the trainer's pods.
         let reqs = render::node_requirements(res);
-        let overrides = spec
-            .entry("podTemplateOverrides")
-            .or_insert_with(|| json!([]));
-        let overrides = overrides
-            .as_array_mut()
-            .ok_or_else(|| err("/spec/podTemplateOverrides", "not a list"))?;
-        overrides.retain(|o| {
-            o.pointer("/metadata/annotations/offload.dev~1managed")
-                .is_none()
-        });
-        if !reqs.is_empty() {
-            overrides.push(json!({
-                "targetJobs": [{"name": TRAINJOB_TRAINER_JOB}],
-                "metadata": {"annotations": {"offload.dev/managed": "true"}},
-                "spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [{"matchExpressions": requirements_json(&reqs)}]
-                }}}}
-            }));
+        let affinity = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": requirements_json(&reqs)}]
+        }}});
+        match features.trainjob {
+            TrainJobApi::RuntimePatches => {
+                let patches = spec.entry("runtimePatches").or_insert_with(|| json!([]));
+                let patches = patches
+                    .as_array_mut()
+                    .ok_or_else(|| err("/spec/runtimePatches", "not a list"))?;
+                patches.retain(|p| {
+                    p.get("manager").and_then(Value::as_str) != Some(TRAINJOB_PATCH_MANAGER)
+                });
+                if !reqs.is_empty() {
+                    patches.push(json!({
+                        "manager": TRAINJOB_PATCH_MANAGER,
+                        "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{
+                            "name": TRAINJOB_TRAINER_JOB,
+                            "template": {"spec": {"template": {"spec": {"affinity": affinity}}}}
+                        }]}}}
+                    }));
+                }
+            }
+            TrainJobApi::Unsupported => {
+                if !reqs.is_empty() {
+                    return Err(err(
+                        "/spec",
+                        "the installed TrainJob CRD has neither spec.runtimePatches (Kubeflow \
+                         Trainer 2.2 and later) nor spec.podTemplateOverrides (2.1), so the \
+                         trainer pods' node affinity cannot be written; upgrade Kubeflow Trainer",
+                    ));
+                }
+            }
+            TrainJobApi::PodTemplateOverrides => {
+                let overrides = spec
+                    .entry("podTemplateOverrides")
+                    .or_insert_with(|| json!([]));
+                let overrides = overrides
+                    .as_array_mut()
+                    .ok_or_else(|| err("/spec/podTemplateOverrides", "not a list"))?;
+                overrides.retain(|o| {
+                    o.pointer("/metadata/annotations/offload.dev~1managed")
+                        .is_none()
+                });
+                if !reqs.is_empty() {
+                    overrides.push(json!({
+                        "targetJobs": [{"name": TRAINJOB_TRAINER_JOB}],
+                        "metadata": {"annotations": {"offload.dev/managed": "true"}},
+                        "spec": {"affinity": affinity}
+                    }));
+                }
+            }
         }
         Ok(())
     }
 }
+
+/// The manager of the operator's `runtimePatches` entry on a TrainJob.
+pub const TRAINJOB_PATCH_MANAGER: &str = "offload.dev/operator";
 
 fn requirements_json(reqs: &[NodeSelectorRequirement]) -> Value {
     serde_json::to_value(reqs).unwrap_or_else(|_| json!([]))

@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 
 use super::admit::ClusterView;
+use super::kinds::ApiFeatures;
 use super::{WebhookState, paths, router};
 use crate::api::OffloadProfileSpec;
 use crate::index::{NodeIndex, NodeInfo};
@@ -29,6 +30,7 @@ use offload_testenv::fixtures;
 pub(super) struct InMemoryView {
     profiles: BTreeMap<String, OffloadProfileSpec>,
     nodes: Arc<NodeIndex>,
+    features: ApiFeatures,
 }
 
 impl ClusterView for InMemoryView {
@@ -37,6 +39,9 @@ impl ClusterView for InMemoryView {
     }
     fn nodes(&self) -> Arc<NodeIndex> {
         self.nodes.clone()
+    }
+    fn features(&self) -> ApiFeatures {
+        self.features
     }
 }
 
@@ -53,10 +58,15 @@ pub(super) fn node(name: &str, fixture: &str) -> NodeInfo {
 }
 
 pub(super) fn app(nodes: Vec<NodeInfo>) -> axum::Router {
+    app_with(nodes, ApiFeatures::default())
+}
+
+pub(super) fn app_with(nodes: Vec<NodeInfo>, features: ApiFeatures) -> axum::Router {
     let mut registry = Registry::default();
     let view = InMemoryView {
         profiles: BTreeMap::from([("default".to_string(), OffloadProfileSpec::default())]),
         nodes: Arc::new(NodeIndex::new(nodes)),
+        features,
     };
     router(WebhookState {
         view: Arc::new(view),
