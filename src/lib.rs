@@ -20,6 +20,7 @@ pub use offload_api::{api, labels, names, report, version};
 pub mod admin;
 pub mod caches;
 pub mod certs;
+pub mod check;
 pub mod controller;
 pub mod decision;
 pub mod index;

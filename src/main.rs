@@ -31,6 +31,30 @@ enum Command {
     },
     /// Run the operator against the cluster of the current kubeconfig or service account.
     Run(Box<RunArgs>),
+    /// Check an installation (what `helm test` runs): the CRDs are served, the named profile
+    /// exists, and the admission webhooks answer (a server-side dry-run create of a
+    /// TrainingJob goes through them; nothing is stored).
+    Check {
+        /// OffloadProfile that must exist (empty: none required).
+        #[arg(long, default_value = names::DEFAULT_PROFILE)]
+        profile: String,
+        /// Namespace of the dry-run TrainingJob.
+        #[arg(long, default_value = "default")]
+        namespace: String,
+    },
+    /// Remove what the operator made at run time and a chart does not own (the managed webhook
+    /// certificate Secret, the leader Lease): the chart's uninstall hook runs it.
+    Cleanup {
+        /// The operator's namespace.
+        #[arg(long, env = "POD_NAMESPACE", default_value = "offload-system")]
+        namespace: String,
+        /// Secret holding the operator-managed CA and serving certificate.
+        #[arg(long, default_value = names::WEBHOOK_SECRET)]
+        webhook_secret: String,
+        /// Name of the leader Lease.
+        #[arg(long, default_value = "offload-operator-leader")]
+        lease_name: String,
+    },
 }
 
 #[derive(clap::Args)]
@@ -47,6 +71,9 @@ struct RunArgs {
     /// Name of the leader Lease.
     #[arg(long, default_value = "offload-operator-leader")]
     lease_name: String,
+    /// How long the leader's lease lasts without renewal (a standby takes over within it).
+    #[arg(long, default_value = "15s", value_parser = parse_seconds)]
+    lease_duration: Duration,
     /// This replica's identity in the election.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
@@ -89,6 +116,73 @@ fn main() -> ExitCode {
             }
         },
         Command::Run(args) => run(*args),
+        Command::Check { profile, namespace } => check(&profile, &namespace),
+        Command::Cleanup {
+            namespace,
+            webhook_secret,
+            lease_name,
+        } => cleanup(&namespace, &webhook_secret, &lease_name),
+    }
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let n: u64 = s
+        .strip_suffix('s')
+        .unwrap_or(s)
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds like 15s"))?;
+    if !(5..=300).contains(&n) {
+        return Err(format!("{s}: use 5s to 300s"));
+    }
+    Ok(Duration::from_secs(n))
+}
+
+/// A process-unique suffix for the leader identity: a restarted container must not believe
+/// it still holds its predecessor's lease.
+fn instance_suffix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{:08x}", nanos ^ std::process::id().rotate_left(16))
+}
+
+fn cleanup(namespace: &str, secret: &str, lease: &str) -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("start-up: tokio runtime");
+    match runtime.block_on(offload_operator::check::remove_runtime_objects(
+        namespace, secret, lease,
+    )) {
+        Ok(lines) => {
+            for line in lines {
+                println!("{line}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn check(profile: &str, namespace: &str) -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("start-up: tokio runtime");
+    match runtime.block_on(offload_operator::check::installation(profile, namespace)) {
+        Ok(lines) => {
+            for line in lines {
+                println!("ok: {line}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -118,16 +212,18 @@ fn run(args: RunArgs) -> ExitCode {
             tracing::info!("shutting down");
             signal_token.cancel();
         });
-        let identity = args
-            .identity
-            .clone()
-            .unwrap_or_else(|| format!("offload-operator-{}", std::process::id()));
+        let identity = format!(
+            "{}_{}",
+            args.identity.as_deref().unwrap_or("offload-operator"),
+            instance_suffix()
+        );
         let options = RunOptions {
             admin_addr: args.admin_addr,
             leader_election: args.leader_election.then(|| LeaderElection {
                 namespace: args.namespace.clone(),
                 lease_name: args.lease_name.clone(),
                 identity,
+                duration: args.lease_duration,
             }),
             controller: ControllerOptions {
                 concurrency: args.concurrency,

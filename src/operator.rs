@@ -35,8 +35,12 @@ pub struct LeaderElection {
     pub namespace: String,
     /// Name of the Lease.
     pub lease_name: String,
-    /// This replica's identity (the pod name).
+    /// This replica's identity: unique to the process (a restarted container is a new
+    /// candidate, not the old leader).
     pub identity: String,
+    /// How long the lease lasts without renewal: a standby takes over within this time after
+    /// the leader dies.
+    pub duration: std::time::Duration,
 }
 
 /// The operator failed to start or lost leadership.
@@ -157,6 +161,32 @@ pub async fn run(
     result
 }
 
+/// When the lease is held by an earlier process of this same pod (the leader's container was
+/// killed and restarted), waits one lease duration before competing, so that a standby replica,
+/// which has been ready all along, takes over rather than racing the restarted one.
+async fn yield_to_standby(client: &Client, le: &LeaderElection, shutdown: &CancellationToken) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let Some((pod, _)) = le.identity.rsplit_once('_') else {
+        return;
+    };
+    let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), &le.namespace);
+    let holder = match leases.get_opt(&le.lease_name).await {
+        Ok(Some(lease)) => lease.spec.and_then(|s| s.holder_identity),
+        _ => None,
+    };
+    let Some(holder) = holder else { return };
+    if holder != le.identity && holder.rsplit_once('_').is_some_and(|(p, _)| p == pod) {
+        tracing::info!(
+            previous = %holder,
+            "an earlier process of this pod held the lease; giving the standby the first chance"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(le.duration) => {},
+            () = shutdown.cancelled() => {},
+        }
+    }
+}
+
 /// Waits for the leader lease (when configured), then runs the controllers until shutdown or
 /// until the lease is lost.
 async fn lead_and_control(
@@ -168,10 +198,22 @@ async fn lead_and_control(
 ) -> Result<(), RunError> {
     let mut lease_state = None;
     if let Some(le) = &options.leader_election {
+        yield_to_standby(&client, le, shutdown).await;
+        let duration = le.duration.as_secs().max(2);
+        // Renew well before expiry; the lease manager needs grace < duration.
+        let grace = (duration / 5).clamp(1, duration - 1);
+        // The lease manager's field manager must be unique per candidate: mutual exclusion
+        // rests on server-side-apply conflicts between candidates.
         let manager = LeaseManagerBuilder::new(client.clone(), &le.lease_name)
             .with_namespace(&le.namespace)
             .with_identity(&le.identity)
-            .with_field_manager(crate::names::OPERATOR_MANAGER)
+            .with_duration(duration)
+            .with_grace(grace)
+            .with_field_manager(format!(
+                "{}-lease-{}",
+                crate::names::OPERATOR_MANAGER,
+                le.identity
+            ))
             .build()
             .await
             .map_err(|e| RunError::Lease(e.to_string()))?;

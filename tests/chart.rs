@@ -24,6 +24,7 @@ const OPTIONS: ClusterOptions = ClusterOptions {
     controller_manager: true,
     scheduler: true,
     kwok: true,
+    real_node: false,
 };
 const NS: &str = "offload-system";
 const WAIT: Duration = Duration::from_secs(90);

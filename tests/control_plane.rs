@@ -16,6 +16,7 @@ const OPTIONS: ClusterOptions = ClusterOptions {
     controller_manager: true,
     scheduler: true,
     kwok: true,
+    real_node: false,
 };
 
 fn crds_dir() -> String {

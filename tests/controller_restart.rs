@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::watcher;
 use offload_operator::api::{OffloadProfile, TrainingJob};
-use offload_testenv::devcluster::ClusterOptions;
+use offload_testenv::devcluster::{ClusterOptions, free_port};
 use offload_testenv::fixtures;
 use serde_json::json;
 use support::*;
@@ -125,14 +125,17 @@ async fn leadership_moves_to_the_standby_when_the_leader_stops() {
     let client = client(cluster).await;
     apply_crds(&client).await;
     let ns = namespace(&client, "lease").await;
-    let options = |identity: &str| RunOptions {
+    let options = |identity: &str, admin_port: u16| RunOptions {
+        admin_addr: format!("127.0.0.1:{admin_port}").parse().unwrap(),
         leader_election: Some(LeaderElection {
             namespace: ns.clone(),
             lease_name: "offload-operator-leader".into(),
             identity: identity.into(),
+            duration: Duration::from_secs(15),
         }),
         ..operator_options()
     };
+    let (a_admin, b_admin) = (free_port().unwrap(), free_port().unwrap());
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let holder = |want: &'static str| {
         kube::runtime::wait::await_condition(
@@ -149,7 +152,7 @@ async fn leadership_moves_to_the_standby_when_the_leader_stops() {
     let a_token = tokio_util::sync::CancellationToken::new();
     let a = tokio::spawn(offload_operator::operator::run(
         client.clone(),
-        options("replica-a"),
+        options("replica-a", a_admin),
         a_token.clone(),
     ));
     wait(
@@ -162,9 +165,27 @@ async fn leadership_moves_to_the_standby_when_the_leader_stops() {
     let b_token = tokio_util::sync::CancellationToken::new();
     let b = tokio::spawn(offload_operator::operator::run(
         client.clone(),
-        options("replica-b"),
+        options("replica-b", b_admin),
         b_token.clone(),
     ));
+    // The standby is ready as soon as its caches synced, though it does not lead: it serves
+    // the webhook, so the webhook Service keeps an endpoint while a leader restarts.
+    wait(
+        "replica-b (standby) to report ready",
+        Duration::from_secs(60),
+        async {
+            let mut delay = Duration::from_millis(20);
+            loop {
+                if readyz(b_admin).await {
+                    break;
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_millis(250));
+            }
+        },
+    )
+    .await;
+    assert!(readyz(a_admin).await, "the leader is ready too");
     // Stopping the leader hands the lease to the standby.
     a_token.cancel();
     a.await.unwrap().unwrap();
@@ -177,4 +198,22 @@ async fn leadership_moves_to_the_standby_when_the_leader_stops() {
     .unwrap();
     b_token.cancel();
     b.await.unwrap().unwrap();
+}
+
+/// Whether the operator's admin server at `port` answers `/readyz` with 200.
+async fn readyz(port: u16) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut conn) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return false;
+    };
+    if conn
+        .write_all(b"GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .is_err()
+    {
+        return false;
+    }
+    let mut answer = String::new();
+    let _ = conn.read_to_string(&mut answer).await;
+    answer.starts_with("HTTP/1.1 200") || answer.starts_with("HTTP/1.0 200")
 }

@@ -17,6 +17,7 @@ pub const OPTIONS: ClusterOptions = ClusterOptions {
     controller_manager: true,
     scheduler: true,
     kwok: true,
+    real_node: false,
 };
 pub const WAIT: Duration = Duration::from_secs(90);
 

@@ -1,31 +1,49 @@
-//! `offload-demo`: the whole story on a local control plane, in one screen.
+//! `offload-demo`: the whole story on a local cluster, in one screen.
 //!
-//! Starts etcd, kube-apiserver, controller-manager, scheduler and kwok; creates simulated GPU
-//! nodes (two GH200-class coherent, two H200 discrete) and publishes their recorded node
-//! reports with the real `offload-agent` (replaying the recordings: there is no GPU here);
-//! installs the Helm chart with values for an operator running outside the cluster; runs the
-//! operator (controller + webhook) in this process; applies `examples/`; and prints the
-//! decisions and the configuration that reached the pods.
+//! Starts etcd, kube-apiserver, controller-manager, scheduler, kwok and a real node (containerd,
+//! runc, CNI, kubelet, kube-proxy); creates simulated GPU nodes (two GH200-class coherent, two
+//! H200 discrete) whose recorded node reports the real `offload-agent` publishes (replaying the
+//! recordings: there is no GPU here); installs the Helm chart as it ships, with the images built
+//! by `hack/images.sh`, so the operator and the agent run as pods on the real node; applies
+//! `examples/`; and prints the decisions and the configuration that reached the pods.
+//!
+//! `--out-of-cluster` runs the operator in this process instead (no real node, no images:
+//! quicker for development).
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use clap::Parser;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams, PostParams};
-use offload_operator::api::TrainingJob;
+use offload_api::api::TrainingJob;
 use offload_operator::operator::{self, RunOptions};
 use offload_operator::webhook::tls::ManagedCerts;
 use offload_operator::webhook::{CertMode, WebhookOptions};
+use offload_testenv::deploy::{self, NAMESPACE};
 use offload_testenv::devcluster::{ClusterOptions, DevCluster, free_port, repo_root};
-use offload_testenv::fixtures;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-const NS: &str = "offload-system";
+/// The operator's whole story on a local cluster.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Leave the cluster running (prints its KUBECONFIG) until Ctrl-C.
+    #[arg(long)]
+    keep: bool,
+    /// Run the operator in this process instead of as pods on a real node.
+    #[arg(long)]
+    out_of_cluster: bool,
+}
 
-fn root() -> PathBuf {
-    repo_root()
+fn step(msg: &str) {
+    eprintln!("\n\x1b[1m==> {msg}\x1b[0m");
+}
+
+fn run(cmd: &mut Command, what: &str) -> Result<String, String> {
+    deploy::run(cmd, what).map_err(|e| e.to_string())
 }
 
 /// A binary built beside this one (the workspace builds all of them into one directory).
@@ -45,38 +63,6 @@ fn sibling(name: &str) -> Result<PathBuf, String> {
     }
 }
 
-fn step(msg: &str) {
-    eprintln!("\n\x1b[1m==> {msg}\x1b[0m");
-}
-
-fn run(cmd: &mut Command, what: &str) -> Result<String, String> {
-    let out = cmd.output().map_err(|e| format!("{what}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{what} failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn gpu_node(name: &str) -> Result<Node, String> {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {
-            "name": name,
-            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
-            "labels": {"kubernetes.io/hostname": name, "type": "kwok", "nvidia.com/gpu.present": "true"}
-        },
-        "status": {
-            "allocatable": {"cpu": "72", "memory": "480Gi", "pods": "110", "nvidia.com/gpu": "1"},
-            "capacity": {"cpu": "72", "memory": "480Gi", "pods": "110", "nvidia.com/gpu": "1"}
-        }
-    }))
-    .map_err(|e| e.to_string())
-}
-
 async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<(), String>
 where
     F: FnMut() -> Fut,
@@ -94,83 +80,34 @@ where
     Ok(())
 }
 
-async fn demo(keep: bool) -> Result<(), String> {
-    let started = Instant::now();
+/// The operator running in this process, for `--out-of-cluster`.
+struct InProcess {
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), operator::RunError>>,
+}
+
+async fn operator_out_of_cluster(
+    cluster: &DevCluster,
+    client: &kube::Client,
+) -> Result<InProcess, String> {
     step(
-        "starting the local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)",
-    );
-    let cluster = DevCluster::start(ClusterOptions::full())
-        .await
-        .map_err(|e| e.to_string())?;
-    eprintln!(
-        "API server {} ready in {:.1} s; KUBECONFIG={}",
-        cluster.server,
-        started.elapsed().as_secs_f64(),
-        cluster.kubeconfig.display()
-    );
-    let client = cluster.client().await.map_err(|e| e.to_string())?;
-    let kubectl = |args: &[&str]| {
-        run(
-            cluster.kubectl().args(args),
-            &format!("kubectl {}", args.join(" ")),
-        )
-    };
-
-    step("simulated GPU nodes: gh200-0, gh200-1 (coherent), h200-0, h200-1 (discrete)");
-    let nodes: Api<Node> = Api::all(client.clone());
-    for name in ["gh200-0", "gh200-1", "h200-0", "h200-1"] {
-        nodes
-            .create(&PostParams::default(), &gpu_node(name)?)
-            .await
-            .map_err(|e| format!("creating node {name}: {e}"))?;
-    }
-
-    step("offload-agent publishes each node's report (replaying recorded readings: no GPU here)");
-    let agent = sibling("offload-agent")?;
-    for (name, fixture) in [
-        ("gh200-0", "node-report-gh200.json"),
-        ("gh200-1", "node-report-gh200.json"),
-        ("h200-0", "node-report-h200.json"),
-        ("h200-1", "node-report-h200.json"),
-    ] {
-        let port = free_port().map_err(|e| e.to_string())?;
-        run(
-            Command::new(&agent)
-                .env("KUBECONFIG", &cluster.kubeconfig)
-                .env("RUST_LOG", "warn")
-                .args([
-                    "run",
-                    "--once",
-                    "--node-name",
-                    name,
-                    "--addr",
-                    &format!("127.0.0.1:{port}"),
-                ])
-                .arg("--replay")
-                .arg(fixtures::path(fixture)),
-            &format!("offload-agent on {name}"),
-        )?;
-    }
-
-    step(
-        "helm install offload-operator (operator runs outside the cluster, webhook reached by URL)",
+        "helm install offload-operator (the operator runs in this process, webhook reached by URL)",
     );
     let webhook_port = free_port().map_err(|e| e.to_string())?;
-    let ns: Namespace =
-        serde_json::from_value(json!({"metadata": {"name": NS}})).map_err(|e| e.to_string())?;
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))
+        .map_err(|e| e.to_string())?;
     Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &ns)
         .await
         .map_err(|e| e.to_string())?;
-    let chart = root().join("charts/offload-operator");
     run(
         cluster
             .helm()
-            .args(["install", "offload-operator"])
-            .arg(&chart)
+            .args(["install", deploy::RELEASE])
+            .arg(repo_root().join("charts/offload-operator"))
             .args([
                 "--namespace",
-                NS,
+                NAMESPACE,
                 "--set",
                 "operator.enabled=false",
                 "--set",
@@ -183,8 +120,6 @@ async fn demo(keep: bool) -> Result<(), String> {
             ]),
         "helm install",
     )?;
-
-    step("running the operator (controller + webhook) in this process");
     let shutdown = CancellationToken::new();
     let options = RunOptions {
         admin_addr: format!("127.0.0.1:{}", free_port().map_err(|e| e.to_string())?)
@@ -196,16 +131,86 @@ async fn demo(keep: bool) -> Result<(), String> {
             addr: format!("127.0.0.1:{webhook_port}")
                 .parse()
                 .map_err(|e| format!("{e}"))?,
-            certs: CertMode::Managed(ManagedCerts::chart(NS, vec!["127.0.0.1".into()])),
+            certs: CertMode::Managed(ManagedCerts::chart(NAMESPACE, vec!["127.0.0.1".into()])),
             check_interval: Duration::from_secs(3600),
         }),
     };
     let op_client = client.clone();
-    let op_token = shutdown.clone();
-    let op = tokio::spawn(async move { operator::run(op_client, options, op_token).await });
+    let token = shutdown.clone();
+    let task = tokio::spawn(async move { operator::run(op_client, options, token).await });
+    Ok(InProcess { shutdown, task })
+}
+
+async fn demo(cli: Cli) -> Result<(), String> {
+    let started = Instant::now();
+    let in_cluster = !cli.out_of_cluster;
+    let options = if in_cluster {
+        step(
+            "starting the local cluster: etcd, kube-apiserver, controller-manager, scheduler, kwok, and a real node (containerd, runc, CNI, kubelet, kube-proxy)",
+        );
+        ClusterOptions::with_real_node()
+    } else {
+        step(
+            "starting the local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)",
+        );
+        ClusterOptions::full()
+    };
+    let cluster = DevCluster::start(options)
+        .await
+        .map_err(|e| e.to_string())?;
+    eprintln!(
+        "ready in {:.1} s; KUBECONFIG={}",
+        started.elapsed().as_secs_f64(),
+        cluster.kubeconfig.display()
+    );
+    let client = cluster.client().await.map_err(|e| e.to_string())?;
+    let kubectl = |args: &[&str]| {
+        run(
+            cluster.kubectl().args(args),
+            &format!("kubectl {}", args.join(" ")),
+        )
+    };
+
+    step(
+        "simulated GPU nodes gh200-0, gh200-1 (coherent) and h200-0, h200-1 (discrete); offload-agent publishes each one's recorded report (no GPU here)",
+    );
+    deploy::add_simulated_gpu_nodes(
+        &cluster,
+        &client,
+        &sibling("offload-agent")?,
+        &[
+            ("gh200-0", "node-report-gh200.json"),
+            ("gh200-1", "node-report-gh200.json"),
+            ("h200-0", "node-report-h200.json"),
+            ("h200-1", "node-report-h200.json"),
+        ],
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+
+    let in_process = if in_cluster {
+        step(
+            "helm install offload-operator: the chart as it ships, with the images built here (operator and agent run as pods on the real node)",
+        );
+        deploy::prepare_real_node(&client)
+            .await
+            .map_err(|e| e.to_string())?;
+        let took = deploy::helm_install(
+            &cluster,
+            &[
+                "--set".to_string(),
+                "defaultProfile.create=false".to_string(),
+            ],
+        )
+        .map_err(|e| e.to_string())?;
+        eprintln!("every pod ready in {:.1} s", took.as_secs_f64());
+        None
+    } else {
+        Some(operator_out_of_cluster(&cluster, &client).await?)
+    };
 
     step("kubectl apply -f examples/");
-    let examples = root().join("examples");
+    let examples = repo_root().join("examples");
     let examples = examples.to_string_lossy().into_owned();
     // The webhook guards profiles and jobs (failurePolicy Fail): apply once it answers.
     let mut last = String::new();
@@ -287,12 +292,26 @@ async fn demo(keep: bool) -> Result<(), String> {
         kubectl(&[
             "get",
             "nodes",
-            "-l",
-            "nvidia.com/gpu.present",
             "-L",
             "offload.dev/uma,offload.dev/addressing-mode,offload.dev/c2c,offload.dev/overlap"
         ])?
     );
+    if in_cluster {
+        println!(
+            "\n$ kubectl get pods -n {NAMESPACE} -o wide   (the operator and agent, from images built here)"
+        );
+        print!(
+            "{}",
+            kubectl(&[
+                "get",
+                "pods",
+                "-n",
+                NAMESPACE,
+                "-o",
+                "custom-columns=NAME:.metadata.name,READY:.status.containerStatuses[0].ready,STATUS:.status.phase,NODE:.spec.nodeName,IMAGE:.spec.containers[0].image"
+            ])?
+        );
+    }
     println!("\n$ kubectl get offloadprofiles");
     print!("{}", kubectl(&["get", "offloadprofiles"])?);
     println!("\n$ kubectl get trainingjobs -A");
@@ -348,46 +367,46 @@ async fn demo(keep: bool) -> Result<(), String> {
             kubectl(&["get", "pod", &pod, "-o", "jsonpath={.spec.nodeName}"])?
         );
     }
-    if job_has_config(&kubectl)? {
+    if kubectl(&["get", "configmap", "-o", "name"])?.contains("llama-8b-deepspeed-offload") {
         println!(
-            "\n$ kubectl get configmap llama-8b-deepspeed-offload -o jsonpath='{{.data.ds_config\\.json}}'  (merged DeepSpeed config)"
+            "\n$ kubectl get configmap llama-8b-deepspeed-offload -o jsonpath='{{.data.ds_config\\.json}}' | jq   (merged DeepSpeed config)"
         );
-        println!(
-            "{}",
-            kubectl(&[
-                "get",
-                "configmap",
-                "llama-8b-deepspeed-offload",
-                "-o",
-                "jsonpath={.data.ds_config\\.json}"
-            ])?
-        );
+        let text = kubectl(&[
+            "get",
+            "configmap",
+            "llama-8b-deepspeed-offload",
+            "-o",
+            "jsonpath={.data.ds_config\\.json}",
+        ])?;
+        let pretty = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| serde_json::to_string_pretty(&v).ok())
+            .unwrap_or(text);
+        println!("{pretty}");
     }
 
-    if keep {
+    if cli.keep {
         eprintln!(
             "\nThe cluster keeps running: export KUBECONFIG={} ; Ctrl-C to stop and clean up.",
             cluster.kubeconfig.display()
         );
         let _ = tokio::signal::ctrl_c().await;
     }
-    shutdown.cancel();
-    let _ = op.await;
+    if let Some(op) = in_process {
+        op.shutdown.cancel();
+        let _ = op.task.await;
+    }
     eprintln!("\ndone in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
 }
 
-fn job_has_config(kubectl: &dyn Fn(&[&str]) -> Result<String, String>) -> Result<bool, String> {
-    Ok(kubectl(&["get", "configmap", "-o", "name"])?.contains("llama-8b-deepspeed-offload"))
-}
-
 fn main() -> ExitCode {
-    let keep = std::env::args().any(|a| a == "--keep");
+    let cli = Cli::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("start-up: tokio runtime");
-    match rt.block_on(demo(keep)) {
+    match rt.block_on(demo(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

@@ -1,0 +1,190 @@
+//! The chart as it ships, installed on a local cluster with a real node: only the image
+//! references point at the images `hack/images.sh` built. Shared by the demo and the
+//! end-to-end tests.
+//!
+//! The cluster is arranged as a GPU cluster would be: simulated GPU nodes (kwok) carry recorded
+//! node reports, published by the real `offload-agent` replaying them, and the taint GPU nodes
+//! usually carry (`nvidia.com/gpu=present:NoSchedule`), so the operator's pods run on the real
+//! node; the real node carries the label GPU Feature Discovery puts on GPU nodes, so the
+//! chart's agent DaemonSet runs there too, and a RuntimeClass `nvidia` as the NVIDIA container
+//! toolkit installs (served by runc on this node). The real node has no GPU, which its agent
+//! reports.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::node::v1::RuntimeClass;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::devcluster::node::images;
+use crate::devcluster::{DevCluster, REAL_NODE, free_port, repo_root};
+
+/// The release and namespace the chart is installed as.
+pub const RELEASE: &str = "offload-operator";
+/// The chart's namespace.
+pub const NAMESPACE: &str = "offload-system";
+/// The taint of the simulated GPU nodes, which workloads meant for them tolerate.
+pub const GPU_TAINT_KEY: &str = "nvidia.com/gpu";
+
+/// A deployment step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DeployError {
+    /// An API call failed.
+    #[error("{what}: {source}")]
+    Kube {
+        /// What was being done.
+        what: String,
+        /// The error.
+        #[source]
+        source: kube::Error,
+    },
+    /// A command failed.
+    #[error("{what} failed: {detail}")]
+    Command {
+        /// The command.
+        what: String,
+        /// Its output.
+        detail: String,
+    },
+    /// Something did not happen in time.
+    #[error("timed out after {0:?} waiting for {1}")]
+    Timeout(Duration, String),
+    /// A manifest could not be built (a bug).
+    #[error("building a manifest: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A port could not be found.
+    #[error(transparent)]
+    Cluster(#[from] crate::devcluster::DevClusterError),
+}
+
+fn kube(what: impl Into<String>) -> impl FnOnce(kube::Error) -> DeployError {
+    let what = what.into();
+    move |source| DeployError::Kube { what, source }
+}
+
+/// Runs a command; its output on success, both streams in the error.
+pub fn run(cmd: &mut Command, what: &str) -> Result<String, DeployError> {
+    let out = cmd.output().map_err(|e| DeployError::Command {
+        what: what.to_string(),
+        detail: e.to_string(),
+    })?;
+    if !out.status.success() {
+        return Err(DeployError::Command {
+            what: what.to_string(),
+            detail: format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A simulated (kwok) GPU node with `gpus` GPUs, tainted as GPU nodes usually are.
+pub fn simulated_gpu_node(name: &str, gpus: u32) -> Result<Node, DeployError> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {"kubernetes.io/hostname": name, "type": "kwok"}
+        },
+        "spec": {"taints": [{"key": GPU_TAINT_KEY, "value": "present", "effect": "NoSchedule"}]},
+        "status": {
+            "allocatable": {"cpu": "72", "memory": "480Gi", "pods": "110", "nvidia.com/gpu": gpus.to_string()},
+            "capacity": {"cpu": "72", "memory": "480Gi", "pods": "110", "nvidia.com/gpu": gpus.to_string()}
+        }
+    }))?)
+}
+
+/// Creates simulated GPU nodes and publishes each one's recorded report with the real agent
+/// (`offload-agent run --once --replay`), as the agent on such a node would.
+pub async fn add_simulated_gpu_nodes(
+    cluster: &DevCluster,
+    client: &kube::Client,
+    agent: &Path,
+    nodes: &[(&str, &str)],
+) -> Result<(), DeployError> {
+    let api: Api<Node> = Api::all(client.clone());
+    for (name, fixture) in nodes {
+        api.create(&PostParams::default(), &simulated_gpu_node(name, 1)?)
+            .await
+            .map_err(kube(format!("creating node {name}")))?;
+        run(
+            Command::new(agent)
+                .env("KUBECONFIG", &cluster.kubeconfig)
+                .env("RUST_LOG", "warn")
+                .args(["run", "--once", "--node-name", name])
+                .arg("--addr")
+                .arg(format!("127.0.0.1:{}", free_port()?))
+                .arg("--replay")
+                .arg(crate::fixtures::path(fixture)),
+            &format!("offload-agent on {name}"),
+        )?;
+    }
+    Ok(())
+}
+
+/// The real node as a GPU node looks to the chart: GPU Feature Discovery's label, and the
+/// `nvidia` RuntimeClass.
+pub async fn prepare_real_node(client: &kube::Client) -> Result<(), DeployError> {
+    let runtime: RuntimeClass = serde_json::from_value(json!({
+        "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+        "metadata": {"name": "nvidia"}, "handler": "nvidia"
+    }))?;
+    Api::<RuntimeClass>::all(client.clone())
+        .patch(
+            "nvidia",
+            &PatchParams::apply("offload-testenv").force(),
+            &Patch::Apply(&runtime),
+        )
+        .await
+        .map_err(kube("creating RuntimeClass nvidia"))?;
+    let label = json!({"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}});
+    Api::<Node>::all(client.clone())
+        .patch(REAL_NODE, &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .map_err(kube("labelling the real node"))?;
+    Ok(())
+}
+
+/// `helm install` of the chart with the images built here; waits until every pod is ready.
+/// Returns how long that took.
+pub fn helm_install(cluster: &DevCluster, extra: &[String]) -> Result<Duration, DeployError> {
+    let start = Instant::now();
+    let chart = repo_root().join("charts/offload-operator");
+    let mut cmd = cluster.helm();
+    cmd.args(["install", RELEASE])
+        .arg(&chart)
+        .args(["--namespace", NAMESPACE, "--create-namespace"])
+        .args([
+            "--set",
+            &format!(
+                "image.repository={}",
+                images::reference("offload-operator")
+                    .rsplit_once(':')
+                    .map_or("", |(r, _)| r)
+            ),
+            "--set",
+            &format!("image.tag={}", images::TAG),
+            "--set",
+            &format!(
+                "agent.image.repository={}",
+                images::reference("offload-agent")
+                    .rsplit_once(':')
+                    .map_or("", |(r, _)| r)
+            ),
+            "--set",
+            &format!("agent.image.tag={}", images::TAG),
+            "--wait",
+            "--timeout",
+            "5m",
+        ])
+        .args(extra);
+    run(&mut cmd, "helm install")?;
+    Ok(start.elapsed())
+}

@@ -1,0 +1,581 @@
+//! The chart as it ships, on a real node: the operator and the agent run as containers from the
+//! images built here (`hack/images.sh`), under the chart's ServiceAccounts and RBAC; the API
+//! server reaches the webhook through its Service; the GPU nodes are simulated by kwok with
+//! recorded reports. Then the leader's container is killed while opted-in pods and
+//! TrainingJobs keep coming, and `helm uninstall` runs the clean-up hook as a real Job.
+//!
+//! Needs root (a kubelet and containerd run here); the figures it prints go into
+//! `docs/benchmarks/deploy.md`.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::watcher;
+use offload_api::names;
+use offload_operator::api::{OffloadProfile, TrainingJob};
+use offload_testenv::deploy::{self, GPU_TAINT_KEY, NAMESPACE, RELEASE};
+use offload_testenv::devcluster::{ClusterOptions, DevCluster, REAL_NODE};
+use serde_json::json;
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(180);
+
+fn toleration() -> serde_json::Value {
+    json!([{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}])
+}
+
+fn opted_pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {names::PROFILE_ANNOTATION: "auto"}},
+        "spec": {"tolerations": toleration(),
+                 "containers": [{"name": "train", "image": "train:1",
+                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    }))
+    .unwrap()
+}
+
+fn training_job(name: &str) -> TrainingJob {
+    serde_json::from_value(json!({
+        "apiVersion": "offload.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": name, "annotations": {names::PROFILE_ANNOTATION: "auto"}},
+        "spec": {"replicas": 1, "framework": {"name": "DeepSpeed", "version": "0.19.8"},
+                 "template": {"spec": {"tolerations": toleration(),
+                     "containers": [{"name": "train", "image": "train:1",
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}
+    }))
+    .unwrap()
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Figures of the run, printed at the end for `docs/benchmarks/deploy.md`.
+#[derive(Default)]
+struct Figures {
+    lines: Vec<String>,
+}
+
+impl Figures {
+    fn add(&mut self, line: String) {
+        eprintln!("figure: {line}");
+        self.lines.push(line);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_runs_on_a_real_node_fails_over_and_uninstalls_cleanly() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: a real node needs root (kubelet, containerd, cgroups, iptables)");
+        return;
+    }
+    let mut figures = Figures::default();
+    let started = Instant::now();
+    let cluster = DevCluster::start(ClusterOptions::with_real_node())
+        .await
+        .unwrap_or_else(|e| panic!("starting the cluster with a real node: {e}"));
+    figures.add(format!(
+        "control plane and real node Ready: {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+    let client = cluster.client().await.unwrap();
+    apply_crds(&client).await;
+
+    deploy::prepare_real_node(&client).await.unwrap();
+    let agent = workspace_binary("offload-agent");
+    deploy::add_simulated_gpu_nodes(
+        &cluster,
+        &client,
+        &agent,
+        &[
+            ("gh200-0", "node-report-gh200.json"),
+            ("gh200-1", "node-report-gh200.json"),
+            ("h200-0", "node-report-h200.json"),
+        ],
+    )
+    .await
+    .unwrap();
+
+    // helm install of the chart as it ships, only the images pointed at the ones built here.
+    let took = deploy::helm_install(&cluster, &[]).unwrap();
+    figures.add(format!(
+        "helm install → every pod ready: {:.1} s",
+        took.as_secs_f64()
+    ));
+
+    installation_runs_from_its_images_on_the_real_node(&cluster, &client).await;
+    the_webhook_and_controller_work_in_cluster(&client).await;
+    let out = kubectl(
+        &cluster,
+        &[
+            "--namespace",
+            NAMESPACE,
+            "logs",
+            "-l",
+            "app.kubernetes.io/component=operator",
+            "--tail=5",
+        ],
+    );
+    eprintln!("operator logs (tail):\n{out}");
+    helm_test_passes(&cluster);
+    failover_admits_everything_and_resolves_every_job_once(&cluster, &client, &mut figures).await;
+    uninstall_leaves_nothing_behind(&cluster, &client).await;
+
+    eprintln!("\n--- figures ---");
+    for line in &figures.lines {
+        eprintln!("{line}");
+    }
+}
+
+async fn installation_runs_from_its_images_on_the_real_node(
+    cluster: &DevCluster,
+    client: &kube::Client,
+) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    // Two operator replicas, both Running on the real node and both ready (the standby
+    // serves the webhook too), under the chart's ServiceAccount.
+    let operators = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/component=operator"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(operators.len(), 2, "two operator replicas");
+    for pod in &operators {
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some(REAL_NODE));
+        assert_eq!(
+            spec.service_account_name.as_deref(),
+            Some("offload-operator")
+        );
+        assert!(
+            spec.containers[0]
+                .image
+                .as_deref()
+                .unwrap()
+                .starts_with("localhost/offload-operator:")
+        );
+        assert!(is_ready(pod), "{:?} not ready", pod.metadata.name);
+    }
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NAMESPACE);
+    let ready_endpoints = slices
+        .list(&ListParams::default().labels("kubernetes.io/service-name=offload-operator-webhook"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .flat_map(|s| s.endpoints.iter())
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+        .count();
+    assert_eq!(ready_endpoints, 2, "the webhook Service has both replicas");
+
+    // The agent DaemonSet's pod runs on the real node, which has no GPU: it says so in its
+    // report and logs, writes no memory-model label, and stays healthy.
+    let agent = wait_list(
+        pods.clone(),
+        watcher::Config::default().labels("app.kubernetes.io/component=agent"),
+        "the agent pod Running on the real node",
+        WAIT,
+        |pods| {
+            pods.iter()
+                .find(|p| {
+                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(REAL_NODE)
+                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                })
+                .map(|p| Pod::clone(p))
+        },
+    )
+    .await;
+    let node = wait(
+        "the agent's report on the real node",
+        WAIT,
+        kube::runtime::wait::await_condition(
+            Api::<Node>::all(client.clone()),
+            REAL_NODE,
+            |n: Option<&Node>| {
+                n.and_then(|n| n.metadata.annotations.as_ref())
+                    .is_some_and(|a| a.contains_key(names::ANNOTATION_NODE_REPORT))
+            },
+        ),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let annotations = node.metadata.annotations.clone().unwrap_or_default();
+    let report: serde_json::Value =
+        serde_json::from_str(&annotations[names::ANNOTATION_NODE_REPORT]).unwrap();
+    assert_eq!(report["memoryModel"], "unknown", "{report}");
+    assert_eq!(report["nvml"]["available"], false, "{report}");
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    for key in [
+        names::LABEL_UMA,
+        names::LABEL_ADDRESSING_MODE,
+        names::LABEL_C2C,
+    ] {
+        assert!(
+            !labels.contains_key(key),
+            "{key} on a node without GPU: {labels:?}"
+        );
+    }
+    assert_eq!(labels[names::LABEL_OVERLAP], "untested");
+    let logs = kubectl(
+        cluster,
+        &[
+            "--namespace",
+            NAMESPACE,
+            "logs",
+            agent.metadata.name.as_deref().unwrap(),
+        ],
+    );
+    assert!(
+        logs.contains("measured") && logs.contains("unknown"),
+        "agent logs: {logs}"
+    );
+    let restarts: i32 = agent
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .map_or(0, |c| c.iter().map(|c| c.restart_count).sum());
+    assert_eq!(restarts, 0, "the agent stays up");
+    let ds = Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE)
+        .get("offload-agent")
+        .await
+        .unwrap();
+    assert!(ds.status.unwrap().number_ready >= 1);
+}
+
+async fn the_webhook_and_controller_work_in_cluster(client: &kube::Client) {
+    let ns = namespace(client, "e2e").await;
+    // A labelled pod goes through the webhook, reached by the API server through its Service.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pod = pods
+        .create(&PostParams::default(), &opted_pod("configured"))
+        .await
+        .unwrap();
+    let env: Vec<String> = pod.spec.unwrap().containers[0]
+        .env
+        .iter()
+        .flatten()
+        .map(|e| format!("{}={}", e.name, e.value.clone().unwrap_or_default()))
+        .collect();
+    assert!(
+        env.contains(&"OFFLOAD_MODE=unified-memory".to_string()),
+        "{env:?}"
+    );
+    // A TrainingJob is resolved by the operator running in the cluster; its pod lands on a
+    // simulated coherent node.
+    let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    tjs.create(&PostParams::default(), &training_job("in-cluster"))
+        .await
+        .unwrap();
+    wait_list(
+        pods,
+        watcher::Config::default().labels("offload.dev/training-job=in-cluster"),
+        "the in-cluster job's pod on a coherent node",
+        WAIT,
+        |pods| {
+            pods.iter()
+                .find(|p| {
+                    p.spec
+                        .as_ref()
+                        .and_then(|s| s.node_name.as_deref())
+                        .is_some_and(|n| n.starts_with("gh200-"))
+                })
+                .map(|_| ())
+        },
+    )
+    .await;
+}
+
+fn helm_test_passes(cluster: &DevCluster) {
+    let out = deploy::run(
+        cluster.helm().args([
+            "test",
+            RELEASE,
+            "--namespace",
+            NAMESPACE,
+            "--logs",
+            "--timeout",
+            "3m",
+        ]),
+        "helm test",
+    )
+    .unwrap();
+    assert!(
+        out.contains("Phase:          Succeeded") || out.contains("Succeeded"),
+        "{out}"
+    );
+    assert!(out.contains("admission webhooks answered"), "{out}");
+}
+
+/// The container ID of a pod's first container, as containerd knows it.
+fn container_id(pod: &Pod) -> String {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.container_id.clone())
+        .and_then(|id| id.strip_prefix("containerd://").map(str::to_string))
+        .unwrap()
+}
+
+async fn failover_admits_everything_and_resolves_every_job_once(
+    cluster: &DevCluster,
+    client: &kube::Client,
+    figures: &mut Figures,
+) {
+    let ns = namespace(client, "failover").await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
+    let lease = leases.get("offload-operator-leader").await.unwrap();
+    let leader_identity = lease.spec.unwrap().holder_identity.unwrap();
+    let leader_pod_name = leader_identity.split('_').next().unwrap().to_string();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let leader_pod = pods.get(&leader_pod_name).await.unwrap();
+    let container = container_id(&leader_pod);
+
+    // Opted-in pods and TrainingJobs keep coming while the leader's container is killed.
+    let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let created_jobs: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (attempted, mut attempts_seen) = tokio::sync::watch::channel(0usize);
+    let creator = {
+        let (client, ns, errors, stop, created_jobs) = (
+            client.clone(),
+            ns.clone(),
+            errors.clone(),
+            stop.clone(),
+            created_jobs.clone(),
+        );
+        tokio::spawn(async move {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            let tjs: Api<TrainingJob> = Api::namespaced(client, &ns);
+            let mut i = 0;
+            let mut ticker = tokio::time::interval(Duration::from_millis(100));
+            while !stop.is_cancelled() {
+                ticker.tick().await;
+                if let Err(e) = pods
+                    .create(&PostParams::default(), &opted_pod(&format!("p-{i}")))
+                    .await
+                {
+                    errors.lock().unwrap().push(format!("pod p-{i}: {e}"));
+                }
+                if i % 4 == 0 {
+                    let name = format!("tj-{i}");
+                    match tjs
+                        .create(&PostParams::default(), &training_job(&name))
+                        .await
+                    {
+                        Ok(_) => created_jobs.lock().unwrap().push(name),
+                        Err(e) => errors
+                            .lock()
+                            .unwrap()
+                            .push(format!("TrainingJob {name}: {e}")),
+                    }
+                }
+                i += 1;
+                attempted.send_replace(i);
+            }
+            i
+        })
+    };
+    // Some admissions before the kill, with the leader serving.
+    wait(
+        "20 creations before the kill",
+        WAIT,
+        attempts_seen.wait_for(|n| *n >= 20),
+    )
+    .await
+    .unwrap();
+    let killed_at = Instant::now();
+    deploy::run(
+        &mut cluster.ctr(&["tasks", "kill", "--signal", "SIGKILL", &container]),
+        "killing the leader's container",
+    )
+    .unwrap();
+    let new_holder = wait(
+        "the lease to move away from the killed leader",
+        Duration::from_secs(60),
+        kube::runtime::wait::await_condition(leases.clone(), "offload-operator-leader", {
+            let old = leader_identity.clone();
+            move |l: Option<&Lease>| {
+                l.and_then(|l| l.spec.as_ref())
+                    .and_then(|s| s.holder_identity.as_ref())
+                    .is_some_and(|h| *h != old)
+            }
+        }),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let failover = killed_at.elapsed();
+    let holder = new_holder.spec.unwrap().holder_identity.unwrap();
+    // And some after the new leader took over.
+    let at_takeover = *attempts_seen.borrow();
+    wait(
+        "20 creations after the takeover",
+        WAIT,
+        attempts_seen.wait_for(|n| *n >= at_takeover + 20),
+    )
+    .await
+    .unwrap();
+    stop.cancel();
+    let attempts = creator.await.unwrap();
+    let errors = errors.lock().unwrap().clone();
+    figures.add(format!(
+        "leader container killed: lease taken by {holder} after {:.1} s (lease duration 15 s); the killed replica was {leader_pod_name}",
+        failover.as_secs_f64()
+    ));
+    assert!(
+        !holder.starts_with(&format!("{leader_pod_name}_")),
+        "the standby takes over, not the restarted leader: {holder}"
+    );
+    figures.add(format!(
+        "admission during failover: {attempts} pod creations and {} TrainingJobs, {} refused{}",
+        created_jobs.lock().unwrap().len(),
+        errors.len(),
+        errors
+            .first()
+            .map(|e| format!(" (first: {e})"))
+            .unwrap_or_default()
+    ));
+    assert!(failover < Duration::from_secs(15 + 10), "{failover:?}");
+
+    // Every TrainingJob created is resolved, once: one workload Job each.
+    let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let created = created_jobs.lock().unwrap().clone();
+    wait_list(
+        tjs,
+        watcher::Config::default(),
+        "every TrainingJob created during the failover to get its workload",
+        WAIT,
+        |tjs| {
+            (tjs.len() == created.len()
+                && tjs.iter().all(|tj| {
+                    tj.status.as_ref().is_some_and(|s| {
+                        s.conditions
+                            .iter()
+                            .any(|c| c.type_ == "WorkloadCreated" && c.status == "True")
+                    })
+                }))
+            .then_some(())
+        },
+    )
+    .await;
+    let jobs = Api::<Job>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default().labels(names::LABEL_TRAINING_JOB))
+        .await
+        .unwrap()
+        .items;
+    let mut per_job: BTreeMap<String, usize> = BTreeMap::new();
+    for job in &jobs {
+        *per_job
+            .entry(job.metadata.name.clone().unwrap())
+            .or_default() += 1;
+    }
+    assert_eq!(per_job.len(), created.len());
+    assert!(per_job.values().all(|n| *n == 1), "{per_job:?}");
+    // Both replicas are back and ready.
+    wait_list(
+        pods,
+        watcher::Config::default().labels("app.kubernetes.io/component=operator"),
+        "both operator replicas ready again",
+        WAIT,
+        |pods| (pods.iter().filter(|p| is_ready(p)).count() == 2).then_some(()),
+    )
+    .await;
+    let _ = Api::<Deployment>::namespaced(client.clone(), NAMESPACE)
+        .get("offload-operator")
+        .await
+        .unwrap();
+    let _ = Api::<OffloadProfile>::all(client.clone());
+}
+
+async fn uninstall_leaves_nothing_behind(cluster: &DevCluster, client: &kube::Client) {
+    deploy::run(
+        cluster.helm().args([
+            "uninstall",
+            RELEASE,
+            "--namespace",
+            NAMESPACE,
+            "--wait",
+            "--timeout",
+            "3m",
+        ]),
+        "helm uninstall",
+    )
+    .unwrap();
+    // The pods of the release go away.
+    wait_list(
+        Api::<Pod>::namespaced(client.clone(), NAMESPACE),
+        watcher::Config::default(),
+        "every pod of the release to be gone",
+        WAIT,
+        |pods| pods.is_empty().then_some(()),
+    )
+    .await;
+    // The clean-up hook ran as a real Job: no node keeps an agent label or report; the operator's
+    // run-time objects are gone.
+    for node in Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+    {
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        for key in names::AGENT_LABELS {
+            assert!(
+                !labels.contains_key(key),
+                "{key} left on {:?}",
+                node.metadata.name
+            );
+        }
+        assert!(
+            !node
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key(names::ANNOTATION_NODE_REPORT),
+            "report left on {:?}",
+            node.metadata.name
+        );
+    }
+    let left = kubectl(
+        cluster,
+        &[
+            "get",
+            "all,secrets,leases,serviceaccounts,roles,rolebindings,configmaps",
+            "-n",
+            NAMESPACE,
+            "-o",
+            "name",
+        ],
+    );
+    let left: Vec<&str> = left
+        .lines()
+        .filter(|l| !l.ends_with("/kube-root-ca.crt") && !l.ends_with("serviceaccount/default"))
+        .collect();
+    assert!(left.is_empty(), "left behind in {NAMESPACE}: {left:?}");
+    let cluster_wide = kubectl(
+        cluster,
+        &[
+            "get",
+            "clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations,validatingadmissionpolicies,validatingadmissionpolicybindings",
+            "-o",
+            "name",
+        ],
+    );
+    assert!(!cluster_wide.contains("offload"), "{cluster_wide}");
+}
