@@ -2,7 +2,9 @@
 //! The binary `offload-agent` is a thin CLI over it.
 #![deny(missing_docs)]
 
+pub mod observe;
 pub mod probe;
 pub mod publish;
 pub mod report;
 pub mod selftest;
+pub mod verify;

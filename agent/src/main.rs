@@ -35,6 +35,23 @@ enum Command {
     },
     /// Publish labels and the report on this node, re-run on an interval and on demand.
     Run(RunArgs),
+    /// Sample NVML's utilization of the GPUs for a window and print each GPU's busy fraction
+    /// (no cluster access).
+    Observe {
+        /// Window, seconds.
+        #[arg(long, default_value_t = 8.0)]
+        seconds: f64,
+        /// Sampling interval, milliseconds.
+        #[arg(long, default_value_t = 100)]
+        interval_ms: u64,
+        /// GPU indices (all when none).
+        #[arg(long = "gpu")]
+        gpus: Vec<u32>,
+    },
+    /// The start-up guard of a configured training pod (its init container): check, inside the
+    /// pod's GPU allocation, that the node is what the configuration assumes; exit 1 with what
+    /// to do when it is not (the message also goes to /dev/termination-log).
+    Verify(VerifyArgs),
     /// Remove this agent's labels and report from the node (uninstall).
     Cleanup {
         /// This node's name (from the downward API).
@@ -89,6 +106,25 @@ impl TestArgs {
             coherent: false,
         }
     }
+}
+
+#[derive(Args, Clone)]
+struct VerifyArgs {
+    /// The configured offload mode (the pod's OFFLOAD_MODE).
+    #[arg(long, env = "OFFLOAD_MODE", value_parser = ["unified-memory", "cpu-copy", "disabled"])]
+    mode: String,
+    /// The node class the decision placed the pod on.
+    #[arg(long, value_parser = ["coherent", "discrete"])]
+    node_class: Option<String>,
+    /// Whether the configuration pins host memory (the pod's OFFLOAD_PIN_MEMORY, 1 or 0).
+    #[arg(long, env = "OFFLOAD_PIN_MEMORY", default_value = "0", value_parser = ["0", "1"])]
+    pin_memory: String,
+    /// This node's name (from the downward API), for the message.
+    #[arg(long, env = "NODE_NAME", default_value = "this node")]
+    node_name: String,
+    /// Where Kubernetes reads a failed container's message from.
+    #[arg(long, default_value = "/dev/termination-log")]
+    termination_log: std::path::PathBuf,
 }
 
 #[derive(Args, Clone)]
@@ -174,6 +210,41 @@ fn main() -> ExitCode {
             };
             with_client(|client, shutdown| publish::run_loop(client, cfg, shutdown))
         }
+        Command::Verify(args) => verify(&args),
+        Command::Observe {
+            seconds,
+            interval_ms,
+            gpus,
+        } => {
+            let source = match offload_agent::observe::NvmlUtilization::new() {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match offload_agent::observe::observe(
+                &source,
+                &gpus,
+                Duration::from_secs_f64(seconds.clamp(0.0, 3600.0)),
+                Duration::from_millis(interval_ms.max(1)),
+            ) {
+                Ok(obs) => match serde_json::to_string(&obs) {
+                    Ok(s) => {
+                        println!("{s}");
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        ExitCode::FAILURE
+                    }
+                },
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Cleanup { node_name, .. } => {
             with_client(
                 |client, _| async move { publish::cleanup(&client, node_name.as_deref()).await },
@@ -239,6 +310,44 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .expect("start-up: tokio runtime")
+}
+
+fn verify(args: &VerifyArgs) -> ExitCode {
+    use offload_agent::verify::{Expected, PIN_PROBE_BYTES};
+    use offload_api::api::{NodeClass, OffloadMode};
+    let expected = Expected {
+        mode: match args.mode.as_str() {
+            "unified-memory" => OffloadMode::UnifiedMemory,
+            "cpu-copy" => OffloadMode::CpuCopy,
+            _ => OffloadMode::Disabled,
+        },
+        node_class: args.node_class.as_deref().map(|c| {
+            if c == "coherent" {
+                NodeClass::Coherent
+            } else {
+                NodeClass::Discrete
+            }
+        }),
+        pin_memory: args.pin_memory == "1",
+        node: args.node_name.clone(),
+    };
+    let pin = || offload_agent::selftest::pin_probe(0, PIN_PROBE_BYTES).map_err(|e| e.to_string());
+    match offload_agent::verify::verify(&RealNvml, &expected, &pin) {
+        Ok(ok) => {
+            for w in &ok.warnings {
+                eprintln!("offload-verify: warning: {w}");
+            }
+            println!("offload-verify: {}", ok.summary);
+            ExitCode::SUCCESS
+        }
+        Err(mismatch) => {
+            let msg = format!("offload-verify: {mismatch}");
+            eprintln!("{msg}");
+            // Best effort: outside a pod the file may not exist.
+            let _ = std::fs::write(&args.termination_log, &msg);
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn hostname() -> String {

@@ -715,6 +715,21 @@ pub fn measure(opt: &SelfTestOptions, device: usize) -> Result<Measurements, Cud
     }
     drop(dev_one);
 
+    // The step's copies in the slower direction, at the bandwidth of the memory used.
+    let (d2h, h2d) = if pinned {
+        (bandwidth.d2h_pinned, bandwidth.h2d_pinned)
+    } else {
+        (bandwidth.d2h_pageable, bandwidth.h2d_pageable)
+    };
+    #[allow(clippy::cast_precision_loss)]
+    let bytes = (total * 4) as f64;
+    let t_copy_ms = [d2h, h2d]
+        .into_iter()
+        .flatten()
+        .filter(|gbps| *gbps > 0.0)
+        .map(|gbps| bytes / (gbps * 1e9) * 1e3)
+        .fold(0.0, f64::max);
+
     // Warm up, then balance GPU work against the CPU update.
     rig.cpu_only();
     let t_cpu_probe = rig.cpu_only();
@@ -758,5 +773,15 @@ pub fn measure(opt: &SelfTestOptions, device: usize) -> Result<Measurements, Cud
         t_cpu_ms: t_cpu,
         t_serial_ms: t_serial,
         t_pipelined_ms: t_pipe,
+        t_copy_ms,
     })
+}
+
+/// Pins `bytes` of host memory on GPU `device`'s context and frees it: whether the node lets a
+/// pod page-lock host memory the way the rendered configuration (`pin_memory: true`) will.
+pub fn pin_probe(device: usize, bytes: usize) -> Result<(), CudaError> {
+    let _ctx = Context::new(device)?;
+    let buf = HostBuf::pinned(bytes.div_ceil(4).max(1), 0)?;
+    drop(buf);
+    Ok(())
 }

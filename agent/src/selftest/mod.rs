@@ -24,6 +24,7 @@ use std::time::Instant;
 
 use offload_api::report::{Bandwidths, GpuSelfTest, OverlapVerdict, SelfTestReport};
 
+pub use cuda::{CudaError, pin_probe};
 pub use math::{efficiency, verdict};
 
 /// How to run the self-test.
@@ -101,6 +102,8 @@ pub struct Measurements {
     pub t_serial_ms: Vec<f64>,
     /// Per repetition: pipelined step, ms.
     pub t_pipelined_ms: Vec<f64>,
+    /// Time of the step's copies in the slower direction at the measured bandwidth, ms.
+    pub t_copy_ms: f64,
 }
 
 impl Measurements {
@@ -113,8 +116,9 @@ impl Measurements {
         self.t_gpu_ms
             .iter()
             .zip(&self.t_cpu_ms)
+            .zip(&self.t_serial_ms)
             .zip(&self.t_pipelined_ms)
-            .filter_map(|((g, c), p)| efficiency(*g, *c, *p))
+            .filter_map(|(((g, c), s), p)| efficiency(*g, *c, self.t_copy_ms, *s, *p))
             .collect()
     }
 
@@ -164,7 +168,7 @@ impl Measurements {
         let flop = elems * f64::from(self.kernel_iters) * cuda::FLOP_PER_ELEMENT_ITER;
         let (verdict, basis) =
             math::hysteresis(previous, eff, spread, options.threshold, options.margin);
-        let longer = t_gpu.max(t_cpu);
+        let longer = t_gpu.max(t_cpu).max(self.t_copy_ms);
         SelfTestReport {
             verdict,
             threshold: options.threshold,
@@ -179,6 +183,8 @@ impl Measurements {
             t_serial_ms: Some(t_serial),
             t_pipelined_ms: Some(t_pipe),
             chunks: Some(self.chunks),
+            chunk_elems: u64::try_from(self.chunk_elems).ok(),
+            t_copy_ms: (self.t_copy_ms > 0.0).then_some(self.t_copy_ms),
             duration_ms: None,
             error: None,
             runs: u32::try_from(self.t_pipelined_ms.len()).ok(),
@@ -366,6 +372,7 @@ mod tests {
             t_cpu_ms: vec![80.0; pipelined.len()],
             t_serial_ms: vec![170.0; pipelined.len()],
             t_pipelined_ms: pipelined.to_vec(),
+            t_copy_ms: 10.0,
             ..Measurements::default()
         }
     }
@@ -382,8 +389,8 @@ mod tests {
             ],
         );
         assert_eq!(report.per_gpu.len(), 2);
-        // GPU 1: (80 + 80 − 120) / 80 = 0.5 at the median.
-        assert_eq!(report.efficiency, Some(0.5));
+        // GPU 1: (170 − 120) / (170 − 80) = 0.56 at the median.
+        assert!((report.efficiency.unwrap() - 50.0 / 90.0).abs() < 1e-9);
         assert_eq!(report.verdict, OverlapVerdict::Failed);
         assert_eq!(report.runs, Some(3));
         assert!(report.pipelined_over_max.unwrap() > 1.4);

@@ -231,7 +231,9 @@ pub struct SelfTestReport {
     pub verdict: OverlapVerdict,
     /// Efficiency threshold the verdict used.
     pub threshold: f64,
-    /// Overlap efficiency `(t_gpu + t_cpu - t_pipelined) / min(t_gpu, t_cpu)`.
+    /// Overlap efficiency, the median of the repetitions: the share of what a pipeline can hide
+    /// that it hid, `(t_serial − t_pipelined) / (t_serial − max(t_gpu, t_cpu, t_copy))` (1: the
+    /// pipelined step costs only its longest part; 0: it costs their sum).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub efficiency: Option<f64>,
     /// Whether pinned host memory could be allocated; `false` means the pageable path was measured.
@@ -264,6 +266,12 @@ pub struct SelfTestReport {
     /// Number of chunks K.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunks: Option<u32>,
+    /// fp32 elements per chunk (the shape a peer benchmark must reproduce).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk_elems: Option<u64>,
+    /// The step's copies in the slower direction at the measured bandwidth, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub t_copy_ms: Option<f64>,
     /// How long the whole self-test took, ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<f64>,
@@ -279,7 +287,7 @@ pub struct SelfTestReport {
     /// Highest efficiency of one repetition.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub efficiency_max: Option<f64>,
-    /// Pipelined step over `max(t_gpu, t_cpu)`: 1 is perfect overlap; about 1 + 1/chunks is
+    /// Pipelined step over `max(t_gpu, t_cpu, t_copy)`: 1 is perfect overlap; about 1 + 1/chunks is
     /// what a correct pipeline pays for its fill and drain.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipelined_over_max: Option<f64>,
@@ -353,6 +361,8 @@ impl SelfTestReport {
             t_serial_ms: None,
             t_pipelined_ms: None,
             chunks: None,
+            chunk_elems: None,
+            t_copy_ms: None,
             duration_ms: None,
             error: Some(why.into()),
             runs: None,
@@ -413,13 +423,28 @@ pub enum ReportError {
     /// measurement, a memory model its own GPUs contradict).
     #[error("node report is not believable: {0}")]
     Impossible(String),
+    /// Larger than any node annotation can be.
+    #[error(
+        "node report is {bytes} bytes, more than the {MAX_REPORT_BYTES} a node's annotations can hold"
+    )]
+    TooLarge {
+        /// Its size.
+        bytes: usize,
+    },
 }
+
+/// The API server caps all of an object's annotations at 256 KiB: a report larger than that
+/// never came from a node.
+pub const MAX_REPORT_BYTES: usize = 256 * 1024;
 
 impl NodeReport {
     /// Parses the annotation value, checking the schema version before anything else so an agent
     /// newer than the operator gets a message about versions, not about fields; then rejects a
     /// report whose figures cannot be true (see [`NodeReport::check`]).
     pub fn parse(json: &str) -> Result<NodeReport, ReportError> {
+        if json.len() > MAX_REPORT_BYTES {
+            return Err(ReportError::TooLarge { bytes: json.len() });
+        }
         let value: serde_json::Value =
             serde_json::from_str(json).map_err(|e| ReportError::Malformed(e.to_string()))?;
         match value
@@ -577,6 +602,40 @@ impl fmt::Display for NodeMemoryModel {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn hostile_reports_are_refused_with_what_is_wrong() {
+        let deep = format!("{}1{}", "[".repeat(50_000), "]".repeat(50_000));
+        let huge = format!(
+            r#"{{"schemaVersion": 2, "pad": "{}"}}"#,
+            "x".repeat(MAX_REPORT_BYTES)
+        );
+        for (case, text, expect) in [
+            ("empty", String::new(), "not valid JSON"),
+            ("a list", "[]".to_string(), "schemaVersion"),
+            (
+                "a string version",
+                r#"{"schemaVersion": "2"}"#.to_string(),
+                "schemaVersion",
+            ),
+            (
+                "a future version",
+                r#"{"schemaVersion": 99}"#.to_string(),
+                "upgrade",
+            ),
+            ("nested 50,000 deep", deep, "not valid JSON"),
+            ("over 256 KiB", huge, "more than the"),
+            (
+                "fields of the wrong type",
+                r#"{"schemaVersion": 2, "gpus": "many"}"#.to_string(),
+                "not valid JSON",
+            ),
+        ] {
+            let err = NodeReport::parse(&text).unwrap_err().to_string();
+            assert!(err.contains(expect), "{case}: {err}");
+        }
+    }
+
     use super::*;
     use crate::names;
 

@@ -1,0 +1,200 @@
+"""One DeepSpeed configuration, one model size, one process: the step time the configuration
+gives on this node. `hack/gpu/decision-bench.sh` runs it once per candidate that
+`offload-operator explain --candidates` rendered (SuperOffload leaves CPU workers behind, so
+never two engines in one process).
+
+The model is a decoder-only transformer of plain Linear layers (so ZeRO-3's parameter hooks see
+every weight): small = hidden 1024, 20 layers (about 0.29B parameters); large = hidden 2048,
+40 layers (about 2.1B). bf16, random tokens, a fixed batch.
+
+With --observe AGENT, after the timed steps it keeps training for --observe-seconds while
+`AGENT observe` samples NVML, and records the truth beside it: the union of every kernel's
+interval (torch.profiler, CUPTI) over the wall-clock time of that window.
+
+Usage: python3 ds_step.py --config ds.json --size small|large [--steps 8] [--label NAME]
+                          [--observe AGENT --observe-seconds S]
+Prints one JSON object: every step's wall time, the median of steps 3-7, the forward+backward
+GPU time of those steps (CUDA events), the peak GPU memory, and the observation.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SIZES = {"small": (1024, 20, 16), "large": (2048, 40, 16)}
+VOCAB = 32000
+SEQ = 512
+
+
+class Block(nn.Module):
+    def __init__(self, h, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(h)
+        self.qkv = nn.Linear(h, 3 * h)
+        self.proj = nn.Linear(h, h)
+        self.ln2 = nn.LayerNorm(h)
+        self.up = nn.Linear(h, 4 * h)
+        self.down = nn.Linear(4 * h, h)
+
+    def forward(self, x):
+        b, t, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, h // self.heads).unbind(2)
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, h))
+        return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+
+class Model(nn.Module):
+    def __init__(self, h, layers, heads):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, h)
+        self.blocks = nn.ModuleList(Block(h, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(h)
+        self.head = nn.Linear(h, VOCAB, bias=False)
+
+    def forward(self, tokens):
+        x = self.emb(tokens)
+        for b in self.blocks:
+            x = b(x)
+        logits = self.head(self.ln(x))
+        return F.cross_entropy(logits.float().view(-1, VOCAB), tokens.view(-1))
+
+
+def union_us(intervals):
+    total, end = 0.0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def observe(agent, seconds, step):
+    """Trains while the agent samples NVML; the truth is the kernels' busy time (CUPTI)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    proc = subprocess.Popen(
+        [agent, "observe", "--seconds", str(seconds), "--interval-ms", "100"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )
+    n = 0
+    # CPU activity too: without it the kernels are not correlated and go missing.
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        while proc.poll() is None:
+            step()
+            n += 1
+        wall_us = (time.perf_counter() - t0) * 1e6
+    kernels = []
+    for ev in prof.events():
+        # Device-side events: the kernels each CPU op launched.
+        for k in list(getattr(ev, "kernels", [])) + ([ev] if ev.device_type == torch.autograd.DeviceType.CUDA else []):
+            name = getattr(k, "name", "")
+            tr = getattr(k, "time_range", None) or getattr(k, "interval", None)
+            if tr is None or name.startswith(("Memcpy", "Memset")):
+                continue
+            if tr.end > tr.start:
+                kernels.append((tr.start, tr.end))
+    obs = json.loads(proc.stdout.read() or b"[]")
+    cuda = torch.autograd.DeviceType.CUDA
+    kernel_us = sum(
+        getattr(k, "device_time_total", 0) or getattr(k, "cuda_time_total", 0)
+        for k in prof.key_averages()
+        if getattr(k, "device_type", None) == cuda and not k.key.startswith(("Memcpy", "Memset"))
+    )
+    return {
+        "steps": n,
+        "wallS": round(wall_us / 1e6, 2),
+        "kernels": len(kernels),
+        "trueBusyFraction": round(union_us(kernels) / wall_us, 4) if wall_us else None,
+        "kernelTimeFraction": round(kernel_us / wall_us, 4) if wall_us else None,
+        "observed": obs,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--size", choices=sorted(SIZES), required=True)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--observe", default="")
+    ap.add_argument("--observe-seconds", type=float, default=6.0)
+    a = ap.parse_args()
+    out = {"label": a.label, "size": a.size}
+    try:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("LOCAL_RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        import deepspeed
+
+        with open(a.config) as f:
+            config = json.load(f)
+        out["zero"] = config.get("zero_optimization")
+        deepspeed.init_distributed(dist_backend="nccl", verbose=False)
+        torch.cuda.set_device(0)
+        h, layers, heads = SIZES[a.size]
+        torch.manual_seed(0)
+        model = Model(h, layers, heads)
+        out["params"] = sum(p.numel() for p in model.parameters())
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, model_parameters=model.parameters(), config=config
+        )
+        micro = config.get("train_micro_batch_size_per_gpu", 4)
+        tokens = torch.randint(0, VOCAB, (micro, SEQ), device="cuda")
+        steps, fwd_bwd = [], []
+
+        def step():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            loss = engine(tokens)
+            engine.backward(loss)
+            e.record()
+            engine.step()
+            torch.cuda.synchronize()
+            return loss, (time.perf_counter() - t0) * 1e3, s.elapsed_time(e)
+
+        for _ in range(a.steps):
+            loss, ms, gpu = step()
+            steps.append(ms)
+            fwd_bwd.append(gpu)
+        window = steps[2:7] if len(steps) >= 7 else steps
+        out.update({
+            "ok": True,
+            "stepsMs": [round(x, 1) for x in steps],
+            "medianMs": round(statistics.median(window), 1),
+            "fwdBwdGpuMs": round(statistics.median(fwd_bwd[2:7] or fwd_bwd), 1),
+            "loss": float(loss.detach().float().item()),
+            "peakGpuMiB": torch.cuda.max_memory_allocated() >> 20,
+        })
+        if a.observe:
+            out["observation"] = observe(a.observe, a.observe_seconds, step)
+    except Exception as e:  # noqa: BLE001 - reported, not hidden
+        out.update({"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]})
+        traceback.print_exc(file=sys.stderr)
+    print(json.dumps(out), flush=True)
+    sys.stdout.flush()
+    # SuperOffload's and ZenFlow's workers may keep the interpreter alive.
+    os._exit(0 if out.get("ok") else 1)
+
+
+if __name__ == "__main__":
+    main()
