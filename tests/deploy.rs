@@ -132,6 +132,7 @@ async fn the_chart_runs_on_a_real_node_fails_over_and_uninstalls_cleanly() {
     );
     eprintln!("operator logs (tail):\n{out}");
     helm_test_passes(&cluster);
+    the_start_up_guard_stops_a_pod_on_the_wrong_node(&cluster, &client, &agent, &mut figures).await;
     failover_admits_everything_and_resolves_every_job_once(&cluster, &client, &mut figures).await;
     uninstall_leaves_nothing_behind(&cluster, &client).await;
 
@@ -298,6 +299,105 @@ async fn the_webhook_and_controller_work_in_cluster(client: &kube::Client) {
         },
     )
     .await;
+}
+
+/// The real node made to look like a discrete GPU node (a recorded H200 report, a GPU in its
+/// capacity), then a TrainingJob placed there: its pod's start-up guard runs from the agent
+/// image on the real kubelet, finds no NVIDIA driver, fails the pod with the reason, and the
+/// operator shows that on the TrainingJob as a condition and an Event.
+async fn the_start_up_guard_stops_a_pod_on_the_wrong_node(
+    cluster: &DevCluster,
+    client: &kube::Client,
+    agent: &std::path::Path,
+    figures: &mut Figures,
+) {
+    deploy::replay_report(cluster, agent, REAL_NODE, "node-report-h200.json").unwrap();
+    let capacity = json!({"status": {"capacity": {"nvidia.com/gpu": "1"}}});
+    Api::<Node>::all(client.clone())
+        .patch_status(
+            REAL_NODE,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&capacity),
+        )
+        .await
+        .unwrap();
+    let profile: OffloadProfile = serde_json::from_value(json!({
+        "apiVersion": "offload.dev/v1alpha1", "kind": "OffloadProfile",
+        "metadata": {"name": "real-node"},
+        "spec": {"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": REAL_NODE}}}
+    }))
+    .unwrap();
+    Api::<OffloadProfile>::all(client.clone())
+        .create(&PostParams::default(), &profile)
+        .await
+        .unwrap();
+    let ns = namespace(client, "guard").await;
+    let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let mut tj = training_job("guarded");
+    tj.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(names::PROFILE_ANNOTATION.into(), "real-node".into());
+    let started = Instant::now();
+    // The webhook refuses a job for a profile whose node it has not seen yet: wait for its view.
+    poll("the webhook to admit the guarded job", WAIT, || {
+        let tjs = tjs.clone();
+        let tj = tj.clone();
+        async move {
+            match tjs.create(&PostParams::default(), &tj).await {
+                Ok(_) => Some(()),
+                Err(e) => {
+                    eprintln!("not yet: {e}");
+                    None
+                }
+            }
+        }
+    })
+    .await;
+    let message = wait_list(
+        tjs,
+        watcher::Config::default().fields("metadata.name=guarded"),
+        "NodeVerified=False on the guarded job",
+        WAIT,
+        |jobs| {
+            jobs.first()?
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "NodeVerified" && c.status == "False")
+                .map(|c| c.message.clone())
+        },
+    )
+    .await;
+    figures.add(format!(
+        "start-up guard: job created → NodeVerified=False in {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+    eprintln!("guard message: {message}");
+    assert!(
+        message.contains(&format!("on node {REAL_NODE}"))
+            && message.contains("sees no NVIDIA driver")
+            && message.contains("configured for cpu-copy offload"),
+        "{message}"
+    );
+    let events = kubectl(
+        cluster,
+        &[
+            "get",
+            "events",
+            "-n",
+            &ns,
+            "--field-selector",
+            "reason=StartupGuardFailed",
+            "-o",
+            "name",
+        ],
+    );
+    assert!(!events.trim().is_empty(), "an Event says so too");
+    // Leave the real node as it was for what follows.
+    kubectl(cluster, &["delete", "namespace", &ns, "--wait=false"]);
+    kubectl(cluster, &["delete", "offloadprofile", "real-node"]);
 }
 
 fn helm_test_passes(cluster: &DevCluster) {

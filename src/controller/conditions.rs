@@ -6,6 +6,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 pub const OFFLOAD_RESOLVED: &str = "OffloadResolved";
 /// Condition type: the workload exists.
 pub const WORKLOAD_CREATED: &str = "WorkloadCreated";
+/// Condition type: the start-up guard found the pods' nodes to be what the configuration assumes
+/// (False with the guard's message when one was not).
+pub const NODE_VERIFIED: &str = "NodeVerified";
 /// Condition type of profiles: at least one reported node matches.
 pub const READY: &str = "Ready";
 

@@ -9,7 +9,7 @@ mod profile;
 pub mod status;
 mod training_job;
 
-pub use training_job::reconcile_job;
+pub use training_job::{Decided, Unresolved, decide_with, parse_user_config, reconcile_job};
 pub mod workload;
 
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::Api;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::controller::{self, Action, Controller};
@@ -47,6 +47,8 @@ pub struct Context {
     pub node_views: Arc<NodeViews>,
     /// TrainingJobs, from the shared cache.
     pub jobs: Store<DeserializeGuard<TrainingJob>>,
+    /// What the operator writes beside the decision (the start-up guard's image).
+    pub render: crate::render::RenderOptions,
 }
 
 impl Context {
@@ -66,6 +68,7 @@ impl Context {
             profiles: caches.profiles.store().clone(),
             node_views: caches.node_views.clone(),
             jobs: caches.jobs.store().clone(),
+            render: crate::render::RenderOptions::default(),
         }
     }
 
@@ -145,6 +148,8 @@ pub struct ControllerOptions {
     pub reporter: String,
     /// Concurrent reconciles per controller.
     pub concurrency: u16,
+    /// What the operator writes beside the decision (the start-up guard's image).
+    pub render: crate::render::RenderOptions,
 }
 
 impl Default for ControllerOptions {
@@ -152,6 +157,7 @@ impl Default for ControllerOptions {
         ControllerOptions {
             reporter: names::OPERATOR_MANAGER.to_string(),
             concurrency: 16,
+            render: crate::render::RenderOptions::default(),
         }
     }
 }
@@ -164,12 +170,10 @@ pub async fn run(
     options: ControllerOptions,
     shutdown: CancellationToken,
 ) {
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        caches,
-        metrics.clone(),
-        &options.reporter,
-    ));
+    let ctx = Arc::new(Context {
+        render: options.render.clone(),
+        ..Context::new(client.clone(), caches, metrics.clone(), &options.reporter)
+    });
     let config = controller::Config::default().concurrency(options.concurrency);
 
     let job_ctx = ctx.clone();
@@ -190,6 +194,20 @@ pub async fn run(
             .watches_shared_stream(
                 metadata_changes(caches.nodes.subscribe(), caches.nodes.store().clone()),
                 move |node| training_job::jobs_for_node(&job_ctx_nodes, &node),
+            )
+            // A workload pod whose start-up guard ended: record what it found.
+            .watches_stream(
+                watcher(
+                    Api::<Pod>::all(client.clone()),
+                    watcher::Config::default().labels(names::LABEL_TRAINING_JOB),
+                )
+                .default_backoff()
+                .touched_objects(),
+                |pod| {
+                    training_job::guard_outcome(&pod)?;
+                    let name = pod.labels().get(names::LABEL_TRAINING_JOB)?.clone();
+                    Some(ObjectRef::new(&name).within(&pod.namespace().unwrap_or_default()))
+                },
             )
             // A held job whose DeepSpeed ConfigMap the user fixes is tried again at once. Metadata is
             // enough to map a ConfigMap to its jobs, and its resourceVersion moves with every edit.

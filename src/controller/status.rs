@@ -51,16 +51,20 @@ pub async fn apply_decision(
     apply(api, name, names::OPERATOR_MANAGER, value).await
 }
 
-/// Writes the workload part only: phase, the workload reference and the `WorkloadCreated`
-/// condition. Every other status field is left as it is.
+/// Writes the workload part only: phase, the workload reference, the `WorkloadCreated`
+/// condition and, once the start-up guard has run, `NodeVerified` (`guard`: the workload writer
+/// owns it, so it must be passed on every write once set). Every other status field is left as
+/// it is.
 pub async fn apply_workload(
     api: &Api<TrainingJob>,
     name: &str,
     phase: JobPhase,
     workload: Option<&WorkloadRef>,
     created: &Condition,
+    guard: Option<&Condition>,
 ) -> Result<(), Error> {
-    let mut value = json!({"phase": phase, "conditions": [created]});
+    let conditions: Vec<&Condition> = std::iter::once(created).chain(guard).collect();
+    let mut value = json!({"phase": phase, "conditions": conditions});
     if let Some(w) = workload {
         value["workload"] = serde_json::to_value(w)
             .map_err(|e| Error::Serialize("TrainingJob workload reference", e))?;

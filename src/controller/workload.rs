@@ -66,6 +66,7 @@ pub fn build_workload(
     tj: &TrainingJob,
     res: Option<&Resolution>,
     user_config: Option<&Value>,
+    opts: &render::RenderOptions,
 ) -> Result<Workload, BuildError> {
     let name = tj
         .metadata
@@ -123,7 +124,7 @@ pub fn build_workload(
     // Pod template.
     let mut template = tj.spec.template.clone();
     if let Some(res) = res {
-        render::apply_to_pod_template(&mut template, res, mount.as_ref());
+        render::apply_to_pod_template(&mut template, res, mount.as_ref(), opts);
         template
             .metadata
             .get_or_insert_with(ObjectMeta::default)

@@ -8,7 +8,9 @@ use std::collections::BTreeSet;
 use serde_json::{Map, Value, json};
 
 use crate::api::OffloadMode;
-use crate::decision::{DeepSpeedPlan, Resolution, SUPER_OFFLOAD_CPU_SHARE};
+use crate::decision::{
+    DeepSpeedPlan, Resolution, SUPER_OFFLOAD_CPU_SHARE, ZENFLOW_TOPK_RATIO, ZENFLOW_UPDATE_INTERVAL,
+};
 use crate::version::{FrameworkVersion, deepspeed};
 
 /// File name of the rendered config inside its mount.
@@ -186,6 +188,28 @@ pub fn merge_config(
             key: key.clone(),
             version,
         });
+    }
+
+    // zenflow: the operator's defaults under whatever the user wrote in their own section.
+    if plan.zenflow {
+        let zf = zero
+            .entry("zenflow")
+            .or_insert_with(|| Value::Object(Map::new()));
+        let zf = zf
+            .as_object_mut()
+            .ok_or(DeepSpeedConfigError::NotAnObject {
+                path: "zero_optimization.zenflow",
+            })?;
+        for (k, v) in [
+            ("topk_ratio", json!(ZENFLOW_TOPK_RATIO)),
+            ("select_strategy", json!("auto")),
+            ("select_interval", json!("auto")),
+            ("update_interval", json!(ZENFLOW_UPDATE_INTERVAL)),
+            ("full_warm_up_rounds", json!(0)),
+        ] {
+            zf.entry(k).or_insert(v);
+        }
+        zf.insert("overlap_step".into(), json!(true));
     }
 
     // offload_param

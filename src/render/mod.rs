@@ -7,10 +7,14 @@
 
 pub mod deepspeed;
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::{
-    Affinity, ConfigMapVolumeSource, EnvVar, NodeAffinity, NodeSelector, NodeSelectorRequirement,
-    NodeSelectorTerm, PodSpec, PodTemplateSpec, Volume, VolumeMount,
+    Affinity, Capabilities, ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, NodeAffinity,
+    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PodSpec,
+    PodTemplateSpec, ResourceRequirements, SecurityContext, Volume, VolumeMount,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::api::OffloadMode;
@@ -150,20 +154,125 @@ impl ConfigMount {
     }
 }
 
+/// What the operator writes beside the decision itself.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RenderOptions {
+    /// The agent image that runs the start-up guard (`offload-agent verify`) as an init
+    /// container; no guard when `None`.
+    pub guard_image: Option<String>,
+}
+
+/// Name of the start-up guard's init container.
+pub const GUARD_CONTAINER: &str = "offload-verify";
+
+/// The start-up guard's init container for a pod that asks for `gpus` GPUs: the same GPUs as the
+/// pod (the kubelet hands an init container's devices on to the app containers), the expected
+/// mode, class and pinning as arguments. `None` when there is nothing to guard.
+pub fn guard_container(res: &Resolution, gpus: u64, opts: &RenderOptions) -> Option<Container> {
+    let image = opts.guard_image.as_ref()?;
+    if !res.startup_guard || res.mode == OffloadMode::Disabled || gpus == 0 {
+        return None;
+    }
+    let mut args = vec![
+        "verify".to_string(),
+        format!("--mode={}", res.mode.env_value()),
+        format!("--pin-memory={}", if res.pin_memory { "1" } else { "0" }),
+    ];
+    if let Some(class) = res.node_class {
+        args.push(format!("--node-class={}", class.to_string().to_lowercase()));
+    }
+    let gpu = BTreeMap::from([(names::GPU_RESOURCE.to_string(), Quantity(gpus.to_string()))]);
+    let mut requests = gpu.clone();
+    requests.insert("cpu".into(), Quantity("50m".into()));
+    requests.insert("memory".into(), Quantity("64Mi".into()));
+    let mut limits = gpu;
+    // The pin probe page-locks 64 MiB.
+    limits.insert("memory".into(), Quantity("256Mi".into()));
+    Some(Container {
+        name: GUARD_CONTAINER.to_string(),
+        image: Some(image.clone()),
+        args: Some(args),
+        env: Some(vec![
+            EnvVar {
+                name: "NODE_NAME".into(),
+                value: None,
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "spec.nodeName".into(),
+                        api_version: None,
+                    }),
+                    ..EnvVarSource::default()
+                }),
+            },
+            env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+        ]),
+        resources: Some(ResourceRequirements {
+            requests: Some(requests),
+            limits: Some(limits),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: None,
+            }),
+            ..SecurityContext::default()
+        }),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Container::default()
+    })
+}
+
+/// GPUs the pod's containers ask for explicitly (limits, else requests); 0 when none does.
+pub fn explicit_gpus(spec: &PodSpec) -> u64 {
+    spec.containers
+        .iter()
+        .filter_map(|c| c.resources.as_ref())
+        .filter_map(|r| {
+            r.limits
+                .as_ref()
+                .and_then(|l| l.get(names::GPU_RESOURCE))
+                .or_else(|| r.requests.as_ref().and_then(|l| l.get(names::GPU_RESOURCE)))
+        })
+        .filter_map(|q| q.0.parse::<u64>().ok())
+        .fold(0u64, u64::saturating_add)
+}
+
 /// Writes a resolution into a pod template: env on every container (operator-owned names
-/// replaced, the user's own env untouched), the config volume and mounts, and node affinity
-/// ANDed into every required term the user already has.
+/// replaced, the user's own env untouched), the config volume and mounts, node affinity ANDed
+/// into every required term the user already has, and the start-up guard.
 pub fn apply_to_pod_template(
     template: &mut PodTemplateSpec,
     res: &Resolution,
     config: Option<&ConfigMount>,
+    opts: &RenderOptions,
 ) {
     let spec = template.spec.get_or_insert_with(PodSpec::default);
-    apply_to_pod_spec(spec, res, config);
+    apply_to_pod_spec(spec, res, config, opts);
 }
 
 /// [`apply_to_pod_template`] on a bare pod spec (for Pods).
-pub fn apply_to_pod_spec(spec: &mut PodSpec, res: &Resolution, config: Option<&ConfigMount>) {
+pub fn apply_to_pod_spec(
+    spec: &mut PodSpec,
+    res: &Resolution,
+    config: Option<&ConfigMount>,
+    opts: &RenderOptions,
+) {
+    // The guard is first among the init containers, so it runs before anything of the user's.
+    if let Some(inits) = spec.init_containers.as_mut() {
+        inits.retain(|c| c.name != GUARD_CONTAINER);
+    }
+    if let Some(guard) = guard_container(res, explicit_gpus(spec), opts) {
+        spec.init_containers
+            .get_or_insert_with(Vec::new)
+            .insert(0, guard);
+    }
+    if spec.init_containers.as_ref().is_some_and(Vec::is_empty) {
+        spec.init_containers = None;
+    }
     let file = config.map(ConfigMount::file_path);
     let vars = env_vars(res, file.as_deref());
     for container in &mut spec.containers {

@@ -112,12 +112,15 @@ fn deepspeed_section_on_a_coherent_node_is_superoffload() {
 }
 
 #[test]
-fn deepspeed_section_on_a_discrete_node_is_plain_cpu_offload() {
+fn deepspeed_section_on_a_discrete_node_is_plain_cpu_offload_with_parameters() {
+    // ZeRO-3 copy offload: offload_param too, the measured faster choice (decision-h200.md).
     let res = resolved(Framework::DeepSpeed, Some("0.19.8"), fixtures::H200_READING);
     let doc = render_section(&res, &ds_plan(&res));
     assert_eq!(
         doc,
-        json!({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": true}}})
+        json!({"zero_optimization": {"stage": 3,
+            "offload_optimizer": {"device": "cpu", "pin_memory": true},
+            "offload_param": {"device": "cpu", "pin_memory": true}}})
     );
 }
 
@@ -147,7 +150,10 @@ fn merge_keeps_every_user_key_and_is_idempotent() {
         "the operator decides SuperOffload: off on discrete"
     );
     let param = &merged["zero_optimization"]["offload_param"];
-    assert_eq!(param["device"], "none", "offloadParams not asked for");
+    assert_eq!(
+        param["device"], "cpu",
+        "offloadParams unset: on for ZeRO-3 copy offload"
+    );
     assert_eq!(param["max_in_cpu"], 1_000_000_000);
     assert_eq!(merge_config(&merged, &res, &plan).unwrap(), merged);
 }
@@ -278,10 +284,15 @@ fn pod_template_gets_env_mount_and_affinity_once() {
         mount_path: "/etc/offload".into(),
     };
     let mut t = template();
-    apply_to_pod_template(&mut t, &res, Some(&mount));
+    let none = RenderOptions::default();
+    apply_to_pod_template(&mut t, &res, Some(&mount), &none);
     let once = t.clone();
-    apply_to_pod_template(&mut t, &res, Some(&mount));
+    apply_to_pod_template(&mut t, &res, Some(&mount), &none);
     assert_eq!(t, once, "applying twice changes nothing");
+    assert!(
+        t.spec.as_ref().unwrap().init_containers.is_none(),
+        "no guard without an agent image"
+    );
 
     let spec = t.spec.unwrap();
     let c = &spec.containers[0];
@@ -385,4 +396,125 @@ fn discrete_affinity_pins_to_uma_false() {
             values: Some(vec!["false".into()])
         }]
     );
+}
+
+#[test]
+fn the_start_up_guard_gets_the_pods_gpus_and_the_expectation_once() {
+    let res = resolved(
+        Framework::DeepSpeed,
+        Some("0.19.8"),
+        fixtures::GH200_REFERENCE,
+    );
+    let opts = RenderOptions {
+        guard_image: Some("registry/offload-agent:1".into()),
+    };
+    let mut t = template();
+    let spec = t.spec.as_mut().unwrap();
+    spec.containers[0].resources = Some(ResourceRequirements {
+        limits: Some(BTreeMap::from([(
+            "nvidia.com/gpu".to_string(),
+            Quantity("4".into()),
+        )])),
+        ..Default::default()
+    });
+    spec.init_containers = Some(vec![k8s_openapi::api::core::v1::Container {
+        name: "user-init".into(),
+        ..Default::default()
+    }]);
+    apply_to_pod_template(&mut t, &res, None, &opts);
+    let once = t.clone();
+    apply_to_pod_template(&mut t, &res, None, &opts);
+    assert_eq!(t, once, "applying twice changes nothing");
+    let inits = t.spec.as_ref().unwrap().init_containers.clone().unwrap();
+    assert_eq!(inits.len(), 2);
+    assert_eq!(inits[0].name, GUARD_CONTAINER, "the guard runs first");
+    assert_eq!(inits[1].name, "user-init");
+    let guard = &inits[0];
+    assert_eq!(guard.image.as_deref(), Some("registry/offload-agent:1"));
+    let args = guard.args.clone().unwrap();
+    assert!(
+        args.contains(&"--mode=unified-memory".to_string()),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&"--node-class=coherent".to_string()),
+        "{args:?}"
+    );
+    let limits = guard.resources.as_ref().unwrap().limits.clone().unwrap();
+    assert_eq!(limits["nvidia.com/gpu"].0, "4", "the same GPUs as the pod");
+
+    // A profile that opts out, or a pod without GPUs: no guard (and a stale one is removed).
+    let mut off = res.clone();
+    off.startup_guard = false;
+    apply_to_pod_template(&mut t, &off, None, &opts);
+    let inits = t.spec.as_ref().unwrap().init_containers.clone().unwrap();
+    assert_eq!(inits.len(), 1);
+    assert_eq!(inits[0].name, "user-init");
+    let mut plain = template();
+    plain.spec.as_mut().unwrap().containers[0].resources = None;
+    apply_to_pod_template(&mut plain, &res, None, &opts);
+    assert!(plain.spec.unwrap().init_containers.is_none());
+}
+
+#[test]
+fn hostile_deepspeed_configs_get_a_clear_error_and_never_a_panic() {
+    let res = resolved(Framework::DeepSpeed, Some("0.19.8"), fixtures::H200_READING);
+    let plan = ds_plan(&res);
+    let deep = format!("{}{}", "{\"a\":".repeat(100_000), "}".repeat(100_000));
+    let huge_array = format!(
+        r#"{{"zero_optimization": {{"stage": 3}}, "pad": [{}]}}"#,
+        vec!["1"; 2_000_000].join(",")
+    );
+    for (case, text, expect) in [
+        ("not an object", "[]".to_string(), Err("top level")),
+        ("a number", "1".to_string(), Err("top level")),
+        (
+            "truncated",
+            "{\"zero_optimization\": {".to_string(),
+            Err("not valid JSON"),
+        ),
+        ("nested 100,000 deep", deep, Err("not valid JSON")),
+        (
+            "zero_optimization not an object",
+            r#"{"zero_optimization": 5}"#.to_string(),
+            Err("zero_optimization must be a JSON object"),
+        ),
+        (
+            "a stage that is a word",
+            r#"{"zero_optimization": {"stage": "three"}}"#.to_string(),
+            Err("integer from 0 to 3"),
+        ),
+        (
+            "a stage out of range",
+            r#"{"zero_optimization": {"stage": 7}}"#.to_string(),
+            Err("integer from 0 to 3"),
+        ),
+        ("megabytes of other keys", huge_array, Ok(())),
+    ] {
+        match (parse_config(&text), expect) {
+            (Ok(user), Ok(())) => {
+                merge_config(&user, &res, &plan).unwrap();
+            }
+            (Err(e), Err(want)) => {
+                assert!(e.to_string().contains(want), "{case}: {e}");
+            }
+            (got, want) => panic!("{case}: got {got:?}, expected {want:?}"),
+        }
+    }
+    // Readable, but the sections the operator writes into are of the wrong type.
+    for (case, user, want) in [
+        (
+            "offload_optimizer a list",
+            json!({"zero_optimization": {"offload_optimizer": []}}),
+            "offload_optimizer must be a JSON object",
+        ),
+        (
+            "offload_param a string",
+            json!({"zero_optimization": {"stage": 3, "offload_param": "cpu"}}),
+            "offload_param must be a JSON object",
+        ),
+    ] {
+        let err = merge_config(&user, &res, &plan).unwrap_err().to_string();
+        assert!(err.contains(want), "{case}: {err}");
+    }
 }

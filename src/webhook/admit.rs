@@ -32,6 +32,10 @@ pub trait ClusterView: Send + Sync {
     fn features(&self) -> kinds::ApiFeatures {
         kinds::ApiFeatures::default()
     }
+    /// What the operator writes beside the decision (the start-up guard's image).
+    fn render_options(&self) -> render::RenderOptions {
+        render::RenderOptions::default()
+    }
 }
 
 /// The outcome of one admission, with a fixed category for the denial metric.
@@ -401,6 +405,15 @@ fn annotate_resolved(obj: &mut Value, res: &Resolution) {
 
 /// Mutating batch Job, JobSet, PyTorchJob and TrainJob at CREATE.
 pub fn mutate_workload(req: &AdmissionRequest<DynamicObject>, view: &dyn ClusterView) -> Verdict {
+    mutate_workload_explained(req, view, &mut None)
+}
+
+/// [`mutate_workload`], also handing out the resolution it wrote (`offload-operator explain`).
+pub fn mutate_workload_explained(
+    req: &AdmissionRequest<DynamicObject>,
+    view: &dyn ClusterView,
+    resolved: &mut Option<Resolution>,
+) -> Verdict {
     if req.operation != Operation::Create {
         return Verdict::allow(AdmissionResponse::from(req));
     }
@@ -446,8 +459,9 @@ pub fn mutate_workload(req: &AdmissionRequest<DynamicObject>, view: &dyn Cluster
         Ok(r) => r,
         Err(v) => return *v,
     };
+    *resolved = Some(res.clone());
     let mut mutated = obj.clone();
-    if let Err(e) = kind.apply(&mut mutated, &res, &view.features()) {
+    if let Err(e) = kind.apply(&mut mutated, &res, &view.features(), &view.render_options()) {
         return Verdict::deny(
             req,
             "InvalidObject",
@@ -460,6 +474,15 @@ pub fn mutate_workload(req: &AdmissionRequest<DynamicObject>, view: &dyn Cluster
 
 /// Mutating Pod at CREATE: the last safety net for pods created directly.
 pub fn mutate_pod(req: &AdmissionRequest<DynamicObject>, view: &dyn ClusterView) -> Verdict {
+    mutate_pod_explained(req, view, &mut None)
+}
+
+/// [`mutate_pod`], also handing out the resolution it wrote (`offload-operator explain`).
+pub fn mutate_pod_explained(
+    req: &AdmissionRequest<DynamicObject>,
+    view: &dyn ClusterView,
+    resolved: &mut Option<Resolution>,
+) -> Verdict {
     if req.operation != Operation::Create {
         return Verdict::allow(AdmissionResponse::from(req));
     }
@@ -488,9 +511,10 @@ pub fn mutate_pod(req: &AdmissionRequest<DynamicObject>, view: &dyn ClusterView)
         Ok(r) => r,
         Err(v) => return *v,
     };
+    *resolved = Some(res.clone());
     let mut pod = pod;
     let spec = pod.spec.get_or_insert_with(PodSpec::default);
-    render::apply_to_pod_spec(spec, &res, None);
+    render::apply_to_pod_spec(spec, &res, None, &view.render_options());
     let Ok(mut mutated) = serde_json::to_value(&pod) else {
         return Verdict::deny(req, "InvalidObject", "the Pod cannot be written back");
     };
@@ -531,15 +555,24 @@ pub struct StoreView {
             k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
         >,
     >,
+    /// What the operator writes beside the decision.
+    pub render: render::RenderOptions,
 }
 
 impl StoreView {
+    /// The same view, writing the start-up guard with `image` (the agent image).
+    pub fn with_guard_image(mut self, image: Option<String>) -> Self {
+        self.render.guard_image = image;
+        self
+    }
+
     /// A view over the caches.
     pub fn new(caches: &Caches) -> Self {
         StoreView {
             profiles: caches.profiles.store().clone(),
             nodes: caches.node_views.clone(),
             trainjob_crd: Some(caches.trainjob_crd.store().clone()),
+            render: render::RenderOptions::default(),
         }
     }
 
@@ -554,6 +587,7 @@ impl StoreView {
             profiles,
             nodes: Arc::new(NodeViews::new(nodes)),
             trainjob_crd: None,
+            render: render::RenderOptions::default(),
         }
     }
 }
@@ -577,5 +611,9 @@ impl ClusterView for StoreView {
             .map(|crd| kinds::TrainJobApi::from_crd(&crd))
             .unwrap_or_default();
         kinds::ApiFeatures { trainjob }
+    }
+
+    fn render_options(&self) -> render::RenderOptions {
+        self.render.clone()
     }
 }

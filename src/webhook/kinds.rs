@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::decision::Resolution;
 use crate::names;
-use crate::render;
+use crate::render::{self, RenderOptions};
 
 /// A pod template could not be read or written back.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -100,9 +100,10 @@ pub trait JobKind: Sync {
         obj: &mut Value,
         res: &Resolution,
         _features: &ApiFeatures,
+        opts: &RenderOptions,
     ) -> Result<(), KindError> {
         for path in self.template_pointers(obj) {
-            apply_template(obj, &path, res)?;
+            apply_template(obj, &path, res, opts)?;
         }
         Ok(())
     }
@@ -117,7 +118,12 @@ pub trait JobKind: Sync {
 }
 
 /// Reads the template at `path`, applies the resolution, writes it back.
-pub fn apply_template(obj: &mut Value, path: &str, res: &Resolution) -> Result<(), KindError> {
+pub fn apply_template(
+    obj: &mut Value,
+    path: &str,
+    res: &Resolution,
+    opts: &RenderOptions,
+) -> Result<(), KindError> {
     let err = |detail: String| KindError {
         path: path.to_string(),
         detail,
@@ -125,7 +131,7 @@ pub fn apply_template(obj: &mut Value, path: &str, res: &Resolution) -> Result<(
     let slot = obj.pointer_mut(path).ok_or_else(|| err("missing".into()))?;
     let mut template: PodTemplateSpec = serde_json::from_value(slot.clone())
         .map_err(|e| err(format!("not a pod template: {e}")))?;
-    render::apply_to_pod_template(&mut template, res, None);
+    render::apply_to_pod_template(&mut template, res, None, opts);
     *slot = serde_json::to_value(&template).map_err(|e| err(e.to_string()))?;
     Ok(())
 }
@@ -299,6 +305,9 @@ impl JobKind for TrainJob {
         obj: &mut Value,
         res: &Resolution,
         features: &ApiFeatures,
+        // Runtime patches and overrides cannot add an init container to the runtime's pods:
+        // TrainJobs run without the start-up guard.
+        _opts: &RenderOptions,
     ) -> Result<(), KindError> {
         let err = |path: &str, detail: &str| KindError {
             path: path.into(),

@@ -58,6 +58,8 @@ pub mod deepspeed {
     pub const SUPER_OFFLOAD: (u64, u64, u64) = (0, 18, 0);
     /// The release whose SuperOffload fixes make it the sensible minimum.
     pub const SUPER_OFFLOAD_RECOMMENDED: (u64, u64, u64) = (0, 18, 9);
+    /// `zero_optimization.zenflow` (first in the 0.17.5 release).
+    pub const ZENFLOW: (u64, u64, u64) = (0, 17, 5);
 
     /// Whether `v` is at least the version triple `at`.
     pub fn has(v: &FrameworkVersion, at: (u64, u64, u64)) -> bool {

@@ -114,18 +114,30 @@ pub async fn add_simulated_gpu_nodes(
         api.create(&PostParams::default(), &simulated_gpu_node(name, 1)?)
             .await
             .map_err(kube(format!("creating node {name}")))?;
-        run(
-            Command::new(agent)
-                .env("KUBECONFIG", &cluster.kubeconfig)
-                .env("RUST_LOG", "warn")
-                .args(["run", "--once", "--node-name", name])
-                .arg("--addr")
-                .arg(format!("127.0.0.1:{}", free_port()?))
-                .arg("--replay")
-                .arg(crate::fixtures::path(fixture)),
-            &format!("offload-agent on {name}"),
-        )?;
+        replay_report(cluster, agent, name, fixture)?;
     }
+    Ok(())
+}
+
+/// Publishes a recorded node report (labels and annotation) on an existing node, through the
+/// agent's own publishing code: a stand-in for GPU hardware that is not here.
+pub fn replay_report(
+    cluster: &DevCluster,
+    agent: &Path,
+    node: &str,
+    fixture: &str,
+) -> Result<(), DeployError> {
+    run(
+        Command::new(agent)
+            .env("KUBECONFIG", &cluster.kubeconfig)
+            .env("RUST_LOG", "warn")
+            .args(["run", "--once", "--node-name", node])
+            .arg("--addr")
+            .arg(format!("127.0.0.1:{}", free_port()?))
+            .arg("--replay")
+            .arg(crate::fixtures::path(fixture)),
+        &format!("offload-agent on {node}"),
+    )?;
     Ok(())
 }
 

@@ -1,15 +1,18 @@
 //! Following a workload that exists: phase and the workload reference, never the decision.
 
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use super::apply::{publish, workload_created};
 use crate::api::{JobPhase, TrainingJob, WorkloadRef};
 use crate::controller::conditions::{self, WORKLOAD_CREATED};
-use crate::controller::{Context, Error, status};
+use crate::controller::{Context, Error, kube_err, status};
+use crate::names;
 use crate::render;
 
 /// Keeps phase and the workload reference in step with the Job; never touches the decision.
@@ -39,7 +42,7 @@ pub(super) async fn follow_workload(
             generation,
         );
         if !conditions::unchanged(&current.conditions, &cond) {
-            status::apply_workload(&api, &name, JobPhase::Pending, None, &cond).await?;
+            status::apply_workload(&api, &name, JobPhase::Pending, None, &cond, None).await?;
             publish(
                 ctx,
                 tj,
@@ -70,14 +73,148 @@ pub(super) async fn follow_workload(
             }),
     };
     let created = workload_created(&current.conditions, &name, generation);
+    let guard = guard_condition(tj, ctx, job, &current.conditions).await?;
+    let guard_unchanged = guard
+        .as_ref()
+        .is_none_or(|g| conditions::unchanged(&current.conditions, g));
     if current.phase == Some(phase)
         && current.workload.as_ref() == Some(&workload)
         && conditions::unchanged(&current.conditions, &created)
+        && guard_unchanged
     {
         return Ok(Action::await_change());
     }
-    status::apply_workload(&api, &name, phase, Some(&workload), &created).await?;
+    status::apply_workload(
+        &api,
+        &name,
+        phase,
+        Some(&workload),
+        &created,
+        guard.as_ref(),
+    )
+    .await?;
+    if !guard_unchanged && let Some(g) = guard.as_ref().filter(|g| g.status == "False") {
+        publish(
+            ctx,
+            tj,
+            EventType::Warning,
+            "StartupGuardFailed",
+            &g.message,
+        )
+        .await;
+    }
     Ok(Action::await_change())
+}
+
+/// What the start-up guard said in the workload's pods: `False` with the first failure's
+/// message, `True` once a guard passed and none failed, else the condition already recorded (the
+/// workload writer owns it and must repeat it). `None` when the workload has no guard or it has
+/// not run yet.
+async fn guard_condition(
+    tj: &TrainingJob,
+    ctx: &Context,
+    job: &Job,
+    existing: &[Condition],
+) -> Result<Option<Condition>, Error> {
+    let recorded = existing
+        .iter()
+        .find(|c| c.type_ == conditions::NODE_VERIFIED)
+        .cloned();
+    let guarded = job
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.name == render::GUARD_CONTAINER));
+    if !guarded {
+        return Ok(recorded);
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &tj.namespace().unwrap_or_default());
+    let selector = format!("{}={}", names::LABEL_TRAINING_JOB, tj.name_any());
+    let list = pods
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(kube_err("listing the workload's pods"))?;
+    let mut passed = None;
+    for pod in &list.items {
+        match guard_outcome(pod) {
+            Some(GuardOutcome::Failed(message)) => {
+                return Ok(Some(conditions::condition(
+                    existing,
+                    conditions::NODE_VERIFIED,
+                    false,
+                    "StartupGuardFailed",
+                    message,
+                    tj.metadata.generation,
+                )));
+            }
+            Some(GuardOutcome::Passed(node)) => passed = passed.or(Some(node)),
+            None => {}
+        }
+    }
+    Ok(match passed {
+        Some(_) if recorded.as_ref().is_some_and(|r| r.status == "True") => recorded,
+        Some(node) => Some(conditions::condition(
+            existing,
+            conditions::NODE_VERIFIED,
+            true,
+            "StartupGuardPassed",
+            format!("the start-up guard found node {node} to be what the configuration assumes"),
+            tj.metadata.generation,
+        )),
+        None => recorded,
+    })
+}
+
+/// How one pod's start-up guard ended.
+#[derive(Debug, PartialEq)]
+pub enum GuardOutcome {
+    /// It passed, on this node.
+    Passed(String),
+    /// It failed: which pod on which node, and the guard's own message.
+    Failed(String),
+}
+
+/// The guard's outcome in a pod, from its init container status (the current state, or the last
+/// one when the kubelet is already retrying it).
+pub fn guard_outcome(pod: &Pod) -> Option<GuardOutcome> {
+    let status = pod.status.as_ref()?;
+    let guard = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == render::GUARD_CONTAINER)?;
+    let terminated = guard
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .or_else(|| {
+            guard
+                .last_state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref())
+        })?;
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_else(|| "unknown".into());
+    if terminated.exit_code == 0 {
+        return Some(GuardOutcome::Passed(node));
+    }
+    // The guard's message, bounded (a status condition is not a log).
+    let text: String = terminated
+        .message
+        .as_deref()
+        .unwrap_or("the guard exited without a message")
+        .trim()
+        .chars()
+        .take(1024)
+        .collect();
+    Some(GuardOutcome::Failed(format!(
+        "pod {} on node {node}: {text}",
+        pod.name_any()
+    )))
 }
 
 /// Phase from the Job's status.
@@ -100,5 +237,64 @@ pub(super) fn phase_of(job: &Job) -> JobPhase {
         JobPhase::Running
     } else {
         JobPhase::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(init: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "train-0"},
+            "spec": {"nodeName": "gpu-3", "containers": []},
+            "status": {"initContainerStatuses": [init]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_guards_outcome_is_read_from_its_init_container() {
+        let failed = pod(serde_json::json!({
+            "name": "offload-verify", "ready": false, "restartCount": 1, "image": "a", "imageID": "",
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 1, "message": "offload-verify: configured for unified-memory offload ..."}}
+        }));
+        match guard_outcome(&failed) {
+            Some(GuardOutcome::Failed(msg)) => {
+                assert!(
+                    msg.starts_with("pod train-0 on node gpu-3: offload-verify:"),
+                    "{msg}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let passed = pod(serde_json::json!({
+            "name": "offload-verify", "ready": true, "restartCount": 0, "image": "a", "imageID": "",
+            "state": {"terminated": {"exitCode": 0}}
+        }));
+        assert_eq!(
+            guard_outcome(&passed),
+            Some(GuardOutcome::Passed("gpu-3".into()))
+        );
+        let running = pod(serde_json::json!({
+            "name": "offload-verify", "ready": false, "restartCount": 0, "image": "a", "imageID": "",
+            "state": {"running": {}}
+        }));
+        assert_eq!(guard_outcome(&running), None);
+        let other = pod(serde_json::json!({
+            "name": "user-init", "ready": false, "restartCount": 0, "image": "a", "imageID": "",
+            "state": {"terminated": {"exitCode": 3}}
+        }));
+        assert_eq!(guard_outcome(&other), None, "only the guard counts");
+        // A huge message is bounded.
+        let huge = pod(serde_json::json!({
+            "name": "offload-verify", "ready": false, "restartCount": 0, "image": "a", "imageID": "",
+            "state": {"terminated": {"exitCode": 1, "message": "x".repeat(100_000)}}
+        }));
+        let Some(GuardOutcome::Failed(msg)) = guard_outcome(&huge) else {
+            panic!()
+        };
+        assert!(msg.len() < 1200);
     }
 }

@@ -34,17 +34,23 @@ use apply::{
     publish_to, record_unresolved,
 };
 use follow::follow_workload;
+pub use follow::guard_outcome;
 pub use triggers::{jobs_for_config_map, jobs_for_node, jobs_for_profile};
 
 /// Why a job has no decision yet; each carries the condition reason and message.
-pub(super) enum Unresolved {
+#[derive(Debug)]
+pub enum Unresolved {
+    /// The decision refused the request.
     Decision(ResolveError),
+    /// The named profile does not exist.
     ProfileNotFound(ProfileNotFound),
+    /// The user's DeepSpeed config cannot be read or used.
     Config(String),
 }
 
 impl Unresolved {
-    pub(super) fn reason(&self) -> &'static str {
+    /// The condition reason.
+    pub fn reason(&self) -> &'static str {
         match self {
             Unresolved::Decision(e) => e.category(),
             Unresolved::ProfileNotFound(_) => "ProfileNotFound",
@@ -52,7 +58,8 @@ impl Unresolved {
         }
     }
 
-    pub(super) fn message(&self) -> String {
+    /// The condition message: what is wrong and what to change.
+    pub fn message(&self) -> String {
         match self {
             Unresolved::Decision(e) => e.to_string(),
             Unresolved::ProfileNotFound(e) => e.to_string(),
@@ -140,7 +147,7 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
             return Ok(Action::await_change());
         }
     };
-    let built = match build_workload(tj, Some(&res), user_config.as_ref()) {
+    let built = match build_workload(tj, Some(&res), user_config.as_ref(), &ctx.render) {
         Ok(w) => w,
         Err(e) => {
             record_unresolved(tj, ctx, &Unresolved::Config(e.to_string())).await?;
@@ -224,7 +231,7 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
 /// A TrainingJob that opted out of offload configuration (no profile annotation, no offload
 /// field): it is still our kind, so it runs, without offload settings, and its status says so.
 async fn run_without_offload(tj: &TrainingJob, ctx: &Context) -> Result<Action, Error> {
-    let built = match build_workload(tj, None, None) {
+    let built = match build_workload(tj, None, None, &ctx.render) {
         Ok(w) => w,
         Err(e) => {
             record_unresolved(tj, ctx, &Unresolved::Config(e.to_string())).await?;
@@ -268,33 +275,56 @@ async fn run_without_offload(tj: &TrainingJob, ctx: &Context) -> Result<Action, 
     Ok(Action::await_change())
 }
 
-type Decided = Result<(Resolution, Option<Value>), Unresolved>;
+/// A decision, or why there is none; with the user's parsed DeepSpeed config.
+pub type Decided = Result<(Resolution, Option<Value>), Unresolved>;
 
 /// Resolves the job against the current profiles and nodes.
 async fn decide(tj: &TrainingJob, ctx: &Context) -> Result<Decided, Error> {
-    let profile = match select_profile(requested_profile(tj), |name| {
-        ctx.profile(name).map(|p| p.spec.clone())
-    }) {
+    let config = read_deepspeed_config(tj, ctx).await?;
+    Ok(decide_with(
+        tj,
+        |name| ctx.profile(name).map(|p| p.spec.clone()),
+        config,
+        &ctx.nodes(),
+    ))
+}
+
+/// The decision on given inputs, without the API: the controller's path and
+/// `offload-operator explain`'s. `config` is the user's DeepSpeed config as read (or why it
+/// could not be), `None` when the job references none.
+pub fn decide_with(
+    tj: &TrainingJob,
+    profiles: impl Fn(&str) -> Option<crate::api::OffloadProfileSpec>,
+    config: Result<(Option<Value>, Option<u8>), String>,
+    nodes: &crate::index::NodeIndex,
+) -> Decided {
+    let profile = match select_profile(requested_profile(tj), profiles) {
         Ok(p) => p,
-        Err(missing) => return Ok(Err(Unresolved::ProfileNotFound(missing))),
+        Err(missing) => return Err(Unresolved::ProfileNotFound(missing)),
     };
-    let (user_config, stage) = match read_deepspeed_config(tj, ctx).await? {
-        Ok(pair) => pair,
-        Err(msg) => return Ok(Err(Unresolved::Config(msg))),
-    };
+    let (user_config, stage) = config.map_err(Unresolved::Config)?;
     let gpus = render::gpus_per_pod(tj.spec.template.spec.as_ref());
     let mut request = JobRequest::from_training_job(&tj.spec, gpus, stage);
+    request.deepspeed.zenflow_in_config = user_config
+        .as_ref()
+        .is_some_and(|c| c.pointer("/zero_optimization/zenflow").is_some());
     // Where the webhook resolved `Auto` at creation and the spec still holds what it wrote,
     // decide (and explain) from what the user asked for; once the user edits spec.offload,
     // the spec is the request.
     if let Some(asked) = AdmittedRequest::original(tj) {
         request.offload = asked;
     }
-    Ok(
-        resolve_offload(&request, &profile.name, &profile.spec, &ctx.nodes())
-            .map(|res| (res, user_config))
-            .map_err(Unresolved::Decision),
-    )
+    resolve_offload(&request, &profile.name, &profile.spec, nodes)
+        .map(|res| (res, user_config))
+        .map_err(Unresolved::Decision)
+}
+
+/// A DeepSpeed config's text as the controller reads it: parsed, with its ZeRO stage, or what is
+/// wrong with it (`source` names where it came from, for the message).
+pub fn parse_user_config(text: &str, source: &str) -> Result<(Option<Value>, Option<u8>), String> {
+    let parsed = deepspeed::parse_config(text).map_err(|e| format!("{source}: {e}"))?;
+    let stage = deepspeed::stage_of(&parsed).ok().flatten();
+    Ok((Some(parsed), stage))
 }
 
 /// Reads the user's DeepSpeed ConfigMap, if referenced: the parsed JSON and its ZeRO stage, or
@@ -328,10 +358,8 @@ async fn read_deepspeed_config(
             "ConfigMap {name:?} has no key {key:?} (spec.deepspeed.configMapRef.key)"
         )));
     };
-    let parsed = match deepspeed::parse_config(text) {
-        Ok(v) => v,
-        Err(e) => return Ok(Err(format!("ConfigMap {name:?} key {key:?}: {e}"))),
-    };
-    let stage = deepspeed::stage_of(&parsed).ok().flatten();
-    Ok(Ok((Some(parsed), stage)))
+    Ok(parse_user_config(
+        text,
+        &format!("ConfigMap {name:?} key {key:?}"),
+    ))
 }

@@ -1,6 +1,7 @@
 //! The endpoints driven in process with AdmissionReview fixtures, one module per concern.
 
 mod envelope;
+mod hostile;
 mod kinds;
 mod profiles;
 mod training_jobs;

@@ -36,7 +36,7 @@ async fn a_framework_that_cannot_take_the_request_is_denied_with_what_to_change(
     let msg = r["status"]["message"].as_str().unwrap();
     assert!(
         msg.contains("FSDP has no partial-offload switch")
-            && msg.contains("set offload.offloadRatio to 1 or Auto"),
+            && msg.contains("set spec.offload.offloadRatio to 1 or Auto"),
         "{msg}"
     );
 

@@ -86,6 +86,19 @@ pub struct OffloadProfileSpec {
     /// copy offload on a coherent node causes extra copies and page-migration conflicts.
     #[serde(default, rename = "allowCPUCopyOnCoherentNodes")]
     pub allow_cpu_copy_on_coherent_nodes: bool,
+
+    /// Add the start-up guard to the pods this profile configures: an init container (the
+    /// agent image, `offload-agent verify`) that checks, inside the pod's own GPUs, that the
+    /// node is what the configuration assumes, and fails the pod with the reason when it is
+    /// not. Only where the operator runs with an agent image and the pod requests GPUs.
+    #[serde(default = "default_true")]
+    pub startup_guard: bool,
+
+    /// Consent, for every DeepSpeed job of this profile that leaves `deepspeed.zenFlow` unset,
+    /// to ZenFlow on discrete nodes with overlap on: part of each update is applied
+    /// asynchronously (a change to the optimisation, measured faster on PCIe GPUs).
+    #[serde(default, rename = "allowZenFlow")]
+    pub allow_zen_flow: bool,
 }
 
 impl Default for OffloadProfileSpec {
@@ -99,6 +112,8 @@ impl Default for OffloadProfileSpec {
             node_selector: None,
             node_class_order: default_node_class_order(),
             allow_cpu_copy_on_coherent_nodes: false,
+            startup_guard: true,
+            allow_zen_flow: false,
         }
     }
 }
