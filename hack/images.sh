@@ -61,11 +61,11 @@ ensure_packages buildah gcc libc6-dev
 # --- binaries ----------------------------------------------------------------------------------
 log "building offload-agent (release; every binary, so features unify as in other release builds)"
 cargo build --release --workspace --bins
-log "building offload-operator (release, static C runtime)"
+log "building offload-operator (profile image: release with LTO, static C runtime; several minutes)"
 # The target triple keeps RUSTFLAGS off the build scripts and proc macros.
 RUSTFLAGS="-C target-feature=+crt-static" \
-  cargo build --release -p offload-operator --bin offload-operator --target x86_64-unknown-linux-gnu
-operator_bin=$root/target/x86_64-unknown-linux-gnu/release/offload-operator
+  cargo build --profile image -p offload-operator --bin offload-operator --target x86_64-unknown-linux-gnu
+operator_bin=$root/target/x86_64-unknown-linux-gnu/image/offload-operator
 agent_bin=$root/target/release/offload-agent
 if readelf -d "$operator_bin" | grep -q NEEDED; then
   echo "error: $operator_bin links shared libraries: $(readelf -d "$operator_bin" | grep NEEDED)" >&2

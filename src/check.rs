@@ -22,6 +22,9 @@ pub enum CheckError {
         #[source]
         source: kube::Error,
     },
+    /// Something did not happen in time.
+    #[error("{0}")]
+    Stuck(String),
     /// The check's TrainingJob could not be built (a bug).
     #[error("building the dry-run TrainingJob: {0}")]
     Build(#[from] serde_json::Error),
@@ -82,26 +85,87 @@ pub async fn installation(profile: &str, namespace: &str) -> Result<Vec<String>,
     Ok(passed)
 }
 
-/// Deletes what the operator made at run time that no chart object owns: the managed webhook
-/// certificate Secret and the leader Lease. Absent objects are fine (already gone).
-pub async fn remove_runtime_objects(
-    namespace: &str,
-    secret: &str,
-    lease: &str,
-) -> Result<Vec<String>, CheckError> {
+/// What `offload-operator cleanup` removes.
+#[derive(Clone, Debug)]
+pub struct Cleanup {
+    /// The operator's namespace.
+    pub namespace: String,
+    /// The operator-managed webhook certificate Secret.
+    pub secret: String,
+    /// The leader Lease.
+    pub lease: String,
+    /// The operator Deployment, stopped first (scaled to zero, its pods waited for) so that no
+    /// running replica re-creates the Lease or the Secret once they are gone.
+    pub deployment: Option<String>,
+    /// Label selector of the operator's pods.
+    pub selector: String,
+}
+
+/// How long `cleanup` waits for the operator's pods to stop.
+const STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Removes what the operator made at run time and no chart object owns: stops the operator,
+/// then deletes the webhook certificate Secret and the leader Lease. One line per step.
+pub async fn remove_runtime_objects(what: &Cleanup) -> Result<Vec<String>, CheckError> {
+    use k8s_openapi::api::apps::v1::Deployment;
     use k8s_openapi::api::coordination::v1::Lease;
-    use k8s_openapi::api::core::v1::Secret;
-    use kube::api::DeleteParams;
+    use k8s_openapi::api::core::v1::{Pod, Secret};
+    use kube::api::{DeleteParams, Patch, PatchParams};
     let client = Client::try_default().await.map_err(CheckError::Client)?;
+    let ns = what.namespace.as_str();
     let mut done = Vec::new();
-    let gone = |r: Result<_, kube::Error>| match r {
-        Ok(_) => Ok(true),
+    let gone = |r: Result<(), kube::Error>| match r {
+        Ok(()) => Ok(true),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
         Err(e) => Err(e),
     };
+    if let Some(name) = &what.deployment {
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+        let scaled = gone(
+            deployments
+                .patch_scale(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&serde_json::json!({"spec": {"replicas": 0}})),
+                )
+                .await
+                .map(|_| ()),
+        )
+        .map_err(|source| CheckError::Step {
+            step: "scaling the operator Deployment to zero",
+            source,
+        })?;
+        if scaled {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+            let lp = ListParams::default().labels(&what.selector);
+            let start = std::time::Instant::now();
+            loop {
+                let left = pods.list(&lp).await.map_err(|source| CheckError::Step {
+                    step: "listing the operator's pods",
+                    source,
+                })?;
+                if left.items.is_empty() {
+                    break;
+                }
+                if start.elapsed() > STOP_TIMEOUT {
+                    return Err(CheckError::Stuck(format!(
+                        "{} operator pod(s) still running {}s after scaling {name} to zero",
+                        left.items.len(),
+                        STOP_TIMEOUT.as_secs()
+                    )));
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            done.push(format!(
+                "Deployment {ns}/{name}: scaled to zero, its pods gone"
+            ));
+        } else {
+            done.push(format!("Deployment {ns}/{name}: not present"));
+        }
+    }
     let deleted = gone(
-        Api::<Secret>::namespaced(client.clone(), namespace)
-            .delete(secret, &DeleteParams::default())
+        Api::<Secret>::namespaced(client.clone(), ns)
+            .delete(&what.secret, &DeleteParams::default())
             .await
             .map(|_| ()),
     )
@@ -110,12 +174,13 @@ pub async fn remove_runtime_objects(
         source,
     })?;
     done.push(format!(
-        "Secret {namespace}/{secret}: {}",
+        "Secret {ns}/{}: {}",
+        what.secret,
         if deleted { "deleted" } else { "not present" }
     ));
     let deleted = gone(
-        Api::<Lease>::namespaced(client, namespace)
-            .delete(lease, &DeleteParams::default())
+        Api::<Lease>::namespaced(client, ns)
+            .delete(&what.lease, &DeleteParams::default())
             .await
             .map(|_| ()),
     )
@@ -124,7 +189,8 @@ pub async fn remove_runtime_objects(
         source,
     })?;
     done.push(format!(
-        "Lease {namespace}/{lease}: {}",
+        "Lease {ns}/{}: {}",
+        what.lease,
         if deleted { "deleted" } else { "not present" }
     ));
     Ok(done)

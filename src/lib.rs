@@ -23,6 +23,7 @@ pub mod certs;
 pub mod check;
 pub mod controller;
 pub mod decision;
+pub mod explain;
 pub mod index;
 pub mod metrics;
 pub mod operator;

@@ -42,6 +42,11 @@ enum Command {
         #[arg(long, default_value = "default")]
         namespace: String,
     },
+    /// Show what the operator would decide and write for a TrainingJob, Pod, Job, JobSet,
+    /// PyTorchJob or TrainJob manifest, with every reason, without changing anything. Node
+    /// reports and profiles come from files, or from the current cluster when no report file
+    /// is given.
+    Explain(ExplainArgs),
     /// Remove what the operator made at run time and a chart does not own (the managed webhook
     /// certificate Secret, the leader Lease): the chart's uninstall hook runs it.
     Cleanup {
@@ -54,7 +59,43 @@ enum Command {
         /// Name of the leader Lease.
         #[arg(long, default_value = "offload-operator-leader")]
         lease_name: String,
+        /// The operator Deployment, scaled to zero (and its pods waited for) first, so that no
+        /// running replica re-creates the Lease or the Secret after they are deleted. Empty: none.
+        #[arg(long, default_value = "offload-operator")]
+        deployment: String,
+        /// Label selector of the operator's pods.
+        #[arg(
+            long,
+            default_value = "app.kubernetes.io/name=offload-operator,app.kubernetes.io/component=operator"
+        )]
+        selector: String,
     },
+}
+
+#[derive(clap::Args)]
+struct ExplainArgs {
+    /// Manifest file (YAML or JSON, several documents allowed); `-` reads stdin.
+    #[arg(short = 'f', long = "filename")]
+    file: PathBuf,
+    /// A recorded node report (`[NAME=]PATH`, the agent's JSON); repeat for several nodes.
+    /// Without any, nodes, profiles and ConfigMaps are read from the current cluster.
+    #[arg(long = "node-report")]
+    node_reports: Vec<String>,
+    /// An OffloadProfile manifest (offline; the built-in `default` profile when none).
+    #[arg(long = "profile")]
+    profiles: Vec<PathBuf>,
+    /// The DeepSpeed JSON of a ConfigMap the job references (`CONFIGMAP=PATH`, offline).
+    #[arg(long = "deepspeed-config")]
+    deepspeed_configs: Vec<String>,
+    /// The agent image, to show the start-up guard as the operator would add it.
+    #[arg(long, env = "OFFLOAD_AGENT_IMAGE")]
+    agent_image: Option<String>,
+    /// Also render every alternative for a DeepSpeed job (each knob flipped on its own).
+    #[arg(long)]
+    candidates: bool,
+    /// Output format.
+    #[arg(short = 'o', long, default_value = "text", value_parser = ["text", "json"])]
+    output: String,
 }
 
 #[derive(clap::Args)]
@@ -103,6 +144,10 @@ struct RunArgs {
     /// ValidatingWebhookConfiguration to patch the CA bundle into.
     #[arg(long, default_value = names::WEBHOOK_CONFIGURATION)]
     validating_webhook_config: String,
+    /// The agent image: configured pods that request GPUs get the start-up guard
+    /// (`offload-agent verify`) as an init container from it. No guard when unset.
+    #[arg(long, env = "OFFLOAD_AGENT_IMAGE")]
+    agent_image: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -117,11 +162,20 @@ fn main() -> ExitCode {
         },
         Command::Run(args) => run(*args),
         Command::Check { profile, namespace } => check(&profile, &namespace),
+        Command::Explain(args) => explain(&args),
         Command::Cleanup {
             namespace,
             webhook_secret,
             lease_name,
-        } => cleanup(&namespace, &webhook_secret, &lease_name),
+            deployment,
+            selector,
+        } => cleanup(&offload_operator::check::Cleanup {
+            namespace,
+            secret: webhook_secret,
+            lease: lease_name,
+            deployment: (!deployment.is_empty()).then_some(deployment),
+            selector,
+        }),
     }
 }
 
@@ -146,14 +200,12 @@ fn instance_suffix() -> String {
     format!("{:08x}", nanos ^ std::process::id().rotate_left(16))
 }
 
-fn cleanup(namespace: &str, secret: &str, lease: &str) -> ExitCode {
+fn cleanup(what: &offload_operator::check::Cleanup) -> ExitCode {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("start-up: tokio runtime");
-    match runtime.block_on(offload_operator::check::remove_runtime_objects(
-        namespace, secret, lease,
-    )) {
+    match runtime.block_on(offload_operator::check::remove_runtime_objects(what)) {
         Ok(lines) => {
             for line in lines {
                 println!("{line}");
@@ -165,6 +217,102 @@ fn cleanup(namespace: &str, secret: &str, lease: &str) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn explain(args: &ExplainArgs) -> ExitCode {
+    use offload_operator::explain;
+    let text = if args.file.as_os_str() == "-" {
+        let mut s = String::new();
+        match std::io::Read::read_to_string(&mut std::io::stdin(), &mut s) {
+            Ok(_) => Ok(s),
+            Err(e) => Err(e.to_string()),
+        }
+    } else {
+        std::fs::read_to_string(&args.file).map_err(|e| format!("{}: {e}", args.file.display()))
+    };
+    let manifests = match text
+        .map_err(explain::ExplainError::Manifest)
+        .and_then(|t| explain::read_manifests(&t))
+    {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let render = offload_operator::render::RenderOptions {
+        guard_image: args.agent_image.clone().filter(|i| !i.is_empty()),
+    };
+    let inputs = if args.node_reports.is_empty() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("start-up: tokio runtime");
+        let loaded = runtime.block_on(async {
+            let client = kube::Client::try_default().await?;
+            explain::inputs_from_cluster(&client, &manifests, render).await
+        });
+        match loaded {
+            Ok(i) => i,
+            Err(e) => {
+                eprintln!(
+                    "error: reading nodes and profiles from the cluster: {e} (give --node-report files to explain offline)"
+                );
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        let nodes: Result<Vec<_>, _> = args
+            .node_reports
+            .iter()
+            .map(|a| explain::node_from_report(a))
+            .collect();
+        let loaded = nodes.and_then(|nodes| {
+            Ok(explain::Inputs {
+                profiles: explain::profiles_from_files(&args.profiles)?,
+                nodes: std::sync::Arc::new(offload_operator::index::NodeIndex::new(nodes)),
+                deepspeed_configs: explain::deepspeed_configs_from_files(&args.deepspeed_configs)?,
+                render,
+                features: Default::default(),
+            })
+        });
+        match loaded {
+            Ok(i) => i,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    };
+    let mut out = Vec::new();
+    for m in &manifests {
+        match explain::explain(m, &inputs, args.candidates) {
+            Ok(e) => out.push(e),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if args.output == "json" {
+        let value = if out.len() == 1 {
+            serde_json::to_string_pretty(&out[0])
+        } else {
+            serde_json::to_string_pretty(&out)
+        };
+        match value {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        for e in &out {
+            print!("{}", explain::to_text(e));
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 fn check(profile: &str, namespace: &str) -> ExitCode {
@@ -227,6 +375,9 @@ fn run(args: RunArgs) -> ExitCode {
             }),
             controller: ControllerOptions {
                 concurrency: args.concurrency,
+                render: offload_operator::render::RenderOptions {
+                    guard_image: args.agent_image.clone().filter(|i| !i.is_empty()),
+                },
                 ..ControllerOptions::default()
             },
             webhook: match webhook_options(&args) {

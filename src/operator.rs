@@ -118,7 +118,10 @@ pub async fn run(
     let webhook = match options.webhook.clone() {
         Some(wh) => {
             let state = crate::webhook::WebhookState {
-                view: Arc::new(crate::webhook::admit::StoreView::new(&caches)),
+                view: Arc::new(
+                    crate::webhook::admit::StoreView::new(&caches)
+                        .with_guard_image(options.controller.render.guard_image.clone()),
+                ),
                 metrics: metrics.clone(),
             };
             let (_rotator, bound, serve) =

@@ -264,7 +264,8 @@ async fn unified_memory_without_coherent_nodes_waits_then_resolves_when_one_appe
         .clone();
     assert_eq!(cond.reason, "NoCoherentNodes");
     assert!(
-        cond.message.contains("set offload.mode to Auto or CPUCopy"),
+        cond.message
+            .contains("set spec.offload.mode to Auto or CPUCopy"),
         "{}",
         cond.message
     );

@@ -303,7 +303,7 @@ async fn kubectl_apply_of_an_invalid_training_job_prints_the_webhook_message() {
     assert!(
         err.contains("denied the request")
             && err.contains("FSDP has no partial-offload switch")
-            && err.contains("set offload.offloadRatio to 1 or Auto"),
+            && err.contains("set spec.offload.offloadRatio to 1 or Auto"),
         "{err}"
     );
 }

@@ -37,6 +37,17 @@ pub enum ResolveError {
         /// What to change.
         change: String,
     },
+    /// An offload ratio outside (0, 1] (the API's schema refuses one; this guards every other
+    /// path into the decision).
+    #[error(
+        "the offload ratio {value} (from {origin}) is out of range: use a number greater than 0 and at most 1, or Auto"
+    )]
+    RatioOutOfRange {
+        /// The value.
+        value: f64,
+        /// `the job` or `the profile`.
+        origin: String,
+    },
     /// The ZeRO stage in the spec and in the user's JSON disagree.
     #[error(
         "deepspeed.zeroStage is {spec} but the DeepSpeed config in the ConfigMap says stage {config}: remove one of them or make them agree"
@@ -65,7 +76,7 @@ pub enum ResolveError {
     },
     /// UnifiedMemory asked for where no coherent node exists.
     #[error(
-        "mode UnifiedMemory needs a hardware-coherent node (ATS over NVLink-C2C, e.g. GH200) but none of the {discrete} reported node(s) matching OffloadProfile {profile:?} is one: set offload.mode to Auto or CPUCopy, or add coherent nodes"
+        "mode UnifiedMemory needs a hardware-coherent node (ATS over NVLink-C2C, e.g. GH200) but none of the {discrete} reported node(s) matching OffloadProfile {profile:?} is one: set spec.offload.mode to Auto or CPUCopy, or add coherent nodes"
     )]
     NoCoherentNodes {
         /// Profile name.
@@ -75,7 +86,7 @@ pub enum ResolveError {
     },
     /// CPUCopy asked for where only coherent nodes exist and the profile forbids copy there.
     #[error(
-        "mode CPUCopy needs a discrete GPU node but all {coherent} node(s) matching OffloadProfile {profile:?} are coherent, where copy offload causes extra copies and page-migration conflicts: set offload.mode to Auto or UnifiedMemory, or set allowCPUCopyOnCoherentNodes in the profile"
+        "mode CPUCopy needs a discrete GPU node but all {coherent} node(s) matching OffloadProfile {profile:?} are coherent, where copy offload causes extra copies and page-migration conflicts: set spec.offload.mode to Auto or UnifiedMemory, or set allowCPUCopyOnCoherentNodes in the profile"
     )]
     CopyOnCoherentNotAllowed {
         /// Profile name.
@@ -94,6 +105,7 @@ impl ResolveError {
             ResolveError::UnsupportedVersion { .. } => "UnsupportedFrameworkVersion",
             ResolveError::FrameworkCannot { .. } => "FrameworkCannotTakeConfig",
             ResolveError::StageConflict { .. } => "ZeroStageConflict",
+            ResolveError::RatioOutOfRange { .. } => "InvalidOffloadRatio",
             ResolveError::InvalidSelector { .. } => "InvalidProfileSelector",
             ResolveError::NoReportedNodes { .. } => "NoReportedNodes",
             ResolveError::NoCoherentNodes { .. } => "NoCoherentNodes",

@@ -22,7 +22,9 @@ use std::fmt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 pub use error::ResolveError;
-pub use framework::{DeepSpeedPlan, FrameworkPlan, FsdpPlan};
+pub use framework::{
+    DeepSpeedPlan, FrameworkPlan, FsdpPlan, ZENFLOW_TOPK_RATIO, ZENFLOW_UPDATE_INTERVAL,
+};
 pub use profile::{
     ProfileNotFound, SelectedProfile, builtin_default_profile, explicit_offload, opted_in,
     profile_name, profile_name_for, requested_profile, select_profile,
@@ -115,6 +117,8 @@ pub struct Resolution {
     pub framework: FrameworkPlan,
     /// One or more reasons per [`Field`], in decision order.
     pub reasons: Vec<Reason>,
+    /// Whether the pods get the start-up guard (the profile's `startupGuard`).
+    pub startup_guard: bool,
 }
 
 impl Resolution {
@@ -222,6 +226,7 @@ pub fn resolve_offload(
         overlap,
         ratio,
         placement.class(),
+        profile.allow_zen_flow,
     );
     for why in whys {
         reasons.add(Field::Framework, why);
@@ -238,6 +243,7 @@ pub fn resolve_offload(
         overlap_efficiency,
         framework,
         reasons: reasons.0,
+        startup_guard: profile.startup_guard,
     })
 }
 

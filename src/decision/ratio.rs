@@ -28,13 +28,23 @@ pub(super) fn decide(
         profile.offload_ratio,
         RatioSetting::Auto,
     );
+    if let RatioSetting::Fixed(r) = requested
+        && !(r > 0.0 && r <= 1.0)
+    {
+        return Err(ResolveError::RatioOutOfRange {
+            value: r,
+            origin: source.to_string(),
+        });
+    }
     Ok(match requested {
         RatioSetting::Fixed(r) if r < 1.0 => match (&support, source) {
             (Ok(()), _) => (r, format!("{r}: set by {source}")),
             (Err(why), Source::Job) => {
                 return Err(ResolveError::FrameworkCannot {
-                    problem: format!("offloadRatio {r} needs partial offload, but {why}"),
-                    change: "set offload.offloadRatio to 1 or Auto".to_string(),
+                    problem: format!(
+                        "spec.offload.offloadRatio {r} needs partial offload, but {why}"
+                    ),
+                    change: "set spec.offload.offloadRatio to 1 or Auto".to_string(),
                 });
             }
             (Err(why), Source::Profile) => (

@@ -28,10 +28,14 @@ pub struct DeepSpeedRequest {
     pub stage_in_config: Option<u8>,
     /// ZeRO stage stated in the job spec, if any.
     pub stage_in_spec: Option<u8>,
-    /// Offload parameters too (`offload_param`).
-    pub offload_params: bool,
+    /// Offload parameters too (`offload_param`): asked for, refused, or left to the operator.
+    pub offload_params: Option<bool>,
     /// Explicit SuperOffload request.
     pub super_offload: Option<bool>,
+    /// The job's ZenFlow consent (`true`), refusal (`false`) or nothing.
+    pub zen_flow: Option<bool>,
+    /// The user's DeepSpeed JSON already has a `zenflow` section (their own consent).
+    pub zenflow_in_config: bool,
 }
 
 impl JobRequest {
@@ -67,6 +71,8 @@ impl DeepSpeedRequest {
             stage_in_spec: ds.zero_stage,
             offload_params: ds.offload_params,
             super_offload: ds.super_offload,
+            zen_flow: ds.zen_flow,
+            zenflow_in_config: false,
         }
     }
 }

@@ -82,7 +82,7 @@ fn zero_stage_comes_from_spec_or_config_and_must_agree() {
 #[test]
 fn offload_params_needs_stage_three() {
     let mut job = deepspeed("0.19.8");
-    job.deepspeed.offload_params = true;
+    job.deepspeed.offload_params = Some(true);
     job.deepspeed.stage_in_spec = Some(2);
     let err = resolve(&job, &[h200("h")]).unwrap_err();
     assert!(err.to_string().contains("stage 3"), "{err}");
@@ -128,4 +128,74 @@ fn concrete_spec_has_no_auto_left() {
     assert!(spec.is_concrete());
     assert_eq!(spec.mode, ModeSetting::UnifiedMemory);
     assert_eq!(spec.overlap, OverlapSetting::Enabled);
+}
+
+// ---- rules measured on the GPU (docs/benchmarks/decision-h200.md) ----------------------------
+
+#[test]
+fn zero3_copy_offload_offloads_parameters_unless_told_not_to() {
+    let job = deepspeed("0.19.8");
+    let res = resolve(&job, &[h200("h")]).unwrap();
+    assert!(ds_plan(&res).offload_params, "measured 1.5x faster");
+    assert!(reason(&res, Field::Framework).contains("measured about 1.5x faster"));
+    let mut refused = job.clone();
+    refused.deepspeed.offload_params = Some(false);
+    assert!(!ds_plan(&resolve(&refused, &[h200("h")]).unwrap()).offload_params);
+    // Not on coherent nodes (not measured there) nor below ZeRO-3.
+    assert!(!ds_plan(&resolve(&job, &[gh200("gh")]).unwrap()).offload_params);
+    let mut z2 = job;
+    z2.deepspeed.stage_in_spec = Some(2);
+    assert!(!ds_plan(&resolve(&z2, &[h200("h")]).unwrap()).offload_params);
+}
+
+#[test]
+fn zenflow_needs_consent_and_a_place_where_it_applies() {
+    let mut job = deepspeed("0.19.8");
+    job.deepspeed.stage_in_spec = Some(2);
+    // No consent: off, and not even mentioned.
+    let res = resolve(&job, &[h200("h")]).unwrap();
+    assert!(!ds_plan(&res).zenflow);
+    assert!(reason(&res, Field::Framework).contains("writes no DeepSpeed key"));
+    // The job's consent.
+    job.deepspeed.zen_flow = Some(true);
+    let res = resolve(&job, &[h200("h")]).unwrap();
+    assert!(ds_plan(&res).zenflow);
+    assert!(
+        reason(&res, Field::Framework).contains("ZenFlow on because deepspeed.zenFlow is true")
+    );
+    // The profile's consent, and a job that refuses it anyway.
+    job.deepspeed.zen_flow = None;
+    let allowing = OffloadProfileSpec {
+        allow_zen_flow: true,
+        ..profile()
+    };
+    let res = resolve_offload(&job, "p", &allowing, &idx(&[h200("h")])).unwrap();
+    assert!(ds_plan(&res).zenflow);
+    job.deepspeed.zen_flow = Some(false);
+    let res = resolve_offload(&job, "p", &allowing, &idx(&[h200("h")])).unwrap();
+    assert!(!ds_plan(&res).zenflow);
+    assert!(reason(&res, Field::Framework).contains("ZenFlow off"));
+    // A zenflow section in the user's own config is consent.
+    job.deepspeed.zen_flow = None;
+    job.deepspeed.zenflow_in_config = true;
+    assert!(ds_plan(&resolve(&job, &[h200("h")]).unwrap()).zenflow);
+    // Consent, but a DeepSpeed without it: not written, with the reason.
+    let mut old = deepspeed("0.17.4");
+    old.deepspeed.zen_flow = Some(true);
+    let res = resolve(&old, &[h200("h")]).unwrap();
+    assert!(!ds_plan(&res).zenflow);
+    assert!(reason(&res, Field::Framework).contains("0.17.5"), "{res:?}");
+    // Consent, but ZeRO stage 0.
+    let mut z0 = deepspeed("0.19.8");
+    z0.deepspeed.stage_in_spec = Some(0);
+    z0.deepspeed.zen_flow = Some(true);
+    assert!(!ds_plan(&resolve(&z0, &[h200("h")]).unwrap()).zenflow);
+}
+
+#[test]
+fn overlap_says_what_it_changes_in_every_framework() {
+    let res = resolve(&fsdp("2.6.0"), &[h200("h")]).unwrap();
+    assert!(reason(&res, Field::Framework).contains("FSDP has no switch for overlapping"));
+    let res = resolve(&deepspeed("0.19.8"), &[gh200("gh")]).unwrap();
+    assert!(reason(&res, Field::Framework).contains("SuperOffload on"));
 }

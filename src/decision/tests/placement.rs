@@ -137,7 +137,10 @@ fn unified_memory_without_coherent_nodes_is_a_clear_error() {
         }
     );
     let msg = err.to_string();
-    assert!(msg.contains("set offload.mode to Auto or CPUCopy"), "{msg}");
+    assert!(
+        msg.contains("set spec.offload.mode to Auto or CPUCopy"),
+        "{msg}"
+    );
     assert!(err.depends_on_cluster());
     // ... and resolves once a coherent node appears.
     let res = resolve(&job, &[h200("h-a"), gh200("gh-a")]).unwrap();

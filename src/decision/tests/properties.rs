@@ -88,7 +88,7 @@ fn arb_job() -> impl Strategy<Value = JobRequest> {
         ratio,
         framework,
         stage,
-        any::<bool>(),
+        prop::option::of(any::<bool>()),
         prop::option::of(any::<bool>()),
         hints,
         1u32..16,
@@ -110,6 +110,8 @@ fn arb_job() -> impl Strategy<Value = JobRequest> {
                     stage_in_spec: stage,
                     offload_params: params,
                     super_offload: sup,
+                    zen_flow: None,
+                    zenflow_in_config: false,
                 },
                 model: hints.map(|(parameters, tokens_per_step)| ModelHints {
                     parameters,

@@ -13,7 +13,7 @@ fn a_job_ratio_the_framework_cannot_take_is_rejected_with_what_to_change() {
     let err = resolve(&job, &[h200("h")]).unwrap_err();
     let msg = err.to_string();
     assert!(
-        msg.contains("stage 3") && msg.contains("set offload.offloadRatio to 1 or Auto"),
+        msg.contains("stage 3") && msg.contains("set spec.offload.offloadRatio to 1 or Auto"),
         "{msg}"
     );
 
@@ -105,4 +105,16 @@ fn auto_ratio_is_lowered_where_the_framework_cannot_take_it() {
     let res = resolve(&job, &[h200("h")]).unwrap();
     assert_eq!(res.ratio, 1.0);
     assert!(reason(&res, Field::OffloadRatio).contains("lowered because FSDP"));
+}
+
+#[test]
+fn a_ratio_out_of_range_is_refused_whatever_path_it_came_by() {
+    // Found by the decision fuzz target: the API's schema refuses these, but the decision must
+    // not trust its caller.
+    for r in [1.024, 0.0, -0.5, f64::NAN, f64::INFINITY] {
+        let mut job = deepspeed("0.19.8");
+        job.offload.offload_ratio = crate::api::RatioSetting::Fixed(r);
+        let err = resolve(&job, &[h200("h")]).unwrap_err();
+        assert_eq!(err.category(), "InvalidOffloadRatio", "{r}: {err}");
+    }
 }
