@@ -139,7 +139,10 @@ async fn crds_are_served_and_their_schema_is_enforced() {
     assert!(table.lines().nth(1).unwrap().contains("CPUCopy"), "{table}");
     let table = kubectl(cluster, &["get", "tj", "-n", &ns]);
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "MODE", "OVERLAP", "RATIO", "PHASE", "AGE"]);
+    assert_eq!(
+        header,
+        ["NAME", "MODE", "OVERLAP", "RATIO", "RESOLUTION", "PHASE", "AGE"]
+    );
     let explained = kubectl(cluster, &["explain", "trainingjob.spec.offload.mode"]);
     assert!(explained.contains("UnifiedMemory"), "{explained}");
     let listed = kubectl(cluster, &["get", "offload", "-A"]);

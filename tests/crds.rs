@@ -106,6 +106,6 @@ fn printer_columns_are_the_documented_ones() {
     );
     assert_eq!(
         columns("TrainingJob"),
-        ["MODE", "OVERLAP", "RATIO", "PHASE", "AGE"]
+        ["MODE", "OVERLAP", "RATIO", "RESOLUTION", "PHASE", "AGE"]
     );
 }

@@ -36,7 +36,7 @@ macro_rules! bounded {
     ($check:expr) => {
         match budget() {
             Some(d) => $check.with_test_time(d),
-            None => $check.with_iterations(300),
+            None => $check.with_iterations(5_000),
         }
     };
 }

@@ -219,6 +219,11 @@ pub async fn run(
                 .default_backoff()
                 .touched_objects(),
                 move |cm| {
+                    // The operator's own rendered configs (labelled with their job) are never a
+                    // job's input: skip them without looking at the jobs.
+                    if cm.labels().contains_key(names::LABEL_TRAINING_JOB) {
+                        return Vec::new();
+                    }
                     training_job::jobs_for_config_map(
                         &job_ctx_config_maps,
                         &cm.namespace().unwrap_or_default(),

@@ -17,12 +17,15 @@ pub(super) fn unresolved(tj: &TrainingJob) -> bool {
         .is_none()
 }
 
-/// The jobs in the cache that deserialized.
-fn valid_jobs(ctx: &Context) -> impl Iterator<Item = TrainingJob> {
-    ctx.jobs
-        .state()
-        .into_iter()
-        .filter_map(|g| g.0.as_ref().ok().cloned())
+/// The jobs in the cache that deserialized, shared with the cache (nothing is copied: these
+/// mappers run on every change of a watched object, over every job).
+fn valid_jobs(ctx: &Context) -> impl Iterator<Item = std::sync::Arc<DeserializeGuard<TrainingJob>>> {
+    ctx.jobs.state().into_iter().filter(|g| g.0.is_ok())
+}
+
+/// The job inside a guard [`valid_jobs`] kept.
+fn job(g: &DeserializeGuard<TrainingJob>) -> Option<&TrainingJob> {
+    g.0.as_ref().ok()
 }
 
 fn job_ref(tj: &TrainingJob) -> ObjectRef<DeserializeGuard<TrainingJob>> {
@@ -35,8 +38,10 @@ pub fn jobs_for_profile(
     profile: &str,
 ) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
     valid_jobs(ctx)
-        .filter(|tj| opted_in(tj) && unresolved(tj) && profile_name_for(tj) == profile)
-        .map(|tj| job_ref(&tj))
+        .filter_map(|g| {
+            let tj = job(&g)?;
+            (opted_in(tj) && unresolved(tj) && profile_name_for(tj) == profile).then(|| job_ref(tj))
+        })
         .collect()
 }
 
@@ -48,17 +53,20 @@ pub fn jobs_for_node(
 ) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
     let labels = node.metadata.labels.clone().unwrap_or_default();
     valid_jobs(ctx)
-        .filter(|tj| opted_in(tj) && unresolved(tj))
-        .filter(|tj| {
+        .filter_map(|g| {
+            let tj = job(&g)?;
+            if !(opted_in(tj) && unresolved(tj)) {
+                return None;
+            }
             let selector = ctx
                 .profile(&profile_name_for(tj))
                 .and_then(|p| p.spec.node_selector.clone());
-            match selector.map(kube::core::Selector::try_from) {
+            let matches = match selector.map(kube::core::Selector::try_from) {
                 Some(Ok(sel)) => kube::core::SelectorExt::matches(&sel, &labels),
                 _ => true,
-            }
+            };
+            matches.then(|| job_ref(tj))
         })
-        .map(|tj| job_ref(&tj))
         .collect()
 }
 
@@ -70,14 +78,16 @@ pub fn jobs_for_config_map(
     name: &str,
 ) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
     valid_jobs(ctx)
-        .filter(|tj| tj.namespace().as_deref() == Some(namespace) && unresolved(tj))
-        .filter(|tj| {
-            tj.spec
-                .deepspeed
-                .as_ref()
-                .and_then(|d| d.config_map_ref.as_ref())
-                .is_some_and(|r| r.name == name)
+        .filter_map(|g| {
+            let tj = job(&g)?;
+            let references = tj.metadata.namespace.as_deref() == Some(namespace)
+                && tj
+                    .spec
+                    .deepspeed
+                    .as_ref()
+                    .and_then(|d| d.config_map_ref.as_ref())
+                    .is_some_and(|r| r.name == name);
+            (references && unresolved(tj)).then(|| job_ref(tj))
         })
-        .map(|tj| job_ref(&tj))
         .collect()
 }
