@@ -141,7 +141,15 @@ async fn crds_are_served_and_their_schema_is_enforced() {
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "MODE", "OVERLAP", "RATIO", "RESOLUTION", "PHASE", "AGE"]
+        [
+            "NAME",
+            "MODE",
+            "OVERLAP",
+            "RATIO",
+            "RESOLUTION",
+            "PHASE",
+            "AGE"
+        ]
     );
     let explained = kubectl(cluster, &["explain", "trainingjob.spec.offload.mode"]);
     assert!(explained.contains("UnifiedMemory"), "{explained}");

@@ -76,6 +76,7 @@ fn app() -> axum::Router {
             ])),
         }),
         metrics: Metrics::new(&mut registry),
+        client: None,
     })
 }
 

@@ -150,6 +150,7 @@ async fn setup() -> (&'static DevCluster, Client, &'static Served) {
                     let state = WebhookState {
                         view: Arc::new(StoreView::new(&caches)),
                         metrics,
+                        client: Some(client.clone()),
                     };
                     let options = WebhookOptions {
                         addr: format!("127.0.0.1:{port}").parse().unwrap(),
@@ -306,6 +307,44 @@ async fn kubectl_apply_of_an_invalid_training_job_prints_the_webhook_message() {
             && err.contains("set spec.offload.offloadRatio to 1 or Auto"),
         "{err}"
     );
+}
+
+/// A ZeRO stage stated in the referenced ConfigMap gets the answer one in the spec gets: the
+/// webhook reads the ConfigMap through the API server.
+#[tokio::test]
+async fn a_stage_in_the_config_map_is_refused_at_admission_like_one_in_the_spec() {
+    let (cluster, client, _served) = setup().await;
+    let ns = namespace(&client, "whcm").await;
+    create_configured_pod(&Api::namespaced(client.clone(), &ns), "probe").await;
+    let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: ds}\ndata:\n  ds_config.json: '{\"zero_optimization\": {\"stage\": 2}}'\n";
+    let (ok, _, err) = kubectl_result(cluster, &["apply", "-n", &ns, "-f", "-"], Some(cm));
+    assert!(ok, "{err}");
+    let job = |deepspeed: &str| {
+        format!(
+            "apiVersion: offload.dev/v1alpha1\nkind: TrainingJob\nmetadata:\n  name: partial\n  annotations: {{offload.dev/profile: auto}}\nspec:\n  framework: {{name: DeepSpeed, version: \"0.19.8\"}}\n  deepspeed: {deepspeed}\n  offload: {{offloadRatio: \"0.5\"}}\n  template: {{spec: {{containers: [{{name: t, image: busybox}}]}}}}\n"
+        )
+    };
+    let (ok, _, in_config) = kubectl_result(
+        cluster,
+        &["apply", "-n", &ns, "-f", "-"],
+        Some(&job("{configMapRef: {name: ds}}")),
+    );
+    assert!(!ok, "refused: {in_config}");
+    let (ok, _, in_spec) = kubectl_result(
+        cluster,
+        &["apply", "-n", &ns, "-f", "-"],
+        Some(&job("{zeroStage: 2}")),
+    );
+    assert!(!ok);
+    let reason = |e: &str| {
+        e.split("denied the request: ")
+            .nth(1)
+            .unwrap_or(e)
+            .trim()
+            .to_string()
+    };
+    assert_eq!(reason(&in_config), reason(&in_spec));
+    assert!(in_config.contains("stage 2"), "{in_config}");
 }
 
 #[tokio::test]

@@ -36,6 +36,43 @@ pub trait ClusterView: Send + Sync {
     fn render_options(&self) -> render::RenderOptions {
         render::RenderOptions::default()
     }
+    /// The DeepSpeed config (the text of the key) a TrainingJob under review references, when
+    /// it could be read for this request.
+    fn deepspeed_config(&self, _config_map: &str) -> Option<String> {
+        None
+    }
+}
+
+/// A view with the DeepSpeed config of the TrainingJob under review read for this request, so
+/// the webhook decides from the same ZeRO stage the controller will (a job whose config says
+/// stage 2 is refused a partial ratio at admission, as one whose spec says so is).
+pub struct WithConfig<'a> {
+    /// The shared view.
+    pub inner: &'a dyn ClusterView,
+    /// ConfigMap name and the text of its key.
+    pub config: Option<(String, String)>,
+}
+
+impl ClusterView for WithConfig<'_> {
+    fn profile(&self, name: &str) -> Option<OffloadProfileSpec> {
+        self.inner.profile(name)
+    }
+    fn nodes(&self) -> Arc<NodeIndex> {
+        self.inner.nodes()
+    }
+    fn features(&self) -> kinds::ApiFeatures {
+        self.inner.features()
+    }
+    fn render_options(&self) -> render::RenderOptions {
+        self.inner.render_options()
+    }
+    fn deepspeed_config(&self, config_map: &str) -> Option<String> {
+        self.config
+            .as_ref()
+            .filter(|(name, _)| name == config_map)
+            .map(|(_, text)| text.clone())
+            .or_else(|| self.inner.deepspeed_config(config_map))
+    }
 }
 
 /// The outcome of one admission, with a fixed category for the denial metric.
@@ -102,12 +139,28 @@ fn profile_for(
 /// What a TrainingJob asks for. Where this webhook resolved its `Auto` values at creation and
 /// the spec still holds them, the user's original request (values filled in here are not the
 /// user's).
-fn training_job_request(tj: &TrainingJob) -> JobRequest {
+/// The job's request as the controller will see it: with the ZeRO stage of its DeepSpeed
+/// config when the view could read it. A config that does not parse is the controller's to
+/// report (the user may still fix the ConfigMap): the request then goes without its stage.
+fn training_job_request(tj: &TrainingJob, view: &dyn ClusterView) -> JobRequest {
+    let config = tj
+        .spec
+        .deepspeed
+        .as_ref()
+        .and_then(|d| d.config_map_ref.as_ref())
+        .and_then(|r| view.deepspeed_config(&r.name))
+        .and_then(|text| render::deepspeed::parse_config(&text).ok());
+    let stage = config
+        .as_ref()
+        .and_then(|c| render::deepspeed::stage_of(c).ok().flatten());
     let mut request = JobRequest::from_training_job(
         &tj.spec,
         render::gpus_per_pod(tj.spec.template.spec.as_ref()),
-        None,
+        stage,
     );
+    request.deepspeed.zenflow_in_config = config
+        .as_ref()
+        .is_some_and(|c| c.pointer("/zero_optimization/zenflow").is_some());
     if let Some(asked) = AdmittedRequest::original(tj) {
         request.offload = asked;
     }
@@ -168,7 +221,7 @@ pub fn validate_training_job(
         }
     };
     match resolve_offload(
-        &training_job_request(&tj),
+        &training_job_request(&tj, view),
         &profile.name,
         &profile.spec,
         &view.nodes(),
@@ -240,7 +293,7 @@ pub fn mutate_training_job(
         return Verdict::allow(allow);
     };
     let Ok(res) = resolve_offload(
-        &training_job_request(&tj),
+        &training_job_request(&tj, view),
         &profile.name,
         &profile.spec,
         &view.nodes(),

@@ -27,6 +27,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{AdmissionLabels, DenialLabels, Metrics};
+use crate::render;
 use admit::{ClusterView, Verdict};
 
 /// Largest AdmissionReview the webhook reads. The API server stores objects of up to about
@@ -55,6 +56,37 @@ pub struct WebhookState {
     pub view: Arc<dyn ClusterView>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// Reads the DeepSpeed ConfigMap a TrainingJob under review references (the ZeRO stage it
+    /// states decides what the job can take); none in tests that have no API server.
+    pub client: Option<kube::Client>,
+}
+
+/// How long a TrainingJob review waits for its DeepSpeed ConfigMap before deciding without it.
+const CONFIG_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The DeepSpeed config a TrainingJob under review references: `(ConfigMap, text of its key)`,
+/// when it exists and can be read in time. Anything else is left to the controller, which
+/// holds the job with the reason.
+async fn referenced_config(
+    client: &kube::Client,
+    req: &AdmissionRequest<DynamicObject>,
+) -> Option<(String, String)> {
+    let obj = req.object.as_ref()?;
+    let r = obj.data.pointer("/spec/deepspeed/configMapRef")?;
+    let name = r.get("name")?.as_str()?.to_string();
+    let key = r
+        .get("key")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or(render::deepspeed::CONFIG_FILE_NAME);
+    let ns = req.namespace.as_deref()?;
+    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(client.clone(), ns);
+    let cm = tokio::time::timeout(CONFIG_READ_TIMEOUT, api.get_opt(&name))
+        .await
+        .ok()?
+        .ok()??;
+    let text = cm.data.as_ref()?.get(key)?.clone();
+    Some((name, text))
 }
 
 type Handler = fn(&AdmissionRequest<DynamicObject>, &dyn ClusterView) -> Verdict;
@@ -123,7 +155,17 @@ async fn handle(
         Ok(r) => r,
         Err(e) => return bad_request(format!("the AdmissionReview has no usable request: {e}")),
     };
-    let verdict = f(&req, state.view.as_ref());
+    let config = match (&state.client, endpoint) {
+        (Some(client), "validate-trainingjob" | "mutate-trainingjob") => {
+            referenced_config(client, &req).await
+        }
+        _ => None,
+    };
+    let view = admit::WithConfig {
+        inner: state.view.as_ref(),
+        config,
+    };
+    let verdict = f(&req, &view);
     if let Some(reason) = verdict.denied {
         state
             .metrics

@@ -19,7 +19,9 @@ pub(super) fn unresolved(tj: &TrainingJob) -> bool {
 
 /// The jobs in the cache that deserialized, shared with the cache (nothing is copied: these
 /// mappers run on every change of a watched object, over every job).
-fn valid_jobs(ctx: &Context) -> impl Iterator<Item = std::sync::Arc<DeserializeGuard<TrainingJob>>> {
+fn valid_jobs(
+    ctx: &Context,
+) -> impl Iterator<Item = std::sync::Arc<DeserializeGuard<TrainingJob>>> {
     ctx.jobs.state().into_iter().filter(|g| g.0.is_ok())
 }
 

@@ -32,6 +32,8 @@ pub(super) struct InMemoryView {
     profiles: BTreeMap<String, OffloadProfileSpec>,
     nodes: Arc<NodeIndex>,
     features: ApiFeatures,
+    /// DeepSpeed configs by ConfigMap name (what the handler reads from the API server).
+    configs: BTreeMap<String, String>,
 }
 
 impl ClusterView for InMemoryView {
@@ -43,6 +45,9 @@ impl ClusterView for InMemoryView {
     }
     fn features(&self) -> ApiFeatures {
         self.features
+    }
+    fn deepspeed_config(&self, name: &str) -> Option<String> {
+        self.configs.get(name).cloned()
     }
 }
 
@@ -63,15 +68,25 @@ pub(super) fn app(nodes: Vec<NodeInfo>) -> axum::Router {
 }
 
 pub(super) fn app_with(nodes: Vec<NodeInfo>, features: ApiFeatures) -> axum::Router {
+    app_full(nodes, features, BTreeMap::new())
+}
+
+pub(super) fn app_full(
+    nodes: Vec<NodeInfo>,
+    features: ApiFeatures,
+    configs: BTreeMap<String, String>,
+) -> axum::Router {
     let mut registry = Registry::default();
     let view = InMemoryView {
         profiles: BTreeMap::from([("default".to_string(), OffloadProfileSpec::default())]),
         nodes: Arc::new(NodeIndex::new(nodes)),
         features,
+        configs,
     };
     router(WebhookState {
         view: Arc::new(view),
         metrics: Metrics::new(&mut registry),
+        client: None,
     })
 }
 

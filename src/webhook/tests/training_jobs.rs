@@ -146,3 +146,55 @@ async fn mutation_resolves_auto_at_creation_and_keeps_the_request() {
     .await;
     assert!(again.get("patch").is_none_or(Value::is_null), "{again}");
 }
+
+#[tokio::test]
+async fn a_zero_stage_in_the_config_map_gets_the_same_answer_as_one_in_the_spec() {
+    let ds = json!({"name": "DeepSpeed", "version": "0.19.8"});
+    // Stage 2 in the spec, a partial ratio: refused with what to change.
+    let mut in_spec = training_job(json!({"offloadRatio": "0.5"}), ds.clone());
+    in_spec["spec"]["deepspeed"] = json!({"zeroStage": 2});
+    let spec_answer = admit(
+        discrete_cluster(),
+        paths::VALIDATE_TRAINING_JOB,
+        tj_review("CREATE", in_spec, None),
+    )
+    .await;
+    assert_eq!(spec_answer["allowed"], false, "{spec_answer}");
+    // Stage 2 in the referenced ConfigMap: the same refusal, the same words.
+    let mut in_config = training_job(json!({"offloadRatio": "0.5"}), ds);
+    in_config["spec"]["deepspeed"] = json!({"configMapRef": {"name": "ds"}});
+    let app = app_full(
+        vec![node("h200-0", fixtures::H200_READING)],
+        ApiFeatures::default(),
+        BTreeMap::from([(
+            "ds".to_string(),
+            r#"{"zero_optimization": {"stage": 2}}"#.to_string(),
+        )]),
+    );
+    let config_answer = admit(
+        app,
+        paths::VALIDATE_TRAINING_JOB,
+        tj_review("CREATE", in_config.clone(), None),
+    )
+    .await;
+    assert_eq!(config_answer["allowed"], false, "{config_answer}");
+    assert_eq!(
+        config_answer["status"]["message"], spec_answer["status"]["message"],
+        "the same answer"
+    );
+    assert!(
+        spec_answer["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("stage 2"),
+        "{spec_answer}"
+    );
+    // A ConfigMap the webhook could not read: admitted, the controller holds it with the reason.
+    let r = admit(
+        discrete_cluster(),
+        paths::VALIDATE_TRAINING_JOB,
+        tj_review("CREATE", in_config, None),
+    )
+    .await;
+    assert_eq!(r["allowed"], true, "{r}");
+}
