@@ -12,7 +12,7 @@ use kube::Resource;
 use kube::api::ObjectMeta;
 use serde_json::Value;
 
-use crate::api::TrainingJob;
+use crate::api::{DecisionReason, OffloadDecisionStatus, TrainingJob};
 use crate::decision::{FrameworkPlan, Resolution};
 use crate::names;
 use crate::render::deepspeed::{self, DeepSpeedConfigError};
@@ -49,6 +49,9 @@ pub enum BuildError {
         /// Size of the merged config.
         bytes: usize,
     },
+    /// The decision could not be written as JSON for the workload's annotation.
+    #[error("recording the decision on the workload: {0}")]
+    Serialize(String),
 }
 
 /// Most bytes of data (keys and values) the API server accepts in one ConfigMap.
@@ -153,8 +156,19 @@ pub fn build_workload(
         env.extend(rendezvous.iter().cloned());
     }
 
+    let mut job_meta = meta(name.clone());
+    if let Some(res) = res {
+        // The decision travels with the workload, so a status write lost to a crash between
+        // creating the Job and recording the decision is restored from it.
+        let record = serde_json::to_string(&decision_status(res))
+            .map_err(|e| BuildError::Serialize(e.to_string()))?;
+        job_meta
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(names::ANNOTATION_DECISION.to_string(), record);
+    }
     let job = Job {
-        metadata: meta(name.clone()),
+        metadata: job_meta,
         spec: Some(JobSpec {
             completions: Some(tj.spec.replicas),
             parallelism: Some(tj.spec.replicas),
@@ -212,4 +226,27 @@ fn rendezvous_env(name: &str, replicas: i32) -> Vec<EnvVar> {
             }),
         },
     ]
+}
+
+/// The record of a decision, as the TrainingJob's `status.offload` holds it and the workload
+/// Job's [`names::ANNOTATION_DECISION`] keeps it.
+pub fn decision_status(res: &Resolution) -> OffloadDecisionStatus {
+    OffloadDecisionStatus {
+        mode: res.mode,
+        overlap: res.overlap,
+        offload_ratio: res.ratio,
+        pin_memory: res.pin_memory,
+        node_class: res.node_class,
+        profile: res.profile.clone(),
+        overlap_efficiency: res.overlap_efficiency,
+        super_offload: res.super_offload(),
+        reasons: res
+            .reasons
+            .iter()
+            .map(|r| DecisionReason {
+                field: r.field.as_str().to_string(),
+                message: r.message.clone(),
+            })
+            .collect(),
+    }
 }

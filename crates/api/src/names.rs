@@ -77,6 +77,11 @@ pub const ANNOTATION_FRAMEWORK_VERSION: &str = "offload.dev/framework-version";
 /// resolved configuration in one line (for `kubectl describe`).
 pub const ANNOTATION_RESOLVED: &str = "offload.dev/resolved";
 
+/// Annotation on a TrainingJob's workload Job: the decision it was built from, as JSON in the
+/// shape of the TrainingJob's `status.offload`. A status lost between creating the workload and
+/// recording the decision (a crash, an outage) is restored from it.
+pub const ANNOTATION_DECISION: &str = "offload.dev/decision";
+
 /// Label on every object and pod of a TrainingJob's workload: the TrainingJob's name.
 pub const LABEL_TRAINING_JOB: &str = "offload.dev/training-job";
 

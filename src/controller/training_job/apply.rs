@@ -13,14 +13,10 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::Unresolved;
-use crate::api::{
-    DecisionReason, JobPhase, NodeClass, OffloadDecisionStatus, OffloadMode, TrainingJob,
-    TrainingJobStatus, WorkloadRef,
-};
+use crate::api::{JobPhase, NodeClass, OffloadMode, TrainingJob, TrainingJobStatus, WorkloadRef};
 use crate::controller::conditions::{self, OFFLOAD_RESOLVED, WORKLOAD_CREATED};
 use crate::controller::workload::Workload;
 use crate::controller::{Context, Error, kube_err, status};
-use crate::decision::Resolution;
 use crate::metrics::DecisionLabels;
 use crate::names;
 
@@ -176,27 +172,6 @@ pub(super) fn existing_conditions(tj: &TrainingJob) -> Vec<Condition> {
         .as_ref()
         .map(|s| s.conditions.clone())
         .unwrap_or_default()
-}
-
-pub(super) fn decision_status(res: &Resolution) -> OffloadDecisionStatus {
-    OffloadDecisionStatus {
-        mode: res.mode,
-        overlap: res.overlap,
-        offload_ratio: res.ratio,
-        pin_memory: res.pin_memory,
-        node_class: res.node_class,
-        profile: res.profile.clone(),
-        overlap_efficiency: res.overlap_efficiency,
-        super_offload: res.super_offload(),
-        reasons: res
-            .reasons
-            .iter()
-            .map(|r| DecisionReason {
-                field: r.field.as_str().to_string(),
-                message: r.message.clone(),
-            })
-            .collect(),
-    }
 }
 
 pub(super) fn mode_label(mode: OffloadMode) -> &'static str {

@@ -9,8 +9,8 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use super::apply::{publish, workload_created};
-use crate::api::{JobPhase, TrainingJob, WorkloadRef};
-use crate::controller::conditions::{self, WORKLOAD_CREATED};
+use crate::api::{JobPhase, OffloadDecisionStatus, TrainingJob, TrainingJobStatus, WorkloadRef};
+use crate::controller::conditions::{self, OFFLOAD_RESOLVED, WORKLOAD_CREATED};
 use crate::controller::{Context, Error, kube_err, status};
 use crate::names;
 use crate::render;
@@ -54,6 +54,7 @@ pub(super) async fn follow_workload(
         }
         return Ok(Action::await_change());
     }
+    let current = restore_decision(tj, &api, job, current).await?;
     let phase = phase_of(job);
     let workload = WorkloadRef {
         job: name.clone(),
@@ -104,6 +105,58 @@ pub(super) async fn follow_workload(
         .await;
     }
     Ok(Action::await_change())
+}
+
+/// Where the status lost its decision (the operator or the API server died between creating
+/// the workload and recording it), writes it back from the record the Job carries, with the
+/// `OffloadResolved` condition. Returns the status as it now is. A Job without a readable
+/// record leaves the status as it is.
+async fn restore_decision(
+    tj: &TrainingJob,
+    api: &Api<TrainingJob>,
+    job: &Job,
+    mut current: TrainingJobStatus,
+) -> Result<TrainingJobStatus, Error> {
+    if current.offload.is_some() {
+        return Ok(current);
+    }
+    let Some(text) = job.annotations().get(names::ANNOTATION_DECISION) else {
+        return Ok(current);
+    };
+    let record: OffloadDecisionStatus = match serde_json::from_str(text) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(job = %tj.name_any(), error = %e, "the workload's decision record does not parse; not restored");
+            return Ok(current);
+        }
+    };
+    let summary = record
+        .reasons
+        .iter()
+        .map(|r| format!("{}: {}", r.field, r.message))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let generation = tj.metadata.generation;
+    let resolved = conditions::condition(
+        &current.conditions,
+        OFFLOAD_RESOLVED,
+        true,
+        "Resolved",
+        summary,
+        generation,
+    );
+    let decision = TrainingJobStatus {
+        offload: Some(record),
+        observed_generation: generation,
+        conditions: vec![resolved.clone()],
+        ..TrainingJobStatus::default()
+    };
+    status::apply_decision(api, &tj.name_any(), &decision).await?;
+    tracing::info!(job = %tj.name_any(), "decision restored from the workload Job's record");
+    current.offload = decision.offload;
+    current.observed_generation = generation;
+    conditions::set(&mut current.conditions, resolved);
+    Ok(current)
 }
 
 /// What the start-up guard said in the workload's pods: `False` with the first failure's

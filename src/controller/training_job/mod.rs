@@ -18,7 +18,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use super::conditions::{self, OFFLOAD_RESOLVED};
-use super::workload::build_workload;
+use super::workload::{build_workload, decision_status};
 use super::{Context, Error, kube_err};
 use crate::api::{ConfigMapKeyRef, JobPhase, TrainingJob, TrainingJobStatus};
 use crate::decision::{
@@ -30,8 +30,8 @@ use crate::names;
 use crate::render::{self, deepspeed};
 
 use apply::{
-    apply_workload, class_label, decision_status, existing_conditions, mode_label, publish,
-    publish_to, record_unresolved,
+    apply_workload, class_label, existing_conditions, mode_label, publish, publish_to,
+    record_unresolved,
 };
 use follow::follow_workload;
 pub use follow::guard_outcome;

@@ -118,6 +118,10 @@ struct Proc {
     name: &'static str,
     child: Child,
     log: PathBuf,
+    /// How it was started, so [`DevCluster::restart_control_plane`] can start it again.
+    bin: PathBuf,
+    args: Vec<String>,
+    env: Vec<(&'static str, String)>,
 }
 
 /// A running local control plane.
@@ -277,10 +281,15 @@ impl DevCluster {
         name: &'static str,
         bin: &Path,
         args: &[String],
-        env: &[(&str, String)],
+        env: &[(&'static str, String)],
     ) -> Result<(), DevClusterError> {
         let log = self.root.join(format!("{name}.log"));
-        let file = fs::File::create(&log).map_err(io_err(format!("creating {}", log.display())))?;
+        // Appending: a restarted component keeps the log of its first life above its second.
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(io_err(format!("creating {}", log.display())))?;
         let err = file.try_clone().map_err(io_err("cloning a log handle"))?;
         let mut cmd = Command::new(bin);
         cmd.args(args)
@@ -290,7 +299,14 @@ impl DevCluster {
             .stderr(Stdio::from(err))
             .current_dir(&self.root);
         let child = spawn(cmd).map_err(io_err(format!("starting {name}")))?;
-        self.procs.push(Proc { name, child, log });
+        self.procs.push(Proc {
+            name,
+            child,
+            log,
+            bin: bin.to_path_buf(),
+            args: args.to_vec(),
+            env: env.to_vec(),
+        });
         Ok(())
     }
 
@@ -620,6 +636,31 @@ impl DevCluster {
             source: io::Error::other(e.to_string()),
         })?;
         self.write(file, &yaml)
+    }
+
+    /// Restarts etcd and kube-apiserver the way an outage does: both killed with SIGKILL, then
+    /// started again with the same data, ports and certificates. Returns when the API server
+    /// answers `/readyz` again. Clients and watches see their connections drop and must recover
+    /// on their own, which is what a caller tests.
+    pub async fn restart_control_plane(&mut self) -> Result<(), DevClusterError> {
+        const NAMES: [&str; 2] = ["etcd", "kube-apiserver"];
+        let (stopped, keep): (Vec<Proc>, Vec<Proc>) = std::mem::take(&mut self.procs)
+            .into_iter()
+            .partition(|p| NAMES.contains(&p.name));
+        self.procs = keep;
+        let mut again = Vec::new();
+        for mut p in stopped {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+            again.push((p.name, p.bin, p.args, p.env));
+        }
+        // etcd first, as at start-up.
+        again.sort_by_key(|(name, ..)| NAMES.iter().position(|n| n == name));
+        for (name, bin, args, env) in again {
+            self.launch_node(name, &bin, &args, &env)?;
+        }
+        self.wait_ready("kube-apiserver", Duration::from_secs(90))
+            .await
     }
 
     /// Stops the named components (SIGTERM, then SIGKILL after a grace period).

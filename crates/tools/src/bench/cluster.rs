@@ -141,13 +141,14 @@ pub async fn wait_ready(admin_port: u16, timeout: Duration) -> Result<()> {
     }
 }
 
-/// The operator's own measure of its pod-mutation handler: (sum seconds, count) of
-/// `offload_operator_admission_duration_seconds{endpoint="mutate-pod"}` from its `/metrics`.
-pub fn handler_seconds(admin_port: u16) -> Option<(f64, f64)> {
+/// The operator's own measure of one admission handler: (sum seconds, count) of
+/// `offload_operator_admission_duration_seconds{endpoint="…"}` from its `/metrics`.
+pub fn handler_seconds(admin_port: u16, endpoint: &str) -> Option<(f64, f64)> {
+    let wanted = format!("endpoint=\"{endpoint}\"");
     let text = http_get(admin_port, "/metrics")?;
     let metric = |name: &str| -> Option<f64> {
         text.lines()
-            .filter(|l| l.starts_with(name) && l.contains("endpoint=\"mutate-pod\""))
+            .filter(|l| l.starts_with(name) && l.contains(&wanted))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .next()
     };

@@ -5,7 +5,10 @@
 //!   CPU time and peak RSS;
 //! - `webhook`: pod mutation over TLS at increasing concurrency, beside a minimal peer webhook;
 //!   real pod creation with and without the webhook, side by side;
-//! - `admission`: the admission handlers in process, by cluster size.
+//! - `admission`: the admission handlers in process, by cluster size;
+//! - `scale`: thousands of simulated GPU nodes, TrainingJobs and opted-in batch Jobs in one
+//!   burst: time to resolve every job, jobs/s, webhook latency, the operator's CPU, memory and
+//!   API requests per job.
 
 mod admission;
 mod cluster;
@@ -13,6 +16,7 @@ mod control_plane;
 mod controller;
 mod error;
 mod measure;
+mod scale;
 mod webhook;
 
 use std::path::PathBuf;
@@ -66,6 +70,18 @@ enum Command {
         #[arg(long, default_value_t = 2000)]
         iterations: u32,
     },
+    /// Thousands of simulated GPU nodes and a burst of TrainingJobs and opted-in batch Jobs.
+    Scale {
+        /// Simulated GPU nodes (a third each coherent, HMM and discrete).
+        #[arg(long, default_value_t = 2000)]
+        nodes: usize,
+        /// TrainingJobs in the burst.
+        #[arg(long, default_value_t = 5000)]
+        jobs: usize,
+        /// Opted-in batch Jobs created through the webhook during the burst.
+        #[arg(long, default_value_t = 5000)]
+        batch_jobs: usize,
+    },
     /// The minimal peer webhook (started by `webhook` as its own process).
     #[command(hide = true)]
     PeerWebhook {
@@ -91,6 +107,15 @@ fn main() -> ExitCode {
             clients,
             kubectl_pods,
         } => rt.block_on(webhook::run(seconds, pods, clients, kubectl_pods)),
+        Command::Scale {
+            nodes,
+            jobs,
+            batch_jobs,
+        } => rt.block_on(scale::run(scale::Sizes {
+            nodes,
+            jobs,
+            batch_jobs,
+        })),
         Command::Admission { nodes, iterations } => admission::run(&nodes, iterations),
         Command::PeerWebhook { dir, port } => rt.block_on(webhook::peer_webhook(dir, port)),
     };

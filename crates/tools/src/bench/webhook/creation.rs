@@ -110,7 +110,7 @@ pub async fn run(
         clients,
         kubectl_pods,
     } = sizes;
-    let handler_before = handler_seconds(admin);
+    let handler_before = handler_seconds(admin, "mutate-pod");
     let mut api = Tally::default();
     let rounds = 10;
     for round in 0..rounds {
@@ -139,7 +139,8 @@ pub async fn run(
         "\nreal pod creation through kube-apiserver (kube client), {clients} concurrent clients, {pods} pods of each kind, interleaved:"
     );
     api.table();
-    if let (Some((s0, n0)), Some((s1, n1))) = (handler_before, handler_seconds(admin)) {
+    if let (Some((s0, n0)), Some((s1, n1))) = (handler_before, handler_seconds(admin, "mutate-pod"))
+    {
         println!(
             "the operator's handler itself (its offload_operator_admission_duration_seconds, parse to answer): {:.0} calls, mean {:.3} ms",
             n1 - n0,

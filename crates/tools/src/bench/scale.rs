@@ -1,0 +1,455 @@
+//! `offload-bench scale`: a cluster of thousands of simulated GPU nodes (kwok) in three classes,
+//! their reports published through the agent's own publishing code, then TrainingJobs and
+//! opted-in batch Jobs created in one burst, at the same time, against the release operator
+//! (controller and webhook) as its own process.
+//!
+//! Prints: time until every TrainingJob is resolved and its workload exists (per job p50/p99,
+//! total, jobs/s), the webhook's latency during the burst (as the creating client sees it and as
+//! the handler measures itself), the operator's CPU and peak RSS, and the API requests the
+//! operator made per job (from the API server's own request counter).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use offload_api::api::{OffloadProfile, TrainingJob};
+use offload_api::names;
+use offload_api::report::NodeReport;
+use offload_testenv::devcluster::{ClusterOptions, DevCluster, free_port, repo_root};
+use offload_testenv::fixtures;
+use serde_json::json;
+
+use super::cluster::{apply_crds, handler_seconds, spawn_operator, wait_ready};
+use super::error::{BenchError, Result};
+use super::measure::{cpu_seconds, machine, proc_status, summary};
+
+/// Sizes of one run.
+pub struct Sizes {
+    /// Simulated GPU nodes (a third each coherent, HMM and discrete).
+    pub nodes: usize,
+    /// TrainingJobs in the burst.
+    pub jobs: usize,
+    /// Opted-in batch Jobs created through the webhook during the burst.
+    pub batch_jobs: usize,
+}
+
+const NAMESPACE: &str = "scale";
+
+type Times = Arc<Mutex<HashMap<String, Instant>>>;
+
+/// One simulated node: a bare kwok Node, before the agent publishes on it.
+fn bare_node(name: &str) -> Result<Node> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "type": "kwok"}
+        },
+        "status": {
+            "allocatable": {"cpu": "72", "memory": "480Gi", "pods": "110", "nvidia.com/gpu": "4"},
+            "capacity": {"cpu": "72", "memory": "480Gi", "pods": "110", "nvidia.com/gpu": "4"}
+        }
+    }))?)
+}
+
+/// Creates the nodes and publishes each one's report with the agent's code; returns the
+/// seconds it took.
+async fn nodes(client: &kube::Client, count: usize) -> Result<f64> {
+    let start = Instant::now();
+    let api: Api<Node> = Api::all(client.clone());
+    let classes = [
+        ("gh200", fixtures::GH200_REFERENCE),
+        ("hmm", fixtures::HMM_UNPINNED),
+        ("h200", fixtures::H200_READING),
+    ];
+    let results: Vec<Result<()>> = futures::stream::iter(0..count)
+        .map(|i| {
+            let api = api.clone();
+            let client = client.clone();
+            let (class, fixture) = classes[i % classes.len()];
+            async move {
+                let name = format!("{class}-{i:05}");
+                api.create(&PostParams::default(), &bare_node(&name)?)
+                    .await?;
+                let mut report = NodeReport::parse(fixture)
+                    .map_err(|e| BenchError::unexpected(format!("fixture: {e}")))?;
+                report.node = name;
+                offload_agent::publish::publish(&client, &report)
+                    .await
+                    .map_err(|e| BenchError::unexpected(e.to_string()))?;
+                Ok(())
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<Vec<()>>>()?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// The API server's request counter, summed by (resource, verb).
+async fn request_counts(client: &kube::Client) -> Result<BTreeMap<(String, String), f64>> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(req).await?;
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |key: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{key}=\"")))
+                .map(|v| v.trim_end_matches('"').to_string())
+                .unwrap_or_default()
+        };
+        let resource = match label("subresource").as_str() {
+            "" => label("resource"),
+            sub => format!("{}/{sub}", label("resource")),
+        };
+        let value: f64 = value.trim().parse().unwrap_or(0.0);
+        *out.entry((resource, label("verb"))).or_insert(0.0) += value;
+    }
+    Ok(out)
+}
+
+fn batch_job(i: usize) -> Result<Job> {
+    let labels = json!({names::PROFILE_ANNOTATION: names::PROFILE_AUTO});
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": format!("batch-{i}"), "labels": labels},
+        "spec": {"suspend": true, "template": {
+            "metadata": {"labels": labels},
+            "spec": {"restartPolicy": "Never", "containers": [{
+                "name": "train", "image": "registry.example.com/train:1",
+                "env": [{"name": "FRAMEWORK", "value": "deepspeed"}],
+                "resources": {"limits": {names::GPU_RESOURCE: "1"}}}]}}}
+    }))?)
+}
+
+fn training_job(i: usize) -> Result<TrainingJob> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "offload.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": format!("tj-{i}"), "annotations": {names::PROFILE_ANNOTATION: names::PROFILE_AUTO}},
+        "spec": {"replicas": 2,
+                 "framework": {"name": "DeepSpeed", "version": "0.19.8"},
+                 "template": {"spec": {"containers": [{"name": "t", "image": "train:1",
+                    "resources": {"limits": {names::GPU_RESOURCE: "1"}}}]}}}
+    }))?)
+}
+
+/// Runs the benchmark.
+pub async fn run(sizes: Sizes) -> Result<()> {
+    let Sizes {
+        nodes: node_count,
+        jobs,
+        batch_jobs,
+    } = sizes;
+    println!(
+        "# scale: {node_count} simulated GPU nodes, {jobs} TrainingJobs and {batch_jobs} opted-in batch Jobs in one burst ({})",
+        machine()
+    );
+    let cluster = DevCluster::start(ClusterOptions {
+        kwok: true,
+        ..ClusterOptions::default()
+    })
+    .await?;
+    let client = cluster.client().await?;
+    apply_crds(&client).await?;
+    for ns in ["offload-system", NAMESPACE] {
+        let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &obj)
+            .await?;
+    }
+    let took = nodes(&client, node_count).await?;
+    println!(
+        "\n{node_count} nodes created and their reports published (agent code, 32 at a time) in {took:.1} s"
+    );
+    let profile: OffloadProfile = serde_json::from_value(json!({
+        "apiVersion": "offload.dev/v1alpha1", "kind": "OffloadProfile",
+        "metadata": {"name": names::DEFAULT_PROFILE}, "spec": {}
+    }))?;
+    Api::<OffloadProfile>::all(client.clone())
+        .create(&PostParams::default(), &profile)
+        .await?;
+    let port = register_webhook(&cluster)?;
+    let (mut op, admin) = spawn_operator(&cluster, Some(port))?;
+    let pid = op.id();
+    let ready_from = Instant::now();
+    wait_ready(admin, Duration::from_secs(120)).await?;
+    println!(
+        "operator ready (caches of {node_count} nodes synced, webhook serving) in {:.1} s, RSS {:.0} MiB",
+        ready_from.elapsed().as_secs_f64(),
+        mib(proc_status(pid, "VmRSS:").unwrap_or(0))
+    );
+
+    let outcome = burst(&client, admin, pid, jobs, batch_jobs).await;
+    let _ = op.kill();
+    let _ = op.wait();
+    outcome
+}
+
+fn register_webhook(cluster: &DevCluster) -> Result<u16> {
+    let port = free_port()?;
+    let out = cluster
+        .helm()
+        .args(["install", "offload-operator"])
+        .arg(repo_root().join("charts/offload-operator"))
+        .args(["--namespace", "offload-system"])
+        .args(["--set", "operator.enabled=false"])
+        .args(["--set", "agent.enabled=false"])
+        .args(["--set", "defaultProfile.create=false"])
+        .args(["--set", &format!("webhook.url=https://127.0.0.1:{port}")])
+        .output()?;
+    if !out.status.success() {
+        return Err(BenchError::Command {
+            what: "helm install".into(),
+            detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    Ok(port)
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+async fn burst(
+    client: &kube::Client,
+    admin: u16,
+    pid: u32,
+    jobs: usize,
+    batch_jobs: usize,
+) -> Result<()> {
+    let created: Times = Arc::default();
+    let seen: Times = Arc::default();
+    let (all_seen_tx, all_seen) = tokio::sync::oneshot::channel::<()>();
+    let workloads: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
+    let seen_w = seen.clone();
+    let watch = tokio::spawn(async move {
+        let stream = watcher(
+            workloads,
+            watcher::Config::default().labels(names::LABEL_TRAINING_JOB),
+        )
+        .touched_objects();
+        futures::pin_mut!(stream);
+        let mut all_seen_tx = Some(all_seen_tx);
+        while let Ok(Some(job)) = stream.try_next().await {
+            if let (Some(name), Ok(mut s)) = (job.metadata.name, seen_w.lock()) {
+                s.entry(name).or_insert_with(Instant::now);
+                if s.len() >= jobs
+                    && let Some(tx) = all_seen_tx.take()
+                {
+                    let _ = tx.send(());
+                }
+            }
+        }
+    });
+    let before = request_counts(client).await?;
+    let handler_before = handler_seconds(admin, "mutate-workload").unwrap_or((0.0, 0.0));
+    let cpu0 = cpu_seconds(pid).unwrap_or(0.0);
+    let start = Instant::now();
+
+    let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), NAMESPACE);
+    let create_tjs = futures::stream::iter(0..jobs)
+        .map(|i| {
+            let tjs = tjs.clone();
+            let created = created.clone();
+            async move {
+                let tj = training_job(i)?;
+                let t = Instant::now();
+                tjs.create(&PostParams::default(), &tj).await?;
+                if let Ok(mut c) = created.lock() {
+                    c.insert(format!("tj-{i}"), t);
+                }
+                Ok::<(), BenchError>(())
+            }
+        })
+        .buffer_unordered(24)
+        .collect::<Vec<_>>();
+    let batch: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
+    let create_batch = futures::stream::iter(0..batch_jobs)
+        .map(|i| {
+            let batch = batch.clone();
+            async move {
+                let job = batch_job(i)?;
+                let t = Instant::now();
+                let made = batch.create(&PostParams::default(), &job).await?;
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                let configured = made
+                    .spec
+                    .and_then(|s| s.template.spec)
+                    .and_then(|p| p.containers.into_iter().next())
+                    .and_then(|c| c.env)
+                    .is_some_and(|env| env.iter().any(|e| e.name == names::ENV_MODE));
+                Ok::<(f64, bool), BenchError>((ms, configured))
+            }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>();
+    let (tj_results, batch_results) = tokio::join!(create_tjs, create_batch);
+    let create_wall = start.elapsed().as_secs_f64();
+    let tj_errors: Vec<String> = tj_results
+        .into_iter()
+        .filter_map(|r| r.err().map(|e| e.to_string()))
+        .collect();
+    let mut batch_ms = Vec::new();
+    let mut unconfigured = 0usize;
+    let mut batch_errors = Vec::new();
+    for r in batch_results {
+        match r {
+            Ok((ms, configured)) => {
+                batch_ms.push(ms);
+                if !configured {
+                    unconfigured += 1;
+                }
+            }
+            Err(e) => batch_errors.push(e.to_string()),
+        }
+    }
+    let completed = tokio::time::timeout(Duration::from_secs(1800), all_seen)
+        .await
+        .is_ok();
+    let all_wall = start.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(pid).unwrap_or(0.0) - cpu0;
+    let hwm = proc_status(pid, "VmHWM:").unwrap_or(0);
+    let rss = proc_status(pid, "VmRSS:").unwrap_or(0);
+    let handler_after = handler_seconds(admin, "mutate-workload").unwrap_or((0.0, 0.0));
+    let after = request_counts(client).await?;
+    watch.abort();
+
+    // Every TrainingJob resolved, each with its decision recorded?
+    let listed = tjs.list(&ListParams::default()).await?.items;
+    let resolved = listed
+        .iter()
+        .filter(|tj| {
+            tj.status.as_ref().is_some_and(|s| {
+                s.offload.is_some()
+                    && s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "WorkloadCreated" && c.status == "True")
+            })
+        })
+        .count();
+    let mut modes: BTreeMap<String, usize> = BTreeMap::new();
+    for tj in &listed {
+        if let Some(d) = tj.status.as_ref().and_then(|s| s.offload.as_ref()) {
+            *modes.entry(d.mode.env_value().to_string()).or_default() += 1;
+        }
+    }
+
+    let (created, seen) = (
+        created.lock().map(|c| c.clone()).unwrap_or_default(),
+        seen.lock().map(|s| s.clone()).unwrap_or_default(),
+    );
+    let latencies: Vec<f64> = created
+        .iter()
+        .filter_map(|(name, t0)| {
+            seen.get(name)
+                .map(|t1| t1.saturating_duration_since(*t0).as_secs_f64() * 1e3)
+        })
+        .collect();
+    let n = latencies.len();
+    let s = summary(latencies);
+    println!(
+        "\nburst: {} TrainingJobs (24 clients) and {} batch Jobs (8 clients) created in {create_wall:.1} s; {} errors creating TrainingJobs, {} creating batch Jobs",
+        created.len(),
+        batch_ms.len(),
+        tj_errors.len(),
+        batch_errors.len()
+    );
+    for e in tj_errors.iter().chain(&batch_errors).take(3) {
+        println!("  e.g. {e}");
+    }
+    println!(
+        "{n} of {jobs} workloads seen after {all_wall:.1} s{}; {resolved} of {} TrainingJobs resolved with their decision recorded ({})",
+        if completed { "" } else { " (gave up waiting)" },
+        listed.len(),
+        modes
+            .iter()
+            .map(|(m, c)| format!("{c} {m}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    #[allow(clippy::cast_precision_loss)]
+    let rate = n as f64 / all_wall;
+    println!(
+        "TrainingJob creation → workload Job: mean {:.0} ms, p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; {rate:.1} jobs/s over the burst",
+        s.mean, s.p50, s.p99, s.max
+    );
+    let b = summary(batch_ms);
+    let (hs, hc) = (
+        handler_after.0 - handler_before.0,
+        handler_after.1 - handler_before.1,
+    );
+    println!(
+        "batch Job creation through the webhook (client side): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; {unconfigured} admitted without configuration; handler's own mean {:.3} ms over {hc:.0} requests",
+        b.p50,
+        b.p99,
+        b.max,
+        if hc > 0.0 { hs / hc * 1e3 } else { 0.0 }
+    );
+    println!(
+        "operator: CPU {cpu:.1} s over {all_wall:.1} s ({:.0} % of one core), peak RSS {:.0} MiB, RSS at end {:.0} MiB",
+        cpu / all_wall * 100.0,
+        mib(hwm),
+        mib(rss)
+    );
+    requests_table(&before, &after, jobs, batch_jobs);
+    Ok(())
+}
+
+/// The API requests of the burst by resource and verb, and those the operator made per
+/// TrainingJob: every request on the workload's kinds and on TrainingJobs, less the bench's
+/// own creates and the watch requests.
+fn requests_table(
+    before: &BTreeMap<(String, String), f64>,
+    after: &BTreeMap<(String, String), f64>,
+    jobs: usize,
+    batch_jobs: usize,
+) {
+    const OURS: [&str; 7] = [
+        "trainingjobs",
+        "trainingjobs/status",
+        "jobs",
+        "services",
+        "configmaps",
+        "events",
+        "pods",
+    ];
+    println!("\nAPI requests during the burst (API server's apiserver_request_total):");
+    println!("| resource | verb | requests |");
+    println!("|---|---|---|");
+    let mut operator = 0.0;
+    for ((resource, verb), value) in after {
+        let delta = value
+            - before
+                .get(&(resource.clone(), verb.clone()))
+                .unwrap_or(&0.0);
+        if delta < 0.5 {
+            continue;
+        }
+        println!("| {resource} | {verb} | {delta:.0} |");
+        if OURS.contains(&resource.as_str()) && verb != "WATCH" {
+            operator += delta;
+        }
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let bench = (jobs + batch_jobs) as f64;
+    #[allow(clippy::cast_precision_loss)]
+    let per_job = (operator - bench) / jobs.max(1) as f64;
+    println!(
+        "\noperator requests per TrainingJob: {per_job:.2} (requests on TrainingJobs and workload kinds, less the bench's {bench:.0} creates)"
+    );
+}
