@@ -164,6 +164,12 @@ pub struct Explanation {
     /// With `--candidates`: the choice and every alternative.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub candidates: Vec<Candidate>,
+    /// For a running job read from the cluster: what its GPUs were observed doing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub observed: Option<crate::api::ObservedOverlap>,
+    /// For a running job with overlap on: the `OverlapObserved` condition's verdict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overlap_observed: Option<String>,
 }
 
 /// Explains one manifest.
@@ -240,6 +246,13 @@ fn explain_training_job(tj: &TrainingJob, inputs: &Inputs, with_candidates: bool
         deepspeed_config: None,
         object: None,
         candidates: Vec::new(),
+        observed: tj.status.as_ref().and_then(|st| st.observed.clone()),
+        overlap_observed: tj.status.as_ref().and_then(|st| {
+            st.conditions
+                .iter()
+                .find(|c| c.type_ == crate::controller::observation::OVERLAP_OBSERVED)
+                .map(|c| format!("{} ({}): {}", c.status, c.reason, c.message))
+        }),
     };
     if !opted_in(tj) {
         out.reason = Some("NotRequested".into());
@@ -506,6 +519,8 @@ fn explain_object(obj: &Value, inputs: &Inputs) -> Result<Explanation, ExplainEr
         deepspeed_config: None,
         object: None,
         candidates: Vec::new(),
+        observed: None,
+        overlap_observed: None,
     };
     if !response.allowed {
         out.reason = verdict.denied.map(str::to_string);
@@ -582,6 +597,34 @@ pub fn to_text(e: &Explanation) -> String {
                 e.message
             );
         }
+    }
+    if let Some(o) = &e.observed {
+        let _ = writeln!(
+            s,
+            "  observed: GPUs busy {:.0} % ({} GPU(s){}; windows of {:.0} s, oldest ending {})",
+            o.gpu_busy * 100.0,
+            o.gpus,
+            o.cpu_cores
+                .map(|c| format!(", {c:.1} CPU cores"))
+                .unwrap_or_default(),
+            o.window_seconds,
+            o.observed_at
+        );
+        for n in &o.nodes {
+            let _ = writeln!(
+                s,
+                "    {:<24} busy {:.0} % on {} GPU(s){}",
+                n.node,
+                n.gpu_busy * 100.0,
+                n.gpus,
+                n.cpu_cores
+                    .map(|c| format!(", {c:.1} CPU cores"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    if let Some(v) = &e.overlap_observed {
+        let _ = writeln!(s, "  overlap observed: {v}");
     }
     if !e.reasons.is_empty() {
         let _ = writeln!(s, "  why:");

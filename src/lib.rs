@@ -15,7 +15,7 @@
 //! re-exported here under their old paths.
 #![deny(missing_docs)]
 
-pub use offload_api::{api, labels, names, report, version};
+pub use offload_api::{api, labels, names, observed, report, version};
 
 pub mod admin;
 pub mod caches;

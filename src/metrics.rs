@@ -4,11 +4,13 @@
 //! number of series stays bounded.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -71,6 +73,21 @@ pub struct Metrics {
     pub admission_denials: Family<DenialLabels, Counter>,
     /// Watch errors of the caches, by kind (the watch backs off and retries).
     pub watch_errors: Family<KindLabels, Counter>,
+    /// Observed GPU-busy fraction of each running TrainingJob (0 to 1), from the node agents.
+    pub job_gpu_busy: Family<JobLabels, Gauge<f64, AtomicU64>>,
+    /// Whether a running TrainingJob with overlap on is flagged for idle GPUs (1) or not (0).
+    pub job_overlap_flagged: Family<JobLabels, Gauge>,
+    /// The jobs that have per-job series, so the series of a deleted job can be removed.
+    job_series: std::sync::Mutex<std::collections::HashSet<JobLabels>>,
+}
+
+/// Labels of per-job metrics. One series per TrainingJob, removed when the job is deleted.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobLabels {
+    /// Namespace of the TrainingJob.
+    pub namespace: String,
+    /// Name of the TrainingJob.
+    pub job: String,
 }
 
 fn latency_histogram() -> Histogram {
@@ -90,6 +107,9 @@ impl Metrics {
             admission_duration: Family::new_with_constructor(latency_histogram),
             admission_denials: Family::default(),
             watch_errors: Family::default(),
+            job_gpu_busy: Family::default(),
+            job_overlap_flagged: Family::default(),
+            job_series: std::sync::Mutex::default(),
         };
         let r = registry.sub_registry_with_prefix("offload_operator");
         r.register("reconciles", "Reconciles started", m.reconciles.clone());
@@ -128,7 +148,45 @@ impl Metrics {
             "Watch errors of the caches by kind",
             m.watch_errors.clone(),
         );
+        r.register(
+            "job_gpu_busy_ratio",
+            "Observed busy fraction of a running TrainingJob's GPUs",
+            m.job_gpu_busy.clone(),
+        );
+        r.register(
+            "job_overlap_flagged",
+            "1 when a TrainingJob with overlap on keeps its GPUs idle below its profile's threshold",
+            m.job_overlap_flagged.clone(),
+        );
         Arc::new(m)
+    }
+
+    /// Records a job's observed busy fraction and, where judged, whether it is flagged.
+    pub fn set_job(&self, labels: &JobLabels, busy: f64, flagged: Option<bool>) {
+        self.job_gpu_busy.get_or_create(labels).set(busy);
+        if let Some(f) = flagged {
+            self.job_overlap_flagged
+                .get_or_create(labels)
+                .set(i64::from(f));
+        }
+        if let Ok(mut series) = self.job_series.lock() {
+            series.insert(labels.clone());
+        }
+    }
+
+    /// Removes the series of every job `live` says is gone.
+    pub fn retain_jobs(&self, live: impl Fn(&str, &str) -> bool) {
+        let Ok(mut series) = self.job_series.lock() else {
+            return;
+        };
+        series.retain(|labels| {
+            let keep = live(&labels.namespace, &labels.job);
+            if !keep {
+                self.job_gpu_busy.remove(labels);
+                self.job_overlap_flagged.remove(labels);
+            }
+            keep
+        });
     }
 
     /// Counts a reconcile and returns a timer that records its duration when dropped.

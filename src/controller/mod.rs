@@ -5,6 +5,7 @@
 //! when it starts and so first sees every object already cached.
 
 pub(crate) mod conditions;
+pub mod observation;
 mod profile;
 pub mod status;
 mod training_job;
@@ -179,6 +180,7 @@ pub async fn run(
     let job_ctx = ctx.clone();
     let job_ctx_nodes = ctx.clone();
     let job_ctx_config_maps = ctx.clone();
+    let job_ctx_observed = ctx.clone();
     let job_controller =
         Controller::for_shared_stream(caches.jobs.subscribe(), caches.jobs.store().clone())
             .with_config(config.clone())
@@ -194,6 +196,12 @@ pub async fn run(
             .watches_shared_stream(
                 metadata_changes(caches.nodes.subscribe(), caches.nodes.store().clone()),
                 move |node| training_job::jobs_for_node(&job_ctx_nodes, &node),
+            )
+            // A new observation (once a minute per node with configured pods): the running
+            // jobs it lists, and nothing else.
+            .watches_shared_stream(
+                observation_changes(caches.nodes.subscribe(), caches.nodes.store().clone()),
+                move |node| training_job::jobs_for_observation(&job_ctx_observed, &node),
             )
             // A workload pod whose start-up guard ended: record what it found.
             .watches_stream(
@@ -309,11 +317,47 @@ async fn log_outcomes<K, E, W>(
 
 /// Passes a node on only when its labels or annotations changed since it was last seen, or when
 /// it was deleted (it is gone from the cache).
+/// Node changes that matter to decisions: labels and annotations, less the agent's
+/// observation of running pods (which changes every minute and concerns running jobs only).
 fn metadata_changes(
     nodes: impl Stream<Item = Arc<PartialObjectMeta<Node>>>,
     store: Store<PartialObjectMeta<Node>>,
 ) -> impl Stream<Item = Arc<PartialObjectMeta<Node>>> {
-    use std::hash::{Hash, Hasher};
+    changes_by(nodes, store, |node, h| {
+        use std::hash::Hash;
+        node.metadata.labels.hash(h);
+        if let Some(annotations) = &node.metadata.annotations {
+            for (k, v) in annotations {
+                if k != names::ANNOTATION_OBSERVED {
+                    (k, v).hash(h);
+                }
+            }
+        }
+    })
+}
+
+/// Node changes of the agent's observation annotation only.
+fn observation_changes(
+    nodes: impl Stream<Item = Arc<PartialObjectMeta<Node>>>,
+    store: Store<PartialObjectMeta<Node>>,
+) -> impl Stream<Item = Arc<PartialObjectMeta<Node>>> {
+    changes_by(nodes, store, |node, h| {
+        use std::hash::Hash;
+        node.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(names::ANNOTATION_OBSERVED))
+            .hash(h);
+    })
+}
+
+/// Passes a node on when the digest `hash` feeds changed since its last pass (and on deletion).
+fn changes_by(
+    nodes: impl Stream<Item = Arc<PartialObjectMeta<Node>>>,
+    store: Store<PartialObjectMeta<Node>>,
+    hash: fn(&PartialObjectMeta<Node>, &mut std::collections::hash_map::DefaultHasher),
+) -> impl Stream<Item = Arc<PartialObjectMeta<Node>>> {
+    use std::hash::Hasher;
     let mut seen: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     nodes.filter(move |node| {
         if store.get(&ObjectRef::from_obj(node.as_ref())).is_none() {
@@ -321,8 +365,7 @@ fn metadata_changes(
             return futures::future::ready(true);
         }
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        node.metadata.labels.hash(&mut h);
-        node.metadata.annotations.hash(&mut h);
+        hash(node, &mut h);
         let digest = h.finish();
         futures::future::ready(seen.insert(node.name_any(), digest) != Some(digest))
     })

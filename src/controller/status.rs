@@ -5,8 +5,9 @@
 //! - the **decision** ([`names::OPERATOR_MANAGER`]): `offload`, `observedGeneration`, the
 //!   `OffloadResolved` condition; written when the job is resolved (together with the first
 //!   view of its workload) or held;
-//! - the **workload** ([`names::WORKLOAD_STATUS_MANAGER`]): `phase`, `workload`, the
-//!   `WorkloadCreated` condition; written as the Job runs.
+//! - the **workload** ([`names::WORKLOAD_STATUS_MANAGER`]): `phase`, `workload`, `observed`,
+//!   the `WorkloadCreated`, `NodeVerified` and `OverlapObserved` conditions; written as the Job
+//!   runs.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Resource;
@@ -14,7 +15,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use super::{Error, kube_err};
-use crate::api::{JobPhase, TrainingJob, TrainingJobStatus, WorkloadRef};
+use crate::api::{JobPhase, ObservedOverlap, TrainingJob, TrainingJobStatus, WorkloadRef};
 use crate::names;
 
 async fn apply(
@@ -51,23 +52,41 @@ pub async fn apply_decision(
     apply(api, name, names::OPERATOR_MANAGER, value).await
 }
 
-/// Writes the workload part only: phase, the workload reference, the `WorkloadCreated`
-/// condition and, once the start-up guard has run, `NodeVerified` (`guard`: the workload writer
-/// owns it, so it must be passed on every write once set). Every other status field is left as
-/// it is.
+/// The workload part of a TrainingJob's status. The workload writer owns every field here, so
+/// each write passes all that are set (a field left out would be dropped).
+pub struct WorkloadPart<'a> {
+    /// Phase, from the Job.
+    pub phase: JobPhase,
+    /// The workload's objects.
+    pub workload: Option<&'a WorkloadRef>,
+    /// `WorkloadCreated`.
+    pub created: &'a Condition,
+    /// `NodeVerified`, once the start-up guard has run.
+    pub guard: Option<&'a Condition>,
+    /// What the agents observed the job's GPUs doing.
+    pub observed: Option<&'a ObservedOverlap>,
+    /// `OverlapObserved`, for a job with overlap on that has been observed.
+    pub overlap: Option<&'a Condition>,
+}
+
+/// Writes the workload part only; every other status field is left as it is.
 pub async fn apply_workload(
     api: &Api<TrainingJob>,
     name: &str,
-    phase: JobPhase,
-    workload: Option<&WorkloadRef>,
-    created: &Condition,
-    guard: Option<&Condition>,
+    part: &WorkloadPart<'_>,
 ) -> Result<(), Error> {
-    let conditions: Vec<&Condition> = std::iter::once(created).chain(guard).collect();
-    let mut value = json!({"phase": phase, "conditions": conditions});
-    if let Some(w) = workload {
+    let conditions: Vec<&Condition> = std::iter::once(part.created)
+        .chain(part.guard)
+        .chain(part.overlap)
+        .collect();
+    let mut value = json!({"phase": part.phase, "conditions": conditions});
+    if let Some(w) = part.workload {
         value["workload"] = serde_json::to_value(w)
             .map_err(|e| Error::Serialize("TrainingJob workload reference", e))?;
+    }
+    if let Some(o) = part.observed {
+        value["observed"] =
+            serde_json::to_value(o).map_err(|e| Error::Serialize("TrainingJob observation", e))?;
     }
     apply(api, name, names::WORKLOAD_STATUS_MANAGER, value).await
 }

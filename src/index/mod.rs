@@ -20,14 +20,21 @@ use crate::api::NodeClass;
 /// decision looks only at the class it considers.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeIndex {
-    nodes: Vec<NodeInfo>,
+    /// Shared with the parsed cache of [`NodeViews`]: a rebuild after one node changed copies
+    /// pointers, not every node's labels and report.
+    nodes: Vec<Arc<NodeInfo>>,
     coherent: Vec<usize>,
     discrete: Vec<usize>,
 }
 
 impl NodeIndex {
     /// Indexes `nodes` (any order; sorted by name here).
-    pub fn new(mut nodes: Vec<NodeInfo>) -> Self {
+    pub fn new(nodes: Vec<NodeInfo>) -> Self {
+        NodeIndex::shared(nodes.into_iter().map(Arc::new).collect())
+    }
+
+    /// Indexes shared views (any order; sorted by name here).
+    pub fn shared(mut nodes: Vec<Arc<NodeInfo>>) -> Self {
         nodes.sort_by(|a, b| a.name.cmp(&b.name));
         let mut index = NodeIndex {
             nodes,
@@ -44,8 +51,13 @@ impl NodeIndex {
     }
 
     /// Every node, sorted by name.
-    pub fn nodes(&self) -> &[NodeInfo] {
-        &self.nodes
+    pub fn nodes(&self) -> impl ExactSizeIterator<Item = &NodeInfo> + Clone + '_ {
+        self.nodes.iter().map(|n| n.as_ref())
+    }
+
+    /// The node at `position` of [`NodeIndex::nodes`].
+    pub fn get(&self, position: usize) -> Option<&NodeInfo> {
+        self.nodes.get(position).map(|n| n.as_ref())
     }
 
     /// The candidates of one class, sorted by name.
@@ -54,18 +66,17 @@ impl NodeIndex {
             NodeClass::Coherent => &self.coherent,
             NodeClass::Discrete => &self.discrete,
         };
-        positions.iter().map(|&i| &self.nodes[i])
+        positions.iter().map(|&i| self.nodes[i].as_ref())
     }
 
     /// Candidates of either class.
     pub fn candidates(&self) -> impl Iterator<Item = &NodeInfo> + '_ {
-        self.nodes.iter().filter(|n| n.class().is_some())
+        self.nodes().filter(|n| n.class().is_some())
     }
 
     /// Nodes the agent published on whose publication cannot be used, with the reason.
     pub fn ignored(&self) -> impl Iterator<Item = (&NodeInfo, &str)> + '_ {
-        self.nodes
-            .iter()
+        self.nodes()
             .filter_map(|n| n.ignored_because().map(|why| (n, why)))
     }
 }
@@ -103,7 +114,7 @@ struct Snapshot {
     objects: Vec<Arc<PartialObjectMeta<Node>>>,
     index: Option<Arc<NodeIndex>>,
     /// Parsed views by name, with the resourceVersion they were parsed at.
-    parsed: HashMap<String, (String, NodeInfo)>,
+    parsed: HashMap<String, (String, Arc<NodeInfo>)>,
 }
 
 impl NodeViews {
@@ -143,7 +154,7 @@ impl NodeViews {
                     out.push(info.clone());
                 }
                 _ => {
-                    let info = node_info(node);
+                    let info = Arc::new(node_info(node));
                     snap.parsed.insert(name, (rv, info.clone()));
                     out.push(info);
                 }
@@ -157,7 +168,7 @@ impl NodeViews {
                 .collect();
             snap.parsed.retain(|k, _| live.contains(k.as_str()));
         }
-        let index = Arc::new(NodeIndex::new(out));
+        let index = Arc::new(NodeIndex::shared(out));
         snap.index = Some(index.clone());
         snap.objects = state;
         index

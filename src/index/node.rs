@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use crate::api::NodeClass;
 use crate::labels::NodeLabels;
 use crate::names;
+use crate::observed::{ObservedError, ObservedSummary};
 use crate::report::{NodeMemoryModel, NodeReport, OverlapVerdict, ReportError};
 
 /// Longest piece of agent-written text (an error from the node) copied into a decision's
@@ -51,6 +52,9 @@ pub struct NodeInfo {
     pub labels: BTreeMap<String, String>,
     /// The parsed `offload.dev/node-report` annotation: `None` when absent.
     pub report: Option<Result<NodeReport, ReportError>>,
+    /// The parsed `offload.dev/observed` annotation (what the agent saw the GPUs of configured
+    /// pods do): `None` when absent.
+    pub observed: Option<Result<ObservedSummary, ObservedError>>,
     standing: Standing,
     overlap_conflict: Option<String>,
 }
@@ -65,7 +69,11 @@ impl NodeInfo {
         let report = annotations
             .get(names::ANNOTATION_NODE_REPORT)
             .map(|json| NodeReport::parse(json));
-        NodeInfo::new(name, labels, report)
+        let mut info = NodeInfo::new(name, labels, report);
+        info.observed = annotations
+            .get(names::ANNOTATION_OBSERVED)
+            .map(|json| ObservedSummary::parse(json));
+        info
     }
 
     /// Builds the view from labels and an already parsed report.
@@ -80,9 +88,15 @@ impl NodeInfo {
             name,
             labels,
             report,
+            observed: None,
             standing,
             overlap_conflict,
         }
+    }
+
+    /// The agent's latest observation of the node's configured pods, if present and readable.
+    pub fn parsed_observed(&self) -> Option<&ObservedSummary> {
+        self.observed.as_ref().and_then(|o| o.as_ref().ok())
     }
 
     /// Whether and how the node can be used.

@@ -177,5 +177,5 @@ fn node_views_share_the_index_until_a_node_changes() {
     )));
     let after_delete = views.get();
     assert_eq!(after_delete.nodes().len(), 1);
-    assert_eq!(after_delete.nodes()[0].name, "gpu-0");
+    assert_eq!(after_delete.get(0).unwrap().name, "gpu-0");
 }

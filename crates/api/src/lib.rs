@@ -7,11 +7,13 @@
 //! - [`labels`]: the node labels the agent writes and the operator reads, typed, with their
 //!   one vocabulary of values;
 //! - [`report`]: the agent's versioned node report, and the checks that reject an impossible one;
+//! - [`observed`]: the agent's summary of what the GPUs of configured pods did, per window;
 //! - [`version`]: framework versions and the feature gates that depend on them.
 #![deny(missing_docs)]
 
 pub mod api;
 pub mod labels;
 pub mod names;
+pub mod observed;
 pub mod report;
 pub mod version;

@@ -77,6 +77,10 @@ pub const ANNOTATION_FRAMEWORK_VERSION: &str = "offload.dev/framework-version";
 /// resolved configuration in one line (for `kubectl describe`).
 pub const ANNOTATION_RESOLVED: &str = "offload.dev/resolved";
 
+/// Annotation the agent writes on its own Node: what it observed the GPUs of configured pods
+/// doing over its latest window (see [`crate::observed`]).
+pub const ANNOTATION_OBSERVED: &str = "offload.dev/observed";
+
 /// Annotation on a TrainingJob's workload Job: the decision it was built from, as JSON in the
 /// shape of the TrainingJob's `status.offload`. A status lost between creating the workload and
 /// recording the decision (a crash, an outage) is restored from it.

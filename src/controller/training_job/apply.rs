@@ -137,6 +137,7 @@ pub(super) async fn record_unresolved(
         offload: None,
         workload: None,
         observed_generation: generation,
+        observed: None,
         conditions: vec![cond],
     };
     status::apply_decision(&api, &name, &status).await?;

@@ -9,9 +9,14 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use super::apply::{publish, workload_created};
-use crate::api::{JobPhase, OffloadDecisionStatus, TrainingJob, TrainingJobStatus, WorkloadRef};
+use crate::api::{
+    DEFAULT_MIN_OBSERVED_GPU_BUSY, JobPhase, ObservedOverlap, OffloadDecisionStatus, TrainingJob,
+    TrainingJobStatus, WorkloadRef,
+};
 use crate::controller::conditions::{self, OFFLOAD_RESOLVED, WORKLOAD_CREATED};
+use crate::controller::observation;
 use crate::controller::{Context, Error, kube_err, status};
+use crate::metrics::JobLabels;
 use crate::names;
 use crate::render;
 
@@ -42,7 +47,15 @@ pub(super) async fn follow_workload(
             generation,
         );
         if !conditions::unchanged(&current.conditions, &cond) {
-            status::apply_workload(&api, &name, JobPhase::Pending, None, &cond, None).await?;
+            let part = status::WorkloadPart {
+                phase: JobPhase::Pending,
+                workload: None,
+                created: &cond,
+                guard: None,
+                observed: None,
+                overlap: None,
+            };
+            status::apply_workload(&api, &name, &part).await?;
             publish(
                 ctx,
                 tj,
@@ -78,22 +91,36 @@ pub(super) async fn follow_workload(
     let guard_unchanged = guard
         .as_ref()
         .is_none_or(|g| conditions::unchanged(&current.conditions, g));
+    let (observed, overlap) = observe(tj, ctx, &current, generation);
+    let overlap_unchanged = overlap
+        .as_ref()
+        .is_none_or(|c| conditions::unchanged(&current.conditions, c));
     if current.phase == Some(phase)
         && current.workload.as_ref() == Some(&workload)
         && conditions::unchanged(&current.conditions, &created)
         && guard_unchanged
+        && current.observed == observed
+        && overlap_unchanged
     {
         return Ok(Action::await_change());
     }
-    status::apply_workload(
-        &api,
-        &name,
+    let part = status::WorkloadPart {
         phase,
-        Some(&workload),
-        &created,
-        guard.as_ref(),
-    )
-    .await?;
+        workload: Some(&workload),
+        created: &created,
+        guard: guard.as_ref(),
+        observed: observed.as_ref(),
+        overlap: overlap.as_ref(),
+    };
+    status::apply_workload(&api, &name, &part).await?;
+    // An Event when the flag goes up, not every time the figure in its message moves.
+    let was_flagged = current
+        .conditions
+        .iter()
+        .any(|c| c.type_ == observation::OVERLAP_OBSERVED && c.status == "False");
+    if !was_flagged && let Some(c) = overlap.as_ref().filter(|c| c.status == "False") {
+        publish(ctx, tj, EventType::Warning, "GPUsIdle", &c.message).await;
+    }
     if !guard_unchanged && let Some(g) = guard.as_ref().filter(|g| g.status == "False") {
         publish(
             ctx,
@@ -105,6 +132,53 @@ pub(super) async fn follow_workload(
         .await;
     }
     Ok(Action::await_change())
+}
+
+/// The job's observed GPU-busy figures (fresh ones from the agents' summaries, else the last
+/// recorded), and the `OverlapObserved` condition where there is something to judge (else the
+/// one recorded, which this writer owns and must repeat). Sets the job's metrics.
+fn observe(
+    tj: &TrainingJob,
+    ctx: &Context,
+    current: &TrainingJobStatus,
+    generation: Option<i64>,
+) -> (Option<ObservedOverlap>, Option<Condition>) {
+    let ns = tj.namespace().unwrap_or_default();
+    let name = tj.name_any();
+    let observed = observation::gather(&ctx.nodes(), &ns, &name, jiff::Timestamp::now())
+        .or_else(|| current.observed.clone());
+    let recorded = current
+        .conditions
+        .iter()
+        .find(|c| c.type_ == observation::OVERLAP_OBSERVED)
+        .cloned();
+    let (Some(o), Some(decision)) = (observed.as_ref(), current.offload.as_ref()) else {
+        return (observed, recorded);
+    };
+    let labels = JobLabels {
+        namespace: ns,
+        job: name,
+    };
+    let threshold = ctx
+        .profile(&decision.profile)
+        .map_or(DEFAULT_MIN_OBSERVED_GPU_BUSY, |p| {
+            p.spec.min_observed_gpu_busy
+        });
+    let verdict = observation::judge(decision, o, threshold);
+    ctx.metrics
+        .set_job(&labels, o.gpu_busy, verdict.as_ref().map(|(ok, ..)| !ok));
+    let Some((ok, reason, message)) = verdict else {
+        return (observed, recorded);
+    };
+    let cond = conditions::condition(
+        &current.conditions,
+        observation::OVERLAP_OBSERVED,
+        ok,
+        reason,
+        message,
+        generation,
+    );
+    (observed, Some(cond))
 }
 
 /// Where the status lost its decision (the operator or the API server died between creating

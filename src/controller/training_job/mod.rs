@@ -35,7 +35,7 @@ use apply::{
 };
 use follow::follow_workload;
 pub use follow::guard_outcome;
-pub use triggers::{jobs_for_config_map, jobs_for_node, jobs_for_profile};
+pub use triggers::{jobs_for_config_map, jobs_for_node, jobs_for_observation, jobs_for_profile};
 
 /// Why a job has no decision yet; each carries the condition reason and message.
 #[derive(Debug)]
@@ -211,6 +211,7 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
         offload: Some(decision_status(&res)),
         workload: None,
         observed_generation: generation,
+        observed: None,
         conditions: existing,
     };
     conditions::set(&mut status.conditions, resolved);
@@ -255,6 +256,7 @@ async fn run_without_offload(tj: &TrainingJob, ctx: &Context) -> Result<Action, 
         offload: None,
         workload: None,
         observed_generation: tj.metadata.generation,
+        observed: None,
         conditions: existing,
     };
     conditions::set(&mut status.conditions, not_requested);

@@ -8,6 +8,8 @@ use kube::runtime::reflector::ObjectRef;
 use crate::api::TrainingJob;
 use crate::controller::Context;
 use crate::decision::{opted_in, profile_name_for};
+use crate::names;
+use crate::observed::ObservedSummary;
 
 /// Whether the job still waits for its workload.
 pub(super) fn unresolved(tj: &TrainingJob) -> bool {
@@ -70,6 +72,36 @@ pub fn jobs_for_node(
             matches.then(|| job_ref(tj))
         })
         .collect()
+}
+
+/// The jobs a node's new observation lists (each pod's `offload.dev/training-job`), for
+/// recording it in their status; also forgets the metrics of jobs that are gone.
+pub fn jobs_for_observation(
+    ctx: &Context,
+    node: &PartialObjectMeta<Node>,
+) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
+    ctx.metrics
+        .retain_jobs(|ns, name| ctx.jobs.get(&ObjectRef::new(name).within(ns)).is_some());
+    let Some(summary) = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(names::ANNOTATION_OBSERVED))
+        .and_then(|json| ObservedSummary::parse(json).ok())
+    else {
+        return Vec::new();
+    };
+    let mut refs: Vec<_> = summary
+        .pods
+        .iter()
+        .filter_map(|p| {
+            let job = p.training_job.as_deref()?;
+            Some(ObjectRef::new(job).within(&p.namespace))
+        })
+        .collect();
+    refs.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    refs.dedup();
+    refs
 }
 
 /// Unresolved jobs in `namespace` whose DeepSpeed config is the ConfigMap `name`, for

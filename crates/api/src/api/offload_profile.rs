@@ -10,6 +10,14 @@ use super::common::{ModeSetting, NodeClass, OverlapSetting, RatioSetting};
 /// Default for `minOverlapEfficiency`.
 pub const DEFAULT_MIN_OVERLAP_EFFICIENCY: f64 = 0.8;
 
+/// Default of `minObservedGpuBusy`. On the H200 (docs/benchmarks/observe-h200.md), a balanced
+/// step pipelined kept its GPU 94 % busy and serialised 49 %; a GPU-heavy one 98 % and 80 %.
+pub const DEFAULT_MIN_OBSERVED_GPU_BUSY: f64 = 0.6;
+
+fn default_min_observed_gpu_busy() -> f64 {
+    DEFAULT_MIN_OBSERVED_GPU_BUSY
+}
+
 fn default_min_overlap_efficiency() -> f64 {
     DEFAULT_MIN_OVERLAP_EFFICIENCY
 }
@@ -60,6 +68,13 @@ pub struct OffloadProfileSpec {
     #[schemars(range(min = 0.0, max = 1.0))]
     pub min_overlap_efficiency: f64,
 
+    /// Lowest busy fraction (0 to 1) the GPUs of a running job with overlap on may be observed
+    /// at before the job is flagged (`OverlapObserved=False` and a Warning Event): below it, the
+    /// CPU update is not overlapping GPU work. 0 turns the flag off.
+    #[serde(default = "default_min_observed_gpu_busy")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub min_observed_gpu_busy: f64,
+
     /// Share of optimizer state to offload: `Auto` or a number greater than 0 and at most 1.
     /// `Auto` uses the node report and the job's model hints; without hints it is 1.
     #[serde(default)]
@@ -107,6 +122,7 @@ impl Default for OffloadProfileSpec {
             mode: ModeSetting::Auto,
             overlap: OverlapSetting::Auto,
             min_overlap_efficiency: DEFAULT_MIN_OVERLAP_EFFICIENCY,
+            min_observed_gpu_busy: DEFAULT_MIN_OBSERVED_GPU_BUSY,
             offload_ratio: RatioSetting::Auto,
             pin_memory: true,
             node_selector: None,

@@ -31,6 +31,7 @@ fn default_replicas() -> i32 {
     printcolumn = r#"{"name":"Ratio","type":"string","jsonPath":".spec.offload.offloadRatio"}"#,
     printcolumn = r#"{"name":"Resolution","type":"string","description":"Why the offload configuration is (or is not) resolved: the OffloadResolved condition's reason","jsonPath":".status.conditions[?(@.type==\"OffloadResolved\")].reason"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"GPU-Busy","type":"number","description":"Mean busy fraction of the job's GPUs, as the node agents observed them","jsonPath":".status.observed.gpuBusy"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -234,7 +235,12 @@ pub struct TrainingJobStatus {
     /// `metadata.generation` the status was computed for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Conditions: `OffloadResolved`, `WorkloadCreated`.
+    /// What the job's GPUs were observed doing while it ran, from the node agents; absent
+    /// until an agent has observed one of its pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<ObservedOverlap>,
+    /// Conditions: `OffloadResolved`, `WorkloadCreated`, `NodeVerified` (the start-up guard),
+    /// `OverlapObserved` (whether a job with overlap on keeps its GPUs busy).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -289,6 +295,48 @@ pub struct DecisionReason {
     pub field: String,
     /// A sentence a person can act on.
     pub message: String,
+}
+
+/// The job's GPUs as the node agents observed them over their latest windows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedOverlap {
+    /// Mean busy fraction of all the job's observed GPUs (0 to 1): the share of time a kernel
+    /// ran. A job that overlaps its CPU optimizer work keeps it near 1; one that serialises
+    /// the two leaves the GPUs idle for the CPU part of every step.
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub gpu_busy: f64,
+    /// GPUs observed.
+    pub gpus: i32,
+    /// CPU the job's observed pods used, in cores, where their cgroups were readable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_cores: Option<f64>,
+    /// End of the oldest window that went into these figures (RFC 3339).
+    pub observed_at: String,
+    /// Length of the agents' window in seconds.
+    pub window_seconds: f64,
+    /// Per node, sorted by name.
+    #[serde(default)]
+    #[schemars(length(max = 512))]
+    pub nodes: Vec<NodeObservation>,
+}
+
+/// One node's share of a job, as its agent observed it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeObservation {
+    /// The node.
+    pub node: String,
+    /// Mean busy fraction of the job's GPUs on this node (0 to 1).
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub gpu_busy: f64,
+    /// The job's GPUs on this node.
+    pub gpus: i32,
+    /// CPU the job's pods on this node used, in cores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_cores: Option<f64>,
+    /// End of the node's window (RFC 3339).
+    pub observed_at: String,
 }
 
 /// Objects the operator created for the job (all owned by it).

@@ -1,0 +1,282 @@
+//! A running job's observed GPU-busy fraction, from the agent's summary on its Node to the
+//! TrainingJob's `status.observed`, the `OverlapObserved` condition, the Warning Event, the
+//! per-job metrics and `kubectl get tj`, through the real API server. The summaries are
+//! recorded ones (source `recorded-trace`), written on the Nodes as the agent writes them.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::events::v1::Event;
+use kube::Client;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use offload_api::names;
+use offload_api::observed::{BusySource, OBSERVED_SCHEMA_VERSION, ObservedSummary, PodObservation};
+use offload_operator::api::{OffloadProfile, TrainingJob};
+use offload_testenv::devcluster::{ClusterOptions, free_port};
+use offload_testenv::fixtures;
+use serde_json::json;
+use support::controller::{training_job, wait_for_condition};
+use support::*;
+
+fn deepspeed() -> serde_json::Value {
+    json!({"name": "DeepSpeed", "version": "0.19.8"})
+}
+
+/// The recorded summary of one node: each (job, busy, cpu cores) one pod with one GPU.
+fn summary(node: &str, ns: &str, pods: &[(&str, f64, f64)]) -> String {
+    ObservedSummary {
+        schema_version: OBSERVED_SCHEMA_VERSION,
+        node: node.into(),
+        observed_at: jiff::Timestamp::now().to_string(),
+        window_seconds: 60.0,
+        source: BusySource::RecordedTrace,
+        pods: pods
+            .iter()
+            .enumerate()
+            .map(|(i, (job, busy, cpu))| PodObservation {
+                namespace: ns.into(),
+                name: format!("{job}-0-x{i}"),
+                training_job: Some((*job).into()),
+                gpus: vec![format!("GPU-{i}")],
+                gpu_busy: *busy,
+                samples: 600,
+                cpu_cores: Some(*cpu),
+            })
+            .collect(),
+    }
+    .to_annotation()
+    .unwrap()
+}
+
+async fn annotate(client: &Client, node: &str, value: &str) {
+    Api::<Node>::all(client.clone())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {names::ANNOTATION_OBSERVED: value}}}),
+            ),
+        )
+        .await
+        .unwrap();
+}
+
+async fn metrics(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).await.unwrap();
+    text
+}
+
+fn observed_busy(tj: &TrainingJob) -> Option<f64> {
+    tj.status.as_ref()?.observed.as_ref().map(|o| o.gpu_busy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observations_reach_status_condition_event_metrics_and_kubectl() {
+    let cluster = cluster(ClusterOptions::default());
+    let client = client(cluster).await;
+    apply_crds(&client).await;
+    let admin = free_port().unwrap();
+    let token = tokio_util::sync::CancellationToken::new();
+    let operator = tokio::spawn(offload_operator::operator::run(
+        client.clone(),
+        offload_operator::operator::RunOptions {
+            admin_addr: format!("127.0.0.1:{admin}").parse().unwrap(),
+            ..operator_options()
+        },
+        token.clone(),
+    ));
+    let ns = namespace(&client, "observed").await;
+    let node = format!("{ns}-h200");
+    let other = format!("{ns}-h200-b");
+    let nodes: Api<Node> = Api::all(client.clone());
+    for n in [&node, &other] {
+        nodes
+            .create(
+                &PostParams::default(),
+                &reported_node(n, fixtures::H200_READING, &ns),
+            )
+            .await
+            .unwrap();
+    }
+    Api::<OffloadProfile>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &pool_profile(&ns, &ns, json!({"minObservedGpuBusy": 0.6})),
+        )
+        .await
+        .unwrap();
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &training_job("overlapped", &ns, deepspeed(), json!({})),
+    )
+    .await
+    .unwrap();
+    api.create(
+        &PostParams::default(),
+        &training_job(
+            "serial",
+            &ns,
+            deepspeed(),
+            json!({"offload": {"overlap": "Disabled"}}),
+        ),
+    )
+    .await
+    .unwrap();
+    for job in ["overlapped", "serial"] {
+        wait_for_condition(&api, job, "WorkloadCreated", "True").await;
+    }
+    let overlapped = api.get("overlapped").await.unwrap();
+    assert!(
+        overlapped.status.unwrap().offload.unwrap().overlap,
+        "the verified H200 gives overlap"
+    );
+
+    // The agent on the first node saw both jobs: the overlapped one's GPU idle 42 % of the time.
+    annotate(
+        &client,
+        &node,
+        &summary(
+            &node,
+            &ns,
+            &[("overlapped", 0.58, 3.5), ("serial", 0.3, 2.0)],
+        ),
+    )
+    .await;
+    let flagged = wait_for_condition(&api, "overlapped", "OverlapObserved", "False").await;
+    let status = flagged.status.unwrap();
+    let cond = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "OverlapObserved")
+        .unwrap();
+    assert_eq!(cond.reason, "GPUsIdle");
+    assert!(
+        cond.message.starts_with(
+            "GPUs busy 58 % of the time with overlap on: the CPU update is not overlapping"
+        ),
+        "{}",
+        cond.message
+    );
+    let observed = status.observed.unwrap();
+    assert_eq!((observed.gpu_busy, observed.gpus), (0.58, 1));
+    assert_eq!(observed.cpu_cores, Some(3.5));
+    assert_eq!(observed.nodes.len(), 1);
+    assert_eq!(observed.nodes[0].node, node);
+
+    // The job without overlap gets its figures, and no verdict: there is nothing to overlap.
+    let serial = wait_list(
+        api.clone(),
+        kube::runtime::watcher::Config::default().fields("metadata.name=serial"),
+        "the serial job's observation",
+        Duration::from_secs(60),
+        |tjs| {
+            tjs.first()
+                .filter(|t| observed_busy(t) == Some(0.3))
+                .cloned()
+        },
+    )
+    .await;
+    assert!(
+        serial
+            .status
+            .as_ref()
+            .unwrap()
+            .conditions
+            .iter()
+            .all(|c| c.type_ != "OverlapObserved")
+    );
+
+    // A Warning Event says it once.
+    let events = poll("the GPUsIdle Event", Duration::from_secs(60), || {
+        let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?.items;
+            let found: Vec<Event> = list
+                .into_iter()
+                .filter(|e| {
+                    e.reason.as_deref() == Some("GPUsIdle")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                            == Some("overlapped")
+                })
+                .collect();
+            (!found.is_empty()).then_some(found)
+        }
+    })
+    .await;
+    assert_eq!(events[0].type_.as_deref(), Some("Warning"));
+
+    // A summary that does not parse, on another node, changes nothing and stops nothing.
+    annotate(&client, &other, "{\"schemaVersion\": 1, \"pods\": 7}").await;
+
+    // The next window: the job now overlaps, across both nodes (weighted by GPUs).
+    annotate(
+        &client,
+        &node,
+        &summary(&node, &ns, &[("overlapped", 0.94, 3.0)]),
+    )
+    .await;
+    annotate(
+        &client,
+        &other,
+        &summary(&other, &ns, &[("overlapped", 0.98, 2.0)]),
+    )
+    .await;
+    let recovered = wait_list(
+        api.clone(),
+        kube::runtime::watcher::Config::default().fields("metadata.name=overlapped"),
+        "the overlapped job observed on both nodes",
+        Duration::from_secs(60),
+        |tjs| {
+            tjs.first()
+                .and_then(|t| t.status.clone())
+                .filter(|s| s.observed.as_ref().is_some_and(|o| o.gpus == 2))
+        },
+    )
+    .await;
+    assert!(
+        recovered
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "OverlapObserved" && c.status == "True" && c.reason == "GPUsBusy"),
+        "{:?}",
+        recovered.conditions
+    );
+    let observed = recovered.observed.unwrap();
+    assert_eq!((observed.gpu_busy, observed.gpus), (0.96, 2));
+    assert_eq!(observed.cpu_cores, Some(5.0));
+
+    let text = metrics(admin).await;
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| {
+                l.starts_with(name)
+                    && l.contains(&format!("namespace=\"{ns}\""))
+                    && l.contains("job=\"overlapped\"")
+            })
+            .map(str::to_string)
+    };
+    let busy = line("offload_operator_job_gpu_busy_ratio").expect("a busy-ratio series");
+    assert!(busy.ends_with(" 0.96"), "{busy}");
+    let flag = line("offload_operator_job_overlap_flagged").expect("a flag series");
+    assert!(flag.ends_with(" 0"), "{flag}");
+
+    let table = kubectl(cluster, &["get", "tj", "-n", &ns]);
+    let header = table.lines().next().unwrap();
+    assert!(header.contains("GPU-BUSY"), "{table}");
+    let row = table.lines().find(|l| l.starts_with("overlapped")).unwrap();
+    assert!(row.contains("0.96"), "{table}");
+
+    token.cancel();
+    operator.await.unwrap().unwrap();
+}
