@@ -182,7 +182,12 @@ pub async fn run(
     let job_ctx_config_maps = ctx.clone();
     let job_ctx_observed = ctx.clone();
     let job_controller =
-        Controller::for_shared_stream(caches.jobs.subscribe(), caches.jobs.store().clone())
+        // A job's own status writes (ours) do not trigger it again: only what the user or the
+        // API server changes (spec, labels, annotations, deletion) does.
+        Controller::for_shared_stream(
+            spec_changes(caches.jobs.subscribe(), caches.jobs.store().clone()),
+            caches.jobs.store().clone(),
+        )
             .with_config(config.clone())
             .owns(
                 Api::<Job>::all(client.clone()),
@@ -249,7 +254,9 @@ pub async fn run(
     let profiles_for_nodes = caches.profiles.store().clone();
     let profile_controller =
         Controller::for_shared_stream(caches.profiles.subscribe(), caches.profiles.store().clone())
-            .with_config(config)
+            // A profile's status counts jobs and nodes: during a burst of jobs, one write once
+            // the burst settles rather than one per job (the burst itself is not delayed).
+            .with_config(config.debounce(PROFILE_DEBOUNCE))
             .watches_shared_stream(
                 metadata_changes(caches.nodes.subscribe(), caches.nodes.store().clone()),
                 move |_node| {
@@ -317,6 +324,46 @@ async fn log_outcomes<K, E, W>(
 
 /// Passes a node on only when its labels or annotations changed since it was last seen, or when
 /// it was deleted (it is gone from the cache).
+/// Quiet time before a profile's status is recomputed after a change of its jobs or nodes.
+pub const PROFILE_DEBOUNCE: Duration = Duration::from_secs(1);
+
+/// TrainingJob changes other than status: a new job, a new generation (spec), labels,
+/// annotations, deletion. The controller's own status writes are left out, so a reconcile does
+/// not trigger the next one.
+fn spec_changes(
+    jobs: impl Stream<Item = Arc<DeserializeGuard<TrainingJob>>>,
+    store: Store<DeserializeGuard<TrainingJob>>,
+) -> impl Stream<Item = Arc<DeserializeGuard<TrainingJob>>> {
+    use kube::Resource;
+    use std::hash::{Hash, Hasher};
+    let mut seen: std::collections::HashMap<(String, String), u64> =
+        std::collections::HashMap::new();
+    jobs.filter(move |job| {
+        let meta = job.meta();
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        meta.uid.hash(&mut h);
+        meta.generation.hash(&mut h);
+        meta.labels.hash(&mut h);
+        meta.annotations.hash(&mut h);
+        meta.deletion_timestamp.as_ref().map(|t| t.0).hash(&mut h);
+        // A job that does not deserialize is reported once per change of its content.
+        if job.0.is_err() {
+            meta.resource_version.hash(&mut h);
+        }
+        let key = (
+            meta.namespace.clone().unwrap_or_default(),
+            meta.name.clone().unwrap_or_default(),
+        );
+        let digest = h.finish();
+        let changed = seen.insert(key, digest) != Some(digest);
+        // Forget deleted jobs now and then (deletions are not passed on to this stream).
+        if seen.len() > 2 * store.len() + 1024 {
+            seen.retain(|(ns, name), _| store.get(&ObjectRef::new(name).within(ns)).is_some());
+        }
+        futures::future::ready(changed)
+    })
+}
+
 /// Node changes that matter to decisions: labels and annotations, less the agent's
 /// observation of running pods (which changes every minute and concerns running jobs only).
 fn metadata_changes(

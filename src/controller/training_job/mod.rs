@@ -195,16 +195,6 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
             node_class: class_label(res.node_class),
         })
         .inc();
-    if first_resolution {
-        publish(
-            ctx,
-            tj,
-            EventType::Normal,
-            "OffloadResolved",
-            &res.summary(),
-        )
-        .await;
-    }
 
     let mut status = TrainingJobStatus {
         phase: Some(JobPhase::Pending),
@@ -216,6 +206,18 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
     };
     conditions::set(&mut status.conditions, resolved);
     if let Some(action) = apply_workload(tj, ctx, &built, &mut status).await? {
+        // Resolved, but the workload could not be created: say what was decided (the
+        // failure has its own Event). When it is created, its one Event says both.
+        if first_resolution {
+            publish(
+                ctx,
+                tj,
+                EventType::Normal,
+                "OffloadResolved",
+                &res.summary(),
+            )
+            .await;
+        }
         return Ok(action);
     }
     publish(
