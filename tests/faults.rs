@@ -127,11 +127,18 @@ fn deepspeed() -> serde_json::Value {
 
 /// Creates `count` TrainingJobs, 8 at a time, each retried through API errors and outages
 /// until the server has it (a retry answered "already exists" means an earlier try landed).
-async fn create_burst(api: Api<TrainingJob>, count: usize, created: Arc<AtomicUsize>) {
+/// `quarter` is told when a quarter of them exist.
+async fn create_burst(
+    api: Api<TrainingJob>,
+    count: usize,
+    created: Arc<AtomicUsize>,
+    quarter: Arc<tokio::sync::Notify>,
+) {
     futures::stream::iter(0..count)
         .for_each_concurrent(8, |i| {
             let api = api.clone();
             let created = created.clone();
+            let quarter = quarter.clone();
             async move {
                 let tj = training_job(&format!("burst-{i}"), POOL, deepspeed(), json!({}));
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
@@ -150,7 +157,9 @@ async fn create_burst(api: Api<TrainingJob>, count: usize, created: Arc<AtomicUs
                         }
                     }
                 }
-                created.fetch_add(1, Ordering::Relaxed);
+                if created.fetch_add(1, Ordering::Relaxed) + 1 == count / 4 {
+                    quarter.notify_one();
+                }
             }
         })
         .await;
@@ -273,6 +282,7 @@ async fn the_operator_killed_again_and_again_mid_burst_loses_and_duplicates_noth
         Api::namespaced(client.clone(), &ns),
         JOBS,
         created.clone(),
+        Arc::default(),
     ));
     // Kill the leader each time it has made progress, and start a new replica at once: the
     // new one must wait out the dead one's lease, then finish from what the cluster holds.
@@ -299,12 +309,21 @@ async fn the_api_server_and_etcd_restarted_mid_burst_lose_and_duplicate_nothing(
     let operator = OperatorProcess::start(&cluster, &["--webhook-addr".into(), String::new()]);
     operator.wait_ready().await;
     let created = Arc::new(AtomicUsize::new(0));
+    let quarter = Arc::new(tokio::sync::Notify::new());
     let burst = tokio::spawn(create_burst(
         Api::namespaced(client.clone(), &ns),
         JOBS,
         created.clone(),
+        quarter.clone(),
     ));
-    let seen = workloads_at_least(&client, &ns, JOBS / 4, "the outage").await;
+    // The outage comes while jobs are still being created and resolved.
+    wait(
+        "a quarter of the jobs to be created",
+        Duration::from_secs(120),
+        quarter.notified(),
+    )
+    .await;
+    let seen = workloads_at_least(&client, &ns, 10, "the outage").await;
     let t = std::time::Instant::now();
     cluster.restart_control_plane().await.unwrap();
     eprintln!(

@@ -148,8 +148,26 @@ struct RunArgs {
     /// Publish once and exit.
     #[arg(long)]
     once: bool,
+    /// Observe the GPUs of configured pods in windows of this length and publish a summary
+    /// per window on the node (`offload.dev/observed`); 0 turns it off.
+    #[arg(long, default_value = "0s", value_parser = parse_window)]
+    observe_window: Duration,
+    /// The kubelet's pod-resources socket (which pod holds which GPU).
+    #[arg(long, default_value = offload_agent::attribution::POD_RESOURCES_SOCKET)]
+    pod_resources_socket: std::path::PathBuf,
+    /// The host's cgroup root as mounted in this container (pods' CPU usage).
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    cgroup_root: std::path::PathBuf,
     #[command(flatten)]
     test: TestArgs,
+}
+
+/// Like [`parse_duration`], with 0 meaning off.
+fn parse_window(s: &str) -> Result<Duration, String> {
+    if s.trim_end_matches('s') == "0" {
+        return Ok(Duration::ZERO);
+    }
+    parse_duration(s)
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -207,6 +225,11 @@ fn main() -> ExitCode {
                 options: args.test.options(),
                 replay: args.replay.clone(),
                 once: args.once,
+                observe: (!args.observe_window.is_zero()).then(|| publish::ObserveConfig {
+                    window: args.observe_window,
+                    pod_resources: args.pod_resources_socket.clone(),
+                    cgroup_root: args.cgroup_root.clone(),
+                }),
             };
             with_client(|client, shutdown| publish::run_loop(client, cfg, shutdown))
         }

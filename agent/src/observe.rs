@@ -27,6 +27,23 @@ impl NvmlUtilization {
     }
 }
 
+impl NvmlUtilization {
+    /// The NVML index of a device the kubelet assigned (NVIDIA's device plugin names GPUs by
+    /// UUID); `None` for an ID NVML does not know.
+    pub fn index_of(&self, device_id: &str) -> Option<u32> {
+        self.nvml.device_by_uuid(device_id).ok()?.index().ok()
+    }
+}
+
+/// A source with no GPU, for a window in which no configured pod holds one.
+pub struct NoGpus;
+
+impl UtilizationSource for NoGpus {
+    fn utilization(&self, _: &[u32]) -> Result<Vec<(u32, u32)>, String> {
+        Ok(Vec::new())
+    }
+}
+
 impl UtilizationSource for NvmlUtilization {
     fn utilization(&self, devices: &[u32]) -> Result<Vec<(u32, u32)>, String> {
         let all: Vec<u32> = if devices.is_empty() {

@@ -166,6 +166,19 @@ pub struct LoopConfig {
     pub replay: Option<std::path::PathBuf>,
     /// Publish once and exit.
     pub once: bool,
+    /// Observe the GPUs of configured pods and publish the summary; `None`: off.
+    pub observe: Option<ObserveConfig>,
+}
+
+/// Where and how often the agent observes configured pods.
+#[derive(Clone, Debug)]
+pub struct ObserveConfig {
+    /// Length of each window (one summary per window).
+    pub window: Duration,
+    /// The kubelet's pod-resources socket.
+    pub pod_resources: std::path::PathBuf,
+    /// The host's cgroup root as mounted in the agent's container.
+    pub cgroup_root: std::path::PathBuf,
 }
 
 /// Builds this round's report: a replayed recording, or a fresh measurement (never over a job
@@ -338,8 +351,96 @@ pub async fn run_loop(
         stop_server.cancel();
         outcome
     };
-    let ((), outcome) = tokio::join!(server, work);
+    let observing = async {
+        if let (Some(observe), false) = (cfg.observe.clone(), cfg.once) {
+            observe_loop(&client, &cfg.node, observe, &stop_server).await;
+        }
+    };
+    let ((), outcome, ()) = tokio::join!(server, work, observing);
     outcome
+}
+
+/// One summary per window, until `stop`: the configured pods on this node that hold GPUs, their
+/// GPUs sampled with NVML over the window, their CPU from their cgroups. A window that fails (no
+/// socket, no NVML, the API away) is logged and the next one tried; nothing here stops the
+/// self-test loop.
+async fn observe_loop(
+    client: &Client,
+    node: &str,
+    observe: ObserveConfig,
+    stop: &CancellationToken,
+) {
+    use crate::attribution;
+    let mut published_pods = true; // clear a summary a previous run may have left
+    loop {
+        let round = async {
+            let listed =
+                attribution::list_pod_resources(&observe.pod_resources, Duration::from_secs(10))
+                    .await?;
+            let assigned = attribution::devices_by_pod(&listed, attribution::GPU_RESOURCE);
+            let pods = if assigned.is_empty() {
+                Vec::new()
+            } else {
+                attribution::configured_pods(client, node, &assigned, &observe.cgroup_root).await?
+            };
+            let node_name = node.to_string();
+            let window = observe.window;
+            let summary = tokio::task::spawn_blocking(move || {
+                if pods.is_empty() {
+                    // Nothing to sample: wait the window out, then say so.
+                    std::thread::sleep(window);
+                    return attribution::summarize(
+                        &node_name,
+                        &[],
+                        &crate::observe::NoGpus,
+                        &|_| None,
+                        window,
+                        Duration::from_millis(100),
+                        offload_api::observed::BusySource::NvmlDevice,
+                    );
+                }
+                let nvml = crate::observe::NvmlUtilization::new()
+                    .map_err(attribution::AttributionError::Sampling)?;
+                attribution::summarize(
+                    &node_name,
+                    &pods,
+                    &nvml,
+                    &|id| nvml.index_of(id),
+                    window,
+                    Duration::from_millis(100),
+                    offload_api::observed::BusySource::NvmlDevice,
+                )
+            })
+            .await
+            .map_err(|e| attribution::AttributionError::Sampling(e.to_string()))??;
+            Ok::<_, attribution::AttributionError>(summary)
+        };
+        let outcome = tokio::select! {
+            o = round => o,
+            () = stop.cancelled() => return,
+        };
+        match outcome {
+            Ok(summary) => {
+                let has_pods = !summary.pods.is_empty();
+                if has_pods || published_pods {
+                    match attribution::publish_observed(client, &summary).await {
+                        Ok(()) => {
+                            tracing::info!(pods = summary.pods.len(), "observation published");
+                            published_pods = has_pods;
+                        }
+                        Err(e) => tracing::warn!(error = %e, "publishing the observation failed"),
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "observation window failed; trying the next");
+                tokio::select! {
+                    () = tokio::time::sleep(observe.window) => {},
+                    () = stop.cancelled() => return,
+                }
+            }
+        }
+    }
 }
 
 async fn measure_and_publish(

@@ -145,3 +145,116 @@ async fn this_machine_is_reported_truthfully_whatever_it_has() {
         assert!(why.contains("NVML could not be read"), "{why}");
     }
 }
+
+/// A recorded utilization trace (a stand-in for GPUs that are not here): each sample, GPU `i`
+/// is `busy[i]` percent busy.
+struct RecordedTrace {
+    busy: Vec<u32>,
+}
+
+impl offload_agent::observe::UtilizationSource for RecordedTrace {
+    fn utilization(&self, devices: &[u32]) -> Result<Vec<(u32, u32)>, String> {
+        Ok(devices
+            .iter()
+            .filter_map(|&i| Some((i, *self.busy.get(i as usize)?)))
+            .collect())
+    }
+}
+
+#[tokio::test]
+async fn observations_of_configured_pods_are_published_and_cleared() {
+    use k8s_openapi::api::core::v1::Pod;
+    use offload_agent::attribution;
+    use offload_api::observed::{BusySource, ObservedSummary};
+    use std::time::Duration;
+
+    let cluster = support::cluster(ClusterOptions::default());
+    let client = support::client(cluster).await;
+    let ns = support::namespace(&client, "observe").await;
+    let node = format!("agent-observe-{}", std::process::id());
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &plain_node(&node, &[]))
+        .await
+        .unwrap();
+    // Two pods bound to the node: one the operator configured (a TrainingJob's pod), one not.
+    let pod = |name: &str, configured: bool| -> Pod {
+        let mut meta = serde_json::json!({"name": name, "namespace": ns});
+        if configured {
+            meta["annotations"] = serde_json::json!({names::ANNOTATION_RESOLVED: "mode=CPUCopy"});
+            meta["labels"] = serde_json::json!({names::LABEL_TRAINING_JOB: "llama"});
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}
+        }))
+        .unwrap()
+    };
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    for (name, configured) in [("llama-0", true), ("other", false)] {
+        pods.create(&PostParams::default(), &pod(name, configured))
+            .await
+            .unwrap();
+    }
+    // What the kubelet's pod-resources API would say: both hold GPUs.
+    let assigned = BTreeMap::from([
+        (
+            (ns.clone(), "llama-0".to_string()),
+            vec!["GPU-1".to_string(), "GPU-0".to_string()],
+        ),
+        ((ns.clone(), "other".to_string()), vec!["GPU-2".to_string()]),
+    ]);
+    let cgroups = tempfile::tempdir().unwrap();
+    let found = attribution::configured_pods(&client, &node, &assigned, cgroups.path())
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1, "only the configured pod: {found:?}");
+    assert_eq!(found[0].training_job.as_deref(), Some("llama"));
+
+    let trace = RecordedTrace {
+        busy: vec![90, 50, 10],
+    };
+    let resolve = |id: &str| id.strip_prefix("GPU-")?.parse().ok();
+    let summary = attribution::summarize(
+        &node,
+        &found,
+        &trace,
+        &resolve,
+        Duration::from_millis(50),
+        Duration::from_millis(10),
+        BusySource::RecordedTrace,
+    )
+    .unwrap();
+    attribution::publish_observed(&client, &summary)
+        .await
+        .unwrap();
+    let published = Api::<Node>::all(client.clone()).get(&node).await.unwrap();
+    let text = published.metadata.annotations.as_ref().unwrap()[names::ANNOTATION_OBSERVED].clone();
+    let read = ObservedSummary::parse(&text).unwrap();
+    assert_eq!(read.pods.len(), 1);
+    assert_eq!(read.pods_of(&ns, "llama").count(), 1);
+    assert_eq!(read.pods[0].gpu_busy, 0.7, "mean of its two GPUs");
+    assert_eq!(read.source, BusySource::RecordedTrace);
+
+    // Its pods gone: an empty window removes the annotation and nothing else.
+    let empty = attribution::summarize(
+        &node,
+        &[],
+        &trace,
+        &resolve,
+        Duration::ZERO,
+        Duration::ZERO,
+        BusySource::RecordedTrace,
+    )
+    .unwrap();
+    attribution::publish_observed(&client, &empty)
+        .await
+        .unwrap();
+    let cleared = Api::<Node>::all(client.clone()).get(&node).await.unwrap();
+    assert!(
+        !cleared
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(names::ANNOTATION_OBSERVED)
+    );
+}

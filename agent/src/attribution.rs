@@ -1,0 +1,518 @@
+//! Which configured pod on this node holds which GPU, how busy those GPUs were, and how much CPU
+//! the pod used: the summary the operator turns into each TrainingJob's `status.observed`.
+//!
+//! - GPUs per pod come from the kubelet's pod-resources API (`List` on its local socket), the
+//!   way GPU metrics exporters attribute devices: the device IDs the device plugin handed out.
+//! - "Configured" means the operator wrote the pod's configuration (its `offload.dev/resolved`
+//!   annotation); only those pods, and only on this node, are observed.
+//! - Busy fractions come from a [`UtilizationSource`] (NVML) sampled over the window; CPU from the
+//!   pod's cgroup (`cpu.stat`, cgroup v2, systemd or cgroupfs layout).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use offload_api::names;
+use offload_api::observed::{
+    BusySource, MAX_PODS, OBSERVED_SCHEMA_VERSION, ObservedSummary, PodObservation,
+};
+use serde_json::json;
+
+use crate::observe::{UtilizationSource, observe};
+
+/// Where the kubelet serves the pod-resources API.
+pub const POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+
+/// The extended resource GPUs are requested as.
+pub const GPU_RESOURCE: &str = names::GPU_RESOURCE;
+
+/// Field manager of the observation annotation: apart from the report's, so publishing one
+/// never releases the other.
+pub const OBSERVER_MANAGER: &str = "offload-agent-observer";
+
+/// The messages of `k8s.io/kubelet/pkg/apis/podresources/v1` this agent reads (fields it does
+/// not use are skipped on decoding).
+pub mod v1 {
+    /// `ListPodResourcesRequest`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ListPodResourcesRequest {}
+
+    /// `ListPodResourcesResponse`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ListPodResourcesResponse {
+        /// Every pod the kubelet runs, with its assigned resources.
+        #[prost(message, repeated, tag = "1")]
+        pub pod_resources: Vec<PodResources>,
+    }
+
+    /// `PodResources`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct PodResources {
+        /// Pod name.
+        #[prost(string, tag = "1")]
+        pub name: String,
+        /// Pod namespace.
+        #[prost(string, tag = "2")]
+        pub namespace: String,
+        /// Its containers.
+        #[prost(message, repeated, tag = "3")]
+        pub containers: Vec<ContainerResources>,
+    }
+
+    /// `ContainerResources`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ContainerResources {
+        /// Container name.
+        #[prost(string, tag = "1")]
+        pub name: String,
+        /// Devices assigned by device plugins.
+        #[prost(message, repeated, tag = "2")]
+        pub devices: Vec<ContainerDevices>,
+    }
+
+    /// `ContainerDevices`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ContainerDevices {
+        /// Extended resource name, e.g. `nvidia.com/gpu`.
+        #[prost(string, tag = "1")]
+        pub resource_name: String,
+        /// Device IDs as the device plugin named them.
+        #[prost(string, repeated, tag = "2")]
+        pub device_ids: Vec<String>,
+    }
+}
+
+/// Why an observation could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum AttributionError {
+    /// The kubelet's pod-resources socket could not be reached or answered an error.
+    #[error("kubelet pod-resources API at {socket}: {detail}")]
+    PodResources {
+        /// The socket.
+        socket: String,
+        /// What failed.
+        detail: String,
+    },
+    /// The API server could not be asked for this node's pods, or written to.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What was being done.
+        action: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Sampling the GPUs failed for the whole window.
+    #[error("sampling GPU utilization: {0}")]
+    Sampling(String),
+}
+
+/// Lists every pod's assigned resources from the kubelet's pod-resources socket.
+pub async fn list_pod_resources(
+    socket: &Path,
+    timeout: Duration,
+) -> Result<Vec<v1::PodResources>, AttributionError> {
+    let err = |detail: String| AttributionError::PodResources {
+        socket: socket.display().to_string(),
+        detail,
+    };
+    let path = socket.to_path_buf();
+    // The URI is required by the transport and never resolved: the connector dials the socket.
+    let endpoint = tonic::transport::Endpoint::from_static("http://kubelet.invalid")
+        .connect_timeout(timeout)
+        .timeout(timeout);
+    let channel = endpoint
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .map_err(|e| err(format!("connecting: {e}")))?;
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready()
+        .await
+        .map_err(|e| err(format!("not ready: {e}")))?;
+    let codec =
+        tonic_prost::ProstCodec::<v1::ListPodResourcesRequest, v1::ListPodResourcesResponse>::default();
+    let answer = grpc
+        .unary(
+            tonic::Request::new(v1::ListPodResourcesRequest {}),
+            http::uri::PathAndQuery::from_static("/v1.PodResourcesLister/List"),
+            codec,
+        )
+        .await
+        .map_err(|status| err(format!("List: {}", status.message())))?;
+    Ok(answer.into_inner().pod_resources)
+}
+
+/// The device IDs of `resource` each pod holds (all its containers), sorted; pods holding none
+/// are left out.
+pub fn devices_by_pod(
+    pods: &[v1::PodResources],
+    resource: &str,
+) -> BTreeMap<(String, String), Vec<String>> {
+    let mut out: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for pod in pods {
+        let mut ids: Vec<String> = pod
+            .containers
+            .iter()
+            .flat_map(|c| &c.devices)
+            .filter(|d| d.resource_name == resource)
+            .flat_map(|d| d.device_ids.iter().cloned())
+            .collect();
+        if ids.is_empty() {
+            continue;
+        }
+        ids.sort();
+        ids.dedup();
+        out.insert((pod.namespace.clone(), pod.name.clone()), ids);
+    }
+    out
+}
+
+/// The cgroup directory of a pod under `root` (the host's `/sys/fs/cgroup`): the kubelet names
+/// it `pod<uid>` (cgroupfs driver) or `kubepods[-<qos>]-pod<uid with _>.slice` (systemd
+/// driver), below `kubepods`, `kubepods.slice` and their QoS children.
+pub fn pod_cgroup(root: &Path, uid: &str) -> Option<PathBuf> {
+    let cgroupfs = format!("pod{uid}");
+    let systemd = format!("-pod{}.slice", uid.replace('-', "_"));
+    let is_pod = |name: &str| name == cgroupfs || name.ends_with(&systemd);
+    let mut level: Vec<PathBuf> = std::fs::read_dir(root)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("kubepods"))
+        })
+        .collect();
+    // kubepods / QoS / pod: three levels at most.
+    for _ in 0..3 {
+        let mut next = Vec::new();
+        for dir in &level {
+            let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            if is_pod(name) {
+                return Some(dir.clone());
+            }
+            if let Ok(children) = std::fs::read_dir(dir) {
+                next.extend(
+                    children
+                        .flatten()
+                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                        .map(|e| e.path()),
+                );
+            }
+        }
+        level = next;
+    }
+    level
+        .into_iter()
+        .find(|d| d.file_name().and_then(|n| n.to_str()).is_some_and(is_pod))
+}
+
+/// CPU time a cgroup has used, in microseconds (`usage_usec` of its `cpu.stat`).
+pub fn cpu_usage_usec(dir: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(dir.join("cpu.stat")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// A configured pod on this node that holds GPUs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObservedPod {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Its TrainingJob, from the `offload.dev/training-job` label.
+    pub training_job: Option<String>,
+    /// Device IDs from the pod-resources API.
+    pub devices: Vec<String>,
+    /// Its cgroup directory, when found.
+    pub cgroup: Option<PathBuf>,
+}
+
+/// The configured pods on `node` that hold GPUs: this node's pods from the API server (their
+/// annotations say which the operator configured), joined with the kubelet's device assignment.
+pub async fn configured_pods(
+    client: &Client,
+    node: &str,
+    assigned: &BTreeMap<(String, String), Vec<String>>,
+    cgroup_root: &Path,
+) -> Result<Vec<ObservedPod>, AttributionError> {
+    let pods = Api::<Pod>::all(client.clone())
+        .list_metadata(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .map_err(|source| AttributionError::Kube {
+            action: format!("listing the pods of node {node}"),
+            source,
+        })?;
+    let mut out: Vec<ObservedPod> = pods
+        .items
+        .into_iter()
+        .filter(|p| {
+            p.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(names::ANNOTATION_RESOLVED))
+        })
+        .filter_map(|p| {
+            let namespace = p.metadata.namespace.clone()?;
+            let name = p.metadata.name.clone()?;
+            let devices = assigned.get(&(namespace.clone(), name.clone()))?.clone();
+            let cgroup = p
+                .metadata
+                .uid
+                .as_deref()
+                .and_then(|uid| pod_cgroup(cgroup_root, uid));
+            Some(ObservedPod {
+                training_job: p
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(names::LABEL_TRAINING_JOB).cloned()),
+                namespace,
+                name,
+                devices,
+                cgroup,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    out.truncate(MAX_PODS);
+    Ok(out)
+}
+
+/// Samples the pods' GPUs over `window` (every `interval`) and reads their CPU before and after:
+/// the summary to publish. `resolve` maps a device ID to the index `source` samples; a device
+/// it cannot map is left out of the pod's figures (a pod with none left is not listed).
+/// Blocking: run it off the async workers.
+#[allow(clippy::too_many_arguments)]
+pub fn summarize(
+    node: &str,
+    pods: &[ObservedPod],
+    source: &dyn UtilizationSource,
+    resolve: &dyn Fn(&str) -> Option<u32>,
+    window: Duration,
+    interval: Duration,
+    busy_source: BusySource,
+) -> Result<ObservedSummary, AttributionError> {
+    let indices: Vec<Vec<u32>> = pods
+        .iter()
+        .map(|p| p.devices.iter().filter_map(|d| resolve(d)).collect())
+        .collect();
+    let mut all: Vec<u32> = indices.iter().flatten().copied().collect();
+    all.sort_unstable();
+    all.dedup();
+    let cpu_before: Vec<Option<u64>> = pods
+        .iter()
+        .map(|p| p.cgroup.as_deref().and_then(cpu_usage_usec))
+        .collect();
+    let started = Instant::now();
+    let gpus = if all.is_empty() {
+        Vec::new()
+    } else {
+        observe(source, &all, window, interval).map_err(AttributionError::Sampling)?
+    };
+    let elapsed = started.elapsed().as_secs_f64().max(1e-3);
+    let mut observed = Vec::new();
+    for ((pod, idx), before) in pods.iter().zip(&indices).zip(&cpu_before) {
+        let mine: Vec<_> = gpus.iter().filter(|g| idx.contains(&g.index)).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let busy = mine.iter().map(|g| g.busy_fraction).sum::<f64>() / mine.len() as f64;
+        let after = pod.cgroup.as_deref().and_then(cpu_usage_usec);
+        #[allow(clippy::cast_precision_loss)]
+        let cpu_cores = match (before, after) {
+            (Some(b), Some(a)) if a >= *b => {
+                Some(((a - b) as f64 / 1e6 / elapsed * 1000.0).round() / 1000.0)
+            }
+            _ => None,
+        };
+        observed.push(PodObservation {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            training_job: pod.training_job.clone(),
+            gpus: pod.devices.clone(),
+            gpu_busy: (busy.clamp(0.0, 1.0) * 1000.0).round() / 1000.0,
+            samples: mine.iter().map(|g| g.samples).min().unwrap_or(0),
+            cpu_cores,
+        });
+    }
+    Ok(ObservedSummary {
+        schema_version: OBSERVED_SCHEMA_VERSION,
+        node: node.to_string(),
+        observed_at: jiff::Timestamp::now().to_string(),
+        window_seconds: (elapsed * 1000.0).round() / 1000.0,
+        source: busy_source,
+        pods: observed,
+    })
+}
+
+/// Writes the summary on the node (its own field manager); an empty one removes the
+/// annotation, so a node whose configured pods are gone says nothing stale.
+pub async fn publish_observed(
+    client: &Client,
+    summary: &ObservedSummary,
+) -> Result<(), AttributionError> {
+    let annotations = if summary.pods.is_empty() {
+        json!({})
+    } else {
+        let text = summary
+            .to_annotation()
+            .map_err(|e| AttributionError::Kube {
+                action: "serialising the observation".into(),
+                source: kube::Error::SerdeError(e),
+            })?;
+        json!({names::ANNOTATION_OBSERVED: text})
+    };
+    let doc = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": summary.node, "annotations": annotations}
+    });
+    Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .patch(
+            &summary.node,
+            &PatchParams::apply(OBSERVER_MANAGER).force(),
+            &Patch::Apply(&doc),
+        )
+        .await
+        .map_err(|source| AttributionError::Kube {
+            action: format!("publishing the observation on node {}", summary.node),
+            source,
+        })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_are_joined_per_pod_for_the_gpu_resource_only() {
+        let pods = vec![
+            v1::PodResources {
+                name: "train-0".into(),
+                namespace: "ml".into(),
+                containers: vec![
+                    v1::ContainerResources {
+                        name: "train".into(),
+                        devices: vec![
+                            v1::ContainerDevices {
+                                resource_name: GPU_RESOURCE.into(),
+                                device_ids: vec!["GPU-b".into(), "GPU-a".into()],
+                            },
+                            v1::ContainerDevices {
+                                resource_name: "rdma/hca".into(),
+                                device_ids: vec!["mlx5_0".into()],
+                            },
+                        ],
+                    },
+                    v1::ContainerResources {
+                        name: "sidecar".into(),
+                        devices: vec![v1::ContainerDevices {
+                            resource_name: GPU_RESOURCE.into(),
+                            device_ids: vec!["GPU-a".into()],
+                        }],
+                    },
+                ],
+            },
+            v1::PodResources {
+                name: "web".into(),
+                namespace: "ml".into(),
+                containers: vec![],
+            },
+        ];
+        let by_pod = devices_by_pod(&pods, GPU_RESOURCE);
+        assert_eq!(by_pod.len(), 1);
+        assert_eq!(
+            by_pod[&("ml".to_string(), "train-0".to_string())],
+            ["GPU-a", "GPU-b"]
+        );
+    }
+
+    #[test]
+    fn the_response_decodes_from_the_kubelets_wire_format() {
+        use prost::Message;
+        // Encoded with the upstream field numbers, plus fields this agent does not read
+        // (cpu_ids, tag 3 of ContainerResources; topology, tag 3 of ContainerDevices).
+        let devices = v1::ContainerDevices {
+            resource_name: GPU_RESOURCE.into(),
+            device_ids: vec!["GPU-0".into()],
+        };
+        let mut dev_bytes = devices.encode_to_vec();
+        dev_bytes.extend([0x1a, 0x00]); // topology: empty message
+        let mut container = Vec::new();
+        prost::encoding::string::encode(1, &"c".to_string(), &mut container);
+        prost::encoding::bytes::encode(2, &dev_bytes, &mut container);
+        prost::encoding::int64::encode_packed(3, &[0, 1], &mut container);
+        let mut pod = Vec::new();
+        prost::encoding::string::encode(1, &"p".to_string(), &mut pod);
+        prost::encoding::string::encode(2, &"ns".to_string(), &mut pod);
+        prost::encoding::bytes::encode(3, &container, &mut pod);
+        let mut response = Vec::new();
+        prost::encoding::bytes::encode(1, &pod, &mut response);
+        let decoded = v1::ListPodResourcesResponse::decode(response.as_slice()).unwrap();
+        assert_eq!(decoded.pod_resources[0].namespace, "ns");
+        assert_eq!(
+            decoded.pod_resources[0].containers[0].devices[0].device_ids,
+            ["GPU-0"]
+        );
+    }
+
+    #[test]
+    fn a_missing_socket_is_a_clear_error() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let err = rt
+            .block_on(list_pod_resources(
+                Path::new("/nonexistent/pod-resources/kubelet.sock"),
+                Duration::from_secs(1),
+            ))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(
+                "kubelet pod-resources API at /nonexistent/pod-resources/kubelet.sock: connecting"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn pod_cgroups_are_found_in_both_driver_layouts_and_their_cpu_read() {
+        let root = tempfile::tempdir().unwrap();
+        let uid = "0d6c7f39-1b8e-4e57-9a5c-3d0f1a2b3c4d";
+        let systemd = root.path().join(format!(
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
+            uid.replace('-', "_")
+        ));
+        std::fs::create_dir_all(&systemd).unwrap();
+        std::fs::write(
+            systemd.join("cpu.stat"),
+            "usage_usec 1234567\nuser_usec 1000000\nsystem_usec 234567\n",
+        )
+        .unwrap();
+        assert_eq!(pod_cgroup(root.path(), uid), Some(systemd.clone()));
+        assert_eq!(cpu_usage_usec(&systemd), Some(1_234_567));
+
+        let root2 = tempfile::tempdir().unwrap();
+        let cgroupfs = root2.path().join(format!("kubepods/besteffort/pod{uid}"));
+        std::fs::create_dir_all(&cgroupfs).unwrap();
+        assert_eq!(pod_cgroup(root2.path(), uid), Some(cgroupfs.clone()));
+        assert_eq!(cpu_usage_usec(&cgroupfs), None, "no cpu.stat: unknown");
+        assert_eq!(pod_cgroup(root2.path(), "other-uid"), None);
+    }
+}
