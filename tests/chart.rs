@@ -275,18 +275,26 @@ async fn install_run_the_whole_flow_and_uninstall_leaving_nothing_behind() {
         placed.iter().all(|n| n.starts_with("chart-gh200")),
         "{placed:?}"
     );
-    let table = kubectl(
-        cluster,
-        &["get", "offloadprofiles", "default", "--no-headers"],
-    );
+    // The profile's status is recomputed shortly after its jobs change (debounced).
+    let table = poll(
+        "the default profile to count its nodes and jobs",
+        Duration::from_secs(30),
+        || async {
+            let table = kubectl(
+                cluster,
+                &["get", "offloadprofiles", "default", "--no-headers"],
+            );
+            let cols: Vec<&str> = table.split_whitespace().collect();
+            let counted = cols.len() > 5
+                && cols[3].parse::<u32>().is_ok_and(|n| n >= 2)
+                && cols[4].parse::<u32>().is_ok_and(|n| n >= 3)
+                && cols[5].parse::<u32>().is_ok_and(|n| n >= 1);
+            counted.then_some(table)
+        },
+    )
+    .await;
     let cols: Vec<&str> = table.split_whitespace().collect();
     assert_eq!(&cols[..3], ["default", "Auto", "Auto"], "{table}");
-    assert!(
-        cols[3].parse::<u32>().unwrap() >= 2
-            && cols[4].parse::<u32>().unwrap() >= 3
-            && cols[5].parse::<u32>().unwrap() >= 1,
-        "{table}"
-    );
 
     the_agent_may_only_touch_offload_keys_on_its_own_node(cluster, &client).await;
 

@@ -148,6 +148,7 @@ async fn crds_are_served_and_their_schema_is_enforced() {
             "RATIO",
             "RESOLUTION",
             "PHASE",
+            "GPU-BUSY",
             "AGE"
         ]
     );

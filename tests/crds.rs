@@ -106,6 +106,14 @@ fn printer_columns_are_the_documented_ones() {
     );
     assert_eq!(
         columns("TrainingJob"),
-        ["MODE", "OVERLAP", "RATIO", "RESOLUTION", "PHASE", "AGE"]
+        [
+            "MODE",
+            "OVERLAP",
+            "RATIO",
+            "RESOLUTION",
+            "PHASE",
+            "GPU-BUSY",
+            "AGE"
+        ]
     );
 }

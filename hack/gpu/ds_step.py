@@ -99,15 +99,17 @@ def observe(agent, seconds, step):
             step()
             n += 1
         wall_us = (time.perf_counter() - t0) * 1e6
-    kernels = []
+    kernels, copies = [], []
     for ev in prof.events():
         # Device-side events: the kernels each CPU op launched.
         for k in list(getattr(ev, "kernels", [])) + ([ev] if ev.device_type == torch.autograd.DeviceType.CUDA else []):
             name = getattr(k, "name", "")
             tr = getattr(k, "time_range", None) or getattr(k, "interval", None)
-            if tr is None or name.startswith(("Memcpy", "Memset")):
+            if tr is None or tr.end <= tr.start:
                 continue
-            if tr.end > tr.start:
+            if name.startswith(("Memcpy", "Memset")):
+                copies.append((tr.start, tr.end))
+            else:
                 kernels.append((tr.start, tr.end))
     obs = json.loads(proc.stdout.read() or b"[]")
     cuda = torch.autograd.DeviceType.CUDA
@@ -121,6 +123,10 @@ def observe(agent, seconds, step):
         "wallS": round(wall_us / 1e6, 2),
         "kernels": len(kernels),
         "trueBusyFraction": round(union_us(kernels) / wall_us, 4) if wall_us else None,
+        # The same with the copies (DMA) counted as busy too: what NVML would show if its
+        # utilization counted the copy engines.
+        "copies": len(copies),
+        "busyWithCopiesFraction": round(union_us(kernels + copies) / wall_us, 4) if wall_us else None,
         "kernelTimeFraction": round(kernel_us / wall_us, 4) if wall_us else None,
         "observed": obs,
     }

@@ -267,14 +267,12 @@ pub async fn run(
                         .collect::<Vec<_>>()
                 },
             )
-            .watches_shared_stream(caches.jobs.subscribe(), |job| {
-                job.0
-                    .as_ref()
-                    .ok()
-                    .and_then(|j| j.status.as_ref())
-                    .and_then(|s| s.offload.as_ref())
-                    .map(|o| ObjectRef::new(&o.profile))
-            })
+            // A profile counts the jobs decided with it: only a job's first decision, a change
+            // of its profile, or its deletion changes that count.
+            .reconcile_on(decision_profile_changes(
+                caches.jobs.subscribe(),
+                caches.jobs.store().clone(),
+            ))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(
                 profile::reconcile,
@@ -361,6 +359,44 @@ fn spec_changes(
             seen.retain(|(ns, name), _| store.get(&ObjectRef::new(name).within(ns)).is_some());
         }
         futures::future::ready(changed)
+    })
+}
+
+/// For each job whose recorded decision names a different profile than when last seen (its
+/// first decision, a re-decision under another profile) or that was deleted: the profile(s)
+/// whose job count that changes.
+fn decision_profile_changes(
+    jobs: impl Stream<Item = Arc<DeserializeGuard<TrainingJob>>>,
+    store: Store<DeserializeGuard<TrainingJob>>,
+) -> impl Stream<Item = ObjectRef<OffloadProfile>> {
+    use kube::Resource;
+    let mut seen: std::collections::HashMap<(String, String), String> =
+        std::collections::HashMap::new();
+    jobs.flat_map(move |job| {
+        let meta = job.meta();
+        let key = (
+            meta.namespace.clone().unwrap_or_default(),
+            meta.name.clone().unwrap_or_default(),
+        );
+        let gone = store.get(&ObjectRef::new(&key.1).within(&key.0)).is_none();
+        let profile = job
+            .0
+            .as_ref()
+            .ok()
+            .and_then(|j| j.status.as_ref())
+            .and_then(|s| s.offload.as_ref())
+            .map(|o| o.profile.clone());
+        let mut out = Vec::new();
+        if gone {
+            out.extend(seen.remove(&key));
+        } else if let Some(p) = profile {
+            match seen.insert(key, p.clone()) {
+                Some(before) if before == p => {}
+                Some(before) => out.extend([before, p]),
+                None => out.push(p),
+            }
+        }
+        futures::stream::iter(out.into_iter().map(|p| ObjectRef::new(&p)))
     })
 }
 

@@ -117,7 +117,7 @@ pub fn judge(
             false,
             "GPUsIdle",
             format!(
-                "GPUs busy {:.0} % of the time with {what}: the CPU update is not overlapping GPU work (profile {} flags below {:.0} %; {} GPU(s) observed over {:.0} s windows)",
+                "GPUs busy {:.0} % of the time with {what}: the CPU update is not overlapping GPU work, or it outlasts the GPU part of each step (profile {} flags below {:.0} %; {} GPU(s) observed over {:.0} s windows)",
                 pct(observed.gpu_busy),
                 decision.profile,
                 pct(threshold),

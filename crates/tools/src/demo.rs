@@ -266,6 +266,23 @@ async fn demo(cli: Cli) -> Result<(), String> {
     )
     .await?;
     wait_for(
+        "profile status to count the jobs decided with it",
+        Duration::from_secs(30),
+        || async {
+            kubectl(&[
+                "get",
+                "offloadprofiles",
+                "-o",
+                "jsonpath={.items[*].status.jobs}",
+            ])
+            .is_ok_and(|s| {
+                let counts: Vec<&str> = s.split_whitespace().collect();
+                counts.len() == 2 && counts.iter().all(|c| *c != "0")
+            })
+        },
+    )
+    .await?;
+    wait_for(
         "pods of both jobs to be placed",
         Duration::from_secs(60),
         || async {

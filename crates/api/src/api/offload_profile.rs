@@ -70,7 +70,8 @@ pub struct OffloadProfileSpec {
 
     /// Lowest busy fraction (0 to 1) the GPUs of a running job with overlap on may be observed
     /// at before the job is flagged (`OverlapObserved=False` and a Warning Event): below it, the
-    /// CPU update is not overlapping GPU work. 0 turns the flag off.
+    /// CPU update is not overlapping GPU work, or it outlasts the GPU part of each step. 0 turns
+    /// the flag off.
     #[serde(default = "default_min_observed_gpu_busy")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub min_observed_gpu_busy: f64,
