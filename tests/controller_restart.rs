@@ -199,21 +199,3 @@ async fn leadership_moves_to_the_standby_when_the_leader_stops() {
     b_token.cancel();
     b.await.unwrap().unwrap();
 }
-
-/// Whether the operator's admin server at `port` answers `/readyz` with 200.
-async fn readyz(port: u16) -> bool {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut conn) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
-        return false;
-    };
-    if conn
-        .write_all(b"GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .await
-        .is_err()
-    {
-        return false;
-    }
-    let mut answer = String::new();
-    let _ = conn.read_to_string(&mut answer).await;
-    answer.starts_with("HTTP/1.1 200") || answer.starts_with("HTTP/1.0 200")
-}

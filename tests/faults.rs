@@ -80,24 +80,6 @@ impl Drop for OperatorProcess {
     }
 }
 
-/// Whether an admin server answers `/readyz` with 200.
-async fn readyz(port: u16) -> bool {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut conn) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
-        return false;
-    };
-    if conn
-        .write_all(b"GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .await
-        .is_err()
-    {
-        return false;
-    }
-    let mut text = String::new();
-    let _ = conn.read_to_string(&mut text).await;
-    text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200")
-}
-
 /// A control plane of the test's own, with the CRDs, one coherent and one discrete recorded
 /// node, and the pool's profile.
 async fn own_cluster() -> (DevCluster, Client) {

@@ -63,19 +63,6 @@ async fn annotate(client: &Client, node: &str, value: &str) {
         .unwrap();
 }
 
-async fn metrics(port: u16) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .await
-        .unwrap();
-    let mut text = String::new();
-    conn.read_to_string(&mut text).await.unwrap();
-    text
-}
-
 fn observed_busy(tj: &TrainingJob) -> Option<f64> {
     tj.status.as_ref()?.observed.as_ref().map(|o| o.gpu_busy)
 }
@@ -256,7 +243,7 @@ async fn observations_reach_status_condition_event_metrics_and_kubectl() {
     assert_eq!((observed.gpu_busy, observed.gpus), (0.96, 2));
     assert_eq!(observed.cpu_cores, Some(5.0));
 
-    let text = metrics(admin).await;
+    let text = admin_get(admin, "/metrics").await.unwrap();
     let line = |name: &str| {
         text.lines()
             .find(|l| {

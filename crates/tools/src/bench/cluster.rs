@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -156,4 +156,85 @@ pub fn handler_seconds(admin_port: u16, endpoint: &str) -> Option<(f64, f64)> {
         metric("offload_operator_admission_duration_seconds_sum")?,
         metric("offload_operator_admission_duration_seconds_count")?,
     ))
+}
+
+/// When each object was created or first seen, by name.
+pub type Times = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>;
+
+/// Watches the workload Jobs (labelled with their TrainingJob) in `namespace`: when each was
+/// first seen, a receiver told once `expected` have been, and the watch task (abort it when
+/// done).
+pub fn watch_workloads(
+    client: &kube::Client,
+    namespace: &str,
+    expected: usize,
+) -> (
+    Times,
+    tokio::sync::oneshot::Receiver<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    use futures::TryStreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let seen: Times = Times::default();
+    let (all_seen_tx, all_seen) = tokio::sync::oneshot::channel::<()>();
+    let workloads: Api<k8s_openapi::api::batch::v1::Job> =
+        Api::namespaced(client.clone(), namespace);
+    let seen_w = seen.clone();
+    let watch = tokio::spawn(async move {
+        let stream = watcher(
+            workloads,
+            watcher::Config::default().labels(offload_api::names::LABEL_TRAINING_JOB),
+        )
+        .touched_objects();
+        futures::pin_mut!(stream);
+        let mut all_seen_tx = Some(all_seen_tx);
+        while let Ok(Some(job)) = stream.try_next().await {
+            if let (Some(name), Ok(mut s)) = (job.metadata.name, seen_w.lock()) {
+                s.entry(name).or_insert_with(Instant::now);
+                if s.len() >= expected
+                    && let Some(tx) = all_seen_tx.take()
+                {
+                    let _ = tx.send(());
+                }
+            }
+        }
+    });
+    (seen, all_seen, watch)
+}
+
+/// Milliseconds from each creation to its workload's first sighting, for every name in both.
+pub fn latencies_ms(created: &Times, seen: &Times) -> Vec<f64> {
+    let (Ok(created), Ok(seen)) = (created.lock(), seen.lock()) else {
+        return Vec::new();
+    };
+    created
+        .iter()
+        .filter_map(|(name, t0)| {
+            seen.get(name)
+                .map(|t1| t1.saturating_duration_since(*t0).as_secs_f64() * 1e3)
+        })
+        .collect()
+}
+
+/// Registers the chart's webhook configurations (`helm install`, operator, agent and default
+/// profile off) pointing at an operator outside the cluster; returns the port they point at.
+pub fn register_webhook(cluster: &DevCluster) -> Result<u16> {
+    let port = free_port()?;
+    let out = cluster
+        .helm()
+        .args(["install", "offload-operator"])
+        .arg(repo_root().join("charts/offload-operator"))
+        .args(["--namespace", "offload-system"])
+        .args(["--set", "operator.enabled=false"])
+        .args(["--set", "agent.enabled=false"])
+        .args(["--set", "defaultProfile.create=false"])
+        .args(["--set", &format!("webhook.url=https://127.0.0.1:{port}")])
+        .output()?;
+    if !out.status.success() {
+        return Err(BenchError::Command {
+            what: "helm install".into(),
+            detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    Ok(port)
 }

@@ -2,23 +2,19 @@
 //! control plane; time from creation to workload (p50/p99), the operator's CPU time and peak
 //! RSS (the release `offload-operator` binary, as its own process).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::batch::v1::Job;
+use futures::StreamExt;
 use kube::api::{Api, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use offload_api::api::TrainingJob;
 use offload_testenv::devcluster::{ClusterOptions, DevCluster};
 use serde_json::json;
 
-use super::cluster::{setup_cluster, spawn_operator, wait_ready};
+use super::cluster::{
+    Times, latencies_ms, setup_cluster, spawn_operator, wait_ready, watch_workloads,
+};
 use super::error::Result;
 use super::measure::{cpu_seconds, machine, proc_status, summary};
-
-type Seen = Arc<Mutex<HashMap<String, Instant>>>;
 
 /// Runs the burst.
 pub async fn run(jobs: usize) -> Result<()> {
@@ -33,30 +29,8 @@ pub async fn run(jobs: usize) -> Result<()> {
     wait_ready(admin, Duration::from_secs(60)).await?;
     let cpu0 = cpu_seconds(pid).unwrap_or(0.0);
 
-    let created: Seen = Arc::default();
-    let seen: Seen = Arc::default();
-    let (all_seen_tx, all_seen) = tokio::sync::oneshot::channel::<()>();
-    let api_jobs: Api<Job> = Api::namespaced(client.clone(), "default");
-    let seen_w = seen.clone();
-    let watch = tokio::spawn(async move {
-        let stream = watcher(
-            api_jobs,
-            watcher::Config::default().labels(offload_api::names::LABEL_TRAINING_JOB),
-        )
-        .touched_objects();
-        futures::pin_mut!(stream);
-        let mut all_seen_tx = Some(all_seen_tx);
-        while let Ok(Some(job)) = stream.try_next().await {
-            if let (Some(name), Ok(mut s)) = (job.metadata.name, seen_w.lock()) {
-                s.entry(name).or_insert_with(Instant::now);
-                if s.len() >= jobs
-                    && let Some(tx) = all_seen_tx.take()
-                {
-                    let _ = tx.send(());
-                }
-            }
-        }
-    });
+    let created = Times::default();
+    let (seen, all_seen, watch) = watch_workloads(&client, "default", jobs);
     let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), "default");
     let start = Instant::now();
     futures::stream::iter(0..jobs)
@@ -90,22 +64,12 @@ pub async fn run(jobs: usize) -> Result<()> {
     let _ = op.kill();
     let _ = op.wait();
     watch.abort();
-    let (created, seen) = (
-        created.lock().map(|c| c.clone()).unwrap_or_default(),
-        seen.lock().map(|s| s.clone()).unwrap_or_default(),
-    );
-    let latencies: Vec<f64> = created
-        .iter()
-        .filter_map(|(name, t0)| {
-            seen.get(name)
-                .map(|t1| t1.saturating_duration_since(*t0).as_secs_f64() * 1e3)
-        })
-        .collect();
+    let latencies = latencies_ms(&created, &seen);
+    let created = created.lock().map(|c| c.len()).unwrap_or(0);
     let n = latencies.len();
     let s = summary(latencies);
     println!(
-        "created {} TrainingJobs in {create_wall:.1} s (32 concurrent clients); {n} workloads seen after {all_wall:.1} s",
-        created.len(),
+        "created {created} TrainingJobs in {create_wall:.1} s (32 concurrent clients); {n} workloads seen after {all_wall:.1} s",
     );
     println!(
         "creation → workload Job: mean {:.0} ms, p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",

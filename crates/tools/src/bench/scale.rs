@@ -8,23 +8,25 @@
 //! the handler measures itself), the operator's CPU and peak RSS, and the API requests the
 //! operator made per job (from the API server's own request counter).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::api::{Api, ListParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use offload_api::api::{OffloadProfile, TrainingJob};
 use offload_api::names;
 use offload_api::report::NodeReport;
-use offload_testenv::devcluster::{ClusterOptions, DevCluster, free_port, repo_root};
+use offload_testenv::devcluster::{ClusterOptions, DevCluster};
 use offload_testenv::fixtures;
+use offload_testenv::support::kwok_node;
 use serde_json::json;
 
-use super::cluster::{apply_crds, handler_seconds, spawn_operator, wait_ready};
+use super::cluster::{
+    Times, apply_crds, handler_seconds, latencies_ms, register_webhook, spawn_operator, wait_ready,
+    watch_workloads,
+};
 use super::error::{BenchError, Result};
 use super::measure::{cpu_seconds, machine, proc_status, summary};
 
@@ -39,24 +41,6 @@ pub struct Sizes {
 }
 
 const NAMESPACE: &str = "scale";
-
-type Times = Arc<Mutex<HashMap<String, Instant>>>;
-
-/// One simulated node: a bare kwok Node, before the agent publishes on it.
-fn bare_node(name: &str) -> Result<Node> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {
-            "name": name,
-            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
-            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "type": "kwok"}
-        },
-        "status": {
-            "allocatable": {"cpu": "72", "memory": "480Gi", "pods": "110", "nvidia.com/gpu": "4"},
-            "capacity": {"cpu": "72", "memory": "480Gi", "pods": "110", "nvidia.com/gpu": "4"}
-        }
-    }))?)
-}
 
 /// Creates the nodes and publishes each one's report with the agent's code; returns the
 /// seconds it took.
@@ -75,7 +59,7 @@ async fn nodes(client: &kube::Client, count: usize) -> Result<f64> {
             let (class, fixture) = classes[i % classes.len()];
             async move {
                 let name = format!("{class}-{i:05}");
-                api.create(&PostParams::default(), &bare_node(&name)?)
+                api.create(&PostParams::default(), &kwok_node(&name, &[], &[]))
                     .await?;
                 let mut report = NodeReport::parse(fixture)
                     .map_err(|e| BenchError::unexpected(format!("fixture: {e}")))?;
@@ -199,27 +183,6 @@ pub async fn run(sizes: Sizes) -> Result<()> {
     outcome
 }
 
-fn register_webhook(cluster: &DevCluster) -> Result<u16> {
-    let port = free_port()?;
-    let out = cluster
-        .helm()
-        .args(["install", "offload-operator"])
-        .arg(repo_root().join("charts/offload-operator"))
-        .args(["--namespace", "offload-system"])
-        .args(["--set", "operator.enabled=false"])
-        .args(["--set", "agent.enabled=false"])
-        .args(["--set", "defaultProfile.create=false"])
-        .args(["--set", &format!("webhook.url=https://127.0.0.1:{port}")])
-        .output()?;
-    if !out.status.success() {
-        return Err(BenchError::Command {
-            what: "helm install".into(),
-            detail: String::from_utf8_lossy(&out.stderr).into_owned(),
-        });
-    }
-    Ok(port)
-}
-
 #[allow(clippy::cast_precision_loss)]
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
@@ -232,30 +195,8 @@ async fn burst(
     jobs: usize,
     batch_jobs: usize,
 ) -> Result<()> {
-    let created: Times = Arc::default();
-    let seen: Times = Arc::default();
-    let (all_seen_tx, all_seen) = tokio::sync::oneshot::channel::<()>();
-    let workloads: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
-    let seen_w = seen.clone();
-    let watch = tokio::spawn(async move {
-        let stream = watcher(
-            workloads,
-            watcher::Config::default().labels(names::LABEL_TRAINING_JOB),
-        )
-        .touched_objects();
-        futures::pin_mut!(stream);
-        let mut all_seen_tx = Some(all_seen_tx);
-        while let Ok(Some(job)) = stream.try_next().await {
-            if let (Some(name), Ok(mut s)) = (job.metadata.name, seen_w.lock()) {
-                s.entry(name).or_insert_with(Instant::now);
-                if s.len() >= jobs
-                    && let Some(tx) = all_seen_tx.take()
-                {
-                    let _ = tx.send(());
-                }
-            }
-        }
-    });
+    let created = Times::default();
+    let (seen, all_seen, watch) = watch_workloads(client, NAMESPACE, jobs);
     let before = request_counts(client).await?;
     let handler_before = handler_seconds(admin, "mutate-workload").unwrap_or((0.0, 0.0));
     let cpu0 = cpu_seconds(pid).unwrap_or(0.0);
@@ -349,22 +290,12 @@ async fn burst(
         }
     }
 
-    let (created, seen) = (
-        created.lock().map(|c| c.clone()).unwrap_or_default(),
-        seen.lock().map(|s| s.clone()).unwrap_or_default(),
-    );
-    let latencies: Vec<f64> = created
-        .iter()
-        .filter_map(|(name, t0)| {
-            seen.get(name)
-                .map(|t1| t1.saturating_duration_since(*t0).as_secs_f64() * 1e3)
-        })
-        .collect();
+    let latencies = latencies_ms(&created, &seen);
+    let created = created.lock().map(|c| c.len()).unwrap_or(0);
     let n = latencies.len();
     let s = summary(latencies);
     println!(
-        "\nburst: {} TrainingJobs (24 clients) and {} batch Jobs (8 clients) created in {create_wall:.1} s; {} errors creating TrainingJobs, {} creating batch Jobs",
-        created.len(),
+        "\nburst: {created} TrainingJobs (24 clients) and {} batch Jobs (8 clients) created in {create_wall:.1} s; {} errors creating TrainingJobs, {} creating batch Jobs",
         batch_ms.len(),
         tj_errors.len(),
         batch_errors.len()

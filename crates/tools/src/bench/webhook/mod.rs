@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
 use kube::api::{Api, PostParams};
-use offload_testenv::devcluster::{ClusterOptions, DevCluster, free_port, repo_root};
+use offload_testenv::devcluster::{ClusterOptions, DevCluster};
 use serde_json::json;
 
 pub use peer::serve as peer_webhook;
 
-use super::cluster::{setup_cluster, spawn_operator, wait_ready};
+use super::cluster::{register_webhook, setup_cluster, spawn_operator, wait_ready};
 use super::error::{BenchError, Result};
 use super::measure::{cpu_seconds, machine, summary};
 
@@ -141,31 +141,8 @@ pub async fn run(seconds: u64, pods: usize, clients: usize, kubectl_pods: usize)
     let cluster = DevCluster::start(ClusterOptions::default()).await?;
     let client = setup_cluster(&cluster).await?;
     namespace(&client, "offload-system").await?;
-    let port = free_port()?;
     // Register the pod webhook (as the chart does, by URL for an operator outside the cluster).
-    let chart = repo_root().join("charts/offload-operator");
-    let out = cluster
-        .helm()
-        .args(["install", "offload-operator"])
-        .arg(&chart)
-        .args([
-            "--namespace",
-            "offload-system",
-            "--set",
-            "operator.enabled=false",
-            "--set",
-            "agent.enabled=false",
-            "--set",
-            "defaultProfile.create=false",
-        ])
-        .args(["--set", &format!("webhook.url=https://127.0.0.1:{port}")])
-        .output()?;
-    if !out.status.success() {
-        return Err(BenchError::Command {
-            what: "helm install".into(),
-            detail: String::from_utf8_lossy(&out.stderr).into_owned(),
-        });
-    }
+    let port = register_webhook(&cluster)?;
     let (mut op, admin) = spawn_operator(&cluster, Some(port))?;
     wait_ready(admin, Duration::from_secs(60)).await?;
     // The CA the operator generated (it is ready only once its webhook serves), to trust it.
