@@ -21,7 +21,7 @@ use offload_api::observed::{
 };
 use serde_json::json;
 
-use crate::observe::{UtilizationSource, observe};
+use crate::observe::{Method, UtilizationSource};
 
 /// Where the kubelet serves the pod-resources API.
 pub const POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
@@ -176,53 +176,104 @@ pub fn devices_by_pod(
     out
 }
 
-/// The cgroup directory of a pod under `root` (the host's `/sys/fs/cgroup`): the kubelet names
-/// it `pod<uid>` (cgroupfs driver) or `kubepods[-<qos>]-pod<uid with _>.slice` (systemd
-/// driver), below `kubepods`, `kubepods.slice` and their QoS children.
+/// The cgroup directory of a pod under `root` (the host's `/sys/fs/cgroup`). cgroup v2: the
+/// unified tree at `root`; v1: the `cpuacct` hierarchy below it (`cpuacct` or `cpu,cpuacct`).
+/// The kubelet names a pod's cgroup `pod<uid>` (cgroupfs driver) or
+/// `kubepods[-<qos>]-pod<uid with _>.slice` (systemd driver), below `kubepods` or
+/// `kubepods.slice` and its QoS children, which sit at the top of the tree or below the
+/// kubelet's `--cgroup-root` (up to [`MAX_ROOT_DEPTH`] levels down). The search is bounded: at
+/// most [`MAX_CGROUP_DIRS`] directories are read.
 pub fn pod_cgroup(root: &Path, uid: &str) -> Option<PathBuf> {
     let cgroupfs = format!("pod{uid}");
     let systemd = format!("-pod{}.slice", uid.replace('-', "_"));
     let is_pod = |name: &str| name == cgroupfs || name.ends_with(&systemd);
-    let mut level: Vec<PathBuf> = std::fs::read_dir(root)
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("kubepods"))
-        })
-        .collect();
-    // kubepods / QoS / pod: three levels at most.
-    for _ in 0..3 {
-        let mut next = Vec::new();
-        for dir in &level {
-            let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-            if is_pod(name) {
-                return Some(dir.clone());
+    let mut read = 0usize;
+    hierarchy_roots(root).into_iter().find_map(|top| {
+        // (directory, levels below `top`, levels below the first `kubepods*` when inside one)
+        let mut queue = std::collections::VecDeque::from([(top, 0usize, None::<usize>)]);
+        while let Some((dir, depth, inside)) = queue.pop_front() {
+            if read >= MAX_CGROUP_DIRS {
+                return None;
             }
-            if let Ok(children) = std::fs::read_dir(dir) {
-                next.extend(
-                    children
-                        .flatten()
-                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                        .map(|e| e.path()),
-                );
+            read += 1;
+            let Ok(children) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for child in children.flatten() {
+                if !child.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
+                let name = child.file_name();
+                let Some(name) = name.to_str() else { continue };
+                let path = child.path();
+                match inside {
+                    Some(below) => {
+                        if is_pod(name) {
+                            return Some(path);
+                        }
+                        // kubepods / QoS / pod.
+                        if below < 1 {
+                            queue.push_back((path, depth + 1, Some(below + 1)));
+                        }
+                    }
+                    None if name.starts_with("kubepods") => {
+                        if is_pod(name) {
+                            return Some(path);
+                        }
+                        queue.push_back((path, depth + 1, Some(0)));
+                    }
+                    None if depth + 1 < MAX_ROOT_DEPTH => {
+                        queue.push_back((path, depth + 1, None));
+                    }
+                    None => {}
+                }
             }
         }
-        level = next;
-    }
-    level
-        .into_iter()
-        .find(|d| d.file_name().and_then(|n| n.to_str()).is_some_and(is_pod))
+        None
+    })
 }
 
-/// CPU time a cgroup has used, in microseconds (`usage_usec` of its `cpu.stat`).
+/// How deep below the cgroup root the kubelet's `kubepods` cgroup is looked for.
+pub const MAX_ROOT_DEPTH: usize = 3;
+
+/// How many cgroup directories one search reads at most.
+pub const MAX_CGROUP_DIRS: usize = 4096;
+
+/// Where pods' CPU accounting lives under `root`: the unified tree (v2), else v1's `cpuacct`
+/// hierarchy (mounted alone or with `cpu`), else `root` itself.
+fn hierarchy_roots(root: &Path) -> Vec<PathBuf> {
+    if root.join("cgroup.controllers").exists() {
+        return vec![root.to_path_buf()];
+    }
+    let v1: Vec<PathBuf> = ["cpuacct", "cpu,cpuacct", "cpuacct,cpu"]
+        .iter()
+        .map(|h| root.join(h))
+        .filter(|p| p.join("cpuacct.usage").exists())
+        .collect();
+    if v1.is_empty() {
+        vec![root.to_path_buf()]
+    } else {
+        v1
+    }
+}
+
+/// CPU time a cgroup has used, in microseconds: `usage_usec` of its `cpu.stat` (cgroup v2),
+/// else its `cpuacct.usage` (v1, nanoseconds).
 pub fn cpu_usage_usec(dir: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(dir.join("cpu.stat")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("usage_usec "))
-        .and_then(|v| v.trim().parse().ok())
+    if let Ok(text) = std::fs::read_to_string(dir.join("cpu.stat"))
+        && let Some(v) = text
+            .lines()
+            .find_map(|l| l.strip_prefix("usage_usec "))
+            .and_then(|v| v.trim().parse().ok())
+    {
+        return Some(v);
+    }
+    let ns: u64 = std::fs::read_to_string(dir.join("cpuacct.usage"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(ns / 1000)
 }
 
 /// A configured pod on this node that holds GPUs.
@@ -320,7 +371,15 @@ pub fn summarize(
     let gpus = if all.is_empty() {
         Vec::new()
     } else {
-        observe(source, &all, window, interval).map_err(AttributionError::Sampling)?
+        source
+            .over_window(&all, window, interval)
+            .map_err(AttributionError::Sampling)?
+    };
+    // Counters, where the GPUs had them, say more than the source's sampling.
+    let busy_source = if !gpus.is_empty() && gpus.iter().all(|g| g.method == Method::GpmGraphics) {
+        BusySource::NvmlGpm
+    } else {
+        busy_source
     };
     let elapsed = started.elapsed().as_secs_f64().max(1e-3);
     let mut observed = Vec::new();
@@ -514,5 +573,27 @@ mod tests {
         assert_eq!(pod_cgroup(root2.path(), uid), Some(cgroupfs.clone()));
         assert_eq!(cpu_usage_usec(&cgroupfs), None, "no cpu.stat: unknown");
         assert_eq!(pod_cgroup(root2.path(), "other-uid"), None);
+    }
+
+    #[test]
+    fn cgroup_v1_below_a_kubelet_cgroup_root_is_found_and_read() {
+        // v1 as on this machine's real node: the cpuacct hierarchy, the kubelet's
+        // --cgroup-root one level down.
+        let root = tempfile::tempdir().unwrap();
+        let uid = "5e1f2a3b-0000-4c4c-8d8d-000000000001";
+        let acct = root.path().join("cpuacct");
+        std::fs::create_dir_all(&acct).unwrap();
+        std::fs::write(acct.join("cpuacct.usage"), "1\n").unwrap();
+        std::fs::create_dir_all(acct.join("system.slice/a/b/c/d")).unwrap();
+        let pod = acct.join(format!("node-cg/kubepods/burstable/pod{uid}"));
+        std::fs::create_dir_all(&pod).unwrap();
+        std::fs::write(pod.join("cpuacct.usage"), "2500000000\n").unwrap();
+        std::fs::create_dir_all(root.path().join("memory/node-cg/kubepods")).unwrap();
+        assert_eq!(pod_cgroup(root.path(), uid), Some(pod.clone()));
+        assert_eq!(cpu_usage_usec(&pod), Some(2_500_000));
+        // Too deep below the root to be the kubelet's: not searched.
+        let deep_uid = "5e1f2a3b-0000-4c4c-8d8d-000000000002";
+        std::fs::create_dir_all(acct.join(format!("a/b/c/kubepods/pod{deep_uid}"))).unwrap();
+        assert_eq!(pod_cgroup(root.path(), deep_uid), None);
     }
 }
