@@ -3,6 +3,7 @@
 //! - [`deploy`]: the chart installed with the images built here, on a cluster with a real node;
 //! - [`devcluster`]: a local Kubernetes control plane made of the real upstream binaries
 //!   (etcd, kube-apiserver, controller-manager, scheduler, kwok), built from their Go modules;
+//! - [`device_plugin`]: a stand-in GPU device plugin for the real node (it has no GPU);
 //! - [`pki`]: the certificates it runs on (admin client certificate, service-account keys);
 //! - [`fixtures`]: recorded node reports, stand-ins for hardware that is not here;
 //! - [`support`]: helpers for integration tests (one cluster per test binary, a namespace per
@@ -11,6 +12,7 @@
 
 pub mod deploy;
 pub mod devcluster;
+pub mod device_plugin;
 pub mod fixtures;
 pub mod pki;
 pub mod support;

@@ -589,6 +589,18 @@ impl DevCluster {
         &self.root
     }
 
+    /// The real node's kubelet root directory (its `pod-resources` socket is below it); `None`
+    /// without a real node.
+    pub fn kubelet_dir(&self) -> Option<PathBuf> {
+        self.node.as_ref().map(|n| n.footprint.dir.join("kubelet"))
+    }
+
+    /// The real node's cgroup (its kubelet's `--cgroup-root`, in every v1 hierarchy under
+    /// `/sys/fs/cgroup`); `None` without a real node.
+    pub fn node_cgroup(&self) -> Option<&str> {
+        self.node.as_ref().map(|n| n.footprint.cgroup.as_str())
+    }
+
     /// The CA that signed the API server's certificate; usable to issue more certificates.
     pub fn ca(&self) -> &CertAuthority {
         &self.ca
