@@ -35,8 +35,9 @@ enum Command {
     },
     /// Publish labels and the report on this node, re-run on an interval and on demand.
     Run(RunArgs),
-    /// Sample NVML's utilization of the GPUs for a window and print each GPU's busy fraction
-    /// (no cluster access).
+    /// Measure how busy the GPUs are over a window (GPM activity counters where the GPUs have
+    /// them, else NVML's utilization sampled) and print each GPU's busy fraction (no cluster
+    /// access).
     Observe {
         /// Window, seconds.
         #[arg(long, default_value_t = 8.0)]
@@ -47,6 +48,9 @@ enum Command {
         /// GPU indices (all when none).
         #[arg(long = "gpu")]
         gpus: Vec<u32>,
+        /// Sample NVML's utilization even where GPM activity counters exist.
+        #[arg(long)]
+        sampled: bool,
     },
     /// The start-up guard of a configured training pod (its init container): check, inside the
     /// pod's GPU allocation, that the node is what the configuration assumes; exit 1 with what
@@ -158,6 +162,10 @@ struct RunArgs {
     /// The host's cgroup root as mounted in this container (pods' CPU usage).
     #[arg(long, default_value = "/sys/fs/cgroup")]
     cgroup_root: std::path::PathBuf,
+    /// Replay this recorded NVML utilization trace instead of reading NVML while observing: a
+    /// stand-in for GPUs that are not here (the local real node).
+    #[arg(long)]
+    observe_trace: Option<std::path::PathBuf>,
     #[command(flatten)]
     test: TestArgs,
 }
@@ -217,6 +225,16 @@ fn main() -> ExitCode {
             print_json(&report)
         }
         Command::Run(args) => {
+            let recorded = match &args.observe_trace {
+                Some(path) => match offload_agent::observe::RecordedUtilization::read(path) {
+                    Ok(t) => Some(std::sync::Arc::new(t)),
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                },
+                None => None,
+            };
             let cfg = publish::LoopConfig {
                 node: args.node_name.clone(),
                 interval: args.interval,
@@ -229,6 +247,7 @@ fn main() -> ExitCode {
                     window: args.observe_window,
                     pod_resources: args.pod_resources_socket.clone(),
                     cgroup_root: args.cgroup_root.clone(),
+                    recorded,
                 }),
             };
             with_client(|client, shutdown| publish::run_loop(client, cfg, shutdown))
@@ -238,16 +257,22 @@ fn main() -> ExitCode {
             seconds,
             interval_ms,
             gpus,
+            sampled,
         } => {
-            let source = match offload_agent::observe::NvmlUtilization::new() {
+            use offload_agent::observe::{NvmlUtilization, UtilizationSource};
+            let source = if sampled {
+                NvmlUtilization::sampling_only()
+            } else {
+                NvmlUtilization::new()
+            };
+            let source = match source {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("error: {e}");
                     return ExitCode::FAILURE;
                 }
             };
-            match offload_agent::observe::observe(
-                &source,
+            match source.over_window(
                 &gpus,
                 Duration::from_secs_f64(seconds.clamp(0.0, 3600.0)),
                 Duration::from_millis(interval_ms.max(1)),

@@ -11,19 +11,113 @@ use serde::Serialize;
 pub trait UtilizationSource {
     /// Percent per GPU index, for the GPUs asked (all when empty).
     fn utilization(&self, devices: &[u32]) -> Result<Vec<(u32, u32)>, String>;
+
+    /// Each GPU's busy fraction over a whole window (each says how it was measured). By default the
+    /// mean of [`UtilizationSource::utilization`] samples taken every `interval`; a source
+    /// with activity counters measures the window from them instead.
+    fn over_window(
+        &self,
+        devices: &[u32],
+        window: Duration,
+        interval: Duration,
+    ) -> Result<Vec<GpuObservation>, String> {
+        observe(self, devices, window, interval)
+    }
+}
+
+/// How a window's busy fractions were measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Method {
+    /// The mean of utilization samples (NVML: the share of each sample period in which a
+    /// kernel ran, which reads many short kernels spread over a period as busy).
+    Sampled,
+    /// NVML GPM's graphics-engine activity between two counter snapshots at the window's ends
+    /// (Hopper and later): the share of the window in which the GPU computed.
+    GpmGraphics,
 }
 
 /// NVML, initialised once for the whole window.
 pub struct NvmlUtilization {
     nvml: nvml_wrapper::Nvml,
+    /// Read GPM counters where every observed GPU has them.
+    prefer_gpm: bool,
 }
 
 impl NvmlUtilization {
-    /// Loads NVML; the error says why it could not.
+    /// Loads NVML; the error says why it could not. Windows are measured with GPM counters
+    /// where the GPUs have them (see [`Method`]), else sampled.
     pub fn new() -> Result<Self, String> {
         nvml_wrapper::Nvml::init()
-            .map(|nvml| NvmlUtilization { nvml })
+            .map(|nvml| NvmlUtilization {
+                nvml,
+                prefer_gpm: true,
+            })
             .map_err(|e| format!("NVML initialisation failed: {e}"))
+    }
+
+    /// The same, always sampling (as on GPUs without GPM).
+    pub fn sampling_only() -> Result<Self, String> {
+        Self::new().map(|n| NvmlUtilization {
+            prefer_gpm: false,
+            ..n
+        })
+    }
+
+    /// GPM's graphics activity of `devices` over `window`; `Ok(None)` when a GPU has no GPM
+    /// (before Hopper, or an NVML without its symbols), known before the window starts.
+    fn gpm_window(
+        &self,
+        devices: &[u32],
+        window: Duration,
+    ) -> Result<Option<Vec<GpuObservation>>, String> {
+        use nvml_wrapper::enums::gpm::GpmMetricId;
+        let mut first = Vec::new();
+        for &i in devices {
+            let d = self
+                .nvml
+                .device_by_index(i)
+                .map_err(|e| format!("GPU {i}: {e}"))?;
+            if !d.gpm_support().unwrap_or(false) {
+                return Ok(None);
+            }
+            match d.gpm_sample() {
+                Ok(s) => first.push((i, d, s)),
+                Err(_) => return Ok(None),
+            }
+        }
+        std::thread::sleep(window);
+        first
+            .into_iter()
+            .map(|(i, d, s1)| {
+                let s2 = d
+                    .gpm_sample()
+                    .map_err(|e| format!("GPU {i}: GPM sample: {e}"))?;
+                let metrics = nvml_wrapper::gpm::gpm_metrics_get(
+                    &self.nvml,
+                    &s1,
+                    &s2,
+                    &[GpmMetricId::GraphicsUtil],
+                )
+                .map_err(|e| format!("GPU {i}: GPM metrics: {e}"))?;
+                let value = metrics
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| format!("GPU {i}: GPM returned no metric"))?
+                    .map_err(|e| format!("GPU {i}: GPM graphics activity: {e}"))?
+                    .value;
+                if !value.is_finite() {
+                    return Err(format!("GPU {i}: GPM graphics activity is {value}"));
+                }
+                Ok(GpuObservation {
+                    index: i,
+                    busy_fraction: (value / 100.0).clamp(0.0, 1.0),
+                    samples: 2,
+                    method: Method::GpmGraphics,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()
+            .map(Some)
     }
 }
 
@@ -32,6 +126,109 @@ impl NvmlUtilization {
     /// UUID); `None` for an ID NVML does not know.
     pub fn index_of(&self, device_id: &str) -> Option<u32> {
         self.nvml.device_by_uuid(device_id).ok()?.index().ok()
+    }
+}
+
+/// A recorded NVML utilization trace, replayed in place of NVML: a stand-in for GPUs that are
+/// not here (the local real node, tests). The file names where and how it was recorded, and
+/// each GPU's UUID (its device ID, as NVIDIA's device plugin hands it out) with its samples;
+/// each call returns every GPU's next sample, from the start again after the last.
+#[derive(Debug)]
+pub struct RecordedUtilization {
+    gpus: Vec<RecordedGpu>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+/// The file a [`RecordedUtilization`] is read from.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UtilizationTrace {
+    /// Where, when and how it was recorded.
+    pub recorded: String,
+    /// Interval between samples when recorded, milliseconds.
+    pub interval_ms: u64,
+    /// The GPUs, in NVML index order.
+    pub gpus: Vec<RecordedGpu>,
+}
+
+/// One GPU of a recorded trace.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RecordedGpu {
+    /// Its UUID (`GPU-…`).
+    pub uuid: String,
+    /// NVML device utilization samples, percent.
+    pub percent: Vec<u32>,
+}
+
+/// Most samples per GPU a trace may hold.
+pub const MAX_TRACE_SAMPLES: usize = 100_000;
+
+impl RecordedUtilization {
+    /// Reads and checks a trace: at least one GPU, unique UUIDs, 1 to [`MAX_TRACE_SAMPLES`]
+    /// samples each, every one a percent.
+    pub fn read(path: &std::path::Path) -> Result<Self, String> {
+        let what = || format!("utilization trace {}", path.display());
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", what()))?;
+        let trace: UtilizationTrace =
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", what()))?;
+        Self::new(trace).map_err(|e| format!("{}: {e}", what()))
+    }
+
+    /// Checks a parsed trace (see [`RecordedUtilization::read`]).
+    pub fn new(trace: UtilizationTrace) -> Result<Self, String> {
+        if trace.gpus.is_empty() {
+            return Err("no GPU in the trace".into());
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for g in &trace.gpus {
+            if !seen.insert(g.uuid.as_str()) {
+                return Err(format!("GPU {} is listed twice", g.uuid));
+            }
+            if g.percent.is_empty() || g.percent.len() > MAX_TRACE_SAMPLES {
+                return Err(format!(
+                    "GPU {} has {} samples; 1 to {MAX_TRACE_SAMPLES} expected",
+                    g.uuid,
+                    g.percent.len()
+                ));
+            }
+            if let Some(bad) = g.percent.iter().find(|&&p| p > 100) {
+                return Err(format!("GPU {}: sample {bad} is not a percent", g.uuid));
+            }
+        }
+        Ok(RecordedUtilization {
+            gpus: trace.gpus,
+            next: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// The index of the GPU with this UUID in the trace.
+    pub fn index_of(&self, device_id: &str) -> Option<u32> {
+        self.gpus
+            .iter()
+            .position(|g| g.uuid == device_id)
+            .and_then(|i| u32::try_from(i).ok())
+    }
+}
+
+impl UtilizationSource for RecordedUtilization {
+    fn utilization(&self, devices: &[u32]) -> Result<Vec<(u32, u32)>, String> {
+        let at = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pick = |i: u32| -> Option<(u32, u32)> {
+            let g = self.gpus.get(i as usize)?;
+            Some((i, g.percent[at % g.percent.len()]))
+        };
+        if devices.is_empty() {
+            (0..self.gpus.len())
+                .filter_map(|i| u32::try_from(i).ok())
+                .map(|i| pick(i).ok_or_else(|| format!("GPU {i} is not in the trace")))
+                .collect()
+        } else {
+            devices
+                .iter()
+                .map(|&i| pick(i).ok_or_else(|| format!("GPU {i} is not in the trace")))
+                .collect()
+        }
     }
 }
 
@@ -45,6 +242,29 @@ impl UtilizationSource for NoGpus {
 }
 
 impl UtilizationSource for NvmlUtilization {
+    fn over_window(
+        &self,
+        devices: &[u32],
+        window: Duration,
+        interval: Duration,
+    ) -> Result<Vec<GpuObservation>, String> {
+        if self.prefer_gpm {
+            let all: Vec<u32> = if devices.is_empty() {
+                let n = self
+                    .nvml
+                    .device_count()
+                    .map_err(|e| format!("nvmlDeviceGetCount failed: {e}"))?;
+                (0..n).collect()
+            } else {
+                devices.to_vec()
+            };
+            if let Some(gpus) = self.gpm_window(&all, window)? {
+                return Ok(gpus);
+            }
+        }
+        observe(self, devices, window, interval)
+    }
+
     fn utilization(&self, devices: &[u32]) -> Result<Vec<(u32, u32)>, String> {
         let all: Vec<u32> = if devices.is_empty() {
             let n = self
@@ -78,14 +298,16 @@ pub struct GpuObservation {
     pub index: u32,
     /// Mean of the utilization samples, 0 to 1.
     pub busy_fraction: f64,
-    /// Samples taken.
+    /// Samples taken (2 counter snapshots for GPM).
     pub samples: u32,
+    /// How it was measured.
+    pub method: Method,
 }
 
 /// Samples every `interval` for `window` and averages per GPU. Samples that fail are skipped;
 /// a window in which every sample failed is an error.
-pub fn observe(
-    source: &dyn UtilizationSource,
+pub fn observe<S: UtilizationSource + ?Sized>(
+    source: &S,
     devices: &[u32],
     window: Duration,
     interval: Duration,
@@ -119,6 +341,7 @@ pub fn observe(
             #[allow(clippy::cast_precision_loss)]
             busy_fraction: sum as f64 / (100.0 * f64::from(n.max(1))),
             samples: n,
+            method: Method::Sampled,
         })
         .collect())
 }
@@ -183,5 +406,53 @@ mod tests {
             at: Cell::new(0),
         };
         assert!(observe(&broken, &[], Duration::ZERO, Duration::ZERO).is_err());
+    }
+
+    #[test]
+    fn a_recorded_trace_replays_per_gpu_and_bad_ones_are_refused() {
+        let trace: UtilizationTrace = serde_json::from_value(serde_json::json!({
+            "recorded": "test", "intervalMs": 100,
+            "gpus": [{"uuid": "GPU-a", "percent": [100, 0]}, {"uuid": "GPU-b", "percent": [30]}]
+        }))
+        .unwrap();
+        let source = RecordedUtilization::new(trace).unwrap();
+        assert_eq!(source.index_of("GPU-b"), Some(1));
+        assert_eq!(source.index_of("GPU-c"), None);
+        assert_eq!(source.utilization(&[]).unwrap(), [(0, 100), (1, 30)]);
+        assert_eq!(source.utilization(&[0]).unwrap(), [(0, 0)]);
+        assert!(source.utilization(&[2]).unwrap_err().contains("GPU 2"));
+        for (bad, why) in [
+            (
+                serde_json::json!({"recorded": "", "intervalMs": 1, "gpus": []}),
+                "no GPU",
+            ),
+            (
+                serde_json::json!({"recorded": "", "intervalMs": 1,
+                    "gpus": [{"uuid": "GPU-a", "percent": [1]}, {"uuid": "GPU-a", "percent": [1]}]}),
+                "twice",
+            ),
+            (
+                serde_json::json!({"recorded": "", "intervalMs": 1,
+                    "gpus": [{"uuid": "GPU-a", "percent": []}]}),
+                "0 samples",
+            ),
+            (
+                serde_json::json!({"recorded": "", "intervalMs": 1,
+                    "gpus": [{"uuid": "GPU-a", "percent": [101]}]}),
+                "not a percent",
+            ),
+        ] {
+            let trace: UtilizationTrace = serde_json::from_value(bad).unwrap();
+            let err = RecordedUtilization::new(trace).unwrap_err();
+            assert!(err.contains(why), "{err}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.json");
+        std::fs::write(&path, "{\"recorded\": 1}").unwrap();
+        let err = RecordedUtilization::read(&path).unwrap_err();
+        assert!(
+            err.starts_with(&format!("utilization trace {}", path.display())),
+            "{err}"
+        );
     }
 }

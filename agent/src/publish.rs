@@ -111,6 +111,18 @@ pub async fn remove(client: &Client, node: &str) -> Result<(), AgentError> {
             action: format!("removing labels from node {node}"),
             source,
         })?;
+    // The observation is written under its own manager: released apart.
+    Api::<Node>::all(client.clone())
+        .patch(
+            node,
+            &PatchParams::apply(crate::attribution::OBSERVER_MANAGER).force(),
+            &Patch::Apply(&doc),
+        )
+        .await
+        .map_err(|source| AgentError::Kube {
+            action: format!("removing the observation from node {node}"),
+            source,
+        })?;
     Ok(())
 }
 
@@ -179,6 +191,9 @@ pub struct ObserveConfig {
     pub pod_resources: std::path::PathBuf,
     /// The host's cgroup root as mounted in the agent's container.
     pub cgroup_root: std::path::PathBuf,
+    /// A recorded utilization trace replayed in place of NVML (a stand-in for GPUs that are
+    /// not here); `None`: NVML.
+    pub recorded: Option<std::sync::Arc<crate::observe::RecordedUtilization>>,
 }
 
 /// Builds this round's report: a replayed recording, or a fresh measurement (never over a job
@@ -385,6 +400,7 @@ async fn observe_loop(
             };
             let node_name = node.to_string();
             let window = observe.window;
+            let recorded = observe.recorded.clone();
             let summary = tokio::task::spawn_blocking(move || {
                 if pods.is_empty() {
                     // Nothing to sample: wait the window out, then say so.
@@ -397,6 +413,17 @@ async fn observe_loop(
                         window,
                         Duration::from_millis(100),
                         offload_api::observed::BusySource::NvmlDevice,
+                    );
+                }
+                if let Some(trace) = recorded {
+                    return attribution::summarize(
+                        &node_name,
+                        &pods,
+                        trace.as_ref(),
+                        &|id| trace.index_of(id),
+                        window,
+                        Duration::from_millis(100),
+                        offload_api::observed::BusySource::RecordedTrace,
                     );
                 }
                 let nvml = crate::observe::NvmlUtilization::new()

@@ -102,3 +102,34 @@ fn the_pipelined_schedule_overlaps_and_the_broken_ones_do_not() {
         good.duration_ms
     );
 }
+
+#[test]
+fn windows_are_measured_with_gpm_counters_on_hopper_and_sampled_elsewhere() {
+    use offload_agent::observe::{Method, NvmlUtilization, UtilizationSource};
+    use std::time::Duration;
+    require_gpu!();
+    let reading = RealNvml.read();
+    // GPM exists from Hopper on (NVML names the architecture).
+    let hopper_or_later = reading.gpus.iter().all(|g| {
+        g.architecture
+            .as_deref()
+            .is_some_and(|a| ["Hopper", "Blackwell"].iter().any(|h| a.contains(h)))
+    });
+    let window = Duration::from_millis(500);
+    let counters = NvmlUtilization::new()
+        .unwrap()
+        .over_window(&[0], window, Duration::from_millis(50))
+        .unwrap();
+    assert_eq!(counters.len(), 1);
+    let g = &counters[0];
+    assert!((0.0..=1.0).contains(&g.busy_fraction), "{g:?}");
+    if hopper_or_later {
+        assert_eq!(g.method, Method::GpmGraphics, "{g:?}");
+    }
+    let sampled = NvmlUtilization::sampling_only()
+        .unwrap()
+        .over_window(&[0], window, Duration::from_millis(50))
+        .unwrap();
+    assert_eq!(sampled[0].method, Method::Sampled);
+    assert!(sampled[0].samples >= 5, "{sampled:?}");
+}

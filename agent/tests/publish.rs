@@ -257,4 +257,21 @@ async fn observations_of_configured_pods_are_published_and_cleared() {
             .unwrap_or_default()
             .contains_key(names::ANNOTATION_OBSERVED)
     );
+
+    // An agent gone mid-job leaves its last summary: the uninstall clean-up removes it too.
+    attribution::publish_observed(&client, &summary)
+        .await
+        .unwrap();
+    offload_agent::publish::remove(&client, &node)
+        .await
+        .unwrap();
+    let after = Api::<Node>::all(client.clone()).get(&node).await.unwrap();
+    assert!(
+        !after
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(names::ANNOTATION_OBSERVED),
+        "cleanup removes the observation"
+    );
 }

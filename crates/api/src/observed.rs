@@ -22,11 +22,16 @@ pub const MAX_OBSERVED_BYTES: usize = 64 * 1024;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum BusySource {
-    /// NVML's device utilization (share of each sample period in which any kernel ran): exact
-    /// for a GPU held by one pod, which is how the kubelet hands GPUs out.
+    /// NVML's device utilization sampled over the window (the share of each sample period in
+    /// which any kernel ran): reads many short kernels as more busy than they are. Used where
+    /// the GPUs have no GPM counters.
     NvmlDevice,
     /// A recorded NVML trace replayed (tests and demos only).
     RecordedTrace,
+    /// NVML GPM's graphics-engine activity between counter snapshots at the window's ends
+    /// (Hopper and later): the share of the window in which the GPU computed, exact for short
+    /// kernels too.
+    NvmlGpm,
 }
 
 /// One node's summary for one window.
