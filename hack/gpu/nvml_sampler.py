@@ -5,10 +5,11 @@ which any kernel ran) and the per-process SM utilization (`nvmlDeviceGetProcessU
 the driver's own samples, per process). Called like `offload-agent observe` so hack/gpu/ds_step.py
 can run it in the agent's place:
 
-    nvml_sampler.py observe --seconds S --interval-ms MS
+    nvml_sampler.py observe --seconds S --interval-ms MS [--samples]
 
-Prints one JSON list of one object (the agent's shape, plus the per-process fields). ctypes
-only: nothing to install on the GPU machine.
+Prints one JSON list of one object (the agent's shape, plus the per-process fields; with
+--samples, the device samples themselves, the GPU's UUID and, for --pid P, that process's CPU
+time over the window in cores). ctypes only: nothing to install on the GPU machine.
 """
 import ctypes
 import json
@@ -41,6 +42,8 @@ def main():
     assert nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(dev)) == 0
     # Process samples newer than this (microseconds, the driver's clock): start from now.
     last = ctypes.c_ulonglong(int(time.time() * 1e6))
+    pid = int(args[args.index("--pid") + 1]) if "--pid" in args else None
+    cpu0 = cpu_seconds(pid)
     device, per_pid, seen = [], {}, set()
     t0 = time.time()
     while True:
@@ -72,7 +75,26 @@ def main():
         "processSamples": len(busiest[1]),
         "processes": len(per_pid),
     }
+    if "--samples" in args:
+        uuid = ctypes.create_string_buffer(96)
+        nvml.nvmlDeviceGetUUID(dev, uuid, 96)
+        out["uuid"] = uuid.value.decode()
+        out["deviceSamples"] = device
+        out["intervalMs"] = round(interval * 1000)
+    if pid is not None:
+        cpu1 = cpu_seconds(pid)
+        out["processCpuCores"] = round((cpu1 - cpu0) / (time.time() - t0), 3)
     print(json.dumps([out]))
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of a process and its threads, seconds (0 without a pid)."""
+    if pid is None:
+        return 0.0
+    import os
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":
