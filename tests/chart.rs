@@ -98,6 +98,16 @@ async fn lint_and_server_side_validation_of_the_rendered_chart() {
             "operator.enabled=false",
         ],
         vec!["--set", "networkPolicy.enabled=true"],
+        vec![
+            "--set",
+            "agent.observe.enabled=false",
+            "--set",
+            "agent.extraArgs={--observe-trace=/recorded/trace.json}",
+            "--set-json",
+            r#"agent.extraVolumes=[{"name":"recorded","configMap":{"name":"recorded"}}]"#,
+            "--set-json",
+            r#"agent.extraVolumeMounts=[{"name":"recorded","mountPath":"/recorded"}]"#,
+        ],
     ] {
         let rendered = output(
             cluster

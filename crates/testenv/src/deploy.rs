@@ -192,6 +192,16 @@ pub fn helm_install(cluster: &DevCluster, extra: &[String]) -> Result<Duration, 
             ),
             "--set",
             &format!("agent.image.tag={}", images::TAG),
+            // The real node's kubelet keeps its state under the cluster's directory.
+            "--set",
+            &format!(
+                "agent.observe.podResourcesDir={}",
+                cluster
+                    .kubelet_dir()
+                    .unwrap_or_else(|| std::path::PathBuf::from("/var/lib/kubelet"))
+                    .join("pod-resources")
+                    .display()
+            ),
             "--wait",
             "--timeout",
             "5m",
