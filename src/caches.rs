@@ -88,7 +88,7 @@ where
 
 /// Builds a cache fed by `events` and returns it with the future that drives it.
 /// The annotation `kubectl apply` keeps its last applied manifest in.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+pub(crate) const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 fn cache<K, S>(
     events: S,

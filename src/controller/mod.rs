@@ -50,6 +50,9 @@ pub struct Context {
     pub jobs: Store<DeserializeGuard<TrainingJob>>,
     /// What the operator writes beside the decision (the start-up guard's image).
     pub render: crate::render::RenderOptions,
+    /// The workload Jobs (the leader's own watch of them, labelled with their TrainingJob);
+    /// `None` where no such watch runs (a reconcile then asks the API server).
+    pub workloads: Option<Store<Job>>,
 }
 
 impl Context {
@@ -70,6 +73,7 @@ impl Context {
             node_views: caches.node_views.clone(),
             jobs: caches.jobs.store().clone(),
             render: crate::render::RenderOptions::default(),
+            workloads: None,
         }
     }
 
@@ -171,8 +175,27 @@ pub async fn run(
     options: ControllerOptions,
     shutdown: CancellationToken,
 ) {
+    // The workload Jobs, cached: a job's reconcile follows its Job from here instead of
+    // asking the API server each time (what the cache does not have yet, it asks for).
+    let (workloads, workload_writer) = kube::runtime::reflector::store::<Job>();
+    let workload_changes = kube::runtime::reflector::reflector(
+        workload_writer,
+        watcher(
+            Api::<Job>::all(client.clone()),
+            watcher::Config::default().labels(names::LABEL_TRAINING_JOB),
+        )
+        .default_backoff()
+        .modify(|job: &mut Job| {
+            job.managed_fields_mut().clear();
+            if let Some(a) = kube::Resource::meta_mut(job).annotations.as_mut() {
+                a.remove(crate::caches::LAST_APPLIED);
+            }
+        }),
+    )
+    .touched_objects();
     let ctx = Arc::new(Context {
         render: options.render.clone(),
+        workloads: Some(workloads),
         ..Context::new(client.clone(), caches, metrics.clone(), &options.reporter)
     });
     let config = controller::Config::default().concurrency(options.concurrency);
@@ -189,10 +212,7 @@ pub async fn run(
             caches.jobs.store().clone(),
         )
             .with_config(config.clone())
-            .owns(
-                Api::<Job>::all(client.clone()),
-                watcher::Config::default().labels(names::LABEL_TRAINING_JOB),
-            )
+            .owns_stream(workload_changes)
             .watches_shared_stream(caches.profiles.subscribe(), move |profile| {
                 training_job::jobs_for_profile(&job_ctx, &profile.name_any())
             })

@@ -126,13 +126,21 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
     };
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
 
-    // Frozen once the workload exists (read from the API, never from the cache): only phase
-    // and the workload reference follow it.
-    if let Some(job) = jobs
-        .get_opt(&name)
-        .await
-        .map_err(kube_err("reading the workload Job"))?
-    {
+    // Frozen once the workload exists: only phase and the workload reference follow it. A
+    // Job in the cache exists (its deletion would have removed it); one not there yet may have
+    // just been created, so absence is asked of the API server, never taken from the cache.
+    let cached = ctx
+        .workloads
+        .as_ref()
+        .and_then(|w| w.get(&kube::runtime::reflector::ObjectRef::new(&name).within(&ns)));
+    let existing = match cached {
+        Some(job) => Some((*job).clone()),
+        None => jobs
+            .get_opt(&name)
+            .await
+            .map_err(kube_err("reading the workload Job"))?,
+    };
+    if let Some(job) = existing {
         return follow_workload(tj, ctx, &job).await;
     }
 
