@@ -293,7 +293,22 @@ pub(crate) fn clean_up(footprint: &Footprint) {
     }
     let _ = Command::new("ip").args(["link", "del", BRIDGE]).output();
     remove_node_address();
+    clear_device_plugins();
     let _ = fs::remove_file(footprint_file());
+}
+
+/// The device-plugin directory, fixed by the kubelet whatever its root dir.
+const DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
+
+/// Empties the kubelet's device-plugin directory: its checkpoint would otherwise carry the
+/// resources a stand-in plugin registered into the next node (which then advertises them as
+/// present and unallocatable, overriding a test's own capacity).
+fn clear_device_plugins() {
+    if let Ok(entries) = fs::read_dir(DEVICE_PLUGIN_DIR) {
+        for e in entries.flatten() {
+            let _ = fs::remove_file(e.path());
+        }
+    }
 }
 
 /// containerd's configuration (version 3, containerd 2.x): everything under `dir`, the CRI
@@ -547,6 +562,7 @@ impl super::DevCluster {
             }
         }
         make_dirs(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        clear_device_plugins();
         create_cgroup(&cgroup)?;
         let runc = run(
             Command::new("sh").args(["-c", "command -v runc"]),
