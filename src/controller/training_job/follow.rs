@@ -367,8 +367,82 @@ pub(super) fn phase_of(job: &Job) -> JobPhase {
     }
 }
 
+/// Drops from a workload Job what following it never reads, for the controller's cache of
+/// them: the pod template keeps only its init containers' names (is the start-up guard
+/// there?) and the rendered-config volume; containers, the template's metadata and the other
+/// volumes go. The Job's own metadata and status stay whole.
+pub fn slim_workload(job: &mut Job) {
+    let Some(spec) = job.spec.as_mut() else {
+        return;
+    };
+    spec.template.metadata = None;
+    if let Some(pod) = spec.template.spec.as_mut() {
+        let init: Option<Vec<k8s_openapi::api::core::v1::Container>> =
+            pod.init_containers.as_ref().map(|cs| {
+                cs.iter()
+                    .map(|c| k8s_openapi::api::core::v1::Container {
+                        name: c.name.clone(),
+                        ..Default::default()
+                    })
+                    .collect()
+            });
+        let volumes = pod.volumes.take().map(|vs| {
+            vs.into_iter()
+                .filter(|v| v.name == render::CONFIG_VOLUME)
+                .collect::<Vec<_>>()
+        });
+        *pod = k8s_openapi::api::core::v1::PodSpec {
+            init_containers: init,
+            volumes,
+            ..Default::default()
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_slimmed_workload_keeps_what_following_reads() {
+        let mut job: Job = serde_json::from_value(serde_json::json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "llama", "namespace": "ml",
+                         "annotations": {names::ANNOTATION_DECISION: "{}"}},
+            "spec": {"template": {
+                "metadata": {"labels": {"a": "b"}},
+                "spec": {
+                    "initContainers": [{"name": render::GUARD_CONTAINER, "image": "agent",
+                                        "args": ["verify"], "env": [{"name": "X", "value": "1"}]}],
+                    "containers": [{"name": "train", "image": "train:1"}],
+                    "volumes": [
+                        {"name": render::CONFIG_VOLUME, "configMap": {"name": "llama-offload"}},
+                        {"name": "data", "emptyDir": {}}
+                    ]}}},
+            "status": {"active": 1}
+        }))
+        .unwrap();
+        slim_workload(&mut job);
+        let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        assert!(job.spec.as_ref().unwrap().template.metadata.is_none());
+        assert!(pod.containers.is_empty());
+        let init = pod.init_containers.as_ref().unwrap();
+        assert_eq!(init.len(), 1);
+        assert_eq!(init[0].name, render::GUARD_CONTAINER);
+        assert!(init[0].image.is_none() && init[0].env.is_none());
+        let volumes = pod.volumes.as_ref().unwrap();
+        assert_eq!(volumes.len(), 1);
+        assert_eq!(
+            volumes[0].config_map.as_ref().unwrap().name,
+            "llama-offload"
+        );
+        assert_eq!(job.status.as_ref().unwrap().active, Some(1));
+        assert!(job.annotations().contains_key(names::ANNOTATION_DECISION));
+        // A Job without a spec is left as it is.
+        let mut bare = Job::default();
+        slim_workload(&mut bare);
+        assert!(bare.spec.is_none());
+    }
+
     use super::*;
 
     fn pod(init: serde_json::Value) -> Pod {

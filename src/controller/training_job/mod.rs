@@ -34,7 +34,7 @@ use apply::{
     record_unresolved,
 };
 use follow::follow_workload;
-pub use follow::guard_outcome;
+pub use follow::{guard_outcome, slim_workload};
 pub use triggers::{jobs_for_config_map, jobs_for_node, jobs_for_observation, jobs_for_profile};
 
 /// Why a job has no decision yet; each carries the condition reason and message.
