@@ -56,6 +56,25 @@ fn training_job(name: &str) -> TrainingJob {
     .unwrap()
 }
 
+/// Creates a TrainingJob once the webhook admits it: the webhook refuses a job for a profile
+/// whose node it has not seen yet, so this waits for its view.
+async fn create_when_admitted(tjs: &Api<TrainingJob>, tj: &TrainingJob, what: &str) {
+    poll(&format!("the webhook to admit {what}"), WAIT, || {
+        let tjs = tjs.clone();
+        let tj = tj.clone();
+        async move {
+            match tjs.create(&PostParams::default(), &tj).await {
+                Ok(_) => Some(()),
+                Err(e) => {
+                    eprintln!("not yet: {e}");
+                    None
+                }
+            }
+        }
+    })
+    .await;
+}
+
 fn is_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
@@ -340,21 +359,7 @@ async fn the_start_up_guard_stops_a_pod_on_the_wrong_node(
         .get_or_insert_with(BTreeMap::new)
         .insert(names::PROFILE_ANNOTATION.into(), "real-node".into());
     let started = Instant::now();
-    // The webhook refuses a job for a profile whose node it has not seen yet: wait for its view.
-    poll("the webhook to admit the guarded job", WAIT, || {
-        let tjs = tjs.clone();
-        let tj = tj.clone();
-        async move {
-            match tjs.create(&PostParams::default(), &tj).await {
-                Ok(_) => Some(()),
-                Err(e) => {
-                    eprintln!("not yet: {e}");
-                    None
-                }
-            }
-        }
-    })
-    .await;
+    create_when_admitted(&tjs, &tj, "the guarded job").await;
     let message = wait_list(
         tjs,
         watcher::Config::default().fields("metadata.name=guarded"),
@@ -829,20 +834,7 @@ async fn the_agent_observes_a_configured_pod_on_the_real_node(
                                      "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}
     }))
     .unwrap();
-    poll("the webhook to admit the observed job", WAIT, || {
-        let tjs = tjs.clone();
-        let tj = tj.clone();
-        async move {
-            match tjs.create(&PostParams::default(), &tj).await {
-                Ok(_) => Some(()),
-                Err(e) => {
-                    eprintln!("not yet: {e}");
-                    None
-                }
-            }
-        }
-    })
-    .await;
+    create_when_admitted(&tjs, &tj, "the observed job").await;
     let started = Instant::now();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let pod = wait_list(

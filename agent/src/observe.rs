@@ -64,6 +64,18 @@ impl NvmlUtilization {
         })
     }
 
+    /// The GPUs asked, or every GPU when none is.
+    fn indices(&self, devices: &[u32]) -> Result<Vec<u32>, String> {
+        if !devices.is_empty() {
+            return Ok(devices.to_vec());
+        }
+        let n = self
+            .nvml
+            .device_count()
+            .map_err(|e| format!("nvmlDeviceGetCount failed: {e}"))?;
+        Ok((0..n).collect())
+    }
+
     /// GPM's graphics activity of `devices` over `window`; `Ok(None)` when a GPU has no GPM
     /// (before Hopper, or an NVML without its symbols), known before the window starts.
     fn gpm_window(
@@ -249,15 +261,7 @@ impl UtilizationSource for NvmlUtilization {
         interval: Duration,
     ) -> Result<Vec<GpuObservation>, String> {
         if self.prefer_gpm {
-            let all: Vec<u32> = if devices.is_empty() {
-                let n = self
-                    .nvml
-                    .device_count()
-                    .map_err(|e| format!("nvmlDeviceGetCount failed: {e}"))?;
-                (0..n).collect()
-            } else {
-                devices.to_vec()
-            };
+            let all = self.indices(devices)?;
             if let Some(gpus) = self.gpm_window(&all, window)? {
                 return Ok(gpus);
             }
@@ -266,15 +270,7 @@ impl UtilizationSource for NvmlUtilization {
     }
 
     fn utilization(&self, devices: &[u32]) -> Result<Vec<(u32, u32)>, String> {
-        let all: Vec<u32> = if devices.is_empty() {
-            let n = self
-                .nvml
-                .device_count()
-                .map_err(|e| format!("nvmlDeviceGetCount failed: {e}"))?;
-            (0..n).collect()
-        } else {
-            devices.to_vec()
-        };
+        let all = self.indices(devices)?;
         all.into_iter()
             .map(|i| {
                 let d = self
