@@ -86,10 +86,19 @@ where
     }
 }
 
-/// Builds a cache fed by `events` and returns it with the future that drives it.
 /// The annotation `kubectl apply` keeps its last applied manifest in.
-pub(crate) const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
+/// Drops what no reader of a cached object looks at: who wrote which field, and kubectl's copy
+/// of what it applied. Most of the memory an object with several writers takes.
+pub(crate) fn strip_for_cache<K: Resource>(obj: &mut K) {
+    obj.managed_fields_mut().clear();
+    if let Some(a) = obj.meta_mut().annotations.as_mut() {
+        a.remove(LAST_APPLIED);
+    }
+}
+
+/// Builds a cache fed by `events` and returns it with the future that drives it.
 fn cache<K, S>(
     events: S,
     kind: &'static str,
@@ -101,14 +110,7 @@ where
 {
     let (store, writer) = reflector::store::<K>();
     let (changes, _) = broadcast::channel(SUBSCRIBER_BUFFER);
-    // Nothing here reads who wrote which field, or kubectl's copy of what it applied: dropping
-    // them from cached objects saves most of the memory an object with several writers takes.
-    let events = events.modify(|obj: &mut K| {
-        obj.managed_fields_mut().clear();
-        if let Some(a) = obj.meta_mut().annotations.as_mut() {
-            a.remove(LAST_APPLIED);
-        }
-    });
+    let events = events.modify(|obj: &mut K| strip_for_cache(obj));
     let cache = Cache {
         store: store.clone(),
         changes: changes.clone(),

@@ -75,6 +75,24 @@ async fn create_when_admitted(tjs: &Api<TrainingJob>, tj: &TrainingJob, what: &s
     .await;
 }
 
+/// Creates an OffloadProfile that selects only the real node, with `extra` merged into its
+/// spec.
+async fn create_real_node_profile(client: &kube::Client, name: &str, extra: serde_json::Value) {
+    let mut spec = json!({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": REAL_NODE}}});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    let profile: OffloadProfile = serde_json::from_value(json!({
+        "apiVersion": "offload.dev/v1alpha1", "kind": "OffloadProfile",
+        "metadata": {"name": name}, "spec": spec
+    }))
+    .unwrap();
+    Api::<OffloadProfile>::all(client.clone())
+        .create(&PostParams::default(), &profile)
+        .await
+        .unwrap();
+}
+
 fn is_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
@@ -341,16 +359,7 @@ async fn the_start_up_guard_stops_a_pod_on_the_wrong_node(
         )
         .await
         .unwrap();
-    let profile: OffloadProfile = serde_json::from_value(json!({
-        "apiVersion": "offload.dev/v1alpha1", "kind": "OffloadProfile",
-        "metadata": {"name": "real-node"},
-        "spec": {"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": REAL_NODE}}}
-    }))
-    .unwrap();
-    Api::<OffloadProfile>::all(client.clone())
-        .create(&PostParams::default(), &profile)
-        .await
-        .unwrap();
+    create_real_node_profile(client, "real-node", json!({})).await;
     let ns = namespace(client, "guard").await;
     let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     let mut tj = training_job("guarded");
@@ -811,29 +820,23 @@ async fn the_agent_observes_a_configured_pod_on_the_real_node(
         upgraded.elapsed().as_secs_f64()
     ));
 
-    let profile: OffloadProfile = serde_json::from_value(json!({
-        "apiVersion": "offload.dev/v1alpha1", "kind": "OffloadProfile",
-        "metadata": {"name": "observed"},
-        "spec": {"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": REAL_NODE}},
-                 "overlap": "Enabled", "startupGuard": false}
-    }))
-    .unwrap();
-    Api::<OffloadProfile>::all(client.clone())
-        .create(&PostParams::default(), &profile)
-        .await
-        .unwrap();
+    create_real_node_profile(
+        client,
+        "observed",
+        json!({"overlap": "Enabled", "startupGuard": false}),
+    )
+    .await;
     let ns = namespace(client, "observed").await;
     let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    let tj: TrainingJob = serde_json::from_value(json!({
-        "apiVersion": "offload.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": "observed", "annotations": {names::PROFILE_ANNOTATION: "observed"}},
-        "spec": {"replicas": 1, "framework": {"name": "DeepSpeed", "version": "0.19.8"},
-                 "template": {"spec": {"tolerations": toleration(),
-                     "containers": [{"name": "train", "image": images::reference("offload-pause"),
-                                     "imagePullPolicy": "Never",
-                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}
-    }))
-    .unwrap();
+    // A pod that runs: the pause image, already on the node.
+    let mut tj = training_job("observed");
+    tj.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(names::PROFILE_ANNOTATION.into(), "observed".into());
+    let pod_spec = tj.spec.template.spec.as_mut().unwrap();
+    pod_spec.containers[0].image = Some(images::reference("offload-pause"));
+    pod_spec.containers[0].image_pull_policy = Some("Never".into());
     create_when_admitted(&tjs, &tj, "the observed job").await;
     let started = Instant::now();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);

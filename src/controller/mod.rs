@@ -187,10 +187,7 @@ pub async fn run(
         .default_backoff()
         .modify(|job: &mut Job| {
             training_job::slim_workload(job);
-            job.managed_fields_mut().clear();
-            if let Some(a) = kube::Resource::meta_mut(job).annotations.as_mut() {
-                a.remove(crate::caches::LAST_APPLIED);
-            }
+            crate::caches::strip_for_cache(job);
         }),
     )
     .touched_objects();
