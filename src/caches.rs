@@ -1,5 +1,6 @@
-//! The operator's caches: one watch per kind — Nodes (metadata only, so memory stays flat on
-//! large clusters), OffloadProfiles and TrainingJobs — built once per process and shared by the
+//! The operator's caches: one watch per kind — Nodes (metadata and allocatable resources only,
+//! so memory stays flat on large clusters), OffloadProfiles and TrainingJobs — built once per
+//! process and shared by the
 //! webhook (every replica serves it) and the controllers (the leader runs them).
 //!
 //! A controller that starts late (on winning the lease) subscribes to a cache and receives
@@ -16,7 +17,7 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
-use kube::core::{DeserializeGuard, PartialObjectMeta};
+use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -98,11 +99,26 @@ pub(crate) fn strip_for_cache<K: Resource>(obj: &mut K) {
     }
 }
 
-/// Builds a cache fed by `events` and returns it with the future that drives it.
+/// Keeps of a Node only what the decision reads: metadata (labels, the agent's annotations) and
+/// `status.allocatable`. The images a kubelet lists, its conditions and addresses are most of
+/// a Node's size and change with every status report.
+pub(crate) fn slim_node(node: &mut Node) {
+    node.spec = None;
+    if let Some(status) = node.status.take() {
+        node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            allocatable: status.allocatable,
+            ..Default::default()
+        });
+    }
+}
+
+/// Builds a cache fed by `events` and returns it with the future that drives it; `slim` drops
+/// what no reader looks at before an object is stored.
 fn cache<K, S>(
     events: S,
     kind: &'static str,
     metrics: Arc<Metrics>,
+    slim: fn(&mut K),
 ) -> (Cache<K>, impl Future<Output = ()> + Send + 'static)
 where
     K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
@@ -110,7 +126,10 @@ where
 {
     let (store, writer) = reflector::store::<K>();
     let (changes, _) = broadcast::channel(SUBSCRIBER_BUFFER);
-    let events = events.modify(|obj: &mut K| strip_for_cache(obj));
+    let events = events.modify(move |obj: &mut K| {
+        strip_for_cache(obj);
+        slim(obj);
+    });
     let cache = Cache {
         store: store.clone(),
         changes: changes.clone(),
@@ -151,8 +170,8 @@ where
 pub struct Caches {
     /// OffloadProfiles.
     pub profiles: Cache<OffloadProfile>,
-    /// Nodes, metadata only.
-    pub nodes: Cache<PartialObjectMeta<Node>>,
+    /// Nodes: metadata and allocatable resources ([`slim_node`]).
+    pub nodes: Cache<Node>,
     /// TrainingJobs, each wrapped in a [`DeserializeGuard`] so one object that does not
     /// deserialize is carried as an error and skipped instead of stalling the watch.
     pub jobs: Cache<DeserializeGuard<TrainingJob>>,
@@ -174,20 +193,18 @@ impl Caches {
         fn config() -> watcher::Config {
             watcher::Config::default().any_semantic()
         }
+        fn keep<K>(_: &mut K) {}
         let (profiles, drive_profiles) = cache(
             watcher(Api::<OffloadProfile>::all(client.clone()), config()).default_backoff(),
             "OffloadProfile",
             metrics.clone(),
+            keep,
         );
         let (nodes, drive_nodes) = cache(
-            // `Api<PartialObjectMeta<_>>` lists and watches metadata only.
-            watcher(
-                Api::<PartialObjectMeta<Node>>::all(client.clone()),
-                config(),
-            )
-            .default_backoff(),
+            watcher(Api::<Node>::all(client.clone()), config()).default_backoff(),
             "Node",
             metrics.clone(),
+            slim_node,
         );
         let (jobs, drive_jobs) = cache(
             watcher(
@@ -197,18 +214,17 @@ impl Caches {
             .default_backoff(),
             "TrainingJob",
             metrics.clone(),
+            keep,
         );
         let (trainjob_crd, drive_crd) = cache(
             watcher(
                 Api::<CustomResourceDefinition>::all(client.clone()),
-                config().fields(&format!(
-                    "metadata.name={}",
-                    crate::webhook::kinds::TRAINJOB_CRD
-                )),
+                config().fields(&format!("metadata.name={}", crate::names::TRAINJOB_CRD)),
             )
             .default_backoff(),
             "CustomResourceDefinition",
             metrics.clone(),
+            keep,
         );
         let node_views = Arc::new(NodeViews::new(nodes.store().clone()));
         let drive = async move {
@@ -238,18 +254,20 @@ impl Caches {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::core::{ObjectMeta, PartialObjectMetaExt};
+    use kube::core::ObjectMeta;
 
-    fn node(name: &str, rv: &str) -> PartialObjectMeta<Node> {
-        ObjectMeta {
-            name: Some(name.into()),
-            resource_version: Some(rv.into()),
+    fn node(name: &str, rv: &str) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                resource_version: Some(rv.into()),
+                ..Default::default()
+            },
             ..Default::default()
         }
-        .into_response_partial()
     }
 
-    fn names(objs: &[Arc<PartialObjectMeta<Node>>]) -> Vec<String> {
+    fn names(objs: &[Arc<Node>]) -> Vec<String> {
         let mut v: Vec<String> = objs
             .iter()
             .filter_map(|o| o.metadata.name.clone())
@@ -265,7 +283,7 @@ mod tests {
     async fn late_and_slow_subscribers_see_every_object() {
         let metrics = Metrics::new(&mut prometheus_client::registry::Registry::default());
         let (tx, rx) = futures::channel::mpsc::unbounded();
-        let (cache, drive) = super::cache::<PartialObjectMeta<Node>, _>(rx, "Node", metrics);
+        let (cache, drive) = super::cache::<Node, _>(rx, "Node", metrics, slim_node);
         let driver = tokio::spawn(drive);
         for event in [
             watcher::Event::Init,

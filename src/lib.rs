@@ -8,6 +8,7 @@
 //!   reason for every choice, and the one rule that picks a job's profile;
 //! - [`render`]: turns a resolution into env vars, framework config and node affinity;
 //! - [`controller`]: the TrainingJob and OffloadProfile controllers;
+//! - [`view`]: the cluster as the decision's callers see it (caches or memory);
 //! - [`webhook`]: the admission endpoints, job kinds and serving certificates;
 //! - [`caches`], [`operator`], [`admin`], [`metrics`], [`certs`]: the process around them.
 //!
@@ -15,7 +16,7 @@
 //! re-exported here under their old paths.
 #![deny(missing_docs)]
 
-pub use offload_api::{api, labels, names, observed, report, version};
+pub use offload_api::{api, labels, names, observed, quantity, report, version};
 
 pub mod admin;
 pub mod caches;
@@ -28,4 +29,5 @@ pub mod index;
 pub mod metrics;
 pub mod operator;
 pub mod render;
+pub mod view;
 pub mod webhook;

@@ -81,6 +81,10 @@ struct ExplainArgs {
     /// Without any, nodes, profiles and ConfigMaps are read from the current cluster.
     #[arg(long = "node-report")]
     node_reports: Vec<String>,
+    /// A node's allocatable memory (`NAME=QUANTITY`, e.g. `h200=125Gi`; offline), which bounds
+    /// what offload can put on the host.
+    #[arg(long = "node-memory")]
+    node_memory: Vec<String>,
     /// An OffloadProfile manifest (offline; the built-in `default` profile when none).
     #[arg(long = "profile")]
     profiles: Vec<PathBuf>,
@@ -267,13 +271,17 @@ fn explain(args: &ExplainArgs) -> ExitCode {
             .iter()
             .map(|a| explain::node_from_report(a))
             .collect();
+        let nodes = nodes.and_then(|n| explain::with_node_memory(n, &args.node_memory));
         let loaded = nodes.and_then(|nodes| {
             Ok(explain::Inputs {
-                profiles: explain::profiles_from_files(&args.profiles)?,
-                nodes: std::sync::Arc::new(offload_operator::index::NodeIndex::new(nodes)),
+                view: offload_operator::view::MemoryView {
+                    render,
+                    ..offload_operator::view::MemoryView::new(
+                        nodes,
+                        explain::profiles_from_files(&args.profiles)?,
+                    )
+                },
                 deepspeed_configs: explain::deepspeed_configs_from_files(&args.deepspeed_configs)?,
-                render,
-                features: Default::default(),
             })
         });
         match loaded {
@@ -311,6 +319,10 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         for e in &out {
             print!("{}", explain::to_text(e));
         }
+    }
+    // An object the operator would refuse or hold is a failure for scripts and CI.
+    if out.iter().any(explain::Explanation::refused) {
+        return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
 }

@@ -123,7 +123,7 @@ pub async fn run(
                         .with_guard_image(options.controller.render.guard_image.clone()),
                 ),
                 metrics: metrics.clone(),
-                client: Some(client.clone()),
+                configs: crate::webhook::ConfigSource::Api(client.clone()),
             };
             let (_rotator, bound, serve) =
                 crate::webhook::serve(client.clone(), wh, state, stop.clone()).await?;

@@ -1,13 +1,14 @@
 //! The manifests in `examples/` parse into the API types and resolve against recorded nodes.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use offload_api::names;
 use offload_api::report::NodeReport;
-use offload_operator::api::{ModeSetting, OffloadMode, OffloadProfile, RatioSetting, TrainingJob};
-use offload_operator::decision::{JobRequest, resolve_offload};
-use offload_operator::index::{NodeIndex, NodeInfo};
+use offload_operator::api::{
+    ModeSetting, NodeClass, OffloadMode, OffloadProfile, RatioSetting, TrainingJob,
+};
+use offload_operator::decision::{JobRequest, UserConfig, resolve_offload};
+use offload_operator::index::{Allocatable, NodeIndex, NodeInfo};
 use offload_testenv::fixtures;
 
 fn read<T: serde::de::DeserializeOwned>(file: &str) -> T {
@@ -19,12 +20,14 @@ fn read<T: serde::de::DeserializeOwned>(file: &str) -> T {
 }
 
 fn node(name: &str, fixture: &str) -> NodeInfo {
-    let report = NodeReport::parse(fixture).unwrap();
-    let ann = BTreeMap::from([(
-        names::ANNOTATION_NODE_REPORT.to_string(),
-        fixture.to_string(),
-    )]);
-    NodeInfo::from_metadata(name, report.labels(), &ann)
+    NodeInfo::from_report(name, &NodeReport::parse(fixture).unwrap())
+}
+
+/// The user's DeepSpeed config of the examples.
+fn ds_config() -> UserConfig {
+    let cm: k8s_openapi::api::core::v1::ConfigMap = read("deepspeed-configmap.yaml");
+    let text = &cm.data.unwrap()["ds_config.json"];
+    UserConfig::parse(text, "example").unwrap()
 }
 
 #[test]
@@ -41,24 +44,49 @@ fn example_profiles_parse_with_their_defaults() {
     assert!(pcie.spec.pin_memory, "pinMemory defaults to true");
 }
 
+/// The demo's cluster: two GH200 and two H200 nodes (recorded reports), 480 GiB of host
+/// memory each.
+fn mixed_cluster() -> NodeIndex {
+    let host = |n: NodeInfo| {
+        n.with_allocatable(Allocatable {
+            memory: Some(480 << 30),
+            gpus: Some(1),
+        })
+    };
+    NodeIndex::new(vec![
+        host(node("gh200-0", fixtures::GH200_REFERENCE)),
+        host(node("gh200-1", fixtures::GH200_REFERENCE)),
+        host(node("h200-0", fixtures::H200_READING)),
+        host(node("h200-1", fixtures::H200_READING)),
+    ])
+}
+
 #[test]
 fn example_jobs_resolve_on_a_mixed_cluster() {
-    let nodes = NodeIndex::new(vec![
-        node("gh200-0", fixtures::GH200_REFERENCE),
-        node("h200-0", fixtures::H200_READING),
-        node("h200-1", fixtures::H200_READING),
-    ]);
+    let nodes = mixed_cluster();
     let default: OffloadProfile = read("offloadprofile-default.yaml");
     let pcie: OffloadProfile = read("offloadprofile-pcie-pool.yaml");
 
+    // 8B over two GPUs fits an H200 without offload (not a GH200's 96 GB): no offload, pinned
+    // to the class where it fits.
     let ds: TrainingJob = read("trainingjob-deepspeed.yaml");
-    let req = JobRequest::from_training_job(&ds.spec, 1, Some(3));
+    let req = JobRequest::for_training_job(&ds, Some(&ds_config())).unwrap();
     let res = resolve_offload(&req, "default", &default.spec, &nodes).unwrap();
-    // Two pods, one coherent GPU: the discrete class has room for the whole job.
-    assert_eq!(res.mode, OffloadMode::CpuCopy, "{}", res.summary());
+    assert_eq!(res.mode, OffloadMode::Disabled, "{}", res.summary());
+    assert_eq!(res.node_class, Some(NodeClass::Discrete));
 
+    // 20.6B over two GPUs fits nowhere without offload: the smallest share that fits, into
+    // unified memory on the GH200s (first in the profile's order).
+    let large: TrainingJob = read("trainingjob-deepspeed-large.yaml");
+    let req = JobRequest::for_training_job(&large, Some(&ds_config())).unwrap();
+    let res = resolve_offload(&req, "default", &default.spec, &nodes).unwrap();
+    assert_eq!(res.mode, OffloadMode::UnifiedMemory, "{}", res.summary());
+    assert!(res.ratio > 0.05 && res.ratio < 1.0, "{}", res.ratio);
+    assert!(res.super_offload());
+
+    // No model hints: the profile's CPUCopy, everything offloaded.
     let fsdp: TrainingJob = read("trainingjob-fsdp.yaml");
-    let req = JobRequest::from_training_job(&fsdp.spec, 1, None);
+    let req = JobRequest::for_training_job(&fsdp, None).unwrap();
     let res = resolve_offload(&req, "pcie-pool", &pcie.spec, &nodes).unwrap();
     assert_eq!(res.mode, OffloadMode::CpuCopy);
     assert_eq!(res.ratio, 1.0);

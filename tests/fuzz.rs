@@ -10,14 +10,15 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::Request;
 use offload_operator::api::{
-    Framework, FrameworkSpec, ModeSetting, OffloadProfileSpec, OffloadSpec, OverlapSetting,
-    RatioSetting, Switch,
+    Framework, FrameworkSpec, ModeSetting, ModelHints, OffloadProfileSpec, OffloadSpec,
+    OverlapSetting, RatioSetting, Switch,
 };
 use offload_operator::decision::{DeepSpeedRequest, JobRequest, class_admits, resolve_offload};
 use offload_operator::index::{NodeIndex, NodeInfo};
 use offload_operator::metrics::Metrics;
+use offload_operator::quantity::ParameterCount;
 use offload_operator::report::NodeReport;
-use offload_operator::webhook::admit::ClusterView;
+use offload_operator::view::MemoryView;
 use offload_operator::webhook::{WebhookState, paths, router};
 use offload_testenv::fixtures;
 use serde_json::{Value, json};
@@ -42,41 +43,21 @@ macro_rules! bounded {
 }
 
 fn node(name: &str, fixture: &str) -> NodeInfo {
-    let r = NodeReport::parse(fixture).unwrap();
-    NodeInfo::from_metadata(
-        name,
-        r.labels(),
-        &BTreeMap::from([(
-            offload_operator::names::ANNOTATION_NODE_REPORT.to_string(),
-            fixture.to_string(),
-        )]),
-    )
-}
-
-struct View {
-    nodes: Arc<NodeIndex>,
-}
-
-impl ClusterView for View {
-    fn profile(&self, _: &str) -> Option<OffloadProfileSpec> {
-        Some(OffloadProfileSpec::default())
-    }
-    fn nodes(&self) -> Arc<NodeIndex> {
-        self.nodes.clone()
-    }
+    NodeInfo::from_report(name, &NodeReport::parse(fixture).unwrap())
 }
 
 fn app() -> axum::Router {
     let mut registry = prometheus_client::registry::Registry::default();
     router(WebhookState {
-        view: Arc::new(View {
-            nodes: Arc::new(NodeIndex::new(vec![
+        view: Arc::new(MemoryView::new(
+            vec![
                 node("gh200-0", fixtures::GH200_REFERENCE),
                 node("h200-0", fixtures::H200_READING),
-            ])),
-        }),
+            ],
+            BTreeMap::from([("default".to_string(), OffloadProfileSpec::default())]),
+        )),
         metrics: Metrics::new(&mut registry),
-        client: None,
+        configs: Default::default(),
     })
 }
 
@@ -219,9 +200,20 @@ fn decision_engine() {
                         zen_flow: [None, Some(true), Some(false)][usize::from((flags >> 6) % 3)],
                         zenflow_in_config: flags & 1 == 1,
                     },
-                    model: None,
+                    // Model hints from 1 parameter to 10^15, with and without the step's tokens.
+                    model: (flags & 4 == 4).then(|| ModelHints {
+                        tokens_per_step: (min_eff % 2 == 0).then_some(i64::from(min_eff) * 64 + 1),
+                        hidden_size: (min_eff % 3 == 0).then_some(i64::from(ratio % 16_384) + 1),
+                        ..ModelHints::parameters(
+                            ParameterCount::new(
+                                (1u64 << ((pods >> 16) % 50)).min(1_000_000_000_000_000),
+                            )
+                            .unwrap(),
+                        )
+                    }),
                     pods: pods % 64,
                     gpus_per_pod: (pods >> 8) % 9,
+                    ..JobRequest::default()
                 };
                 let profile = OffloadProfileSpec {
                     min_overlap_efficiency: f64::from(min_eff) / f64::from(u16::MAX),

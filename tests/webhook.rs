@@ -150,7 +150,7 @@ async fn setup() -> (&'static DevCluster, Client, &'static Served) {
                     let state = WebhookState {
                         view: Arc::new(StoreView::new(&caches)),
                         metrics,
-                        client: Some(client.clone()),
+                        configs: offload_operator::webhook::ConfigSource::Api(client.clone()),
                     };
                     let options = WebhookOptions {
                         addr: format!("127.0.0.1:{port}").parse().unwrap(),

@@ -73,7 +73,7 @@ async fn file_certificates_are_served_and_reloaded_without_a_restart() {
     let state = WebhookState {
         view: Arc::new(StoreView::from_stores(profiles, nodes)),
         metrics: Metrics::new(&mut registry),
-        client: None,
+        configs: Default::default(),
     };
     let options = WebhookOptions {
         addr: "127.0.0.1:0".parse().unwrap(),

@@ -86,6 +86,7 @@ async fn a_published_report_is_what_the_decision_reads_and_cleanup_removes_only_
         model: None,
         pods: 1,
         gpus_per_pod: 1,
+        ..JobRequest::default()
     };
     let res = resolve_offload(
         &job,

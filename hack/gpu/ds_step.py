@@ -4,8 +4,11 @@ gives on this node. `hack/gpu/decision-bench.sh` runs it once per candidate that
 never two engines in one process).
 
 The model is a decoder-only transformer of plain Linear layers (so ZeRO-3's parameter hooks see
-every weight): small = hidden 1024, 20 layers (about 0.29B parameters); large = hidden 2048,
-40 layers (about 2.1B). bf16, random tokens, a fixed batch.
+every weight), vocabulary 32000: small = hidden 1024, 20 layers (about 0.29B parameters); large =
+hidden 2048, 40 layers (about 2.1B); 1b, 4b, 9b and 13b (hidden 2048/3072/4096/5120, 20/32/44/40
+layers: 1.1B, 3.8B, 9.1B, 12.9B) and 6b (hidden 4096, 32 layers: 6.7B) for the memory model. bf16, random tokens, a fixed batch.
+Under ZeRO-3 the model is built inside `deepspeed.zero.Init` (as Hugging Face's Trainer does
+with a ZeRO-3 config), so no rank ever holds the whole model.
 
 With --observe AGENT, after the timed steps it keeps training for --observe-seconds while
 `AGENT observe` samples NVML, and records the truth beside it: the union of every kernel's
@@ -14,7 +17,10 @@ interval (torch.profiler, CUPTI) over the wall-clock time of that window.
 Usage: python3 ds_step.py --config ds.json --size small|large [--steps 8] [--label NAME]
                           [--observe AGENT --observe-seconds S]
 Prints one JSON object: every step's wall time, the median of steps 3-7, the forward+backward
-GPU time of those steps (CUDA events), the peak GPU memory, and the observation.
+GPU time of those steps (CUDA events), the peak GPU memory (allocated and reserved), the peak
+host RSS of the process, DeepSpeed's own estimate of the model states for the configuration, and
+the observation. A run that fails (CUDA out of memory) says so; one the host's OOM killer ends
+prints nothing, which the caller records.
 """
 import argparse
 import json
@@ -29,7 +35,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-SIZES = {"small": (1024, 20, 16), "large": (2048, 40, 16)}
+SIZES = {
+    "small": (1024, 20, 16),
+    "large": (2048, 40, 16),
+    "1b": (2048, 20, 16),
+    "4b": (3072, 32, 24),
+    "6b": (4096, 32, 32),
+    "9b": (4096, 44, 32),
+    "13b": (5120, 40, 40),
+}
 VOCAB = 32000
 SEQ = 512
 
@@ -132,6 +146,34 @@ def observe(agent, seconds, step):
     }
 
 
+def host_peak_bytes():
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def deepspeed_estimate(config, total, largest, gpus=1):
+    """DeepSpeed's own estimator for this configuration (per GPU, per node), bytes."""
+    zero = config.get("zero_optimization", {})
+    stage = zero.get("stage", 0)
+    opt = (zero.get("offload_optimizer") or {}).get("device", "none") == "cpu"
+    par = (zero.get("offload_param") or {}).get("device", "none") == "cpu"
+    try:
+        if stage == 3:
+            from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+            cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+                total, largest, num_gpus_per_node=gpus, num_nodes=1,
+                cpu_offload=opt, cpu_offload_params=par, zero_init=True)
+        elif stage in (1, 2):
+            from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+            cpu, gpu = estimate_zero2_model_states_mem_needs(
+                total, num_gpus_per_node=gpus, num_nodes=1, cpu_offload=opt)
+        else:
+            return None
+        return {"gpuBytes": int(gpu), "cpuBytes": int(cpu)}
+    except Exception as e:  # noqa: BLE001 - reported
+        return {"error": str(e)[:200]}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", required=True)
@@ -157,8 +199,17 @@ def main():
         torch.cuda.set_device(0)
         h, layers, heads = SIZES[a.size]
         torch.manual_seed(0)
-        model = Model(h, layers, heads)
-        out["params"] = sum(p.numel() for p in model.parameters())
+        stage = (config.get("zero_optimization") or {}).get("stage", 0)
+        if stage == 3:
+            with deepspeed.zero.Init(config_dict_or_path=config):
+                model = Model(h, layers, heads)
+            out["params"] = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+        else:
+            model = Model(h, layers, heads)
+            out["params"] = sum(p.numel() for p in model.parameters())
+        out["hidden"], out["layers"], out["vocab"], out["seq"] = h, layers, VOCAB, SEQ
+        largest = max(VOCAB * h, 4 * h * h + 4 * h)
+        out["deepspeedEstimate"] = deepspeed_estimate(config, out["params"], largest)
         engine, _, _, _ = deepspeed.initialize(
             model=model, model_parameters=model.parameters(), config=config
         )
@@ -190,11 +241,18 @@ def main():
             "fwdBwdGpuMs": round(statistics.median(fwd_bwd[2:7] or fwd_bwd), 1),
             "loss": float(loss.detach().float().item()),
             "peakGpuMiB": torch.cuda.max_memory_allocated() >> 20,
+            "peakGpuBytes": torch.cuda.max_memory_allocated(),
+            "peakGpuReservedBytes": torch.cuda.max_memory_reserved(),
+            "peakHostRssBytes": host_peak_bytes(),
         })
         if a.observe:
             out["observation"] = observe(a.observe, a.observe_seconds, step)
     except Exception as e:  # noqa: BLE001 - reported, not hidden
         out.update({"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]})
+        if torch.cuda.is_available():
+            out["peakGpuBytes"] = torch.cuda.max_memory_allocated()
+            out["peakGpuReservedBytes"] = torch.cuda.max_memory_reserved()
+        out["peakHostRssBytes"] = host_peak_bytes()
         traceback.print_exc(file=sys.stderr)
     print(json.dumps(out), flush=True)
     sys.stdout.flush()

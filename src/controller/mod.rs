@@ -10,7 +10,7 @@ mod profile;
 pub mod status;
 mod training_job;
 
-pub use training_job::{Decided, Unresolved, decide_with, parse_user_config, reconcile_job};
+pub use training_job::{Unresolved, reconcile_job};
 pub mod workload;
 
 use std::sync::Arc;
@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{OffloadProfile, TrainingJob};
 use crate::caches::Caches;
-use crate::index::{NodeIndex, NodeViews};
+use crate::index::NodeIndex;
 use crate::metrics::{ErrorLabels, Metrics};
 use crate::names;
 
@@ -44,8 +44,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// OffloadProfiles, from the shared cache.
     pub profiles: Store<OffloadProfile>,
-    /// The decision's view of the GPU nodes, shared with the webhook.
-    pub node_views: Arc<NodeViews>,
+    /// The decision's view of the cluster (profiles and nodes), shared with the webhook's.
+    pub view: crate::view::StoreView,
     /// TrainingJobs, from the shared cache.
     pub jobs: Store<DeserializeGuard<TrainingJob>>,
     /// What the operator writes beside the decision (the start-up guard's image).
@@ -70,7 +70,7 @@ impl Context {
             recorder,
             metrics,
             profiles: caches.profiles.store().clone(),
-            node_views: caches.node_views.clone(),
+            view: crate::view::StoreView::new(caches),
             jobs: caches.jobs.store().clone(),
             render: crate::render::RenderOptions::default(),
             workloads: None,
@@ -79,7 +79,7 @@ impl Context {
 
     /// The node index as of now (shared until a node changes).
     pub fn nodes(&self) -> Arc<NodeIndex> {
-        self.node_views.get()
+        crate::decision::ClusterView::nodes(&self.view)
     }
 
     /// The named profile, if it exists.
@@ -418,15 +418,21 @@ fn decision_profile_changes(
     })
 }
 
-/// Node changes that matter to decisions: labels and annotations, less the agent's
-/// observation of running pods (which changes every minute and concerns running jobs only).
+/// Node changes that matter to decisions: labels, annotations and allocatable resources, less
+/// the agent's observation of running pods (which changes every minute and concerns running
+/// jobs only).
 fn metadata_changes(
-    nodes: impl Stream<Item = Arc<PartialObjectMeta<Node>>>,
-    store: Store<PartialObjectMeta<Node>>,
-) -> impl Stream<Item = Arc<PartialObjectMeta<Node>>> {
+    nodes: impl Stream<Item = Arc<Node>>,
+    store: Store<Node>,
+) -> impl Stream<Item = Arc<Node>> {
     changes_by(nodes, store, |node, h| {
         use std::hash::Hash;
         node.metadata.labels.hash(h);
+        if let Some(alloc) = node.status.as_ref().and_then(|s| s.allocatable.as_ref()) {
+            for (k, v) in alloc {
+                (k, &v.0).hash(h);
+            }
+        }
         if let Some(annotations) = &node.metadata.annotations {
             for (k, v) in annotations {
                 if k != names::ANNOTATION_OBSERVED {
@@ -439,9 +445,9 @@ fn metadata_changes(
 
 /// Node changes of the agent's observation annotation only.
 fn observation_changes(
-    nodes: impl Stream<Item = Arc<PartialObjectMeta<Node>>>,
-    store: Store<PartialObjectMeta<Node>>,
-) -> impl Stream<Item = Arc<PartialObjectMeta<Node>>> {
+    nodes: impl Stream<Item = Arc<Node>>,
+    store: Store<Node>,
+) -> impl Stream<Item = Arc<Node>> {
     changes_by(nodes, store, |node, h| {
         use std::hash::Hash;
         node.metadata
@@ -454,10 +460,10 @@ fn observation_changes(
 
 /// Passes a node on when the digest `hash` feeds changed since its last pass (and on deletion).
 fn changes_by(
-    nodes: impl Stream<Item = Arc<PartialObjectMeta<Node>>>,
-    store: Store<PartialObjectMeta<Node>>,
-    hash: fn(&PartialObjectMeta<Node>, &mut std::collections::hash_map::DefaultHasher),
-) -> impl Stream<Item = Arc<PartialObjectMeta<Node>>> {
+    nodes: impl Stream<Item = Arc<Node>>,
+    store: Store<Node>,
+    hash: fn(&Node, &mut std::collections::hash_map::DefaultHasher),
+) -> impl Stream<Item = Arc<Node>> {
     use std::hash::Hasher;
     let mut seen: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     nodes.filter(move |node| {

@@ -84,6 +84,41 @@ pub enum ResolveError {
         /// Discrete nodes that do match.
         discrete: usize,
     },
+    /// The pod template's resources cannot be read (a GPU count that is not a whole number, a
+    /// quantity that is not one, more GPUs than any node has).
+    #[error("{detail}: fix the pod template's resources")]
+    InvalidResources {
+        /// What is wrong, naming the container.
+        detail: String,
+    },
+    /// The model hints cannot be true.
+    #[error("{detail}")]
+    InvalidModelHints {
+        /// What is wrong and what to write instead.
+        detail: String,
+    },
+    /// No node class holds the job's pods at once.
+    #[error("{detail}")]
+    InsufficientGpus {
+        /// What the job needs and what the largest class has.
+        detail: String,
+    },
+    /// No placement of the job's training state fits any class's GPU and host memory.
+    #[error("{detail}")]
+    DoesNotFit {
+        /// The figures, and what would fit.
+        detail: String,
+    },
+    /// A configuration the job or profile asks for explicitly would not fit in memory.
+    #[error("{setting} asks for {placement}, which cannot run: {detail}")]
+    ConfigurationDoesNotFit {
+        /// Where the setting comes from (`spec.offload.mode Disabled`, `the profile's offloadRatio 0.1`).
+        setting: String,
+        /// What it would place where.
+        placement: String,
+        /// The figures and what to change.
+        detail: String,
+    },
     /// CPUCopy asked for where only coherent nodes exist and the profile forbids copy there.
     #[error(
         "mode CPUCopy needs a discrete GPU node but all {coherent} node(s) matching OffloadProfile {profile:?} are coherent, where copy offload causes extra copies and page-migration conflicts: set spec.offload.mode to Auto or UnifiedMemory, or set allowCPUCopyOnCoherentNodes in the profile"
@@ -110,11 +145,17 @@ impl ResolveError {
             ResolveError::NoReportedNodes { .. } => "NoReportedNodes",
             ResolveError::NoCoherentNodes { .. } => "NoCoherentNodes",
             ResolveError::CopyOnCoherentNotAllowed { .. } => "CopyOnCoherentNotAllowed",
+            ResolveError::InvalidResources { .. } => "InvalidResources",
+            ResolveError::InvalidModelHints { .. } => "InvalidModelHints",
+            ResolveError::InsufficientGpus { .. } => "InsufficientGPUs",
+            ResolveError::DoesNotFit { .. } => "InsufficientMemory",
+            ResolveError::ConfigurationDoesNotFit { .. } => "ConfigurationDoesNotFit",
         }
     }
 
     /// Whether a change of nodes or profiles could make the job resolvable (the controller
-    /// retries those); the rest need the job itself to change.
+    /// retries those); the rest need the job itself to change. Memory and capacity depend on
+    /// the cluster: larger or more nodes may come.
     pub fn depends_on_cluster(&self) -> bool {
         matches!(
             self,
@@ -122,6 +163,9 @@ impl ResolveError {
                 | ResolveError::NoReportedNodes { .. }
                 | ResolveError::NoCoherentNodes { .. }
                 | ResolveError::CopyOnCoherentNotAllowed { .. }
+                | ResolveError::InsufficientGpus { .. }
+                | ResolveError::DoesNotFit { .. }
+                | ResolveError::ConfigurationDoesNotFit { .. }
         )
     }
 }

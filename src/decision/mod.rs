@@ -1,26 +1,33 @@
 //! The offload decision: a pure function from (job request, profile, nodes) to a concrete
 //! configuration with a reason for every choice.
 //!
-//! No I/O happens here. The controller, the webhook and `offload-operator explain` all call
+//! No I/O happens here. The controller, the webhook and `offload-operator explain` all come in
+//! through [`decide`] (a TrainingJob) or [`decide_request`] (another kind's request), which
+//! build the request one way ([`JobRequest`]), pick the profile ([`profile`]) and call
 //! [`resolve_offload`]; the same inputs always give the same output, whatever order the nodes
 //! come in. It runs as steps, each in its own module, each giving its value and its reason:
-//! framework facts ([`framework`]) → placement: mode and node class ([`placement`]) →
-//! [`overlap`] → [`pinning`] → offload [`ratio`] → the framework's keys ([`framework`]).
-//! Which profile a job uses, and whether it opted in at all, is decided once in [`profile`].
+//! framework facts ([`framework`]) → the job's [`memory`] model → placement: mode, node class
+//! and what fits ([`placement`], [`fit`]) → [`overlap`] → [`pinning`] → offload [`ratio`] → the
+//! framework's keys ([`framework`]).
 
+mod entry;
 mod error;
+mod fit;
 mod framework;
+pub mod memory;
 mod overlap;
 mod pinning;
 mod placement;
 mod profile;
 mod ratio;
 mod request;
+mod user_config;
 
 use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
+pub use entry::{ClusterView, Unresolved, decide, decide_request};
 pub use error::ResolveError;
 pub use framework::{
     DeepSpeedPlan, FrameworkPlan, FsdpPlan, ZENFLOW_TOPK_RATIO, ZENFLOW_UPDATE_INTERVAL,
@@ -29,7 +36,8 @@ pub use profile::{
     ProfileNotFound, SelectedProfile, builtin_default_profile, explicit_offload, opted_in,
     profile_name, profile_name_for, requested_profile, select_profile,
 };
-pub use request::{AdmittedRequest, DeepSpeedRequest, JobRequest};
+pub use request::{AdmittedRequest, DeepSpeedRequest, JobRequest, PodResources};
+pub use user_config::{ConfigError, ConfigFacts, Precision, UserConfig};
 
 use crate::api::{
     NodeClass, OffloadMode, OffloadProfileSpec, OffloadSpec, OverlapSetting, RatioSetting, Switch,
@@ -119,6 +127,24 @@ pub struct Resolution {
     pub reasons: Vec<Reason>,
     /// Whether the pods get the start-up guard (the profile's `startupGuard`).
     pub startup_guard: bool,
+    /// What the memory model estimated for the placement written, where the job gives model
+    /// hints.
+    pub memory: Option<MemoryEstimate>,
+}
+
+/// The memory model's figures for the placement a resolution writes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryEstimate {
+    /// Where the training state is placed.
+    pub placement: memory::Placement,
+    /// Bytes per GPU.
+    pub gpu_bytes: u64,
+    /// Bytes of GPU memory the estimate may use on the class's smallest GPU.
+    pub gpu_budget_bytes: u64,
+    /// Bytes of host memory per pod.
+    pub host_bytes_per_pod: u64,
+    /// Host memory one pod can have, where the nodes state it.
+    pub host_budget_bytes: Option<u64>,
 }
 
 impl Resolution {
@@ -203,10 +229,30 @@ pub fn resolve_offload(
     nodes: &NodeIndex,
 ) -> Result<Resolution, ResolveError> {
     let facts = framework::check(job)?;
+    if let (RatioSetting::Fixed(r), Err(why)) = (
+        job.offload.offload_ratio,
+        framework::partial_ratio_support(job, &facts),
+    ) && r < 1.0
+    {
+        return Err(ResolveError::FrameworkCannot {
+            problem: format!("spec.offload.offloadRatio {r} needs partial offload, but {why}"),
+            change: "set spec.offload.offloadRatio to 1 or Auto".to_string(),
+        });
+    }
+    let memory = fit::job_memory(job, &facts)?;
     let mut reasons = Reasons::default();
 
     let candidates = placement::Candidates::select(nodes, profile_name, profile)?;
-    let placement = placement::choose(job, profile_name, profile, &candidates)?;
+    let placement = placement::choose(
+        &placement::Context {
+            job,
+            facts: &facts,
+            memory: memory.as_ref(),
+            profile_name,
+            profile,
+        },
+        &candidates,
+    )?;
     reasons.add(Field::Mode, &placement.mode_why);
     reasons.add(Field::NodeClass, &placement.class_why);
 
@@ -219,6 +265,13 @@ pub fn resolve_offload(
     let (ratio, why) = ratio::decide(job, profile, &facts, &placement)?;
     reasons.add(Field::OffloadRatio, why);
 
+    let memory_plan = framework::MemoryPlan {
+        placement: placement.memory.as_ref().map(|c| c.placement),
+        sub_group_size: match (&memory, job.config.sub_group_size) {
+            (Some(jm), None) => Some(memory::operator_sub_group_size(jm.parameters, jm.ranks)),
+            _ => None,
+        },
+    };
     let (framework, whys) = framework::plan(
         job,
         &facts,
@@ -227,6 +280,7 @@ pub fn resolve_offload(
         ratio,
         placement.class(),
         profile.allow_zen_flow,
+        memory_plan,
     );
     for why in whys {
         reasons.add(Field::Framework, why);
@@ -244,7 +298,47 @@ pub fn resolve_offload(
         framework,
         reasons: reasons.0,
         startup_guard: profile.startup_guard,
+        memory: placement.memory.as_ref().map(|c| MemoryEstimate {
+            placement: c.placement,
+            gpu_bytes: memory::bytes(c.estimate.gpu),
+            gpu_budget_bytes: memory::bytes(c.class.gpu_budget()),
+            host_bytes_per_pod: memory::bytes(c.estimate.host_per_pod),
+            host_budget_bytes: c.class.host_per_pod,
+        }),
     })
+}
+
+/// The memory model's figures for `placement` of a job on a class's nodes, and whether it
+/// fits there; `None` without model hints or when the class has no node with a report of its
+/// GPUs' memory. For `explain --candidates`, which shows every candidate beside the node's
+/// figures, also those the decision would not write.
+pub fn estimate_placement(
+    job: &JobRequest,
+    profile_name: &str,
+    profile: &OffloadProfileSpec,
+    nodes: &NodeIndex,
+    class: NodeClass,
+    placement: memory::Placement,
+) -> Result<Option<(MemoryEstimate, bool)>, ResolveError> {
+    let facts = framework::check(job)?;
+    let Some(jm) = fit::job_memory(job, &facts)? else {
+        return Ok(None);
+    };
+    let candidates = placement::Candidates::select(nodes, profile_name, profile)?;
+    let Some(cm) = fit::class_memory(candidates.of(class), job) else {
+        return Ok(None);
+    };
+    let (est, fits) = jm.estimate_checked(placement, &cm);
+    Ok(Some((
+        MemoryEstimate {
+            placement,
+            gpu_bytes: memory::bytes(est.gpu),
+            gpu_budget_bytes: memory::bytes(cm.gpu_budget()),
+            host_bytes_per_pod: memory::bytes(est.host_per_pod),
+            host_budget_bytes: cm.host_per_pod,
+        },
+        fits.ok(),
+    )))
 }
 
 /// Whether a memory model may host a configuration made for a class: the invariant the

@@ -1,12 +1,16 @@
 //! The placement step: which nodes a profile may use, and which mode and node class the job
-//! gets on them.
+//! gets on them — from the memory model where the job gives model hints ([`super::fit`]), and
+//! only on a class that holds all of the job's pods at once.
 
 use kube::core::{Selector, SelectorExt};
 
-use crate::api::{ModeSetting, NodeClass, OffloadMode, OffloadProfileSpec};
+use crate::api::{ModeSetting, NodeClass, OffloadMode, OffloadProfileSpec, RatioSetting};
 use crate::index::{NodeIndex, NodeInfo};
 
 use super::error::ResolveError;
+use super::fit::{self, Allowed, MemoryChoice};
+use super::framework::FrameworkFacts;
+use super::memory::{JobMemory, Placement as Memory};
 use super::request::JobRequest;
 use super::{Source, effective};
 
@@ -57,7 +61,7 @@ impl<'a> Candidates<'a> {
         })
     }
 
-    fn of(&self, class: NodeClass) -> &ClassNodes<'a> {
+    pub(super) fn of(&self, class: NodeClass) -> &ClassNodes<'a> {
         match class {
             NodeClass::Coherent => &self.coherent,
             NodeClass::Discrete => &self.discrete,
@@ -67,15 +71,37 @@ impl<'a> Candidates<'a> {
     fn is_empty(&self) -> bool {
         self.coherent.nodes.is_empty() && self.discrete.nodes.is_empty()
     }
+
+    /// The classes with nodes, in the profile's order.
+    fn ordered(&self, profile: &OffloadProfileSpec) -> Vec<&ClassNodes<'a>> {
+        let order = if profile.node_class_order.is_empty() {
+            vec![NodeClass::Coherent, NodeClass::Discrete]
+        } else {
+            profile.node_class_order.clone()
+        };
+        let mut out: Vec<&ClassNodes> = Vec::new();
+        for c in order
+            .iter()
+            .chain(&[NodeClass::Coherent, NodeClass::Discrete])
+        {
+            let nodes = self.of(*c);
+            if !nodes.nodes.is_empty() && !out.iter().any(|o| o.class == *c) {
+                out.push(nodes);
+            }
+        }
+        out
+    }
 }
 
 /// The mode and the nodes it was chosen for, with a reason for each.
 pub(super) struct Placement<'c, 'a> {
     pub(super) mode: OffloadMode,
-    /// The class's nodes; `None` when offload is disabled (any GPU node will do).
+    /// The class's nodes; `None` when offload is disabled and any GPU node will do.
     pub(super) chosen: Option<&'c ClassNodes<'a>>,
     pub(super) mode_why: String,
     pub(super) class_why: String,
+    /// What the memory model chose, where the job gives model hints.
+    pub(super) memory: Option<MemoryChoice>,
 }
 
 impl Placement<'_, '_> {
@@ -92,126 +118,72 @@ fn plural(n: u64, one: &str, many: &str) -> String {
     }
 }
 
-fn capacity_message(class: &ClassNodes, demand: u64) -> String {
-    let gpus = class.gpus();
+fn shown_nodes(class: &ClassNodes) -> String {
     let names: Vec<&str> = class.nodes.iter().map(|n| n.name.as_str()).collect();
-    let shown = if names.len() > 3 {
+    if names.len() > 3 {
         format!("{}, … ({} nodes)", names[..3].join(", "), names.len())
     } else {
         names.join(", ")
-    };
-    let have = plural(gpus, "GPU", "GPUs");
-    if gpus >= demand {
-        format!(
-            "pods pinned to {} nodes ({shown}: {have} for {demand} requested)",
-            class.class
-        )
-    } else {
-        format!(
-            "pods pinned to {} nodes ({shown}: {have} for {demand} requested, so pods wait for capacity)",
-            class.class
-        )
     }
 }
 
-/// Decides mode and node class.
-pub(super) fn choose<'c, 'a>(
-    job: &JobRequest,
-    profile_name: &str,
-    profile: &OffloadProfileSpec,
-    candidates: &'c Candidates<'a>,
-) -> Result<Placement<'c, 'a>, ResolveError> {
-    let demand = job.gpu_demand();
-    let coherent = &candidates.coherent;
-    let discrete = &candidates.discrete;
-    let (requested, source) = effective(job.offload.mode, profile.mode, ModeSetting::Auto);
-    let no_nodes = || ResolveError::NoReportedNodes {
-        profile: profile_name.to_string(),
+fn capacity_message(class: &ClassNodes, job: &JobRequest) -> String {
+    let wait = if fit::pod_capacity(class, job.gpus_per_pod) >= u64::from(job.pods.max(1)) {
+        ""
+    } else {
+        ", so pods wait for capacity"
     };
-    match requested {
-        ModeSetting::Disabled => Ok(Placement {
-            mode: OffloadMode::Disabled,
-            chosen: None,
-            mode_why: format!("offload disabled by {source}"),
-            class_why:
-                "no node class required: without offload the configuration fits any GPU node"
-                    .to_string(),
-        }),
-        ModeSetting::UnifiedMemory => {
-            if coherent.nodes.is_empty() {
-                if candidates.is_empty() {
-                    return Err(no_nodes());
-                }
-                return Err(ResolveError::NoCoherentNodes {
-                    profile: profile_name.to_string(),
-                    discrete: discrete.nodes.len(),
-                });
-            }
-            Ok(Placement {
-                mode: OffloadMode::UnifiedMemory,
-                chosen: Some(coherent),
-                mode_why: format!(
-                    "UnifiedMemory requested by {source}; {} coherent node(s) available",
-                    coherent.nodes.len()
-                ),
-                class_why: capacity_message(coherent, demand),
-            })
-        }
-        ModeSetting::CpuCopy => {
-            if !discrete.nodes.is_empty() {
-                Ok(Placement {
-                    mode: OffloadMode::CpuCopy,
-                    chosen: Some(discrete),
-                    mode_why: format!(
-                        "CPUCopy requested by {source}; {} discrete node(s) available",
-                        discrete.nodes.len()
-                    ),
-                    class_why: capacity_message(discrete, demand),
-                })
-            } else if coherent.nodes.is_empty() {
-                Err(no_nodes())
-            } else if profile.allow_cpu_copy_on_coherent_nodes {
-                Ok(Placement {
-                    mode: OffloadMode::CpuCopy,
-                    chosen: Some(coherent),
-                    mode_why: format!(
-                        "CPUCopy requested by {source} on coherent nodes, which profile {profile_name:?} allows (allowCPUCopyOnCoherentNodes)"
-                    ),
-                    class_why: capacity_message(coherent, demand),
-                })
-            } else {
-                Err(ResolveError::CopyOnCoherentNotAllowed {
-                    profile: profile_name.to_string(),
-                    coherent: coherent.nodes.len(),
-                })
-            }
-        }
-        ModeSetting::Auto => auto(profile, candidates, source, demand).ok_or_else(no_nodes),
-    }
+    format!(
+        "pods pinned to {} nodes ({}: {} for {} requested{wait})",
+        class.class,
+        shown_nodes(class),
+        plural(class.gpus(), "GPU", "GPUs"),
+        job.gpu_demand()
+    )
 }
 
-/// `mode: Auto`: the first class in the profile's order with enough GPUs (else the first with
-/// any nodes), and the mode that class takes.
-fn auto<'c, 'a>(
-    profile: &OffloadProfileSpec,
-    candidates: &'c Candidates<'a>,
-    source: Source,
-    demand: u64,
-) -> Option<Placement<'c, 'a>> {
-    let order = if profile.node_class_order.is_empty() {
-        vec![NodeClass::Coherent, NodeClass::Discrete]
-    } else {
-        profile.node_class_order.clone()
-    };
-    let available: Vec<&ClassNodes> = order
+/// Whether the class holds all of the job's pods at once (or the job's pods may wait for
+/// capacity: see [`JobRequest::hold_for_capacity`]).
+fn holds(class: &ClassNodes, job: &JobRequest) -> bool {
+    !job.hold_for_capacity
+        || fit::pod_capacity(class, job.gpus_per_pod) >= u64::from(job.pods.max(1))
+}
+
+/// The error for a job no class can hold at once.
+fn insufficient(job: &JobRequest, classes: &[&ClassNodes]) -> ResolveError {
+    let have: Vec<String> = classes
         .iter()
-        .map(|c| candidates.of(*c))
-        .filter(|c| !c.nodes.is_empty())
+        .map(|c| {
+            format!(
+                "{} holds {} ({})",
+                c.class,
+                plural(
+                    fit::pod_capacity(c, job.gpus_per_pod),
+                    "such pod",
+                    "such pods"
+                ),
+                plural(c.gpus(), "GPU", "GPUs")
+            )
+        })
         .collect();
-    let first = available.first().copied()?;
-    let fitting = available.iter().copied().find(|c| c.gpus() >= demand);
-    let pick = fitting.unwrap_or(first);
-    let (mode, why_mode) = match pick.class {
+    ResolveError::InsufficientGpus {
+        detail: format!(
+            "the job needs {} of {} at once ({} in all), so that its ranks meet; no node class matching the profile holds them: {}. It waits until nodes arrive; or lower spec.replicas or the GPUs per pod",
+            plural(u64::from(job.pods), "pod", "pods"),
+            plural(u64::from(job.gpus_per_pod), "GPU", "GPUs"),
+            plural(job.gpu_demand(), "GPU", "GPUs"),
+            if have.is_empty() {
+                "none has nodes".to_string()
+            } else {
+                have.join(", ")
+            }
+        ),
+    }
+}
+
+/// The mode a class takes when its state is offloaded.
+fn offload_mode(class: NodeClass) -> (OffloadMode, &'static str) {
+    match class {
         NodeClass::Coherent => (
             OffloadMode::UnifiedMemory,
             "coherent nodes (ATS over NVLink-C2C) keep offloaded state resident in unified memory",
@@ -220,27 +192,434 @@ fn auto<'c, 'a>(
             OffloadMode::CpuCopy,
             "discrete nodes have no hardware-coherent host memory, so offload copies to host memory and back",
         ),
+    }
+}
+
+/// The job's inputs to placement that do not depend on the class.
+pub(super) struct Context<'j> {
+    pub(super) job: &'j JobRequest,
+    pub(super) facts: &'j FrameworkFacts,
+    pub(super) memory: Option<&'j JobMemory>,
+    pub(super) profile_name: &'j str,
+    pub(super) profile: &'j OffloadProfileSpec,
+}
+
+impl Context<'_> {
+    /// A ratio the job or the profile fixes, with where it comes from. A profile's partial
+    /// ratio the framework cannot take is lowered to 1 (the ratio step says so); a job's is
+    /// refused before placement.
+    fn fixed_ratio(&self) -> Option<(f64, Source)> {
+        match effective(
+            self.job.offload.offload_ratio,
+            self.profile.offload_ratio,
+            RatioSetting::Auto,
+        ) {
+            (RatioSetting::Fixed(r), Source::Profile)
+                if r < 1.0
+                    && super::framework::partial_ratio_support(self.job, self.facts).is_err() =>
+            {
+                Some((1.0, Source::Profile))
+            }
+            (RatioSetting::Fixed(r), source) => Some((r, source)),
+            (RatioSetting::Auto, _) => None,
+        }
+    }
+
+    fn allowed(&self, class: NodeClass, no_offload: bool, offload: bool) -> Allowed {
+        fit::allowed(
+            self.job,
+            self.facts,
+            class,
+            no_offload,
+            offload,
+            self.fixed_ratio().map(|(r, _)| r),
+        )
+    }
+}
+
+/// Decides mode and node class.
+pub(super) fn choose<'c, 'a>(
+    cx: &Context,
+    candidates: &'c Candidates<'a>,
+) -> Result<Placement<'c, 'a>, ResolveError> {
+    let job = cx.job;
+    let profile = cx.profile;
+    let coherent = &candidates.coherent;
+    let discrete = &candidates.discrete;
+    let (requested, source) = effective(job.offload.mode, profile.mode, ModeSetting::Auto);
+    let no_nodes = || ResolveError::NoReportedNodes {
+        profile: cx.profile_name.to_string(),
     };
-    let class_why = match (available.len(), fitting.is_some()) {
-        (1, _) => format!("only {} nodes match the profile", pick.class),
-        (_, true) if std::ptr::eq(pick, first) => format!(
+    match requested {
+        ModeSetting::Disabled => disabled(cx, candidates, source),
+        ModeSetting::UnifiedMemory => {
+            if coherent.nodes.is_empty() {
+                if candidates.is_empty() {
+                    return Err(no_nodes());
+                }
+                return Err(ResolveError::NoCoherentNodes {
+                    profile: cx.profile_name.to_string(),
+                    discrete: discrete.nodes.len(),
+                });
+            }
+            explicit(
+                cx,
+                coherent,
+                OffloadMode::UnifiedMemory,
+                format!(
+                    "UnifiedMemory requested by {source}; {} coherent node(s) available",
+                    coherent.nodes.len()
+                ),
+                format!("mode UnifiedMemory (from {source})"),
+            )
+        }
+        ModeSetting::CpuCopy => {
+            if !discrete.nodes.is_empty() {
+                explicit(
+                    cx,
+                    discrete,
+                    OffloadMode::CpuCopy,
+                    format!(
+                        "CPUCopy requested by {source}; {} discrete node(s) available",
+                        discrete.nodes.len()
+                    ),
+                    format!("mode CPUCopy (from {source})"),
+                )
+            } else if coherent.nodes.is_empty() {
+                Err(no_nodes())
+            } else if profile.allow_cpu_copy_on_coherent_nodes {
+                explicit(
+                    cx,
+                    coherent,
+                    OffloadMode::CpuCopy,
+                    format!(
+                        "CPUCopy requested by {source} on coherent nodes, which profile {:?} allows (allowCPUCopyOnCoherentNodes)",
+                        cx.profile_name
+                    ),
+                    format!("mode CPUCopy (from {source})"),
+                )
+            } else {
+                Err(ResolveError::CopyOnCoherentNotAllowed {
+                    profile: cx.profile_name.to_string(),
+                    coherent: coherent.nodes.len(),
+                })
+            }
+        }
+        ModeSetting::Auto => {
+            let classes = candidates.ordered(profile);
+            if classes.is_empty() {
+                return Err(no_nodes());
+            }
+            match cx.memory {
+                None => auto_by_class(cx, &classes, source),
+                Some(jm) => auto_by_memory(cx, jm, &classes, source),
+            }
+        }
+    }
+}
+
+/// An offload mode the job or profile asks for, on `class`: the class must hold the job, and
+/// with model hints the offload written is the fastest that fits there.
+fn explicit<'c, 'a>(
+    cx: &Context,
+    class: &'c ClassNodes<'a>,
+    mode: OffloadMode,
+    mode_why: String,
+    setting: String,
+) -> Result<Placement<'c, 'a>, ResolveError> {
+    if !holds(class, cx.job) {
+        return Err(insufficient(cx.job, &[class]));
+    }
+    let memory = match cx.memory {
+        None => None,
+        Some(jm) => {
+            let Some(cm) = fit::class_memory(class, cx.job) else {
+                return Err(no_gpu_memory(class));
+            };
+            let allowed = cx.allowed(class.class, false, true);
+            match fit::fastest(jm, &cm, &allowed) {
+                Ok(choice) => Some(choice),
+                Err(tried) => {
+                    let setting = match cx.fixed_ratio() {
+                        Some((r, source)) if r < 1.0 => {
+                            format!("{setting} with offloadRatio {r} (from {source})")
+                        }
+                        _ => setting,
+                    };
+                    return Err(ResolveError::ConfigurationDoesNotFit {
+                        setting,
+                        placement: "offload".into(),
+                        detail: format!(
+                            "on {} nodes, {}; {}",
+                            class.class,
+                            tried.describe(jm, &cm),
+                            fit::advice(jm, &cm, &allowed)
+                        ),
+                    });
+                }
+            }
+        }
+    };
+    Ok(Placement {
+        mode,
+        chosen: Some(class),
+        mode_why,
+        class_why: capacity_message(class, cx.job),
+        memory,
+    })
+}
+
+fn no_gpu_memory(class: &ClassNodes) -> ResolveError {
+    ResolveError::DoesNotFit {
+        detail: format!(
+            "no {} node's report states its GPUs' memory ({}), so the job's fit cannot be judged: check the agent on those nodes",
+            class.class,
+            shown_nodes(class)
+        ),
+    }
+}
+
+/// `mode: Disabled` from the job or profile. With model hints the job must fit without
+/// offload: on every class (then any GPU node will do) or on one (then it is pinned there).
+fn disabled<'c, 'a>(
+    cx: &Context,
+    candidates: &'c Candidates<'a>,
+    source: Source,
+) -> Result<Placement<'c, 'a>, ResolveError> {
+    let mode_why = format!("offload disabled by {source}");
+    let Some(jm) = cx.memory else {
+        return Ok(Placement {
+            mode: OffloadMode::Disabled,
+            chosen: None,
+            mode_why,
+            class_why:
+                "no node class required: without offload the configuration fits any GPU node"
+                    .to_string(),
+            memory: None,
+        });
+    };
+    let classes = candidates.ordered(cx.profile);
+    if classes.is_empty() {
+        return Err(ResolveError::NoReportedNodes {
+            profile: cx.profile_name.to_string(),
+        });
+    }
+    let mut fitting: Vec<(&ClassNodes, MemoryChoice)> = Vec::new();
+    let mut failures = Vec::new();
+    for class in &classes {
+        let Some(cm) = fit::class_memory(class, cx.job) else {
+            continue;
+        };
+        let allowed = cx.allowed(class.class, true, false);
+        match fit::fastest(jm, &cm, &allowed) {
+            Ok(choice) if holds(class, cx.job) => fitting.push((class, choice)),
+            Ok(_) => {}
+            Err(tried) => failures.push(format!(
+                "on {} nodes {}; {}",
+                class.class,
+                tried.describe(jm, &cm),
+                fit::advice(jm, &cm, &cx.allowed(class.class, true, true))
+            )),
+        }
+    }
+    let Some((first, choice)) = fitting.first() else {
+        if failures.is_empty() {
+            return Err(insufficient(cx.job, &classes));
+        }
+        return Err(ResolveError::ConfigurationDoesNotFit {
+            setting: format!("mode Disabled (from {source})"),
+            placement: "no offload".into(),
+            detail: format!(
+                "{}; set mode Auto to offload what does not fit",
+                failures.join("; ")
+            ),
+        });
+    };
+    let everywhere = fitting.len() == classes.len();
+    Ok(Placement {
+        mode: OffloadMode::Disabled,
+        chosen: (!everywhere).then_some(*first),
+        mode_why: format!("{mode_why}; {}", choice.figures),
+        class_why: if everywhere {
+            "no node class required: the job fits without offload on every class".to_string()
+        } else {
+            format!(
+                "it fits without offload only on {} nodes; {}",
+                first.class,
+                capacity_message(first, cx.job)
+            )
+        },
+        memory: Some(choice.clone()),
+    })
+}
+
+/// `mode: Auto` without model hints: the first class in the profile's order that holds the
+/// job's pods at once, and the mode that class takes.
+fn auto_by_class<'c, 'a>(
+    cx: &Context,
+    classes: &[&'c ClassNodes<'a>],
+    source: Source,
+) -> Result<Placement<'c, 'a>, ResolveError> {
+    let first = classes[0];
+    let fits_now =
+        |c: &ClassNodes| fit::pod_capacity(c, cx.job.gpus_per_pod) >= u64::from(cx.job.pods.max(1));
+    let pick = match classes.iter().copied().find(|c| fits_now(c)) {
+        Some(c) => c,
+        None if !cx.job.hold_for_capacity => first,
+        None => return Err(insufficient(cx.job, classes)),
+    };
+    let (mode, why_mode) = offload_mode(pick.class);
+    let class_why = if classes.len() == 1 {
+        format!("only {} nodes match the profile", pick.class)
+    } else if std::ptr::eq(pick, first) && fits_now(pick) {
+        format!(
             "{} comes first in the profile's nodeClassOrder and has enough GPUs",
             pick.class
-        ),
-        (_, true) => format!(
-            "{} comes earlier in nodeClassOrder but has too few GPUs ({} of {demand})",
-            first.class,
-            first.gpus()
-        ),
-        (_, false) => format!(
-            "no class has {demand} GPUs; {} comes first in nodeClassOrder",
+        )
+    } else if std::ptr::eq(pick, first) {
+        format!(
+            "no class has {} GPUs; {} comes first in nodeClassOrder",
+            cx.job.gpu_demand(),
             pick.class
-        ),
+        )
+    } else {
+        format!(
+            "{} comes earlier in nodeClassOrder but has too few GPUs ({} of {})",
+            first.class,
+            first.gpus(),
+            cx.job.gpu_demand()
+        )
     };
-    Some(Placement {
+    Ok(Placement {
         mode,
         chosen: Some(pick),
-        mode_why: format!("Auto (from {source}) chose {mode}: {why_mode}"),
-        class_why: format!("{class_why}; {}", capacity_message(pick, demand)),
+        mode_why: format!(
+            "Auto (from {source}) chose {mode}: {why_mode}; set spec.model.parameters to let the operator skip offload when the job fits in GPU memory"
+        ),
+        class_why: format!("{class_why}; {}", capacity_message(pick, cx.job)),
+        memory: None,
     })
+}
+
+/// `mode: Auto` with model hints: a class where the job fits without offload comes first,
+/// then the first in the profile's order where some offload fits; only classes that hold the
+/// job's pods at once count.
+fn auto_by_memory<'c, 'a>(
+    cx: &Context,
+    jm: &JobMemory,
+    classes: &[&'c ClassNodes<'a>],
+    source: Source,
+) -> Result<Placement<'c, 'a>, ResolveError> {
+    let holding: Vec<&ClassNodes> = classes
+        .iter()
+        .copied()
+        .filter(|c| holds(c, cx.job))
+        .collect();
+    if holding.is_empty() {
+        return Err(insufficient(cx.job, classes));
+    }
+    let mut results: Vec<(&ClassNodes, Result<MemoryChoice, String>)> = Vec::new();
+    for class in &holding {
+        let Some(cm) = fit::class_memory(class, cx.job) else {
+            results.push((class, Err(no_gpu_memory(class).to_string())));
+            continue;
+        };
+        let allowed = cx.allowed(class.class, true, true);
+        let outcome = fit::fastest(jm, &cm, &allowed).map_err(|tried| {
+            format!(
+                "on {} nodes {}; {}",
+                class.class,
+                tried.describe(jm, &cm),
+                fit::advice(jm, &cm, &allowed)
+            )
+        });
+        results.push((class, outcome));
+    }
+    let without: Vec<&ClassNodes> = results
+        .iter()
+        .filter(|(_, r)| matches!(r, Ok(c) if c.placement == Memory::NoOffload))
+        .map(|(c, _)| *c)
+        .collect();
+    if let Some(first) = without.first() {
+        let choice = results
+            .iter()
+            .find_map(|(c, r)| (c.class == first.class).then_some(r))
+            .and_then(|r| r.as_ref().ok())
+            .cloned();
+        let everywhere = without.len() == classes.len();
+        let figures = choice
+            .as_ref()
+            .map(|c| c.figures.clone())
+            .unwrap_or_default();
+        return Ok(Placement {
+            mode: OffloadMode::Disabled,
+            chosen: (!everywhere).then_some(*first),
+            mode_why: format!(
+                "Auto (from {source}) chose Disabled: {figures}: fits without offload, which runs several times faster than offloading"
+            ),
+            class_why: if everywhere {
+                "no node class required: the job fits without offload on every class".to_string()
+            } else {
+                format!(
+                    "{} nodes hold the job without offload; {}",
+                    first.class,
+                    capacity_message(first, cx.job)
+                )
+            },
+            memory: choice,
+        });
+    }
+    let Some((pick, choice)) = results
+        .iter()
+        .find_map(|(c, r)| r.as_ref().ok().map(|choice| (*c, choice.clone())))
+    else {
+        let failures: Vec<&str> = results
+            .iter()
+            .filter_map(|(_, r)| r.as_ref().err().map(String::as_str))
+            .collect();
+        return Err(ResolveError::DoesNotFit {
+            detail: format!(
+                "the job's training state fits no node class matching the profile, with or without offload: {}",
+                failures.join("; ")
+            ),
+        });
+    };
+    let (mode, why_mode) = offload_mode(pick.class);
+    let earlier: Vec<String> = results
+        .iter()
+        .take_while(|(c, _)| c.class != pick.class)
+        .map(|(c, _)| format!("{} nodes cannot hold it", c.class))
+        .collect();
+    let class_why = if earlier.is_empty() {
+        capacity_message(pick, cx.job)
+    } else {
+        format!("{}; {}", earlier.join(", "), capacity_message(pick, cx.job))
+    };
+    Ok(Placement {
+        mode,
+        chosen: Some(pick),
+        mode_why: format!(
+            "Auto (from {source}) chose {mode}: the job does not fit in GPU memory without offload ({}), so {}; {why_mode}",
+            no_offload_figures(jm, cx, pick),
+            choice.placement,
+        ),
+        class_why,
+        memory: Some(choice),
+    })
+}
+
+/// What the job would need on the class without offload, GPU side.
+fn no_offload_figures(jm: &JobMemory, cx: &Context, class: &ClassNodes) -> String {
+    match fit::class_memory(class, cx.job) {
+        Some(cm) => {
+            let (est, _) = jm.estimate_checked(Memory::NoOffload, &cm);
+            format!(
+                "it needs about {} per GPU, more than the {} usable on {}",
+                super::memory::gib(est.gpu),
+                super::memory::gib(cm.gpu_budget()),
+                cm.gpu_node
+            )
+        }
+        None => String::new(),
+    }
 }

@@ -1,13 +1,15 @@
-//! The offload-ratio step: the share of optimizer state offloaded, fixed by the job or
-//! profile, or sized from the node report and the model hints (`Auto`).
+//! The offload-ratio step: the share of optimizer state offloaded — the smallest share that
+//! fits where the job gives model hints, fixed by the job or profile, or 1 — and whether the
+//! CPU keeps up with it (from the node report's rates and the step's tokens).
 
 use crate::api::{ModelHints, OffloadMode, OffloadProfileSpec, RatioSetting};
 
 use super::error::ResolveError;
 use super::framework::{FrameworkFacts, partial_ratio_support};
+use super::memory::Placement as Memory;
 use super::placement::{ClassNodes, Placement};
 use super::request::JobRequest;
-use super::{MIN_AUTO_RATIO, Source, effective};
+use super::{Source, effective};
 
 /// The ratio and why.
 pub(super) fn decide(
@@ -29,16 +31,43 @@ pub(super) fn decide(
         RatioSetting::Auto,
     );
     if let RatioSetting::Fixed(r) = requested
-        && !(r > 0.0 && r <= 1.0)
+        && !RatioSetting::is_valid_ratio(r)
     {
         return Err(ResolveError::RatioOutOfRange {
             value: r,
             origin: source.to_string(),
         });
     }
+    let cpu = |ratio: f64| cpu_note(job.model, placement.chosen, ratio);
+    // What the memory model placed decides where it placed anything.
+    if let Some(choice) = &placement.memory {
+        return Ok(match (choice.placement, requested) {
+            (Memory::PartialOptimizer(r), RatioSetting::Fixed(_)) => (
+                r,
+                format!("{r}: set by {source}; {}{}", choice.figures, cpu(r)),
+            ),
+            (Memory::PartialOptimizer(r), RatioSetting::Auto) => (
+                r,
+                format!(
+                    "{r}: the smallest share of optimizer state whose offload fits ({}){}",
+                    choice.figures,
+                    cpu(r)
+                ),
+            ),
+            (Memory::Optimizer | Memory::OptimizerAndParams, _) => (
+                1.0,
+                format!(
+                    "1: all optimizer state offloaded ({}){}",
+                    choice.figures,
+                    cpu(1.0)
+                ),
+            ),
+            (Memory::NoOffload, _) => (1.0, "1: nothing is offloaded".to_string()),
+        });
+    }
     Ok(match requested {
         RatioSetting::Fixed(r) if r < 1.0 => match (&support, source) {
-            (Ok(()), _) => (r, format!("{r}: set by {source}")),
+            (Ok(()), _) => (r, format!("{r}: set by {source}{}", cpu(r))),
             (Err(why), Source::Job) => {
                 return Err(ResolveError::FrameworkCannot {
                     problem: format!(
@@ -53,96 +82,57 @@ pub(super) fn decide(
             ),
         },
         RatioSetting::Fixed(r) => (r, format!("{r}: set by {source}")),
-        RatioSetting::Auto => {
-            let (auto, why) = auto_ratio(job.model, placement.chosen);
-            match (&support, auto < 1.0) {
-                (Err(cannot), true) => (
-                    1.0,
-                    format!("1: {why}, which would give {auto}, lowered because {cannot}"),
-                ),
-                _ => (auto, format!("{auto}: {why}")),
-            }
-        }
+        RatioSetting::Auto => match job.model {
+            None => (
+                1.0,
+                "1: Auto without model hints offloads all optimizer state (set spec.model.parameters to offload only what does not fit)"
+                    .to_string(),
+            ),
+            Some(_) => (1.0, format!("1: Auto{}", cpu(1.0))),
+        },
     })
 }
 
-/// `offloadRatio: Auto`: the share of optimizer state the CPU can update within the GPU's
-/// backward time, on the slowest chosen node.
-fn auto_ratio(model: Option<ModelHints>, chosen: Option<&ClassNodes>) -> (f64, String) {
-    let Some(hints) = model else {
-        return (
-            1.0,
-            "Auto without model hints offloads all optimizer state (set spec.model to size it)"
-                .to_string(),
-        );
+/// Whether the CPU keeps up with offloading `ratio` of the optimizer state: the share it can
+/// update within the GPU's backward time on the slowest chosen node, from the report's rates
+/// and the step's tokens. Empty when that cannot be known.
+fn cpu_note(model: Option<ModelHints>, chosen: Option<&ClassNodes>, ratio: f64) -> String {
+    let (Some(hints), Some(class)) = (model, chosen) else {
+        return String::new();
     };
-    let Some(class) = chosen else {
-        return (
-            1.0,
-            "Auto without nodes offloads all optimizer state".to_string(),
-        );
+    let Some(tokens) = hints.tokens_per_step else {
+        return String::new();
     };
     let mut worst: Option<(f64, &str)> = None;
     for node in &class.nodes {
         let Some(report) = node.parsed_report() else {
-            return (
-                1.0,
-                format!(
-                    "Auto offloads all optimizer state: node {} has no readable report with CPU and GPU rates",
-                    node.name
-                ),
-            );
+            return String::new();
         };
         let (Some(cpu), Some(gpu)) = (report.selftest.cpu_update_rate, report.selftest.gpu_flops)
         else {
-            return (
-                1.0,
-                format!(
-                    "Auto offloads all optimizer state: the report of node {} lacks CPU update or GPU rates",
-                    node.name
-                ),
-            );
+            return String::new();
         };
-        if cpu <= 0.0 || gpu <= 0.0 {
-            return (
-                1.0,
-                format!(
-                    "Auto offloads all optimizer state: node {} reports a zero rate",
-                    node.name
-                ),
-            );
+        if !(cpu > 0.0 && gpu > 0.0) {
+            return String::new();
         }
-        // Backward of a transformer costs about 4 FLOP per parameter per token.
+        // Backward of a transformer costs about 4 FLOP per parameter per token; the CPU
+        // updates the whole model's optimizer state (all ranks share the node's CPUs).
         #[allow(clippy::cast_precision_loss)]
-        let t_backward = 4.0 * hints.parameters as f64 * hints.tokens_per_step as f64 / gpu;
-        #[allow(clippy::cast_precision_loss)]
-        let t_cpu_all = hints.parameters as f64 / cpu;
-        let share = t_backward / t_cpu_all;
-        if worst.is_none_or(|(w, _)| share < w) {
+        let (p, t) = (hints.parameters.get() as f64, tokens as f64);
+        let share = (4.0 * p * t / gpu) / (p / cpu);
+        if share.is_finite() && worst.is_none_or(|(w, _)| share < w) {
             worst = Some((share, node.name.as_str()));
         }
     }
     match worst {
-        None => (
-            1.0,
-            "Auto offloads all optimizer state: no chosen node".to_string(),
+        None => String::new(),
+        Some((share, _)) if share >= ratio => format!(
+            "; the CPU updates it within the GPU's backward time on every chosen node ({:.0}% of optimizer state fits in that time)",
+            (share * 100.0).min(999.0)
         ),
-        Some((share, _)) if share >= 1.0 => (
-            1.0,
-            format!(
-                "Auto: the CPU updates all optimizer state within the GPU's backward time on every chosen node ({share:.2}× headroom)"
-            ),
+        Some((share, node)) => format!(
+            "; on {node}, the slowest chosen node, the CPU can update only {:.0}% of optimizer state within the GPU's backward time, so at {ratio} the CPU is the bottleneck of each step",
+            share * 100.0
         ),
-        Some((share, node)) => {
-            // Round down to two decimals so the CPU share never exceeds what was measured.
-            let ratio = ((share * 100.0).floor() / 100.0).max(MIN_AUTO_RATIO);
-            (
-                ratio,
-                format!(
-                    "Auto: on {node}, the slowest chosen node, the CPU can update {:.0}% of optimizer state within the GPU's backward time",
-                    share * 100.0
-                ),
-            )
-        }
     }
 }

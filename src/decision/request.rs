@@ -1,8 +1,17 @@
-//! What a job asks for, independent of the object kind that carries it.
+//! What a job asks for, independent of the object kind that carries it, and the one way each
+//! kind's request is built: [`JobRequest::for_training_job`] and [`JobRequest::from_annotations`].
 
+use k8s_openapi::api::core::v1::PodSpec;
+use serde_json::Value;
+
+use super::error::ResolveError;
+use super::user_config::{ConfigFacts, UserConfig};
 use crate::api::{
-    DeepSpeedSpec, FrameworkSpec, ModelHints, OffloadSpec, TrainingJob, TrainingJobSpec,
+    DeepSpeedSpec, Framework, FrameworkSpec, ModeSetting, ModelHints, OffloadSpec, OverlapSetting,
+    RatioSetting, TrainingJob,
 };
+use crate::names;
+use crate::quantity::{self, MAX_GPUS, ParameterCount};
 
 /// What a job asks for.
 #[derive(Clone, Debug, PartialEq)]
@@ -13,12 +22,40 @@ pub struct JobRequest {
     pub framework: FrameworkSpec,
     /// DeepSpeed specifics (only read for DeepSpeed).
     pub deepspeed: DeepSpeedRequest,
-    /// Model hints for `offloadRatio: Auto`.
+    /// What the operator knows of the model.
     pub model: Option<ModelHints>,
     /// Number of pods.
     pub pods: u32,
     /// GPUs each pod asks for (at least 1).
     pub gpus_per_pod: u32,
+    /// The pod's memory limit, when every container states one (bytes).
+    pub pod_memory_limit: Option<u64>,
+    /// What the user's framework config says that sizes memory.
+    pub config: ConfigFacts,
+    /// Whether a job no node class holds at once is refused now (a TrainingJob: the controller
+    /// holds it until nodes arrive) rather than placed on the first class to wait for capacity
+    /// (another kind, whose pods are created now; gang admission is a queue's job, e.g. Kueue).
+    pub hold_for_capacity: bool,
+}
+
+impl Default for JobRequest {
+    /// One pod of one GPU, framework `Generic`, everything else left to the operator.
+    fn default() -> Self {
+        JobRequest {
+            offload: OffloadSpec::default(),
+            framework: FrameworkSpec {
+                name: Framework::Generic,
+                version: None,
+            },
+            deepspeed: DeepSpeedRequest::default(),
+            model: None,
+            pods: 1,
+            gpus_per_pod: 1,
+            pod_memory_limit: None,
+            config: ConfigFacts::default(),
+            hold_for_capacity: true,
+        }
+    }
 }
 
 /// DeepSpeed specifics of a request.
@@ -38,29 +75,227 @@ pub struct DeepSpeedRequest {
     pub zenflow_in_config: bool,
 }
 
+/// GPUs and memory a pod template asks for, read as Kubernetes quantities.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodResources {
+    /// `nvidia.com/gpu` over the containers (limits, else requests): 0 when none asks.
+    pub gpus: u64,
+    /// The sum of the containers' memory limits, when every container has one.
+    pub memory_limit: Option<u64>,
+}
+
+impl PodResources {
+    /// Reads a pod spec. A quantity that is not one, a fraction of a GPU, or a count no machine
+    /// has is an error naming the container; sums are checked.
+    pub fn of(spec: Option<&PodSpec>) -> Result<PodResources, ResolveError> {
+        let Some(spec) = spec else {
+            return Ok(PodResources::default());
+        };
+        let mut gpus: u64 = 0;
+        let mut memory: Option<u64> = Some(0);
+        for c in &spec.containers {
+            let resources = c.resources.as_ref();
+            let limits = resources.and_then(|r| r.limits.as_ref());
+            let requests = resources.and_then(|r| r.requests.as_ref());
+            let bad = |what: &str, e: quantity::QuantityError| ResolveError::InvalidResources {
+                detail: format!("container {:?} {what}: {e}", c.name),
+            };
+            if let Some(q) = limits
+                .and_then(|l| l.get(names::GPU_RESOURCE))
+                .or_else(|| requests.and_then(|r| r.get(names::GPU_RESOURCE)))
+            {
+                let n = quantity::device_count(q)
+                    .map_err(|e| bad(&format!("resources {}", names::GPU_RESOURCE), e))?;
+                gpus = gpus.checked_add(n).filter(|t| *t <= MAX_GPUS).ok_or_else(|| {
+                    ResolveError::InvalidResources {
+                        detail: format!(
+                            "the pod's containers ask for more than {MAX_GPUS} {} in all, more than any node has",
+                            names::GPU_RESOURCE
+                        ),
+                    }
+                })?;
+            }
+            memory = match (memory, limits.and_then(|l| l.get("memory"))) {
+                (Some(total), Some(q)) => {
+                    let b = quantity::bytes(q).map_err(|e| bad("limits.memory", e))?;
+                    Some(total.saturating_add(b))
+                }
+                _ => None,
+            };
+        }
+        Ok(PodResources {
+            gpus,
+            memory_limit: memory.filter(|_| !spec.containers.is_empty()),
+        })
+    }
+
+    /// GPUs per pod for the decision: at least 1.
+    pub fn gpus_per_pod(&self) -> u32 {
+        u32::try_from(self.gpus.max(1)).unwrap_or(u32::MAX)
+    }
+}
+
 impl JobRequest {
-    /// The request of a TrainingJob. `stage_in_config` is the ZeRO stage found in the user's
-    /// DeepSpeed ConfigMap, if the caller read one.
-    pub fn from_training_job(
-        spec: &TrainingJobSpec,
-        gpus_per_pod: u32,
-        stage_in_config: Option<u8>,
-    ) -> Self {
+    /// The request of a TrainingJob, with the user's DeepSpeed config where one was read.
+    /// Where the webhook resolved `Auto` at creation and the spec still holds what it wrote,
+    /// the request is what the user asked for; once the user edits `spec.offload`, the spec is
+    /// the request.
+    pub fn for_training_job(
+        tj: &TrainingJob,
+        config: Option<&UserConfig>,
+    ) -> Result<JobRequest, ResolveError> {
+        let spec = &tj.spec;
+        let resources = PodResources::of(spec.template.spec.as_ref())?;
         let ds = spec.deepspeed.clone().unwrap_or_default();
-        JobRequest {
-            offload: spec.offload.clone(),
+        let mut deepspeed = DeepSpeedRequest::from_spec(&ds, config.and_then(|c| c.stage));
+        deepspeed.zenflow_in_config = config.is_some_and(|c| c.zenflow);
+        let offload = super::AdmittedRequest::original(tj).unwrap_or_else(|| spec.offload.clone());
+        Ok(JobRequest {
+            offload,
             framework: spec.framework.clone(),
-            deepspeed: DeepSpeedRequest::from_spec(&ds, stage_in_config),
+            deepspeed,
             model: spec.model,
             pods: u32::try_from(spec.replicas.max(1)).unwrap_or(1),
-            gpus_per_pod: gpus_per_pod.max(1),
+            gpus_per_pod: resources.gpus_per_pod(),
+            pod_memory_limit: resources.memory_limit,
+            config: config.map(|c| c.facts).unwrap_or_default(),
+            hold_for_capacity: true,
+        })
+    }
+
+    /// What another object kind asks for, from its opt-in label and annotations: the profile it
+    /// names, and the request. `pods` and `resources` come from the kind's own fields.
+    pub fn from_annotations(
+        labels: &serde_json::Map<String, Value>,
+        annotations: &serde_json::Map<String, Value>,
+        pods: u32,
+        resources: PodResources,
+    ) -> Result<(Option<String>, JobRequest), String> {
+        let get = |key: &str| -> Option<&str> { annotations.get(key).and_then(Value::as_str) };
+        fn parse<T: serde::de::DeserializeOwned>(
+            value: Option<&str>,
+            key: &str,
+            allowed: &str,
+        ) -> Result<Option<T>, String> {
+            value
+                .map(|v| {
+                    serde_json::from_value(Value::String(v.to_string()))
+                        .map_err(|_| format!("annotation {key}: use {allowed}"))
+                })
+                .transpose()
         }
+        let mode: ModeSetting = parse(
+            get(names::ANNOTATION_MODE),
+            names::ANNOTATION_MODE,
+            "Auto, UnifiedMemory, CPUCopy or Disabled",
+        )?
+        .unwrap_or_default();
+        let overlap: OverlapSetting = parse(
+            get(names::ANNOTATION_OVERLAP),
+            names::ANNOTATION_OVERLAP,
+            "Auto, Enabled or Disabled",
+        )?
+        .unwrap_or_default();
+        let offload_ratio: RatioSetting = match get(names::ANNOTATION_RATIO) {
+            Some(v) => serde_json::from_value(Value::String(v.to_string()))
+                .map_err(|e| format!("annotation {}: {e}", names::ANNOTATION_RATIO))?,
+            None => RatioSetting::Auto,
+        };
+        let framework: Framework = parse(
+            get(names::ANNOTATION_FRAMEWORK),
+            names::ANNOTATION_FRAMEWORK,
+            "DeepSpeed, FSDP or Generic",
+        )?
+        .unwrap_or(Framework::Generic);
+        let model = model_annotations(annotations)?;
+        Ok((
+            labels
+                .get(names::PROFILE_ANNOTATION)
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            JobRequest {
+                offload: OffloadSpec {
+                    mode,
+                    overlap,
+                    offload_ratio,
+                    pin_memory: Default::default(),
+                },
+                framework: FrameworkSpec {
+                    name: framework,
+                    version: get(names::ANNOTATION_FRAMEWORK_VERSION).map(str::to_string),
+                },
+                deepspeed: DeepSpeedRequest::default(),
+                model,
+                pods,
+                gpus_per_pod: resources.gpus_per_pod(),
+                pod_memory_limit: resources.memory_limit,
+                config: ConfigFacts::default(),
+                hold_for_capacity: false,
+            },
+        ))
     }
 
     /// GPUs the whole job needs at once.
     pub fn gpu_demand(&self) -> u64 {
         u64::from(self.pods) * u64::from(self.gpus_per_pod)
     }
+}
+
+/// Model hints of another object kind: `offload.dev/model-parameters` (as in
+/// `spec.model.parameters`: `8B`), `offload.dev/tokens-per-step`, `offload.dev/hidden-size`,
+/// `offload.dev/layers`, `offload.dev/vocab-size`, `offload.dev/activation-checkpointing`.
+fn model_annotations(
+    annotations: &serde_json::Map<String, Value>,
+) -> Result<Option<ModelHints>, String> {
+    let get = |key: &str| -> Option<&str> { annotations.get(key).and_then(Value::as_str) };
+    let Some(parameters) = get(names::ANNOTATION_MODEL_PARAMETERS) else {
+        for key in [
+            names::ANNOTATION_TOKENS_PER_STEP,
+            names::ANNOTATION_HIDDEN_SIZE,
+            names::ANNOTATION_LAYERS,
+            names::ANNOTATION_VOCAB_SIZE,
+        ] {
+            if get(key).is_some() {
+                return Err(format!(
+                    "annotation {key} needs {} (the model's total parameters, e.g. 8B)",
+                    names::ANNOTATION_MODEL_PARAMETERS
+                ));
+            }
+        }
+        return Ok(None);
+    };
+    let parameters = ParameterCount::parse(parameters)
+        .map_err(|e| format!("annotation {}: {e}", names::ANNOTATION_MODEL_PARAMETERS))?;
+    let count = |key: &str| -> Result<Option<i64>, String> {
+        get(key)
+            .map(|v| {
+                v.trim()
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| format!("annotation {key}: use a whole number of at least 1"))
+            })
+            .transpose()
+    };
+    let checkpointing = match get(names::ANNOTATION_ACTIVATION_CHECKPOINTING) {
+        None => None,
+        Some("true") => Some(true),
+        Some("false") => Some(false),
+        Some(_) => {
+            return Err(format!(
+                "annotation {}: use true or false",
+                names::ANNOTATION_ACTIVATION_CHECKPOINTING
+            ));
+        }
+    };
+    Ok(Some(ModelHints {
+        parameters,
+        tokens_per_step: count(names::ANNOTATION_TOKENS_PER_STEP)?,
+        hidden_size: count(names::ANNOTATION_HIDDEN_SIZE)?,
+        layers: count(names::ANNOTATION_LAYERS)?,
+        vocab_size: count(names::ANNOTATION_VOCAB_SIZE)?,
+        activation_checkpointing: checkpointing,
+    }))
 }
 
 impl DeepSpeedRequest {

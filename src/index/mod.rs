@@ -9,10 +9,9 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
-use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::Store;
 
-pub use node::{MAX_NODE_TEXT, NodeInfo, Standing, bounded};
+pub use node::{Allocatable, MAX_NODE_TEXT, NodeInfo, Standing, bounded};
 
 use crate::api::NodeClass;
 
@@ -87,8 +86,9 @@ impl From<Vec<NodeInfo>> for NodeIndex {
     }
 }
 
-/// The node view of one Node's metadata.
-pub fn node_info(node: &PartialObjectMeta<Node>) -> NodeInfo {
+/// The node view of one Node: its labels, the agent's annotations and its allocatable
+/// resources.
+pub fn node_info(node: &Node) -> NodeInfo {
     NodeInfo::from_metadata(
         node.name_any(),
         node.metadata.labels.clone().unwrap_or_default(),
@@ -97,21 +97,22 @@ pub fn node_info(node: &PartialObjectMeta<Node>) -> NodeInfo {
             .as_ref()
             .unwrap_or(&BTreeMap::new()),
     )
+    .with_allocatable(Allocatable::of(node))
 }
 
-/// The node index of a Node metadata cache, rebuilt only when the cache changed.
+/// The node index of the Node cache, rebuilt only when the cache changed.
 ///
 /// The cache replaces an object's `Arc` on every change, so an unchanged list of pointers means
 /// unchanged nodes: a caller compares pointers (no parsing, no copies) and shares the last
 /// index. On a change only the nodes whose resourceVersion moved are parsed again.
 pub struct NodeViews {
-    store: Store<PartialObjectMeta<Node>>,
+    store: Store<Node>,
     snapshot: Mutex<Snapshot>,
 }
 
 #[derive(Default)]
 struct Snapshot {
-    objects: Vec<Arc<PartialObjectMeta<Node>>>,
+    objects: Vec<Arc<Node>>,
     index: Option<Arc<NodeIndex>>,
     /// Parsed views by name, with the resourceVersion they were parsed at.
     parsed: HashMap<String, (String, Arc<NodeInfo>)>,
@@ -119,7 +120,7 @@ struct Snapshot {
 
 impl NodeViews {
     /// Views over `store`.
-    pub fn new(store: Store<PartialObjectMeta<Node>>) -> Self {
+    pub fn new(store: Store<Node>) -> Self {
         NodeViews {
             store,
             snapshot: Mutex::default(),

@@ -43,6 +43,33 @@ pub enum Standing {
     NotReported,
 }
 
+/// What the kubelet says pods may use on a node (`status.allocatable`), where it says so and
+/// the quantity reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Allocatable {
+    /// Memory, bytes.
+    pub memory: Option<u64>,
+    /// `nvidia.com/gpu` devices.
+    pub gpus: Option<u64>,
+}
+
+impl Allocatable {
+    /// From a Node's `status.allocatable`; a quantity that does not read counts as absent.
+    pub fn of(node: &k8s_openapi::api::core::v1::Node) -> Self {
+        let Some(alloc) = node.status.as_ref().and_then(|s| s.allocatable.as_ref()) else {
+            return Allocatable::default();
+        };
+        Allocatable {
+            memory: alloc
+                .get("memory")
+                .and_then(|q| crate::quantity::bytes(q).ok()),
+            gpus: alloc
+                .get(names::GPU_RESOURCE)
+                .and_then(|q| crate::quantity::device_count(q).ok()),
+        }
+    }
+}
+
 /// A node as the decision sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodeInfo {
@@ -55,6 +82,8 @@ pub struct NodeInfo {
     /// The parsed `offload.dev/observed` annotation (what the agent saw the GPUs of configured
     /// pods do): `None` when absent.
     pub observed: Option<Result<ObservedSummary, ObservedError>>,
+    /// What the kubelet says pods may use on the node.
+    pub allocatable: Allocatable,
     standing: Standing,
     overlap_conflict: Option<String>,
 }
@@ -89,9 +118,23 @@ impl NodeInfo {
             labels,
             report,
             observed: None,
+            allocatable: Allocatable::default(),
             standing,
             overlap_conflict,
         }
+    }
+
+    /// A node whose agent published `report` (labels derived from it, as the agent writes them),
+    /// its report checked as the operator checks one it reads.
+    pub fn from_report(name: impl Into<String>, report: &NodeReport) -> Self {
+        let checked = report.check().map(|()| report.clone());
+        NodeInfo::new(name, report.labels(), Some(checked))
+    }
+
+    /// The same view with the node's allocatable resources.
+    pub fn with_allocatable(mut self, allocatable: Allocatable) -> Self {
+        self.allocatable = allocatable;
+        self
     }
 
     /// The agent's latest observation of the node's configured pods, if present and readable.
@@ -145,12 +188,34 @@ impl NodeInfo {
         self.report.as_ref().and_then(|r| r.as_ref().ok())
     }
 
-    /// GPUs on the node, from the report (1 without a readable report).
+    /// GPUs on the node: the distinct GPUs of the report (by UUID), no more than the node's
+    /// allocatable `nvidia.com/gpu` where it states one; 1 without a readable report.
     pub fn gpu_count(&self) -> u32 {
-        self.parsed_report()
-            .map(|r| u32::try_from(r.gpus.len()).unwrap_or(u32::MAX))
+        let reported = self
+            .parsed_report()
+            .map(|r| {
+                let mut uuids: Vec<&str> = r.gpus.iter().map(|g| g.uuid.as_str()).collect();
+                uuids.sort_unstable();
+                uuids.dedup();
+                u64::try_from(uuids.len()).unwrap_or(u64::MAX)
+            })
             .filter(|n| *n > 0)
-            .unwrap_or(1)
+            .unwrap_or(1);
+        let count = match self.allocatable.gpus {
+            Some(a) => reported.min(a),
+            None => reported,
+        };
+        u32::try_from(count).unwrap_or(u32::MAX)
+    }
+
+    /// Memory of the node's smallest GPU, bytes, from the report.
+    pub fn gpu_memory(&self) -> Option<u64> {
+        self.parsed_report()?
+            .gpus
+            .iter()
+            .map(|g| g.memory_total_bytes)
+            .filter(|b| *b > 0)
+            .min()
     }
 }
 

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::core::{ObjectMeta, PartialObjectMeta, PartialObjectMetaExt};
+use kube::core::ObjectMeta;
 use kube::runtime::{reflector, watcher};
 use offload_testenv::fixtures;
 
@@ -124,17 +124,19 @@ fn text_from_a_node_is_bounded() {
 /// deletions at once.
 #[test]
 fn node_views_share_the_index_until_a_node_changes() {
-    let meta = |name: &str, rv: &str, fixture: &str| -> PartialObjectMeta<Node> {
-        ObjectMeta {
-            name: Some(name.into()),
-            resource_version: Some(rv.into()),
-            labels: Some(labels_of(fixture)),
-            annotations: Some(annotations(fixture)),
+    let meta = |name: &str, rv: &str, fixture: &str| -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                resource_version: Some(rv.into()),
+                labels: Some(labels_of(fixture)),
+                annotations: Some(annotations(fixture)),
+                ..Default::default()
+            },
             ..Default::default()
         }
-        .into_response_partial()
     };
-    let (nodes, mut writer) = reflector::store::<PartialObjectMeta<Node>>();
+    let (nodes, mut writer) = reflector::store::<Node>();
     writer.apply_watcher_event(&watcher::Event::Apply(meta(
         "gpu-0",
         "1",

@@ -134,8 +134,9 @@ pub fn parse_config(text: &str) -> Result<Value, DeepSpeedConfigError> {
 
 /// Merges the offload section into the user's DeepSpeed JSON. Only the keys the operator owns
 /// change (`device`, `pin_memory`, `ratio`, `super_offload`, `cpuadam_cores_perc` of the two
-/// offload sections, and `stage` when the user's config lacks it); every other key is kept as
-/// written. Merging twice gives the same document.
+/// offload sections, and `stage` and, with a partial ratio, `sub_group_size` when the user's
+/// config lacks them); every other key is kept as written. Merging twice gives the same
+/// document.
 pub fn merge_config(
     user: &Value,
     res: &Resolution,
@@ -155,6 +156,13 @@ pub fn merge_config(
         })?;
     if plan.write_stage && !zero.contains_key("stage") {
         zero.insert("stage".into(), json!(plan.stage));
+    }
+    // With a partial ratio DeepSpeed offloads whole optimizer sub-groups: small ones land the
+    // share offloaded near the ratio the memory model checked. A user's own size is kept.
+    if let Some(group) = plan.sub_group_size
+        && !zero.contains_key("sub_group_size")
+    {
+        zero.insert("sub_group_size".into(), json!(group));
     }
     let version = plan.version.to_string();
 

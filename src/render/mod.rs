@@ -78,9 +78,11 @@ fn env(name: &str, value: &str) -> EnvVar {
 /// The node-selector requirements that pin pods to the resolution's node class and the
 /// profile's node selector. Empty when neither applies.
 pub fn node_requirements(res: &Resolution) -> Vec<NodeSelectorRequirement> {
-    let mut reqs: Vec<NodeSelectorRequirement> = match (res.mode, res.node_class) {
-        (OffloadMode::Disabled, _) | (_, None) => Vec::new(),
-        (_, Some(class)) => class_requirements(class)
+    // A class pins the pods whatever the mode: a job that fits without offload only on one
+    // class's GPUs is pinned there too.
+    let mut reqs: Vec<NodeSelectorRequirement> = match res.node_class {
+        None => Vec::new(),
+        Some(class) => class_requirements(class)
             .into_iter()
             .map(|(key, values)| NodeSelectorRequirement {
                 key,
@@ -226,19 +228,10 @@ pub fn guard_container(res: &Resolution, gpus: u64, opts: &RenderOptions) -> Opt
     })
 }
 
-/// GPUs the pod's containers ask for explicitly (limits, else requests); 0 when none does.
+/// GPUs the pod's containers ask for explicitly (limits, else requests); 0 when none does or
+/// the quantities do not read (the decision refuses those before anything is rendered).
 pub fn explicit_gpus(spec: &PodSpec) -> u64 {
-    spec.containers
-        .iter()
-        .filter_map(|c| c.resources.as_ref())
-        .filter_map(|r| {
-            r.limits
-                .as_ref()
-                .and_then(|l| l.get(names::GPU_RESOURCE))
-                .or_else(|| r.requests.as_ref().and_then(|l| l.get(names::GPU_RESOURCE)))
-        })
-        .filter_map(|q| q.0.parse::<u64>().ok())
-        .fold(0u64, u64::saturating_add)
+    crate::decision::PodResources::of(Some(spec)).map_or(0, |r| r.gpus)
 }
 
 /// Writes a resolution into a pod template: env on every container (operator-owned names
@@ -333,25 +326,6 @@ fn merge_affinity(spec: &mut PodSpec, reqs: &[NodeSelectorRequirement]) {
             }
         }
     }
-}
-
-/// GPUs a pod template asks for: the sum of `nvidia.com/gpu` limits (or requests) over its
-/// containers, at least 1.
-pub fn gpus_per_pod(spec: Option<&PodSpec>) -> u32 {
-    let Some(spec) = spec else { return 1 };
-    let total: u64 = spec
-        .containers
-        .iter()
-        .filter_map(|c| c.resources.as_ref())
-        .filter_map(|r| {
-            r.limits
-                .as_ref()
-                .and_then(|l| l.get(names::GPU_RESOURCE))
-                .or_else(|| r.requests.as_ref().and_then(|l| l.get(names::GPU_RESOURCE)))
-        })
-        .filter_map(|q| q.0.parse::<u64>().ok())
-        .sum();
-    u32::try_from(total).unwrap_or(u32::MAX).max(1)
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@ fn job(framework: Framework, version: Option<&str>) -> JobRequest {
         model: None,
         pods: 1,
         gpus_per_pod: 1,
+        ..JobRequest::default()
     }
 }
 
@@ -355,8 +356,14 @@ fn pod_template_gets_env_mount_and_affinity_once() {
             .iter()
             .any(|e| e.key == "zone")
     );
-    assert_eq!(gpus_per_pod(Some(&template().spec.unwrap())), 4);
-    assert_eq!(gpus_per_pod(None), 1);
+    let resources = crate::decision::PodResources::of(template().spec.as_ref()).unwrap();
+    assert_eq!(resources.gpus_per_pod(), 4);
+    assert_eq!(
+        crate::decision::PodResources::of(None)
+            .unwrap()
+            .gpus_per_pod(),
+        1
+    );
 }
 
 #[test]

@@ -4,7 +4,6 @@
 //! kind is a few lines of paths, not a copy of the mutation logic.
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, PodTemplateSpec};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
 
@@ -22,63 +21,8 @@ pub struct KindError {
     pub detail: String,
 }
 
-/// Where the installed Kubeflow Trainer takes a TrainJob's per-job pod settings. The API server
-/// prunes fields a CRD's schema does not know, without an error, so the webhook must write the
-/// field the installed version has.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum TrainJobApi {
-    /// Trainer 2.2 and later: `spec.runtimePatches`, entries keyed by manager.
-    #[default]
-    RuntimePatches,
-    /// Trainer 2.1: `spec.podTemplateOverrides`.
-    PodTemplateOverrides,
-    /// A TrainJob CRD with neither field (Trainer 2.0 has only `podSpecOverrides`, which cannot
-    /// take node affinity): placement cannot be written, so opted-in TrainJobs are refused.
-    Unsupported,
-}
-
-impl TrainJobApi {
-    /// The API of an installed TrainJob CRD, from the schema of its storage version.
-    pub fn from_crd(crd: &CustomResourceDefinition) -> Self {
-        Self::from_schema(crd).unwrap_or(TrainJobApi::Unsupported)
-    }
-
-    fn from_schema(crd: &CustomResourceDefinition) -> Option<Self> {
-        let version = crd
-            .spec
-            .versions
-            .iter()
-            .find(|v| v.storage)
-            .or_else(|| crd.spec.versions.first())?;
-        let spec = version
-            .schema
-            .as_ref()?
-            .open_api_v3_schema
-            .as_ref()?
-            .properties
-            .as_ref()?
-            .get("spec")?
-            .properties
-            .as_ref()?;
-        if spec.contains_key("runtimePatches") {
-            Some(TrainJobApi::RuntimePatches)
-        } else if spec.contains_key("podTemplateOverrides") {
-            Some(TrainJobApi::PodTemplateOverrides)
-        } else {
-            Some(TrainJobApi::Unsupported)
-        }
-    }
-}
-
-/// Facts about the cluster's installed APIs that change what the webhook writes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ApiFeatures {
-    /// The installed Kubeflow Trainer's TrainJob API.
-    pub trainjob: TrainJobApi,
-}
-
-/// Name of the Kubeflow Trainer TrainJob CRD.
-pub const TRAINJOB_CRD: &str = "trainjobs.trainer.kubeflow.org";
+pub use crate::names::TRAINJOB_CRD;
+pub use crate::view::{ApiFeatures, TrainJobApi};
 
 /// A workload kind the webhook knows.
 pub trait JobKind: Sync {

@@ -28,7 +28,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{AdmissionLabels, DenialLabels, Metrics};
 use crate::render;
-use admit::{ClusterView, Verdict};
+use crate::view::AdmissionView;
+use admit::{Review, Verdict};
 
 /// Largest AdmissionReview the webhook reads. The API server stores objects of up to about
 /// 1.5 MiB and accepts request bodies of up to 3 MiB; a review of an UPDATE carries the old and
@@ -53,24 +54,36 @@ pub mod paths {
 #[derive(Clone)]
 pub struct WebhookState {
     /// The cluster view decisions are made against.
-    pub view: Arc<dyn ClusterView>,
+    pub view: Arc<dyn AdmissionView>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// Reads the DeepSpeed ConfigMap a TrainingJob under review references (the ZeRO stage it
-    /// states decides what the job can take); none in tests that have no API server.
-    pub client: Option<kube::Client>,
+    /// Where the DeepSpeed ConfigMap a TrainingJob under review references is read from (the
+    /// ZeRO stage it states decides what the job can take).
+    pub configs: ConfigSource,
+}
+
+/// Where the webhook reads the DeepSpeed configs that TrainingJobs reference.
+#[derive(Clone, Default)]
+pub enum ConfigSource {
+    /// From the API server.
+    Api(kube::Client),
+    /// From memory, by ConfigMap name (tests and tools without an API server).
+    Memory(std::collections::BTreeMap<String, String>),
+    /// Nowhere: TrainingJobs are decided without their configs.
+    #[default]
+    None,
 }
 
 /// How long a TrainingJob review waits for its DeepSpeed ConfigMap before deciding without it.
 const CONFIG_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The DeepSpeed config a TrainingJob under review references: `(ConfigMap, text of its key)`,
-/// when it exists and can be read in time. Anything else is left to the controller, which
-/// holds the job with the reason.
+/// The DeepSpeed config a TrainingJob under review references, when it exists, can be read in
+/// time and parses. Anything else is left to the controller, which holds the job with the
+/// reason (the user may still fix the ConfigMap).
 async fn referenced_config(
-    client: &kube::Client,
+    source: &ConfigSource,
     req: &AdmissionRequest<DynamicObject>,
-) -> Option<(String, String)> {
+) -> Option<crate::decision::UserConfig> {
     let obj = req.object.as_ref()?;
     let r = obj.data.pointer("/spec/deepspeed/configMapRef")?;
     let name = r.get("name")?.as_str()?.to_string();
@@ -78,18 +91,24 @@ async fn referenced_config(
         .get("key")
         .and_then(serde_json::Value::as_str)
         .unwrap_or(render::deepspeed::CONFIG_FILE_NAME);
-    let ns = req.namespace.as_deref()?;
-    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
-        kube::Api::namespaced(client.clone(), ns);
-    let cm = tokio::time::timeout(CONFIG_READ_TIMEOUT, api.get_opt(&name))
-        .await
-        .ok()?
-        .ok()??;
-    let text = cm.data.as_ref()?.get(key)?.clone();
-    Some((name, text))
+    let text = match source {
+        ConfigSource::None => return None,
+        ConfigSource::Memory(configs) => configs.get(&name)?.clone(),
+        ConfigSource::Api(client) => {
+            let ns = req.namespace.as_deref()?;
+            let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+                kube::Api::namespaced(client.clone(), ns);
+            let cm = tokio::time::timeout(CONFIG_READ_TIMEOUT, api.get_opt(&name))
+                .await
+                .ok()?
+                .ok()??;
+            cm.data.as_ref()?.get(key)?.clone()
+        }
+    };
+    crate::decision::UserConfig::parse(&text, &name).ok()
 }
 
-type Handler = fn(&AdmissionRequest<DynamicObject>, &dyn ClusterView) -> Verdict;
+type Handler = fn(&AdmissionRequest<DynamicObject>, &Review) -> Verdict;
 
 /// The webhook router. Built in the library so tests drive it in-process.
 pub fn router(state: WebhookState) -> Router {
@@ -155,17 +174,17 @@ async fn handle(
         Ok(r) => r,
         Err(e) => return bad_request(format!("the AdmissionReview has no usable request: {e}")),
     };
-    let config = match (&state.client, endpoint) {
-        (Some(client), "validate-trainingjob" | "mutate-trainingjob") => {
-            referenced_config(client, &req).await
+    let config = match endpoint {
+        "validate-trainingjob" | "mutate-trainingjob" => {
+            referenced_config(&state.configs, &req).await
         }
         _ => None,
     };
-    let view = admit::WithConfig {
-        inner: state.view.as_ref(),
+    let review = Review {
+        view: state.view.as_ref(),
         config,
     };
-    let verdict = f(&req, &view);
+    let verdict = f(&req, &review);
     if let Some(reason) = verdict.denied {
         state
             .metrics

@@ -8,12 +8,14 @@
 //!   one vocabulary of values;
 //! - [`report`]: the agent's versioned node report, and the checks that reject an impossible one;
 //! - [`observed`]: the agent's summary of what the GPUs of configured pods did, per window;
-//! - [`version`]: framework versions and the feature gates that depend on them.
+//! - [`version`]: framework versions and the feature gates that depend on them;
+//! - [`quantity`]: Kubernetes quantities and model sizes read as numbers, without overflow.
 #![deny(missing_docs)]
 
 pub mod api;
 pub mod labels;
 pub mod names;
 pub mod observed;
+pub mod quantity;
 pub mod report;
 pub mod version;

@@ -73,6 +73,24 @@ pub const ANNOTATION_RATIO: &str = "offload.dev/offload-ratio";
 pub const ANNOTATION_FRAMEWORK: &str = "offload.dev/framework";
 /// Annotation on other job kinds and Pods: framework version.
 pub const ANNOTATION_FRAMEWORK_VERSION: &str = "offload.dev/framework-version";
+/// Annotation on other job kinds and Pods: the model's total parameters, as in
+/// `spec.model.parameters` of a TrainingJob (`8B`, `8000000000`).
+pub const ANNOTATION_MODEL_PARAMETERS: &str = "offload.dev/model-parameters";
+/// Annotation on other job kinds and Pods: tokens per GPU per optimizer step.
+pub const ANNOTATION_TOKENS_PER_STEP: &str = "offload.dev/tokens-per-step";
+/// Annotation on other job kinds and Pods: the model's width (hidden size).
+pub const ANNOTATION_HIDDEN_SIZE: &str = "offload.dev/hidden-size";
+/// Annotation on other job kinds and Pods: the model's layers.
+pub const ANNOTATION_LAYERS: &str = "offload.dev/layers";
+/// Annotation on other job kinds and Pods: the model's vocabulary size.
+pub const ANNOTATION_VOCAB_SIZE: &str = "offload.dev/vocab-size";
+/// Annotation on other job kinds and Pods: `true` where the training code recomputes
+/// activations in backward.
+pub const ANNOTATION_ACTIVATION_CHECKPOINTING: &str = "offload.dev/activation-checkpointing";
+/// Name of the Kubeflow Trainer TrainJob CRD (the webhook reads which field it takes per-job
+/// pod settings in).
+pub const TRAINJOB_CRD: &str = "trainjobs.trainer.kubeflow.org";
+
 /// Annotation the operator writes on mutated objects and on the pods of a TrainingJob: the
 /// resolved configuration in one line (for `kubectl describe`).
 pub const ANNOTATION_RESOLVED: &str = "offload.dev/resolved";

@@ -15,16 +15,13 @@ use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::conditions::{self, OFFLOAD_RESOLVED};
 use super::workload::{build_workload, decision_status};
 use super::{Context, Error, kube_err};
 use crate::api::{ConfigMapKeyRef, JobPhase, TrainingJob, TrainingJobStatus};
-use crate::decision::{
-    AdmittedRequest, JobRequest, ProfileNotFound, Resolution, ResolveError, opted_in,
-    requested_profile, resolve_offload, select_profile,
-};
+use crate::decision::{ConfigError, UserConfig, decide, opted_in};
 use crate::metrics::DecisionLabels;
 use crate::names;
 use crate::render::{self, deepspeed};
@@ -37,36 +34,7 @@ use follow::follow_workload;
 pub use follow::{guard_outcome, slim_workload};
 pub use triggers::{jobs_for_config_map, jobs_for_node, jobs_for_observation, jobs_for_profile};
 
-/// Why a job has no decision yet; each carries the condition reason and message.
-#[derive(Debug)]
-pub enum Unresolved {
-    /// The decision refused the request.
-    Decision(ResolveError),
-    /// The named profile does not exist.
-    ProfileNotFound(ProfileNotFound),
-    /// The user's DeepSpeed config cannot be read or used.
-    Config(String),
-}
-
-impl Unresolved {
-    /// The condition reason.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Unresolved::Decision(e) => e.category(),
-            Unresolved::ProfileNotFound(_) => "ProfileNotFound",
-            Unresolved::Config(_) => "InvalidDeepSpeedConfig",
-        }
-    }
-
-    /// The condition message: what is wrong and what to change.
-    pub fn message(&self) -> String {
-        match self {
-            Unresolved::Decision(e) => e.to_string(),
-            Unresolved::ProfileNotFound(e) => e.to_string(),
-            Unresolved::Config(msg) => msg.clone(),
-        }
-    }
-}
+pub use crate::decision::Unresolved;
 
 /// Reconciles one TrainingJob; one that does not deserialize is reported and skipped.
 pub async fn reconcile(
@@ -148,17 +116,24 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
         return run_without_offload(tj, ctx).await;
     }
 
-    let (res, user_config) = match decide(tj, ctx).await? {
-        Ok(pair) => pair,
+    let config = read_deepspeed_config(tj, ctx).await?;
+    let res = match decide(tj, config.as_ref().map(Option::as_ref), &ctx.view) {
+        Ok(res) => res,
         Err(why) => {
             record_unresolved(tj, ctx, &why).await?;
             return Ok(Action::await_change());
         }
     };
+    let user_config = config.ok().flatten().map(|c| c.json);
     let built = match build_workload(tj, Some(&res), user_config.as_ref(), &ctx.render) {
         Ok(w) => w,
         Err(e) => {
-            record_unresolved(tj, ctx, &Unresolved::Config(e.to_string())).await?;
+            record_unresolved(
+                tj,
+                ctx,
+                &Unresolved::Config(ConfigError::NotMergeable(e.to_string())),
+            )
+            .await?;
             return Ok(Action::await_change());
         }
     };
@@ -245,7 +220,12 @@ async fn run_without_offload(tj: &TrainingJob, ctx: &Context) -> Result<Action, 
     let built = match build_workload(tj, None, None, &ctx.render) {
         Ok(w) => w,
         Err(e) => {
-            record_unresolved(tj, ctx, &Unresolved::Config(e.to_string())).await?;
+            record_unresolved(
+                tj,
+                ctx,
+                &Unresolved::Config(ConfigError::NotMergeable(e.to_string())),
+            )
+            .await?;
             return Ok(Action::await_change());
         }
     };
@@ -287,71 +267,19 @@ async fn run_without_offload(tj: &TrainingJob, ctx: &Context) -> Result<Action, 
     Ok(Action::await_change())
 }
 
-/// A decision, or why there is none; with the user's parsed DeepSpeed config.
-pub type Decided = Result<(Resolution, Option<Value>), Unresolved>;
-
-/// Resolves the job against the current profiles and nodes.
-async fn decide(tj: &TrainingJob, ctx: &Context) -> Result<Decided, Error> {
-    let config = read_deepspeed_config(tj, ctx).await?;
-    Ok(decide_with(
-        tj,
-        |name| ctx.profile(name).map(|p| p.spec.clone()),
-        config,
-        &ctx.nodes(),
-    ))
-}
-
-/// The decision on given inputs, without the API: the controller's path and
-/// `offload-operator explain`'s. `config` is the user's DeepSpeed config as read (or why it
-/// could not be), `None` when the job references none.
-pub fn decide_with(
-    tj: &TrainingJob,
-    profiles: impl Fn(&str) -> Option<crate::api::OffloadProfileSpec>,
-    config: Result<(Option<Value>, Option<u8>), String>,
-    nodes: &crate::index::NodeIndex,
-) -> Decided {
-    let profile = match select_profile(requested_profile(tj), profiles) {
-        Ok(p) => p,
-        Err(missing) => return Err(Unresolved::ProfileNotFound(missing)),
-    };
-    let (user_config, stage) = config.map_err(Unresolved::Config)?;
-    let gpus = render::gpus_per_pod(tj.spec.template.spec.as_ref());
-    let mut request = JobRequest::from_training_job(&tj.spec, gpus, stage);
-    request.deepspeed.zenflow_in_config = user_config
-        .as_ref()
-        .is_some_and(|c| c.pointer("/zero_optimization/zenflow").is_some());
-    // Where the webhook resolved `Auto` at creation and the spec still holds what it wrote,
-    // decide (and explain) from what the user asked for; once the user edits spec.offload,
-    // the spec is the request.
-    if let Some(asked) = AdmittedRequest::original(tj) {
-        request.offload = asked;
-    }
-    resolve_offload(&request, &profile.name, &profile.spec, nodes)
-        .map(|res| (res, user_config))
-        .map_err(Unresolved::Decision)
-}
-
-/// A DeepSpeed config's text as the controller reads it: parsed, with its ZeRO stage, or what is
-/// wrong with it (`source` names where it came from, for the message).
-pub fn parse_user_config(text: &str, source: &str) -> Result<(Option<Value>, Option<u8>), String> {
-    let parsed = deepspeed::parse_config(text).map_err(|e| format!("{source}: {e}"))?;
-    let stage = deepspeed::stage_of(&parsed).ok().flatten();
-    Ok((Some(parsed), stage))
-}
-
-/// Reads the user's DeepSpeed ConfigMap, if referenced: the parsed JSON and its ZeRO stage, or
-/// a message saying what is wrong with it.
+/// Reads the user's DeepSpeed ConfigMap, if referenced: the parsed config, or what is wrong
+/// with it (an API error is the reconcile's to retry).
 async fn read_deepspeed_config(
     tj: &TrainingJob,
     ctx: &Context,
-) -> Result<Result<(Option<Value>, Option<u8>), String>, Error> {
+) -> Result<Result<Option<UserConfig>, ConfigError>, Error> {
     let Some(ConfigMapKeyRef { name, key }) = tj
         .spec
         .deepspeed
         .as_ref()
         .and_then(|d| d.config_map_ref.clone())
     else {
-        return Ok(Ok((None, None)));
+        return Ok(Ok(None));
     };
     let key = key.unwrap_or_else(|| deepspeed::CONFIG_FILE_NAME.to_string());
     let ns = tj.namespace().unwrap_or_default();
@@ -361,17 +289,13 @@ async fn read_deepspeed_config(
         .await
         .map_err(kube_err("reading the DeepSpeed ConfigMap"))?
     else {
-        return Ok(Err(format!(
-            "ConfigMap {name:?} (spec.deepspeed.configMapRef) does not exist in namespace {ns:?}"
-        )));
+        return Ok(Err(ConfigError::MissingConfigMap {
+            name,
+            namespace: ns,
+        }));
     };
     let Some(text) = cm.data.as_ref().and_then(|d| d.get(&key)) else {
-        return Ok(Err(format!(
-            "ConfigMap {name:?} has no key {key:?} (spec.deepspeed.configMapRef.key)"
-        )));
+        return Ok(Err(ConfigError::MissingKey { name, key }));
     };
-    Ok(parse_user_config(
-        text,
-        &format!("ConfigMap {name:?} key {key:?}"),
-    ))
+    Ok(UserConfig::parse(text, &format!("ConfigMap {name:?} key {key:?}")).map(Some))
 }

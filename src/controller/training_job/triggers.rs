@@ -2,7 +2,7 @@
 
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
-use kube::core::{DeserializeGuard, PartialObjectMeta};
+use kube::core::DeserializeGuard;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::TrainingJob;
@@ -51,10 +51,7 @@ pub fn jobs_for_profile(
 
 /// Unresolved jobs whose profile could use a node (its selector matches, or it has none, or the
 /// profile does not exist yet), for re-triggering when the node's labels or report change.
-pub fn jobs_for_node(
-    ctx: &Context,
-    node: &PartialObjectMeta<Node>,
-) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
+pub fn jobs_for_node(ctx: &Context, node: &Node) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
     let labels = node.metadata.labels.clone().unwrap_or_default();
     valid_jobs(ctx)
         .filter_map(|g| {
@@ -78,7 +75,7 @@ pub fn jobs_for_node(
 /// recording it in their status; also forgets the metrics of jobs that are gone.
 pub fn jobs_for_observation(
     ctx: &Context,
-    node: &PartialObjectMeta<Node>,
+    node: &Node,
 ) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
     ctx.metrics
         .retain_jobs(|ns, name| ctx.jobs.get(&ObjectRef::new(name).within(ns)).is_some());

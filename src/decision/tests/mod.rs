@@ -2,6 +2,7 @@
 //! module per step.
 
 mod framework;
+mod memory;
 mod overlap;
 mod placement;
 mod properties;
@@ -83,6 +84,7 @@ pub(super) fn deepspeed(version: &str) -> JobRequest {
         model: None,
         pods: 1,
         gpus_per_pod: 1,
+        ..JobRequest::default()
     }
 }
 
@@ -128,4 +130,33 @@ pub(super) fn ds_plan(res: &Resolution) -> &DeepSpeedPlan {
         FrameworkPlan::DeepSpeed(p) => p,
         other => panic!("expected a DeepSpeed plan, got {other:?}"),
     }
+}
+
+/// Model hints of `parameters` total parameters and `tokens` per step.
+pub(super) fn hints(parameters: u64, tokens: i64) -> crate::api::ModelHints {
+    crate::api::ModelHints {
+        tokens_per_step: Some(tokens),
+        ..crate::api::ModelHints::parameters(
+            crate::quantity::ParameterCount::new(parameters).expect("a valid count"),
+        )
+    }
+}
+
+/// Hints of the benchmark's decoder (`hack/gpu/ds_step.py`): width 4096, vocabulary 32000, and
+/// `tokens` per step on each GPU.
+pub(super) fn bench_hints(parameters: u64, tokens: i64, layers: i64) -> crate::api::ModelHints {
+    crate::api::ModelHints {
+        hidden_size: Some(4096),
+        layers: Some(layers),
+        vocab_size: Some(32000),
+        ..hints(parameters, tokens)
+    }
+}
+
+/// The node with this much allocatable host memory.
+pub(super) fn with_host(n: NodeInfo, bytes: u64) -> NodeInfo {
+    n.with_allocatable(crate::index::Allocatable {
+        memory: Some(bytes),
+        gpus: None,
+    })
 }

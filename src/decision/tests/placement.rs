@@ -114,14 +114,40 @@ fn mixed_cluster_falls_back_to_the_class_with_capacity() {
         reason(&res, Field::NodeClass)
     );
 
+    // No class holds 5 pods at once: a TrainingJob is held, saying what it needs and what
+    // each class has (its ranks would never meet otherwise).
     job.pods = 5;
-    let res = resolve(&job, &nodes).unwrap();
-    assert_eq!(
-        res.node_class,
-        Some(NodeClass::Coherent),
-        "no class fits: the first in order wins"
+    let err = resolve(&job, &nodes).unwrap_err();
+    assert_eq!(err.category(), "InsufficientGPUs");
+    assert!(err.depends_on_cluster(), "resolved when nodes arrive");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("5 pods of 1 GPU at once (5 GPUs in all)")
+            && msg.contains("Coherent holds 1 such pod")
+            && msg.contains("Discrete holds 2 such pods"),
+        "{msg}"
     );
+
+    // Another kind's pods are created now: placed on the first class, and they wait.
+    job.hold_for_capacity = false;
+    let res = resolve(&job, &nodes).unwrap();
+    assert_eq!(res.node_class, Some(NodeClass::Coherent));
     assert!(reason(&res, Field::NodeClass).contains("pods wait for capacity"));
+}
+
+#[test]
+fn pods_of_several_gpus_count_only_nodes_that_hold_a_whole_pod() {
+    // Two one-GPU nodes hold two GPUs, but no pod of two GPUs.
+    let nodes = [h200("h-a"), h200("h-b")];
+    let mut job = deepspeed("0.19.8");
+    job.gpus_per_pod = 2;
+    let err = resolve(&job, &nodes).unwrap_err();
+    assert_eq!(err.category(), "InsufficientGPUs", "{err}");
+    assert!(
+        err.to_string()
+            .contains("Discrete holds 0 such pods (2 GPUs)"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Properties that hold for any job, profile and set of nodes.
 
 use super::*;
-use crate::api::{ModeSetting, ModelHints, NodeClass, OffloadMode, RatioSetting};
+use crate::api::{ModeSetting, NodeClass, OffloadMode, RatioSetting};
 use proptest::prelude::*;
 
 // ---- properties ------------------------------------------------------------------------------
@@ -81,7 +81,7 @@ fn arb_job() -> impl Strategy<Value = JobRequest> {
         (Framework::Generic, None),
     ]);
     let stage = prop::option::of(0u8..=3);
-    let hints = prop::option::of((1i64..100_000_000_000, 1i64..10_000_000));
+    let hints = prop::option::of((1u64..100_000_000_000, 1i64..10_000_000));
     (
         mode,
         overlap,
@@ -113,12 +113,11 @@ fn arb_job() -> impl Strategy<Value = JobRequest> {
                     zen_flow: None,
                     zenflow_in_config: false,
                 },
-                model: hints.map(|(parameters, tokens_per_step)| ModelHints {
-                    parameters,
-                    tokens_per_step,
-                }),
+                model: hints
+                    .map(|(parameters, tokens_per_step)| super::hints(parameters, tokens_per_step)),
                 pods,
                 gpus_per_pod: 1,
+                ..JobRequest::default()
             },
         )
 }

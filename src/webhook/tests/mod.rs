@@ -18,49 +18,18 @@ use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use super::admit::ClusterView;
 use super::kinds::ApiFeatures;
-use super::{WebhookState, paths, router};
+use super::{ConfigSource, WebhookState, paths, router};
 use crate::api::OffloadProfileSpec;
-use crate::index::{NodeIndex, NodeInfo};
+use crate::index::NodeInfo;
 use crate::metrics::Metrics;
 use crate::names;
 use crate::report::NodeReport;
+use crate::view::MemoryView;
 use offload_testenv::fixtures;
 
-pub(super) struct InMemoryView {
-    profiles: BTreeMap<String, OffloadProfileSpec>,
-    nodes: Arc<NodeIndex>,
-    features: ApiFeatures,
-    /// DeepSpeed configs by ConfigMap name (what the handler reads from the API server).
-    configs: BTreeMap<String, String>,
-}
-
-impl ClusterView for InMemoryView {
-    fn profile(&self, name: &str) -> Option<OffloadProfileSpec> {
-        self.profiles.get(name).cloned()
-    }
-    fn nodes(&self) -> Arc<NodeIndex> {
-        self.nodes.clone()
-    }
-    fn features(&self) -> ApiFeatures {
-        self.features
-    }
-    fn deepspeed_config(&self, name: &str) -> Option<String> {
-        self.configs.get(name).cloned()
-    }
-}
-
 pub(super) fn node(name: &str, fixture: &str) -> NodeInfo {
-    let r = NodeReport::parse(fixture).unwrap();
-    NodeInfo::from_metadata(
-        name,
-        r.labels(),
-        &BTreeMap::from([(
-            names::ANNOTATION_NODE_REPORT.to_string(),
-            fixture.to_string(),
-        )]),
-    )
+    NodeInfo::from_report(name, &NodeReport::parse(fixture).unwrap())
 }
 
 pub(super) fn app(nodes: Vec<NodeInfo>) -> axum::Router {
@@ -77,16 +46,17 @@ pub(super) fn app_full(
     configs: BTreeMap<String, String>,
 ) -> axum::Router {
     let mut registry = Registry::default();
-    let view = InMemoryView {
-        profiles: BTreeMap::from([("default".to_string(), OffloadProfileSpec::default())]),
-        nodes: Arc::new(NodeIndex::new(nodes)),
+    let view = MemoryView {
         features,
-        configs,
+        ..MemoryView::new(
+            nodes,
+            BTreeMap::from([("default".to_string(), OffloadProfileSpec::default())]),
+        )
     };
     router(WebhookState {
         view: Arc::new(view),
         metrics: Metrics::new(&mut registry),
-        client: None,
+        configs: ConfigSource::Memory(configs),
     })
 }
 

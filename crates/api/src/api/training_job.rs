@@ -7,6 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::{ModeSetting, NodeClass, OffloadMode, OverlapSetting, RatioSetting, Switch};
+use crate::quantity::ParameterCount;
 
 fn default_replicas() -> i32 {
     1
@@ -63,7 +64,8 @@ pub struct TrainingJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deepspeed: Option<DeepSpeedSpec>,
 
-    /// Model hints used by `offloadRatio: Auto`.
+    /// What the operator knows of the model: with it, a job that fits in GPU memory runs
+    /// without offload, and one that does not gets the smallest offload that fits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<ModelHints>,
 
@@ -207,16 +209,56 @@ pub struct ConfigMapKeyRef {
     pub key: Option<String>,
 }
 
-/// Size of the model and the step, for `offloadRatio: Auto`.
+/// What the operator knows of the model and the step: enough to tell whether the job fits in
+/// GPU memory without offload, how much must be offloaded when it does not, and (with
+/// `tokensPerStep`) whether the CPU keeps up. Without hints the operator cannot know the job's
+/// size, offloads as the node class suggests, and says so.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ModelHints {
-    /// Trainable parameters per GPU after sharding.
-    #[schemars(range(min = 1))]
-    pub parameters: i64,
-    /// Tokens processed per optimizer step on one GPU.
-    #[schemars(range(min = 1))]
-    pub tokens_per_step: i64,
+    /// Total trainable parameters of the whole model (not per GPU: the operator shards them by
+    /// the ZeRO stage or FSDP over replicas × GPUs per pod). A number (`8000000000`) or as
+    /// people say it: `8B`, `1.5B`, `350M`, `70e9`.
+    pub parameters: ParameterCount,
+    /// Tokens each GPU processes per optimizer step (micro-batch × sequence length × gradient
+    /// accumulation steps). Sizes the activations (divided by the DeepSpeed config's
+    /// `gradient_accumulation_steps`) and the CPU check of `offloadRatio: Auto`. Unset: a
+    /// margin of GPU memory is kept for activations instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000_000_000i64))]
+    pub tokens_per_step: Option<i64>,
+    /// Model width (hidden size). Unset: derived from the parameters for a typical decoder
+    /// shape (about 128 times wider than deep).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub hidden_size: Option<i64>,
+    /// Transformer layers. Unset: derived from the parameters and the width (12 × width² per
+    /// layer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100_000))]
+    pub layers: Option<i64>,
+    /// Vocabulary size, for the logits' share of the activations. Unset: 128000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100_000_000))]
+    pub vocab_size: Option<i64>,
+    /// The training code recomputes activations in backward (activation or gradient
+    /// checkpointing), so only each layer's input is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activation_checkpointing: Option<bool>,
+}
+
+impl ModelHints {
+    /// Hints that give only the parameter count.
+    pub fn parameters(parameters: ParameterCount) -> Self {
+        ModelHints {
+            parameters,
+            tokens_per_step: None,
+            hidden_size: None,
+            layers: None,
+            vocab_size: None,
+            activation_checkpointing: None,
+        }
+    }
 }
 
 /// Observed state of a TrainingJob.

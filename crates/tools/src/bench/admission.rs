@@ -3,35 +3,23 @@
 //! node, and when it does not.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Instant;
 
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview};
 use offload_api::api::OffloadProfileSpec;
 use offload_api::report::NodeReport;
-use offload_operator::index::{NodeIndex, NodeInfo};
-use offload_operator::webhook::admit::{self, ClusterView, Verdict};
+use offload_operator::index::NodeInfo;
+use offload_operator::view::MemoryView;
+use offload_operator::webhook::admit::{self, Review, Verdict};
 use offload_testenv::fixtures;
 use serde_json::json;
 
 use super::error::{BenchError, Result};
 use super::measure::machine;
 
-/// A fixed cluster view: every profile is the default one, over a fixed node index.
-pub struct FixedView(Arc<NodeIndex>);
-
-impl ClusterView for FixedView {
-    fn profile(&self, _name: &str) -> Option<OffloadProfileSpec> {
-        Some(OffloadProfileSpec::default())
-    }
-    fn nodes(&self) -> Arc<NodeIndex> {
-        self.0.clone()
-    }
-}
-
-/// `nodes` recorded nodes, half coherent and half discrete.
-pub fn fixed_view(nodes: usize) -> Result<FixedView> {
+/// `nodes` recorded nodes, half coherent and half discrete, and the default profile.
+pub fn fixed_view(nodes: usize) -> Result<MemoryView> {
     let mut out = Vec::with_capacity(nodes);
     for i in 0..nodes {
         let (name, fixture) = if i % 2 == 0 {
@@ -41,16 +29,12 @@ pub fn fixed_view(nodes: usize) -> Result<FixedView> {
         };
         let report = NodeReport::parse(fixture)
             .map_err(|e| BenchError::unexpected(format!("fixture: {e}")))?;
-        out.push(NodeInfo::from_metadata(
-            name,
-            report.labels(),
-            &BTreeMap::from([(
-                offload_api::names::ANNOTATION_NODE_REPORT.to_string(),
-                fixture.to_string(),
-            )]),
-        ));
+        out.push(NodeInfo::from_report(name, &report));
     }
-    Ok(FixedView(Arc::new(NodeIndex::new(out))))
+    Ok(MemoryView::new(
+        out,
+        BTreeMap::from([("default".to_string(), OffloadProfileSpec::default())]),
+    ))
 }
 
 /// An admission request of a CREATE.
@@ -72,7 +56,7 @@ pub fn admission_request(
         .map_err(|e| BenchError::unexpected(format!("{e}")))
 }
 
-type Handler = fn(&AdmissionRequest<DynamicObject>, &dyn ClusterView) -> Verdict;
+type Handler = fn(&AdmissionRequest<DynamicObject>, &Review) -> Verdict;
 
 /// Times the handlers for each cluster size.
 pub fn run(node_counts: &[usize], iterations: u32) -> Result<()> {
@@ -104,7 +88,8 @@ pub fn run(node_counts: &[usize], iterations: u32) -> Result<()> {
     for &nodes in node_counts {
         let view = fixed_view(nodes)?;
         // The pod a configured template produces: the bare pod with the webhook's patch applied.
-        let answer = admit::mutate_pod(&bare, &view).response;
+        let review = Review::new(&view);
+        let answer = admit::mutate_pod(&bare, &review).response;
         let patch: json_patch::Patch = answer
             .patch
             .as_deref()
@@ -117,7 +102,7 @@ pub fn run(node_counts: &[usize], iterations: u32) -> Result<()> {
             |req: &AdmissionRequest<DynamicObject>, f: Handler, patched: bool| -> Result<String> {
                 let t = Instant::now();
                 for _ in 0..iterations {
-                    let v = f(req, &view);
+                    let v = f(req, &review);
                     if !v.response.allowed || v.response.patch.is_some() != patched {
                         return Err(BenchError::unexpected(format!(
                             "unexpected answer: {:?}",

@@ -1,0 +1,105 @@
+//! The one way into the decision: the cluster view every caller hands in, and the two entry
+//! points — a TrainingJob ([`decide`]) and another kind's request ([`decide_request`]) — that
+//! pick the profile, build the request and resolve it. The controller, the webhook and
+//! `offload-operator explain` call these; none assembles the decision's input itself.
+
+use std::sync::Arc;
+
+use super::profile::{ProfileNotFound, requested_profile, select_profile};
+use super::request::JobRequest;
+use super::user_config::{ConfigError, UserConfig};
+use super::{Resolution, ResolveError, resolve_offload};
+use crate::api::{OffloadProfileSpec, TrainingJob};
+use crate::index::NodeIndex;
+
+/// The cluster state a decision is made against: the profiles and the node index, from the
+/// operator's caches, or from files for `explain`.
+pub trait ClusterView: Send + Sync {
+    /// A profile by name.
+    fn profile(&self, name: &str) -> Option<OffloadProfileSpec>;
+    /// The node index (shared: a decision does not copy the node reports).
+    fn nodes(&self) -> Arc<NodeIndex>;
+}
+
+/// Why a job has no decision; each carries the condition reason and message.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Unresolved {
+    /// The decision refused the request.
+    Decision(ResolveError),
+    /// The named profile does not exist.
+    ProfileNotFound(ProfileNotFound),
+    /// The user's DeepSpeed config cannot be read or used.
+    Config(ConfigError),
+}
+
+impl Unresolved {
+    /// The condition reason (and the webhook's denial category).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Unresolved::Decision(e) => e.category(),
+            Unresolved::ProfileNotFound(_) => "ProfileNotFound",
+            Unresolved::Config(_) => "InvalidDeepSpeedConfig",
+        }
+    }
+
+    /// The condition message: what is wrong and what to change.
+    pub fn message(&self) -> String {
+        match self {
+            Unresolved::Decision(e) => e.to_string(),
+            Unresolved::ProfileNotFound(e) => e.to_string(),
+            Unresolved::Config(e) => e.to_string(),
+        }
+    }
+
+    /// Whether the cluster may fix it later (a profile or a node may come, the user may fix a
+    /// ConfigMap): the webhook admits such a TrainingJob with a warning, and the controller
+    /// holds it and tries again when the cause changes.
+    pub fn depends_on_cluster(&self) -> bool {
+        match self {
+            Unresolved::Decision(e) => e.depends_on_cluster(),
+            Unresolved::ProfileNotFound(_) | Unresolved::Config(_) => true,
+        }
+    }
+}
+
+impl From<ResolveError> for Unresolved {
+    fn from(e: ResolveError) -> Self {
+        Unresolved::Decision(e)
+    }
+}
+
+/// Decides a TrainingJob against `view`, with its DeepSpeed config as read (`Ok(None)`: it
+/// references none).
+pub fn decide(
+    tj: &TrainingJob,
+    config: Result<Option<&UserConfig>, &ConfigError>,
+    view: &dyn ClusterView,
+) -> Result<Resolution, Unresolved> {
+    let profile = select_profile(requested_profile(tj), |name| view.profile(name))
+        .map_err(Unresolved::ProfileNotFound)?;
+    let config = config.map_err(|e| Unresolved::Config(e.clone()))?;
+    let request = JobRequest::for_training_job(tj, config)?;
+    Ok(resolve_offload(
+        &request,
+        &profile.name,
+        &profile.spec,
+        &view.nodes(),
+    )?)
+}
+
+/// Decides another kind's request (see [`JobRequest::from_annotations`]) against `view`, with
+/// the profile its label names.
+pub fn decide_request(
+    requested: Option<&str>,
+    request: &JobRequest,
+    view: &dyn ClusterView,
+) -> Result<Resolution, Unresolved> {
+    let profile = select_profile(requested, |name| view.profile(name))
+        .map_err(Unresolved::ProfileNotFound)?;
+    Ok(resolve_offload(
+        request,
+        &profile.name,
+        &profile.spec,
+        &view.nodes(),
+    )?)
+}

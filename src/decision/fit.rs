@@ -1,0 +1,399 @@
+//! The fit step: the job's memory model against each node class, how many of its pods a class
+//! holds at once, and the fastest placement of its training state that runs there.
+//!
+//! The order of placements, fastest first (measured on an H200, `docs/benchmarks/memory-h200.md`):
+//! no offload; a partial offload of the optimizer state up to
+//! [`PARTIAL_BEFORE_PARAMS_UP_TO`]; optimizer state and parameters (ZeRO-3 copy offload, FSDP);
+//! a larger partial share; all optimizer state.
+
+use super::framework::{FrameworkFacts, partial_ratio_support};
+use super::memory::{
+    Activations, ClassMemory, Estimate, Fit, JobMemory, PARTIAL_BEFORE_PARAMS_UP_TO, Placement,
+    Sharding, gib, typical_width,
+};
+use super::placement::ClassNodes;
+use super::request::JobRequest;
+use super::user_config::Precision;
+use super::{MIN_AUTO_RATIO, ResolveError};
+use crate::api::{Framework, NodeClass};
+use crate::quantity::MAX_PARAMETERS;
+
+/// Largest data-parallel size the advice looks at.
+const MAX_ADVISED_RANKS: u64 = 4096;
+
+/// The placement chosen for a class, with its figures.
+#[derive(Clone, Debug)]
+pub(super) struct MemoryChoice {
+    pub(super) placement: Placement,
+    pub(super) estimate: Estimate,
+    pub(super) class: ClassMemory,
+    /// The figures in a sentence.
+    pub(super) figures: String,
+}
+
+/// Every placement tried on a class, and why none fits.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Tried(pub(super) Vec<(Placement, Estimate, Fit)>);
+
+/// What the framework, the version and the job's explicit settings allow.
+#[derive(Clone, Debug)]
+pub(super) struct Allowed {
+    /// Nothing offloaded.
+    pub(super) no_offload: bool,
+    /// Any offload.
+    pub(super) offload: bool,
+    /// A partial ratio: fixed by the job or profile, free (`Auto`), or not possible.
+    pub(super) partial: PartialRatio,
+    /// All optimizer state, parameters kept on the GPU.
+    pub(super) whole_optimizer: bool,
+    /// Optimizer state and parameters.
+    pub(super) with_params: bool,
+}
+
+/// What partial offload may be.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum PartialRatio {
+    /// The smallest share that fits, at least this floor.
+    Free(f64),
+    /// Exactly this share (the job's or profile's `offloadRatio`).
+    Fixed(f64),
+    /// Not possible, and why.
+    No(String),
+}
+
+/// The memory model of a job, or `None` without model hints. Hints that cannot be true are an
+/// error.
+pub(super) fn job_memory(
+    job: &JobRequest,
+    facts: &FrameworkFacts,
+) -> Result<Option<JobMemory>, ResolveError> {
+    let Some(hints) = job.model else {
+        return Ok(None);
+    };
+    let bad = |detail: String| ResolveError::InvalidModelHints { detail };
+    let p = hints.parameters.get();
+    if p == 0 || p > MAX_PARAMETERS {
+        return Err(bad(format!(
+            "spec.model.parameters {p} is not a model size: give the model's total parameters, e.g. 8B"
+        )));
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let parameters = p as f64;
+    let bounded = |name: &str, v: Option<i64>, max: i64| -> Result<Option<f64>, ResolveError> {
+        match v {
+            None => Ok(None),
+            #[allow(clippy::cast_precision_loss)]
+            Some(n) if (1..=max).contains(&n) => Ok(Some(n as f64)),
+            Some(n) => Err(bad(format!(
+                "spec.model.{name} {n} is out of range: use a whole number from 1 to {max}"
+            ))),
+        }
+    };
+    let tokens = bounded("tokensPerStep", hints.tokens_per_step, 1_000_000_000_000)?;
+    let hidden = bounded("hiddenSize", hints.hidden_size, 1_000_000)?;
+    let layers = bounded("layers", hints.layers, 100_000)?;
+    let vocab = bounded("vocabSize", hints.vocab_size, 100_000_000)?;
+    let ranks = job.gpu_demand().max(1);
+    let activations = match tokens {
+        None => Activations::Margin,
+        Some(t) => {
+            #[allow(clippy::cast_precision_loss)]
+            let accumulation = job.config.gradient_accumulation.unwrap_or(1).max(1) as f64;
+            let hidden = hidden.unwrap_or_else(|| typical_width(parameters));
+            Activations::Shape {
+                tokens: (t / accumulation).ceil().max(1.0),
+                hidden,
+                layers: layers.unwrap_or_else(|| (parameters / (12.0 * hidden * hidden)).max(1.0)),
+                #[allow(clippy::cast_precision_loss)]
+                vocab: vocab.unwrap_or(super::memory::DEFAULT_VOCAB as f64),
+                checkpointing: hints.activation_checkpointing.unwrap_or(false),
+            }
+        }
+    };
+    #[allow(clippy::cast_precision_loss)]
+    Ok(Some(JobMemory {
+        parameters,
+        ranks,
+        gpus_per_pod: u64::from(job.gpus_per_pod.max(1)),
+        pods: u64::from(job.pods.max(1)),
+        sharding: match job.framework.name {
+            Framework::DeepSpeed => Sharding::Zero(facts.stage),
+            Framework::Fsdp => Sharding::Fsdp,
+            Framework::Generic => Sharding::Unsharded,
+        },
+        value_bytes: match job.config.precision {
+            Some(Precision::Fp32) => 4.0,
+            _ => 2.0,
+        },
+        activations,
+        pod_memory_limit: job.pod_memory_limit,
+        sub_group_size: job.config.sub_group_size.map(|g| g as f64),
+    }))
+}
+
+/// Pods of `gpus_per_pod` GPUs the class's nodes hold at once.
+pub(super) fn pod_capacity(class: &ClassNodes, gpus_per_pod: u32) -> u64 {
+    let per = u64::from(gpus_per_pod.max(1));
+    class
+        .nodes
+        .iter()
+        .map(|n| u64::from(n.gpu_count()) / per)
+        .fold(0u64, u64::saturating_add)
+}
+
+/// The class's memory figures for the job: its smallest GPU, and the least host memory a pod
+/// of the job gets on any of its nodes. `None` when no node reports its GPUs' memory.
+pub(super) fn class_memory(class: &ClassNodes, job: &JobRequest) -> Option<ClassMemory> {
+    let (gpu_node, gpu_bytes) = class
+        .nodes
+        .iter()
+        .filter_map(|n| n.gpu_memory().map(|m| (n.name.as_str(), m)))
+        .min_by_key(|(_, m)| *m)?;
+    let per = u64::from(job.gpus_per_pod.max(1));
+    let pods = u64::from(job.pods.max(1));
+    let host = class
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            let memory = n.allocatable.memory?;
+            let sharing = (u64::from(n.gpu_count()) / per).clamp(1, pods);
+            Some((n.name.as_str(), memory, sharing, memory / sharing))
+        })
+        .min_by_key(|(_, _, _, share)| *share);
+    #[allow(clippy::cast_precision_loss)]
+    let (host_per_pod, host_node) = match host {
+        Some((name, memory, sharing, share)) => (
+            Some(share),
+            format!(
+                "{name}: {} allocatable for {sharing} pod{}",
+                gib(memory as f64),
+                if sharing == 1 { "" } else { "s" }
+            ),
+        ),
+        None => (None, String::new()),
+    };
+    Some(ClassMemory {
+        gpu_bytes,
+        gpu_node: gpu_node.to_string(),
+        host_per_pod,
+        host_node,
+    })
+}
+
+/// What may be placed where, from the framework, its version and stage, the class, and the
+/// job's and profile's explicit settings (`fixed_ratio`: a ratio they state).
+pub(super) fn allowed(
+    job: &JobRequest,
+    facts: &FrameworkFacts,
+    class: NodeClass,
+    no_offload: bool,
+    offload: bool,
+    fixed_ratio: Option<f64>,
+) -> Allowed {
+    let partial = match (partial_ratio_support(job, facts), fixed_ratio) {
+        (_, Some(r)) if r >= 1.0 => PartialRatio::No("the ratio is 1".into()),
+        // Parameters offloaded with only part of the optimizer state is not a placement the
+        // memory model sizes (nor one measured): asking for parameters asks for all of it.
+        _ if job.framework.name == Framework::DeepSpeed
+            && job.deepspeed.offload_params == Some(true) =>
+        {
+            PartialRatio::No("deepspeed.offloadParams offloads all optimizer state".into())
+        }
+        (Ok(()), Some(r)) => PartialRatio::Fixed(r),
+        (Ok(()), None) => PartialRatio::Free(MIN_AUTO_RATIO),
+        (Err(why), _) => PartialRatio::No(why),
+    };
+    let (whole_optimizer, with_params) = match job.framework.name {
+        Framework::DeepSpeed => {
+            let asked = job.deepspeed.offload_params;
+            let stage3 = facts.stage == 3;
+            (
+                facts.stage >= 1 && asked != Some(true),
+                // Parameters too only at ZeRO-3; on coherent nodes only when asked (measured on
+                // a PCIe node only).
+                stage3
+                    && asked != Some(false)
+                    && (class == NodeClass::Discrete || asked == Some(true)),
+            )
+        }
+        // FSDP's CPU offload moves parameters, gradients and optimizer state together.
+        Framework::Fsdp => (false, true),
+        Framework::Generic => (true, false),
+    };
+    let whole_ok = fixed_ratio.is_none_or(|r| r >= 1.0);
+    Allowed {
+        no_offload,
+        offload,
+        partial: if offload {
+            partial
+        } else {
+            PartialRatio::No("offload is off".into())
+        },
+        whole_optimizer: offload && whole_optimizer && whole_ok,
+        with_params: offload && with_params && whole_ok,
+    }
+}
+
+/// The fastest placement `allowed` on `class` that fits, or everything tried.
+pub(super) fn fastest(
+    jm: &JobMemory,
+    class: &ClassMemory,
+    allowed: &Allowed,
+) -> Result<MemoryChoice, Tried> {
+    let mut tried = Tried::default();
+    let choice = |placement: Placement, estimate: Estimate| MemoryChoice {
+        placement,
+        figures: jm.describe(&estimate, class),
+        estimate,
+        class: class.clone(),
+    };
+    let try_fixed = |placement: Placement, tried: &mut Tried| {
+        let (est, fit) = jm.estimate_checked(placement, class);
+        tried.0.push((placement, est, fit));
+        fit.ok().then_some(est)
+    };
+    if allowed.no_offload
+        && let Some(est) = try_fixed(Placement::NoOffload, &mut tried)
+    {
+        return Ok(choice(Placement::NoOffload, est));
+    }
+    if !allowed.offload {
+        return Err(tried);
+    }
+    let partial = match &allowed.partial {
+        PartialRatio::Free(floor) => jm.smallest_ratio(class, *floor),
+        PartialRatio::Fixed(r) => {
+            try_fixed(Placement::PartialOptimizer(*r), &mut tried).map(|est| (*r, est))
+        }
+        PartialRatio::No(_) => None,
+    };
+    if let Some((r, est)) = partial
+        && r <= PARTIAL_BEFORE_PARAMS_UP_TO
+    {
+        return Ok(choice(Placement::PartialOptimizer(r), est));
+    }
+    if allowed.with_params
+        && let Some(est) = try_fixed(Placement::OptimizerAndParams, &mut tried)
+    {
+        return Ok(choice(Placement::OptimizerAndParams, est));
+    }
+    if let Some((r, est)) = partial {
+        return Ok(choice(Placement::PartialOptimizer(r), est));
+    }
+    if matches!(allowed.partial, PartialRatio::Free(_)) {
+        // Record what the largest partial share would need, for the message.
+        let (est, fit) = jm.estimate_checked(Placement::PartialOptimizer(0.99), class);
+        tried.0.push((Placement::PartialOptimizer(0.99), est, fit));
+    }
+    if allowed.whole_optimizer
+        && let Some(est) = try_fixed(Placement::Optimizer, &mut tried)
+    {
+        return Ok(choice(Placement::Optimizer, est));
+    }
+    Err(tried)
+}
+
+impl Tried {
+    /// What each placement tried needs, in one sentence.
+    pub(super) fn describe(&self, jm: &JobMemory, class: &ClassMemory) -> String {
+        self.0
+            .iter()
+            .map(|(p, est, fit)| {
+                let short = match (fit.gpu, fit.host) {
+                    (false, false) => "GPU and host memory too small",
+                    (false, true) => "GPU memory too small",
+                    (true, false) => "host memory too small",
+                    (true, true) => "fits",
+                };
+                format!("{p} {} ({short})", jm.describe(est, class))
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+/// What would make a job that fits nowhere fit: more GPUs, ZeRO-3, a smaller micro-batch, a
+/// larger pod limit, on `class` (the class with the largest GPUs).
+pub(super) fn advice(jm: &JobMemory, class: &ClassMemory, allowed: &Allowed) -> String {
+    let mut ideas = Vec::new();
+    if let Sharding::Zero(stage @ 0..=2) = jm.sharding {
+        let z3 = JobMemory {
+            sharding: Sharding::Zero(3),
+            ..jm.clone()
+        };
+        let z3_allowed = Allowed {
+            partial: match allowed.partial {
+                PartialRatio::No(_) if allowed.offload => PartialRatio::Free(MIN_AUTO_RATIO),
+                ref p => p.clone(),
+            },
+            with_params: allowed.offload,
+            ..allowed.clone()
+        };
+        if let Ok(c) = fastest(&z3, class, &z3_allowed) {
+            ideas.push(format!(
+                "ZeRO stage 3 instead of {stage} shards parameters and gradients too: it would fit as {}",
+                c.placement
+            ));
+        }
+    }
+    let mut ranks = jm.ranks.saturating_mul(2);
+    while ranks <= MAX_ADVISED_RANKS {
+        let more = jm.with_ranks(ranks);
+        if let Ok(c) = fastest(&more, class, allowed) {
+            ideas.push(format!(
+                "with {ranks} GPUs in all (replicas × GPUs per pod; {} now) it would fit as {}",
+                jm.ranks, c.placement
+            ));
+            break;
+        }
+        ranks = ranks.saturating_mul(2);
+    }
+    if let Activations::Shape {
+        tokens,
+        hidden,
+        layers,
+        vocab,
+        checkpointing,
+    } = jm.activations
+        && tokens > 1.0
+    {
+        let smaller = JobMemory {
+            activations: Activations::Shape {
+                tokens: (tokens / 2.0).ceil(),
+                hidden,
+                layers,
+                vocab,
+                checkpointing,
+            },
+            ..jm.clone()
+        };
+        if let Ok(c) = fastest(&smaller, class, allowed) {
+            ideas.push(format!(
+                "half the micro-batch ({} tokens per GPU instead of {}) would fit as {}",
+                (tokens / 2.0).ceil(),
+                tokens,
+                c.placement
+            ));
+        }
+    }
+    if let Some(limit) = jm.pod_memory_limit {
+        let unlimited = JobMemory {
+            pod_memory_limit: None,
+            ..jm.clone()
+        };
+        if let Ok(c) = fastest(&unlimited, class, allowed) {
+            #[allow(clippy::cast_precision_loss)]
+            ideas.push(format!(
+                "a pod memory limit above {} ({} now) would fit as {}",
+                gib(c.estimate.host_per_pod),
+                gib(limit as f64),
+                c.placement
+            ));
+        }
+    }
+    if ideas.is_empty() {
+        "no more GPUs, ZeRO stage or micro-batch found that would fit: it needs nodes with more GPU or host memory".to_string()
+    } else {
+        ideas.join("; ")
+    }
+}

@@ -1,0 +1,209 @@
+//! Where `explain` takes its inputs from: manifests, recorded node reports, profile and
+//! DeepSpeed config files, or the current cluster.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::ExplainError;
+use crate::api::OffloadProfileSpec;
+use crate::decision::{ConfigError, UserConfig};
+use crate::index::NodeIndex;
+use crate::render::{RenderOptions, deepspeed};
+use crate::view::MemoryView;
+
+/// What a decision is made from: the cluster, held in memory, and the DeepSpeed configs by
+/// ConfigMap name (the text of the key the job names) for jobs that reference one.
+pub struct Inputs {
+    /// Profiles and nodes.
+    pub view: MemoryView,
+    /// DeepSpeed configs by ConfigMap name.
+    pub deepspeed_configs: BTreeMap<String, String>,
+}
+
+impl Inputs {
+    /// The user's DeepSpeed config of a job, from the inputs (what the controller reads from
+    /// its ConfigMap).
+    pub fn user_config(
+        &self,
+        tj: &crate::api::TrainingJob,
+    ) -> Result<Option<UserConfig>, ConfigError> {
+        let Some(r) = tj
+            .spec
+            .deepspeed
+            .as_ref()
+            .and_then(|d| d.config_map_ref.as_ref())
+        else {
+            return Ok(None);
+        };
+        match self.deepspeed_configs.get(&r.name) {
+            Some(text) => UserConfig::parse(text, &format!("ConfigMap {:?}", r.name)).map(Some),
+            None => Err(ConfigError::NotGiven {
+                name: r.name.clone(),
+            }),
+        }
+    }
+}
+
+/// Reads the documents of a YAML or JSON file (`---`-separated; `List` objects unpacked).
+pub fn read_manifests(text: &str) -> Result<Vec<Value>, ExplainError> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(text)
+        .map_err(|e| ExplainError::Manifest(format!("not YAML or JSON: {e}")))?;
+    let mut out = Vec::new();
+    for doc in docs.into_iter().filter(|d| !d.is_null()) {
+        match doc.get("items").and_then(Value::as_array) {
+            Some(items) if doc.get("kind").and_then(Value::as_str) == Some("List") => {
+                out.extend(items.iter().cloned());
+            }
+            _ => out.push(doc),
+        }
+    }
+    if out.is_empty() {
+        return Err(ExplainError::Manifest("the file holds no object".into()));
+    }
+    Ok(out)
+}
+
+/// A node from a recorded report file (`[NAME=]PATH`; the name defaults to the report's own).
+pub fn node_from_report(arg: &str) -> Result<crate::index::NodeInfo, ExplainError> {
+    let (name, path) = match arg.split_once('=') {
+        Some((n, p)) if !n.contains('/') => (Some(n.to_string()), p),
+        _ => (None, arg),
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ExplainError::Manifest(format!("reading node report {path}: {e}")))?;
+    let report = crate::report::NodeReport::parse(&text)
+        .map_err(|e| ExplainError::Manifest(format!("node report {path}: {e}")))?;
+    let name = name.unwrap_or_else(|| report.node.clone());
+    Ok(crate::index::NodeInfo::from_report(&name, &report))
+}
+
+/// The nodes with the allocatable memory `NAME=QUANTITY` arguments give them.
+pub fn with_node_memory(
+    mut nodes: Vec<crate::index::NodeInfo>,
+    args: &[String],
+) -> Result<Vec<crate::index::NodeInfo>, ExplainError> {
+    for a in args {
+        let (name, quantity) = a.split_once('=').ok_or_else(|| {
+            ExplainError::Manifest(format!(
+                "--node-memory {a}: use NAME=QUANTITY (e.g. h200-0=125Gi)"
+            ))
+        })?;
+        let bytes = crate::quantity::bytes(
+            &k8s_openapi::apimachinery::pkg::api::resource::Quantity(quantity.to_string()),
+        )
+        .map_err(|e| ExplainError::Manifest(format!("--node-memory {a}: {e}")))?;
+        let node = nodes.iter_mut().find(|n| n.name == name).ok_or_else(|| {
+            ExplainError::Manifest(format!(
+                "--node-memory {a}: no --node-report names node {name:?}"
+            ))
+        })?;
+        let mut allocatable = node.allocatable;
+        allocatable.memory = Some(bytes);
+        *node = node.clone().with_allocatable(allocatable);
+    }
+    Ok(nodes)
+}
+
+/// Profiles from manifest files; the built-in `default` profile when none is given.
+pub fn profiles_from_files(
+    paths: &[std::path::PathBuf],
+) -> Result<BTreeMap<String, OffloadProfileSpec>, ExplainError> {
+    let mut out = BTreeMap::new();
+    for path in paths {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ExplainError::Manifest(format!("reading profile {}: {e}", path.display()))
+        })?;
+        for doc in read_manifests(&text)? {
+            let p: crate::api::OffloadProfile = serde_json::from_value(doc).map_err(|e| {
+                ExplainError::Manifest(format!("{}: not an OffloadProfile: {e}", path.display()))
+            })?;
+            let name = p.metadata.name.clone().unwrap_or_default();
+            out.insert(name, p.spec);
+        }
+    }
+    if out.is_empty() {
+        out.insert(
+            crate::names::DEFAULT_PROFILE.to_string(),
+            OffloadProfileSpec::default(),
+        );
+    }
+    Ok(out)
+}
+
+/// DeepSpeed configs from `NAME=PATH` arguments (NAME: the ConfigMap the job references).
+pub fn deepspeed_configs_from_files(
+    args: &[String],
+) -> Result<BTreeMap<String, String>, ExplainError> {
+    args.iter()
+        .map(|a| {
+            let (name, path) = a.split_once('=').ok_or_else(|| {
+                ExplainError::Manifest(format!(
+                    "--deepspeed-config {a}: use CONFIGMAP=PATH (the ConfigMap the job references)"
+                ))
+            })?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ExplainError::Manifest(format!("reading {path}: {e}")))?;
+            Ok((name.to_string(), text))
+        })
+        .collect()
+}
+
+/// Profiles, nodes and the jobs' DeepSpeed ConfigMaps from the current cluster.
+pub async fn inputs_from_cluster(
+    client: &kube::Client,
+    manifests: &[Value],
+    render: RenderOptions,
+) -> Result<Inputs, kube::Error> {
+    use k8s_openapi::api::core::v1::{ConfigMap, Node};
+    use kube::api::{Api, ListParams};
+    let profiles = Api::<crate::api::OffloadProfile>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|p| (p.metadata.name.clone().unwrap_or_default(), p.spec))
+        .collect();
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(crate::index::node_info)
+        .collect();
+    let mut deepspeed_configs = BTreeMap::new();
+    for m in manifests {
+        let Some(r) = m.pointer("/spec/deepspeed/configMapRef") else {
+            continue;
+        };
+        let (Some(name), ns) = (
+            r.get("name").and_then(Value::as_str),
+            m.pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .unwrap_or("default"),
+        ) else {
+            continue;
+        };
+        let key = r
+            .get("key")
+            .and_then(Value::as_str)
+            .unwrap_or(deepspeed::CONFIG_FILE_NAME);
+        if let Some(cm) = Api::<ConfigMap>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await?
+            && let Some(text) = cm.data.as_ref().and_then(|d| d.get(key))
+        {
+            deepspeed_configs.insert(name.to_string(), text.clone());
+        }
+    }
+    Ok(Inputs {
+        view: MemoryView {
+            profiles,
+            nodes: Arc::new(NodeIndex::new(nodes)),
+            render,
+            ..MemoryView::default()
+        },
+        deepspeed_configs,
+    })
+}

@@ -1,0 +1,212 @@
+//! `explain` on manifests, offline.
+use std::collections::BTreeMap;
+
+use offload_testenv::fixtures;
+
+use super::*;
+use crate::index::NodeInfo;
+use crate::render::RenderOptions;
+use crate::report::NodeReport;
+use crate::view::MemoryView;
+
+fn inputs(reports: &[(&str, &str)]) -> Inputs {
+    let nodes = reports
+        .iter()
+        .map(|(name, fixture)| NodeInfo::from_report(*name, &NodeReport::parse(fixture).unwrap()))
+        .collect();
+    Inputs {
+        view: MemoryView {
+            render: RenderOptions {
+                guard_image: Some("agent:1".into()),
+            },
+            ..MemoryView::new(nodes, profiles_from_files(&[]).unwrap())
+        },
+        deepspeed_configs: BTreeMap::from([(
+            "ds".to_string(),
+            r#"{"bf16": {"enabled": true}, "zero_optimization": {"stage": 3}}"#.to_string(),
+        )]),
+    }
+}
+
+const JOB: &str = r#"
+apiVersion: offload.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: j, annotations: {offload.dev/profile: auto}}
+spec:
+  replicas: 1
+  framework: {name: DeepSpeed, version: "0.19.8"}
+  deepspeed: {configMapRef: {name: ds}}
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{name: t, image: t, resources: {limits: {nvidia.com/gpu: 1}}}]
+"#;
+
+#[test]
+fn a_training_job_is_explained_with_every_artefact_and_its_candidates() {
+    let manifests = read_manifests(JOB).unwrap();
+    let e = explain(
+        &manifests[0],
+        &inputs(&[("h200-0", fixtures::H200_READING)]),
+        true,
+    )
+    .unwrap();
+    assert!(e.resolved, "{}", e.message);
+    assert_eq!(e.decision.as_ref().unwrap().mode, "CPUCopy");
+    assert!(e.reasons.iter().any(|r| r.field == "framework"));
+    assert!(e.env.iter().any(|v| v.name == "OFFLOAD_MODE"));
+    assert!(e.node_affinity.is_some());
+    assert_eq!(e.init_containers[0].name, render::GUARD_CONTAINER);
+    let zero = &e.deepspeed_config.as_ref().unwrap()["zero_optimization"];
+    assert_eq!(zero["offload_param"]["device"], "cpu");
+    // The choice, no offload, and one candidate per knob; ZenFlow marked as another kind of
+    // training. Without model hints there is no memory estimate.
+    let labels: Vec<&str> = e.candidates.iter().map(|c| c.label.as_str()).collect();
+    assert_eq!(
+        labels,
+        [
+            "chosen",
+            "no_offload",
+            "pin_memory=off",
+            "offload_param=off",
+            "super_offload=on",
+            "zenflow=on"
+        ]
+    );
+    assert!(e.candidates.iter().all(|c| c.memory.is_none()));
+    let none = &e.candidates[1];
+    assert_eq!(
+        none.deepspeed_config.as_ref().unwrap()["zero_optimization"]["offload_optimizer"]["device"],
+        "none"
+    );
+    let zen = e.candidates.last().unwrap();
+    assert!(!zen.same_semantics && zen.refused.is_none());
+    assert!(zen.deepspeed_config.as_ref().unwrap()["zero_optimization"]["zenflow"].is_object());
+    let text = to_text(&e);
+    assert!(
+        text.contains("candidates:") && text.contains("needs consent"),
+        "{text}"
+    );
+    // JSON for tools.
+    let json = serde_json::to_value(&e).unwrap();
+    assert_eq!(json["decision"]["nodeClass"], "Discrete");
+}
+
+/// With model hints, every placement is a candidate with its estimate beside the node's
+/// figures, including those that do not fit (rendered, and marked as not written).
+#[test]
+fn candidates_show_the_memory_estimate_of_every_placement() {
+    let job = JOB.replace(
+        "  replicas: 1\n",
+        "  replicas: 1\n  model: {parameters: 9.1B, tokensPerStep: 2048, hiddenSize: 4096, layers: 44, vocabSize: 32000}\n",
+    );
+    let manifests = read_manifests(&job).unwrap();
+    let mut i = inputs(&[("h200-0", fixtures::H200_READING)]);
+    i.view = MemoryView {
+        nodes: std::sync::Arc::new(crate::index::NodeIndex::new(vec![
+            NodeInfo::from_report(
+                "h200-0",
+                &NodeReport::parse(fixtures::H200_READING).unwrap(),
+            )
+            .with_allocatable(crate::index::Allocatable {
+                memory: Some(125 << 30),
+                gpus: Some(1),
+            }),
+        ])),
+        ..i.view
+    };
+    let e = explain(&manifests[0], &i, true).unwrap();
+    assert!(e.resolved, "{}", e.message);
+    let chosen = e.decision.as_ref().unwrap();
+    assert_eq!(chosen.mode, "CPUCopy");
+    assert!(chosen.memory.as_ref().is_some_and(|m| m.fits));
+    let by_label = |l: &str| e.candidates.iter().find(|c| c.label == l).unwrap();
+    let none = by_label("no_offload");
+    let m = none.memory.as_ref().expect("an estimate");
+    assert!(!m.fits && m.gpu_bytes > m.gpu_budget_bytes);
+    assert!(
+        none.refused
+            .as_deref()
+            .is_some_and(|r| r.contains("cannot run"))
+    );
+    assert!(
+        none.deepspeed_config.is_some(),
+        "rendered anyway, for the benchmark"
+    );
+    for label in ["offload_optimizer", "offload_optimizer+param"] {
+        let c = by_label(label);
+        let m = c.memory.as_ref().expect("an estimate");
+        assert!(!m.fits, "{label}: the host holds neither");
+        assert!(m.host_bytes_per_pod > m.host_budget_bytes.unwrap());
+    }
+    let text = to_text(&e);
+    assert!(
+        text.contains("memory: ") && text.contains("does not fit"),
+        "{text}"
+    );
+}
+
+#[test]
+fn what_cannot_be_decided_says_why() {
+    let manifests = read_manifests(JOB).unwrap();
+    // No node at all.
+    let e = explain(&manifests[0], &inputs(&[]), false).unwrap();
+    assert!(!e.resolved);
+    assert_eq!(e.reason.as_deref(), Some("NoReportedNodes"), "{e:?}");
+    // The referenced config was not given.
+    let mut i = inputs(&[("h200-0", fixtures::H200_READING)]);
+    i.deepspeed_configs.clear();
+    let e = explain(&manifests[0], &i, false).unwrap();
+    assert_eq!(e.reason.as_deref(), Some("InvalidDeepSpeedConfig"));
+    assert!(e.message.contains("--deepspeed-config"), "{}", e.message);
+}
+
+#[test]
+fn pods_and_other_kinds_go_through_the_webhook() {
+    let pod = read_manifests(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {offload.dev/profile: auto}}\nspec: {containers: [{name: c, image: i, resources: {limits: {nvidia.com/gpu: 1}}}]}\n",
+        )
+        .unwrap();
+    let e = explain(
+        &pod[0],
+        &inputs(&[("gh200-0", fixtures::GH200_REFERENCE)]),
+        false,
+    )
+    .unwrap();
+    assert!(e.resolved, "{}", e.message);
+    assert_eq!(e.decision.unwrap().mode, "UnifiedMemory");
+    let obj = e.object.unwrap();
+    assert!(obj.pointer("/spec/initContainers/0/name").is_some());
+    assert!(
+        obj.pointer("/metadata/annotations/offload.dev~1resolved")
+            .is_some()
+    );
+    // Not opted in: unchanged.
+    let plain = read_manifests(
+            "apiVersion: batch/v1\nkind: Job\nmetadata: {name: j}\nspec: {template: {spec: {containers: [{name: c, image: i}]}}}\n",
+        )
+        .unwrap();
+    let e = explain(&plain[0], &inputs(&[]), false).unwrap();
+    assert_eq!(e.reason.as_deref(), Some("NotOptedIn"));
+}
+
+#[test]
+fn bad_manifests_get_a_clear_error() {
+    assert!(read_manifests("").is_err());
+    assert!(read_manifests(": : :\n- [").is_err());
+    let i = inputs(&[]);
+    for (doc, expect) in [
+        ("{}", "no kind"),
+        ("{kind: Deployment}", "not a kind the operator configures"),
+        (
+            "{kind: TrainingJob, apiVersion: offload.dev/v1alpha1, metadata: {name: x}, spec: {replicas: many}}",
+            "does not match its schema",
+        ),
+    ] {
+        let m = read_manifests(doc).unwrap();
+        let err = explain(&m[0], &i, false).unwrap_err().to_string();
+        assert!(err.contains(expect), "{doc}: {err}");
+    }
+    assert!(node_from_report("/nonexistent.json").is_err());
+    assert!(deepspeed_configs_from_files(&["no-equals".into()]).is_err());
+}

@@ -1,0 +1,118 @@
+//! Validating and mutating TrainingJobs.
+
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use serde_json::Value;
+
+use super::{Review, Verdict, object, old_object, patch_response, with_warnings};
+use crate::api::TrainingJob;
+use crate::decision::{AdmittedRequest, Resolution, Unresolved, decide, opted_in};
+use crate::names;
+
+/// The decision the controller will make for this job, from this review's view and config.
+fn decided(tj: &TrainingJob, review: &Review) -> Result<Resolution, Unresolved> {
+    decide(tj, Ok(review.config.as_ref()), review.view)
+}
+
+/// Validating TrainingJob: statically wrong requests are denied with what to change; problems
+/// the cluster may fix later (no coherent node yet, not enough memory or GPUs yet, a profile
+/// not created yet) are admitted with a warning, because the controller holds the job until
+/// they are fixed. A job whose workload exists cannot change its offload configuration.
+pub fn validate_training_job(req: &AdmissionRequest<DynamicObject>, review: &Review) -> Verdict {
+    let tj: TrainingJob = match object(req, "TrainingJob") {
+        Ok(t) => t,
+        Err(msg) => return Verdict::deny(req, "InvalidObject", msg),
+    };
+    if req.operation == Operation::Update
+        && let Some(old) = old_object::<TrainingJob>(req)
+        && old
+            .status
+            .as_ref()
+            .and_then(|s| s.workload.as_ref())
+            .is_some()
+    {
+        let changed = [
+            (old.spec.offload != tj.spec.offload, "spec.offload"),
+            (old.spec.framework != tj.spec.framework, "spec.framework"),
+            (old.spec.deepspeed != tj.spec.deepspeed, "spec.deepspeed"),
+            (old.spec.template != tj.spec.template, "spec.template"),
+            (old.spec.replicas != tj.spec.replicas, "spec.replicas"),
+        ];
+        if let Some((_, field)) = changed.iter().find(|(c, _)| *c) {
+            return Verdict::deny(
+                req,
+                "RunningJobChanged",
+                format!(
+                    "{field} cannot change once the workload exists (a running job is never re-configured): delete and re-create the TrainingJob to change it"
+                ),
+            );
+        }
+        return Verdict::allow(AdmissionResponse::from(req));
+    }
+    if !opted_in(&tj) {
+        return Verdict::allow(AdmissionResponse::from(req));
+    }
+    match decided(&tj, review) {
+        Ok(_) => Verdict::allow(AdmissionResponse::from(req)),
+        Err(Unresolved::ProfileNotFound(missing)) => Verdict::allow(with_warnings(
+            AdmissionResponse::from(req),
+            vec![format!(
+                "OffloadProfile {:?} does not exist yet: the job waits until it does",
+                missing.name
+            )],
+        )),
+        Err(e) if e.depends_on_cluster() => Verdict::allow(with_warnings(
+            AdmissionResponse::from(req),
+            vec![format!(
+                "the job waits until the cluster can take it: {}",
+                e.message()
+            )],
+        )),
+        Err(e) => Verdict::deny(req, e.reason(), format!("spec: {}", e.message())),
+    }
+}
+
+/// Mutating TrainingJob at CREATE: resolve every `Auto` early so the stored object already
+/// shows the decision. Unresolvable jobs are admitted unchanged (validation warns; the
+/// controller records why).
+pub fn mutate_training_job(req: &AdmissionRequest<DynamicObject>, review: &Review) -> Verdict {
+    let allow = AdmissionResponse::from(req);
+    if req.operation != Operation::Create {
+        return Verdict::allow(allow);
+    }
+    let tj: TrainingJob = match object(req, "TrainingJob") {
+        Ok(t) => t,
+        Err(msg) => return Verdict::deny(req, "InvalidObject", msg),
+    };
+    if !opted_in(&tj) || tj.spec.offload.is_concrete() {
+        return Verdict::allow(allow);
+    }
+    let Ok(res) = decided(&tj, review) else {
+        return Verdict::allow(allow);
+    };
+    let Ok(original) = serde_json::to_value(&tj) else {
+        return Verdict::allow(allow);
+    };
+    let mut mutated = original.clone();
+    let record = AdmittedRequest {
+        requested: tj.spec.offload.clone(),
+        wrote: res.concrete_spec(),
+    };
+    let (Ok(concrete), Ok(requested)) = (serde_json::to_value(&record.wrote), record.annotation())
+    else {
+        return Verdict::allow(allow);
+    };
+    mutated["spec"]["offload"] = concrete;
+    if let Some(meta) = mutated.get_mut("metadata").and_then(Value::as_object_mut) {
+        let annotations = meta
+            .entry("annotations")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Some(a) = annotations.as_object_mut() {
+            a.insert(
+                names::ANNOTATION_REQUESTED.to_string(),
+                Value::String(requested),
+            );
+        }
+    }
+    patch_response(req, &original, &mutated)
+}
