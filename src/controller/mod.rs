@@ -10,7 +10,7 @@ mod profile;
 pub mod status;
 mod training_job;
 
-pub use training_job::{Unresolved, reconcile_job};
+pub use training_job::{Unresolved, reconcile_job, slim_pod};
 pub mod workload;
 
 use std::sync::Arc;
@@ -53,6 +53,10 @@ pub struct Context {
     /// The workload Jobs (the leader's own watch of them, labelled with their TrainingJob);
     /// `None` where no such watch runs (a reconcile then asks the API server).
     pub workloads: Option<Store<Job>>,
+    /// The workloads' pods, slimmed to where they run and their init containers' outcome: which
+    /// node an observation may speak for. `None` where no such watch runs (then no node's
+    /// observation is believed).
+    pub pods: Option<Store<Pod>>,
 }
 
 impl Context {
@@ -74,7 +78,17 @@ impl Context {
             jobs: caches.jobs.store().clone(),
             render: crate::render::RenderOptions::default(),
             workloads: None,
+            pods: None,
         }
+    }
+
+    /// Whether pod `name` of `namespace` runs on `node`, as the pod cache says.
+    pub fn pod_on(&self, namespace: &str, name: &str, node: &str) -> bool {
+        self.pods.as_ref().is_some_and(|pods| {
+            pods.get(&ObjectRef::new(name).within(namespace))
+                .and_then(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+                .is_some_and(|n| n == node)
+        })
     }
 
     /// The node index as of now (shared until a node changes).
@@ -103,6 +117,9 @@ pub enum Error {
     /// An object could not be serialised (a bug, never user input).
     #[error("serialising {0}: {1}")]
     Serialize(&'static str, serde_json::Error),
+    /// The reconcile panicked (a bug): caught, so that one object never stops the controller.
+    #[error("the reconcile panicked: {0}")]
+    Panic(String),
 }
 
 impl Error {
@@ -123,6 +140,7 @@ impl Error {
             } => "ApiError",
             Error::Kube { .. } => "ClientError",
             Error::Serialize(..) => "Serialize",
+            Error::Panic(_) => "Panic",
         }
     }
 }
@@ -132,9 +150,19 @@ pub(crate) fn kube_err(action: &'static str) -> impl FnOnce(kube::Error) -> Erro
     move |source| Error::Kube { action, source }
 }
 
-fn error_policy<K>(kind: &'static str) -> impl Fn(Arc<K>, &Error, Arc<Context>) -> Action {
-    move |_obj, err, ctx| {
-        tracing::warn!(kind, category = err.category(), error = %err, "reconcile failed");
+fn error_policy<K: kube::Resource>(
+    kind: &'static str,
+) -> impl Fn(Arc<K>, &Error, Arc<Context>) -> Action {
+    move |obj, err, ctx| {
+        let meta = obj.meta();
+        tracing::warn!(
+            kind,
+            namespace = meta.namespace.as_deref().unwrap_or_default(),
+            name = meta.name.as_deref().unwrap_or_default(),
+            category = err.category(),
+            error = %err,
+            "reconcile failed"
+        );
         ctx.metrics
             .reconcile_errors
             .get_or_create(&ErrorLabels {
@@ -142,7 +170,30 @@ fn error_policy<K>(kind: &'static str) -> impl Fn(Arc<K>, &Error, Arc<Context>) 
                 category: err.category(),
             })
             .inc();
-        Action::requeue(Duration::from_secs(5))
+        // A panic repeats until the object or the operator changes: try now and then, not in a
+        // tight loop.
+        match err {
+            Error::Panic(_) => Action::requeue(Duration::from_secs(300)),
+            _ => Action::requeue(Duration::from_secs(5)),
+        }
+    }
+}
+
+/// Runs one reconcile, turning a panic into [`Error::Panic`]: the other objects go on.
+pub(crate) async fn caught<F>(fut: F) -> Result<Action, Error>
+where
+    F: std::future::Future<Output = Result<Action, Error>>,
+{
+    use futures::FutureExt;
+    match std::panic::AssertUnwindSafe(fut).catch_unwind().await {
+        Ok(result) => result,
+        Err(panic) => Err(Error::Panic(
+            panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".into()),
+        )),
     }
 }
 
@@ -191,9 +242,26 @@ pub async fn run(
         }),
     )
     .touched_objects();
+    // The workloads' pods: where each runs (observations are believed only from there) and
+    // how its start-up guard ended (a trigger).
+    let (pods, pod_writer) = kube::runtime::reflector::store::<Pod>();
+    let pod_changes = kube::runtime::reflector::reflector(
+        pod_writer,
+        watcher(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default().labels(names::LABEL_TRAINING_JOB),
+        )
+        .default_backoff()
+        .modify(|pod: &mut Pod| {
+            training_job::slim_pod(pod);
+            crate::caches::strip_for_cache(pod);
+        }),
+    )
+    .touched_objects();
     let ctx = Arc::new(Context {
         render: options.render.clone(),
         workloads: Some(workloads),
+        pods: Some(pods),
         ..Context::new(client.clone(), caches, metrics.clone(), &options.reporter)
     });
     let config = controller::Config::default().concurrency(options.concurrency);
@@ -228,12 +296,7 @@ pub async fn run(
             )
             // A workload pod whose start-up guard ended: record what it found.
             .watches_stream(
-                watcher(
-                    Api::<Pod>::all(client.clone()),
-                    watcher::Config::default().labels(names::LABEL_TRAINING_JOB),
-                )
-                .default_backoff()
-                .touched_objects(),
+                pod_changes,
                 |pod| {
                     training_job::guard_outcome(&pod)?;
                     let name = pod.labels().get(names::LABEL_TRAINING_JOB)?.clone();
@@ -293,7 +356,7 @@ pub async fn run(
             ))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(
-                profile::reconcile,
+                |profile, ctx| caught(profile::reconcile(profile, ctx)),
                 error_policy::<OffloadProfile>("OffloadProfile"),
                 ctx,
             );
@@ -321,7 +384,11 @@ async fn log_outcomes<K, E, W>(
             if let Err(e) = outcome {
                 let category = match &e {
                     controller::Error::ReconcilerFailed(..) => None,
-                    controller::Error::ObjectNotFound(_) => Some("ObjectNotFound"),
+                    // A trigger for an object deleted since: expected, not worth a warning.
+                    controller::Error::ObjectNotFound(obj) => {
+                        tracing::debug!(kind, object = %obj, "triggered for an object that is gone");
+                        None
+                    }
                     controller::Error::QueueError(_) => Some("TriggerWatch"),
                     controller::Error::RunnerError(_) => Some("Runner"),
                 };

@@ -17,19 +17,22 @@ pub const MAX_LISTED_NODES: usize = 512;
 pub const OVERLAP_OBSERVED: &str = "OverlapObserved";
 
 /// The job's figures from every fresh summary that lists its pods; `None` when no agent has
-/// observed any of them.
+/// observed any of them. A node's summary counts only where it names that node and only for
+/// the job's pods `bound(pod, node)` says run there, with no more GPUs than the node has: no
+/// node can speak for another's pods.
 pub fn gather(
     nodes: &NodeIndex,
     namespace: &str,
     job: &str,
     now: jiff::Timestamp,
+    bound: &dyn Fn(&str, &str) -> bool,
 ) -> Option<ObservedOverlap> {
     let stale = jiff::SignedDuration::try_from(STALE_AFTER).ok()?;
     let mut per_node = Vec::new();
     let (mut busy_gpus, mut gpus, mut cpu, mut window) = (0.0f64, 0usize, None::<f64>, 0.0f64);
     let mut oldest: Option<jiff::Timestamp> = None;
     for node in nodes.nodes() {
-        let Some(summary) = node.parsed_observed() else {
+        let Some(summary) = node.parsed_observed().filter(|s| s.node == node.name) else {
             continue;
         };
         let Some(at) = summary.observed_at() else {
@@ -39,8 +42,18 @@ pub fn gather(
             continue;
         }
         let (mut n_busy, mut n_gpus, mut n_cpu) = (0.0f64, 0usize, None::<f64>);
-        for pod in summary.pods_of(namespace, job) {
-            let held = pod.gpus.len();
+        let capacity = node
+            .known_gpus()
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(crate::observed::MAX_GPUS);
+        for pod in summary
+            .pods_of(namespace, job)
+            .filter(|p| bound(&p.name, &node.name))
+        {
+            let held = pod.gpus.len().min(capacity.saturating_sub(n_gpus));
+            if held == 0 {
+                continue;
+            }
             #[allow(clippy::cast_precision_loss)]
             let weight = held as f64;
             n_busy += pod.gpu_busy * weight;
@@ -138,10 +151,20 @@ mod tests {
     use crate::names;
     use crate::observed::{BusySource, OBSERVED_SCHEMA_VERSION, ObservedSummary, PodObservation};
 
+    /// Every pod is bound where its summary says.
+    fn anywhere(_: &str, _: &str) -> bool {
+        true
+    }
+
     fn node(name: &str, at: &str, pods: Vec<PodObservation>) -> NodeInfo {
+        node_claiming(name, name, at, pods)
+    }
+
+    /// A node whose summary says it was written on `claimed`.
+    fn node_claiming(name: &str, claimed: &str, at: &str, pods: Vec<PodObservation>) -> NodeInfo {
         let summary = ObservedSummary {
             schema_version: OBSERVED_SCHEMA_VERSION,
-            node: name.into(),
+            node: claimed.into(),
             observed_at: at.into(),
             window_seconds: 60.0,
             source: BusySource::RecordedTrace,
@@ -159,7 +182,7 @@ mod tests {
             namespace: ns.into(),
             name: format!("{job}-0"),
             training_job: Some(job.into()),
-            gpus: (0..gpus).map(|i| format!("GPU-{i}")).collect(),
+            gpus: (0..gpus).map(|i| format!("GPU-{job}-{i}")).collect(),
             gpu_busy: busy,
             samples: 600,
             cpu_cores: cpu,
@@ -210,7 +233,7 @@ mod tests {
                 vec![pod("elsewhere", "job", 2, 0.0, None)],
             ),
         ]);
-        let o = gather(&index, "ns", "job", NOW.parse().unwrap()).unwrap();
+        let o = gather(&index, "ns", "job", NOW.parse().unwrap(), &anywhere).unwrap();
         assert_eq!(o.gpus, 4);
         assert!((o.gpu_busy - 0.8).abs() < 1e-9, "{}", o.gpu_busy);
         assert_eq!(o.cpu_cores, Some(3.5));
@@ -219,7 +242,37 @@ mod tests {
             o.nodes.iter().map(|n| n.node.as_str()).collect::<Vec<_>>(),
             ["a", "b"]
         );
-        assert!(gather(&index, "ns", "absent", NOW.parse().unwrap()).is_none());
+        assert!(gather(&index, "ns", "absent", NOW.parse().unwrap(), &anywhere).is_none());
+    }
+
+    /// Found by an independent tester: any node's summary could speak for any job's pods, and
+    /// list more GPUs than the node has.
+    #[test]
+    fn a_node_speaks_only_for_the_pods_bound_to_it_and_its_own_gpus() {
+        let index = NodeIndex::new(vec![
+            // Names another node: ignored.
+            node_claiming(
+                "a",
+                "liar",
+                "2026-11-30T20:01:00Z",
+                vec![pod("ns", "job", 1, 0.1, None)],
+            ),
+            node(
+                "b",
+                "2026-11-30T20:01:00Z",
+                vec![pod("ns", "job", 8, 0.2, None)],
+            )
+            .with_allocatable(crate::index::Allocatable {
+                memory: None,
+                gpus: Some(1),
+            }),
+        ]);
+        let only_on_b = |pod: &str, node: &str| pod == "job-0" && node == "b";
+        let o = gather(&index, "ns", "job", NOW.parse().unwrap(), &only_on_b).unwrap();
+        assert_eq!(o.gpus, 1, "b has one GPU");
+        assert_eq!(o.nodes.len(), 1);
+        let nowhere = |_: &str, _: &str| false;
+        assert!(gather(&index, "ns", "job", NOW.parse().unwrap(), &nowhere).is_none());
     }
 
     #[test]
@@ -229,7 +282,7 @@ mod tests {
             "2026-11-30T20:01:00Z",
             vec![pod("ns", "job", 1, 0.58, None)],
         )]);
-        let o = gather(&index, "ns", "job", NOW.parse().unwrap()).unwrap();
+        let o = gather(&index, "ns", "job", NOW.parse().unwrap(), &anywhere).unwrap();
         let (ok, reason, msg) = judge(&decision(true, true), &o, 0.6).unwrap();
         assert!(!ok);
         assert_eq!(reason, "GPUsIdle");

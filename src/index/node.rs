@@ -16,13 +16,22 @@ use crate::report::{NodeMemoryModel, NodeReport, OverlapVerdict, ReportError};
 /// reasons; the rest is cut, so a node cannot bloat every job's status.
 pub const MAX_NODE_TEXT: usize = 200;
 
-/// Cuts `text` to at most [`MAX_NODE_TEXT`] characters, marking the cut.
+/// Cuts `text` to at most [`MAX_NODE_TEXT`] characters, marking the cut, with control
+/// characters (escape, bell, …) and bidirectional overrides replaced by `�`: text a node wrote
+/// reaches conditions and terminals, and must not steer either.
 pub fn bounded(text: &str) -> String {
-    if text.chars().count() <= MAX_NODE_TEXT {
-        return text.to_string();
+    let safe = |c: char| {
+        let bidi = matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}');
+        if c.is_control() || bidi {
+            '\u{FFFD}'
+        } else {
+            c
+        }
+    };
+    let mut cut: String = text.chars().take(MAX_NODE_TEXT).map(safe).collect();
+    if text.chars().count() > MAX_NODE_TEXT {
+        cut.push('…');
     }
-    let mut cut: String = text.chars().take(MAX_NODE_TEXT).collect();
-    cut.push('…');
     cut
 }
 
@@ -112,7 +121,7 @@ impl NodeInfo {
         report: Option<Result<NodeReport, ReportError>>,
     ) -> Self {
         let name = name.into();
-        let (standing, overlap_conflict) = judge(&labels, report.as_ref());
+        let (standing, overlap_conflict) = judge(&name, &labels, report.as_ref());
         NodeInfo {
             name,
             labels,
@@ -127,6 +136,9 @@ impl NodeInfo {
     /// A node whose agent published `report` (labels derived from it, as the agent writes them),
     /// its report checked as the operator checks one it reads.
     pub fn from_report(name: impl Into<String>, report: &NodeReport) -> Self {
+        let name = name.into();
+        let mut report = report.clone();
+        report.node.clone_from(&name);
         let checked = report.check().map(|()| report.clone());
         NodeInfo::new(name, report.labels(), Some(checked))
     }
@@ -188,24 +200,23 @@ impl NodeInfo {
         self.report.as_ref().and_then(|r| r.as_ref().ok())
     }
 
-    /// GPUs on the node: the distinct GPUs of the report (by UUID), no more than the node's
-    /// allocatable `nvidia.com/gpu` where it states one; 1 without a readable report.
-    pub fn gpu_count(&self) -> u32 {
+    /// GPUs on the node, where the report or the kubelet says: the report's GPUs (each listed
+    /// once: the report's checks refuse one listed twice), no more than the node's allocatable
+    /// `nvidia.com/gpu`.
+    pub fn known_gpus(&self) -> Option<u64> {
         let reported = self
             .parsed_report()
-            .map(|r| {
-                let mut uuids: Vec<&str> = r.gpus.iter().map(|g| g.uuid.as_str()).collect();
-                uuids.sort_unstable();
-                uuids.dedup();
-                u64::try_from(uuids.len()).unwrap_or(u64::MAX)
-            })
-            .filter(|n| *n > 0)
-            .unwrap_or(1);
-        let count = match self.allocatable.gpus {
-            Some(a) => reported.min(a),
-            None => reported,
-        };
-        u32::try_from(count).unwrap_or(u32::MAX)
+            .map(|r| u64::try_from(r.gpus.len()).unwrap_or(u64::MAX))
+            .filter(|n| *n > 0);
+        match (reported, self.allocatable.gpus) {
+            (Some(r), Some(a)) => Some(r.min(a)),
+            (r, a) => r.or(a),
+        }
+    }
+
+    /// GPUs on the node for placement: [`NodeInfo::known_gpus`], 1 where nothing says.
+    pub fn gpu_count(&self) -> u32 {
+        u32::try_from(self.known_gpus().unwrap_or(1)).unwrap_or(u32::MAX)
     }
 
     /// Memory of the node's smallest GPU, bytes, from the report.
@@ -227,8 +238,12 @@ fn class_of(model: NodeMemoryModel) -> Option<NodeClass> {
     }
 }
 
+/// How far in the future a report may be dated (clocks of nodes and the operator differ).
+const CLOCK_SKEW: jiff::SignedDuration = jiff::SignedDuration::from_hours(1);
+
 /// The node's standing, and a conflict on the overlap label if there is one.
 fn judge(
+    name: &str,
     labels: &BTreeMap<String, String>,
     report: Option<&Result<NodeReport, ReportError>>,
 ) -> (Standing, Option<String>) {
@@ -247,6 +262,29 @@ fn judge(
         (Some(Err(e)), _) => return (Standing::Ignored(bounded(&e.to_string())), None),
         (Some(Ok(r)), _) => r,
     };
+    // Each agent writes only its own node's report (the chart's admission policy enforces it);
+    // a report naming another node, or dated in the future, was not written by this node's
+    // agent now.
+    if report.node != name {
+        return (
+            Standing::Ignored(format!(
+                "its report was written for node {:?}",
+                bounded(&report.node)
+            )),
+            None,
+        );
+    }
+    if let Ok(at) = report.generated_at.parse::<jiff::Timestamp>()
+        && at.duration_since(jiff::Timestamp::now()) > CLOCK_SKEW
+    {
+        return (
+            Standing::Ignored(format!(
+                "its report is dated {}, in the future",
+                bounded(&report.generated_at)
+            )),
+            None,
+        );
+    }
     let Some(class) = class_of(report.memory_model) else {
         let why = match report.memory_model {
             NodeMemoryModel::NoGpu => "its report says it has no GPU".to_string(),

@@ -12,11 +12,17 @@ use super::*;
 use crate::names;
 use crate::report::{NodeMemoryModel, NodeReport};
 
-fn annotations(report: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([(
-        names::ANNOTATION_NODE_REPORT.to_string(),
-        report.to_string(),
-    )])
+/// The report annotation of node `node`: the report text with its `node` field set to it (the
+/// agent writes its own node's name), or the text as it is when it is not a JSON object.
+fn annotations_of(node: &str, report: &str) -> BTreeMap<String, String> {
+    let text = match serde_json::from_str::<serde_json::Value>(report) {
+        Ok(mut v) if v.is_object() => {
+            v["node"] = node.into();
+            v.to_string()
+        }
+        _ => report.to_string(),
+    };
+    BTreeMap::from([(names::ANNOTATION_NODE_REPORT.to_string(), text)])
 }
 
 fn labels_of(fixture: &str) -> BTreeMap<String, String> {
@@ -28,7 +34,7 @@ fn a_node_published_by_the_agent_is_a_candidate_of_its_reports_class() {
     let gh = NodeInfo::from_metadata(
         "gh",
         labels_of(fixtures::GH200_REFERENCE),
-        &annotations(fixtures::GH200_REFERENCE),
+        &annotations_of("gh", fixtures::GH200_REFERENCE),
     );
     assert_eq!(gh.class(), Some(NodeClass::Coherent));
     assert_eq!(gh.memory_model(), Some(NodeMemoryModel::Coherent));
@@ -36,7 +42,7 @@ fn a_node_published_by_the_agent_is_a_candidate_of_its_reports_class() {
     let hmm = NodeInfo::from_metadata(
         "hmm",
         labels_of(fixtures::HMM_UNPINNED),
-        &annotations(fixtures::HMM_UNPINNED),
+        &annotations_of("hmm", fixtures::HMM_UNPINNED),
     );
     assert_eq!(hmm.class(), Some(NodeClass::Discrete));
     assert_eq!(hmm.memory_model(), Some(NodeMemoryModel::Hmm));
@@ -50,7 +56,7 @@ fn labels_that_contradict_the_report_make_the_node_ignored() {
     let lying = NodeInfo::from_metadata(
         "h200",
         labels_of(fixtures::GH200_REFERENCE),
-        &annotations(fixtures::H200_READING),
+        &annotations_of("h200", fixtures::H200_READING),
     );
     assert_eq!(lying.class(), None);
     let why = lying.ignored_because().unwrap();
@@ -62,7 +68,11 @@ fn labels_that_contradict_the_report_make_the_node_ignored() {
 fn an_overlap_label_that_contradicts_the_report_is_a_conflict_not_a_verdict() {
     let mut labels = labels_of(fixtures::HMM_UNPINNED);
     labels.insert(names::LABEL_OVERLAP.into(), "verified".into());
-    let node = NodeInfo::from_metadata("hmm", labels, &annotations(fixtures::HMM_UNPINNED));
+    let node = NodeInfo::from_metadata(
+        "hmm",
+        labels,
+        &annotations_of("hmm", fixtures::HMM_UNPINNED),
+    );
     assert_eq!(node.class(), Some(NodeClass::Discrete));
     assert_eq!(
         node.overlap_verdict(),
@@ -88,17 +98,17 @@ fn unusable_publications_are_ignored_with_a_reason() {
         ),
         (
             labels_of(fixtures::H200_READING),
-            annotations(&impossible.to_string()),
+            annotations_of("n", &impossible.to_string()),
             "efficiency 2 is outside 0–1",
         ),
         (
             labels_of(fixtures::H200_READING),
-            annotations("{not json"),
+            annotations_of("n", "{not json"),
             "not valid JSON",
         ),
         (
             BTreeMap::new(),
-            annotations(fixtures::H200_READING),
+            annotations_of("n", fixtures::H200_READING),
             "no offload.dev/uma label",
         ),
     ];
@@ -118,6 +128,12 @@ fn text_from_a_node_is_bounded() {
     let cut = bounded(&long);
     assert_eq!(cut.chars().count(), MAX_NODE_TEXT + 1);
     assert_eq!(bounded("short"), "short");
+    // Found by an independent tester: escape, bell and a right-to-left override copied from a
+    // node's report into profile conditions.
+    assert_eq!(
+        bounded("ok\u{1b}[31mred\u{7}\u{202e}evil"),
+        "ok\u{FFFD}[31mred\u{FFFD}\u{FFFD}evil"
+    );
 }
 
 /// The views hand every caller the same index until a node changes, and see changes and
@@ -130,7 +146,7 @@ fn node_views_share_the_index_until_a_node_changes() {
                 name: Some(name.into()),
                 resource_version: Some(rv.into()),
                 labels: Some(labels_of(fixture)),
-                annotations: Some(annotations(fixture)),
+                annotations: Some(annotations_of(name, fixture)),
                 ..Default::default()
             },
             ..Default::default()

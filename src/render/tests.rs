@@ -20,12 +20,7 @@ use crate::report::NodeReport;
 use offload_testenv::fixtures;
 
 fn node(name: &str, fixture: &str) -> NodeInfo {
-    let report = NodeReport::parse(fixture).unwrap();
-    let ann = BTreeMap::from([(
-        names::ANNOTATION_NODE_REPORT.to_string(),
-        fixture.to_string(),
-    )]);
-    NodeInfo::from_metadata(name, report.labels(), &ann)
+    NodeInfo::from_report(name, &NodeReport::parse(fixture).unwrap())
 }
 
 fn job(framework: Framework, version: Option<&str>) -> JobRequest {

@@ -31,6 +31,10 @@ use crate::render;
 use crate::view::AdmissionView;
 use admit::{Review, Verdict};
 
+/// How long the webhook waits for a request's whole body, and for its headers: the API server
+/// gives a webhook at most 30 s (10 by default), so a slower client is not the API server.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Largest AdmissionReview the webhook reads. The API server stores objects of up to about
 /// 1.5 MiB and accepts request bodies of up to 3 MiB; a review of an UPDATE carries the old and
 /// the new object, JSON-escaped inside the envelope. Anything it can send must fit.
@@ -142,7 +146,43 @@ pub fn router(state: WebhookState) -> Router {
             post(|s: State<WebhookState>, b: Bytes| handle(s, b, "mutate-pod", admit::mutate_pod)),
         )
         .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
+        .layer(tower_http::timeout::RequestBodyDeadlineLayer::new(
+            READ_TIMEOUT,
+        ))
         .with_state(state)
+}
+
+/// Just enough of an AdmissionReview to answer it: its version and the request's uid. Read
+/// without building the object (serde_json skips values with no depth limit), so an object
+/// nested too deep to read still gets a denial that keeps its uid.
+#[derive(serde::Deserialize)]
+struct Envelope {
+    #[serde(rename = "apiVersion")]
+    api_version: Option<String>,
+    kind: Option<String>,
+    request: Option<EnvelopeRequest>,
+}
+
+#[derive(serde::Deserialize)]
+struct EnvelopeRequest {
+    uid: String,
+}
+
+/// The only AdmissionReview version the webhook configurations ask the API server for.
+const REVIEW_VERSION: &str = "admission.k8s.io/v1";
+
+/// A denial of an object that could not be read, keeping the request's uid.
+fn unreadable_object(uid: &str, message: String) -> Response {
+    axum::Json(serde_json::json!({
+        "apiVersion": REVIEW_VERSION,
+        "kind": "AdmissionReview",
+        "response": {
+            "uid": uid,
+            "allowed": false,
+            "status": {"status": "Failure", "code": 400, "reason": "BadRequest", "message": message}
+        }
+    }))
+    .into_response()
 }
 
 fn bad_request(message: String) -> Response {
@@ -166,9 +206,40 @@ async fn handle(
         .admission_requests
         .get_or_create(&labels)
         .inc();
+    let envelope: Envelope = match serde_json::from_slice(&body) {
+        Ok(e) => e,
+        Err(e) => return bad_request(format!("the body is not an AdmissionReview: {e}")),
+    };
+    if envelope.api_version.as_deref() != Some(REVIEW_VERSION)
+        || envelope.kind.as_deref() != Some("AdmissionReview")
+    {
+        return bad_request(format!(
+            "the body is not an AdmissionReview of {REVIEW_VERSION} (apiVersion {:?}, kind {:?}): the webhook configurations ask for admissionReviewVersions [v1]",
+            envelope.api_version.unwrap_or_default(),
+            envelope.kind.unwrap_or_default()
+        ));
+    }
     let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(&body) {
         Ok(r) => r,
-        Err(e) => return bad_request(format!("the body is not an AdmissionReview: {e}")),
+        Err(e) => {
+            let Some(request) = envelope.request else {
+                return bad_request(format!("the body is not an AdmissionReview: {e}"));
+            };
+            let why = if e.to_string().contains("recursion limit") {
+                "the object is nested deeper than the 128 levels the webhook reads (no Kubernetes object needs that many)".to_string()
+            } else {
+                format!("the object cannot be read: {e}")
+            };
+            state
+                .metrics
+                .admission_denials
+                .get_or_create(&DenialLabels {
+                    endpoint,
+                    reason: "InvalidObject",
+                })
+                .inc();
+            return unreadable_object(&request.uid, why);
+        }
     };
     let req: AdmissionRequest<DynamicObject> = match review.try_into() {
         Ok(r) => r,
@@ -184,7 +255,21 @@ async fn handle(
         view: state.view.as_ref(),
         config,
     };
-    let verdict = f(&req, &review);
+    // A bug in a handler answers this request with a denial that keeps its uid, instead of
+    // dropping the connection (the API server would report an unknown reason).
+    let verdict = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&req, &review)))
+    {
+        Ok(v) => v,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(endpoint, panic = %what, "an admission handler panicked");
+            Verdict::internal_error(&req, &what)
+        }
+    };
     if let Some(reason) = verdict.denied {
         state
             .metrics
@@ -330,11 +415,17 @@ pub async fn serve(
     // TCP_NODELAY: an answer is written as more than one segment (TLS records, HTTP/2 frames);
     // with Nagle's algorithm the last one waits for the API server's delayed ACK.
     let acceptor = RustlsAcceptor::new(config).acceptor(NoDelayAcceptor::new());
-    let server = axum_server::from_tcp(listener)
+    let mut server = axum_server::from_tcp(listener)
         .map_err(bind_err)?
         .acceptor(acceptor)
-        .handle(handle.clone())
-        .serve(router(state).into_make_service());
+        .handle(handle.clone());
+    // A client that sends its headers slowly holds a connection no longer than one that sends
+    // its body slowly (the router's deadline).
+    server
+        .http_builder()
+        .http1()
+        .header_read_timeout(READ_TIMEOUT);
+    let server = server.serve(router(state).into_make_service());
     let refresher = rotator.clone();
     let interval = options.check_interval;
     let watcher_client = rotator.client.clone();

@@ -18,6 +18,12 @@ pub const MAX_PODS: usize = 64;
 /// Most bytes of the annotation the operator reads; a larger one is refused unread.
 pub const MAX_OBSERVED_BYTES: usize = 64 * 1024;
 
+/// Longest window an agent observes over (it publishes every minute by default).
+pub const MAX_WINDOW_SECONDS: f64 = 3600.0;
+
+/// Most GPUs one summary lists in all: as many as a node report may (a node has no more).
+pub const MAX_GPUS: usize = crate::report::MAX_GPUS;
+
 /// Where the busy fractions came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -125,8 +131,10 @@ impl ObservedSummary {
         Ok(summary)
     }
 
-    /// Rejects figures no agent measures: fractions outside 0..1, a window that is not
-    /// positive, negative CPU, more than [`MAX_PODS`] pods, an unreadable time.
+    /// Rejects what no agent writes: fractions outside 0..1, a window that is not positive or
+    /// longer than [`MAX_WINDOW_SECONDS`], negative CPU, a pod with no samples, more than
+    /// [`MAX_PODS`] pods, a pod or a GPU listed twice, more than [`MAX_GPUS`] GPUs, an
+    /// unreadable time.
     pub fn check(&self) -> Result<(), ObservedError> {
         let impossible = |m: String| Err(ObservedError::Impossible(m));
         if self.pods.len() > MAX_PODS {
@@ -135,8 +143,41 @@ impl ObservedSummary {
                 self.pods.len()
             ));
         }
-        if !(self.window_seconds.is_finite() && self.window_seconds > 0.0) {
-            return impossible(format!("window of {} s", self.window_seconds));
+        if !(self.window_seconds.is_finite()
+            && self.window_seconds > 0.0
+            && self.window_seconds <= MAX_WINDOW_SECONDS)
+        {
+            return impossible(format!(
+                "window of {} s (an agent observes for up to {MAX_WINDOW_SECONDS} s)",
+                self.window_seconds
+            ));
+        }
+        let mut pods = std::collections::BTreeSet::new();
+        let mut gpus = std::collections::BTreeSet::new();
+        for pod in &self.pods {
+            if !pods.insert((pod.namespace.as_str(), pod.name.as_str())) {
+                return impossible(format!("pod {}/{} listed twice", pod.namespace, pod.name));
+            }
+            if pod.samples == 0 {
+                return impossible(format!(
+                    "pod {}/{} has a busy fraction from no samples",
+                    pod.namespace, pod.name
+                ));
+            }
+            for gpu in &pod.gpus {
+                if !gpus.insert(gpu.as_str()) {
+                    return impossible(format!(
+                        "GPU {gpu:?} listed twice (for pod {}/{})",
+                        pod.namespace, pod.name
+                    ));
+                }
+            }
+        }
+        if gpus.len() > MAX_GPUS {
+            return impossible(format!(
+                "{} GPUs listed, more than the {MAX_GPUS} a node can have",
+                gpus.len()
+            ));
         }
         if self.observed_at.parse::<jiff::Timestamp>().is_err() {
             return impossible(format!("observedAt {:?} is not a time", self.observed_at));
@@ -243,7 +284,33 @@ mod tests {
         many.pods = vec![many.pods[0].clone(); MAX_PODS + 1];
         let mut none = summary();
         none.pods[0].gpus.clear();
-        for bad in [busy, window, cpu, at, many, none] {
+        // What a hostile or broken node wrote (found by an independent tester): one GPU 2,000
+        // times, the same pod 64 times, a window of 1e308 s, a fraction from no samples.
+        let mut one_gpu_many_times = summary();
+        one_gpu_many_times.pods[0].gpus = vec!["GPU-0".into(); 2000];
+        let mut same_pod = summary();
+        same_pod.pods = vec![same_pod.pods[0].clone(); 64];
+        let mut huge_window = summary();
+        huge_window.window_seconds = 1e308;
+        let mut no_samples = summary();
+        no_samples.pods[0].samples = 0;
+        let mut shared_gpu = summary();
+        let mut second = shared_gpu.pods[0].clone();
+        second.name = "job-1".into();
+        shared_gpu.pods.push(second);
+        for bad in [
+            busy,
+            window,
+            cpu,
+            at,
+            many,
+            none,
+            one_gpu_many_times,
+            same_pod,
+            huge_window,
+            no_samples,
+            shared_gpu,
+        ] {
             let text = serde_json::to_string(&bad).unwrap_or_else(|_| "{}".into());
             assert!(ObservedSummary::parse(&text).is_err(), "accepted {bad:?}");
         }

@@ -404,6 +404,15 @@ pub struct Bandwidths {
 
 /// Most GPUs a report may list; a node with more is not a node this project knows.
 pub const MAX_GPUS: usize = 64;
+/// Least memory a listed GPU may have (1 GiB).
+pub const MIN_GPU_MEMORY: u64 = 1 << 30;
+/// Most memory a listed GPU may have (64 TiB, far above any GPU).
+pub const MAX_GPU_MEMORY: u64 = 1 << 46;
+/// CPU optimizer update rates a self-test can measure, parameters per second (a slow core to
+/// far beyond any node).
+pub const CPU_UPDATE_RATES: std::ops::RangeInclusive<f64> = 1e3..=1e13;
+/// GPU compute rates a self-test can measure, FLOP/s (far below and above any GPU).
+pub const GPU_FLOPS: std::ops::RangeInclusive<f64> = 1e9..=1e17;
 
 /// A report that could not be read.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -466,14 +475,34 @@ impl NodeReport {
     }
 
     /// Rejects what the agent could never have measured: an efficiency or threshold outside
-    /// 0–1, a negative or non-finite rate or time, a verdict without the figure it rests on, a
-    /// memory model that the listed GPUs contradict, more than [`MAX_GPUS`] GPUs.
+    /// 0–1, a negative or non-finite rate or time, rates no hardware has, a verdict without the
+    /// figure it rests on, a memory model that the listed GPUs contradict, more than
+    /// [`MAX_GPUS`] GPUs, a GPU listed twice, GPU memory no GPU has, a date that is not one.
     pub fn check(&self) -> Result<(), ReportError> {
         let impossible = |msg: String| Err(ReportError::Impossible(msg));
         if self.gpus.len() > MAX_GPUS {
             return impossible(format!(
                 "{} GPUs listed, more than the {MAX_GPUS} a node can have",
                 self.gpus.len()
+            ));
+        }
+        let mut seen_uuid = std::collections::BTreeSet::new();
+        let mut seen_index = std::collections::BTreeSet::new();
+        for g in &self.gpus {
+            if !seen_uuid.insert(g.uuid.as_str()) || !seen_index.insert(g.index) {
+                return impossible(format!("GPU {} (index {}) listed twice", g.uuid, g.index));
+            }
+            if !(MIN_GPU_MEMORY..=MAX_GPU_MEMORY).contains(&g.memory_total_bytes) {
+                return impossible(format!(
+                    "GPU {} has {} bytes of memory, which no GPU has",
+                    g.uuid, g.memory_total_bytes
+                ));
+            }
+        }
+        if self.generated_at.parse::<jiff::Timestamp>().is_err() {
+            return impossible(format!(
+                "generatedAt {:?} is not an RFC 3339 time",
+                self.generated_at
             ));
         }
         let expected = if self.nvml.available {
@@ -547,6 +576,20 @@ impl NodeReport {
             {
                 return impossible(format!(
                     "selftest.{name} {v} is not a finite, non-negative figure"
+                ));
+            }
+        }
+        for (name, value, range) in [
+            ("cpuUpdateRate", s.cpu_update_rate, CPU_UPDATE_RATES),
+            ("gpuFlops", s.gpu_flops, GPU_FLOPS),
+        ] {
+            if let Some(v) = value
+                && !range.contains(&v)
+            {
+                return impossible(format!(
+                    "selftest.{name} {v:e} is outside {:e}–{:e}, what hardware measures",
+                    range.start(),
+                    range.end()
                 ));
             }
         }
@@ -696,7 +739,7 @@ mod tests {
     fn impossible_reports_are_refused_with_the_field_named() {
         let base: serde_json::Value = serde_json::from_str(H200_READING).unwrap();
         type Edit = fn(&mut serde_json::Value);
-        let cases: [(&str, Edit); 7] = [
+        let cases: [(&str, Edit); 13] = [
             ("efficiency 2", |r| r["selftest"]["efficiency"] = 2.0.into()),
             ("threshold -0.5", |r| {
                 r["selftest"]["threshold"] = (-0.5).into()
@@ -717,6 +760,27 @@ mod tests {
             ("65 GPUs listed", |r| {
                 let gpu = r["gpus"][0].clone();
                 r["gpus"] = serde_json::Value::Array(vec![gpu; 65]);
+            }),
+            // Found by an independent tester: one GPU listed 8 times, rates that give inf×
+            // headroom or NaN %, reports dated "yesterday".
+            ("listed twice", |r| {
+                let gpu = r["gpus"][0].clone();
+                r["gpus"] = serde_json::Value::Array(vec![gpu; 8]);
+            }),
+            ("selftest.cpuUpdateRate 1e308", |r| {
+                r["selftest"]["cpuUpdateRate"] = 1e308.into()
+            }),
+            ("selftest.gpuFlops 1e-300", |r| {
+                r["selftest"]["gpuFlops"] = 1e-300.into()
+            }),
+            ("generatedAt \"yesterday\"", |r| {
+                r["generatedAt"] = "yesterday".into()
+            }),
+            ("bytes of memory, which no GPU has", |r| {
+                r["gpus"][0]["memoryTotalBytes"] = 0.into()
+            }),
+            ("bytes of memory, which no GPU has", |r| {
+                r["gpus"][0]["memoryTotalBytes"] = u64::MAX.into()
             }),
         ];
         for (expected, edit) in cases {

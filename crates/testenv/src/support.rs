@@ -332,11 +332,25 @@ pub fn operator_options() -> offload_operator::operator::RunOptions {
     }
 }
 
+/// GPUs of a test node ([`kwok_node`] allocates this many `nvidia.com/gpu`).
+pub const TEST_NODE_GPUS: u32 = 8;
+
 /// A kwok node carrying a node report fixture and the labels the agent derives from it, plus a
-/// pool label so a test's profile can select only its own nodes.
+/// pool label so a test's profile can select only its own nodes. The fixture's GPU stands for
+/// each of the node's [`TEST_NODE_GPUS`] GPUs, so the report and the node's allocatable GPUs
+/// agree, as an agent's report and a device plugin do.
 pub fn reported_node(name: &str, fixture: &str, pool: &str) -> Node {
     let mut report = offload_api::report::NodeReport::parse(fixture).unwrap();
     report.node = name.to_string();
+    if let Some(first) = report.gpus.first().cloned() {
+        report.gpus = (0..TEST_NODE_GPUS)
+            .map(|i| offload_api::report::GpuReport {
+                index: i,
+                uuid: format!("{}-{i}", first.uuid),
+                ..first.clone()
+            })
+            .collect();
+    }
     let labels = report.labels();
     let mut label_refs: Vec<(&str, &str)> = labels
         .iter()

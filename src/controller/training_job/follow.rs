@@ -145,7 +145,8 @@ fn observe(
 ) -> (Option<ObservedOverlap>, Option<Condition>) {
     let ns = tj.namespace().unwrap_or_default();
     let name = tj.name_any();
-    let observed = observation::gather(&ctx.nodes(), &ns, &name, jiff::Timestamp::now())
+    let bound = |pod: &str, node: &str| ctx.pod_on(&ns, pod, node);
+    let observed = observation::gather(&ctx.nodes(), &ns, &name, jiff::Timestamp::now(), &bound)
         .or_else(|| current.observed.clone());
     let recorded = current
         .conditions
@@ -344,7 +345,25 @@ pub fn guard_outcome(pod: &Pod) -> Option<GuardOutcome> {
     )))
 }
 
-/// Phase from the Job's status.
+/// Keeps of a workload pod what the controller reads: its metadata, the node it runs on, and
+/// its phase and init containers' states (the start-up guard's outcome).
+pub fn slim_pod(pod: &mut Pod) {
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+    pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+        node_name: node,
+        ..Default::default()
+    });
+    if let Some(status) = pod.status.take() {
+        pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: status.phase,
+            init_container_statuses: status.init_container_statuses,
+            ..Default::default()
+        });
+    }
+}
+
+/// Phase from the Job's status: `Running` once a pod is ready (the Job's `active` also counts
+/// pods that are still pending).
 pub(super) fn phase_of(job: &Job) -> JobPhase {
     let Some(status) = job.status.as_ref() else {
         return JobPhase::Pending;
@@ -360,7 +379,7 @@ pub(super) fn phase_of(job: &Job) -> JobPhase {
         JobPhase::Succeeded
     } else if has("Failed") {
         JobPhase::Failed
-    } else if status.active.unwrap_or(0) > 0 || status.ready.unwrap_or(0) > 0 {
+    } else if status.ready.unwrap_or(0) > 0 {
         JobPhase::Running
     } else {
         JobPhase::Pending

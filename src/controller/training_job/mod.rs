@@ -31,7 +31,7 @@ use apply::{
     record_unresolved,
 };
 use follow::follow_workload;
-pub use follow::{guard_outcome, slim_workload};
+pub use follow::{guard_outcome, slim_pod, slim_workload};
 pub use triggers::{jobs_for_config_map, jobs_for_node, jobs_for_observation, jobs_for_profile};
 
 pub use crate::decision::Unresolved;
@@ -43,7 +43,7 @@ pub async fn reconcile(
 ) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_timer("TrainingJob");
     match &guard.0 {
-        Ok(tj) => reconcile_job(tj, &ctx).await,
+        Ok(tj) => super::caught(reconcile_job(tj, &ctx)).await,
         Err(invalid) => {
             report_invalid(&ctx, invalid).await;
             Ok(Action::await_change())

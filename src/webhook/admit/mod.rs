@@ -67,6 +67,18 @@ impl Verdict {
         }
     }
 
+    /// A denial for a handler that failed in an unexpected way (a bug), keeping the uid.
+    pub fn internal_error(req: &AdmissionRequest<DynamicObject>, what: &str) -> Self {
+        Verdict::deny(
+            req,
+            "InternalError",
+            format!(
+                "the operator could not decide on this object (an internal error, please report it): {}",
+                crate::index::bounded(what)
+            ),
+        )
+    }
+
     fn with_resolution(mut self, res: Resolution) -> Self {
         self.resolution = Some(res);
         self
