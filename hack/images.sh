@@ -9,11 +9,16 @@
 # timestamp is 0 and nothing but the sources and the pinned packages goes in, so the same
 # commit gives the same image IDs.
 #
-# Usage: hack/images.sh [--tag TAG] [--push REGISTRY] [--stage-only]
+# Usage: hack/images.sh [--local] [--tag TAG] [--push REGISTRY] [--stage-only]
+#   --local            the images of a local cluster (the demo's, the tests'): from the dev
+#                      build of the workspace the demo and the tests already run (no second
+#                      build; the operator then carries the glibc runtime as the agent does)
 #   --tag TAG          image tag (default: the workspace version)
 #   --push REGISTRY    also push to REGISTRY/<name>:<tag> (e.g. ghcr.io/you)
 #   --stage-only       only stage the build contexts under target/images/context/<name>, for
 #                      `docker build -f images/<name>/Dockerfile target/images/context/<name>`
+# Without --local the binaries are built for publishing: the operator in the `image` profile
+# (release with LTO, static C runtime: one file, no libc), the agent in release.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
@@ -24,14 +29,20 @@ version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 tag=$version
 push=
 stage_only=false
+local_images=false
 while [[ $# -gt 0 ]]; do
   case $1 in
+    --local) local_images=true; shift ;;
     --tag) tag=$2; shift 2 ;;
     --push) push=$2; shift 2 ;;
     --stage-only) stage_only=true; shift ;;
-    *) echo "usage: hack/images.sh [--tag TAG] [--push REGISTRY] [--stage-only]" >&2; exit 2 ;;
+    *) echo "usage: hack/images.sh [--local] [--tag TAG] [--push REGISTRY] [--stage-only]" >&2; exit 2 ;;
   esac
 done
+if $local_images && [[ -n $push ]]; then
+  echo "error: --local images are for this machine's cluster; publish without --local" >&2
+  exit 2
+fi
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 if [[ -n $(git status --porcelain 2>/dev/null) ]]; then
   revision="$revision-dirty"
@@ -59,17 +70,25 @@ ensure_packages() {
 ensure_packages buildah gcc libc6-dev
 
 # --- binaries ----------------------------------------------------------------------------------
-log "building offload-agent (release; every binary, so features unify as in other release builds)"
-cargo build --release --workspace --bins
-log "building offload-operator (profile image: release with LTO, static C runtime; several minutes)"
-# The target triple keeps RUSTFLAGS off the build scripts and proc macros.
-RUSTFLAGS="-C target-feature=+crt-static" \
-  cargo build --profile image -p offload-operator --bin offload-operator --target x86_64-unknown-linux-gnu
-operator_bin=$root/target/x86_64-unknown-linux-gnu/image/offload-operator
-agent_bin=$root/target/release/offload-agent
-if readelf -d "$operator_bin" | grep -q NEEDED; then
-  echo "error: $operator_bin links shared libraries: $(readelf -d "$operator_bin" | grep NEEDED)" >&2
-  exit 1
+if $local_images; then
+  # Every binary of the workspace, as the demo and the tests build it: a no-op when they have.
+  log "the dev build of the workspace (a no-op when the demo or the tests built it)"
+  cargo build --workspace --bins
+  operator_bin=$root/target/debug/offload-operator
+  agent_bin=$root/target/debug/offload-agent
+else
+  log "building offload-agent (release; every binary, so features unify as in other release builds)"
+  cargo build --release --workspace --bins
+  log "building offload-operator (profile image: release with LTO, static C runtime; several minutes)"
+  # The target triple keeps RUSTFLAGS off the build scripts and proc macros.
+  RUSTFLAGS="-C target-feature=+crt-static" \
+    cargo build --profile image -p offload-operator --bin offload-operator --target x86_64-unknown-linux-gnu
+  operator_bin=$root/target/x86_64-unknown-linux-gnu/image/offload-operator
+  agent_bin=$root/target/release/offload-agent
+  if readelf -d "$operator_bin" | grep -q NEEDED; then
+    echo "error: $operator_bin links shared libraries: $(readelf -d "$operator_bin" | grep NEEDED)" >&2
+    exit 1
+  fi
 fi
 
 # --- contexts ----------------------------------------------------------------------------------
@@ -108,6 +127,10 @@ printf 'root:x:0:\nnonroot:x:65532:\n' >"$rootfs/etc/group"
 chmod 1777 "$rootfs/tmp"
 # Every file dated 0, so the layer is the same whenever it is built.
 find "$rootfs" -exec touch -h -d @0 {} +
+if $local_images; then
+  # The dynamically linked operator needs the same runtime.
+  cp -a "$rootfs" "$ctx/offload-operator/rootfs"
+fi
 
 stage offload-pause
 pause_src=$(cd hack/k8s/kube && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
@@ -116,7 +139,11 @@ strip "$ctx/offload-pause/pause"
 
 for name in offload-operator offload-agent offload-pause; do
   dir=${name#offload-}
-  cp "images/$dir/Dockerfile" "$ctx/$name/Dockerfile"
+  dockerfile=images/$dir/Dockerfile
+  if $local_images && [[ -f $dockerfile.local ]]; then
+    dockerfile=$dockerfile.local
+  fi
+  cp "$dockerfile" "$ctx/$name/Dockerfile"
   find "$ctx/$name" -exec touch -h -d @0 {} +
 done
 if $stage_only; then

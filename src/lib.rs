@@ -16,7 +16,7 @@
 //! re-exported here under their old paths.
 #![deny(missing_docs)]
 
-pub use offload_api::{api, labels, names, observed, quantity, report, version};
+pub use offload_api::{api, labels, names, observed, quantity, report, validation, version};
 
 pub mod admin;
 pub mod caches;

@@ -482,8 +482,7 @@ async fn the_webhook_down_refuses_opted_in_objects_clearly_affects_nothing_else_
 
 /// The H200 reading with its self-test verdict replaced, as the agent would publish it.
 fn h200_report(node: &str, verdict: OverlapVerdict, efficiency: f64) -> NodeReport {
-    let mut report = NodeReport::parse(fixtures::H200_READING).unwrap();
-    report.node = node.to_string();
+    let mut report = test_node_report(node, fixtures::H200_READING);
     report.selftest.verdict = verdict;
     report.selftest.efficiency = Some(efficiency);
     report

@@ -97,7 +97,9 @@ fn review_around(object: Value, path: &str) -> Vec<u8> {
 
 #[test]
 fn admission_decoding() {
+    // With timers: the webhook bounds how long it reads a body.
     let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
         .build()
         .unwrap();
     // The router and runtime are only read from the target: no state survives a panic.

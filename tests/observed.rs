@@ -1,7 +1,8 @@
 //! A running job's observed GPU-busy fraction, from the agent's summary on its Node to the
 //! TrainingJob's `status.observed`, the `OverlapObserved` condition, the Warning Event, the
-//! per-job metrics and `kubectl get tj`, through the real API server. The summaries are
-//! recorded ones (source `recorded-trace`), written on the Nodes as the agent writes them.
+//! per-job metrics and `kubectl get tj`, through the real API server, with the job's pods
+//! created and bound to simulated nodes. The summaries are recorded ones (source
+//! `recorded-trace`), written on the Nodes as the agent writes them.
 
 mod support;
 
@@ -24,8 +25,8 @@ fn deepspeed() -> serde_json::Value {
     json!({"name": "DeepSpeed", "version": "0.19.8"})
 }
 
-/// The recorded summary of one node: each (job, busy, cpu cores) one pod with one GPU.
-fn summary(node: &str, ns: &str, pods: &[(&str, f64, f64)]) -> String {
+/// The recorded summary of one node: each (pod, job, busy, cpu cores) one pod with one GPU.
+fn summary(node: &str, ns: &str, pods: &[(&str, &str, f64, f64)]) -> String {
     ObservedSummary {
         schema_version: OBSERVED_SCHEMA_VERSION,
         node: node.into(),
@@ -35,9 +36,9 @@ fn summary(node: &str, ns: &str, pods: &[(&str, f64, f64)]) -> String {
         pods: pods
             .iter()
             .enumerate()
-            .map(|(i, (job, busy, cpu))| PodObservation {
+            .map(|(i, (pod, job, busy, cpu))| PodObservation {
                 namespace: ns.into(),
-                name: format!("{job}-0-x{i}"),
+                name: (*pod).into(),
                 training_job: Some((*job).into()),
                 gpus: vec![format!("GPU-{i}")],
                 gpu_busy: *busy,
@@ -48,6 +49,29 @@ fn summary(node: &str, ns: &str, pods: &[(&str, f64, f64)]) -> String {
     }
     .to_annotation()
     .unwrap()
+}
+
+/// The job's pods and the nodes they are bound to, once all `count` are bound.
+async fn pods_of(client: &Client, ns: &str, job: &str, count: usize) -> Vec<(String, String)> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), ns);
+    wait_list(
+        pods,
+        kube::runtime::watcher::Config::default()
+            .labels(&format!("{}={job}", names::LABEL_TRAINING_JOB)),
+        &format!("{count} pods of {job} bound"),
+        Duration::from_secs(60),
+        |pods| {
+            let bound: Vec<(String, String)> = pods
+                .iter()
+                .filter_map(|p| {
+                    let node = p.spec.as_ref()?.node_name.clone()?;
+                    Some((p.metadata.name.clone()?, node))
+                })
+                .collect();
+            (bound.len() >= count).then_some(bound)
+        },
+    )
+    .await
 }
 
 async fn annotate(client: &Client, node: &str, value: &str) {
@@ -69,7 +93,9 @@ fn observed_busy(tj: &TrainingJob) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observations_reach_status_condition_event_metrics_and_kubectl() {
-    let cluster = cluster(ClusterOptions::default());
+    // Pods really exist and are bound to nodes: a node's observation counts only for the pods
+    // that run on it.
+    let cluster = cluster(ClusterOptions::full());
     let client = client(cluster).await;
     apply_crds(&client).await;
     let admin = free_port().unwrap();
@@ -103,9 +129,19 @@ async fn observations_reach_status_condition_event_metrics_and_kubectl() {
         .await
         .unwrap();
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    // Its two pods on two nodes (one per node).
     api.create(
         &PostParams::default(),
-        &training_job("overlapped", &ns, deepspeed(), json!({})),
+        &training_job(
+            "overlapped",
+            &ns,
+            deepspeed(),
+            json!({"template": {"metadata": {"labels": {"spread": "overlapped"}}, "spec": {
+                "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": {"spread": "overlapped"}}, "topologyKey": "kubernetes.io/hostname"}]}},
+                "containers": [{"name": "train", "image": "registry.example.com/train:1",
+                                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}),
+        ),
     )
     .await
     .unwrap();
@@ -128,18 +164,43 @@ async fn observations_reach_status_condition_event_metrics_and_kubectl() {
         overlapped.status.unwrap().offload.unwrap().overlap,
         "the verified H200 gives overlap"
     );
+    let overlapped_pods = pods_of(&client, &ns, "overlapped", 2).await;
+    let serial_pods = pods_of(&client, &ns, "serial", 2).await;
+    let on = |pods: &[(String, String)], n: &str| {
+        pods.iter()
+            .find(|(_, at)| at == n)
+            .map(|(p, _)| p.clone())
+            .expect("a pod on the node")
+    };
+    let (first_pod, second_pod) = (on(&overlapped_pods, &node), on(&overlapped_pods, &other));
 
-    // The agent on the first node saw both jobs: the overlapped one's GPU idle 42 % of the time.
+    // A third node's agent claims the job's pods, which do not run there: not believed.
+    let stranger = format!("{ns}-stranger");
+    nodes
+        .create(
+            &PostParams::default(),
+            &reported_node(&stranger, fixtures::H200_READING, "elsewhere"),
+        )
+        .await
+        .unwrap();
     annotate(
         &client,
-        &node,
-        &summary(
-            &node,
-            &ns,
-            &[("overlapped", 0.58, 3.5), ("serial", 0.3, 2.0)],
-        ),
+        &stranger,
+        &summary(&stranger, &ns, &[(&first_pod, "overlapped", 0.01, 0.1)]),
     )
     .await;
+
+    // The agent on the first node saw both jobs: the overlapped one's GPU idle 42 % of the time.
+    let serial_here: Vec<String> = serial_pods
+        .iter()
+        .filter(|(_, at)| *at == node)
+        .map(|(p, _)| p.clone())
+        .collect();
+    let mut seen: Vec<(&str, &str, f64, f64)> = vec![(&first_pod, "overlapped", 0.58, 3.5)];
+    if let Some(p) = serial_here.first() {
+        seen.push((p, "serial", 0.3, 2.0));
+    }
+    annotate(&client, &node, &summary(&node, &ns, &seen)).await;
     let flagged = wait_for_condition(&api, "overlapped", "OverlapObserved", "False").await;
     let status = flagged.status.unwrap();
     let cond = status
@@ -162,6 +223,15 @@ async fn observations_reach_status_condition_event_metrics_and_kubectl() {
     assert_eq!(observed.nodes[0].node, node);
 
     // The job without overlap gets its figures, and no verdict: there is nothing to overlap.
+    if serial_here.is_empty() {
+        let other_serial = on(&serial_pods, &other);
+        annotate(
+            &client,
+            &other,
+            &summary(&other, &ns, &[(&other_serial, "serial", 0.3, 2.0)]),
+        )
+        .await;
+    }
     let serial = wait_list(
         api.clone(),
         kube::runtime::watcher::Config::default().fields("metadata.name=serial"),
@@ -210,13 +280,13 @@ async fn observations_reach_status_condition_event_metrics_and_kubectl() {
     annotate(
         &client,
         &node,
-        &summary(&node, &ns, &[("overlapped", 0.94, 3.0)]),
+        &summary(&node, &ns, &[(&first_pod, "overlapped", 0.94, 3.0)]),
     )
     .await;
     annotate(
         &client,
         &other,
-        &summary(&other, &ns, &[("overlapped", 0.98, 2.0)]),
+        &summary(&other, &ns, &[(&second_pod, "overlapped", 0.98, 2.0)]),
     )
     .await;
     let recovered = wait_list(

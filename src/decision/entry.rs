@@ -68,6 +68,34 @@ impl From<ResolveError> for Unresolved {
     }
 }
 
+/// What is wrong in a TrainingJob itself, whatever the cluster: a name its Service and pods
+/// cannot carry, a config mount over the system. Checked for every TrainingJob, opted in or
+/// not, since the operator creates its workload either way.
+pub fn check_training_job(tj: &TrainingJob) -> Result<(), ResolveError> {
+    let name = tj.metadata.name.as_deref().unwrap_or_default();
+    // Pods of an Indexed Job are named and host-named `<name>-<index>`: room for the index.
+    let digits = tj.spec.replicas.max(1).saturating_sub(1).max(1).ilog10() as usize + 1;
+    let max = crate::validation::MAX_DNS_LABEL - 1 - digits;
+    crate::validation::dns_label(name, max).map_err(|e| ResolveError::InvalidSpec {
+        field: "metadata.name",
+        detail: format!(
+            "{e}: it names the job's headless Service and, with the replica index, its pods' hostnames"
+        ),
+    })?;
+    if let Some(path) = tj
+        .spec
+        .deepspeed
+        .as_ref()
+        .and_then(|d| d.mount_path.as_deref())
+    {
+        crate::validation::mount_path(path).map_err(|detail| ResolveError::InvalidSpec {
+            field: "spec.deepspeed.mountPath",
+            detail,
+        })?;
+    }
+    Ok(())
+}
+
 /// Decides a TrainingJob against `view`, with its DeepSpeed config as read (`Ok(None)`: it
 /// references none).
 pub fn decide(
@@ -75,6 +103,7 @@ pub fn decide(
     config: Result<Option<&UserConfig>, &ConfigError>,
     view: &dyn ClusterView,
 ) -> Result<Resolution, Unresolved> {
+    check_training_job(tj)?;
     let profile = select_profile(requested_profile(tj), |name| view.profile(name))
         .map_err(Unresolved::ProfileNotFound)?;
     let config = config.map_err(|e| Unresolved::Config(e.clone()))?;

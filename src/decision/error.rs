@@ -91,6 +91,14 @@ pub enum ResolveError {
         /// What is wrong, naming the container.
         detail: String,
     },
+    /// A field of the job that the objects the operator creates from it cannot carry.
+    #[error("{field}: {detail}")]
+    InvalidSpec {
+        /// The field.
+        field: &'static str,
+        /// What is wrong and what to write instead.
+        detail: String,
+    },
     /// The model hints cannot be true.
     #[error("{detail}")]
     InvalidModelHints {
@@ -146,6 +154,7 @@ impl ResolveError {
             ResolveError::NoCoherentNodes { .. } => "NoCoherentNodes",
             ResolveError::CopyOnCoherentNotAllowed { .. } => "CopyOnCoherentNotAllowed",
             ResolveError::InvalidResources { .. } => "InvalidResources",
+            ResolveError::InvalidSpec { .. } => "InvalidSpec",
             ResolveError::InvalidModelHints { .. } => "InvalidModelHints",
             ResolveError::InsufficientGpus { .. } => "InsufficientGPUs",
             ResolveError::DoesNotFit { .. } => "InsufficientMemory",

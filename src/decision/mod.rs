@@ -27,7 +27,7 @@ use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-pub use entry::{ClusterView, Unresolved, decide, decide_request};
+pub use entry::{ClusterView, Unresolved, check_training_job, decide, decide_request};
 pub use error::ResolveError;
 pub use framework::{
     DeepSpeedPlan, FrameworkPlan, FsdpPlan, ZENFLOW_TOPK_RATIO, ZENFLOW_UPDATE_INTERVAL,

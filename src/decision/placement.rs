@@ -39,13 +39,15 @@ impl<'a> Candidates<'a> {
         profile_name: &str,
         profile: &OffloadProfileSpec,
     ) -> Result<Self, ResolveError> {
+        let invalid = |detail: String| ResolveError::InvalidSelector {
+            profile: profile_name.to_string(),
+            detail,
+        };
         let selector = match &profile.node_selector {
-            Some(sel) => Some(Selector::try_from(sel.clone()).map_err(|e| {
-                ResolveError::InvalidSelector {
-                    profile: profile_name.to_string(),
-                    detail: e.to_string(),
-                }
-            })?),
+            Some(sel) => {
+                crate::validation::label_selector(sel).map_err(invalid)?;
+                Some(Selector::try_from(sel.clone()).map_err(|e| invalid(e.to_string()))?)
+            }
             None => None,
         };
         let class = |class: NodeClass| ClassNodes {

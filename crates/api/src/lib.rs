@@ -9,7 +9,8 @@
 //! - [`report`]: the agent's versioned node report, and the checks that reject an impossible one;
 //! - [`observed`]: the agent's summary of what the GPUs of configured pods did, per window;
 //! - [`version`]: framework versions and the feature gates that depend on them;
-//! - [`quantity`]: Kubernetes quantities and model sizes read as numbers, without overflow.
+//! - [`quantity`]: Kubernetes quantities and model sizes read as numbers, without overflow;
+//! - [`validation`]: Kubernetes' rules for names, label selectors and mount paths.
 #![deny(missing_docs)]
 
 pub mod api;
@@ -18,4 +19,5 @@ pub mod names;
 pub mod observed;
 pub mod quantity;
 pub mod report;
+pub mod validation;
 pub mod version;

@@ -335,11 +335,9 @@ pub fn operator_options() -> offload_operator::operator::RunOptions {
 /// GPUs of a test node ([`kwok_node`] allocates this many `nvidia.com/gpu`).
 pub const TEST_NODE_GPUS: u32 = 8;
 
-/// A kwok node carrying a node report fixture and the labels the agent derives from it, plus a
-/// pool label so a test's profile can select only its own nodes. The fixture's GPU stands for
-/// each of the node's [`TEST_NODE_GPUS`] GPUs, so the report and the node's allocatable GPUs
-/// agree, as an agent's report and a device plugin do.
-pub fn reported_node(name: &str, fixture: &str, pool: &str) -> Node {
+/// The report a test node `name` publishes: the fixture's, its GPU standing for each of the
+/// node's [`TEST_NODE_GPUS`].
+pub fn test_node_report(name: &str, fixture: &str) -> offload_api::report::NodeReport {
     let mut report = offload_api::report::NodeReport::parse(fixture).unwrap();
     report.node = name.to_string();
     if let Some(first) = report.gpus.first().cloned() {
@@ -351,6 +349,15 @@ pub fn reported_node(name: &str, fixture: &str, pool: &str) -> Node {
             })
             .collect();
     }
+    report
+}
+
+/// A kwok node carrying a node report fixture and the labels the agent derives from it, plus a
+/// pool label so a test's profile can select only its own nodes. The fixture's GPU stands for
+/// each of the node's [`TEST_NODE_GPUS`] GPUs, so the report and the node's allocatable GPUs
+/// agree, as an agent's report and a device plugin do.
+pub fn reported_node(name: &str, fixture: &str, pool: &str) -> Node {
+    let report = test_node_report(name, fixture);
     let labels = report.labels();
     let mut label_refs: Vec<(&str, &str)> = labels
         .iter()

@@ -217,6 +217,10 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
 /// A TrainingJob that opted out of offload configuration (no profile annotation, no offload
 /// field): it is still our kind, so it runs, without offload settings, and its status says so.
 async fn run_without_offload(tj: &TrainingJob, ctx: &Context) -> Result<Action, Error> {
+    if let Err(e) = crate::decision::check_training_job(tj) {
+        record_unresolved(tj, ctx, &Unresolved::Decision(e)).await?;
+        return Ok(Action::await_change());
+    }
     let built = match build_workload(tj, None, None, &ctx.render) {
         Ok(w) => w,
         Err(e) => {

@@ -15,6 +15,13 @@ pub fn validate_profile(req: &AdmissionRequest<DynamicObject>, review: &Review) 
     };
     let mut warnings = Vec::new();
     if let Some(sel) = &profile.spec.node_selector {
+        if let Err(e) = crate::validation::label_selector(sel) {
+            return Verdict::deny(
+                req,
+                "InvalidSelector",
+                format!("spec.nodeSelector is not a valid label selector: {e}"),
+            );
+        }
         let selector = match Selector::try_from(sel.clone()) {
             Ok(s) => s,
             Err(e) => {

@@ -6,7 +6,9 @@ use serde_json::Value;
 
 use super::{Review, Verdict, object, old_object, patch_response, with_warnings};
 use crate::api::TrainingJob;
-use crate::decision::{AdmittedRequest, Resolution, Unresolved, decide, opted_in};
+use crate::decision::{
+    AdmittedRequest, Resolution, Unresolved, check_training_job, decide, opted_in,
+};
 use crate::names;
 
 /// The decision the controller will make for this job, from this review's view and config.
@@ -48,6 +50,9 @@ pub fn validate_training_job(req: &AdmissionRequest<DynamicObject>, review: &Rev
             );
         }
         return Verdict::allow(AdmissionResponse::from(req));
+    }
+    if let Err(e) = check_training_job(&tj) {
+        return Verdict::deny(req, e.category(), format!("{e}"));
     }
     if !opted_in(&tj) {
         return Verdict::allow(AdmissionResponse::from(req));

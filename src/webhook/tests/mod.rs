@@ -4,6 +4,7 @@ mod envelope;
 mod hostile;
 mod kinds;
 mod profiles;
+mod second_pass;
 mod training_jobs;
 
 // The cluster view is an in-memory set of profiles and recorded nodes.
