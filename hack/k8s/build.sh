@@ -10,6 +10,8 @@
 #        hack/k8s/build.sh node --print-dir
 #        hack/k8s/build.sh jobkinds           # upstream CRDs and examples of JobSet, Kubeflow
 #                                             # Trainer and the Training Operator (no build)
+#        hack/k8s/build.sh kueue              # Kueue: its controller, an OCI image of it
+#                                             # (buildah) and its Helm chart
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -17,11 +19,13 @@ source "$here/versions.env"
 
 cache_root=${OFFLOAD_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/offload-operator}
 what=control-plane
-if [[ "${1:-}" == "node" || "${1:-}" == "jobkinds" ]]; then
+if [[ "${1:-}" == "node" || "${1:-}" == "jobkinds" || "${1:-}" == "kueue" ]]; then
   what=$1
   shift
 fi
-if [[ $what == jobkinds ]]; then
+if [[ $what == kueue ]]; then
+  bin_dir="$cache_root/kueue-v${KUEUE_VERSION}"
+elif [[ $what == jobkinds ]]; then
   bin_dir="$cache_root/jobkinds-jobset-v${JOBSET_VERSION}-trainer-v${TRAINER_VERSION}-v${TRAINER_OLD_VERSION}-training-operator-v${TRAINING_OPERATOR_VERSION}"
 elif [[ $what == node ]]; then
   bin_dir="$cache_root/node-k8s-v${KUBE_VERSION}-containerd-v${CONTAINERD_VERSION}-cni-v${CNI_PLUGINS_VERSION}/bin"
@@ -116,6 +120,40 @@ if [[ $what == jobkinds ]]; then
   rm -rf "$bin_dir"
   mv "$out" "$bin_dir"
   log "job kinds: $(cd "$bin_dir" && find . -name '*.yaml' | sort | tr '\n' ' ')"
+  echo "$bin_dir"
+  exit 0
+fi
+
+if [[ $what == kueue ]]; then
+  build kueue kueue sigs.k8s.io/kueue/cmd/kueue "-X sigs.k8s.io/kueue/pkg/version.GitVersion=v${KUEUE_VERSION}"
+  # The chart (its CRDs inside) as the release ships it.
+  if [[ ! -f "$bin_dir/chart/Chart.yaml" ]]; then
+    moddir=$(cd "$here/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
+    rm -rf "$bin_dir/chart.tmp"
+    cp -r "$moddir/charts/kueue" "$bin_dir/chart.tmp"
+    chmod -R u+w "$bin_dir/chart.tmp"
+    mv "$bin_dir/chart.tmp" "$bin_dir/chart"
+    log "kueue chart: $bin_dir/chart"
+  fi
+  # The image: the static controller alone, as the release image (distroless static) runs it.
+  if [[ ! -f "$bin_dir/kueue.tar" ]]; then
+    command -v buildah >/dev/null 2>&1 || {
+      [[ $(id -u) -eq 0 ]] || { echo "error: the Kueue image needs buildah (apt-get install buildah)" >&2; exit 1; }
+      log "installing buildah (Debian)"
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q buildah >/dev/null
+    }
+    ctx=$(mktemp -d)
+    install -m 0755 "$bin_dir/kueue" "$ctx/manager"
+    printf 'FROM scratch\nCOPY manager /manager\nUSER 65532:65532\nENTRYPOINT ["/manager"]\n' >"$ctx/Dockerfile"
+    find "$ctx" -exec touch -h -d @0 {} +
+    storage=(--root "$bin_dir/storage" --runroot "$bin_dir/run" --storage-driver vfs)
+    ref=localhost/kueue:v${KUEUE_VERSION}
+    buildah "${storage[@]}" bud -q --timestamp 0 --layers=false -t "$ref" "$ctx" >/dev/null
+    buildah "${storage[@]}" push -q "$ref" "oci-archive:$bin_dir/kueue.tar.tmp:$ref"
+    rm -rf "$ctx" "$bin_dir/storage" "$bin_dir/run"
+    mv "$bin_dir/kueue.tar.tmp" "$bin_dir/kueue.tar"
+    log "kueue image: $ref in $bin_dir/kueue.tar"
+  fi
   echo "$bin_dir"
   exit 0
 fi

@@ -9,6 +9,8 @@ pub const WORKLOAD_CREATED: &str = "WorkloadCreated";
 /// Condition type: the start-up guard found the pods' nodes to be what the configuration assumes
 /// (False with the guard's message when one was not).
 pub const NODE_VERIFIED: &str = "NodeVerified";
+/// Condition type: for a job in a Kueue queue, whether Kueue admitted its workload.
+pub const ADMITTED: &str = "Admitted";
 /// Condition type of profiles: at least one reported node matches.
 pub const READY: &str = "Ready";
 

@@ -6,8 +6,8 @@
 //!   `OffloadResolved` condition; written when the job is resolved (together with the first
 //!   view of its workload) or held;
 //! - the **workload** ([`names::WORKLOAD_STATUS_MANAGER`]): `phase`, `workload`, `observed`,
-//!   the `WorkloadCreated`, `NodeVerified` and `OverlapObserved` conditions; written as the Job
-//!   runs.
+//!   the `WorkloadCreated`, `Admitted`, `NodeVerified` and `OverlapObserved` conditions;
+//!   written as the Job runs.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Resource;
@@ -67,6 +67,8 @@ pub struct WorkloadPart<'a> {
     pub observed: Option<&'a ObservedOverlap>,
     /// `OverlapObserved`, for a job with overlap on that has been observed.
     pub overlap: Option<&'a Condition>,
+    /// `Admitted`, for a job in a Kueue queue.
+    pub admitted: Option<&'a Condition>,
 }
 
 /// Writes the workload part only; every other status field is left as it is.
@@ -78,6 +80,7 @@ pub async fn apply_workload(
     let conditions: Vec<&Condition> = std::iter::once(part.created)
         .chain(part.guard)
         .chain(part.overlap)
+        .chain(part.admitted)
         .collect();
     let mut value = json!({"phase": part.phase, "conditions": conditions});
     if let Some(w) = part.workload {

@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec, Service, ServicePort,
     ServiceSpec,
 };
-use kube::Resource;
 use kube::api::ObjectMeta;
+use kube::{Resource, ResourceExt};
 use serde_json::Value;
 
 use crate::api::{DecisionReason, OffloadDecisionStatus, TrainingJob};
@@ -157,6 +157,18 @@ pub fn build_workload(
     }
 
     let mut job_meta = meta(name.clone());
+    // Under Kueue: the queue (and priority) the TrainingJob names reach its Job, which is
+    // created suspended so that Kueue admits it. Kueue changes only a suspended Job's
+    // scheduling fields, never its env: the configuration is all in place before admission.
+    let queued = tj.labels().contains_key(names::KUEUE_QUEUE_LABEL);
+    for key in [names::KUEUE_QUEUE_LABEL, names::KUEUE_PRIORITY_LABEL] {
+        if let Some(v) = tj.labels().get(key) {
+            job_meta
+                .labels
+                .get_or_insert_with(BTreeMap::new)
+                .insert(key.to_string(), v.clone());
+        }
+    }
     if let Some(res) = res {
         // The decision travels with the workload, so a status write lost to a crash between
         // creating the Job and recording the decision is restored from it.
@@ -174,6 +186,7 @@ pub fn build_workload(
             parallelism: Some(tj.spec.replicas),
             completion_mode: Some("Indexed".to_string()),
             backoff_limit: tj.spec.backoff_limit,
+            suspend: queued.then_some(true),
             template,
             ..JobSpec::default()
         }),

@@ -126,9 +126,13 @@ fn cpu_note(model: Option<ModelHints>, chosen: Option<&ClassNodes>, ratio: f64) 
     }
     match worst {
         None => String::new(),
-        Some((share, _)) if share >= ratio => format!(
-            "; the CPU updates it within the GPU's backward time on every chosen node ({:.0}% of optimizer state fits in that time)",
-            (share * 100.0).min(999.0)
+        Some((share, _)) if share >= 1.0 => format!(
+            "; the CPU keeps up: it updates all of the optimizer state within the GPU's backward time on every chosen node ({:.1}× headroom)",
+            share.min(999.0)
+        ),
+        Some((share, node)) if share >= ratio => format!(
+            "; the CPU keeps up: on {node}, the slowest chosen node, it updates {:.0}% of the optimizer state within the GPU's backward time, more than the {ratio} offloaded",
+            share * 100.0
         ),
         Some((share, node)) => format!(
             "; on {node}, the slowest chosen node, the CPU can update only {:.0}% of optimizer state within the GPU's backward time, so at {ratio} the CPU is the bottleneck of each step",

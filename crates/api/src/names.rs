@@ -87,6 +87,12 @@ pub const ANNOTATION_VOCAB_SIZE: &str = "offload.dev/vocab-size";
 /// Annotation on other job kinds and Pods: `true` where the training code recomputes
 /// activations in backward.
 pub const ANNOTATION_ACTIVATION_CHECKPOINTING: &str = "offload.dev/activation-checkpointing";
+/// Kueue's label naming the LocalQueue a job is submitted to: a TrainingJob carrying it gets a
+/// workload Job carrying it, created suspended, which Kueue admits.
+pub const KUEUE_QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
+/// Kueue's label naming a job's WorkloadPriorityClass; carried to the workload Job too.
+pub const KUEUE_PRIORITY_LABEL: &str = "kueue.x-k8s.io/priority-class";
+
 /// Name of the Kubeflow Trainer TrainJob CRD (the webhook reads which field it takes per-job
 /// pod settings in).
 pub const TRAINJOB_CRD: &str = "trainjobs.trainer.kubeflow.org";

@@ -172,7 +172,7 @@ async fn demo(cli: Cli) -> Result<(), String> {
     };
 
     step(
-        "simulated GPU nodes gh200-0, gh200-1 (coherent) and h200-0, h200-1 (discrete); offload-agent publishes each one's recorded report (no GPU here)",
+        "simulated GPU nodes gh200-0, gh200-1 (coherent) and h200-0, h200-1, h200-2 (discrete); offload-agent publishes each one's recorded report (no GPU here)",
     );
     deploy::add_simulated_gpu_nodes(
         &cluster,
@@ -183,6 +183,7 @@ async fn demo(cli: Cli) -> Result<(), String> {
             ("gh200-1", "node-report-gh200.json"),
             ("h200-0", "node-report-h200.json"),
             ("h200-1", "node-report-h200.json"),
+            ("h200-2", "node-report-h200.json"),
         ],
     )
     .await
@@ -231,7 +232,7 @@ async fn demo(cli: Cli) -> Result<(), String> {
 
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), "default");
     wait_for(
-        "both TrainingJobs to create their workloads",
+        "every TrainingJob to create its workload",
         Duration::from_secs(90),
         || {
             let jobs = jobs.clone();
@@ -261,7 +262,7 @@ async fn demo(cli: Cli) -> Result<(), String> {
                 "-o",
                 "jsonpath={.status.nodes.total}",
             ])
-            .is_ok_and(|s| s.trim() == "4")
+            .is_ok_and(|s| s.trim() == "5")
         },
     )
     .await?;
@@ -283,7 +284,7 @@ async fn demo(cli: Cli) -> Result<(), String> {
     )
     .await?;
     wait_for(
-        "pods of both jobs to be placed",
+        "pods of every job to be placed",
         Duration::from_secs(60),
         || async {
             kubectl(&[
@@ -296,7 +297,7 @@ async fn demo(cli: Cli) -> Result<(), String> {
                 "-o",
                 "jsonpath={.items[*].spec.nodeName}",
             ])
-            .is_ok_and(|s| s.split_whitespace().count() >= 3)
+            .is_ok_and(|s| s.split_whitespace().count() >= 5)
         },
     )
     .await?;
@@ -333,7 +334,11 @@ async fn demo(cli: Cli) -> Result<(), String> {
     print!("{}", kubectl(&["get", "offloadprofiles"])?);
     println!("\n$ kubectl get trainingjobs -A");
     print!("{}", kubectl(&["get", "trainingjobs", "-A"])?);
-    for job in ["llama-8b-deepspeed", "mistral-7b-fsdp"] {
+    for job in [
+        "llama-8b-deepspeed",
+        "neox-20b-deepspeed",
+        "mistral-7b-fsdp",
+    ] {
         println!(
             "\n$ kubectl get trainingjob {job} -o jsonpath='{{.status.offload.reasons}}'  (why)"
         );
@@ -384,14 +389,14 @@ async fn demo(cli: Cli) -> Result<(), String> {
             kubectl(&["get", "pod", &pod, "-o", "jsonpath={.spec.nodeName}"])?
         );
     }
-    if kubectl(&["get", "configmap", "-o", "name"])?.contains("llama-8b-deepspeed-offload") {
+    if kubectl(&["get", "configmap", "-o", "name"])?.contains("neox-20b-deepspeed-offload") {
         println!(
-            "\n$ kubectl get configmap llama-8b-deepspeed-offload -o jsonpath='{{.data.ds_config\\.json}}' | jq   (merged DeepSpeed config)"
+            "\n$ kubectl get configmap neox-20b-deepspeed-offload -o jsonpath='{{.data.ds_config\\.json}}' | jq   (merged DeepSpeed config)"
         );
         let text = kubectl(&[
             "get",
             "configmap",
-            "llama-8b-deepspeed-offload",
+            "neox-20b-deepspeed-offload",
             "-o",
             "jsonpath={.data.ds_config\\.json}",
         ])?;

@@ -54,6 +54,7 @@ pub(super) async fn follow_workload(
                 guard: None,
                 observed: None,
                 overlap: None,
+                admitted: None,
             };
             status::apply_workload(&api, &name, &part).await?;
             publish(
@@ -95,12 +96,17 @@ pub(super) async fn follow_workload(
     let overlap_unchanged = overlap
         .as_ref()
         .is_none_or(|c| conditions::unchanged(&current.conditions, c));
+    let admitted = admission(tj, job, &current.conditions, generation);
+    let admitted_unchanged = admitted
+        .as_ref()
+        .is_none_or(|c| conditions::unchanged(&current.conditions, c));
     if current.phase == Some(phase)
         && current.workload.as_ref() == Some(&workload)
         && conditions::unchanged(&current.conditions, &created)
         && guard_unchanged
         && current.observed == observed
         && overlap_unchanged
+        && admitted_unchanged
     {
         return Ok(Action::await_change());
     }
@@ -111,8 +117,17 @@ pub(super) async fn follow_workload(
         guard: guard.as_ref(),
         observed: observed.as_ref(),
         overlap: overlap.as_ref(),
+        admitted: admitted.as_ref(),
     };
     status::apply_workload(&api, &name, &part).await?;
+    // Kueue suspending an admitted job again (preemption, eviction) is worth an Event.
+    let was_admitted = current
+        .conditions
+        .iter()
+        .any(|c| c.type_ == conditions::ADMITTED && c.status == "True");
+    if was_admitted && let Some(c) = admitted.as_ref().filter(|c| c.status == "False") {
+        publish(ctx, tj, EventType::Normal, "Suspended", &c.message).await;
+    }
     // An Event when the flag goes up, not every time the figure in its message moves.
     let was_flagged = current
         .conditions
@@ -132,6 +147,53 @@ pub(super) async fn follow_workload(
         .await;
     }
     Ok(Action::await_change())
+}
+
+/// For a job in a Kueue queue, whether Kueue has let its workload run: `True` once the Job is
+/// no longer suspended; `False` while it waits (`Queued`) or after Kueue suspended it again
+/// (`Suspended`: preemption or eviction; it resumes with the same configuration). `None`
+/// outside a queue.
+fn admission(
+    tj: &TrainingJob,
+    job: &Job,
+    existing: &[Condition],
+    generation: Option<i64>,
+) -> Option<Condition> {
+    let queue = tj.labels().get(names::KUEUE_QUEUE_LABEL)?;
+    let suspended = job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false);
+    let finished = matches!(phase_of(job), JobPhase::Succeeded | JobPhase::Failed);
+    let was_admitted = existing
+        .iter()
+        .any(|c| c.type_ == conditions::ADMITTED && c.status == "True");
+    let (ok, reason, message) = match (suspended && !finished, was_admitted) {
+        (false, _) => (
+            true,
+            "Admitted",
+            format!("Kueue admitted the workload Job from queue {queue}"),
+        ),
+        (true, false) => (
+            false,
+            "Queued",
+            format!(
+                "the workload Job waits in Kueue queue {queue} for admission (quota, or a flavor of the node class it was configured for)"
+            ),
+        ),
+        (true, true) => (
+            false,
+            "Suspended",
+            format!(
+                "Kueue suspended the workload Job again (preemption or eviction); it waits in queue {queue} and resumes with the same offload configuration"
+            ),
+        ),
+    };
+    Some(conditions::condition(
+        existing,
+        conditions::ADMITTED,
+        ok,
+        reason,
+        message,
+        generation,
+    ))
 }
 
 /// The job's observed GPU-busy figures (fresh ones from the agents' summaries, else the last
@@ -362,11 +424,17 @@ pub fn slim_pod(pod: &mut Pod) {
     }
 }
 
-/// Phase from the Job's status: `Running` once a pod is ready (the Job's `active` also counts
-/// pods that are still pending).
+/// Phase from the Job: `Queued` while it is suspended (Kueue has not admitted it, or suspended
+/// it again), `Running` once a pod is ready (the Job's `active` also counts pods that are still
+/// pending).
 pub(super) fn phase_of(job: &Job) -> JobPhase {
+    let suspended = job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false);
     let Some(status) = job.status.as_ref() else {
-        return JobPhase::Pending;
+        return if suspended {
+            JobPhase::Queued
+        } else {
+            JobPhase::Pending
+        };
     };
     let has = |t: &str| {
         status
@@ -379,6 +447,8 @@ pub(super) fn phase_of(job: &Job) -> JobPhase {
         JobPhase::Succeeded
     } else if has("Failed") {
         JobPhase::Failed
+    } else if suspended {
+        JobPhase::Queued
     } else if status.ready.unwrap_or(0) > 0 {
         JobPhase::Running
     } else {

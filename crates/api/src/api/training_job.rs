@@ -265,7 +265,8 @@ impl ModelHints {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TrainingJobStatus {
-    /// `Pending` (not resolved or no pod running yet), `Running`, `Succeeded` or `Failed`.
+    /// `Pending` (not resolved or no pod running yet), `Queued` (waiting in its Kueue queue),
+    /// `Running`, `Succeeded` or `Failed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<JobPhase>,
     /// The resolved offload configuration and why it was chosen.
@@ -281,7 +282,8 @@ pub struct TrainingJobStatus {
     /// until an agent has observed one of its pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed: Option<ObservedOverlap>,
-    /// Conditions: `OffloadResolved`, `WorkloadCreated`, `NodeVerified` (the start-up guard),
+    /// Conditions: `OffloadResolved`, `WorkloadCreated`, `Admitted` (for a job in a Kueue queue:
+    /// whether Kueue let its workload run), `NodeVerified` (the start-up guard),
     /// `OverlapObserved` (whether a job with overlap on keeps its GPUs busy).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
@@ -293,6 +295,10 @@ pub struct TrainingJobStatus {
 pub enum JobPhase {
     /// Waiting for resolution or for pods to start.
     Pending,
+    /// Resolved and waiting in its Kueue queue: the workload Job is suspended until Kueue admits
+    /// it (or suspended again by Kueue, on preemption or eviction); it resumes with the same
+    /// configuration.
+    Queued,
     /// At least one pod is running.
     Running,
     /// The workload completed.

@@ -529,7 +529,11 @@ impl DevCluster {
         let stages = self.bin_dir.join("../kwok-stages");
         let mut configs = Vec::new();
         if let Ok(entries) = fs::read_dir(&stages) {
-            let mut files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+            let mut files: Vec<PathBuf> = entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.file_name().is_none_or(|n| n != "pod-complete.yaml"))
+                .collect();
             files.sort();
             configs.extend(
                 files
@@ -537,6 +541,12 @@ impl DevCluster {
                     .map(|p| format!("--config={}", p.display())),
             );
         }
+        // Pods of Jobs complete as kwok's fast stage has them, except those annotated to keep
+        // running (offload.dev/kwok-keep-running).
+        let complete = self.root.join("kwok-pod-complete.yaml");
+        fs::write(&complete, include_str!("../../kwok/pod-complete.yaml"))
+            .map_err(io_err("writing kwok's pod-complete stage"))?;
+        configs.push(format!("--config={}", complete.display()));
         let port = free_port()?;
         let mut args = vec![
             format!("--kubeconfig={}", self.kubeconfig.display()),
