@@ -147,6 +147,72 @@ async fn lint_and_server_side_validation_of_the_rendered_chart() {
         .unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("overlapThreshold"));
+    kueue_flavors_render_with_the_class_labels(cluster);
+}
+
+/// The optional Kueue flavors: off by default; on, one per class with the labels the operator
+/// pins that class with, plus a pool's; names and label counts checked by the schema.
+fn kueue_flavors_render_with_the_class_labels(cluster: &DevCluster) {
+    let render = |extra: &[&str]| {
+        cluster
+            .helm()
+            .args(["template", "t", &chart(), "--skip-tests"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let default = render(&[]);
+    assert!(!String::from_utf8_lossy(&default.stdout).contains("ResourceFlavor"));
+    let on = render(&[
+        "--show-only",
+        "templates/kueue-flavors.yaml",
+        "--set",
+        "kueue.resourceFlavors.enabled=true",
+        "--set",
+        "kueue.resourceFlavors.coherent.nodeLabels.pool=gh200-a",
+    ]);
+    assert!(
+        on.status.success(),
+        "{}",
+        String::from_utf8_lossy(&on.stderr)
+    );
+    let flavors: BTreeMap<String, serde_json::Value> =
+        serde_saphyr::from_multiple::<serde_json::Value>(&String::from_utf8_lossy(&on.stdout))
+            .unwrap()
+            .into_iter()
+            .filter(|d| !d.is_null())
+            .map(|d| (d["metadata"]["name"].as_str().unwrap().to_string(), d))
+            .collect();
+    assert_eq!(flavors.len(), 2, "{flavors:?}");
+    assert_eq!(
+        flavors["offload-coherent"]["spec"]["nodeLabels"],
+        json!({"offload.dev/uma": "true", "offload.dev/addressing-mode": "ats",
+               "offload.dev/c2c": "true", "pool": "gh200-a"})
+    );
+    assert_eq!(
+        flavors["offload-discrete"]["spec"]["nodeLabels"],
+        json!({"offload.dev/uma": "false"})
+    );
+    for bad in [
+        "kueue.resourceFlavors.coherent.name=Not_A_Name",
+        "kueue.resourceFlavors.discrete.nodeLabels.a=1",
+        "kueue.resourceFlavors.typo=true",
+    ] {
+        let out = render(&["--set", "kueue.resourceFlavors.enabled=true", "--set", bad]);
+        assert!(!out.status.success(), "{bad} accepted");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("kueue"),
+            "{bad}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let six = render(&[
+        "--set",
+        "kueue.resourceFlavors.enabled=true",
+        "--set-json",
+        r#"kueue.resourceFlavors.discrete.nodeLabels={"a":"1","b":"1","c":"1","d":"1","e":"1","f":"1"}"#,
+    ]);
+    assert!(!six.status.success(), "six extra labels accepted");
 }
 
 async fn install_run_the_whole_flow_and_uninstall_leaving_nothing_behind() {

@@ -94,6 +94,9 @@ struct TestArgs {
     /// Measure the serial schedule in place of the pipelined one.
     #[arg(long)]
     force_serial: bool,
+    /// Give this GPU's test one CPU core (shows that a starved CPU update fails).
+    #[arg(long)]
+    starve_gpu: Option<usize>,
 }
 
 impl TestArgs {
@@ -108,6 +111,7 @@ impl TestArgs {
             force_pageable: self.force_pageable,
             force_serial: self.force_serial,
             coherent: false,
+            starve_gpu: self.starve_gpu,
         }
     }
 }

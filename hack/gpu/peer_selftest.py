@@ -10,9 +10,12 @@ copied back on an H2D stream; one synchronise at the end. `serial` computes ever
 copies everything out, updates, copies back.
 
 Usage: python3 peer_selftest.py --chunks K --elems E [--repeats N] [--runs R] [--device I]
+                                 [--gpus G]
 Prints one JSON object per run (R runs of N repetitions, like R runs of the agent): t_gpu,
 t_cpu, t_serial, t_pipelined (medians, ms), efficiency (the agent's formula) per repetition
-and median.
+and median. With --gpus G, G processes run at once, one per GPU, each on the CPU share the
+agent gives that GPU (its NUMA node's CPUs split between the GPUs of that node, else an even
+split), starting each run together; every line then names its GPU.
 """
 import argparse
 import json
@@ -31,6 +34,61 @@ def efficiency(t_gpu, t_cpu, t_copy, t_serial, t_pipe):
     return max(0.0, min(1.0, (t_serial - t_pipe) / (t_serial - longest)))
 
 
+def parse_cpulist(text):
+    cpus = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def split(cpus, n):
+    """The agent's even split: contiguous shares, the larger first."""
+    base, extra = divmod(len(cpus), n)
+    out, at = [], 0
+    for i in range(n):
+        take = max(1, base + (1 if i < extra else 0))
+        out.append(cpus[at:at + take] or cpus[-1:])
+        at += take
+    return out
+
+
+def shares(gpus):
+    """The agent's split by locality (agent/src/selftest/mod.rs, split_by_locality)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    local = []
+    for i in range(gpus):
+        try:
+            bus = torch.cuda.get_device_properties(i).pci_bus_id
+            domain = getattr(torch.cuda.get_device_properties(i), "pci_domain_id", 0)
+            slot = torch.cuda.get_device_properties(i).pci_device_id
+            path = f"/sys/bus/pci/devices/{domain:04x}:{bus:02x}:{slot:02x}.0/local_cpulist"
+            with open(path) as f:
+                mine = [c for c in parse_cpulist(f.read()) if c in allowed]
+        except (OSError, ValueError, AttributeError):
+            mine = []
+        local.append(mine)
+    out = [None] * gpus
+    groups = {}
+    for i, mine in enumerate(local):
+        if mine:
+            groups.setdefault(tuple(mine), []).append(i)
+    claimed = set()
+    for cpus, members in groups.items():
+        free = [c for c in cpus if c not in claimed] or list(cpus)
+        for i, share in zip(members, split(free, len(members))):
+            out[i] = share
+        claimed.update(free)
+    unplaced = [i for i in range(gpus) if out[i] is None]
+    if unplaced:
+        rest = [c for c in allowed if c not in claimed] or allowed
+        for i, share in zip(unplaced, split(rest, len(unplaced))):
+            out[i] = share
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--chunks", type=int, required=True)
@@ -38,9 +96,27 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--gpus", type=int, default=1)
     a = ap.parse_args()
+    if a.gpus <= 1:
+        worker(a, a.device, None, None)
+        return
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(a.gpus)
+    procs = [ctx.Process(target=worker, args=(a, i, cpus, barrier))
+             for i, cpus in enumerate(shares(a.gpus))]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+
+
+def worker(a, device, cpus, barrier):
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
-    dev = torch.device("cuda", a.device)
+    dev = torch.device("cuda", device)
     torch.cuda.set_device(dev)
     K, E = a.chunks, a.elems
     d_grads = torch.zeros(K * E, device=dev)
@@ -162,6 +238,8 @@ def main():
     t_copy = max(copy_ms(True), copy_ms(False))
     serial()
     for run in range(a.runs):
+        if barrier is not None:
+            barrier.wait()
         runs = []
         for _ in range(a.repeats):
             runs.append((gpu_only(), cpu_only(), serial(), pipelined()))
@@ -169,6 +247,8 @@ def main():
         med = lambda k: statistics.median(r[k] for r in runs)
         out = {
             "run": run + 1,
+            "gpu": device,
+            "cpus": len(os.sched_getaffinity(0)),
             "torch": torch.__version__,
             "device": torch.cuda.get_device_name(dev),
             "threads": torch.get_num_threads(),

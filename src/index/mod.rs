@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 
-pub use node::{Allocatable, MAX_NODE_TEXT, NodeInfo, Standing, bounded};
+pub use node::{Allocatable, MAX_NODE_TEXT, NodeInfo, Standing, bounded, bounded_to};
 
 use crate::api::NodeClass;
 

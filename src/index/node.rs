@@ -20,6 +20,11 @@ pub const MAX_NODE_TEXT: usize = 200;
 /// characters (escape, bell, …) and bidirectional overrides replaced by `�`: text a node wrote
 /// reaches conditions and terminals, and must not steer either.
 pub fn bounded(text: &str) -> String {
+    bounded_to(text, MAX_NODE_TEXT)
+}
+
+/// [`bounded`] with another limit, for text of other writers (Kueue's messages).
+pub fn bounded_to(text: &str, max: usize) -> String {
     let safe = |c: char| {
         let bidi = matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}');
         if c.is_control() || bidi {
@@ -28,8 +33,8 @@ pub fn bounded(text: &str) -> String {
             c
         }
     };
-    let mut cut: String = text.chars().take(MAX_NODE_TEXT).map(safe).collect();
-    if text.chars().count() > MAX_NODE_TEXT {
+    let mut cut: String = text.chars().take(max).map(safe).collect();
+    if text.chars().count() > max {
         cut.push('…');
     }
     cut

@@ -71,7 +71,7 @@ pub enum TlsError {
     #[error("{action}: {source}")]
     Kube {
         /// What was being done.
-        action: &'static str,
+        action: String,
         /// The error.
         #[source]
         source: kube::Error,
@@ -105,7 +105,8 @@ pub enum TlsError {
     },
 }
 
-fn kerr(action: &'static str) -> impl FnOnce(kube::Error) -> TlsError {
+fn kerr(action: impl Into<String>) -> impl FnOnce(kube::Error) -> TlsError {
+    let action = action.into();
     move |source| TlsError::Kube { action, source }
 }
 
@@ -272,46 +273,10 @@ impl ManagedCerts {
     /// watch ([`ManagedCerts::keep_bundle_published`]) injects it when it appears.
     pub async fn publish_bundle(&self, client: &Client, bundle_pem: &str) -> Result<(), TlsError> {
         if let Some(name) = &self.mutating {
-            let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-            if let Some(cfg) = api
-                .get_opt(name)
-                .await
-                .map_err(kerr("reading the MutatingWebhookConfiguration"))?
-            {
-                let current: Vec<Option<&ByteString>> = cfg
-                    .webhooks
-                    .iter()
-                    .flatten()
-                    .map(|w| w.client_config.ca_bundle.as_ref())
-                    .collect();
-                if let Some(ops) = bundle_ops(&current, bundle_pem) {
-                    api.patch(name, &PatchParams::default(), &Patch::<()>::Json(ops))
-                        .await
-                        .map_err(kerr("patching the MutatingWebhookConfiguration's caBundle"))?;
-                }
-            }
+            publish_to::<MutatingWebhookConfiguration>(client, name, bundle_pem).await?;
         }
         if let Some(name) = &self.validating {
-            let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-            if let Some(cfg) = api
-                .get_opt(name)
-                .await
-                .map_err(kerr("reading the ValidatingWebhookConfiguration"))?
-            {
-                let current: Vec<Option<&ByteString>> = cfg
-                    .webhooks
-                    .iter()
-                    .flatten()
-                    .map(|w| w.client_config.ca_bundle.as_ref())
-                    .collect();
-                if let Some(ops) = bundle_ops(&current, bundle_pem) {
-                    api.patch(name, &PatchParams::default(), &Patch::<()>::Json(ops))
-                        .await
-                        .map_err(kerr(
-                            "patching the ValidatingWebhookConfiguration's caBundle",
-                        ))?;
-                }
-            }
+            publish_to::<ValidatingWebhookConfiguration>(client, name, bundle_pem).await?;
         }
         Ok(())
     }
@@ -326,26 +291,20 @@ impl ManagedCerts {
             name.as_ref()
                 .map(|n| watcher::Config::default().fields(&format!("metadata.name={n}")))
         };
-        let mutating = by_name(&self.mutating).map(|cfg| {
-            watcher(
-                Api::<MutatingWebhookConfiguration>::all(client.clone()),
-                cfg,
-            )
-            .default_backoff()
-            .touched_objects()
-            .map(|r| r.map(|_| ()))
-            .boxed()
-        });
-        let validating = by_name(&self.validating).map(|cfg| {
-            watcher(
-                Api::<ValidatingWebhookConfiguration>::all(client.clone()),
-                cfg,
-            )
-            .default_backoff()
-            .touched_objects()
-            .map(|r| r.map(|_| ()))
-            .boxed()
-        });
+        fn changes<K: WebhookConfiguration>(
+            client: &Client,
+            cfg: watcher::Config,
+        ) -> futures::stream::BoxStream<'static, Result<(), watcher::Error>> {
+            watcher(Api::<K>::all(client.clone()), cfg)
+                .default_backoff()
+                .touched_objects()
+                .map(|r| r.map(|_| ()))
+                .boxed()
+        }
+        let mutating =
+            by_name(&self.mutating).map(|cfg| changes::<MutatingWebhookConfiguration>(client, cfg));
+        let validating = by_name(&self.validating)
+            .map(|cfg| changes::<ValidatingWebhookConfiguration>(client, cfg));
         let mut changes = futures::stream::select_all(mutating.into_iter().chain(validating));
         while let Some(change) = changes.next().await {
             match change {
@@ -358,6 +317,64 @@ impl ManagedCerts {
             }
         }
     }
+}
+
+/// The two kinds of webhook configuration, as far as the CA bundle goes.
+trait WebhookConfiguration:
+    kube::Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    /// Each webhook's current `caBundle`, in order.
+    fn bundles(&self) -> Vec<Option<&ByteString>>;
+}
+
+impl WebhookConfiguration for MutatingWebhookConfiguration {
+    fn bundles(&self) -> Vec<Option<&ByteString>> {
+        self.webhooks
+            .iter()
+            .flatten()
+            .map(|w| w.client_config.ca_bundle.as_ref())
+            .collect()
+    }
+}
+
+impl WebhookConfiguration for ValidatingWebhookConfiguration {
+    fn bundles(&self) -> Vec<Option<&ByteString>> {
+        self.webhooks
+            .iter()
+            .flatten()
+            .map(|w| w.client_config.ca_bundle.as_ref())
+            .collect()
+    }
+}
+
+/// Patches `bundle_pem` into every webhook of configuration `name` that lacks it; nothing
+/// when the configuration does not exist (yet).
+async fn publish_to<K: WebhookConfiguration>(
+    client: &Client,
+    name: &str,
+    bundle_pem: &str,
+) -> Result<(), TlsError> {
+    let api: Api<K> = Api::all(client.clone());
+    let kind = K::kind(&());
+    let Some(cfg) = api
+        .get_opt(name)
+        .await
+        .map_err(kerr(format!("reading the {kind}")))?
+    else {
+        return Ok(());
+    };
+    if let Some(ops) = bundle_ops(&cfg.bundles(), bundle_pem) {
+        api.patch(name, &PatchParams::default(), &Patch::<()>::Json(ops))
+            .await
+            .map_err(kerr(format!("patching the {kind}'s caBundle")))?;
+    }
+    Ok(())
 }
 
 /// JSON-patch operations that set `bundle` on every webhook whose `caBundle` differs; `None`

@@ -21,83 +21,7 @@ pub const FLOP_PER_ELEMENT_ITER: f64 = 8.0;
 /// Two kernels in PTX, JIT-compiled by the driver for whatever GPU is present:
 /// `busy` — a compute-bound, backward-like kernel (4 FMA chains per element, `iters` times);
 /// `copy_f32` — a grid-stride copy, used with host pointers to measure direct host access.
-const PTX: &str = r#"
-.version 7.0
-.target sm_70
-.address_size 64
-
-.visible .entry busy(.param .u64 busy_buf, .param .u32 busy_n, .param .u32 busy_iters)
-{
-    .reg .pred %p<3>;
-    .reg .b32 %r<8>;
-    .reg .f32 %f<8>;
-    .reg .b64 %rd<5>;
-    ld.param.u64 %rd1, [busy_buf];
-    ld.param.u32 %r1, [busy_n];
-    ld.param.u32 %r2, [busy_iters];
-    mov.u32 %r3, %ctaid.x;
-    mov.u32 %r4, %ntid.x;
-    mov.u32 %r5, %tid.x;
-    mad.lo.s32 %r6, %r3, %r4, %r5;
-    setp.ge.u32 %p1, %r6, %r1;
-    @%p1 bra BUSY_DONE;
-    cvta.to.global.u64 %rd2, %rd1;
-    mul.wide.u32 %rd3, %r6, 4;
-    add.s64 %rd4, %rd2, %rd3;
-    ld.global.f32 %f1, [%rd4];
-    mov.f32 %f2, %f1;
-    mov.f32 %f3, %f1;
-    mov.f32 %f4, %f1;
-    mov.u32 %r7, 0;
-BUSY_LOOP:
-    setp.ge.u32 %p2, %r7, %r2;
-    @%p2 bra BUSY_END;
-    fma.rn.f32 %f1, %f1, 0f3F7FFFEF, 0f358637BD;
-    fma.rn.f32 %f2, %f2, 0f3F7FFFEF, 0f358637BD;
-    fma.rn.f32 %f3, %f3, 0f3F7FFFEF, 0f358637BD;
-    fma.rn.f32 %f4, %f4, 0f3F7FFFEF, 0f358637BD;
-    add.u32 %r7, %r7, 1;
-    bra BUSY_LOOP;
-BUSY_END:
-    add.f32 %f5, %f1, %f2;
-    add.f32 %f6, %f3, %f4;
-    add.f32 %f7, %f5, %f6;
-    st.global.f32 [%rd4], %f7;
-BUSY_DONE:
-    ret;
-}
-
-.visible .entry copy_f32(.param .u64 copy_dst, .param .u64 copy_src, .param .u64 copy_n)
-{
-    .reg .pred %p<2>;
-    .reg .b32 %r<5>;
-    .reg .f32 %f<2>;
-    .reg .b64 %rd<10>;
-    ld.param.u64 %rd1, [copy_dst];
-    ld.param.u64 %rd2, [copy_src];
-    ld.param.u64 %rd3, [copy_n];
-    mov.u32 %r1, %ctaid.x;
-    mov.u32 %r2, %ntid.x;
-    mov.u32 %r3, %tid.x;
-    mul.wide.u32 %rd4, %r1, %r2;
-    cvt.u64.u32 %rd5, %r3;
-    add.s64 %rd4, %rd4, %rd5;
-    mov.u32 %r4, %nctaid.x;
-    mul.wide.u32 %rd6, %r4, %r2;
-COPY_LOOP:
-    setp.ge.u64 %p1, %rd4, %rd3;
-    @%p1 bra COPY_DONE;
-    shl.b64 %rd7, %rd4, 2;
-    add.s64 %rd8, %rd2, %rd7;
-    ld.f32 %f1, [%rd8];
-    add.s64 %rd9, %rd1, %rd7;
-    st.f32 [%rd9], %f1;
-    add.s64 %rd4, %rd4, %rd6;
-    bra COPY_LOOP;
-COPY_DONE:
-    ret;
-}
-"#;
+const PTX: &str = include_str!("kernels.ptx");
 
 /// Why the GPU part could not run.
 #[derive(Debug, thiserror::Error)]
@@ -150,6 +74,22 @@ pub fn device_count() -> Result<usize, CudaError> {
         Ok(n) if n > 0 => Ok(n),
         _ => Err(CudaError::NoDevice),
     }
+}
+
+/// The PCI address of a GPU (`0000:17:00.0`), as sysfs names it.
+pub fn pci_address(device: usize) -> Result<String, CudaError> {
+    device_count()?;
+    let ordinal = i32::try_from(device).map_err(|_| CudaError::NoDevice)?;
+    let dev = result::device::get(ordinal).map_err(drv("cuDeviceGet"))?;
+    let attr = |a| {
+        // SAFETY: `dev` came from cuDeviceGet.
+        unsafe { result::device::get_attribute(dev, a) }.map_err(drv("cuDeviceGetAttribute"))
+    };
+    use sys::CUdevice_attribute as A;
+    let domain = attr(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?;
+    let bus = attr(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?;
+    let slot = attr(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?;
+    Ok(format!("{domain:04x}:{bus:02x}:{slot:02x}.0"))
 }
 
 /// The primary context of one GPU, current on this thread while alive.

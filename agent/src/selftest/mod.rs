@@ -51,6 +51,8 @@ pub struct SelfTestOptions {
     /// GPU kernels may read host memory directly through ATS (coherent nodes): measure with
     /// system-allocated memory instead of mapped pinned memory.
     pub coherent: bool,
+    /// Give this GPU's test a single CPU core (to show that a starved update fails).
+    pub starve_gpu: Option<usize>,
 }
 
 impl Default for SelfTestOptions {
@@ -68,6 +70,7 @@ impl Default for SelfTestOptions {
             force_pageable: false,
             force_serial: false,
             coherent: false,
+            starve_gpu: None,
         }
     }
 }
@@ -136,10 +139,14 @@ impl Measurements {
         Some((lo, hi))
     }
 
-    fn gpu_entry(&self) -> GpuSelfTest {
+    fn gpu_entry(&self, threshold: f64) -> GpuSelfTest {
+        let spread = self.spread();
         GpuSelfTest {
             index: self.device,
             efficiency: self.efficiency(),
+            verdict: Some(math::verdict(self.efficiency(), threshold)),
+            efficiency_min: spread.map(|s| s.0),
+            efficiency_max: spread.map(|s| s.1),
             t_gpu_ms: Some(Self::median(&self.t_gpu_ms)),
             t_cpu_ms: Some(Self::median(&self.t_cpu_ms)),
             t_pipelined_ms: Some(Self::median(&self.t_pipelined_ms)),
@@ -239,6 +246,98 @@ pub fn split_cpus(cpus: &[usize], n: usize) -> Vec<Vec<usize>> {
     out
 }
 
+/// Reads a kernel CPU list (`0-15,32-47`, sysfs `local_cpulist`); `None` when malformed.
+pub fn parse_cpulist(text: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        let (lo, hi) = match part.split_once('-') {
+            Some((lo, hi)) => (lo.parse::<usize>().ok()?, hi.parse::<usize>().ok()?),
+            None => {
+                let c = part.parse::<usize>().ok()?;
+                (c, c)
+            }
+        };
+        // A CPU number past the kernel's set size is not a CPU.
+        if lo > hi || hi >= libc::CPU_SETSIZE as usize {
+            return None;
+        }
+        cpus.extend(lo..=hi);
+    }
+    cpus.sort_unstable();
+    cpus.dedup();
+    Some(cpus)
+}
+
+/// The CPUs local to each GPU (its NUMA node's, from sysfs), where the driver and sysfs say.
+pub fn gpu_local_cpus(gpus: usize) -> Vec<Option<Vec<usize>>> {
+    (0..gpus)
+        .map(|d| {
+            let address = cuda::pci_address(d).ok()?;
+            let text =
+                std::fs::read_to_string(format!("/sys/bus/pci/devices/{address}/local_cpulist"))
+                    .ok()?;
+            parse_cpulist(&text)
+        })
+        .collect()
+}
+
+/// One share of `allowed` per GPU, as a pod on each GPU would get them: GPUs of one NUMA node
+/// split that node's allowed CPUs between them; GPUs whose locality is unknown, or whose node
+/// has none of the allowed CPUs, split what no NUMA node claimed (all of `allowed` when nothing
+/// is left). On a node of one NUMA node every GPU reports the same set and this is the even
+/// split. Shares never overlap unless there are more GPUs than CPUs.
+pub fn split_by_locality(allowed: &[usize], local: &[Option<Vec<usize>>]) -> Vec<Vec<usize>> {
+    let n = local.len();
+    let mut shares: Vec<Vec<usize>> = vec![Vec::new(); n];
+    // GPUs grouped by their local CPUs (restricted to the allowed ones).
+    let mut groups: Vec<(Vec<usize>, Vec<usize>)> = Vec::new();
+    let mut unplaced = Vec::new();
+    for (gpu, cpus) in local.iter().enumerate() {
+        let mine: Vec<usize> = cpus
+            .as_ref()
+            .map(|c| c.iter().copied().filter(|c| allowed.contains(c)).collect())
+            .unwrap_or_default();
+        if mine.is_empty() {
+            unplaced.push(gpu);
+        } else if let Some(g) = groups.iter_mut().find(|(set, _)| *set == mine) {
+            g.1.push(gpu);
+        } else {
+            groups.push((mine, vec![gpu]));
+        }
+    }
+    let mut claimed: Vec<usize> = Vec::new();
+    for (set, gpus) in &groups {
+        // Sets of different nodes do not overlap; should they, the later GPUs take what is
+        // left of theirs.
+        let free: Vec<usize> = set
+            .iter()
+            .copied()
+            .filter(|c| !claimed.contains(c))
+            .collect();
+        let set = if free.is_empty() { set.clone() } else { free };
+        for (gpu, share) in gpus.iter().zip(split_cpus(&set, gpus.len())) {
+            shares[*gpu] = share;
+        }
+        claimed.extend(set);
+    }
+    if !unplaced.is_empty() {
+        let rest: Vec<usize> = allowed
+            .iter()
+            .copied()
+            .filter(|c| !claimed.contains(c))
+            .collect();
+        let rest = if rest.is_empty() {
+            allowed.to_vec()
+        } else {
+            rest
+        };
+        for (gpu, share) in unplaced.iter().zip(split_cpus(&rest, unplaced.len())) {
+            shares[*gpu] = share;
+        }
+    }
+    shares
+}
+
 /// A thread pool of `cpus.len()` workers, each pinned to those CPUs.
 fn pinned_pool(cpus: &[usize]) -> Result<rayon::ThreadPool, String> {
     let set = cpus.to_vec();
@@ -265,7 +364,10 @@ pub fn run(options: &SelfTestOptions, previous: Option<OverlapVerdict>) -> SelfT
     let mut report = match cuda::device_count() {
         Err(e) => SelfTestReport::untested(options.threshold, e.to_string()),
         Ok(n) => {
-            let shares = split_cpus(&allowed_cpus(), n);
+            let mut shares = split_by_locality(&allowed_cpus(), &gpu_local_cpus(n));
+            if let Some(share) = options.starve_gpu.and_then(|g| shares.get_mut(g)) {
+                share.truncate(1);
+            }
             let results: Vec<Result<Measurements, String>> = std::thread::scope(|scope| {
                 let handles: Vec<_> = shares
                     .iter()
@@ -307,7 +409,7 @@ fn combine(
     for (i, r) in results.into_iter().enumerate() {
         match r {
             Ok(m) => {
-                per_gpu.push(m.gpu_entry());
+                per_gpu.push(m.gpu_entry(options.threshold));
                 let lower = m.efficiency().unwrap_or(0.0)
                     < worst
                         .as_ref()
@@ -321,6 +423,9 @@ fn combine(
                 per_gpu.push(GpuSelfTest {
                     index: u32::try_from(i).unwrap_or(u32::MAX),
                     efficiency: None,
+                    verdict: Some(OverlapVerdict::Untested),
+                    efficiency_min: None,
+                    efficiency_max: None,
                     t_gpu_ms: None,
                     t_cpu_ms: None,
                     t_pipelined_ms: None,
@@ -360,6 +465,71 @@ mod tests {
         assert_eq!(split_cpus(&[0, 1, 2], 1), vec![vec![0, 1, 2]]);
     }
 
+    #[test]
+    fn cpu_lists_read_as_the_kernel_writes_them() {
+        assert_eq!(
+            parse_cpulist("0-3,8,10-11\n"),
+            Some(vec![0, 1, 2, 3, 8, 10, 11])
+        );
+        assert_eq!(parse_cpulist(""), Some(vec![]));
+        for bad in ["3-1", "a", "0-", "1,,x", "0-99999999999999999999", "5000"] {
+            assert_eq!(parse_cpulist(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn gpus_get_the_cpus_of_their_own_numa_node() {
+        let allowed: Vec<usize> = (0..32).collect();
+        let node0: Vec<usize> = (0..16).collect();
+        let node1: Vec<usize> = (16..32).collect();
+        // Two GPUs on each of two NUMA nodes, listed interleaved.
+        let shares = split_by_locality(
+            &allowed,
+            &[
+                Some(node0.clone()),
+                Some(node1.clone()),
+                Some(node0.clone()),
+                Some(node1.clone()),
+            ],
+        );
+        assert_eq!(
+            shares,
+            vec![
+                (0..8).collect::<Vec<_>>(),
+                (16..24).collect(),
+                (8..16).collect(),
+                (24..32).collect()
+            ]
+        );
+        // One NUMA node (or the same list for every GPU): the even split.
+        let same = split_by_locality(&allowed, &[Some(allowed.clone()), Some(allowed.clone())]);
+        assert_eq!(same, split_cpus(&allowed, 2));
+        // Unknown locality: the even split of everything.
+        assert_eq!(
+            split_by_locality(&allowed, &[None, None]),
+            split_cpus(&allowed, 2)
+        );
+        // The pod may use only part of a node: only its allowed CPUs count, and a GPU whose
+        // node has none of them shares what the others left.
+        let pod: Vec<usize> = (4..20).collect();
+        let shares = split_by_locality(&pod, &[Some(node0.clone()), Some(node1.clone())]);
+        assert_eq!(
+            shares,
+            vec![(4..16).collect::<Vec<_>>(), (16..20).collect()]
+        );
+        let shares = split_by_locality(&(0..8).collect::<Vec<_>>(), &[Some(node0), Some(node1)]);
+        assert_eq!(shares[0], (0..8).collect::<Vec<_>>());
+        assert!(!shares[1].is_empty(), "{shares:?}");
+        // Shares never overlap while there are CPUs enough.
+        let mixed = split_by_locality(&allowed, &[Some((0..16).collect()), None, None]);
+        let mut all: Vec<usize> = mixed.concat();
+        let total = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), total, "{mixed:?}");
+        assert!(mixed.iter().all(|s| !s.is_empty()));
+    }
+
     fn measured(device: u32, pipelined: &[f64]) -> Measurements {
         Measurements {
             device,
@@ -389,6 +559,9 @@ mod tests {
             ],
         );
         assert_eq!(report.per_gpu.len(), 2);
+        assert_eq!(report.per_gpu[0].verdict, Some(OverlapVerdict::Verified));
+        assert_eq!(report.per_gpu[1].verdict, Some(OverlapVerdict::Failed));
+        assert!(report.per_gpu[1].efficiency_min <= report.per_gpu[1].efficiency_max);
         // GPU 1: (170 − 120) / (170 − 80) = 0.56 at the median.
         assert!((report.efficiency.unwrap() - 50.0 / 90.0).abs() < 1e-9);
         assert_eq!(report.verdict, OverlapVerdict::Failed);

@@ -320,6 +320,16 @@ pub struct GpuSelfTest {
     /// Median efficiency.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub efficiency: Option<f64>,
+    /// This GPU's own verdict against the threshold (the node's is the weakest GPU's, with
+    /// hysteresis).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<OverlapVerdict>,
+    /// Lowest efficiency over this GPU's repetitions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub efficiency_min: Option<f64>,
+    /// Highest efficiency over this GPU's repetitions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub efficiency_max: Option<f64>,
     /// GPU-only time of the step, ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub t_gpu_ms: Option<f64>,

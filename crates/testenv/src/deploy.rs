@@ -210,3 +210,75 @@ pub fn helm_install(cluster: &DevCluster, extra: &[String]) -> Result<Duration, 
     run(&mut cmd, "helm install")?;
     Ok(start.elapsed())
 }
+
+/// The namespace Kueue is installed in, as its documentation installs it.
+pub const KUEUE_NAMESPACE: &str = "kueue-system";
+
+/// Kueue's configuration here: the integrations the tests use (batch Jobs; the TrainingJob's
+/// workload is one), and otherwise the chart's defaults.
+const KUEUE_CONFIG: &str = r#"apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+health:
+  healthProbeBindAddress: :8081
+metrics:
+  bindAddress: :8443
+webhook:
+  port: 9443
+leaderElection:
+  leaderElect: true
+  resourceName: c1f6bfd2.kueue.x-k8s.io
+controller:
+  groupKindConcurrency:
+    Job.batch: 5
+    Pod: 5
+    Workload.kueue.x-k8s.io: 5
+    LocalQueue.kueue.x-k8s.io: 1
+    ClusterQueue.kueue.x-k8s.io: 1
+    ResourceFlavor.kueue.x-k8s.io: 1
+clientConnection:
+  qps: 50
+  burst: 100
+integrations:
+  frameworks:
+  - "batch/job"
+"#;
+
+/// Installs Kueue with its own Helm chart (from its Go module, `hack/k8s/build.sh kueue`) and
+/// the image built here, imported into the real node as a registry pull would land it; waits
+/// until its controller is ready (its webhooks answer). Returns how long that took.
+pub fn install_kueue(cluster: &DevCluster) -> Result<Duration, DeployError> {
+    let start = Instant::now();
+    let dir = crate::devcluster::ensure_kueue()?;
+    let version = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("kueue-"))
+        .unwrap_or_default()
+        .to_string();
+    cluster.import_image(&dir.join("kueue.tar"))?;
+    let values = json!({
+        "controllerManager": {"manager": {
+            "image": {"repository": "localhost/kueue", "tag": version, "pullPolicy": "IfNotPresent"},
+            // The node here has two cores.
+            "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
+                          "limits": {"cpu": "2", "memory": "512Mi"}}
+        }},
+        "managerConfig": {"controllerManagerConfigYaml": KUEUE_CONFIG}
+    });
+    let values_file = cluster.root().join("kueue-values.json");
+    std::fs::write(&values_file, serde_json::to_vec(&values)?).map_err(|e| {
+        DeployError::Command {
+            what: "writing Kueue's values".into(),
+            detail: e.to_string(),
+        }
+    })?;
+    let mut cmd = cluster.helm();
+    cmd.args(["install", "kueue"])
+        .arg(dir.join("chart"))
+        .args(["--namespace", KUEUE_NAMESPACE, "--create-namespace"])
+        .arg("--values")
+        .arg(&values_file)
+        .args(["--wait", "--timeout", "5m"]);
+    run(&mut cmd, "helm install kueue")?;
+    Ok(start.elapsed())
+}

@@ -96,7 +96,25 @@ pub(super) async fn follow_workload(
     let overlap_unchanged = overlap
         .as_ref()
         .is_none_or(|c| conditions::unchanged(&current.conditions, c));
-    let admitted = admission(tj, job, &current.conditions, generation);
+    let queued = tj.labels().contains_key(names::KUEUE_QUEUE_LABEL) && phase == JobPhase::Queued;
+    let kueue_says = if queued {
+        super::kueue::waiting_reason(&ctx.client, job).await
+    } else {
+        None
+    };
+    let admitted = admission(
+        tj,
+        job,
+        &current.conditions,
+        generation,
+        kueue_says.as_deref(),
+    );
+    // Kueue's Workload is not watched (Kueue is optional): while the Job waits, look again.
+    let next = if queued {
+        Action::requeue(QUEUED_RECHECK)
+    } else {
+        Action::await_change()
+    };
     let admitted_unchanged = admitted
         .as_ref()
         .is_none_or(|c| conditions::unchanged(&current.conditions, c));
@@ -108,7 +126,7 @@ pub(super) async fn follow_workload(
         && overlap_unchanged
         && admitted_unchanged
     {
-        return Ok(Action::await_change());
+        return Ok(next);
     }
     let part = status::WorkloadPart {
         phase,
@@ -146,8 +164,11 @@ pub(super) async fn follow_workload(
         )
         .await;
     }
-    Ok(Action::await_change())
+    Ok(next)
 }
+
+/// How often a queued job's Workload is read again for Kueue's reason.
+const QUEUED_RECHECK: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// For a job in a Kueue queue, whether Kueue has let its workload run: `True` once the Job is
 /// no longer suspended; `False` while it waits (`Queued`) or after Kueue suspended it again
@@ -158,8 +179,10 @@ fn admission(
     job: &Job,
     existing: &[Condition],
     generation: Option<i64>,
+    kueue_says: Option<&str>,
 ) -> Option<Condition> {
     let queue = tj.labels().get(names::KUEUE_QUEUE_LABEL)?;
+    let because = kueue_says.map_or_else(String::new, |m| format!("; Kueue: {m}"));
     let suspended = job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false);
     let finished = matches!(phase_of(job), JobPhase::Succeeded | JobPhase::Failed);
     let was_admitted = existing
@@ -175,14 +198,14 @@ fn admission(
             false,
             "Queued",
             format!(
-                "the workload Job waits in Kueue queue {queue} for admission (quota, or a flavor of the node class it was configured for)"
+                "the workload Job waits in Kueue queue {queue} for admission (quota, or a flavor of the node class it was configured for){because}"
             ),
         ),
         (true, true) => (
             false,
             "Suspended",
             format!(
-                "Kueue suspended the workload Job again (preemption or eviction); it waits in queue {queue} and resumes with the same offload configuration"
+                "Kueue suspended the workload Job again (preemption or eviction); it waits in queue {queue} and resumes with the same offload configuration{because}"
             ),
         ),
     };

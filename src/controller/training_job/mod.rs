@@ -4,6 +4,7 @@
 
 mod apply;
 mod follow;
+mod kueue;
 mod triggers;
 
 use std::sync::Arc;

@@ -36,6 +36,16 @@ pub fn ensure_job_kinds() -> Result<PathBuf, DevClusterError> {
         .map_err(DevClusterError::Binaries)
 }
 
+/// Kueue at the version pinned in `hack/k8s/versions.env`: its controller's image
+/// (`kueue.tar`, `localhost/kueue:v<version>`) and its Helm chart (`chart/`), built by
+/// `hack/k8s/build.sh kueue` (`OFFLOAD_KUEUE_DIR` overrides).
+pub fn ensure_kueue() -> Result<PathBuf, DevClusterError> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(|| build("OFFLOAD_KUEUE_DIR", &["kueue"]))
+        .clone()
+        .map_err(DevClusterError::Binaries)
+}
+
 fn build(env: &str, args: &[&str]) -> Result<PathBuf, String> {
     if let Ok(dir) = std::env::var(env) {
         return Ok(PathBuf::from(dir));

@@ -26,7 +26,7 @@ mod kubeconfig;
 pub mod node;
 mod process;
 
-pub use binaries::{ensure_binaries, ensure_job_kinds, repo_root};
+pub use binaries::{ensure_binaries, ensure_job_kinds, ensure_kueue, repo_root};
 pub use process::free_port;
 use process::spawn;
 
@@ -377,6 +377,21 @@ impl DevCluster {
         if self.options.real_node {
             let kubelet_client = self.write("apiserver-kubelet-client.crt", &admin.cert_pem)?;
             let kubelet_key = self.write("apiserver-kubelet-client.key", &admin.key_pem)?;
+            // The aggregation layer, as kubeadm sets it up: the API server proxies to aggregated
+            // APIs (Kueue's visibility API) as front-proxy-client, and publishes the CA that
+            // vouches for it in kube-system/extension-apiserver-authentication.
+            let front_proxy = pki::issue_client(&self.ca, "front-proxy-client", &[], YEAR)?;
+            let front_proxy_cert = self.write("front-proxy-client.crt", &front_proxy.cert_pem)?;
+            let front_proxy_key = self.write("front-proxy-client.key", &front_proxy.key_pem)?;
+            extra.extend([
+                format!("--requestheader-client-ca-file={}", d(&ca_file)),
+                "--requestheader-allowed-names=front-proxy-client".to_string(),
+                "--requestheader-username-headers=X-Remote-User".to_string(),
+                "--requestheader-group-headers=X-Remote-Group".to_string(),
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-".to_string(),
+                format!("--proxy-client-cert-file={}", d(&front_proxy_cert)),
+                format!("--proxy-client-key-file={}", d(&front_proxy_key)),
+            ]);
             extra.extend([
                 // The API server reaches webhooks and aggregated APIs at a Service's endpoint
                 // addresses: no kube-proxy on its own path.

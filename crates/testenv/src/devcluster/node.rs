@@ -690,6 +690,22 @@ impl super::DevCluster {
         cmd
     }
 
+    /// Imports an OCI or Docker archive into the real node's containerd (the kubelet's
+    /// namespace), as a registry pull would land it: pods then run it with
+    /// `imagePullPolicy: IfNotPresent`.
+    pub fn import_image(&self, archive: &Path) -> Result<(), DevClusterError> {
+        if self.node.is_none() {
+            return Err(DevClusterError::Node(
+                "importing an image needs the real node (ClusterOptions::with_real_node)".into(),
+            ));
+        }
+        run(
+            self.ctr(&["images", "import", "--local"]).arg(archive),
+            &format!("importing {} into containerd", archive.display()),
+        )?;
+        Ok(())
+    }
+
     /// Waits until the node reports Ready (or a node process exits).
     async fn wait_node_ready(
         &mut self,

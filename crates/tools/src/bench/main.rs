@@ -8,13 +8,16 @@
 //! - `admission`: the admission handlers in process, by cluster size;
 //! - `scale`: thousands of simulated GPU nodes, TrainingJobs and opted-in batch Jobs in one
 //!   burst: time to resolve every job, jobs/s, webhook latency, the operator's CPU, memory and
-//!   API requests per job.
+//!   API requests per job;
+//! - `kueue`: a burst of TrainingJobs without Kueue and one in a Kueue queue, on a real node
+//!   that runs Kueue: creation → admitted and → running.
 
 mod admission;
 mod cluster;
 mod control_plane;
 mod controller;
 mod error;
+mod kueue;
 mod measure;
 mod scale;
 mod webhook;
@@ -82,6 +85,12 @@ enum Command {
         #[arg(long, default_value_t = 5000)]
         batch_jobs: usize,
     },
+    /// A burst of TrainingJobs without Kueue, then one in a Kueue queue (needs root).
+    Kueue {
+        /// TrainingJobs in each burst.
+        #[arg(long, default_value_t = 500)]
+        jobs: usize,
+    },
     /// The minimal peer webhook (started by `webhook` as its own process).
     #[command(hide = true)]
     PeerWebhook {
@@ -116,6 +125,7 @@ fn main() -> ExitCode {
             jobs,
             batch_jobs,
         })),
+        Command::Kueue { jobs } => rt.block_on(kueue::run(jobs)),
         Command::Admission { nodes, iterations } => admission::run(&nodes, iterations),
         Command::PeerWebhook { dir, port } => rt.block_on(webhook::peer_webhook(dir, port)),
     };

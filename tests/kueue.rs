@@ -1,0 +1,542 @@
+//! TrainingJobs and opted-in batch Jobs under the real Kueue: Kueue installed with its own Helm
+//! chart and an image of its controller built here (`hack/k8s/build.sh kueue`), running on the
+//! real node beside the operator's chart, which creates one ResourceFlavor per node class. The
+//! GPU nodes are simulated (kwok) with recorded reports of a GH200 and an H200 node.
+//!
+//! Each ClusterQueue lists the discrete flavor before the coherent one, both with free quota, so
+//! a coherent job admitted to the coherent flavor shows that Kueue's flavor assignment follows
+//! the class the operator pinned the job to, not the order of the queue. Needs root (a kubelet
+//! and containerd run here); the figures it prints go into `docs/benchmarks/kueue.md`.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::wait::await_condition;
+use offload_api::names;
+use offload_operator::api::{JobPhase, OffloadMode, OffloadProfile, TrainingJob};
+use offload_testenv::deploy::{self, GPU_TAINT_KEY};
+use offload_testenv::devcluster::{ClusterOptions, DevCluster};
+use offload_testenv::fixtures;
+use serde_json::json;
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(180);
+/// The kwok stage that completes Job pods leaves pods with this annotation running.
+const KEEP_RUNNING: &str = "offload.dev/kwok-keep-running";
+
+/// A ClusterQueue with both flavors, the discrete one first, one GPU of quota in each, and
+/// preemption of lower-priority workloads inside the queue.
+fn cluster_queue(name: &str, flavors: &[&str]) -> String {
+    let flavors: Vec<serde_json::Value> = flavors
+        .iter()
+        .map(|f| {
+            json!({"name": f, "resources": [
+                {"name": "cpu", "nominalQuota": 64},
+                {"name": "memory", "nominalQuota": "512Gi"},
+                {"name": "nvidia.com/gpu", "nominalQuota": 1}
+            ]})
+        })
+        .collect();
+    json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+        "metadata": {"name": name},
+        "spec": {
+            "namespaceSelector": {},
+            "preemption": {"withinClusterQueue": "LowerPriority"},
+            "resourceGroups": [{"coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                                "flavors": flavors}]
+        }
+    })
+    .to_string()
+}
+
+fn local_queue(ns: &str, name: &str, cq: &str) -> String {
+    json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"clusterQueue": cq}
+    })
+    .to_string()
+}
+
+fn priority_class(name: &str, value: i32) -> String {
+    json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
+        "metadata": {"name": name}, "value": value,
+        "description": format!("{name} priority for the Kueue test")
+    })
+    .to_string()
+}
+
+fn apply(cluster: &DevCluster, manifest: &str) {
+    let (ok, out, err) = kubectl_result(cluster, &["apply", "-f", "-"], Some(manifest));
+    assert!(ok, "kubectl apply: {out}{err}\n{manifest}");
+}
+
+/// A one-replica DeepSpeed TrainingJob of 12B parameters (too large for one GPU of either class,
+/// so it is offloaded), in `queue`, for profile `profile`; its pods keep running unless
+/// `completes`.
+fn queued_job(
+    name: &str,
+    queue: &str,
+    profile: &str,
+    priority: Option<&str>,
+    completes: bool,
+) -> TrainingJob {
+    let mut labels = json!({names::KUEUE_QUEUE_LABEL: queue});
+    if let Some(p) = priority {
+        labels[names::KUEUE_PRIORITY_LABEL] = json!(p);
+    }
+    let annotations = if completes {
+        json!({})
+    } else {
+        json!({KEEP_RUNNING: "true"})
+    };
+    serde_json::from_value(json!({
+        "apiVersion": "offload.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": name, "labels": labels,
+                     "annotations": {names::PROFILE_ANNOTATION: profile}},
+        "spec": {"replicas": 1, "framework": {"name": "DeepSpeed", "version": "0.19.8"},
+                 "model": {"parameters": "12B"},
+                 "template": {
+                     "metadata": {"annotations": annotations},
+                     "spec": {"tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+                              "containers": [{"name": "train", "image": "train:1",
+                                              "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}
+    }))
+    .unwrap()
+}
+
+/// Creates an object once the webhooks admit it: Kueue's webhooks answer only once its
+/// certificates are in place, the operator's once it has seen the nodes.
+async fn create_when_admitted<K>(api: &Api<K>, obj: &K, what: &str)
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    poll(&format!("the webhooks to admit {what}"), WAIT, || {
+        let api = api.clone();
+        let obj = obj.clone();
+        async move {
+            match api.create(&PostParams::default(), &obj).await {
+                Ok(_) => Some(()),
+                Err(e) => {
+                    eprintln!("not yet: {e}");
+                    None
+                }
+            }
+        }
+    })
+    .await;
+}
+
+fn phase_is(phase: JobPhase) -> impl Fn(Option<&TrainingJob>) -> bool {
+    move |tj: Option<&TrainingJob>| {
+        tj.and_then(|t| t.status.as_ref())
+            .is_some_and(|s| s.phase == Some(phase))
+    }
+}
+
+fn admitted_reason(tj: &TrainingJob) -> Option<(String, String, String)> {
+    tj.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Admitted")
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+async fn wait_tj(
+    api: &Api<TrainingJob>,
+    name: &str,
+    what: &str,
+    cond: impl Fn(Option<&TrainingJob>) -> bool,
+) -> TrainingJob {
+    wait(what, WAIT, await_condition(api.clone(), name, cond))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// The flavor Kueue assigned to the Job's pods: the node labels it injected, as kube-scheduler
+/// then placed them, and the node they run on.
+async fn running_pod(client: &kube::Client, ns: &str, job: &str) -> Pod {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    wait_list(
+        pods,
+        kube::runtime::watcher::Config::default().labels(&format!("job-name={job}")),
+        &format!("a running pod of {job}"),
+        WAIT,
+        |pods| {
+            pods.iter()
+                .find(|p| {
+                    p.metadata.deletion_timestamp.is_none()
+                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                })
+                .map(|p| Pod::clone(p))
+        },
+    )
+    .await
+}
+
+fn node_of(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default()
+}
+
+/// The pod template's offload environment, as the Job carries it.
+async fn job_env(jobs: &Api<Job>, name: &str) -> serde_json::Value {
+    let job = jobs.get(name).await.unwrap();
+    let spec = job.spec.unwrap().template.spec.unwrap();
+    serde_json::to_value(&spec.containers[0].env).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: a real node needs root (kubelet, containerd, cgroups, iptables)");
+        return;
+    }
+    let started = Instant::now();
+    let cluster = DevCluster::start(ClusterOptions::with_real_node())
+        .await
+        .unwrap_or_else(|e| panic!("starting the cluster with a real node: {e}"));
+    let client = cluster.client().await.unwrap();
+    eprintln!(
+        "figure: control plane and real node Ready: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    deploy::prepare_real_node(&client).await.unwrap();
+    // Simulated GPU nodes of both classes, eight GPUs each, tainted as GPU nodes are so that
+    // Kueue's and the operator's own pods stay on the real node.
+    let nodes: Api<Node> = Api::all(client.clone());
+    for (name, fixture) in [
+        ("gh200-k", fixtures::GH200_REFERENCE),
+        ("h200-k", fixtures::H200_READING),
+    ] {
+        let mut node = reported_node(name, fixture, "kueue");
+        node.spec = Some(
+            serde_json::from_value(json!({"taints": [
+            {"key": GPU_TAINT_KEY, "value": "present", "effect": "NoSchedule"}]}))
+            .unwrap(),
+        );
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+    }
+
+    let took = deploy::install_kueue(&cluster).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!(
+        "figure: helm install kueue → controller ready: {:.1} s",
+        took.as_secs_f64()
+    );
+    let took = deploy::helm_install(
+        &cluster,
+        &["--set".into(), "kueue.resourceFlavors.enabled=true".into()],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!(
+        "figure: helm install offload-operator → every pod ready: {:.1} s",
+        took.as_secs_f64()
+    );
+
+    // The chart's flavors carry the labels the operator pins each class by.
+    let flavor = |name: &str| -> serde_json::Value {
+        serde_json::from_str(&kubectl(
+            &cluster,
+            &["get", "resourceflavors.kueue.x-k8s.io", name, "-o", "json"],
+        ))
+        .unwrap()
+    };
+    assert_eq!(
+        flavor("offload-coherent")["spec"]["nodeLabels"],
+        json!({"offload.dev/uma": "true", "offload.dev/addressing-mode": "ats", "offload.dev/c2c": "true"})
+    );
+    assert_eq!(
+        flavor("offload-discrete")["spec"]["nodeLabels"],
+        json!({"offload.dev/uma": "false"})
+    );
+
+    // Profiles per class; queues for two teams and one whose only flavor is discrete.
+    let profiles: Api<OffloadProfile> = Api::all(client.clone());
+    for (name, uma) in [("coherent", "true"), ("discrete", "false")] {
+        let profile: OffloadProfile = serde_json::from_value(json!({
+            "apiVersion": "offload.dev/v1alpha1", "kind": "OffloadProfile",
+            "metadata": {"name": name},
+            "spec": {"nodeSelector": {"matchLabels": {"offload.dev/test-pool": "kueue", names::LABEL_UMA: uma}}}
+        }))
+        .unwrap();
+        profiles
+            .create(&PostParams::default(), &profile)
+            .await
+            .unwrap();
+    }
+    let ns = namespace(&client, "kueue").await;
+    for manifest in [
+        priority_class("low", 100),
+        priority_class("high", 1000),
+        cluster_queue("team-a", &["offload-discrete", "offload-coherent"]),
+        cluster_queue("team-b", &["offload-discrete", "offload-coherent"]),
+        cluster_queue("team-c", &["offload-discrete"]),
+        local_queue(&ns, "team-a", "team-a"),
+        local_queue(&ns, "team-b", "team-b"),
+        local_queue(&ns, "team-c", "team-c"),
+    ] {
+        apply(&cluster, &manifest);
+    }
+
+    let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+
+    // A coherent job in team-a: admitted to the coherent flavor although the discrete one,
+    // listed first, has free quota; its pod lands on the GH200 node.
+    create_when_admitted(
+        &tjs,
+        &queued_job("coherent-1", "team-a", "coherent", None, false),
+        "coherent-1",
+    )
+    .await;
+    let first = wait_tj(
+        &tjs,
+        "coherent-1",
+        "coherent-1 Running",
+        phase_is(JobPhase::Running),
+    )
+    .await;
+    let decided = first.status.as_ref().unwrap().offload.clone().unwrap();
+    assert_eq!(decided.mode, OffloadMode::UnifiedMemory);
+    assert_eq!(
+        admitted_reason(&first).map(|(s, r, _)| (s, r)),
+        Some(("True".into(), "Admitted".into()))
+    );
+    let job = jobs.get("coherent-1").await.unwrap();
+    assert_eq!(
+        job.labels()
+            .get(names::KUEUE_QUEUE_LABEL)
+            .map(String::as_str),
+        Some("team-a"),
+        "the queue label reaches the workload Job"
+    );
+    let pod = running_pod(&client, &ns, "coherent-1").await;
+    assert_eq!(node_of(&pod), "gh200-k");
+    assert_eq!(
+        pod.spec.as_ref().unwrap().node_selector.as_ref().unwrap()[names::LABEL_UMA],
+        "true",
+        "Kueue injected the coherent flavor's labels"
+    );
+
+    // A discrete job in team-b, low priority: the discrete flavor, the H200 node.
+    create_when_admitted(
+        &tjs,
+        &queued_job("discrete-low", "team-b", "discrete", Some("low"), false),
+        "discrete-low",
+    )
+    .await;
+    let low = wait_tj(
+        &tjs,
+        "discrete-low",
+        "discrete-low Running",
+        phase_is(JobPhase::Running),
+    )
+    .await;
+    let low_decision = serde_json::to_value(&low.status.as_ref().unwrap().offload).unwrap();
+    assert_eq!(low_decision["mode"], "CPUCopy");
+    let low_env = job_env(&jobs, "discrete-low").await;
+    assert_eq!(
+        node_of(&running_pod(&client, &ns, "discrete-low").await),
+        "h200-k"
+    );
+
+    // A second coherent job in team-a waits: the coherent quota is taken, and the discrete
+    // flavor's free quota is not for it. Kueue's reason reaches its Admitted condition.
+    tjs.create(
+        &PostParams::default(),
+        &queued_job("coherent-2", "team-a", "coherent", None, true),
+    )
+    .await
+    .unwrap();
+    let waiting = wait_tj(
+        &tjs,
+        "coherent-2",
+        "coherent-2 Queued with Kueue's reason",
+        |tj| {
+            tj.and_then(admitted_reason)
+                .is_some_and(|(s, r, m)| s == "False" && r == "Queued" && m.contains("Kueue:"))
+        },
+    )
+    .await;
+    let (_, _, message) = admitted_reason(&waiting).unwrap();
+    assert!(
+        message.contains("offload-discrete doesn't match node affinity"),
+        "{message}"
+    );
+    assert!(
+        jobs.get("coherent-2")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .suspend
+            .unwrap_or(false)
+    );
+
+    // A coherent job in team-c, whose only flavor is discrete, never runs on the wrong class:
+    // it waits, and says why.
+    tjs.create(
+        &PostParams::default(),
+        &queued_job("coherent-wrong-flavor", "team-c", "coherent", None, true),
+    )
+    .await
+    .unwrap();
+    let wrong = wait_tj(
+        &tjs,
+        "coherent-wrong-flavor",
+        "coherent-wrong-flavor Queued with Kueue's reason",
+        |tj| {
+            tj.and_then(admitted_reason)
+                .is_some_and(|(_, _, m)| m.contains("doesn't match node affinity"))
+        },
+    )
+    .await;
+    assert_eq!(wrong.status.unwrap().phase, Some(JobPhase::Queued));
+
+    // The first coherent job finishes: the second is admitted to the coherent flavor.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    pods.patch(
+        pod.metadata.name.as_deref().unwrap(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {KEEP_RUNNING: null}}})),
+    )
+    .await
+    .unwrap();
+    wait_tj(
+        &tjs,
+        "coherent-1",
+        "coherent-1 Succeeded",
+        phase_is(JobPhase::Succeeded),
+    )
+    .await;
+    let second = wait_tj(
+        &tjs,
+        "coherent-2",
+        "coherent-2 admitted once coherent-1 finished",
+        |tj| {
+            tj.and_then(admitted_reason)
+                .is_some_and(|(s, _, _)| s == "True")
+        },
+    )
+    .await;
+    assert_eq!(
+        second.status.unwrap().offload.unwrap().mode,
+        OffloadMode::UnifiedMemory
+    );
+
+    // A high-priority discrete job in team-b preempts the low one: the low one shows it is
+    // suspended (not failed), and resumes configured as before once the high one is done.
+    tjs.create(
+        &PostParams::default(),
+        &queued_job("discrete-high", "team-b", "discrete", Some("high"), true),
+    )
+    .await
+    .unwrap();
+    let suspended = wait_tj(
+        &tjs,
+        "discrete-low",
+        "discrete-low suspended by Kueue",
+        |tj| {
+            tj.and_then(admitted_reason)
+                .is_some_and(|(s, r, _)| s == "False" && r == "Suspended")
+        },
+    )
+    .await;
+    assert_ne!(
+        suspended.status.as_ref().unwrap().phase,
+        Some(JobPhase::Failed)
+    );
+    wait_tj(
+        &tjs,
+        "discrete-high",
+        "discrete-high Succeeded",
+        phase_is(JobPhase::Succeeded),
+    )
+    .await;
+    let resumed = wait_tj(&tjs, "discrete-low", "discrete-low running again", |tj| {
+        phase_is(JobPhase::Running)(tj)
+            && tj
+                .and_then(admitted_reason)
+                .is_some_and(|(s, _, _)| s == "True")
+    })
+    .await;
+    assert_eq!(
+        serde_json::to_value(&resumed.status.as_ref().unwrap().offload).unwrap(),
+        low_decision,
+        "the same decision after preemption"
+    );
+    assert_eq!(job_env(&jobs, "discrete-low").await, low_env);
+    assert_eq!(
+        node_of(&running_pod(&client, &ns, "discrete-low").await),
+        "h200-k"
+    );
+    let events = kubectl(
+        &cluster,
+        &[
+            "--namespace",
+            &ns,
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=discrete-low,reason=Suspended",
+            "-o",
+            "name",
+        ],
+    );
+    assert!(
+        !events.trim().is_empty(),
+        "an Event says Kueue suspended it"
+    );
+
+    // An opted-in batch Job under Kueue: the webhook's configuration and Kueue's suspension
+    // both land at creation, and Kueue admits it to the flavor of the class it was pinned to.
+    let batch: Job = serde_json::from_value(json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "batch-coherent",
+                     "labels": {names::PROFILE_ANNOTATION: "coherent", names::KUEUE_QUEUE_LABEL: "team-b"},
+                     "annotations": {"offload.dev/model-parameters": "12B"}},
+        "spec": {"template": {"spec": {
+            "restartPolicy": "Never",
+            "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "train", "image": "train:1",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}
+    }))
+    .unwrap();
+    let created = jobs.create(&PostParams::default(), &batch).await.unwrap();
+    let spec = created.spec.as_ref().unwrap();
+    assert_eq!(spec.suspend, Some(true), "Kueue's webhook suspended it");
+    let env = serde_json::to_value(&spec.template.spec.as_ref().unwrap().containers[0].env)
+        .unwrap()
+        .to_string();
+    assert!(env.contains("OFFLOAD_MODE"), "configured: {env}");
+    let pod = running_pod(&client, &ns, "batch-coherent").await;
+    assert_eq!(node_of(&pod), "gh200-k");
+    let pod_env = serde_json::to_value(&pod.spec.as_ref().unwrap().containers[0].env)
+        .unwrap()
+        .to_string();
+    assert!(pod_env.contains("OFFLOAD_MODE"), "{pod_env}");
+
+    let listed = kubectl(
+        &cluster,
+        &[
+            "--namespace",
+            &ns,
+            "get",
+            "trainingjobs,workloads.kueue.x-k8s.io",
+        ],
+    );
+    eprintln!("{listed}");
+    drop(cluster);
+}
