@@ -24,6 +24,8 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::broadcast;
 
 use crate::api::{OffloadProfile, TrainingJob};
+use crate::dra::DraOptions;
+use crate::dra::api::{ResourceClaimTemplate, ResourceSlice};
 use crate::index::NodeViews;
 use crate::metrics::{KindLabels, Metrics};
 
@@ -181,6 +183,13 @@ pub struct Caches {
     /// version takes per-job pod settings in. Part of readiness, so the webhook never writes
     /// TrainJobs before it knows the installed API.
     pub trainjob_crd: Cache<CustomResourceDefinition>,
+    /// The GPU driver's ResourceSlices (DRA), by the driver's name (a field selector); empty
+    /// where DRA is off or the cluster does not serve `resource.k8s.io/v1`.
+    pub slices: Cache<DeserializeGuard<ResourceSlice>>,
+    /// ResourceClaimTemplates of every namespace: what a pod's DRA claims request.
+    pub claim_templates: Cache<DeserializeGuard<ResourceClaimTemplate>>,
+    /// The DRA options the caches were built with (`None`: DRA off).
+    pub dra: Option<DraOptions>,
 }
 
 impl Caches {
@@ -189,6 +198,7 @@ impl Caches {
     pub fn new(
         client: &Client,
         metrics: Arc<Metrics>,
+        dra: Option<&DraOptions>,
     ) -> (Caches, impl Future<Output = ()> + Send + 'static) {
         fn config() -> watcher::Config {
             watcher::Config::default().any_semantic()
@@ -226,9 +236,39 @@ impl Caches {
             metrics.clone(),
             keep,
         );
-        let node_views = Arc::new(NodeViews::new(nodes.store().clone()));
+        let slice_config = dra.map(|d| config().fields(&format!("spec.driver={}", d.driver)));
+        let (slices, drive_slices) = cache(
+            served_or_empty::<DeserializeGuard<ResourceSlice>>(client, slice_config),
+            "ResourceSlice",
+            metrics.clone(),
+            keep,
+        );
+        let (claim_templates, drive_templates) = cache(
+            served_or_empty::<DeserializeGuard<ResourceClaimTemplate>>(
+                client,
+                dra.map(|_| config()),
+            ),
+            "ResourceClaimTemplate",
+            metrics.clone(),
+            keep,
+        );
+        let node_views = Arc::new(match dra {
+            Some(d) => NodeViews::with_slices(
+                nodes.store().clone(),
+                slices.store().clone(),
+                d.driver.clone(),
+            ),
+            None => NodeViews::new(nodes.store().clone()),
+        });
         let drive = async move {
-            tokio::join!(drive_profiles, drive_nodes, drive_jobs, drive_crd);
+            tokio::join!(
+                drive_profiles,
+                drive_nodes,
+                drive_jobs,
+                drive_crd,
+                drive_slices,
+                drive_templates
+            );
         };
         (
             Caches {
@@ -237,6 +277,9 @@ impl Caches {
                 jobs,
                 node_views,
                 trainjob_crd,
+                slices,
+                claim_templates,
+                dra: dra.cloned(),
             },
             drive,
         )
@@ -248,7 +291,65 @@ impl Caches {
             && self.nodes.store().wait_until_ready().await.is_ok()
             && self.jobs.store().wait_until_ready().await.is_ok()
             && self.trainjob_crd.store().wait_until_ready().await.is_ok()
+            && self.slices.store().wait_until_ready().await.is_ok()
+            && self
+                .claim_templates
+                .store()
+                .wait_until_ready()
+                .await
+                .is_ok()
     }
+}
+
+/// A watch of a `resource.k8s.io/v1` kind, or, where DRA is off (`config` is `None`) or the
+/// API server does not serve it (clusters before 1.34), an empty list that never changes: the
+/// cache is then ready and empty, and DRA plays no part until the operator restarts.
+fn served_or_empty<K>(
+    client: &Client,
+    config: Option<watcher::Config>,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let client = client.clone();
+    let plural = K::plural(&()).to_string();
+    let api_version = K::api_version(&()).to_string();
+    futures::stream::once(async move {
+        let mut delay = std::time::Duration::from_millis(500);
+        let served = loop {
+            if config.is_none() {
+                break false;
+            }
+            match client.list_api_group_resources(&api_version).await {
+                Ok(list) => break list.resources.iter().any(|r| r.name == plural),
+                Err(kube::Error::Api(e)) if e.code == 404 => {
+                    tracing::info!(api = %api_version, "not served by this cluster: DRA off");
+                    break false;
+                }
+                // The API server is not reachable yet: ask again, as the watches do.
+                Err(e) => {
+                    tracing::warn!(api = %api_version, error = %e, "discovery failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(std::time::Duration::from_secs(30));
+                }
+            }
+        };
+        match config {
+            Some(cfg) if served => watcher(Api::<K>::all(client), cfg)
+                .default_backoff()
+                .boxed(),
+            _ => futures::stream::iter([Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)])
+                .chain(futures::stream::pending())
+                .boxed(),
+        }
+    })
+    .flatten()
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ pub mod certs;
 pub mod check;
 pub mod controller;
 pub mod decision;
+pub mod dra;
 pub mod explain;
 pub mod index;
 pub mod metrics;

@@ -91,6 +91,12 @@ struct ExplainArgs {
     /// The DeepSpeed JSON of a ConfigMap the job references (`CONFIGMAP=PATH`, offline).
     #[arg(long = "deepspeed-config")]
     deepspeed_configs: Vec<String>,
+    /// ResourceClaimTemplates the job's DRA claims name (manifest files, offline).
+    #[arg(long = "claim-template")]
+    claim_templates: Vec<PathBuf>,
+    /// The GPU driver's ResourceSlices (manifest files, offline): its word on each node.
+    #[arg(long = "resource-slices")]
+    resource_slices: Vec<PathBuf>,
     /// The agent image, to show the start-up guard as the operator would add it.
     #[arg(long, env = "OFFLOAD_AGENT_IMAGE")]
     agent_image: Option<String>,
@@ -152,6 +158,13 @@ struct RunArgs {
     /// (`offload-agent verify`) as an init container from it. No guard when unset.
     #[arg(long, env = "OFFLOAD_AGENT_IMAGE")]
     agent_image: Option<String>,
+    /// The DRA driver whose ResourceSlices describe the GPUs (a second witness of each node's
+    /// memory model); empty to leave Dynamic Resource Allocation out.
+    #[arg(long, env = "OFFLOAD_DRA_DRIVER", default_value = offload_operator::dra::DEFAULT_DRIVER)]
+    dra_driver: String,
+    /// DeviceClasses whose claims request the driver's whole GPUs (default: the driver's name).
+    #[arg(long, value_delimiter = ',')]
+    dra_gpu_device_classes: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -272,10 +285,17 @@ fn explain(args: &ExplainArgs) -> ExitCode {
             .map(|a| explain::node_from_report(a))
             .collect();
         let nodes = nodes.and_then(|n| explain::with_node_memory(n, &args.node_memory));
+        let dra = offload_operator::dra::DraOptions::default();
+        let nodes = nodes.and_then(|n| {
+            let slices = explain::slices_from_files(&args.resource_slices)?;
+            Ok(explain::with_slices(n, &slices, &dra.driver))
+        });
         let loaded = nodes.and_then(|nodes| {
             Ok(explain::Inputs {
                 view: offload_operator::view::MemoryView {
                     render,
+                    claim_templates: explain::claim_templates_from_files(&args.claim_templates)?,
+                    dra: Some(dra),
                     ..offload_operator::view::MemoryView::new(
                         nodes,
                         explain::profiles_from_files(&args.profiles)?,
@@ -399,6 +419,14 @@ fn run(args: RunArgs) -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             },
+            dra: (!args.dra_driver.is_empty()).then(|| offload_operator::dra::DraOptions {
+                gpu_classes: if args.dra_gpu_device_classes.is_empty() {
+                    vec![args.dra_driver.clone()]
+                } else {
+                    args.dra_gpu_device_classes.clone()
+                },
+                driver: args.dra_driver.clone(),
+            }),
         };
         match operator::run(client, options, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,

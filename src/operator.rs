@@ -26,6 +26,9 @@ pub struct RunOptions {
     pub controller: ControllerOptions,
     /// The admission webhook, served by every replica (leader or not); `None` to not serve it.
     pub webhook: Option<crate::webhook::WebhookOptions>,
+    /// Dynamic Resource Allocation: the GPU driver whose ResourceSlices and the DeviceClasses
+    /// whose claims the operator reads (`None`: DRA off).
+    pub dra: Option<crate::dra::DraOptions>,
 }
 
 /// Where the leader-election Lease lives.
@@ -106,7 +109,7 @@ pub async fn run(
         }
     };
 
-    let (caches, drive_caches) = Caches::new(&client, metrics.clone());
+    let (caches, drive_caches) = Caches::new(&client, metrics.clone(), options.dra.as_ref());
     let drive_caches = async {
         tokio::select! {
             () = drive_caches => {},

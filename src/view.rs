@@ -13,8 +13,11 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use crate::api::{OffloadProfile, OffloadProfileSpec};
 use crate::caches::Caches;
 use crate::decision::ClusterView;
+use crate::dra::DraOptions;
+use crate::dra::api::ResourceClaimTemplate;
 use crate::index::{NodeIndex, NodeInfo, NodeViews};
 use crate::render::RenderOptions;
+use kube::core::DeserializeGuard;
 
 /// What the webhook needs beside the decision's view: the installed APIs of other job kinds
 /// and what the operator writes beside the decision.
@@ -91,6 +94,10 @@ pub struct StoreView {
     pub trainjob_crd: Option<Store<CustomResourceDefinition>>,
     /// What the operator writes beside the decision.
     pub render: RenderOptions,
+    /// ResourceClaimTemplates (DRA), when DRA is on.
+    pub claim_templates: Option<Store<DeserializeGuard<ResourceClaimTemplate>>>,
+    /// DRA's driver and GPU DeviceClasses (`None`: off).
+    pub dra: Option<DraOptions>,
 }
 
 impl StoreView {
@@ -107,6 +114,8 @@ impl StoreView {
             nodes: caches.node_views.clone(),
             trainjob_crd: Some(caches.trainjob_crd.store().clone()),
             render: RenderOptions::default(),
+            claim_templates: Some(caches.claim_templates.store().clone()),
+            dra: caches.dra.clone(),
         }
     }
 
@@ -117,6 +126,8 @@ impl StoreView {
             nodes: Arc::new(NodeViews::new(nodes)),
             trainjob_crd: None,
             render: RenderOptions::default(),
+            claim_templates: None,
+            dra: None,
         }
     }
 }
@@ -130,6 +141,18 @@ impl ClusterView for StoreView {
 
     fn nodes(&self) -> Arc<NodeIndex> {
         self.nodes.get()
+    }
+
+    fn dra(&self) -> Option<DraOptions> {
+        self.dra.clone()
+    }
+
+    fn claim_template(&self, namespace: &str, name: &str) -> Option<Arc<ResourceClaimTemplate>> {
+        let guard = self
+            .claim_templates
+            .as_ref()?
+            .get(&ObjectRef::new(name).within(namespace))?;
+        guard.0.as_ref().ok().map(|t| Arc::new(t.clone()))
     }
 }
 
@@ -160,6 +183,10 @@ pub struct MemoryView {
     pub features: ApiFeatures,
     /// What the operator writes beside the decision.
     pub render: RenderOptions,
+    /// DRA's driver and GPU DeviceClasses (`None`: off).
+    pub dra: Option<DraOptions>,
+    /// ResourceClaimTemplates by namespace and name.
+    pub claim_templates: BTreeMap<(String, String), Arc<ResourceClaimTemplate>>,
 }
 
 impl MemoryView {
@@ -180,6 +207,16 @@ impl ClusterView for MemoryView {
 
     fn nodes(&self) -> Arc<NodeIndex> {
         self.nodes.clone()
+    }
+
+    fn dra(&self) -> Option<DraOptions> {
+        self.dra.clone()
+    }
+
+    fn claim_template(&self, namespace: &str, name: &str) -> Option<Arc<ResourceClaimTemplate>> {
+        self.claim_templates
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
     }
 }
 

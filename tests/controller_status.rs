@@ -83,7 +83,8 @@ async fn a_stale_copy_never_drops_the_recorded_decision() {
     // The reconcile a stale cache would run: it finds the workload and follows it.
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = offload_operator::metrics::Metrics::new(&mut registry);
-    let (caches, _not_driven) = offload_operator::caches::Caches::new(&client, metrics.clone());
+    let (caches, _not_driven) =
+        offload_operator::caches::Caches::new(&client, metrics.clone(), Some(&Default::default()));
     let ctx = offload_operator::controller::Context::new(client.clone(), &caches, metrics, "test");
     offload_operator::controller::reconcile_job(&stale, &ctx)
         .await

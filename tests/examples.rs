@@ -9,6 +9,7 @@ use offload_operator::api::{
 };
 use offload_operator::decision::{JobRequest, UserConfig, resolve_offload};
 use offload_operator::index::{Allocatable, NodeIndex, NodeInfo};
+use offload_operator::view::MemoryView;
 use offload_testenv::fixtures;
 
 fn read<T: serde::de::DeserializeOwned>(file: &str) -> T {
@@ -70,7 +71,8 @@ fn example_jobs_resolve_on_a_mixed_cluster() {
     // 8B over two GPUs fits an H200 without offload (not a GH200's 96 GB): no offload, pinned
     // to the class where it fits.
     let ds: TrainingJob = read("trainingjob-deepspeed.yaml");
-    let req = JobRequest::for_training_job(&ds, Some(&ds_config())).unwrap();
+    let req =
+        JobRequest::for_training_job(&ds, Some(&ds_config()), &MemoryView::default()).unwrap();
     let res = resolve_offload(&req, "default", &default.spec, &nodes).unwrap();
     assert_eq!(res.mode, OffloadMode::Disabled, "{}", res.summary());
     assert_eq!(res.node_class, Some(NodeClass::Discrete));
@@ -78,7 +80,8 @@ fn example_jobs_resolve_on_a_mixed_cluster() {
     // 20.6B over two GPUs fits nowhere without offload: the smallest share that fits, into
     // unified memory on the GH200s (first in the profile's order).
     let large: TrainingJob = read("trainingjob-deepspeed-large.yaml");
-    let req = JobRequest::for_training_job(&large, Some(&ds_config())).unwrap();
+    let req =
+        JobRequest::for_training_job(&large, Some(&ds_config()), &MemoryView::default()).unwrap();
     let res = resolve_offload(&req, "default", &default.spec, &nodes).unwrap();
     assert_eq!(res.mode, OffloadMode::UnifiedMemory, "{}", res.summary());
     assert!(res.ratio > 0.05 && res.ratio < 1.0, "{}", res.ratio);
@@ -86,7 +89,7 @@ fn example_jobs_resolve_on_a_mixed_cluster() {
 
     // No model hints: the profile's CPUCopy, everything offloaded.
     let fsdp: TrainingJob = read("trainingjob-fsdp.yaml");
-    let req = JobRequest::for_training_job(&fsdp, None).unwrap();
+    let req = JobRequest::for_training_job(&fsdp, None, &MemoryView::default()).unwrap();
     let res = resolve_offload(&req, "pcie-pool", &pcie.spec, &nodes).unwrap();
     assert_eq!(res.mode, OffloadMode::CpuCopy);
     assert_eq!(res.ratio, 1.0);

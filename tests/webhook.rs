@@ -146,7 +146,8 @@ async fn setup() -> (&'static DevCluster, Client, &'static Served) {
                     let shutdown = tokio_util::sync::CancellationToken::new();
                     let mut registry = prometheus_client::registry::Registry::default();
                     let metrics = Metrics::new(&mut registry);
-                    let (caches, drive) = Caches::new(&client, metrics.clone());
+                    let (caches, drive) =
+                        Caches::new(&client, metrics.clone(), Some(&Default::default()));
                     let state = WebhookState {
                         view: Arc::new(StoreView::new(&caches)),
                         metrics,

@@ -270,6 +270,8 @@ pub async fn run(
     let job_ctx_nodes = ctx.clone();
     let job_ctx_config_maps = ctx.clone();
     let job_ctx_observed = ctx.clone();
+    let job_ctx_templates = ctx.clone();
+    let job_ctx_slices = ctx.clone();
     let job_controller =
         // A job's own status writes (ours) do not trigger it again: only what the user or the
         // API server changes (spec, labels, annotations, deletion) does.
@@ -325,6 +327,25 @@ pub async fn run(
                     )
                 },
             )
+            // DRA: a held job whose claim template appears, or a node the GPU driver now
+            // describes, is tried again.
+            .watches_shared_stream(caches.claim_templates.subscribe(), move |t| {
+                let Ok(t) = t.0.as_ref() else {
+                    return Vec::new();
+                };
+                // The operator's own copies are never a job's input.
+                if t.labels().contains_key(names::LABEL_TRAINING_JOB) {
+                    return Vec::new();
+                }
+                training_job::jobs_for_claim_template(
+                    &job_ctx_templates,
+                    &t.namespace().unwrap_or_default(),
+                    &t.name_any(),
+                )
+            })
+            .watches_shared_stream(caches.slices.subscribe(), move |_| {
+                training_job::jobs_for_slices(&job_ctx_slices)
+            })
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(
                 training_job::reconcile,

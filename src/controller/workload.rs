@@ -14,6 +14,8 @@ use serde_json::Value;
 
 use crate::api::{DecisionReason, OffloadDecisionStatus, TrainingJob};
 use crate::decision::{FrameworkPlan, Resolution};
+use crate::dra::api::ResourceClaimTemplate;
+use crate::dra::claims;
 use crate::names;
 use crate::render::deepspeed::{self, DeepSpeedConfigError};
 use crate::render::{self, ConfigMount};
@@ -30,6 +32,9 @@ pub struct Workload {
     pub service: Service,
     /// The rendered framework config, when the framework has one.
     pub config_map: Option<ConfigMap>,
+    /// Copies of the pods' GPU claim templates that select only the decided class's GPUs
+    /// (DRA; see [`pin_claims`]).
+    pub claim_templates: Vec<ResourceClaimTemplate>,
 }
 
 /// Why a workload could not be built.
@@ -52,6 +57,9 @@ pub enum BuildError {
     /// The decision could not be written as JSON for the workload's annotation.
     #[error("recording the decision on the workload: {0}")]
     Serialize(String),
+    /// A claim template the decision counted is gone.
+    #[error("ResourceClaimTemplate {0} is gone: the job waits until it exists again")]
+    ClaimTemplateGone(String),
 }
 
 /// Most bytes of data (keys and values) the API server accepts in one ConfigMap.
@@ -211,7 +219,61 @@ pub fn build_workload(
         job,
         service,
         config_map,
+        claim_templates: Vec::new(),
     })
+}
+
+/// For a job pinned through its DRA claims ([`Resolution::gpu_claims`]): a copy of each GPU
+/// claim's template that selects only the decided class's GPUs, owned by the TrainingJob and
+/// named `<job>-<claim>`, and the Job's pods pointed at the copies. `template` looks a
+/// template up in the job's namespace. Nothing to do for a job pinned by labels.
+pub fn pin_claims(
+    workload: &mut Workload,
+    tj: &TrainingJob,
+    res: &Resolution,
+    template: &dyn Fn(&str) -> Option<std::sync::Arc<ResourceClaimTemplate>>,
+) -> Result<(), BuildError> {
+    let (Some(pinning), Some(class)) = (&res.gpu_claims, res.node_class) else {
+        return Ok(());
+    };
+    let name = tj.name_any();
+    let namespace = tj
+        .metadata
+        .namespace
+        .clone()
+        .ok_or(BuildError::Missing("namespace"))?;
+    let owner = tj
+        .controller_owner_ref(&())
+        .ok_or(BuildError::Missing("uid"))?;
+    let labels = BTreeMap::from([(names::LABEL_TRAINING_JOB.to_string(), name.clone())]);
+    let pod = workload
+        .job
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut());
+    let Some(pod) = pod else {
+        return Ok(());
+    };
+    for (entry, original) in &pinning.claims {
+        let source =
+            template(original).ok_or_else(|| BuildError::ClaimTemplateGone(original.clone()))?;
+        let copy_name = claims::pinned_name(&name, entry);
+        workload.claim_templates.push(claims::pinned_template(
+            &source,
+            &copy_name,
+            &namespace,
+            owner.clone(),
+            labels.clone(),
+            class,
+            &pinning.dra,
+        ));
+        for claim in pod.resource_claims.iter_mut().flatten() {
+            if &claim.name == entry {
+                claim.resource_claim_template_name = Some(copy_name.clone());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// torchrun rendezvous env (`PET_*` are torchrun's env forms of its flags): rank 0 is pod

@@ -10,6 +10,8 @@ use super::request::JobRequest;
 use super::user_config::{ConfigError, UserConfig};
 use super::{Resolution, ResolveError, resolve_offload};
 use crate::api::{OffloadProfileSpec, TrainingJob};
+use crate::dra::DraOptions;
+use crate::dra::api::ResourceClaimTemplate;
 use crate::index::NodeIndex;
 
 /// The cluster state a decision is made against: the profiles and the node index, from the
@@ -19,6 +21,15 @@ pub trait ClusterView: Send + Sync {
     fn profile(&self, name: &str) -> Option<OffloadProfileSpec>;
     /// The node index (shared: a decision does not copy the node reports).
     fn nodes(&self) -> Arc<NodeIndex>;
+    /// Dynamic Resource Allocation: the GPU driver and its GPU DeviceClasses (`None`: DRA is
+    /// off, and claims count no GPUs).
+    fn dra(&self) -> Option<DraOptions> {
+        None
+    }
+    /// A ResourceClaimTemplate by namespace and name, where the view has them.
+    fn claim_template(&self, _namespace: &str, _name: &str) -> Option<Arc<ResourceClaimTemplate>> {
+        None
+    }
 }
 
 /// Why a job has no decision; each carries the condition reason and message.
@@ -107,7 +118,7 @@ pub fn decide(
     let profile = select_profile(requested_profile(tj), |name| view.profile(name))
         .map_err(Unresolved::ProfileNotFound)?;
     let config = config.map_err(|e| Unresolved::Config(e.clone()))?;
-    let request = JobRequest::for_training_job(tj, config)?;
+    let request = JobRequest::for_training_job(tj, config, view)?;
     Ok(resolve_offload(
         &request,
         &profile.name,

@@ -137,6 +137,10 @@ pub enum ResolveError {
         /// Coherent nodes that match.
         coherent: usize,
     },
+    /// The pod's DRA claims cannot be sized (a template missing, a shared claim, a request
+    /// for all of a node's GPUs, a request that does not read).
+    #[error("the pod's DRA claims: {0}")]
+    Claims(crate::dra::claims::ClaimError),
 }
 
 impl ResolveError {
@@ -159,6 +163,8 @@ impl ResolveError {
             ResolveError::InsufficientGpus { .. } => "InsufficientGPUs",
             ResolveError::DoesNotFit { .. } => "InsufficientMemory",
             ResolveError::ConfigurationDoesNotFit { .. } => "ConfigurationDoesNotFit",
+            ResolveError::Claims(e) if e.depends_on_cluster() => "ClaimTemplateNotFound",
+            ResolveError::Claims(_) => "InvalidResourceClaims",
         }
     }
 
@@ -175,6 +181,6 @@ impl ResolveError {
                 | ResolveError::InsufficientGpus { .. }
                 | ResolveError::DoesNotFit { .. }
                 | ResolveError::ConfigurationDoesNotFit { .. }
-        )
+        ) || matches!(self, ResolveError::Claims(e) if e.depends_on_cluster())
     }
 }

@@ -130,7 +130,19 @@ pub struct Resolution {
     /// What the memory model estimated for the placement written, where the job gives model
     /// hints.
     pub memory: Option<MemoryEstimate>,
+    /// The job's GPU claims (entry → ResourceClaimTemplate) through which it is pinned to the
+    /// node class: each gets a copy of its template selecting only the class's GPUs, and the
+    /// pods get no class labels in their node affinity (nodes classed by the GPU driver alone
+    /// carry none). Empty: the pods are pinned by the agent's labels.
+    pub gpu_claims: Option<crate::dra::claims::ClaimPinning>,
+    /// Nodes whose two witnesses (agent and GPU driver) disagree, kept out of a claim-pinned
+    /// job's node affinity: its claims' selectors see only the driver's word.
+    pub exclude_nodes: Vec<String>,
 }
+
+/// Most nodes a claim-pinned job's affinity lists as excluded; with more, the job is pinned
+/// by the agent's labels instead.
+pub const MAX_EXCLUDED_NODES: usize = 128;
 
 /// The memory model's figures for the placement a resolution writes.
 #[derive(Clone, Debug, PartialEq)]
@@ -242,7 +254,20 @@ pub fn resolve_offload(
     let memory = fit::job_memory(job, &facts)?;
     let mut reasons = Reasons::default();
 
-    let candidates = placement::Candidates::select(nodes, profile_name, profile)?;
+    // Nodes whose agent and GPU driver disagree: a claim-pinned job's affinity excludes them
+    // by name (its claims' selectors see only the driver's word); past a bound it is pinned by
+    // the agent's labels instead.
+    let exclude_nodes: Vec<String> = if job.gpu_claims.is_some() {
+        nodes
+            .nodes()
+            .filter(|n| n.witness() == crate::index::Witness::Disagree)
+            .map(|n| n.name.clone())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let by_claims = job.gpu_claims.is_some() && exclude_nodes.len() <= MAX_EXCLUDED_NODES;
+    let candidates = placement::Candidates::select(nodes, profile_name, profile, by_claims)?;
     let placement = placement::choose(
         &placement::Context {
             job,
@@ -285,6 +310,27 @@ pub fn resolve_offload(
     for why in whys {
         reasons.add(Field::Framework, why);
     }
+    let (gpu_claims, exclude_nodes) = match (placement.class(), &job.gpu_claims) {
+        (Some(class), Some(pinning)) if by_claims => {
+            reasons.add(
+                Field::NodeClass,
+                format!(
+                    "GPUs from DRA claims ({}): each claim's template is copied with a selector on the GPU driver's addressingMode attribute, so the scheduler allocates only {class} GPUs{}",
+                    pinning.claims.keys().cloned().collect::<Vec<_>>().join(", "),
+                    if exclude_nodes.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            "; nodes whose agent and driver disagree are excluded: {}",
+                            exclude_nodes.join(", ")
+                        )
+                    }
+                ),
+            );
+            (Some(pinning.clone()), exclude_nodes)
+        }
+        _ => (None, Vec::new()),
+    };
 
     Ok(Resolution {
         profile: profile_name.to_string(),
@@ -305,6 +351,8 @@ pub fn resolve_offload(
             host_bytes_per_pod: memory::bytes(c.estimate.host_per_pod),
             host_budget_bytes: c.class.host_per_pod,
         }),
+        gpu_claims,
+        exclude_nodes,
     })
 }
 
@@ -324,7 +372,8 @@ pub fn estimate_placement(
     let Some(jm) = fit::job_memory(job, &facts)? else {
         return Ok(None);
     };
-    let candidates = placement::Candidates::select(nodes, profile_name, profile)?;
+    let candidates =
+        placement::Candidates::select(nodes, profile_name, profile, job.gpu_claims.is_some())?;
     let Some(cm) = fit::class_memory(candidates.of(class), job) else {
         return Ok(None);
     };

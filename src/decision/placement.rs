@@ -34,10 +34,13 @@ pub(super) struct Candidates<'a> {
 
 impl<'a> Candidates<'a> {
     /// The candidates of each class that the profile's selector matches.
+    /// Nodes classed by the GPU driver alone (no agent report, so no labels to pin pods by)
+    /// count only for a job pinned through its DRA claims (`by_claims`).
     pub(super) fn select(
         index: &'a NodeIndex,
         profile_name: &str,
         profile: &OffloadProfileSpec,
+        by_claims: bool,
     ) -> Result<Self, ResolveError> {
         let invalid = |detail: String| ResolveError::InvalidSelector {
             profile: profile_name.to_string(),
@@ -55,6 +58,7 @@ impl<'a> Candidates<'a> {
             nodes: index
                 .class(class)
                 .filter(|n| selector.as_ref().is_none_or(|s| s.matches(&n.labels)))
+                .filter(|n| by_claims || n.witness() != crate::index::Witness::DriverOnly)
                 .collect(),
         };
         Ok(Candidates {

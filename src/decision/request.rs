@@ -36,6 +36,10 @@ pub struct JobRequest {
     /// holds it until nodes arrive) rather than placed on the first class to wait for capacity
     /// (another kind, whose pods are created now; gang admission is a queue's job, e.g. Kueue).
     pub hold_for_capacity: bool,
+    /// The pod's DRA claims that request GPUs (claim entry → its ResourceClaimTemplate), when
+    /// the job is pinned to a node class through them (a TrainingJob: the operator writes a
+    /// copy of each template that selects only the class's GPUs). Empty otherwise.
+    pub gpu_claims: Option<crate::dra::claims::ClaimPinning>,
 }
 
 impl Default for JobRequest {
@@ -54,6 +58,7 @@ impl Default for JobRequest {
             pod_memory_limit: None,
             config: ConfigFacts::default(),
             hold_for_capacity: true,
+            gpu_claims: None,
         }
     }
 }
@@ -129,6 +134,46 @@ impl PodResources {
         })
     }
 
+    /// [`PodResources::of`] with the GPUs the pod's DRA claims request (templates looked up
+    /// in `namespace` through `view`), and those claims (entry → template).
+    pub fn with_claims(
+        spec: Option<&PodSpec>,
+        namespace: &str,
+        view: &dyn super::ClusterView,
+    ) -> Result<(PodResources, Option<crate::dra::claims::ClaimPinning>), ResolveError> {
+        let mut resources = PodResources::of(spec)?;
+        let (Some(spec), Some(dra)) = (spec, view.dra()) else {
+            return Ok((resources, None));
+        };
+        if spec.resource_claims.as_ref().is_none_or(Vec::is_empty) {
+            return Ok((resources, None));
+        }
+        let claimed = crate::dra::claims::claimed_gpus(
+            spec,
+            &|name| view.claim_template(namespace, name),
+            &dra,
+        )
+        .map_err(ResolveError::Claims)?;
+        resources.gpus = resources
+            .gpus
+            .checked_add(claimed.gpus)
+            .filter(|n| *n <= MAX_GPUS)
+            .ok_or_else(|| ResolveError::InvalidResources {
+                detail: format!(
+                    "more than {MAX_GPUS} GPUs a pod, device plugin and claims together"
+                ),
+            })?;
+        let pinning = if claimed.claims.is_empty() {
+            None
+        } else {
+            Some(crate::dra::claims::ClaimPinning {
+                dra,
+                claims: claimed.claims,
+            })
+        };
+        Ok((resources, pinning))
+    }
+
     /// GPUs per pod for the decision: at least 1.
     pub fn gpus_per_pod(&self) -> u32 {
         u32::try_from(self.gpus.max(1)).unwrap_or(u32::MAX)
@@ -143,9 +188,12 @@ impl JobRequest {
     pub fn for_training_job(
         tj: &TrainingJob,
         config: Option<&UserConfig>,
+        view: &dyn super::ClusterView,
     ) -> Result<JobRequest, ResolveError> {
         let spec = &tj.spec;
-        let resources = PodResources::of(spec.template.spec.as_ref())?;
+        let namespace = tj.metadata.namespace.as_deref().unwrap_or_default();
+        let (resources, gpu_claims) =
+            PodResources::with_claims(spec.template.spec.as_ref(), namespace, view)?;
         let ds = spec.deepspeed.clone().unwrap_or_default();
         let mut deepspeed = DeepSpeedRequest::from_spec(&ds, config.and_then(|c| c.stage));
         deepspeed.zenflow_in_config = config.is_some_and(|c| c.zenflow);
@@ -160,6 +208,7 @@ impl JobRequest {
             pod_memory_limit: resources.memory_limit,
             config: config.map(|c| c.facts).unwrap_or_default(),
             hold_for_capacity: true,
+            gpu_claims,
         })
     }
 
@@ -231,6 +280,7 @@ impl JobRequest {
                 pod_memory_limit: resources.memory_limit,
                 config: ConfigFacts::default(),
                 hold_for_capacity: false,
+                gpu_claims: None,
             },
         ))
     }

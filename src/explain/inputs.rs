@@ -9,9 +9,11 @@ use serde_json::Value;
 use super::ExplainError;
 use crate::api::OffloadProfileSpec;
 use crate::decision::{ConfigError, UserConfig};
+use crate::dra::api::{ResourceClaimTemplate, ResourceSlice};
 use crate::index::NodeIndex;
 use crate::render::{RenderOptions, deepspeed};
 use crate::view::MemoryView;
+use kube::core::DeserializeGuard;
 
 /// What a decision is made from: the cluster, held in memory, and the DeepSpeed configs by
 /// ConfigMap name (the text of the key the job names) for jobs that reference one.
@@ -132,6 +134,75 @@ pub fn profiles_from_files(
     Ok(out)
 }
 
+/// ResourceClaimTemplates (DRA) from manifest files, by namespace (`default` when a manifest
+/// names none) and name.
+pub fn claim_templates_from_files(
+    paths: &[std::path::PathBuf],
+) -> Result<BTreeMap<(String, String), Arc<ResourceClaimTemplate>>, ExplainError> {
+    let mut out = BTreeMap::new();
+    for path in paths {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ExplainError::Manifest(format!("reading claim template {}: {e}", path.display()))
+        })?;
+        for doc in read_manifests(&text)? {
+            let t: ResourceClaimTemplate = serde_json::from_value(doc).map_err(|e| {
+                ExplainError::Manifest(format!(
+                    "{}: not a ResourceClaimTemplate: {e}",
+                    path.display()
+                ))
+            })?;
+            let ns = t
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into());
+            out.insert(
+                (ns, t.metadata.name.clone().unwrap_or_default()),
+                Arc::new(t),
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// ResourceSlices (DRA) from manifest files, as the caches hold them.
+pub fn slices_from_files(
+    paths: &[std::path::PathBuf],
+) -> Result<Vec<Arc<DeserializeGuard<ResourceSlice>>>, ExplainError> {
+    let mut out = Vec::new();
+    for path in paths {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ExplainError::Manifest(format!("reading ResourceSlices {}: {e}", path.display()))
+        })?;
+        for doc in read_manifests(&text)? {
+            let s: DeserializeGuard<ResourceSlice> = serde_json::from_value(doc).map_err(|e| {
+                ExplainError::Manifest(format!("{}: not a ResourceSlice: {e}", path.display()))
+            })?;
+            out.push(Arc::new(s));
+        }
+    }
+    Ok(out)
+}
+
+/// The nodes with what `driver`'s slices say about each; a node only the slices describe is
+/// added.
+pub fn with_slices(
+    mut nodes: Vec<crate::index::NodeInfo>,
+    slices: &[Arc<DeserializeGuard<ResourceSlice>>],
+    driver: &str,
+) -> Vec<crate::index::NodeInfo> {
+    let mut witnesses = crate::dra::slices::witnesses(slices, driver);
+    for node in &mut nodes {
+        if let Some(w) = witnesses.remove(&node.name) {
+            *node = node.clone().with_driver(w);
+        }
+    }
+    for (name, w) in witnesses {
+        nodes.push(crate::index::NodeInfo::new(name, BTreeMap::new(), None).with_driver(w));
+    }
+    nodes
+}
+
 /// DeepSpeed configs from `NAME=PATH` arguments (NAME: the ConfigMap the job references).
 pub fn deepspeed_configs_from_files(
     args: &[String],
@@ -165,13 +236,49 @@ pub async fn inputs_from_cluster(
         .into_iter()
         .map(|p| (p.metadata.name.clone().unwrap_or_default(), p.spec))
         .collect();
-    let nodes = Api::<Node>::all(client.clone())
+    let nodes: Vec<crate::index::NodeInfo> = Api::<Node>::all(client.clone())
         .list(&ListParams::default())
         .await?
         .items
         .iter()
         .map(crate::index::node_info)
         .collect();
+    // DRA, where the cluster serves it: the driver's slices and the jobs' claim templates.
+    let dra = crate::dra::DraOptions::default();
+    fn ignore_absent<T>(r: Result<T, kube::Error>) -> Result<Option<T>, kube::Error> {
+        match r {
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+            other => other.map(Some),
+        }
+    }
+    let slices: Vec<Arc<DeserializeGuard<ResourceSlice>>> = ignore_absent(
+        Api::<DeserializeGuard<ResourceSlice>>::all(client.clone())
+            .list(&ListParams::default().fields(&format!("spec.driver={}", dra.driver)))
+            .await,
+    )?
+    .map(|l| l.items.into_iter().map(Arc::new).collect())
+    .unwrap_or_default();
+    let nodes = with_slices(nodes, &slices, &dra.driver);
+    let mut claim_templates = BTreeMap::new();
+    let namespaces: std::collections::BTreeSet<&str> = manifests
+        .iter()
+        .map(|m| {
+            m.pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .unwrap_or("default")
+        })
+        .collect();
+    for ns in namespaces {
+        let listed = ignore_absent(
+            Api::<ResourceClaimTemplate>::namespaced(client.clone(), ns)
+                .list(&ListParams::default())
+                .await,
+        )?;
+        for t in listed.map(|l| l.items).unwrap_or_default() {
+            let name = t.metadata.name.clone().unwrap_or_default();
+            claim_templates.insert((ns.to_string(), name), Arc::new(t));
+        }
+    }
     let mut deepspeed_configs = BTreeMap::new();
     for m in manifests {
         let Some(r) = m.pointer("/spec/deepspeed/configMapRef") else {
@@ -202,6 +309,8 @@ pub async fn inputs_from_cluster(
             profiles,
             nodes: Arc::new(NodeIndex::new(nodes)),
             render,
+            dra: Some(dra),
+            claim_templates,
             ..MemoryView::default()
         },
         deepspeed_configs,

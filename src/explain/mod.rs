@@ -27,8 +27,9 @@ use crate::webhook::admit::{self, Review};
 
 pub use candidates::{Candidate, CandidateMemory};
 pub use inputs::{
-    Inputs, deepspeed_configs_from_files, inputs_from_cluster, node_from_report,
-    profiles_from_files, read_manifests, with_node_memory,
+    Inputs, claim_templates_from_files, deepspeed_configs_from_files, inputs_from_cluster,
+    node_from_report, profiles_from_files, read_manifests, slices_from_files, with_node_memory,
+    with_slices,
 };
 pub use text::to_text;
 
@@ -122,6 +123,9 @@ pub struct Explanation {
     /// The DeepSpeed JSON the pods get.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deepspeed_config: Option<Value>,
+    /// The copies of the pods' GPU claim templates that select the decided class (DRA).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub claim_templates: Vec<Value>,
     /// The object as the operator would create or admit it (the batch Job of a TrainingJob).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub object: Option<Value>,
@@ -150,6 +154,7 @@ impl Explanation {
             node_affinity: None,
             init_containers: Vec::new(),
             deepspeed_config: None,
+            claim_templates: Vec::new(),
             object: None,
             candidates: Vec::new(),
             observed: None,
@@ -253,8 +258,25 @@ fn explain_training_job(tj: &TrainingJob, inputs: &Inputs, with_candidates: bool
         }
     };
     out.resolved_with(&res);
-    match build_workload(tj, Some(&res), user.as_ref(), &inputs.view.render) {
+    let namespace = tj
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let built =
+        build_workload(tj, Some(&res), user.as_ref(), &inputs.view.render).and_then(|mut w| {
+            crate::controller::workload::pin_claims(&mut w, tj, &res, &|name| {
+                crate::decision::ClusterView::claim_template(&inputs.view, &namespace, name)
+            })?;
+            Ok(w)
+        });
+    match built {
         Ok(w) => {
+            out.claim_templates = w
+                .claim_templates
+                .iter()
+                .filter_map(|t| serde_json::to_value(t).ok())
+                .collect();
             let spec = w.job.spec.as_ref().and_then(|s| s.template.spec.as_ref());
             out.env = spec
                 .and_then(|s| s.containers.first())

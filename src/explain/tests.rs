@@ -210,3 +210,69 @@ fn bad_manifests_get_a_clear_error() {
     assert!(node_from_report("/nonexistent.json").is_err());
     assert!(deepspeed_configs_from_files(&["no-equals".into()]).is_err());
 }
+
+#[test]
+fn a_job_with_gpu_claims_is_sized_by_them_and_pinned_through_a_copied_template() {
+    let mut inputs = inputs(&[]);
+    let gh200 = NodeInfo::new("gh200-dra", BTreeMap::new(), None).with_driver({
+        let mut w = crate::dra::slices::DriverWitness {
+            driver: "gpu.nvidia.com".into(),
+            gpus: 4,
+            ..Default::default()
+        };
+        w.modes.insert("ATS", 4);
+        w
+    });
+    inputs.view.nodes = std::sync::Arc::new(crate::index::NodeIndex::new(vec![gh200]));
+    inputs.view.dra = Some(crate::dra::DraOptions::default());
+    let template: crate::dra::api::ResourceClaimTemplate =
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "gpus4", "namespace": "default"},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 4}}]}}}
+        }))
+        .unwrap();
+    inputs.view.claim_templates.insert(
+        ("default".into(), "gpus4".into()),
+        std::sync::Arc::new(template),
+    );
+    let job = r#"
+apiVersion: offload.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: c, namespace: default, annotations: {offload.dev/profile: auto}}
+spec:
+  replicas: 1
+  framework: {name: DeepSpeed, version: "0.19.8"}
+  template:
+    spec:
+      resourceClaims: [{name: gpus, resourceClaimTemplateName: gpus4}]
+      containers: [{name: t, image: t, resources: {claims: [{name: gpus}]}}]
+"#;
+    let manifests = read_manifests(job).unwrap();
+    let e = explain(&manifests[0], &inputs, false).unwrap();
+    assert!(e.resolved, "{}", e.message);
+    assert_eq!(e.decision.as_ref().unwrap().mode, "UnifiedMemory");
+    assert_eq!(e.claim_templates.len(), 1);
+    let expr = e.claim_templates[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+        ["selectors"][0]["cel"]["expression"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(expr.contains("\"ATS\""), "{expr}");
+    // Nodes classed by the driver carry no agent labels: none in the affinity.
+    assert!(e.node_affinity.is_none(), "{:?}", e.node_affinity);
+    let text = super::text::to_text(&e);
+    assert!(text.contains("claim template c-gpus"), "{text}");
+
+    // A job pinned by labels cannot use a node only the driver describes.
+    let labelled = read_manifests(JOB).unwrap();
+    let e = explain(&labelled[0], &inputs, false).unwrap();
+    assert!(!e.resolved);
+    assert_eq!(
+        e.reason.as_deref(),
+        Some("NoReportedNodes"),
+        "{}",
+        e.message
+    );
+}

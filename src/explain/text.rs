@@ -126,6 +126,24 @@ pub fn to_text(e: &Explanation) -> String {
             );
         }
     }
+    for t in &e.claim_templates {
+        let name = t
+            .pointer("/metadata/name")
+            .and_then(|v| v.as_str())
+            .unwrap_or("");
+        let _ = writeln!(
+            s,
+            "  claim template {name} (the pods' GPU claim, pinned to the class):"
+        );
+        for r in t
+            .pointer("/spec/spec/devices/requests")
+            .and_then(|v| v.as_array())
+            .into_iter()
+            .flatten()
+        {
+            let _ = writeln!(s, "    request {}", r);
+        }
+    }
     for c in &e.init_containers {
         let _ = writeln!(
             s,

@@ -9,9 +9,12 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
+use kube::core::DeserializeGuard;
 use kube::runtime::reflector::Store;
 
-pub use node::{Allocatable, MAX_NODE_TEXT, NodeInfo, Standing, bounded, bounded_to};
+use crate::dra::api::ResourceSlice;
+
+pub use node::{Allocatable, MAX_NODE_TEXT, NodeInfo, Standing, Witness, bounded, bounded_to};
 
 use crate::api::NodeClass;
 
@@ -107,12 +110,14 @@ pub fn node_info(node: &Node) -> NodeInfo {
 /// index. On a change only the nodes whose resourceVersion moved are parsed again.
 pub struct NodeViews {
     store: Store<Node>,
+    slices: Option<(Store<DeserializeGuard<ResourceSlice>>, String)>,
     snapshot: Mutex<Snapshot>,
 }
 
 #[derive(Default)]
 struct Snapshot {
     objects: Vec<Arc<Node>>,
+    slices: Vec<Arc<DeserializeGuard<ResourceSlice>>>,
     index: Option<Arc<NodeIndex>>,
     /// Parsed views by name, with the resourceVersion they were parsed at.
     parsed: HashMap<String, (String, Arc<NodeInfo>)>,
@@ -123,6 +128,20 @@ impl NodeViews {
     pub fn new(store: Store<Node>) -> Self {
         NodeViews {
             store,
+            slices: None,
+            snapshot: Mutex::default(),
+        }
+    }
+
+    /// Views that also read `driver`'s ResourceSlices from `slices` (DRA's second witness).
+    pub fn with_slices(
+        store: Store<Node>,
+        slices: Store<DeserializeGuard<ResourceSlice>>,
+        driver: String,
+    ) -> Self {
+        NodeViews {
+            store,
+            slices: Some((slices, driver)),
             snapshot: Mutex::default(),
         }
     }
@@ -130,6 +149,11 @@ impl NodeViews {
     /// The index as of now.
     pub fn get(&self) -> Arc<NodeIndex> {
         let state = self.store.state();
+        let slices = self
+            .slices
+            .as_ref()
+            .map(|(s, _)| s.state())
+            .unwrap_or_default();
         let mut snap = match self.snapshot.lock() {
             Ok(s) => s,
             // A panic while holding the lock leaves a snapshot that is at worst stale; the
@@ -143,9 +167,21 @@ impl NodeViews {
                 .iter()
                 .zip(&state)
                 .all(|(a, b)| Arc::ptr_eq(a, b))
+            && snap.slices.len() == slices.len()
+            && snap
+                .slices
+                .iter()
+                .zip(&slices)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
         {
             return index.clone();
         }
+        let witnesses = match &self.slices {
+            Some((_, driver)) if !slices.is_empty() => {
+                crate::dra::slices::witnesses(&slices, driver)
+            }
+            _ => BTreeMap::new(),
+        };
         let mut out = Vec::with_capacity(state.len());
         for node in &state {
             let name = node.name_any();
@@ -161,6 +197,14 @@ impl NodeViews {
                 }
             }
         }
+        // The driver's word on each node it publishes for, on top of the parsed view.
+        if !witnesses.is_empty() {
+            for info in &mut out {
+                if let Some(w) = witnesses.get(&info.name) {
+                    *info = Arc::new(NodeInfo::clone(info).with_driver(w.clone()));
+                }
+            }
+        }
         // Forget nodes that are gone.
         if snap.parsed.len() > state.len() {
             let live: HashSet<&str> = state
@@ -172,6 +216,7 @@ impl NodeViews {
         let index = Arc::new(NodeIndex::shared(out));
         snap.index = Some(index.clone());
         snap.objects = state;
+        snap.slices = slices;
         index
     }
 }

@@ -7,10 +7,11 @@
 use std::collections::BTreeMap;
 
 use crate::api::NodeClass;
+use crate::dra::slices::{DriverSays, DriverWitness};
 use crate::labels::NodeLabels;
 use crate::names;
 use crate::observed::{ObservedError, ObservedSummary};
-use crate::report::{NodeMemoryModel, NodeReport, OverlapVerdict, ReportError};
+use crate::report::{AddressingMode, NodeMemoryModel, NodeReport, OverlapVerdict, ReportError};
 
 /// Longest piece of agent-written text (an error from the node) copied into a decision's
 /// reasons; the rest is cut, so a node cannot bloat every job's status.
@@ -98,8 +99,25 @@ pub struct NodeInfo {
     pub observed: Option<Result<ObservedSummary, ObservedError>>,
     /// What the kubelet says pods may use on the node.
     pub allocatable: Allocatable,
+    /// What the GPU driver's ResourceSlices say about the node's GPUs (DRA), where it publishes
+    /// any.
+    pub driver: Option<DriverWitness>,
     standing: Standing,
     overlap_conflict: Option<String>,
+    witness: Witness,
+}
+
+/// Who vouches for a node's class.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Witness {
+    /// The agent's report (with the driver's slices, where they agree).
+    #[default]
+    Agent,
+    /// Only the driver's slices: no report yet. Its class is good for jobs whose GPU claims
+    /// select by the driver's attributes; jobs pinned by the agent's labels cannot land there.
+    DriverOnly,
+    /// The report and the driver disagree on unified memory: the node is not used.
+    Disagree,
 }
 
 impl NodeInfo {
@@ -133,8 +151,10 @@ impl NodeInfo {
             report,
             observed: None,
             allocatable: Allocatable::default(),
+            driver: None,
             standing,
             overlap_conflict,
+            witness: Witness::Agent,
         }
     }
 
@@ -152,6 +172,51 @@ impl NodeInfo {
     pub fn with_allocatable(mut self, allocatable: Allocatable) -> Self {
         self.allocatable = allocatable;
         self
+    }
+
+    /// The same view with what the GPU driver's ResourceSlices say, cross-checked with the
+    /// report: where one says ATS (unified memory) and the other does not, the node is not
+    /// trusted for unified memory (nor used at all, since its labels pin it to one class) until
+    /// they agree; a node with slices and no report is classed from the slices, its overlap
+    /// untested.
+    pub fn with_driver(mut self, witness: DriverWitness) -> Self {
+        let driver_model = witness.memory_model();
+        match (&self.standing, driver_model) {
+            (Standing::NotReported, Some(model)) => {
+                if let Some(class) = class_of(model) {
+                    self.standing = Standing::Candidate { model, class };
+                    self.witness = Witness::DriverOnly;
+                }
+            }
+            (Standing::Candidate { model, .. }, _) => {
+                let agent_ats = *model == NodeMemoryModel::Coherent;
+                let disagree = match witness.says() {
+                    DriverSays::All(mode) => agent_ats != (mode == AddressingMode::Ats),
+                    // A driver that names no single mode cannot vouch for unified memory.
+                    DriverSays::Mixed => agent_ats,
+                    DriverSays::Nothing => false,
+                };
+                if disagree {
+                    let report_mode = self
+                        .parsed_report()
+                        .map_or("unknown", |r| r.addressing_mode().label_value());
+                    self.standing = Standing::Ignored(format!(
+                        "its agent reports {model} memory (addressing mode {report_mode}) but GPU driver {} publishes {} in its ResourceSlices: not trusted for unified memory until the two agree",
+                        bounded(&witness.driver),
+                        witness.describe()
+                    ));
+                    self.witness = Witness::Disagree;
+                }
+            }
+            _ => {}
+        }
+        self.driver = Some(witness);
+        self
+    }
+
+    /// Who vouches for the node's class.
+    pub fn witness(&self) -> Witness {
+        self.witness
     }
 
     /// The agent's latest observation of the node's configured pods, if present and readable.
@@ -213,7 +278,14 @@ impl NodeInfo {
             .parsed_report()
             .map(|r| u64::try_from(r.gpus.len()).unwrap_or(u64::MAX))
             .filter(|n| *n > 0);
-        match (reported, self.allocatable.gpus) {
+        // GPUs pods can get: the device plugin's (allocatable `nvidia.com/gpu`) or the DRA
+        // driver's devices, whichever the node hands out more of.
+        let driver = self.driver.as_ref().map(|w| w.gpus).filter(|n| *n > 0);
+        let allocatable = match (self.allocatable.gpus, driver) {
+            (Some(a), Some(d)) => Some(a.max(d)),
+            (a, d) => a.or(d),
+        };
+        match (reported, allocatable) {
             (Some(r), Some(a)) => Some(r.min(a)),
             (r, a) => r.or(a),
         }
@@ -226,12 +298,14 @@ impl NodeInfo {
 
     /// Memory of the node's smallest GPU, bytes, from the report.
     pub fn gpu_memory(&self) -> Option<u64> {
-        self.parsed_report()?
-            .gpus
-            .iter()
-            .map(|g| g.memory_total_bytes)
-            .filter(|b| *b > 0)
-            .min()
+        let reported = self.parsed_report().and_then(|r| {
+            r.gpus
+                .iter()
+                .map(|g| g.memory_total_bytes)
+                .filter(|b| *b > 0)
+                .min()
+        });
+        reported.or_else(|| self.driver.as_ref().and_then(|w| w.gpu_memory))
     }
 }
 

@@ -197,3 +197,88 @@ fn node_views_share_the_index_until_a_node_changes() {
     assert_eq!(after_delete.nodes().len(), 1);
     assert_eq!(after_delete.get(0).unwrap().name, "gpu-0");
 }
+
+/// What a GPU driver's slices would say: `gpus` GPUs, each of `mode` (`None`: no attribute).
+fn driver_says(mode: Option<&'static str>, gpus: u64) -> crate::dra::slices::DriverWitness {
+    let mut w = crate::dra::slices::DriverWitness {
+        driver: "gpu.nvidia.com".into(),
+        gpus,
+        gpu_memory: Some(96 << 30),
+        ..Default::default()
+    };
+    match mode {
+        Some(m) => {
+            w.modes.insert(m, gpus);
+        }
+        None => w.without_mode = gpus,
+    }
+    w
+}
+
+#[test]
+fn the_drivers_word_confirms_contradicts_or_stands_in_for_the_agents() {
+    let gh = || {
+        NodeInfo::from_metadata(
+            "gh",
+            labels_of(fixtures::GH200_REFERENCE),
+            &annotations_of("gh", fixtures::GH200_REFERENCE),
+        )
+    };
+    let h200 = || {
+        NodeInfo::from_metadata(
+            "h",
+            labels_of(fixtures::H200_READING),
+            &annotations_of("h", fixtures::H200_READING),
+        )
+    };
+    // Agreement (and a driver that says nothing) change nothing but the GPU count.
+    let agreed = gh().with_driver(driver_says(Some("ATS"), 4));
+    assert_eq!(agreed.class(), Some(NodeClass::Coherent));
+    assert_eq!(agreed.witness(), Witness::Agent);
+    assert_eq!(agreed.known_gpus(), Some(1), "the report lists one GPU");
+    assert_eq!(
+        h200().with_driver(driver_says(Some("None"), 1)).class(),
+        Some(NodeClass::Discrete)
+    );
+    assert_eq!(
+        gh().with_driver(driver_says(None, 1)).class(),
+        Some(NodeClass::Coherent)
+    );
+    // Disagreement on ATS, either way, or a mixed driver under a coherent report: not used,
+    // with both witnesses named.
+    for (node, w) in [
+        (gh(), driver_says(Some("HMM"), 1)),
+        (h200(), driver_says(Some("ATS"), 1)),
+        (gh(), {
+            let mut w = driver_says(Some("ATS"), 2);
+            w.modes.insert("None", 2);
+            w.gpus = 4;
+            w
+        }),
+    ] {
+        let judged = node.with_driver(w);
+        assert_eq!(judged.witness(), Witness::Disagree);
+        let why = judged.ignored_because().unwrap();
+        assert!(
+            why.contains("agent") && why.contains("gpu.nvidia.com"),
+            "{why}"
+        );
+    }
+    // No report: classed by the driver alone.
+    let bare = NodeInfo::from_metadata("bare", BTreeMap::new(), &BTreeMap::new());
+    assert_eq!(bare.standing(), &Standing::NotReported);
+    let driver_only = bare.clone().with_driver(driver_says(Some("ATS"), 4));
+    assert_eq!(driver_only.class(), Some(NodeClass::Coherent));
+    assert_eq!(driver_only.witness(), Witness::DriverOnly);
+    assert_eq!(driver_only.known_gpus(), Some(4));
+    assert_eq!(driver_only.gpu_memory(), Some(96 << 30));
+    assert_eq!(
+        driver_only.overlap_verdict(),
+        crate::report::OverlapVerdict::Untested
+    );
+    // A driver that says nothing classes nothing.
+    assert_eq!(
+        bare.with_driver(driver_says(None, 4)).standing(),
+        &Standing::NotReported
+    );
+}

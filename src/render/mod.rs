@@ -82,6 +82,19 @@ pub fn node_requirements(res: &Resolution) -> Vec<NodeSelectorRequirement> {
     // class's GPUs is pinned there too.
     let mut reqs: Vec<NodeSelectorRequirement> = match res.node_class {
         None => Vec::new(),
+        // Pinned through its DRA claims: the claims' selectors choose the class's GPUs; the
+        // nodes whose two witnesses disagree stay out.
+        Some(_) if res.gpu_claims.is_some() => {
+            if res.exclude_nodes.is_empty() {
+                Vec::new()
+            } else {
+                vec![NodeSelectorRequirement {
+                    key: "kubernetes.io/hostname".to_string(),
+                    operator: "NotIn".to_string(),
+                    values: Some(res.exclude_nodes.clone()),
+                }]
+            }
+        }
         Some(class) => class_requirements(class)
             .into_iter()
             .map(|(key, values)| NodeSelectorRequirement {

@@ -4,6 +4,7 @@
 //! - [`devcluster`]: a local Kubernetes control plane made of the real upstream binaries
 //!   (etcd, kube-apiserver, controller-manager, scheduler, kwok), built from their Go modules;
 //! - [`device_plugin`]: a stand-in GPU device plugin for the real node (it has no GPU);
+//! - [`dra`]: a stand-in for NVIDIA's DRA driver: its ResourceSlices and DeviceClass;
 //! - [`pki`]: the certificates it runs on (admin client certificate, service-account keys);
 //! - [`fixtures`]: recorded node reports, stand-ins for hardware that is not here;
 //! - [`support`]: helpers for integration tests (one cluster per test binary, a namespace per
@@ -13,6 +14,7 @@
 pub mod deploy;
 pub mod devcluster;
 pub mod device_plugin;
+pub mod dra;
 pub mod fixtures;
 pub mod pki;
 pub mod support;

@@ -329,6 +329,7 @@ pub fn operator_options() -> offload_operator::operator::RunOptions {
         leader_election: None,
         controller: Default::default(),
         webhook: None,
+        dra: Some(Default::default()),
     }
 }
 

@@ -134,6 +134,7 @@ async fn operator_out_of_cluster(
             certs: CertMode::Managed(ManagedCerts::chart(NAMESPACE, vec!["127.0.0.1".into()])),
             check_interval: Duration::from_secs(3600),
         }),
+        dra: Some(Default::default()),
     };
     let op_client = client.clone();
     let token = shutdown.clone();

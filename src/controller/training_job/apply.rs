@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::dra::api::ResourceClaimTemplate;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -59,6 +60,15 @@ pub(super) async fn apply_workload(
             "applying the rendezvous Service",
         )
         .await?;
+        // The pods' claim templates before the Job whose pods name them.
+        for t in &built.claim_templates {
+            apply(
+                &Api::<ResourceClaimTemplate>::namespaced(ctx.client.clone(), &ns),
+                t,
+                "applying a pinned ResourceClaimTemplate",
+            )
+            .await?;
+        }
         apply(
             &Api::<Job>::namespaced(ctx.client.clone(), &ns),
             &built.job,

@@ -33,7 +33,10 @@ use apply::{
 };
 use follow::follow_workload;
 pub use follow::{guard_outcome, slim_pod, slim_workload};
-pub use triggers::{jobs_for_config_map, jobs_for_node, jobs_for_observation, jobs_for_profile};
+pub use triggers::{
+    jobs_for_claim_template, jobs_for_config_map, jobs_for_node, jobs_for_observation,
+    jobs_for_profile, jobs_for_slices,
+};
 
 pub use crate::decision::Unresolved;
 
@@ -126,7 +129,14 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
         }
     };
     let user_config = config.ok().flatten().map(|c| c.json);
-    let built = match build_workload(tj, Some(&res), user_config.as_ref(), &ctx.render) {
+    let built =
+        build_workload(tj, Some(&res), user_config.as_ref(), &ctx.render).and_then(|mut w| {
+            crate::controller::workload::pin_claims(&mut w, tj, &res, &|name| {
+                crate::decision::ClusterView::claim_template(&ctx.view, &ns, name)
+            })?;
+            Ok(w)
+        });
+    let built = match built {
         Ok(w) => w,
         Err(e) => {
             record_unresolved(

@@ -122,3 +122,41 @@ pub fn jobs_for_config_map(
         })
         .collect()
 }
+
+/// Unresolved jobs in `namespace` whose pod template names the ResourceClaimTemplate `name`,
+/// for re-triggering when it is created or changed.
+pub fn jobs_for_claim_template(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
+    valid_jobs(ctx)
+        .filter_map(|g| {
+            let tj = job(&g)?;
+            let references = tj.metadata.namespace.as_deref() == Some(namespace)
+                && tj
+                    .spec
+                    .template
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.resource_claims.as_ref())
+                    .is_some_and(|claims| {
+                        claims
+                            .iter()
+                            .any(|c| c.resource_claim_template_name.as_deref() == Some(name))
+                    });
+            (references && opted_in(tj) && unresolved(tj)).then(|| job_ref(tj))
+        })
+        .collect()
+}
+
+/// Unresolved opted-in jobs, for re-triggering when the GPU driver's ResourceSlices of a node
+/// change (a node it classes may take them now).
+pub fn jobs_for_slices(ctx: &Context) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
+    valid_jobs(ctx)
+        .filter_map(|g| {
+            let tj = job(&g)?;
+            (opted_in(tj) && unresolved(tj)).then(|| job_ref(tj))
+        })
+        .collect()
+}

@@ -35,13 +35,18 @@ fn resolve_for_object(
     pods: u32,
     spec: Option<&PodSpec>,
 ) -> Result<Resolution, Box<Verdict>> {
-    let resources = PodResources::of(spec).map_err(|e| {
-        Box::new(Verdict::deny(
-            req,
-            e.category(),
-            format!("offload configuration cannot be resolved: {e}"),
-        ))
-    })?;
+    // GPUs from DRA claims count as GPUs; other kinds are pinned by the agent's labels as
+    // ever (their templates are not copied).
+    let namespace = req.namespace.as_deref().unwrap_or_default();
+    let resources = PodResources::with_claims(spec, namespace, review.view)
+        .map(|(r, _)| r)
+        .map_err(|e| {
+            Box::new(Verdict::deny(
+                req,
+                e.category(),
+                format!("offload configuration cannot be resolved: {e}"),
+            ))
+        })?;
     let (labels, annotations) = metadata_maps(obj);
     let (requested, request) = JobRequest::from_annotations(&labels, &annotations, pods, resources)
         .map_err(|m| Box::new(Verdict::deny(req, "InvalidAnnotation", m)))?;

@@ -1,0 +1,332 @@
+//! Dynamic Resource Allocation against the real API server, controller-manager (which makes
+//! each pod's ResourceClaim from its template) and kube-scheduler (which allocates claims from
+//! ResourceSlices): a stand-in for NVIDIA's DRA driver publishes slices for simulated (kwok)
+//! nodes, some of which also carry a recorded agent report. TrainingJobs claim GPUs through
+//! ResourceClaimTemplates; the operator sizes them by their claims and pins them to the
+//! decided class with a copy of each template that selects only that class's GPUs.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use offload_api::names;
+use offload_operator::api::{OffloadProfile, TrainingJob};
+use offload_testenv::devcluster::ClusterOptions;
+use offload_testenv::dra::{self, StandInGpu};
+use offload_testenv::fixtures;
+use serde_json::json;
+use support::controller::wait_for_condition;
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// A simulated node whose GPUs are handed out by DRA only: no `nvidia.com/gpu` allocatable.
+/// With a recorded report (and the agent's labels) when `fixture` is given.
+fn dra_node(name: &str, fixture: Option<&str>, pool: &str) -> Node {
+    let mut node = match fixture {
+        Some(f) => reported_node(name, f, pool),
+        None => kwok_node(name, &[("offload.dev/test-pool", pool)], &[]),
+    };
+    if let Some(status) = node.status.as_mut() {
+        for list in [status.allocatable.as_mut(), status.capacity.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            list.remove(names::GPU_RESOURCE);
+        }
+    }
+    node
+}
+
+fn templates(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "resource.k8s.io",
+            "v1",
+            "ResourceClaimTemplate",
+        )),
+    )
+}
+
+fn claims(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "resource.k8s.io",
+            "v1",
+            "ResourceClaim",
+        )),
+    )
+}
+
+/// A ResourceClaimTemplate asking for `count` whole GPUs.
+async fn gpu_template(client: &kube::Client, ns: &str, name: &str, count: u32) {
+    let t: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpus", "exactly": {"deviceClassName": dra::DRIVER, "count": count}}]}}}
+    }))
+    .unwrap();
+    templates(client, ns)
+        .create(&PostParams::default(), &t)
+        .await
+        .unwrap();
+}
+
+/// A one-pod TrainingJob whose GPUs come from template `template`.
+fn claiming_job(name: &str, profile: &str, template: &str) -> TrainingJob {
+    serde_json::from_value(json!({
+        "apiVersion": "offload.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": name, "annotations": {names::PROFILE_ANNOTATION: profile}},
+        "spec": {"replicas": 1, "framework": {"name": "DeepSpeed", "version": "0.19.8"},
+                 // kwok completes Job pods at once unless told to keep them running: the
+                 // claim lives as long as the pod.
+                 "template": {"metadata": {"annotations": {"offload.dev/kwok-keep-running": "true"}},
+                              "spec": {
+                     "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template}],
+                     "containers": [{"name": "train", "image": "train:1",
+                                     "resources": {"claims": [{"name": "gpus"}]}}]}}}
+    }))
+    .unwrap()
+}
+
+/// The node and the pool of every device allocated to the job's pod's claim, once the
+/// scheduler has allocated it and bound the pod.
+async fn allocation(client: &kube::Client, ns: &str, job: &str) -> (String, Vec<String>) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod = wait_list(
+        pods,
+        kube::runtime::watcher::Config::default()
+            .labels(&format!("{}={job}", names::LABEL_TRAINING_JOB)),
+        &format!("the pod of {job} bound"),
+        WAIT,
+        |pods| {
+            pods.iter()
+                .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+                .map(|p| Pod::clone(p))
+        },
+    )
+    .await;
+    let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
+    let claim_name = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.resource_claim_name.clone())
+        .expect("the pod's claim");
+    let claim = claims(client, ns).get(&claim_name).await.unwrap();
+    let pools = claim.data["status"]["allocation"]["devices"]["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["pool"].as_str().unwrap().to_string())
+        .collect();
+    (node, pools)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_are_sized_pinned_to_the_class_and_allocated_there_only() {
+    let cluster = cluster(ClusterOptions::full());
+    let client = client(cluster).await;
+    operator(cluster);
+    let ns = namespace(&client, "dra").await;
+    let node = |suffix: &str| format!("{ns}-{suffix}");
+    dra::device_class(&client).await.unwrap();
+
+    // A GH200 node (agent and driver agree: ATS), an H200 node (agree: None), a node only the
+    // driver describes (ATS, no agent yet), one whose witnesses disagree (the agent measured
+    // a discrete H200, the driver says ATS) and one whose slices do not read.
+    let nodes: Api<Node> = Api::all(client.clone());
+    for (n, fixture) in [
+        (node("gh200"), Some(fixtures::GH200_REFERENCE)),
+        (node("h200"), Some(fixtures::H200_READING)),
+        (node("driver-only"), None),
+        (node("disagree"), Some(fixtures::H200_READING)),
+        (node("bad"), None),
+    ] {
+        nodes
+            .create(&PostParams::default(), &dra_node(&n, fixture, &ns))
+            .await
+            .unwrap();
+    }
+    let four = |g: fn() -> StandInGpu| vec![g(); 4];
+    dra::publish(&client, &node("gh200"), &four(StandInGpu::gh200))
+        .await
+        .unwrap();
+    dra::publish(&client, &node("h200"), &four(StandInGpu::h200))
+        .await
+        .unwrap();
+    dra::publish(&client, &node("driver-only"), &four(StandInGpu::gh200))
+        .await
+        .unwrap();
+    dra::publish(&client, &node("disagree"), &four(StandInGpu::gh200))
+        .await
+        .unwrap();
+    // 300 GPUs with an addressing mode no driver writes: not believed, and nothing else moves.
+    let bad = StandInGpu {
+        addressing_mode: Some("QUANTUM".into()),
+        product: "NVIDIA GH200 480GB".into(),
+    };
+    dra::publish(&client, &node("bad"), &vec![bad; 300])
+        .await
+        .unwrap();
+
+    let profiles: Api<OffloadProfile> = Api::all(client.clone());
+    for (name, extra) in [
+        (format!("{ns}-any"), json!({})),
+        (format!("{ns}-copy"), json!({"mode": "CPUCopy"})),
+    ] {
+        profiles
+            .create(&PostParams::default(), &pool_profile(&name, &ns, extra))
+            .await
+            .unwrap();
+    }
+    let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+
+    // A job whose template does not exist yet is held, and resolves once it is created.
+    tjs.create(
+        &PostParams::default(),
+        &claiming_job("early", &format!("{ns}-any"), "four-gpus"),
+    )
+    .await
+    .unwrap();
+    let held = wait_for_condition(&tjs, "early", "OffloadResolved", "False").await;
+    let cond = held
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "OffloadResolved")
+        .unwrap();
+    assert_eq!(cond.reason, "ClaimTemplateNotFound", "{}", cond.message);
+    gpu_template(&client, &ns, "four-gpus", 4).await;
+    let resolved = wait_for_condition(&tjs, "early", "OffloadResolved", "True").await;
+    let decision = resolved.status.unwrap().offload.unwrap();
+    assert_eq!(
+        serde_json::to_value(decision.mode).unwrap(),
+        "UnifiedMemory",
+        "coherent nodes first"
+    );
+    let reasons = serde_json::to_string(&decision.reasons).unwrap();
+    assert!(reasons.contains("DRA claims"), "{reasons}");
+    assert!(
+        reasons.contains(&node("disagree")),
+        "the excluded node is named: {reasons}"
+    );
+
+    // The operator's copy of the template selects only ATS GPUs, and the pods name it.
+    let pinned = templates(&client, &ns).get("early-gpus").await.unwrap();
+    let selectors = &pinned.data["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"];
+    assert!(
+        selectors[0]["cel"]["expression"]
+            .as_str()
+            .unwrap()
+            .contains("== \"ATS\""),
+        "{selectors}"
+    );
+    let job = jobs.get("early").await.unwrap();
+    let pod_spec = job.spec.unwrap().template.spec.unwrap();
+    assert_eq!(
+        pod_spec.resource_claims.unwrap()[0]
+            .resource_claim_template_name
+            .as_deref(),
+        Some("early-gpus")
+    );
+    let affinity = serde_json::to_string(&pod_spec.affinity).unwrap();
+    assert!(
+        !affinity.contains(names::LABEL_UMA),
+        "no agent labels: the driver-only node has none: {affinity}"
+    );
+
+    // The scheduler allocates the claim on a coherent node only.
+    let coherent = [node("gh200"), node("driver-only")];
+    let (bound, pools) = allocation(&client, &ns, "early").await;
+    assert!(coherent.contains(&bound), "bound to {bound}");
+    assert!(pools.iter().all(|p| *p == bound), "{pools:?} on {bound}");
+
+    // A second coherent job takes the other coherent node; a third waits rather than land on
+    // the node whose driver says ATS but whose agent measured a discrete GPU.
+    for name in ["second", "third"] {
+        tjs.create(
+            &PostParams::default(),
+            &claiming_job(name, &format!("{ns}-any"), "four-gpus"),
+        )
+        .await
+        .unwrap();
+    }
+    let (second, _) = allocation(&client, &ns, "second").await;
+    assert!(
+        coherent.contains(&second) && second != bound,
+        "second on {second}"
+    );
+    wait_for_condition(&tjs, "third", "WorkloadCreated", "True").await;
+    let third_pod = wait_list(
+        Api::<Pod>::namespaced(client.clone(), &ns),
+        kube::runtime::watcher::Config::default()
+            .labels(&format!("{}=third", names::LABEL_TRAINING_JOB)),
+        "the third job's pod unschedulable",
+        WAIT,
+        |pods| {
+            pods.iter()
+                .find(|p| {
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| {
+                            c.iter().any(|c| {
+                                c.type_ == "PodScheduled"
+                                    && c.status == "False"
+                                    && c.reason.as_deref() == Some("Unschedulable")
+                            })
+                        })
+                })
+                .map(|p| Pod::clone(p))
+        },
+    )
+    .await;
+    assert!(
+        third_pod.spec.as_ref().unwrap().node_name.is_none(),
+        "never on {}",
+        node("disagree")
+    );
+
+    // A discrete job: its claim lands on the H200 node only.
+    tjs.create(
+        &PostParams::default(),
+        &claiming_job("discrete", &format!("{ns}-copy"), "four-gpus"),
+    )
+    .await
+    .unwrap();
+    let (on, pools) = allocation(&client, &ns, "discrete").await;
+    assert_eq!(on, node("h200"));
+    assert!(pools.iter().all(|p| *p == on));
+
+    // Sized by its claims: 16 GPUs a pod fit no node of four.
+    gpu_template(&client, &ns, "sixteen-gpus", 16).await;
+    tjs.create(
+        &PostParams::default(),
+        &claiming_job("too-big", &format!("{ns}-any"), "sixteen-gpus"),
+    )
+    .await
+    .unwrap();
+    let big = wait_for_condition(&tjs, "too-big", "OffloadResolved", "False").await;
+    let cond = big
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "OffloadResolved")
+        .unwrap();
+    assert_eq!(cond.reason, "InsufficientGPUs", "{}", cond.message);
+    assert!(cond.message.contains("16"), "{}", cond.message);
+}
