@@ -29,6 +29,14 @@ pub const POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.s
 /// The extended resource GPUs are requested as.
 pub const GPU_RESOURCE: &str = names::GPU_RESOURCE;
 
+/// The DRA driver whose allocated devices are GPUs: NVIDIA's.
+pub const DRA_DRIVER: &str = "gpu.nvidia.com";
+
+/// The minor number in a device name NVIDIA's DRA driver gives a whole GPU (`gpu-3`).
+pub fn dra_minor(device: &str) -> Option<u32> {
+    device.strip_prefix("gpu-")?.parse().ok()
+}
+
 /// Field manager of the observation annotation: apart from the report's, so publishing one
 /// never releases the other.
 pub const OBSERVER_MANAGER: &str = "offload-agent-observer";
@@ -71,6 +79,37 @@ pub mod v1 {
         /// Devices assigned by device plugins.
         #[prost(message, repeated, tag = "2")]
         pub devices: Vec<ContainerDevices>,
+        /// Devices allocated through DRA claims.
+        #[prost(message, repeated, tag = "5")]
+        pub dynamic_resources: Vec<DynamicResource>,
+    }
+
+    /// `DynamicResource`: one claim of the container.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct DynamicResource {
+        /// The ResourceClaim's name.
+        #[prost(string, tag = "2")]
+        pub claim_name: String,
+        /// Its namespace.
+        #[prost(string, tag = "3")]
+        pub claim_namespace: String,
+        /// The devices allocated to it.
+        #[prost(message, repeated, tag = "4")]
+        pub claim_resources: Vec<ClaimResource>,
+    }
+
+    /// `ClaimResource`: one allocated device.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ClaimResource {
+        /// The DRA driver (`gpu.nvidia.com`).
+        #[prost(string, tag = "2")]
+        pub driver_name: String,
+        /// The pool (the node, for NVIDIA's driver).
+        #[prost(string, tag = "3")]
+        pub pool_name: String,
+        /// The device's name in its pool (`gpu-0`).
+        #[prost(string, tag = "4")]
+        pub device_name: String,
     }
 
     /// `ContainerDevices`.
@@ -151,21 +190,31 @@ pub async fn list_pod_resources(
     Ok(answer.into_inner().pod_resources)
 }
 
-/// The device IDs of `resource` each pod holds (all its containers), sorted; pods holding none
-/// are left out.
+/// The GPUs each pod holds (all its containers), sorted: the device IDs of device-plugin
+/// `resource` (NVIDIA's plugin names GPUs by UUID) and the names of the devices DRA driver
+/// `driver` allocated to its claims (NVIDIA's driver names them `gpu-<minor>`). Pods holding
+/// none are left out.
 pub fn devices_by_pod(
     pods: &[v1::PodResources],
     resource: &str,
+    driver: Option<&str>,
 ) -> BTreeMap<(String, String), Vec<String>> {
     let mut out: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     for pod in pods {
-        let mut ids: Vec<String> = pod
+        let plugin = pod
             .containers
             .iter()
             .flat_map(|c| &c.devices)
             .filter(|d| d.resource_name == resource)
-            .flat_map(|d| d.device_ids.iter().cloned())
-            .collect();
+            .flat_map(|d| d.device_ids.iter().cloned());
+        let claimed = pod
+            .containers
+            .iter()
+            .flat_map(|c| &c.dynamic_resources)
+            .flat_map(|d| &d.claim_resources)
+            .filter(|r| driver.is_some_and(|d| r.driver_name == d))
+            .map(|r| r.device_name.clone());
+        let mut ids: Vec<String> = plugin.chain(claimed).collect();
         if ids.is_empty() {
             continue;
         }
@@ -476,6 +525,7 @@ mod tests {
                                 device_ids: vec!["mlx5_0".into()],
                             },
                         ],
+                        dynamic_resources: vec![],
                     },
                     v1::ContainerResources {
                         name: "sidecar".into(),
@@ -483,6 +533,7 @@ mod tests {
                             resource_name: GPU_RESOURCE.into(),
                             device_ids: vec!["GPU-a".into()],
                         }],
+                        dynamic_resources: vec![],
                     },
                 ],
             },
@@ -492,12 +543,83 @@ mod tests {
                 containers: vec![],
             },
         ];
-        let by_pod = devices_by_pod(&pods, GPU_RESOURCE);
+        let by_pod = devices_by_pod(&pods, GPU_RESOURCE, Some(DRA_DRIVER));
         assert_eq!(by_pod.len(), 1);
         assert_eq!(
             by_pod[&("ml".to_string(), "train-0".to_string())],
             ["GPU-a", "GPU-b"]
         );
+    }
+
+    #[test]
+    fn gpus_allocated_through_dra_claims_count_for_their_pod() {
+        let claim = |driver: &str, device: &str| v1::ClaimResource {
+            driver_name: driver.into(),
+            pool_name: "node-a".into(),
+            device_name: device.into(),
+        };
+        let pods = vec![v1::PodResources {
+            name: "train-0".into(),
+            namespace: "ml".into(),
+            containers: vec![v1::ContainerResources {
+                name: "train".into(),
+                devices: vec![],
+                dynamic_resources: vec![v1::DynamicResource {
+                    claim_name: "train-0-gpus-x1".into(),
+                    claim_namespace: "ml".into(),
+                    claim_resources: vec![
+                        claim(DRA_DRIVER, "gpu-1"),
+                        claim(DRA_DRIVER, "gpu-0"),
+                        claim("rdma.example.com", "nic-0"),
+                    ],
+                }],
+            }],
+        }];
+        let by_pod = devices_by_pod(&pods, GPU_RESOURCE, Some(DRA_DRIVER));
+        assert_eq!(
+            by_pod[&("ml".to_string(), "train-0".to_string())],
+            ["gpu-0", "gpu-1"]
+        );
+        assert!(devices_by_pod(&pods, GPU_RESOURCE, None).is_empty());
+        assert_eq!(dra_minor("gpu-12"), Some(12));
+        assert_eq!(dra_minor("gpu-12-mig-1-0-1"), None);
+        assert_eq!(dra_minor("GPU-0a1b"), None);
+        // From the kubelet's wire format, encoded by hand with the upstream field numbers
+        // (api.proto of k8s.io/kubelet: ContainerResources.dynamic_resources = 5,
+        // DynamicResource.claim_name = 2 … claim_resources = 4, ClaimResource.cdi_devices = 1,
+        // driver_name = 2, pool_name = 3, device_name = 4).
+        use prost::Message;
+        let field = |tag: u8, body: &[u8]| -> Vec<u8> {
+            let mut out = vec![tag, u8::try_from(body.len()).unwrap()];
+            out.extend_from_slice(body);
+            out
+        };
+        let cdi = field(0x0a, &field(0x0a, b"k8s.gpu.nvidia.com/device=gpu-3"));
+        let resource = [
+            cdi,
+            field(0x12, DRA_DRIVER.as_bytes()),
+            field(0x1a, b"node-a"),
+            field(0x22, b"gpu-3"),
+        ]
+        .concat();
+        let dynamic = [
+            field(0x12, b"claim"),
+            field(0x1a, b"ml"),
+            field(0x22, &resource),
+        ]
+        .concat();
+        let container = [field(0x0a, b"train"), field(0x2a, &dynamic)].concat();
+        let decoded = v1::ContainerResources::decode(container.as_slice()).unwrap();
+        let r = &decoded.dynamic_resources[0].claim_resources[0];
+        assert_eq!(
+            (
+                r.driver_name.as_str(),
+                r.pool_name.as_str(),
+                r.device_name.as_str()
+            ),
+            (DRA_DRIVER, "node-a", "gpu-3")
+        );
+        assert_eq!(decoded.dynamic_resources[0].claim_name, "claim");
     }
 
     #[test]

@@ -392,7 +392,11 @@ async fn observe_loop(
             let listed =
                 attribution::list_pod_resources(&observe.pod_resources, Duration::from_secs(10))
                     .await?;
-            let assigned = attribution::devices_by_pod(&listed, attribution::GPU_RESOURCE);
+            let assigned = attribution::devices_by_pod(
+                &listed,
+                attribution::GPU_RESOURCE,
+                Some(attribution::DRA_DRIVER),
+            );
             let pods = if assigned.is_empty() {
                 Vec::new()
             } else {

@@ -138,6 +138,8 @@ pub struct Resolution {
     /// Nodes whose two witnesses (agent and GPU driver) disagree, kept out of a claim-pinned
     /// job's node affinity: its claims' selectors see only the driver's word.
     pub exclude_nodes: Vec<String>,
+    /// The pod's DRA claim entries whose devices are GPUs: the start-up guard shares them.
+    pub gpu_claim_entries: Vec<String>,
 }
 
 /// Most nodes a claim-pinned job's affinity lists as excluded; with more, the job is pinned
@@ -353,6 +355,7 @@ pub fn resolve_offload(
         }),
         gpu_claims,
         exclude_nodes,
+        gpu_claim_entries: job.gpu_claim_entries.clone(),
     })
 }
 

@@ -40,6 +40,9 @@ pub struct JobRequest {
     /// the job is pinned to a node class through them (a TrainingJob: the operator writes a
     /// copy of each template that selects only the class's GPUs). Empty otherwise.
     pub gpu_claims: Option<crate::dra::claims::ClaimPinning>,
+    /// The pod's claim entries whose devices are GPUs (any kind): the start-up guard shares
+    /// them, as device-plugin GPUs are shared by requesting the same count.
+    pub gpu_claim_entries: Vec<String>,
 }
 
 impl Default for JobRequest {
@@ -59,6 +62,7 @@ impl Default for JobRequest {
             config: ConfigFacts::default(),
             hold_for_capacity: true,
             gpu_claims: None,
+            gpu_claim_entries: Vec::new(),
         }
     }
 }
@@ -208,6 +212,10 @@ impl JobRequest {
             pod_memory_limit: resources.memory_limit,
             config: config.map(|c| c.facts).unwrap_or_default(),
             hold_for_capacity: true,
+            gpu_claim_entries: gpu_claims
+                .as_ref()
+                .map(|p| p.claims.keys().cloned().collect())
+                .unwrap_or_default(),
             gpu_claims,
         })
     }
@@ -281,6 +289,7 @@ impl JobRequest {
                 config: ConfigFacts::default(),
                 hold_for_capacity: false,
                 gpu_claims: None,
+                gpu_claim_entries: Vec::new(),
             },
         ))
     }

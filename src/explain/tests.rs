@@ -262,6 +262,17 @@ spec:
     assert!(expr.contains("\"ATS\""), "{expr}");
     // Nodes classed by the driver carry no agent labels: none in the affinity.
     assert!(e.node_affinity.is_none(), "{:?}", e.node_affinity);
+    // The start-up guard shares the pod's GPU claim (no device-plugin GPUs to ask for).
+    let guard = &e.init_containers[0];
+    let resources = guard.resources.as_ref().unwrap();
+    assert_eq!(resources.claims.as_ref().unwrap()[0].name, "gpus");
+    assert!(
+        !resources
+            .limits
+            .as_ref()
+            .unwrap()
+            .contains_key(crate::names::GPU_RESOURCE)
+    );
     let text = super::text::to_text(&e);
     assert!(text.contains("claim template c-gpus"), "{text}");
 

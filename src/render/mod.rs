@@ -185,7 +185,10 @@ pub const GUARD_CONTAINER: &str = "offload-verify";
 /// mode, class and pinning as arguments. `None` when there is nothing to guard.
 pub fn guard_container(res: &Resolution, gpus: u64, opts: &RenderOptions) -> Option<Container> {
     let image = opts.guard_image.as_ref()?;
-    if !res.startup_guard || res.mode == OffloadMode::Disabled || gpus == 0 {
+    if !res.startup_guard
+        || res.mode == OffloadMode::Disabled
+        || (gpus == 0 && res.gpu_claim_entries.is_empty())
+    {
         return None;
     }
     let mut args = vec![
@@ -196,7 +199,21 @@ pub fn guard_container(res: &Resolution, gpus: u64, opts: &RenderOptions) -> Opt
     if let Some(class) = res.node_class {
         args.push(format!("--node-class={}", class.to_string().to_lowercase()));
     }
-    let gpu = BTreeMap::from([(names::GPU_RESOURCE.to_string(), Quantity(gpus.to_string()))]);
+    // Device-plugin GPUs by count; DRA GPUs by sharing the pod's claims.
+    let gpu = if gpus > 0 {
+        BTreeMap::from([(names::GPU_RESOURCE.to_string(), Quantity(gpus.to_string()))])
+    } else {
+        BTreeMap::new()
+    };
+    let claims = (!res.gpu_claim_entries.is_empty()).then(|| {
+        res.gpu_claim_entries
+            .iter()
+            .map(|name| k8s_openapi::api::core::v1::ResourceClaim {
+                name: name.clone(),
+                request: None,
+            })
+            .collect()
+    });
     let mut requests = gpu.clone();
     requests.insert("cpu".into(), Quantity("50m".into()));
     requests.insert("memory".into(), Quantity("64Mi".into()));
@@ -224,7 +241,7 @@ pub fn guard_container(res: &Resolution, gpus: u64, opts: &RenderOptions) -> Opt
         resources: Some(ResourceRequirements {
             requests: Some(requests),
             limits: Some(limits),
-            ..ResourceRequirements::default()
+            claims,
         }),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),

@@ -38,9 +38,8 @@ fn resolve_for_object(
     // GPUs from DRA claims count as GPUs; other kinds are pinned by the agent's labels as
     // ever (their templates are not copied).
     let namespace = req.namespace.as_deref().unwrap_or_default();
-    let resources = PodResources::with_claims(spec, namespace, review.view)
-        .map(|(r, _)| r)
-        .map_err(|e| {
+    let (resources, claims) =
+        PodResources::with_claims(spec, namespace, review.view).map_err(|e| {
             Box::new(Verdict::deny(
                 req,
                 e.category(),
@@ -48,8 +47,12 @@ fn resolve_for_object(
             ))
         })?;
     let (labels, annotations) = metadata_maps(obj);
-    let (requested, request) = JobRequest::from_annotations(&labels, &annotations, pods, resources)
-        .map_err(|m| Box::new(Verdict::deny(req, "InvalidAnnotation", m)))?;
+    let (requested, mut request) =
+        JobRequest::from_annotations(&labels, &annotations, pods, resources)
+            .map_err(|m| Box::new(Verdict::deny(req, "InvalidAnnotation", m)))?;
+    request.gpu_claim_entries = claims
+        .map(|p| p.claims.into_keys().collect())
+        .unwrap_or_default();
     decide_request(requested.as_deref(), &request, review.view).map_err(|e| {
         // The env of a pod template cannot change after creation, so an object that cannot be
         // configured now is refused rather than admitted with the wrong configuration.

@@ -406,3 +406,110 @@ async fn unlabelled_objects_are_never_configured() {
         assert!(r.get("patch").is_none_or(Value::is_null), "{path}: {r}");
     }
 }
+
+/// A Pod whose GPUs come from a DRA claim: sized by the claim (here 4 GPUs, over which 20B
+/// parameters fit an H200 node's GPUs without offload; on one GPU they would not), pinned by
+/// the agent's labels as other kinds are; a claim whose template is missing is refused.
+#[tokio::test]
+async fn pods_with_gpu_claims_are_sized_by_them() {
+    let mut report = NodeReport::parse(fixtures::H200_READING).unwrap();
+    let gpu = report.gpus[0].clone();
+    report.gpus = (0..4)
+        .map(|i| crate::report::GpuReport {
+            index: i,
+            uuid: format!("{}-{i}", gpu.uuid),
+            ..gpu.clone()
+        })
+        .collect();
+    // Four GPUs on the node, handed out by DRA: the driver's slices say so (no device plugin).
+    let mut driver = crate::dra::slices::DriverWitness {
+        driver: "gpu.nvidia.com".into(),
+        gpus: 4,
+        ..Default::default()
+    };
+    driver.modes.insert("None", 4);
+    let nodes = vec![
+        NodeInfo::from_report("h200-0", &report)
+            .with_allocatable(crate::index::Allocatable {
+                memory: Some(1 << 40),
+                gpus: None,
+            })
+            .with_driver(driver),
+    ];
+    let template: crate::dra::api::ResourceClaimTemplate = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "four", "namespace": "team-a"},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 4}}]}}}
+    }))
+    .unwrap();
+    let mut registry = Registry::default();
+    let view = MemoryView {
+        dra: Some(crate::dra::DraOptions::default()),
+        claim_templates: BTreeMap::from([(
+            ("team-a".to_string(), "four".to_string()),
+            Arc::new(template),
+        )]),
+        ..MemoryView::new(
+            nodes,
+            BTreeMap::from([("default".to_string(), OffloadProfileSpec::default())]),
+        )
+    };
+    let app = router(WebhookState {
+        view: Arc::new(view),
+        metrics: Metrics::new(&mut registry),
+        configs: ConfigSource::Memory(BTreeMap::new()),
+    });
+    let pod = |template: &str| {
+        let mut meta = opted_meta("p");
+        meta["annotations"]["offload.dev/framework"] = json!("DeepSpeed");
+        meta["annotations"]["offload.dev/framework-version"] = json!("0.19.8");
+        meta["annotations"]["offload.dev/model-parameters"] = json!("20B");
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+               "spec": {"resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template}],
+                        "containers": [{"name": "train", "image": "train:1", "env": [{"name": "KEEP", "value": "me"}],
+                                        "resources": {"claims": [{"name": "gpus"}]}}]}})
+    };
+    let r = admit(
+        app.clone(),
+        paths::MUTATE_POD,
+        review("", "v1", "Pod", "pods", "CREATE", pod("four"), None),
+    )
+    .await;
+    assert_eq!(r["allowed"], true, "{r}");
+    let out = patched(&pod("four"), &r);
+    assert_eq!(
+        env_of(&out)["OFFLOAD_MODE"],
+        "disabled",
+        "fits over four GPUs: {out}"
+    );
+    // The same pod with one device-plugin GPU does not fit without offload.
+    let mut one = pod("four");
+    one["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("resourceClaims");
+    one["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "1"}});
+    let r = admit(
+        app.clone(),
+        paths::MUTATE_POD,
+        review("", "v1", "Pod", "pods", "CREATE", one.clone(), None),
+    )
+    .await;
+    assert_eq!(
+        env_of(&patched(&one, &r))["OFFLOAD_MODE"],
+        "cpu-copy",
+        "{r}"
+    );
+    let r = admit(
+        app,
+        paths::MUTATE_POD,
+        review("", "v1", "Pod", "pods", "CREATE", pod("missing"), None),
+    )
+    .await;
+    assert_eq!(r["allowed"], false, "{r}");
+    assert!(
+        r["status"]["message"].as_str().unwrap().contains("missing"),
+        "{r}"
+    );
+}
