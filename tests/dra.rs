@@ -311,6 +311,36 @@ async fn claims_are_sized_pinned_to_the_class_and_allocated_there_only() {
     assert_eq!(on, node("h200"));
     assert!(pools.iter().all(|p| *p == on));
 
+    // The profile's status names the node whose witnesses disagree, and why.
+    let any = wait(
+        "the profile's status to name the disagreeing node",
+        WAIT,
+        kube::runtime::wait::await_condition(
+            profiles.clone(),
+            &format!("{ns}-any"),
+            |p: Option<&OffloadProfile>| {
+                p.and_then(|p| p.status.as_ref())
+                    .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+                    .is_some_and(|c| c.message.contains("GPU driver"))
+            },
+        ),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let ready = any
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert!(
+        ready.message.contains(&node("disagree")),
+        "{}",
+        ready.message
+    );
+
     // Sized by its claims: 16 GPUs a pod fit no node of four.
     gpu_template(&client, &ns, "sixteen-gpus", 16).await;
     tjs.create(

@@ -354,6 +354,7 @@ pub async fn run(
             );
 
     let profiles_for_nodes = caches.profiles.store().clone();
+    let profiles_for_slices = caches.profiles.store().clone();
     let profile_controller =
         Controller::for_shared_stream(caches.profiles.subscribe(), caches.profiles.store().clone())
             // A profile's status counts jobs and nodes: during a burst of jobs, one write once
@@ -369,6 +370,14 @@ pub async fn run(
                         .collect::<Vec<_>>()
                 },
             )
+            // The GPU driver's word changes which nodes a profile can use.
+            .watches_shared_stream(caches.slices.subscribe(), move |_slice| {
+                profiles_for_slices
+                    .state()
+                    .iter()
+                    .map(|p| ObjectRef::from(p.as_ref()))
+                    .collect::<Vec<_>>()
+            })
             // A profile counts the jobs decided with it: only a job's first decision, a change
             // of its profile, or its deletion changes that count.
             .reconcile_on(decision_profile_changes(
