@@ -358,14 +358,7 @@ async fn a_missing_profile_is_reported_and_resolved_once_created() {
     )
     .await
     .unwrap();
-    let waiting = wait_for_condition(&api, "later", "OffloadResolved", "False").await;
-    let cond = waiting
-        .status
-        .unwrap()
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == "OffloadResolved")
-        .unwrap();
+    let cond = condition_when(&api, "later", "OffloadResolved", "False").await;
     assert_eq!(cond.reason, "ProfileNotFound");
     add_profile(&client, &ns).await;
     wait_for_condition(&api, "later", "WorkloadCreated", "True").await;

@@ -19,7 +19,7 @@ use offload_testenv::devcluster::ClusterOptions;
 use offload_testenv::dra::{self, StandInGpu};
 use offload_testenv::fixtures;
 use serde_json::json;
-use support::controller::wait_for_condition;
+use support::controller::{condition_when, wait_for_condition};
 use support::*;
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -200,14 +200,7 @@ async fn claims_are_sized_pinned_to_the_class_and_allocated_there_only() {
     )
     .await
     .unwrap();
-    let held = wait_for_condition(&tjs, "early", "OffloadResolved", "False").await;
-    let cond = held
-        .status
-        .unwrap()
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == "OffloadResolved")
-        .unwrap();
+    let cond = condition_when(&tjs, "early", "OffloadResolved", "False").await;
     assert_eq!(cond.reason, "ClaimTemplateNotFound", "{}", cond.message);
     gpu_template(&client, &ns, "four-gpus", 4).await;
     let resolved = wait_for_condition(&tjs, "early", "OffloadResolved", "True").await;
@@ -349,14 +342,7 @@ async fn claims_are_sized_pinned_to_the_class_and_allocated_there_only() {
     )
     .await
     .unwrap();
-    let big = wait_for_condition(&tjs, "too-big", "OffloadResolved", "False").await;
-    let cond = big
-        .status
-        .unwrap()
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == "OffloadResolved")
-        .unwrap();
+    let cond = condition_when(&tjs, "too-big", "OffloadResolved", "False").await;
     assert_eq!(cond.reason, "InsufficientGPUs", "{}", cond.message);
     assert!(cond.message.contains("16"), "{}", cond.message);
 }

@@ -14,6 +14,9 @@ use super::memory::{JobMemory, Placement as Memory};
 use super::request::JobRequest;
 use super::{Source, effective};
 
+mod capacity;
+use capacity::{capacity_message, holds, insufficient, shown_nodes};
+
 /// The candidate nodes of one class that match the profile, sorted by name.
 pub(super) struct ClassNodes<'a> {
     pub(super) class: NodeClass,
@@ -113,77 +116,6 @@ pub(super) struct Placement<'c, 'a> {
 impl Placement<'_, '_> {
     pub(super) fn class(&self) -> Option<NodeClass> {
         self.chosen.map(|c| c.class)
-    }
-}
-
-fn plural(n: u64, one: &str, many: &str) -> String {
-    if n == 1 {
-        format!("1 {one}")
-    } else {
-        format!("{n} {many}")
-    }
-}
-
-fn shown_nodes(class: &ClassNodes) -> String {
-    let names: Vec<&str> = class.nodes.iter().map(|n| n.name.as_str()).collect();
-    if names.len() > 3 {
-        format!("{}, … ({} nodes)", names[..3].join(", "), names.len())
-    } else {
-        names.join(", ")
-    }
-}
-
-fn capacity_message(class: &ClassNodes, job: &JobRequest) -> String {
-    let wait = if fit::pod_capacity(class, job.gpus_per_pod) >= u64::from(job.pods.max(1)) {
-        ""
-    } else {
-        ", so pods wait for capacity"
-    };
-    format!(
-        "pods pinned to {} nodes ({}: {} for {} requested{wait})",
-        class.class,
-        shown_nodes(class),
-        plural(class.gpus(), "GPU", "GPUs"),
-        job.gpu_demand()
-    )
-}
-
-/// Whether the class holds all of the job's pods at once (or the job's pods may wait for
-/// capacity: see [`JobRequest::hold_for_capacity`]).
-fn holds(class: &ClassNodes, job: &JobRequest) -> bool {
-    !job.hold_for_capacity
-        || fit::pod_capacity(class, job.gpus_per_pod) >= u64::from(job.pods.max(1))
-}
-
-/// The error for a job no class can hold at once.
-fn insufficient(job: &JobRequest, classes: &[&ClassNodes]) -> ResolveError {
-    let have: Vec<String> = classes
-        .iter()
-        .map(|c| {
-            format!(
-                "{} holds {} ({})",
-                c.class,
-                plural(
-                    fit::pod_capacity(c, job.gpus_per_pod),
-                    "such pod",
-                    "such pods"
-                ),
-                plural(c.gpus(), "GPU", "GPUs")
-            )
-        })
-        .collect();
-    ResolveError::InsufficientGpus {
-        detail: format!(
-            "the job needs {} of {} at once ({} in all), so that its ranks meet; no node class matching the profile holds them: {}. It waits until nodes arrive; or lower spec.replicas or the GPUs per pod",
-            plural(u64::from(job.pods), "pod", "pods"),
-            plural(u64::from(job.gpus_per_pod), "GPU", "GPUs"),
-            plural(job.gpu_demand(), "GPU", "GPUs"),
-            if have.is_empty() {
-                "none has nodes".to_string()
-            } else {
-                have.join(", ")
-            }
-        ),
     }
 }
 

@@ -104,3 +104,18 @@ pub async fn wait_for_condition(
     .unwrap()
     .unwrap()
 }
+
+/// [`wait_for_condition`], returning the condition itself (its reason and message).
+pub async fn condition_when(
+    api: &Api<TrainingJob>,
+    name: &str,
+    type_: &str,
+    status: &str,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    let tj = wait_for_condition(api, name, type_, status).await;
+    tj.status
+        .into_iter()
+        .flat_map(|s| s.conditions)
+        .find(|c| c.type_ == type_)
+        .unwrap_or_else(|| panic!("{name} has no {type_} condition"))
+}

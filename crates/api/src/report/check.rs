@@ -1,0 +1,200 @@
+//! Reading a report: the schema version first, then what the agent could never have
+//! measured (figures out of range, a verdict without its figure, GPUs that contradict the
+//! memory model) is refused with what is wrong.
+
+use super::*;
+
+/// Most GPUs a report may list; a node with more is not a node this project knows.
+pub const MAX_GPUS: usize = 64;
+/// Least memory a listed GPU may have (1 GiB).
+pub const MIN_GPU_MEMORY: u64 = 1 << 30;
+/// Most memory a listed GPU may have (64 TiB, far above any GPU).
+pub const MAX_GPU_MEMORY: u64 = 1 << 46;
+/// CPU optimizer update rates a self-test can measure, parameters per second (a slow core to
+/// far beyond any node).
+pub const CPU_UPDATE_RATES: std::ops::RangeInclusive<f64> = 1e3..=1e13;
+/// GPU compute rates a self-test can measure, FLOP/s (far below and above any GPU).
+pub const GPU_FLOPS: std::ops::RangeInclusive<f64> = 1e9..=1e17;
+
+/// A report that could not be read.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ReportError {
+    /// Not JSON, or a field of the wrong type.
+    #[error("node report is not valid JSON for schema version {REPORT_SCHEMA_VERSION}: {0}")]
+    Malformed(String),
+    /// A schema version this code does not know.
+    #[error(
+        "node report has schema version {found}, this operator reads versions {READABLE_SCHEMA_VERSIONS:?}: upgrade the operator or the agent so they match"
+    )]
+    UnsupportedVersion {
+        /// The version found.
+        found: u64,
+    },
+    /// Well-formed, but what it says cannot be true (a figure out of range, a verdict with no
+    /// measurement, a memory model its own GPUs contradict).
+    #[error("node report is not believable: {0}")]
+    Impossible(String),
+    /// Larger than any node annotation can be.
+    #[error(
+        "node report is {bytes} bytes, more than the {MAX_REPORT_BYTES} a node's annotations can hold"
+    )]
+    TooLarge {
+        /// Its size.
+        bytes: usize,
+    },
+}
+
+/// The API server caps all of an object's annotations at 256 KiB: a report larger than that
+/// never came from a node.
+pub const MAX_REPORT_BYTES: usize = 256 * 1024;
+
+impl NodeReport {
+    /// Parses the annotation value, checking the schema version before anything else so an agent
+    /// newer than the operator gets a message about versions, not about fields; then rejects a
+    /// report whose figures cannot be true (see [`NodeReport::check`]).
+    pub fn parse(json: &str) -> Result<NodeReport, ReportError> {
+        if json.len() > MAX_REPORT_BYTES {
+            return Err(ReportError::TooLarge { bytes: json.len() });
+        }
+        let value: serde_json::Value =
+            serde_json::from_str(json).map_err(|e| ReportError::Malformed(e.to_string()))?;
+        match value
+            .get("schemaVersion")
+            .and_then(serde_json::Value::as_u64)
+        {
+            Some(v) if READABLE_SCHEMA_VERSIONS.iter().any(|r| u64::from(*r) == v) => {}
+            Some(found) => return Err(ReportError::UnsupportedVersion { found }),
+            None => {
+                return Err(ReportError::Malformed(
+                    "missing or non-numeric schemaVersion".to_string(),
+                ));
+            }
+        }
+        let report: NodeReport =
+            serde_json::from_value(value).map_err(|e| ReportError::Malformed(e.to_string()))?;
+        report.check()?;
+        Ok(report)
+    }
+
+    /// Rejects what the agent could never have measured: an efficiency or threshold outside
+    /// 0–1, a negative or non-finite rate or time, rates no hardware has, a verdict without the
+    /// figure it rests on, a memory model that the listed GPUs contradict, more than
+    /// [`MAX_GPUS`] GPUs, a GPU listed twice, GPU memory no GPU has, a date that is not one.
+    pub fn check(&self) -> Result<(), ReportError> {
+        let impossible = |msg: String| Err(ReportError::Impossible(msg));
+        if self.gpus.len() > MAX_GPUS {
+            return impossible(format!(
+                "{} GPUs listed, more than the {MAX_GPUS} a node can have",
+                self.gpus.len()
+            ));
+        }
+        let mut seen_uuid = std::collections::BTreeSet::new();
+        let mut seen_index = std::collections::BTreeSet::new();
+        for g in &self.gpus {
+            if !seen_uuid.insert(g.uuid.as_str()) || !seen_index.insert(g.index) {
+                return impossible(format!("GPU {} (index {}) listed twice", g.uuid, g.index));
+            }
+            if !(MIN_GPU_MEMORY..=MAX_GPU_MEMORY).contains(&g.memory_total_bytes) {
+                return impossible(format!(
+                    "GPU {} has {} bytes of memory, which no GPU has",
+                    g.uuid, g.memory_total_bytes
+                ));
+            }
+        }
+        if self.generated_at.parse::<jiff::Timestamp>().is_err() {
+            return impossible(format!(
+                "generatedAt {:?} is not an RFC 3339 time",
+                self.generated_at
+            ));
+        }
+        let expected = if self.nvml.available {
+            NodeMemoryModel::classify(&self.gpus)
+        } else {
+            NodeMemoryModel::Unknown
+        };
+        if self.memory_model != expected {
+            return impossible(format!(
+                "memoryModel is {} but its GPUs make the node {expected}",
+                self.memory_model
+            ));
+        }
+        let s = &self.selftest;
+        if s.per_gpu.len() > MAX_GPUS {
+            return impossible(format!(
+                "selftest.perGpu lists {} GPUs, more than the {MAX_GPUS} a node can have",
+                s.per_gpu.len()
+            ));
+        }
+        let unit = |name: &str, v: f64| -> Result<(), ReportError> {
+            if (0.0..=1.0).contains(&v) {
+                Ok(())
+            } else {
+                Err(ReportError::Impossible(format!(
+                    "selftest.{name} {v} is outside 0–1"
+                )))
+            }
+        };
+        unit("threshold", s.threshold)?;
+        for (name, value) in [
+            ("efficiency", s.efficiency),
+            ("efficiencyMin", s.efficiency_min),
+            ("efficiencyMax", s.efficiency_max),
+        ] {
+            if let Some(e) = value {
+                unit(name, e)?;
+            }
+        }
+        for gpu in &s.per_gpu {
+            if let Some(e) = gpu.efficiency {
+                unit("perGpu[].efficiency", e)?;
+            }
+        }
+        if s.verdict != OverlapVerdict::Untested && s.efficiency.is_none() {
+            return impossible(format!(
+                "selftest.verdict is {} without an efficiency",
+                s.verdict.label_value()
+            ));
+        }
+        let figures = [
+            ("cpuUpdateRate", s.cpu_update_rate),
+            ("gpuFlops", s.gpu_flops),
+            ("tGpuMs", s.t_gpu_ms),
+            ("tCpuMs", s.t_cpu_ms),
+            ("tSerialMs", s.t_serial_ms),
+            ("tPipelinedMs", s.t_pipelined_ms),
+            ("durationMs", s.duration_ms),
+            ("pipelinedOverMax", s.pipelined_over_max),
+            ("serialOverPipelined", s.serial_over_pipelined),
+            ("bandwidth.h2dPinned", s.bandwidth.h2d_pinned),
+            ("bandwidth.d2hPinned", s.bandwidth.d2h_pinned),
+            ("bandwidth.h2dPageable", s.bandwidth.h2d_pageable),
+            ("bandwidth.d2hPageable", s.bandwidth.d2h_pageable),
+            ("bandwidth.directHostRead", s.bandwidth.direct_host_read),
+            ("bandwidth.directHostWrite", s.bandwidth.direct_host_write),
+        ];
+        for (name, value) in figures {
+            if let Some(v) = value
+                && !(v.is_finite() && v >= 0.0)
+            {
+                return impossible(format!(
+                    "selftest.{name} {v} is not a finite, non-negative figure"
+                ));
+            }
+        }
+        for (name, value, range) in [
+            ("cpuUpdateRate", s.cpu_update_rate, CPU_UPDATE_RATES),
+            ("gpuFlops", s.gpu_flops, GPU_FLOPS),
+        ] {
+            if let Some(v) = value
+                && !range.contains(&v)
+            {
+                return impossible(format!(
+                    "selftest.{name} {v:e} is outside {:e}–{:e}, what hardware measures",
+                    range.start(),
+                    range.end()
+                ));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,157 @@
+#[test]
+fn hostile_reports_are_refused_with_what_is_wrong() {
+    let deep = format!("{}1{}", "[".repeat(50_000), "]".repeat(50_000));
+    let huge = format!(
+        r#"{{"schemaVersion": 2, "pad": "{}"}}"#,
+        "x".repeat(MAX_REPORT_BYTES)
+    );
+    for (case, text, expect) in [
+        ("empty", String::new(), "not valid JSON"),
+        ("a list", "[]".to_string(), "schemaVersion"),
+        (
+            "a string version",
+            r#"{"schemaVersion": "2"}"#.to_string(),
+            "schemaVersion",
+        ),
+        (
+            "a future version",
+            r#"{"schemaVersion": 99}"#.to_string(),
+            "upgrade",
+        ),
+        ("nested 50,000 deep", deep, "not valid JSON"),
+        ("over 256 KiB", huge, "more than the"),
+        (
+            "fields of the wrong type",
+            r#"{"schemaVersion": 2, "gpus": "many"}"#.to_string(),
+            "not valid JSON",
+        ),
+    ] {
+        let err = NodeReport::parse(&text).unwrap_err().to_string();
+        assert!(err.contains(expect), "{case}: {err}");
+    }
+}
+
+use super::*;
+use crate::names;
+
+// The recorded readings live with the test environment; read here as plain text.
+const GH200_REFERENCE: &str = include_str!("../../../testenv/fixtures/node-report-gh200.json");
+const H200_READING: &str = include_str!("../../../testenv/fixtures/node-report-h200.json");
+const HMM_UNPINNED: &str = include_str!("../../../testenv/fixtures/node-report-hmm-unpinned.json");
+
+#[test]
+fn recorded_reports_parse_and_classify() {
+    let gh = NodeReport::parse(GH200_REFERENCE).unwrap();
+    assert_eq!(gh.memory_model, NodeMemoryModel::Coherent);
+    assert_eq!(
+        NodeMemoryModel::classify(&gh.gpus),
+        NodeMemoryModel::Coherent
+    );
+    assert_eq!(gh.labels()[names::LABEL_UMA], "true");
+    assert_eq!(gh.labels()[names::LABEL_ADDRESSING_MODE], "ats");
+    let h200 = NodeReport::parse(H200_READING).unwrap();
+    assert_eq!(
+        NodeMemoryModel::classify(&h200.gpus),
+        NodeMemoryModel::Discrete
+    );
+    assert_eq!(h200.labels()[names::LABEL_UMA], "false");
+    assert_eq!(h200.labels()[names::LABEL_C2C], "false");
+    let hmm = NodeReport::parse(HMM_UNPINNED).unwrap();
+    assert_eq!(NodeMemoryModel::classify(&hmm.gpus), NodeMemoryModel::Hmm);
+    assert_eq!(hmm.labels()[names::LABEL_UMA], "false");
+    assert_eq!(hmm.labels()[names::LABEL_ADDRESSING_MODE], "hmm");
+}
+
+#[test]
+fn report_round_trips() {
+    let gh = NodeReport::parse(GH200_REFERENCE).unwrap();
+    let again = NodeReport::parse(&gh.to_annotation().unwrap()).unwrap();
+    assert_eq!(gh, again);
+}
+
+#[test]
+fn bad_reports_get_specific_errors() {
+    assert!(matches!(
+        NodeReport::parse("{not json"),
+        Err(ReportError::Malformed(_))
+    ));
+    assert!(matches!(
+        NodeReport::parse(r#"{"schemaVersion": 7}"#),
+        Err(ReportError::UnsupportedVersion { found: 7 })
+    ));
+    let err = NodeReport::parse(r#"{"agentVersion": "1"}"#).unwrap_err();
+    assert!(err.to_string().contains("schemaVersion"), "{err}");
+    let err = NodeReport::parse(r#"{"schemaVersion": 1, "node": 3}"#).unwrap_err();
+    assert!(matches!(err, ReportError::Malformed(_)), "{err}");
+}
+
+/// Each edit makes the H200 reading impossible in one way; each is refused with a message
+/// that names the field.
+#[test]
+fn impossible_reports_are_refused_with_the_field_named() {
+    let base: serde_json::Value = serde_json::from_str(H200_READING).unwrap();
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(&str, Edit); 13] = [
+        ("efficiency 2", |r| r["selftest"]["efficiency"] = 2.0.into()),
+        ("threshold -0.5", |r| {
+            r["selftest"]["threshold"] = (-0.5).into()
+        }),
+        ("verdict is verified without an efficiency", |r| {
+            r["selftest"].as_object_mut().unwrap().remove("efficiency");
+        }),
+        ("cpuUpdateRate -1", |r| {
+            r["selftest"]["cpuUpdateRate"] = (-1.0).into()
+        }),
+        ("bandwidth.h2dPinned -55", |r| {
+            r["selftest"]["bandwidth"]["h2dPinned"] = (-55.0).into()
+        }),
+        (
+            "memoryModel is coherent but its GPUs make the node discrete",
+            |r| r["memoryModel"] = "coherent".into(),
+        ),
+        ("65 GPUs listed", |r| {
+            let gpu = r["gpus"][0].clone();
+            r["gpus"] = serde_json::Value::Array(vec![gpu; 65]);
+        }),
+        // Found by an independent tester: one GPU listed 8 times, rates that give inf×
+        // headroom or NaN %, reports dated "yesterday".
+        ("listed twice", |r| {
+            let gpu = r["gpus"][0].clone();
+            r["gpus"] = serde_json::Value::Array(vec![gpu; 8]);
+        }),
+        ("selftest.cpuUpdateRate 1e308", |r| {
+            r["selftest"]["cpuUpdateRate"] = 1e308.into()
+        }),
+        ("selftest.gpuFlops 1e-300", |r| {
+            r["selftest"]["gpuFlops"] = 1e-300.into()
+        }),
+        ("generatedAt \"yesterday\"", |r| {
+            r["generatedAt"] = "yesterday".into()
+        }),
+        ("bytes of memory, which no GPU has", |r| {
+            r["gpus"][0]["memoryTotalBytes"] = 0.into()
+        }),
+        ("bytes of memory, which no GPU has", |r| {
+            r["gpus"][0]["memoryTotalBytes"] = u64::MAX.into()
+        }),
+    ];
+    for (expected, edit) in cases {
+        let mut report = base.clone();
+        edit(&mut report);
+        let err = NodeReport::parse(&report.to_string()).unwrap_err();
+        assert!(
+            matches!(err, ReportError::Impossible(_)),
+            "{expected}: {err}"
+        );
+        assert!(err.to_string().contains(expected), "{expected}: {err}");
+    }
+}
+
+#[test]
+fn a_mixed_node_is_not_coherent() {
+    let gh = NodeReport::parse(GH200_REFERENCE).unwrap();
+    let h200 = NodeReport::parse(H200_READING).unwrap();
+    let mixed = vec![gh.gpus[0].clone(), h200.gpus[0].clone()];
+    assert_eq!(NodeMemoryModel::classify(&mixed), NodeMemoryModel::Unknown);
+    assert_eq!(NodeMemoryModel::classify(&[]), NodeMemoryModel::NoGpu);
+}

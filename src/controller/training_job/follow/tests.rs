@@ -1,0 +1,96 @@
+#[test]
+fn a_slimmed_workload_keeps_what_following_reads() {
+    let mut job: Job = serde_json::from_value(serde_json::json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "llama", "namespace": "ml",
+                     "annotations": {names::ANNOTATION_DECISION: "{}"}},
+        "spec": {"template": {
+            "metadata": {"labels": {"a": "b"}},
+            "spec": {
+                "initContainers": [{"name": render::GUARD_CONTAINER, "image": "agent",
+                                    "args": ["verify"], "env": [{"name": "X", "value": "1"}]}],
+                "containers": [{"name": "train", "image": "train:1"}],
+                "volumes": [
+                    {"name": render::CONFIG_VOLUME, "configMap": {"name": "llama-offload"}},
+                    {"name": "data", "emptyDir": {}}
+                ]}}},
+        "status": {"active": 1}
+    }))
+    .unwrap();
+    slim_workload(&mut job);
+    let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    assert!(job.spec.as_ref().unwrap().template.metadata.is_none());
+    assert!(pod.containers.is_empty());
+    let init = pod.init_containers.as_ref().unwrap();
+    assert_eq!(init.len(), 1);
+    assert_eq!(init[0].name, render::GUARD_CONTAINER);
+    assert!(init[0].image.is_none() && init[0].env.is_none());
+    let volumes = pod.volumes.as_ref().unwrap();
+    assert_eq!(volumes.len(), 1);
+    assert_eq!(
+        volumes[0].config_map.as_ref().unwrap().name,
+        "llama-offload"
+    );
+    assert_eq!(job.status.as_ref().unwrap().active, Some(1));
+    assert!(job.annotations().contains_key(names::ANNOTATION_DECISION));
+    // A Job without a spec is left as it is.
+    let mut bare = Job::default();
+    slim_workload(&mut bare);
+    assert!(bare.spec.is_none());
+}
+
+use super::*;
+
+fn pod(init: serde_json::Value) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "train-0"},
+        "spec": {"nodeName": "gpu-3", "containers": []},
+        "status": {"initContainerStatuses": [init]}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn the_guards_outcome_is_read_from_its_init_container() {
+    let failed = pod(serde_json::json!({
+        "name": "offload-verify", "ready": false, "restartCount": 1, "image": "a", "imageID": "",
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {"exitCode": 1, "message": "offload-verify: configured for unified-memory offload ..."}}
+    }));
+    match guard_outcome(&failed) {
+        Some(GuardOutcome::Failed(msg)) => {
+            assert!(
+                msg.starts_with("pod train-0 on node gpu-3: offload-verify:"),
+                "{msg}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let passed = pod(serde_json::json!({
+        "name": "offload-verify", "ready": true, "restartCount": 0, "image": "a", "imageID": "",
+        "state": {"terminated": {"exitCode": 0}}
+    }));
+    assert_eq!(
+        guard_outcome(&passed),
+        Some(GuardOutcome::Passed("gpu-3".into()))
+    );
+    let running = pod(serde_json::json!({
+        "name": "offload-verify", "ready": false, "restartCount": 0, "image": "a", "imageID": "",
+        "state": {"running": {}}
+    }));
+    assert_eq!(guard_outcome(&running), None);
+    let other = pod(serde_json::json!({
+        "name": "user-init", "ready": false, "restartCount": 0, "image": "a", "imageID": "",
+        "state": {"terminated": {"exitCode": 3}}
+    }));
+    assert_eq!(guard_outcome(&other), None, "only the guard counts");
+    // A huge message is bounded.
+    let huge = pod(serde_json::json!({
+        "name": "offload-verify", "ready": false, "restartCount": 0, "image": "a", "imageID": "",
+        "state": {"terminated": {"exitCode": 1, "message": "x".repeat(100_000)}}
+    }));
+    let Some(GuardOutcome::Failed(msg)) = guard_outcome(&huge) else {
+        panic!()
+    };
+    assert!(msg.len() < 1200);
+}
