@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the fuzz targets of tests/fuzz.rs (admission decoding, node-report parsing, the decision
-# engine) for SECONDS each, in a release build, and prints what each ran. The test command runs
+# engine, GPU quantity sums, observation summaries) for SECONDS each, in a release build, and prints what each ran. The test command runs
 # the same targets for a bounded number of inputs.
 # Usage: hack/fuzz.sh [SECONDS]   (default 60)
 set -euo pipefail

@@ -1,5 +1,5 @@
-//! Fuzz targets (bolero): the admission endpoints' decoding, node-report parsing and the decision
-//! engine, fed generated input. Under `cargo test` each runs a bounded number of random inputs;
+//! Fuzz targets (bolero): the admission endpoints' decoding, node-report parsing, the decision
+//! engine, GPU quantity sums and observation summaries, fed generated input. Under `cargo test` each runs a bounded number of random inputs;
 //! `hack/fuzz.sh SECONDS` runs them for a set time each (release build) and prints how many
 //! inputs each took. Every input must get an answer, never a panic.
 
@@ -235,6 +235,102 @@ fn decision_engine() {
                         }
                     }
                     assert!(res.ratio > 0.0 && res.ratio <= 1.0, "{}", res.ratio);
+                }
+            },
+        );
+}
+
+/// GPU counts and memory limits as Kubernetes quantities, summed over containers: any string
+/// in any container either reads as a count in range or is refused, never wraps.
+#[test]
+fn quantity_sums() {
+    bounded!(bolero::check!())
+        .with_type::<Vec<(String, String)>>()
+        .for_each(|containers: &Vec<(String, String)>| {
+            let spec: k8s_openapi::api::core::v1::PodSpec = serde_json::from_value(json!({
+                "containers": containers.iter().enumerate().map(|(i, (gpu, mem))| json!({
+                    "name": format!("c{i}"),
+                    "resources": {"limits": {"nvidia.com/gpu": gpu, "memory": mem}}
+                })).collect::<Vec<_>>()
+            }))
+            .unwrap();
+            match offload_operator::decision::PodResources::of(Some(&spec)) {
+                Ok(r) => {
+                    assert!(r.gpus <= offload_operator::quantity::MAX_GPUS, "{r:?}");
+                    let each: Option<u64> = containers
+                        .iter()
+                        .map(|(g, _)| {
+                            offload_operator::quantity::device_count(
+                                &k8s_openapi::apimachinery::pkg::api::resource::Quantity(g.clone()),
+                            )
+                            .ok()
+                        })
+                        .sum();
+                    assert_eq!(Some(r.gpus), each, "the sum of what each container reads");
+                }
+                Err(e) => assert!(!e.to_string().is_empty()),
+            }
+        });
+}
+
+/// Observation summaries as a node would write them, with any figures: whatever a summary
+/// says, the job's figures stay in range and count no more GPUs than the node has.
+#[test]
+fn observation_summaries() {
+    bounded!(bolero::check!())
+        .with_type::<(f64, f64, u16, u16, u8, bool)>()
+        .for_each(
+            |&(busy, window, gpus, pods, samples, other_node): &(f64, f64, u16, u16, u8, bool)| {
+                // Half the inputs with figures in range, so the summary is believed and counted.
+                let (busy, window) = if samples % 2 == 0 && busy.is_finite() && window.is_finite() {
+                    (busy.abs().fract(), 1.0 + window.abs() % 600.0)
+                } else {
+                    (busy, window)
+                };
+                // Pods and GPUs named apart (or, for odd sample counts, the same names again: a
+                // summary that lists a pod or a GPU twice is refused whole).
+                let distinct = samples % 2 == 0;
+                let pods: Vec<Value> = (0..pods % 40)
+                .map(|i| {
+                    let pod = if distinct { i } else { i % 3 };
+                    let gpus: Vec<String> = (0..gpus % 8)
+                        .map(|j| if distinct { format!("GPU-{i}-{j}") } else { "GPU-0".into() })
+                        .collect();
+                    json!({"namespace": "ns", "name": format!("job-{pod}"), "trainingJob": "job",
+                           "gpus": gpus, "gpuBusy": busy,
+                           "samples": u16::from(samples) + u16::from(distinct), "cpuCores": window})
+                })
+                .collect();
+                let summary = json!({
+                    "schemaVersion": offload_operator::observed::OBSERVED_SCHEMA_VERSION,
+                    "node": if other_node { "other" } else { "n" },
+                    "observedAt": jiff::Timestamp::now().to_string(),
+                    "windowSeconds": window, "source": "nvml-device", "pods": pods
+                });
+                let annotations = BTreeMap::from([(
+                    offload_operator::names::ANNOTATION_OBSERVED.to_string(),
+                    summary.to_string(),
+                )]);
+                let node = NodeInfo::from_metadata("n", BTreeMap::new(), &annotations)
+                    .with_allocatable(offload_operator::index::Allocatable {
+                        memory: None,
+                        gpus: Some(2),
+                    });
+                let index = NodeIndex::new(vec![node]);
+                let observed = offload_operator::controller::observation::gather(
+                    &index,
+                    "ns",
+                    "job",
+                    jiff::Timestamp::now(),
+                    &|_, _| true,
+                );
+                if let Some(o) = observed {
+                    assert!(
+                        !other_node,
+                        "a summary naming another node counts for nothing"
+                    );
+                    assert!((0.0..=1.0).contains(&o.gpu_busy), "{o:?}");
+                    assert!(o.gpus <= 2, "{o:?}");
                 }
             },
         );
