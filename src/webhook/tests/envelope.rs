@@ -1,5 +1,7 @@
 //! Bodies that are not AdmissionReviews, garbage inside a readable one, and reviews as large as the API server sends.
 
+use futures::StreamExt as _;
+
 use super::*;
 
 // ---- malformed bodies ------------------------------------------------------------------------
@@ -77,4 +79,31 @@ async fn reviews_as_large_as_the_api_server_sends_are_read() {
     let (status, answer) = post(discrete_cluster(), paths::VALIDATE_TRAINING_JOB, body).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     assert_eq!(answer["response"]["allowed"], true, "{answer}");
+}
+
+/// A client that sends the start of a review and then nothing more is answered once the body
+/// deadline has passed, not held for as long as it keeps the connection open.
+#[tokio::test(start_paused = true)]
+async fn a_body_that_stops_arriving_is_answered_at_the_deadline() {
+    let first = futures::stream::iter([Ok::<_, std::io::Error>(axum::body::Bytes::from_static(
+        br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"#,
+    ))]);
+    let stalled = first.chain(futures::stream::pending());
+    let started = tokio::time::Instant::now();
+    let answer = coherent_cluster().oneshot(
+        Request::post(paths::VALIDATE_TRAINING_JOB)
+            .header("content-type", "application/json")
+            .body(Body::from_stream(stalled))
+            .unwrap(),
+    );
+    let res = tokio::time::timeout(super::super::READ_TIMEOUT * 3, answer)
+        .await
+        .expect("no answer within three times the body deadline")
+        .unwrap();
+    let waited = started.elapsed();
+    assert!(res.status().is_client_error(), "{}", res.status());
+    assert!(
+        waited >= super::super::READ_TIMEOUT && waited < super::super::READ_TIMEOUT * 2,
+        "answered after {waited:?}"
+    );
 }

@@ -94,3 +94,67 @@ fn the_guards_outcome_is_read_from_its_init_container() {
     };
     assert!(msg.len() < 1200);
 }
+
+#[test]
+fn the_phase_is_running_only_once_a_pod_is_ready() {
+    let job = |spec: serde_json::Value, status: serde_json::Value| -> Job {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+            "spec": spec, "status": status,
+        }))
+        .unwrap()
+    };
+    let template = serde_json::json!({"spec": {"containers": []}});
+    let running = serde_json::json!({"template": template});
+    let suspended = serde_json::json!({"template": template, "suspend": true});
+    // Created, nothing reported yet.
+    let mut bare = job(running.clone(), serde_json::json!({}));
+    bare.status = None;
+    assert_eq!(phase_of(&bare), JobPhase::Pending);
+    let mut queued = job(suspended.clone(), serde_json::json!({}));
+    queued.status = None;
+    assert_eq!(phase_of(&queued), JobPhase::Queued);
+    // A pod counted active while it is still pending (pulling, unscheduled) is not running.
+    assert_eq!(
+        phase_of(&job(
+            running.clone(),
+            serde_json::json!({"active": 1, "ready": 0})
+        )),
+        JobPhase::Pending
+    );
+    assert_eq!(
+        phase_of(&job(running.clone(), serde_json::json!({"active": 1}))),
+        JobPhase::Pending
+    );
+    assert_eq!(
+        phase_of(&job(
+            running.clone(),
+            serde_json::json!({"active": 1, "ready": 1})
+        )),
+        JobPhase::Running
+    );
+    // Suspended again (Kueue preempted it): queued, whatever its pods were.
+    assert_eq!(
+        phase_of(&job(
+            suspended.clone(),
+            serde_json::json!({"active": 0, "ready": 0})
+        )),
+        JobPhase::Queued
+    );
+    let condition = |t: &str| {
+        serde_json::json!({"conditions": [{"type": t, "status": "True",
+            "lastProbeTime": null, "lastTransitionTime": null}]})
+    };
+    assert_eq!(
+        phase_of(&job(running.clone(), condition("Complete"))),
+        JobPhase::Succeeded
+    );
+    assert_eq!(
+        phase_of(&job(suspended, condition("Failed"))),
+        JobPhase::Failed
+    );
+    // A condition that is not true says nothing.
+    let not_yet =
+        serde_json::json!({"ready": 1, "conditions": [{"type": "Complete", "status": "False"}]});
+    assert_eq!(phase_of(&job(running, not_yet)), JobPhase::Running);
+}
