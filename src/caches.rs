@@ -13,11 +13,11 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::sync::Arc;
 
+use crate::guard::Guarded;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
-use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -174,9 +174,9 @@ pub struct Caches {
     pub profiles: Cache<OffloadProfile>,
     /// Nodes: metadata and allocatable resources ([`slim_node`]).
     pub nodes: Cache<Node>,
-    /// TrainingJobs, each wrapped in a [`DeserializeGuard`] so one object that does not
+    /// TrainingJobs, each wrapped in a [`Guarded`] so one object that does not
     /// deserialize is carried as an error and skipped instead of stalling the watch.
-    pub jobs: Cache<DeserializeGuard<TrainingJob>>,
+    pub jobs: Cache<Guarded<TrainingJob>>,
     /// The decision's view of the Node cache, parsed once per node change.
     pub node_views: Arc<NodeViews>,
     /// The Kubeflow Trainer TrainJob CRD (empty when not installed): which field the installed
@@ -185,9 +185,9 @@ pub struct Caches {
     pub trainjob_crd: Cache<CustomResourceDefinition>,
     /// The GPU driver's ResourceSlices (DRA), by the driver's name (a field selector); empty
     /// where DRA is off or the cluster does not serve `resource.k8s.io/v1`.
-    pub slices: Cache<DeserializeGuard<ResourceSlice>>,
+    pub slices: Cache<Guarded<ResourceSlice>>,
     /// ResourceClaimTemplates of every namespace: what a pod's DRA claims request.
-    pub claim_templates: Cache<DeserializeGuard<ResourceClaimTemplate>>,
+    pub claim_templates: Cache<Guarded<ResourceClaimTemplate>>,
     /// The DRA options the caches were built with (`None`: DRA off).
     pub dra: Option<DraOptions>,
 }
@@ -217,11 +217,7 @@ impl Caches {
             slim_node,
         );
         let (jobs, drive_jobs) = cache(
-            watcher(
-                Api::<DeserializeGuard<TrainingJob>>::all(client.clone()),
-                config(),
-            )
-            .default_backoff(),
+            watcher(Api::<Guarded<TrainingJob>>::all(client.clone()), config()).default_backoff(),
             "TrainingJob",
             metrics.clone(),
             keep,
@@ -238,16 +234,13 @@ impl Caches {
         );
         let slice_config = dra.map(|d| config().fields(&format!("spec.driver={}", d.driver)));
         let (slices, drive_slices) = cache(
-            served_or_empty::<DeserializeGuard<ResourceSlice>>(client, slice_config),
+            served_or_empty::<Guarded<ResourceSlice>>(client, slice_config),
             "ResourceSlice",
             metrics.clone(),
             keep,
         );
         let (claim_templates, drive_templates) = cache(
-            served_or_empty::<DeserializeGuard<ResourceClaimTemplate>>(
-                client,
-                dra.map(|_| config()),
-            ),
+            served_or_empty::<Guarded<ResourceClaimTemplate>>(client, dra.map(|_| config())),
             "ResourceClaimTemplate",
             metrics.clone(),
             keep,

@@ -26,6 +26,7 @@ pub mod controller;
 pub mod decision;
 pub mod dra;
 pub mod explain;
+pub mod guard;
 pub mod index;
 pub mod metrics;
 pub mod operator;

@@ -15,9 +15,9 @@ use crate::caches::Caches;
 use crate::decision::ClusterView;
 use crate::dra::DraOptions;
 use crate::dra::api::ResourceClaimTemplate;
+use crate::guard::Guarded;
 use crate::index::{NodeIndex, NodeInfo, NodeViews};
 use crate::render::RenderOptions;
-use kube::core::DeserializeGuard;
 
 /// What the webhook needs beside the decision's view: the installed APIs of other job kinds
 /// and what the operator writes beside the decision.
@@ -95,7 +95,7 @@ pub struct StoreView {
     /// What the operator writes beside the decision.
     pub render: RenderOptions,
     /// ResourceClaimTemplates (DRA), when DRA is on.
-    pub claim_templates: Option<Store<DeserializeGuard<ResourceClaimTemplate>>>,
+    pub claim_templates: Option<Store<Guarded<ResourceClaimTemplate>>>,
     /// DRA's driver and GPU DeviceClasses (`None`: off).
     pub dra: Option<DraOptions>,
 }

@@ -394,3 +394,53 @@ async fn an_object_that_does_not_deserialize_is_reported_and_skipped() {
     .await;
     assert!(events.contains("cannot read this TrainingJob"), "{events}");
 }
+
+/// A pod template nested deeper than serde_json's limit (in fields the schema keeps open) is
+/// stored by the API server; it once failed every list and watch event of TrainingJobs it was
+/// in, so it was never reconciled and, after a relist, no other job was either.
+#[tokio::test]
+async fn a_job_nested_deeper_than_the_json_limit_is_reconciled_like_any_other() {
+    let (cluster, client, ns) = setup("deepobj").await;
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    add_profile(&client, &ns).await;
+    let mut value = json!(1);
+    for _ in 0..200 {
+        value = json!({ "a": value });
+    }
+    let mut doc = serde_json::to_value(training_job(
+        "deep",
+        &ns,
+        json!({"name": "Generic"}),
+        json!({}),
+    ))
+    .unwrap();
+    doc["spec"]["template"]["spec"]["containers"][0]["x"] = value;
+    let (ok, _, err) = kubectl_result(
+        cluster,
+        &["create", "-n", &ns, "-f", "-"],
+        Some(&doc.to_string()),
+    );
+    assert!(ok, "the API server should store it: {err}");
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &training_job("beside", &ns, json!({"name": "Generic"}), json!({})),
+    )
+    .await
+    .unwrap();
+    wait_for_condition(&api, "beside", "WorkloadCreated", "True").await;
+    // The test's own client cannot read the deep object (serde_json's limit), so its
+    // workload stands for its reconcile.
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), &ns);
+    tokio::time::timeout(
+        WAIT,
+        kube::runtime::wait::await_condition(
+            jobs,
+            "deep",
+            |j: Option<&k8s_openapi::api::batch::v1::Job>| j.is_some(),
+        ),
+    )
+    .await
+    .expect("no workload Job for the deep TrainingJob")
+    .unwrap();
+}

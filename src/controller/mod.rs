@@ -16,11 +16,12 @@ pub mod workload;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::guard::Guarded;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::Api;
-use kube::core::{DeserializeGuard, PartialObjectMeta};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -47,7 +48,7 @@ pub struct Context {
     /// The decision's view of the cluster (profiles and nodes), shared with the webhook's.
     pub view: crate::view::StoreView,
     /// TrainingJobs, from the shared cache.
-    pub jobs: Store<DeserializeGuard<TrainingJob>>,
+    pub jobs: Store<Guarded<TrainingJob>>,
     /// What the operator writes beside the decision (the start-up guard's image).
     pub render: crate::render::RenderOptions,
     /// The workload Jobs (the leader's own watch of them, labelled with their TrainingJob);
@@ -349,7 +350,7 @@ pub async fn run(
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(
                 training_job::reconcile,
-                error_policy::<DeserializeGuard<TrainingJob>>("TrainingJob"),
+                error_policy::<Guarded<TrainingJob>>("TrainingJob"),
                 ctx.clone(),
             );
 
@@ -444,9 +445,9 @@ pub const PROFILE_DEBOUNCE: Duration = Duration::from_secs(1);
 /// annotations, deletion. The controller's own status writes are left out, so a reconcile does
 /// not trigger the next one.
 fn spec_changes(
-    jobs: impl Stream<Item = Arc<DeserializeGuard<TrainingJob>>>,
-    store: Store<DeserializeGuard<TrainingJob>>,
-) -> impl Stream<Item = Arc<DeserializeGuard<TrainingJob>>> {
+    jobs: impl Stream<Item = Arc<Guarded<TrainingJob>>>,
+    store: Store<Guarded<TrainingJob>>,
+) -> impl Stream<Item = Arc<Guarded<TrainingJob>>> {
     use kube::Resource;
     use std::hash::{Hash, Hasher};
     let mut seen: std::collections::HashMap<(String, String), u64> =
@@ -481,8 +482,8 @@ fn spec_changes(
 /// first decision, a re-decision under another profile) or that was deleted: the profile(s)
 /// whose job count that changes.
 fn decision_profile_changes(
-    jobs: impl Stream<Item = Arc<DeserializeGuard<TrainingJob>>>,
-    store: Store<DeserializeGuard<TrainingJob>>,
+    jobs: impl Stream<Item = Arc<Guarded<TrainingJob>>>,
+    store: Store<Guarded<TrainingJob>>,
 ) -> impl Stream<Item = ObjectRef<OffloadProfile>> {
     use kube::Resource;
     let mut seen: std::collections::HashMap<(String, String), String> =

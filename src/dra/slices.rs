@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use kube::core::DeserializeGuard;
+use crate::guard::Guarded;
 
 use super::api::{Device, ResourceSlice};
 use crate::index::bounded;
@@ -120,7 +120,7 @@ fn attribute<'d>(
 /// slices have different generations only the newest generation counts (the driver is
 /// replacing the older).
 pub fn witnesses(
-    slices: &[Arc<DeserializeGuard<ResourceSlice>>],
+    slices: &[Arc<Guarded<ResourceSlice>>],
     driver: &str,
 ) -> BTreeMap<String, DriverWitness> {
     // Newest generation per (node, pool).

@@ -10,10 +10,10 @@ use super::ExplainError;
 use crate::api::OffloadProfileSpec;
 use crate::decision::{ConfigError, UserConfig};
 use crate::dra::api::{ResourceClaimTemplate, ResourceSlice};
+use crate::guard::Guarded;
 use crate::index::NodeIndex;
 use crate::render::{RenderOptions, deepspeed};
 use crate::view::MemoryView;
-use kube::core::DeserializeGuard;
 
 /// What a decision is made from: the cluster, held in memory, and the DeepSpeed configs by
 /// ConfigMap name (the text of the key the job names) for jobs that reference one.
@@ -168,14 +168,14 @@ pub fn claim_templates_from_files(
 /// ResourceSlices (DRA) from manifest files, as the caches hold them.
 pub fn slices_from_files(
     paths: &[std::path::PathBuf],
-) -> Result<Vec<Arc<DeserializeGuard<ResourceSlice>>>, ExplainError> {
+) -> Result<Vec<Arc<Guarded<ResourceSlice>>>, ExplainError> {
     let mut out = Vec::new();
     for path in paths {
         let text = std::fs::read_to_string(path).map_err(|e| {
             ExplainError::Manifest(format!("reading ResourceSlices {}: {e}", path.display()))
         })?;
         for doc in read_manifests(&text)? {
-            let s: DeserializeGuard<ResourceSlice> = serde_json::from_value(doc).map_err(|e| {
+            let s: Guarded<ResourceSlice> = serde_json::from_value(doc).map_err(|e| {
                 ExplainError::Manifest(format!("{}: not a ResourceSlice: {e}", path.display()))
             })?;
             out.push(Arc::new(s));
@@ -188,7 +188,7 @@ pub fn slices_from_files(
 /// added.
 pub fn with_slices(
     mut nodes: Vec<crate::index::NodeInfo>,
-    slices: &[Arc<DeserializeGuard<ResourceSlice>>],
+    slices: &[Arc<Guarded<ResourceSlice>>],
     driver: &str,
 ) -> Vec<crate::index::NodeInfo> {
     let mut witnesses = crate::dra::slices::witnesses(slices, driver);
@@ -251,8 +251,8 @@ pub async fn inputs_from_cluster(
             other => other.map(Some),
         }
     }
-    let slices: Vec<Arc<DeserializeGuard<ResourceSlice>>> = ignore_absent(
-        Api::<DeserializeGuard<ResourceSlice>>::all(client.clone())
+    let slices: Vec<Arc<Guarded<ResourceSlice>>> = ignore_absent(
+        Api::<Guarded<ResourceSlice>>::all(client.clone())
             .list(&ListParams::default().fields(&format!("spec.driver={}", dra.driver)))
             .await,
     )?

@@ -7,9 +7,9 @@ mod node;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use crate::guard::Guarded;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
-use kube::core::DeserializeGuard;
 use kube::runtime::reflector::Store;
 
 use crate::dra::api::ResourceSlice;
@@ -110,14 +110,14 @@ pub fn node_info(node: &Node) -> NodeInfo {
 /// index. On a change only the nodes whose resourceVersion moved are parsed again.
 pub struct NodeViews {
     store: Store<Node>,
-    slices: Option<(Store<DeserializeGuard<ResourceSlice>>, String)>,
+    slices: Option<(Store<Guarded<ResourceSlice>>, String)>,
     snapshot: Mutex<Snapshot>,
 }
 
 #[derive(Default)]
 struct Snapshot {
     objects: Vec<Arc<Node>>,
-    slices: Vec<Arc<DeserializeGuard<ResourceSlice>>>,
+    slices: Vec<Arc<Guarded<ResourceSlice>>>,
     index: Option<Arc<NodeIndex>>,
     /// Parsed views by name, with the resourceVersion they were parsed at.
     parsed: HashMap<String, (String, Arc<NodeInfo>)>,
@@ -136,7 +136,7 @@ impl NodeViews {
     /// Views that also read `driver`'s ResourceSlices from `slices` (DRA's second witness).
     pub fn with_slices(
         store: Store<Node>,
-        slices: Store<DeserializeGuard<ResourceSlice>>,
+        slices: Store<Guarded<ResourceSlice>>,
         driver: String,
     ) -> Self {
         NodeViews {

@@ -9,10 +9,10 @@ mod triggers;
 
 use std::sync::Arc;
 
+use crate::guard::Guarded;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
-use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
@@ -42,7 +42,7 @@ pub use crate::decision::Unresolved;
 
 /// Reconciles one TrainingJob; one that does not deserialize is reported and skipped.
 pub async fn reconcile(
-    guard: Arc<DeserializeGuard<TrainingJob>>,
+    guard: Arc<Guarded<TrainingJob>>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_timer("TrainingJob");
@@ -55,7 +55,7 @@ pub async fn reconcile(
     }
 }
 
-async fn report_invalid(ctx: &Context, invalid: &kube::core::error_boundary::InvalidObject) {
+async fn report_invalid(ctx: &Context, invalid: &crate::guard::InvalidObject) {
     let meta = &invalid.metadata;
     tracing::warn!(
         namespace = meta.namespace.as_deref().unwrap_or_default(),

@@ -1,8 +1,8 @@
 //! Which unresolved jobs a change of a profile, a node or a ConfigMap concerns.
 
+use crate::guard::Guarded;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
-use kube::core::DeserializeGuard;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::TrainingJob;
@@ -21,26 +21,21 @@ pub(super) fn unresolved(tj: &TrainingJob) -> bool {
 
 /// The jobs in the cache that deserialized, shared with the cache (nothing is copied: these
 /// mappers run on every change of a watched object, over every job).
-fn valid_jobs(
-    ctx: &Context,
-) -> impl Iterator<Item = std::sync::Arc<DeserializeGuard<TrainingJob>>> {
+fn valid_jobs(ctx: &Context) -> impl Iterator<Item = std::sync::Arc<Guarded<TrainingJob>>> {
     ctx.jobs.state().into_iter().filter(|g| g.0.is_ok())
 }
 
 /// The job inside a guard [`valid_jobs`] kept.
-fn job(g: &DeserializeGuard<TrainingJob>) -> Option<&TrainingJob> {
+fn job(g: &Guarded<TrainingJob>) -> Option<&TrainingJob> {
     g.0.as_ref().ok()
 }
 
-fn job_ref(tj: &TrainingJob) -> ObjectRef<DeserializeGuard<TrainingJob>> {
+fn job_ref(tj: &TrainingJob) -> ObjectRef<Guarded<TrainingJob>> {
     ObjectRef::new(&tj.name_any()).within(&tj.namespace().unwrap_or_default())
 }
 
 /// Unresolved jobs that name a profile, for re-triggering when it changes.
-pub fn jobs_for_profile(
-    ctx: &Context,
-    profile: &str,
-) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
+pub fn jobs_for_profile(ctx: &Context, profile: &str) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
     valid_jobs(ctx)
         .filter_map(|g| {
             let tj = job(&g)?;
@@ -51,7 +46,7 @@ pub fn jobs_for_profile(
 
 /// Unresolved jobs whose profile could use a node (its selector matches, or it has none, or the
 /// profile does not exist yet), for re-triggering when the node's labels or report change.
-pub fn jobs_for_node(ctx: &Context, node: &Node) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
+pub fn jobs_for_node(ctx: &Context, node: &Node) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
     let labels = node.metadata.labels.clone().unwrap_or_default();
     valid_jobs(ctx)
         .filter_map(|g| {
@@ -73,10 +68,7 @@ pub fn jobs_for_node(ctx: &Context, node: &Node) -> Vec<ObjectRef<DeserializeGua
 
 /// The jobs a node's new observation lists (each pod's `offload.dev/training-job`), for
 /// recording it in their status; also forgets the metrics of jobs that are gone.
-pub fn jobs_for_observation(
-    ctx: &Context,
-    node: &Node,
-) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
+pub fn jobs_for_observation(ctx: &Context, node: &Node) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
     ctx.metrics
         .retain_jobs(|ns, name| ctx.jobs.get(&ObjectRef::new(name).within(ns)).is_some());
     let Some(summary) = node
@@ -107,7 +99,7 @@ pub fn jobs_for_config_map(
     ctx: &Context,
     namespace: &str,
     name: &str,
-) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
+) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
     valid_jobs(ctx)
         .filter_map(|g| {
             let tj = job(&g)?;
@@ -129,7 +121,7 @@ pub fn jobs_for_claim_template(
     ctx: &Context,
     namespace: &str,
     name: &str,
-) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
+) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
     valid_jobs(ctx)
         .filter_map(|g| {
             let tj = job(&g)?;
@@ -152,7 +144,7 @@ pub fn jobs_for_claim_template(
 
 /// Unresolved opted-in jobs, for re-triggering when the GPU driver's ResourceSlices of a node
 /// change (a node it classes may take them now).
-pub fn jobs_for_slices(ctx: &Context) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
+pub fn jobs_for_slices(ctx: &Context) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
     valid_jobs(ctx)
         .filter_map(|g| {
             let tj = job(&g)?;
