@@ -139,6 +139,14 @@ impl Measurements {
         Some((lo, hi))
     }
 
+    /// Optimizer elements per second the CPU updated (the median CPU-only step).
+    fn cpu_update_rate(&self) -> Option<f64> {
+        let t_cpu = Self::median(&self.t_cpu_ms);
+        #[allow(clippy::cast_precision_loss)]
+        let elems = self.chunk_elems as f64 * f64::from(self.chunks);
+        (t_cpu > 0.0).then(|| elems / (t_cpu / 1e3))
+    }
+
     fn gpu_entry(&self, threshold: f64) -> GpuSelfTest {
         let spread = self.spread();
         GpuSelfTest {
@@ -152,6 +160,7 @@ impl Measurements {
             t_pipelined_ms: Some(Self::median(&self.t_pipelined_ms)),
             t_serial_ms: Some(Self::median(&self.t_serial_ms)),
             cpu_threads: u32::try_from(self.cpu_threads).ok(),
+            cpu_update_rate: self.cpu_update_rate(),
             error: None,
         }
     }
@@ -176,6 +185,7 @@ impl Measurements {
         let (verdict, basis) =
             math::hysteresis(previous, eff, spread, options.threshold, options.margin);
         let longer = t_gpu.max(t_cpu).max(self.t_copy_ms);
+        let cpu_update_rate = self.cpu_update_rate();
         SelfTestReport {
             verdict,
             threshold: options.threshold,
@@ -183,7 +193,7 @@ impl Measurements {
             pinned_memory: self.pinned,
             pinned_error: self.pinned_error,
             bandwidth: self.bandwidth,
-            cpu_update_rate: (t_cpu > 0.0).then(|| elems / (t_cpu / 1e3)),
+            cpu_update_rate,
             gpu_flops: (t_gpu > 0.0).then(|| flop / (t_gpu / 1e3)),
             t_gpu_ms: Some(t_gpu),
             t_cpu_ms: Some(t_cpu),
@@ -431,6 +441,7 @@ fn combine(
                     t_pipelined_ms: None,
                     t_serial_ms: None,
                     cpu_threads: None,
+                    cpu_update_rate: None,
                     error: Some(e.clone()),
                 });
                 failed.push(format!("GPU {i}: {e}"));
@@ -443,6 +454,15 @@ fn combine(
         (None, true) => SelfTestReport::untested(options.threshold, "no GPU was tested"),
     };
     if n > 1 {
+        // A pod may land on any GPU: the rate the decision plans with is the slowest one's
+        // (a GPU whose pod gets fewer cores updates less within the same GPU time).
+        if report.error.is_none() {
+            report.cpu_update_rate = per_gpu
+                .iter()
+                .filter_map(|g| g.cpu_update_rate)
+                .reduce(f64::min)
+                .or(report.cpu_update_rate);
+        }
         report.per_gpu = per_gpu;
     }
     report
@@ -574,5 +594,28 @@ mod tests {
         );
         assert_eq!(broken.verdict, OverlapVerdict::Untested);
         assert!(broken.error.unwrap().contains("GPU 1: out of memory"));
+    }
+
+    #[test]
+    fn the_node_plans_with_its_slowest_cpu_share() {
+        // GPU 1 overlaps as well as GPU 0 but its share of cores updates four times slower
+        // (the starved case): the node's verdict stays, its CPU rate is GPU 1's.
+        let fast = measured(0, &[85.0, 86.0, 84.0]);
+        let mut starved = measured(1, &[85.0, 86.0, 84.0]);
+        starved.cpu_threads = 1;
+        starved.t_cpu_ms = vec![320.0; 3];
+        starved.t_serial_ms = vec![410.0; 3];
+        starved.t_pipelined_ms = vec![325.0; 3];
+        let report = combine(&SelfTestOptions::default(), None, vec![Ok(fast), Ok(starved)]);
+        let rates: Vec<f64> = report
+            .per_gpu
+            .iter()
+            .map(|g| g.cpu_update_rate.unwrap())
+            .collect();
+        assert!((rates[0] / rates[1] - 4.0).abs() < 1e-9, "{rates:?}");
+        assert_eq!(report.cpu_update_rate, Some(rates[1]));
+        assert_eq!(report.per_gpu[1].cpu_threads, Some(1));
+        let elems = f64::from(16u32 * (1 << 20));
+        assert!((rates[1] - elems / 0.320).abs() < 1.0);
     }
 }

@@ -351,6 +351,10 @@ pub struct GpuSelfTest {
     /// CPU threads the GPU's rank used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_threads: Option<u32>,
+    /// Optimizer elements per second the CPU updated for this GPU, on its share of cores (the
+    /// node's `cpuUpdateRate` is the slowest GPU's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_update_rate: Option<f64>,
     /// Why this GPU's test did not run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

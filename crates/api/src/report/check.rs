@@ -148,6 +148,16 @@ impl NodeReport {
             if let Some(e) = gpu.efficiency {
                 unit("perGpu[].efficiency", e)?;
             }
+            if let Some(v) = gpu.cpu_update_rate
+                && !(v.is_finite() && CPU_UPDATE_RATES.contains(&v))
+            {
+                return impossible(format!(
+                    "selftest.perGpu[{}].cpuUpdateRate {v:e} is outside {:e}–{:e}, what hardware measures",
+                    gpu.index,
+                    CPU_UPDATE_RATES.start(),
+                    CPU_UPDATE_RATES.end()
+                ));
+            }
         }
         if s.verdict != OverlapVerdict::Untested && s.efficiency.is_none() {
             return impossible(format!(

@@ -91,7 +91,7 @@ fn bad_reports_get_specific_errors() {
 fn impossible_reports_are_refused_with_the_field_named() {
     let base: serde_json::Value = serde_json::from_str(H200_READING).unwrap();
     type Edit = fn(&mut serde_json::Value);
-    let cases: [(&str, Edit); 13] = [
+    let cases: [(&str, Edit); 14] = [
         ("efficiency 2", |r| r["selftest"]["efficiency"] = 2.0.into()),
         ("threshold -0.5", |r| {
             r["selftest"]["threshold"] = (-0.5).into()
@@ -121,6 +121,12 @@ fn impossible_reports_are_refused_with_the_field_named() {
         }),
         ("selftest.cpuUpdateRate 1e308", |r| {
             r["selftest"]["cpuUpdateRate"] = 1e308.into()
+        }),
+        ("selftest.perGpu[1].cpuUpdateRate 1e308", |r| {
+            r["selftest"]["perGpu"] = serde_json::json!([
+                {"index": 0, "efficiency": 0.9, "cpuUpdateRate": 4e9},
+                {"index": 1, "efficiency": 0.9, "cpuUpdateRate": 1e308}
+            ])
         }),
         ("selftest.gpuFlops 1e-300", |r| {
             r["selftest"]["gpuFlops"] = 1e-300.into()
