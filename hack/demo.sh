@@ -27,11 +27,11 @@ took() {
 
 cache=$(bash hack/k8s/build.sh --print-dir)
 if [[ -x $cache/kube-apiserver ]]; then
-  upstream="(cached)"
+  upstream="(cached), and the workspace (a first build: about 10 minutes on 2 cores)"
 else
-  upstream="(first run: about 12 minutes on 2 cores, beside the Rust build)"
+  upstream="and the workspace beside them (first run: about 15 minutes on 2 cores for both)"
 fi
-step 1 "building the upstream control plane$($in_cluster && echo ' and real node') from their Go modules $upstream, and the workspace (first run: about 10 minutes on 2 cores)"
+step 1 "building the upstream control plane$($in_cluster && echo ' and real node') from their Go modules $upstream"
 # The Go builds print their own progress, a line every 30 s; cargo prints each crate.
 (
   bash hack/k8s/build.sh >/dev/null

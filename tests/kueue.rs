@@ -230,6 +230,28 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
         nodes.create(&PostParams::default(), &node).await.unwrap();
     }
 
+    // JobSet's CRD before Kueue starts, so that Kueue's JobSet integration is on (no JobSet
+    // controller runs here: what is checked is what both webhooks and Kueue's admission write).
+    let kinds = offload_testenv::devcluster::ensure_job_kinds().unwrap();
+    let crd = kinds.join("jobset/jobset.x-k8s.io_jobsets.yaml");
+    kubectl(
+        &cluster,
+        &["apply", "--server-side", "-f", &crd.display().to_string()],
+    );
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(client.clone());
+    wait(
+        "JobSet's CRD established",
+        WAIT,
+        await_condition(
+            crds,
+            "jobsets.jobset.x-k8s.io",
+            kube::runtime::wait::conditions::is_crd_established(),
+        ),
+    )
+    .await
+    .unwrap();
+
     let took = deploy::install_kueue(&cluster).unwrap_or_else(|e| panic!("{e}"));
     eprintln!(
         "figure: helm install kueue → controller ready: {:.1} s",
@@ -283,6 +305,8 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
         cluster_queue("team-a", &["offload-discrete", "offload-coherent"]),
         cluster_queue("team-b", &["offload-discrete", "offload-coherent"]),
         cluster_queue("team-c", &["offload-discrete"]),
+        cluster_queue("team-js", &["offload-discrete", "offload-coherent"]),
+        local_queue(&ns, "team-js", "team-js"),
         local_queue(&ns, "team-a", "team-a"),
         local_queue(&ns, "team-b", "team-b"),
         local_queue(&ns, "team-c", "team-c"),
@@ -528,6 +552,8 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
         .to_string();
     assert!(pod_env.contains("OFFLOAD_MODE"), "{pod_env}");
 
+    jobset_under_kueue(&cluster, &client, &ns).await;
+
     let listed = kubectl(
         &cluster,
         &[
@@ -539,4 +565,104 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
     );
     eprintln!("{listed}");
     drop(cluster);
+}
+
+/// An opted-in JobSet under Kueue: the operator's webhook configures its templates and Kueue's
+/// suspends it at creation; Kueue admits it to the flavor of the class the templates are pinned
+/// to (the discrete flavor, listed first, has free quota too) and, resuming it, adds the
+/// flavor's node labels without taking away the configuration.
+async fn jobset_under_kueue(cluster: &DevCluster, client: &kube::Client, ns: &str) {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet"),
+        "jobsets",
+    );
+    let jobsets: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
+    let template = json!({"spec": {
+        "restartPolicy": "Never",
+        "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [{"name": "train", "image": "train:1",
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}});
+    let jobset: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": "jobset-coherent",
+                     "labels": {names::PROFILE_ANNOTATION: "coherent", names::KUEUE_QUEUE_LABEL: "team-js"},
+                     "annotations": {"offload.dev/model-parameters": "12B"}},
+        "spec": {"replicatedJobs": [{"name": "workers", "replicas": 1, "template": {"spec": {
+            "parallelism": 1, "completions": 1, "template": template}}}]}
+    }))
+    .unwrap();
+    let created = jobsets
+        .create(&PostParams::default(), &jobset)
+        .await
+        .unwrap();
+    assert_eq!(
+        created.data["spec"]["suspend"],
+        json!(true),
+        "Kueue's webhook suspended it: {}",
+        created.data["spec"]
+    );
+    let pod_template = |js: &DynamicObject| {
+        js.data["spec"]["replicatedJobs"][0]["template"]["spec"]["template"].clone()
+    };
+    let configured = |t: &serde_json::Value| {
+        let env = t["spec"]["containers"][0]["env"].to_string();
+        let affinity = t["spec"]["affinity"].to_string();
+        env.contains("OFFLOAD_MODE") && affinity.contains(names::LABEL_UMA)
+    };
+    assert!(
+        configured(&pod_template(&created)),
+        "configured at creation: {}",
+        pod_template(&created)
+    );
+    let resumed = wait(
+        "Kueue admits the JobSet and resumes it",
+        WAIT,
+        await_condition(
+            jobsets.clone(),
+            "jobset-coherent",
+            |js: Option<&DynamicObject>| {
+                js.is_some_and(|js| js.data["spec"]["suspend"] == json!(false))
+            },
+        ),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let t = pod_template(&resumed);
+    assert!(configured(&t), "still configured once resumed: {t}");
+    assert_eq!(
+        t["spec"]["nodeSelector"][names::LABEL_UMA],
+        json!("true"),
+        "the coherent flavor's node labels: {t}"
+    );
+    // The Workload Kueue made of it was admitted to the coherent flavor.
+    let workloads: serde_json::Value = serde_json::from_str(&kubectl(
+        cluster,
+        &[
+            "--namespace",
+            ns,
+            "get",
+            "workloads.kueue.x-k8s.io",
+            "-o",
+            "json",
+        ],
+    ))
+    .unwrap();
+    let workload = workloads["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| {
+            w["metadata"]["ownerReferences"]
+                .as_array()
+                .is_some_and(|o| o.iter().any(|r| r["kind"] == "JobSet"))
+        })
+        .unwrap_or_else(|| panic!("no Workload owned by the JobSet: {workloads}"));
+    let flavors = &workload["status"]["admission"]["podSetAssignments"][0]["flavors"];
+    assert_eq!(
+        flavors["nvidia.com/gpu"],
+        json!("offload-coherent"),
+        "{workload}"
+    );
 }

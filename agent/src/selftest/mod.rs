@@ -606,7 +606,11 @@ mod tests {
         starved.t_cpu_ms = vec![320.0; 3];
         starved.t_serial_ms = vec![410.0; 3];
         starved.t_pipelined_ms = vec![325.0; 3];
-        let report = combine(&SelfTestOptions::default(), None, vec![Ok(fast), Ok(starved)]);
+        let report = combine(
+            &SelfTestOptions::default(),
+            None,
+            vec![Ok(fast), Ok(starved)],
+        );
         let rates: Vec<f64> = report
             .per_gpu
             .iter()

@@ -241,6 +241,7 @@ clientConnection:
 integrations:
   frameworks:
   - "batch/job"
+  - "jobset.x-k8s.io/jobset"
 "#;
 
 /// Installs Kueue with its own Helm chart (from its Go module, `hack/k8s/build.sh kueue`) and
