@@ -323,11 +323,7 @@ async fn install_run_the_whole_flow_and_uninstall_leaving_nothing_behind() {
         "TrainingJob e2e to create its workload",
         WAIT,
         kube::runtime::wait::await_condition(jobs.clone(), "e2e", |j: Option<&TrainingJob>| {
-            j.and_then(|j| j.status.as_ref()).is_some_and(|s| {
-                s.conditions
-                    .iter()
-                    .any(|c| c.type_ == "WorkloadCreated" && c.status == "True")
-            })
+            j.is_some_and(has_workload)
         }),
     )
     .await

@@ -203,17 +203,14 @@ async fn discrete_nodes_give_cpu_copy() {
     add_node(&client, &ns, "h200", fixtures::H200_READING).await;
     add_profile(&client, &ns).await;
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    api.create(
-        &PostParams::default(),
-        &training_job(
-            "fsdp",
-            &ns,
-            json!({"name": "FSDP", "version": "2.7.1"}),
-            json!({}),
-        ),
+    create_training_job(
+        &api,
+        "fsdp",
+        &ns,
+        json!({"name": "FSDP", "version": "2.7.1"}),
+        json!({}),
     )
-    .await
-    .unwrap();
+    .await;
     let done = wait_for_condition(&api, "fsdp", "WorkloadCreated", "True").await;
     assert_eq!(done.spec.offload.mode, ModeSetting::CpuCopy);
     let pods = pods_of(&client, &ns, "fsdp", 2).await;
@@ -243,17 +240,14 @@ async fn unified_memory_without_coherent_nodes_waits_then_resolves_when_one_appe
     add_node(&client, &ns, "h200", fixtures::H200_READING).await;
     add_profile(&client, &ns).await;
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    api.create(
-        &PostParams::default(),
-        &training_job(
-            "uma",
-            &ns,
-            json!({"name": "Generic"}),
-            json!({"offload": {"mode": "UnifiedMemory"}}),
-        ),
+    create_training_job(
+        &api,
+        "uma",
+        &ns,
+        json!({"name": "Generic"}),
+        json!({"offload": {"mode": "UnifiedMemory"}}),
     )
-    .await
-    .unwrap();
+    .await;
     let waiting = wait_for_condition(&api, "uma", "OffloadResolved", "False").await;
     let cond = waiting
         .status
@@ -305,12 +299,7 @@ async fn a_running_job_is_never_reconfigured() {
         .await
         .unwrap();
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    api.create(
-        &PostParams::default(),
-        &training_job("steady", &ns, json!({"name": "Generic"}), json!({})),
-    )
-    .await
-    .unwrap();
+    create_training_job(&api, "steady", &ns, json!({"name": "Generic"}), json!({})).await;
     let before = wait_for_condition(&api, "steady", "WorkloadCreated", "True").await;
     let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
     let job_before = jobs.get("steady").await.unwrap();
@@ -325,12 +314,7 @@ async fn a_running_job_is_never_reconfigured() {
         .await
         .unwrap();
     // A job created after the change does follow it: proof the controller saw the change.
-    api.create(
-        &PostParams::default(),
-        &training_job("after", &ns, json!({"name": "Generic"}), json!({})),
-    )
-    .await
-    .unwrap();
+    create_training_job(&api, "after", &ns, json!({"name": "Generic"}), json!({})).await;
     let after = wait_for_condition(&api, "after", "WorkloadCreated", "True").await;
     assert_eq!(after.spec.offload.mode, ModeSetting::Disabled);
 
@@ -352,12 +336,7 @@ async fn a_missing_profile_is_reported_and_resolved_once_created() {
     let (_cluster, client, ns) = setup("noprof").await;
     add_node(&client, &ns, "h200", fixtures::H200_READING).await;
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    api.create(
-        &PostParams::default(),
-        &training_job("later", &ns, json!({"name": "Generic"}), json!({})),
-    )
-    .await
-    .unwrap();
+    create_training_job(&api, "later", &ns, json!({"name": "Generic"}), json!({})).await;
     let cond = condition_when(&api, "later", "OffloadResolved", "False").await;
     assert_eq!(cond.reason, "ProfileNotFound");
     add_profile(&client, &ns).await;
@@ -377,12 +356,7 @@ async fn an_object_that_does_not_deserialize_is_reported_and_skipped() {
     let (ok, _, err) = kubectl_result(cluster, &["apply", "-n", &ns, "-f", "-"], Some(&bad));
     assert!(ok, "the API server should store it: {err}");
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    api.create(
-        &PostParams::default(),
-        &training_job("fine", &ns, json!({"name": "Generic"}), json!({})),
-    )
-    .await
-    .unwrap();
+    create_training_job(&api, "fine", &ns, json!({"name": "Generic"}), json!({})).await;
     wait_for_condition(&api, "fine", "WorkloadCreated", "True").await;
     let events = wait_list(
         Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), &ns),
@@ -422,12 +396,7 @@ async fn a_job_nested_deeper_than_the_json_limit_is_reconciled_like_any_other() 
     );
     assert!(ok, "the API server should store it: {err}");
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    api.create(
-        &PostParams::default(),
-        &training_job("beside", &ns, json!({"name": "Generic"}), json!({})),
-    )
-    .await
-    .unwrap();
+    create_training_job(&api, "beside", &ns, json!({"name": "Generic"}), json!({})).await;
     wait_for_condition(&api, "beside", "WorkloadCreated", "True").await;
     // The test's own client cannot read the deep object (serde_json's limit), so its
     // workload stands for its reconcile.

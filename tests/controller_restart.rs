@@ -72,22 +72,11 @@ async fn a_restart_mid_way_leaves_exactly_one_workload_per_job() {
         operator_options(),
         token.clone(),
     ));
-    wait_list(
-        api.clone(),
-        watcher::Config::default(),
+    every_job_has_its_workload(
+        &api,
+        JOBS,
         "every TrainingJob to report WorkloadCreated",
         Duration::from_secs(120),
-        |tjs| {
-            (tjs.len() == JOBS
-                && tjs.iter().all(|tj| {
-                    tj.status.as_ref().is_some_and(|s| {
-                        s.conditions
-                            .iter()
-                            .any(|c| c.type_ == "WorkloadCreated" && c.status == "True")
-                    })
-                }))
-            .then_some(())
-        },
     )
     .await;
     token.cancel();

@@ -70,13 +70,7 @@ async fn a_stale_copy_never_drops_the_recorded_decision() {
     add_node(&client, &ns, "h200", fixtures::H200_READING).await;
     add_profile(&client, &ns).await;
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    let stale = api
-        .create(
-            &PostParams::default(),
-            &training_job("late", &ns, json!({"name": "Generic"}), json!({})),
-        )
-        .await
-        .unwrap();
+    let stale = create_training_job(&api, "late", &ns, json!({"name": "Generic"}), json!({})).await;
     let resolved = wait_for_condition(&api, "late", "WorkloadCreated", "True").await;
     assert!(resolved.status.as_ref().unwrap().offload.is_some());
 
@@ -129,17 +123,14 @@ async fn a_large_deepspeed_config_is_merged_compactly() {
         .await
         .unwrap();
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    api.create(
-        &PostParams::default(),
-        &training_job(
-            "big",
-            &ns,
-            json!({"name": "DeepSpeed", "version": "0.19.8"}),
-            json!({"deepspeed": {"configMapRef": {"name": "big-ds"}}}),
-        ),
+    create_training_job(
+        &api,
+        "big",
+        &ns,
+        json!({"name": "DeepSpeed", "version": "0.19.8"}),
+        json!({"deepspeed": {"configMapRef": {"name": "big-ds"}}}),
     )
-    .await
-    .unwrap();
+    .await;
     wait_for_condition(&api, "big", "WorkloadCreated", "True").await;
     let rendered = Api::<ConfigMap>::namespaced(client.clone(), &ns)
         .get("big-offload")

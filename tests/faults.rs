@@ -25,7 +25,7 @@ use offload_operator::api::{OffloadProfile, TrainingJob};
 use offload_testenv::devcluster::{ClusterOptions, DevCluster, free_port, repo_root};
 use offload_testenv::fixtures;
 use serde_json::json;
-use support::controller::training_job;
+use support::controller::{create_training_job, training_job};
 use support::*;
 
 const POOL: &str = "faults";
@@ -164,22 +164,11 @@ async fn workloads_at_least(client: &Client, ns: &str, target: usize, before: &s
 /// the decision recorded in the job's status.
 async fn every_job_resolved_once(client: &Client, ns: &str, count: usize) {
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), ns);
-    wait_list(
-        api.clone(),
-        kube::runtime::watcher::Config::default(),
+    every_job_has_its_workload(
+        &api,
+        count,
         "every TrainingJob to report WorkloadCreated",
         Duration::from_secs(300),
-        |tjs| {
-            (tjs.len() == count
-                && tjs.iter().all(|tj| {
-                    tj.status.as_ref().is_some_and(|s| {
-                        s.conditions
-                            .iter()
-                            .any(|c| c.type_ == "WorkloadCreated" && c.status == "True")
-                    })
-                }))
-            .then_some(())
-        },
     )
     .await;
     let jobs = Api::<Job>::namespaced(client.clone(), ns)
@@ -521,12 +510,7 @@ async fn a_report_turning_failed_while_jobs_wait_is_what_they_are_decided_on() {
     // The jobs wait: their profile does not exist yet.
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     for i in 0..3 {
-        api.create(
-            &PostParams::default(),
-            &training_job(&format!("waiting-{i}"), &ns, deepspeed(), json!({})),
-        )
-        .await
-        .unwrap();
+        create_training_job(&api, &format!("waiting-{i}"), &ns, deepspeed(), json!({})).await;
     }
     for i in 0..3 {
         let tj = support::controller::wait_for_condition(
@@ -632,12 +616,7 @@ async fn a_node_deleted_under_a_resolved_job_leaves_it_and_its_workload_alone() 
         .await
         .unwrap();
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    api.create(
-        &PostParams::default(),
-        &training_job("resolved", &ns, deepspeed(), json!({})),
-    )
-    .await
-    .unwrap();
+    create_training_job(&api, "resolved", &ns, deepspeed(), json!({})).await;
     let before =
         support::controller::wait_for_condition(&api, "resolved", "WorkloadCreated", "True").await;
     let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
@@ -654,12 +633,7 @@ async fn a_node_deleted_under_a_resolved_job_leaves_it_and_its_workload_alone() 
     )
     .await
     .unwrap();
-    api.create(
-        &PostParams::default(),
-        &training_job("after-deletion", &ns, deepspeed(), json!({})),
-    )
-    .await
-    .unwrap();
+    create_training_job(&api, "after-deletion", &ns, deepspeed(), json!({})).await;
     let waiting =
         support::controller::wait_for_condition(&api, "after-deletion", "OffloadResolved", "False")
             .await;
@@ -678,15 +652,7 @@ async fn a_node_deleted_under_a_resolved_job_leaves_it_and_its_workload_alone() 
         before.status.as_ref().and_then(|s| s.offload.clone()),
         "the decision is kept: a started job is never reconfigured"
     );
-    assert!(
-        after
-            .status
-            .unwrap()
-            .conditions
-            .iter()
-            .any(|c| c.type_ == "WorkloadCreated" && c.status == "True"),
-        "its workload is still reported"
-    );
+    assert!(has_workload(&after), "its workload is still reported");
     let workload_after = jobs.list(&ListParams::default()).await.unwrap().items;
     let uids = |l: &[Job]| l.iter().map(|j| j.uid()).collect::<Vec<_>>();
     // The new job has no workload (it waits); the old one still exactly its own.

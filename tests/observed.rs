@@ -18,7 +18,7 @@ use offload_operator::api::{OffloadProfile, TrainingJob};
 use offload_testenv::devcluster::{ClusterOptions, free_port};
 use offload_testenv::fixtures;
 use serde_json::json;
-use support::controller::{training_job, wait_for_condition};
+use support::controller::{create_training_job, wait_for_condition};
 use support::*;
 
 fn deepspeed() -> serde_json::Value {
@@ -130,32 +130,15 @@ async fn observations_reach_status_condition_event_metrics_and_kubectl() {
         .unwrap();
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     // Its two pods on two nodes (one per node).
-    api.create(
-        &PostParams::default(),
-        &training_job(
-            "overlapped",
-            &ns,
-            deepspeed(),
-            json!({"template": {"metadata": {"labels": {"spread": "overlapped"}}, "spec": {
-                "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-                    {"labelSelector": {"matchLabels": {"spread": "overlapped"}}, "topologyKey": "kubernetes.io/hostname"}]}},
-                "containers": [{"name": "train", "image": "registry.example.com/train:1",
-                                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}),
-        ),
+    create_training_job(&api, "overlapped", &ns, deepspeed(), json!({"template": {"metadata": {"labels": {"spread": "overlapped"}}, "spec": { "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [ {"labelSelector": {"matchLabels": {"spread": "overlapped"}}, "topologyKey": "kubernetes.io/hostname"}]}}, "containers": [{"name": "train", "image": "registry.example.com/train:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}})).await;
+    create_training_job(
+        &api,
+        "serial",
+        &ns,
+        deepspeed(),
+        json!({"offload": {"overlap": "Disabled"}}),
     )
-    .await
-    .unwrap();
-    api.create(
-        &PostParams::default(),
-        &training_job(
-            "serial",
-            &ns,
-            deepspeed(),
-            json!({"offload": {"overlap": "Disabled"}}),
-        ),
-    )
-    .await
-    .unwrap();
+    .await;
     for job in ["overlapped", "serial"] {
         wait_for_condition(&api, job, "WorkloadCreated", "True").await;
     }

@@ -79,20 +79,12 @@ pub fn build_workload(
     user_config: Option<&Value>,
     opts: &render::RenderOptions,
 ) -> Result<Workload, BuildError> {
-    let name = tj
-        .metadata
-        .name
-        .clone()
-        .ok_or(BuildError::Missing("name"))?;
-    let namespace = tj
-        .metadata
-        .namespace
-        .clone()
-        .ok_or(BuildError::Missing("namespace"))?;
-    let owner = tj
-        .controller_owner_ref(&())
-        .ok_or(BuildError::Missing("uid"))?;
-    let labels = BTreeMap::from([(names::LABEL_TRAINING_JOB.to_string(), name.clone())]);
+    let Owned {
+        name,
+        namespace,
+        owner,
+        labels,
+    } = owned(tj)?;
     let meta = |object_name: String| ObjectMeta {
         name: Some(object_name),
         namespace: Some(namespace.clone()),
@@ -236,16 +228,12 @@ pub fn pin_claims(
     let (Some(pinning), Some(class)) = (&res.gpu_claims, res.node_class) else {
         return Ok(());
     };
-    let name = tj.name_any();
-    let namespace = tj
-        .metadata
-        .namespace
-        .clone()
-        .ok_or(BuildError::Missing("namespace"))?;
-    let owner = tj
-        .controller_owner_ref(&())
-        .ok_or(BuildError::Missing("uid"))?;
-    let labels = BTreeMap::from([(names::LABEL_TRAINING_JOB.to_string(), name.clone())]);
+    let Owned {
+        name,
+        namespace,
+        owner,
+        labels,
+    } = owned(tj)?;
     let pod = workload
         .job
         .spec
@@ -274,6 +262,38 @@ pub fn pin_claims(
         }
     }
     Ok(())
+}
+
+/// What every object a TrainingJob owns carries: its name, namespace, owner reference and the
+/// label that names the job.
+struct Owned {
+    name: String,
+    namespace: String,
+    owner: k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
+    labels: BTreeMap<String, String>,
+}
+
+fn owned(tj: &TrainingJob) -> Result<Owned, BuildError> {
+    let name = tj
+        .metadata
+        .name
+        .clone()
+        .ok_or(BuildError::Missing("name"))?;
+    let namespace = tj
+        .metadata
+        .namespace
+        .clone()
+        .ok_or(BuildError::Missing("namespace"))?;
+    let owner = tj
+        .controller_owner_ref(&())
+        .ok_or(BuildError::Missing("uid"))?;
+    let labels = BTreeMap::from([(names::LABEL_TRAINING_JOB.to_string(), name.clone())]);
+    Ok(Owned {
+        name,
+        namespace,
+        owner,
+        labels,
+    })
 }
 
 /// torchrun rendezvous env (`PET_*` are torchrun's env forms of its flags): rank 0 is pod

@@ -138,54 +138,41 @@ fn placements(tj: &TrainingJob, inputs: &Inputs, chosen: &Resolution) -> Vec<Can
             _ => None,
         };
         let framework = tj.spec.framework.name;
+        let offloaded = |label: &str, placement, ratio, params| PlacementVariant {
+            label: label.into(),
+            placement,
+            class,
+            set: Box::new(move |s: &mut TrainingJobSpec| {
+                s.offload.mode = mode;
+                s.offload.offload_ratio = ratio;
+                if framework == Framework::DeepSpeed {
+                    s.deepspeed
+                        .get_or_insert_with(Default::default)
+                        .offload_params = Some(params);
+                }
+            }),
+        };
         if framework != Framework::Fsdp {
-            variants.push(PlacementVariant {
-                label: "partial".into(),
-                placement: Placement::PartialOptimizer(
-                    partial.unwrap_or(crate::decision::MIN_AUTO_RATIO),
-                ),
-                class,
-                set: Box::new(move |s| {
-                    s.offload.mode = mode;
-                    s.offload.offload_ratio =
-                        partial.map_or(RatioSetting::Auto, RatioSetting::Fixed);
-                    if framework == Framework::DeepSpeed {
-                        s.deepspeed
-                            .get_or_insert_with(Default::default)
-                            .offload_params = Some(false);
-                    }
-                }),
-            });
-            variants.push(PlacementVariant {
-                label: "offload_optimizer".into(),
-                placement: Placement::Optimizer,
-                class,
-                set: Box::new(move |s| {
-                    s.offload.mode = mode;
-                    s.offload.offload_ratio = RatioSetting::Fixed(1.0);
-                    if framework == Framework::DeepSpeed {
-                        s.deepspeed
-                            .get_or_insert_with(Default::default)
-                            .offload_params = Some(false);
-                    }
-                }),
-            });
+            variants.push(offloaded(
+                "partial",
+                Placement::PartialOptimizer(partial.unwrap_or(crate::decision::MIN_AUTO_RATIO)),
+                partial.map_or(RatioSetting::Auto, RatioSetting::Fixed),
+                false,
+            ));
+            variants.push(offloaded(
+                "offload_optimizer",
+                Placement::Optimizer,
+                RatioSetting::Fixed(1.0),
+                false,
+            ));
         }
         if framework == Framework::Fsdp || framework == Framework::DeepSpeed {
-            variants.push(PlacementVariant {
-                label: "offload_optimizer+param".into(),
-                placement: Placement::OptimizerAndParams,
-                class,
-                set: Box::new(move |s| {
-                    s.offload.mode = mode;
-                    s.offload.offload_ratio = RatioSetting::Fixed(1.0);
-                    if framework == Framework::DeepSpeed {
-                        s.deepspeed
-                            .get_or_insert_with(Default::default)
-                            .offload_params = Some(true);
-                    }
-                }),
-            });
+            variants.push(offloaded(
+                "offload_optimizer+param",
+                Placement::OptimizerAndParams,
+                RatioSetting::Fixed(1.0),
+                true,
+            ));
         }
     }
     variants

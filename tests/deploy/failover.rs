@@ -137,22 +137,11 @@ pub(super) async fn failover_admits_everything_and_resolves_every_job_once(
     // Every TrainingJob created is resolved, once: one workload Job each.
     let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     let created = created_jobs.lock().unwrap().clone();
-    wait_list(
-        tjs,
-        watcher::Config::default(),
+    every_job_has_its_workload(
+        &tjs,
+        created.len(),
         "every TrainingJob created during the failover to get its workload",
         WAIT,
-        |tjs| {
-            (tjs.len() == created.len()
-                && tjs.iter().all(|tj| {
-                    tj.status.as_ref().is_some_and(|s| {
-                        s.conditions
-                            .iter()
-                            .any(|c| c.type_ == "WorkloadCreated" && c.status == "True")
-                    })
-                }))
-            .then_some(())
-        },
     )
     .await;
     let jobs = Api::<Job>::namespaced(client.clone(), &ns)

@@ -119,3 +119,19 @@ pub async fn condition_when(
         .find(|c| c.type_ == type_)
         .unwrap_or_else(|| panic!("{name} has no {type_} condition"))
 }
+
+/// Creates [`training_job`] through `api` (its namespace) and returns what was stored.
+pub async fn create_training_job(
+    api: &Api<TrainingJob>,
+    name: &str,
+    profile: &str,
+    framework: serde_json::Value,
+    extra: serde_json::Value,
+) -> TrainingJob {
+    api.create(
+        &PostParams::default(),
+        &training_job(name, profile, framework, extra),
+    )
+    .await
+    .unwrap()
+}

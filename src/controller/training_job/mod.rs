@@ -91,6 +91,26 @@ async fn report_invalid(ctx: &Context, invalid: &crate::guard::InvalidObject) {
     publish_to(ctx, &reference, event).await;
 }
 
+/// The workload, or `None` once the job is held with the reason it could not be built.
+async fn built_or_held<W, E: std::fmt::Display>(
+    tj: &TrainingJob,
+    ctx: &Context,
+    built: Result<W, E>,
+) -> Result<Option<W>, Error> {
+    match built {
+        Ok(w) => Ok(Some(w)),
+        Err(e) => {
+            record_unresolved(
+                tj,
+                ctx,
+                &Unresolved::Config(ConfigError::NotMergeable(e.to_string())),
+            )
+            .await?;
+            Ok(None)
+        }
+    }
+}
+
 /// Reconciles one TrainingJob as given (which may be a stale copy: every write is safe for that).
 pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Error> {
     let (Some(ns), name) = (tj.namespace(), tj.name_any()) else {
@@ -136,17 +156,8 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
             })?;
             Ok(w)
         });
-    let built = match built {
-        Ok(w) => w,
-        Err(e) => {
-            record_unresolved(
-                tj,
-                ctx,
-                &Unresolved::Config(ConfigError::NotMergeable(e.to_string())),
-            )
-            .await?;
-            return Ok(Action::await_change());
-        }
+    let Some(built) = built_or_held(tj, ctx, built).await? else {
+        return Ok(Action::await_change());
     };
 
     // Patch the concrete values into spec.offload before any pod can exist (server-side
@@ -232,17 +243,9 @@ async fn run_without_offload(tj: &TrainingJob, ctx: &Context) -> Result<Action, 
         record_unresolved(tj, ctx, &Unresolved::Decision(e)).await?;
         return Ok(Action::await_change());
     }
-    let built = match build_workload(tj, None, None, &ctx.render) {
-        Ok(w) => w,
-        Err(e) => {
-            record_unresolved(
-                tj,
-                ctx,
-                &Unresolved::Config(ConfigError::NotMergeable(e.to_string())),
-            )
-            .await?;
-            return Ok(Action::await_change());
-        }
+    let Some(built) = built_or_held(tj, ctx, build_workload(tj, None, None, &ctx.render)).await?
+    else {
+        return Ok(Action::await_change());
     };
     let existing = existing_conditions(tj);
     let not_requested = conditions::condition(

@@ -43,12 +43,7 @@ async fn unreadable_envelopes_get_400_with_a_json_error() {
 #[tokio::test]
 async fn garbage_inside_a_readable_envelope_is_denied_with_the_uid_kept() {
     let bad = json!({"apiVersion": "offload.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "x"}, "spec": {"framework": {"name": "Caffe"}}});
-    let r = admit(
-        coherent_cluster(),
-        paths::VALIDATE_TRAINING_JOB,
-        tj_review("CREATE", bad, None),
-    )
-    .await;
+    let r = validate_new(coherent_cluster(), bad).await;
     assert_eq!(r["allowed"], false);
     assert!(
         r["status"]["message"]

@@ -122,6 +122,16 @@ pub(super) async fn post(app: axum::Router, path: &str, body: Vec<u8>) -> (Statu
     )
 }
 
+/// The validating webhook's answer to creating TrainingJob `tj` in `app`'s cluster.
+pub(super) async fn validate_new(app: axum::Router, tj: Value) -> Value {
+    admit(
+        app,
+        paths::VALIDATE_TRAINING_JOB,
+        tj_review("CREATE", tj, None),
+    )
+    .await
+}
+
 pub(super) async fn admit(app: axum::Router, path: &str, review: Value) -> Value {
     let (status, body) = post(app, path, serde_json::to_vec(&review).unwrap()).await;
     assert_eq!(status, StatusCode::OK, "{body}");

@@ -12,12 +12,7 @@ fn job_with_containers(containers: Value) -> Value {
 }
 
 async fn validate(tj: Value) -> Value {
-    admit(
-        discrete_cluster(),
-        paths::VALIDATE_TRAINING_JOB,
-        tj_review("CREATE", tj, None),
-    )
-    .await
+    validate_new(discrete_cluster(), tj).await
 }
 
 fn message(r: &Value) -> String {

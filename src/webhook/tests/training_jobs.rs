@@ -10,12 +10,7 @@ async fn a_valid_training_job_is_admitted() {
         json!({"mode": "Auto"}),
         json!({"name": "DeepSpeed", "version": "0.19.8"}),
     );
-    let r = admit(
-        coherent_cluster(),
-        paths::VALIDATE_TRAINING_JOB,
-        tj_review("CREATE", tj, None),
-    )
-    .await;
+    let r = validate_new(coherent_cluster(), tj).await;
     assert_eq!(r["allowed"], true, "{r}");
     assert!(r.get("warnings").is_none_or(Value::is_null));
 }
@@ -26,12 +21,7 @@ async fn a_framework_that_cannot_take_the_request_is_denied_with_what_to_change(
         json!({"offloadRatio": "0.5"}),
         json!({"name": "FSDP", "version": "2.7.1"}),
     );
-    let r = admit(
-        discrete_cluster(),
-        paths::VALIDATE_TRAINING_JOB,
-        tj_review("CREATE", tj, None),
-    )
-    .await;
+    let r = validate_new(discrete_cluster(), tj).await;
     assert_eq!(r["allowed"], false);
     let msg = r["status"]["message"].as_str().unwrap();
     assert!(
@@ -41,12 +31,7 @@ async fn a_framework_that_cannot_take_the_request_is_denied_with_what_to_change(
     );
 
     let tj = training_job(json!({}), json!({"name": "DeepSpeed", "version": "0.9.0"}));
-    let r = admit(
-        discrete_cluster(),
-        paths::VALIDATE_TRAINING_JOB,
-        tj_review("CREATE", tj, None),
-    )
-    .await;
+    let r = validate_new(discrete_cluster(), tj).await;
     assert_eq!(r["allowed"], false);
     assert!(r["status"]["message"].as_str().unwrap().contains("0.10.0"));
 }
@@ -54,12 +39,7 @@ async fn a_framework_that_cannot_take_the_request_is_denied_with_what_to_change(
 #[tokio::test]
 async fn unified_memory_without_coherent_nodes_is_admitted_with_a_warning() {
     let tj = training_job(json!({"mode": "UnifiedMemory"}), json!({"name": "Generic"}));
-    let r = admit(
-        discrete_cluster(),
-        paths::VALIDATE_TRAINING_JOB,
-        tj_review("CREATE", tj, None),
-    )
-    .await;
+    let r = validate_new(discrete_cluster(), tj).await;
     assert_eq!(r["allowed"], true);
     let warning = r["warnings"][0].as_str().unwrap();
     assert!(
@@ -153,12 +133,7 @@ async fn a_zero_stage_in_the_config_map_gets_the_same_answer_as_one_in_the_spec(
     // Stage 2 in the spec, a partial ratio: refused with what to change.
     let mut in_spec = training_job(json!({"offloadRatio": "0.5"}), ds.clone());
     in_spec["spec"]["deepspeed"] = json!({"zeroStage": 2});
-    let spec_answer = admit(
-        discrete_cluster(),
-        paths::VALIDATE_TRAINING_JOB,
-        tj_review("CREATE", in_spec, None),
-    )
-    .await;
+    let spec_answer = validate_new(discrete_cluster(), in_spec).await;
     assert_eq!(spec_answer["allowed"], false, "{spec_answer}");
     // Stage 2 in the referenced ConfigMap: the same refusal, the same words.
     let mut in_config = training_job(json!({"offloadRatio": "0.5"}), ds);
@@ -171,12 +146,7 @@ async fn a_zero_stage_in_the_config_map_gets_the_same_answer_as_one_in_the_spec(
             r#"{"zero_optimization": {"stage": 2}}"#.to_string(),
         )]),
     );
-    let config_answer = admit(
-        app,
-        paths::VALIDATE_TRAINING_JOB,
-        tj_review("CREATE", in_config.clone(), None),
-    )
-    .await;
+    let config_answer = validate_new(app, in_config.clone()).await;
     assert_eq!(config_answer["allowed"], false, "{config_answer}");
     assert_eq!(
         config_answer["status"]["message"], spec_answer["status"]["message"],
@@ -190,11 +160,6 @@ async fn a_zero_stage_in_the_config_map_gets_the_same_answer_as_one_in_the_spec(
         "{spec_answer}"
     );
     // A ConfigMap the webhook could not read: admitted, the controller holds it with the reason.
-    let r = admit(
-        discrete_cluster(),
-        paths::VALIDATE_TRAINING_JOB,
-        tj_review("CREATE", in_config, None),
-    )
-    .await;
+    let r = validate_new(discrete_cluster(), in_config).await;
     assert_eq!(r["allowed"], true, "{r}");
 }
