@@ -196,16 +196,9 @@ fn main() -> ExitCode {
     }
 }
 
+/// The leader lease's duration: 5 s to 5 minutes.
 fn parse_seconds(s: &str) -> Result<Duration, String> {
-    let n: u64 = s
-        .strip_suffix('s')
-        .unwrap_or(s)
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of seconds like 15s"))?;
-    if !(5..=300).contains(&n) {
-        return Err(format!("{s}: use 5s to 300s"));
-    }
-    Ok(Duration::from_secs(n))
+    offload_api::duration::parse_bounded(s, Duration::from_secs(5), Duration::from_secs(300))
 }
 
 /// A process-unique suffix for the leader identity: a restarted container must not believe

@@ -141,7 +141,7 @@ struct RunArgs {
     #[arg(long, env = "NODE_NAME")]
     node_name: String,
     /// Re-run interval.
-    #[arg(long, default_value = "6h", value_parser = parse_duration)]
+    #[arg(long, default_value = "6h", value_parser = parse_interval)]
     interval: Duration,
     /// Address of /metrics, /healthz and POST /rerun.
     #[arg(long, env = "OFFLOAD_AGENT_ADDR", default_value = "0.0.0.0:8081")]
@@ -174,26 +174,22 @@ struct RunArgs {
     test: TestArgs,
 }
 
-/// Like [`parse_duration`], with 0 meaning off.
-fn parse_window(s: &str) -> Result<Duration, String> {
-    if s.trim_end_matches('s') == "0" {
-        return Ok(Duration::ZERO);
-    }
-    parse_duration(s)
+/// The self-test's re-run interval: a second to thirty days.
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    offload_api::duration::parse_bounded(
+        s,
+        Duration::from_secs(1),
+        Duration::from_secs(30 * 86_400),
+    )
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 30m or 6h"))?;
-    let secs = match unit {
-        "s" | "" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        _ => return Err(format!("{s:?}: use s, m or h")),
-    };
-    Ok(Duration::from_secs(secs.max(1)))
+/// An observation window: 0 turns observation off, else a second to an hour.
+fn parse_window(s: &str) -> Result<Duration, String> {
+    let d = offload_api::duration::parse_bounded(s, Duration::ZERO, Duration::from_secs(3600))?;
+    if !d.is_zero() && d < Duration::from_secs(1) {
+        return Err(format!("{s:?}: a window is 0 (off) or at least 1s"));
+    }
+    Ok(d)
 }
 
 fn main() -> ExitCode {

@@ -1,6 +1,7 @@
 //! Publishing: labels and the report annotation on this agent's own Node, by server-side apply
 //! with field manager `offload-agent`, so it owns exactly its keys and never touches others'.
 
+use backon::BackoffBuilder as _;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -506,15 +507,22 @@ async fn measure_and_publish(
                     efficiency = report.selftest.efficiency.unwrap_or(f64::NAN),
                     "measured"
                 );
-                let mut delay = Duration::from_secs(1);
+                // Doubling from 1 s to a minute, with jitter so that a restarted API
+                // server is not met by every node at once.
+                let mut delays = backon::ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_secs(1))
+                    .with_max_delay(Duration::from_secs(60))
+                    .with_jitter()
+                    .without_max_times()
+                    .build();
                 while let Err(e) = publish(client, &report).await {
                     gauges.publish_errors.inc();
                     tracing::warn!(error = %e, "publishing failed; retrying");
+                    let delay = delays.next().unwrap_or(Duration::from_secs(60));
                     tokio::select! {
                         () = tokio::time::sleep(delay) => {},
                         () = shutdown.cancelled() => return Ok(()),
                     }
-                    delay = (delay * 2).min(Duration::from_secs(60));
                 }
                 last = Some(report);
             }

@@ -14,6 +14,7 @@
 #![deny(missing_docs)]
 
 pub mod api;
+pub mod duration;
 pub mod labels;
 pub mod names;
 pub mod observed;
