@@ -148,6 +148,36 @@ async fn lint_and_server_side_validation_of_the_rendered_chart() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("overlapThreshold"));
     kueue_flavors_render_with_the_class_labels(cluster);
+    the_dra_driver_reaches_operator_and_agent(cluster);
+}
+
+/// `dra.driver` reaches both the operator (whose slices it watches) and the agent (whose
+/// pods' DRA devices it counts as GPUs); `dra.enabled=false` leaves both without one.
+fn the_dra_driver_reaches_operator_and_agent(cluster: &DevCluster) {
+    let args = |extra: &[&str]| -> Vec<String> {
+        let out = cluster
+            .helm()
+            .args(["template", "t", &chart(), "--skip-tests"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("- --dra-driver"))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(args(&[]), ["=gpu.nvidia.com", "=gpu.nvidia.com"]);
+    assert_eq!(
+        args(&["--set", "dra.driver=gpu.example.com"]),
+        ["=gpu.example.com", "=gpu.example.com"]
+    );
+    assert_eq!(args(&["--set", "dra.enabled=false"]), ["=", "="]);
 }
 
 /// The optional Kueue flavors: off by default; on, one per class with the labels the operator

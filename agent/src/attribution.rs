@@ -29,7 +29,7 @@ pub const POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.s
 /// The extended resource GPUs are requested as.
 pub const GPU_RESOURCE: &str = names::GPU_RESOURCE;
 
-/// The DRA driver whose allocated devices are GPUs: NVIDIA's.
+/// The DRA driver whose allocated devices are GPUs by default: NVIDIA's (`run --dra-driver`).
 pub const DRA_DRIVER: &str = "gpu.nvidia.com";
 
 /// The minor number in a device name NVIDIA's DRA driver gives a whole GPU (`gpu-3`).

@@ -160,6 +160,10 @@ struct RunArgs {
     /// per window on the node (`offload.dev/observed`); 0 turns it off.
     #[arg(long, default_value = "0s", value_parser = parse_window)]
     observe_window: Duration,
+    /// The DRA driver whose devices the kubelet lists for pods count as GPUs (NVIDIA's
+    /// `gpu-<minor>` devices); empty: only `nvidia.com/gpu` device-plugin GPUs.
+    #[arg(long, default_value = offload_agent::attribution::DRA_DRIVER)]
+    dra_driver: String,
     /// The kubelet's pod-resources socket (which pod holds which GPU).
     #[arg(long, default_value = offload_agent::attribution::POD_RESOURCES_SOCKET)]
     pod_resources_socket: std::path::PathBuf,
@@ -247,6 +251,7 @@ fn main() -> ExitCode {
                     window: args.observe_window,
                     pod_resources: args.pod_resources_socket.clone(),
                     cgroup_root: args.cgroup_root.clone(),
+                    dra_driver: Some(args.dra_driver.clone()).filter(|d| !d.is_empty()),
                     recorded,
                 }),
             };

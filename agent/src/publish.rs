@@ -192,6 +192,9 @@ pub struct ObserveConfig {
     pub pod_resources: std::path::PathBuf,
     /// The host's cgroup root as mounted in the agent's container.
     pub cgroup_root: std::path::PathBuf,
+    /// The GPU driver whose DRA devices (`gpu-<minor>`) count as GPUs; `None`: only
+    /// `nvidia.com/gpu` device-plugin GPUs.
+    pub dra_driver: Option<String>,
     /// A recorded utilization trace replayed in place of NVML (a stand-in for GPUs that are
     /// not here); `None`: NVML.
     pub recorded: Option<std::sync::Arc<crate::observe::RecordedUtilization>>,
@@ -396,7 +399,7 @@ async fn observe_loop(
             let assigned = attribution::devices_by_pod(
                 &listed,
                 attribution::GPU_RESOURCE,
-                Some(attribution::DRA_DRIVER),
+                observe.dra_driver.as_deref(),
             );
             let pods = if assigned.is_empty() {
                 Vec::new()
