@@ -249,19 +249,24 @@ async fn claims_are_sized_pinned_to_the_class_and_allocated_there_only() {
 
     // A second coherent job takes the other coherent node; a third waits rather than land on
     // the node whose driver says ATS but whose agent measured a discrete GPU.
-    for name in ["second", "third"] {
-        tjs.create(
-            &PostParams::default(),
-            &claiming_job(name, &format!("{ns}-any"), "four-gpus"),
-        )
-        .await
-        .unwrap();
-    }
+    // (One after the other: created together, the third could take the free node first.)
+    tjs.create(
+        &PostParams::default(),
+        &claiming_job("second", &format!("{ns}-any"), "four-gpus"),
+    )
+    .await
+    .unwrap();
     let (second, _) = allocation(&client, &ns, "second").await;
     assert!(
         coherent.contains(&second) && second != bound,
         "second on {second}"
     );
+    tjs.create(
+        &PostParams::default(),
+        &claiming_job("third", &format!("{ns}-any"), "four-gpus"),
+    )
+    .await
+    .unwrap();
     wait_for_condition(&tjs, "third", "WorkloadCreated", "True").await;
     let third_pod = wait_list(
         Api::<Pod>::namespaced(client.clone(), &ns),
