@@ -15,6 +15,7 @@ use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use offload_api::names;
 use offload_operator::api::{OffloadProfile, TrainingJob};
+use offload_testenv::deploy;
 use offload_testenv::devcluster::ClusterOptions;
 use offload_testenv::dra::{self, StandInGpu};
 use offload_testenv::fixtures;
@@ -89,7 +90,7 @@ fn claiming_job(name: &str, profile: &str, template: &str) -> TrainingJob {
         "spec": {"replicas": 1, "framework": {"name": "DeepSpeed", "version": "0.19.8"},
                  // kwok completes Job pods at once unless told to keep them running: the
                  // claim lives as long as the pod.
-                 "template": {"metadata": {"annotations": {"offload.dev/kwok-keep-running": "true"}},
+                 "template": {"metadata": {"annotations": {deploy::KWOK_KEEP_RUNNING: "true"}},
                               "spec": {
                      "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template}],
                      "containers": [{"name": "train", "image": "train:1",
@@ -131,6 +132,16 @@ async fn allocation(client: &kube::Client, ns: &str, job: &str) -> (String, Vec<
         .map(|r| r["pool"].as_str().unwrap().to_string())
         .collect();
     (node, pools)
+}
+
+/// Creates [`claiming_job`] through `tjs`.
+async fn create_claiming(tjs: &Api<TrainingJob>, name: &str, profile: &str, template: &str) {
+    tjs.create(
+        &PostParams::default(),
+        &claiming_job(name, profile, template),
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,12 +205,7 @@ async fn claims_are_sized_pinned_to_the_class_and_allocated_there_only() {
     let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
 
     // A job whose template does not exist yet is held, and resolves once it is created.
-    tjs.create(
-        &PostParams::default(),
-        &claiming_job("early", &format!("{ns}-any"), "four-gpus"),
-    )
-    .await
-    .unwrap();
+    create_claiming(&tjs, "early", &format!("{ns}-any"), "four-gpus").await;
     let cond = condition_when(&tjs, "early", "OffloadResolved", "False").await;
     assert_eq!(cond.reason, "ClaimTemplateNotFound", "{}", cond.message);
     gpu_template(&client, &ns, "four-gpus", 4).await;
@@ -250,23 +256,13 @@ async fn claims_are_sized_pinned_to_the_class_and_allocated_there_only() {
     // A second coherent job takes the other coherent node; a third waits rather than land on
     // the node whose driver says ATS but whose agent measured a discrete GPU.
     // (One after the other: created together, the third could take the free node first.)
-    tjs.create(
-        &PostParams::default(),
-        &claiming_job("second", &format!("{ns}-any"), "four-gpus"),
-    )
-    .await
-    .unwrap();
+    create_claiming(&tjs, "second", &format!("{ns}-any"), "four-gpus").await;
     let (second, _) = allocation(&client, &ns, "second").await;
     assert!(
         coherent.contains(&second) && second != bound,
         "second on {second}"
     );
-    tjs.create(
-        &PostParams::default(),
-        &claiming_job("third", &format!("{ns}-any"), "four-gpus"),
-    )
-    .await
-    .unwrap();
+    create_claiming(&tjs, "third", &format!("{ns}-any"), "four-gpus").await;
     wait_for_condition(&tjs, "third", "WorkloadCreated", "True").await;
     let third_pod = wait_list(
         Api::<Pod>::namespaced(client.clone(), &ns),
@@ -299,12 +295,7 @@ async fn claims_are_sized_pinned_to_the_class_and_allocated_there_only() {
     );
 
     // A discrete job: its claim lands on the H200 node only.
-    tjs.create(
-        &PostParams::default(),
-        &claiming_job("discrete", &format!("{ns}-copy"), "four-gpus"),
-    )
-    .await
-    .unwrap();
+    create_claiming(&tjs, "discrete", &format!("{ns}-copy"), "four-gpus").await;
     let (on, pools) = allocation(&client, &ns, "discrete").await;
     assert_eq!(on, node("h200"));
     assert!(pools.iter().all(|p| *p == on));
@@ -341,12 +332,7 @@ async fn claims_are_sized_pinned_to_the_class_and_allocated_there_only() {
 
     // Sized by its claims: 16 GPUs a pod fit no node of four.
     gpu_template(&client, &ns, "sixteen-gpus", 16).await;
-    tjs.create(
-        &PostParams::default(),
-        &claiming_job("too-big", &format!("{ns}-any"), "sixteen-gpus"),
-    )
-    .await
-    .unwrap();
+    create_claiming(&tjs, "too-big", &format!("{ns}-any"), "sixteen-gpus").await;
     let cond = condition_when(&tjs, "too-big", "OffloadResolved", "False").await;
     assert_eq!(cond.reason, "InsufficientGPUs", "{}", cond.message);
     assert!(cond.message.contains("16"), "{}", cond.message);

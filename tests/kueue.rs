@@ -26,8 +26,6 @@ use serde_json::json;
 use support::*;
 
 const WAIT: Duration = Duration::from_secs(180);
-/// The kwok stage that completes Job pods leaves pods with this annotation running.
-const KEEP_RUNNING: &str = "offload.dev/kwok-keep-running";
 
 /// A ClusterQueue with both flavors, the discrete one first, one GPU of quota in each, and
 /// preemption of lower-priority workloads inside the queue.
@@ -78,9 +76,6 @@ fn apply(cluster: &DevCluster, manifest: &str) {
     assert!(ok, "kubectl apply: {out}{err}\n{manifest}");
 }
 
-/// A one-replica DeepSpeed TrainingJob of 12B parameters (too large for one GPU of either class,
-/// so it is offloaded), in `queue`, for profile `profile`; its pods keep running unless
-/// `completes`.
 fn queued_job(
     name: &str,
     queue: &str,
@@ -88,27 +83,13 @@ fn queued_job(
     priority: Option<&str>,
     completes: bool,
 ) -> TrainingJob {
-    let mut labels = json!({names::KUEUE_QUEUE_LABEL: queue});
-    if let Some(p) = priority {
-        labels[names::KUEUE_PRIORITY_LABEL] = json!(p);
-    }
-    let annotations = if completes {
-        json!({})
-    } else {
-        json!({KEEP_RUNNING: "true"})
-    };
-    serde_json::from_value(json!({
-        "apiVersion": "offload.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": name, "labels": labels,
-                     "annotations": {names::PROFILE_ANNOTATION: profile}},
-        "spec": {"replicas": 1, "framework": {"name": "DeepSpeed", "version": "0.19.8"},
-                 "model": {"parameters": "12B"},
-                 "template": {
-                     "metadata": {"annotations": annotations},
-                     "spec": {"tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
-                              "containers": [{"name": "train", "image": "train:1",
-                                              "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}
-    }))
+    serde_json::from_value(deploy::queued_training_job(
+        name,
+        Some(queue),
+        profile,
+        priority,
+        completes,
+    ))
     .unwrap()
 }
 
@@ -434,7 +415,7 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
     pods.patch(
         pod.metadata.name.as_deref().unwrap(),
         &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"annotations": {KEEP_RUNNING: null}}})),
+        &Patch::Merge(json!({"metadata": {"annotations": {deploy::KWOK_KEEP_RUNNING: null}}})),
     )
     .await
     .unwrap();

@@ -28,6 +28,46 @@ pub const RELEASE: &str = "offload-operator";
 pub const NAMESPACE: &str = "offload-system";
 /// The taint of the simulated GPU nodes, which workloads meant for them tolerate.
 pub const GPU_TAINT_KEY: &str = "nvidia.com/gpu";
+/// Pods with this annotation keep running on kwok nodes; the test cluster's kwok stage
+/// (`kwok/pod-complete.yaml`) completes every other Job pod.
+pub const KWOK_KEEP_RUNNING: &str = "offload.dev/kwok-keep-running";
+
+/// A one-replica DeepSpeed TrainingJob of 12B parameters (too large for one GPU of either class,
+/// so it is offloaded) with one `nvidia.com/gpu`, tolerating the GPU taint, for `profile`; in
+/// Kueue queue `queue` and priority class `priority` where given; its pod keeps running unless
+/// `completes`.
+pub fn queued_training_job(
+    name: &str,
+    queue: Option<&str>,
+    profile: &str,
+    priority: Option<&str>,
+    completes: bool,
+) -> serde_json::Value {
+    let mut labels = json!({});
+    if let Some(q) = queue {
+        labels[offload_api::names::KUEUE_QUEUE_LABEL] = json!(q);
+    }
+    if let Some(p) = priority {
+        labels[offload_api::names::KUEUE_PRIORITY_LABEL] = json!(p);
+    }
+    let annotations = if completes {
+        json!({})
+    } else {
+        json!({KWOK_KEEP_RUNNING: "true"})
+    };
+    json!({
+        "apiVersion": "offload.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": name, "labels": labels,
+                     "annotations": {offload_api::names::PROFILE_ANNOTATION: profile}},
+        "spec": {"replicas": 1, "framework": {"name": "DeepSpeed", "version": "0.19.8"},
+                 "model": {"parameters": "12B"},
+                 "template": {
+                     "metadata": {"annotations": annotations},
+                     "spec": {"tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+                              "containers": [{"name": "train", "image": "train:1",
+                                              "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}
+    })
+}
 
 /// A deployment step failed.
 #[derive(Debug, thiserror::Error)]

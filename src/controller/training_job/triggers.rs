@@ -19,15 +19,20 @@ pub(super) fn unresolved(tj: &TrainingJob) -> bool {
         .is_none()
 }
 
-/// The jobs in the cache that deserialized, shared with the cache (nothing is copied: these
-/// mappers run on every change of a watched object, over every job).
-fn valid_jobs(ctx: &Context) -> impl Iterator<Item = std::sync::Arc<Guarded<TrainingJob>>> {
-    ctx.jobs.state().into_iter().filter(|g| g.0.is_ok())
-}
-
-/// The job inside a guard [`valid_jobs`] kept.
-fn job(g: &Guarded<TrainingJob>) -> Option<&TrainingJob> {
-    g.0.as_ref().ok()
+/// The cached jobs that deserialized, still wait for their workload and satisfy `keep`, as
+/// references (the jobs are borrowed from the cache, never copied: these mappers run on every
+/// change of a watched object, over every job).
+fn waiting_jobs(
+    ctx: &Context,
+    keep: impl Fn(&TrainingJob) -> bool,
+) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
+    ctx.jobs
+        .state()
+        .iter()
+        .filter_map(|g| g.ok())
+        .filter(|tj| unresolved(tj) && keep(tj))
+        .map(job_ref)
+        .collect()
 }
 
 fn job_ref(tj: &TrainingJob) -> ObjectRef<Guarded<TrainingJob>> {
@@ -36,34 +41,25 @@ fn job_ref(tj: &TrainingJob) -> ObjectRef<Guarded<TrainingJob>> {
 
 /// Unresolved jobs that name a profile, for re-triggering when it changes.
 pub fn jobs_for_profile(ctx: &Context, profile: &str) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
-    valid_jobs(ctx)
-        .filter_map(|g| {
-            let tj = job(&g)?;
-            (opted_in(tj) && unresolved(tj) && profile_name_for(tj) == profile).then(|| job_ref(tj))
-        })
-        .collect()
+    waiting_jobs(ctx, |tj| opted_in(tj) && profile_name_for(tj) == profile)
 }
 
 /// Unresolved jobs whose profile could use a node (its selector matches, or it has none, or the
 /// profile does not exist yet), for re-triggering when the node's labels or report change.
 pub fn jobs_for_node(ctx: &Context, node: &Node) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
     let labels = node.metadata.labels.clone().unwrap_or_default();
-    valid_jobs(ctx)
-        .filter_map(|g| {
-            let tj = job(&g)?;
-            if !(opted_in(tj) && unresolved(tj)) {
-                return None;
-            }
-            let selector = ctx
-                .profile(&profile_name_for(tj))
-                .and_then(|p| p.spec.node_selector.clone());
-            let matches = match selector.map(kube::core::Selector::try_from) {
-                Some(Ok(sel)) => kube::core::SelectorExt::matches(&sel, &labels),
-                _ => true,
-            };
-            matches.then(|| job_ref(tj))
-        })
-        .collect()
+    waiting_jobs(ctx, |tj| {
+        if !opted_in(tj) {
+            return false;
+        }
+        let selector = ctx
+            .profile(&profile_name_for(tj))
+            .and_then(|p| p.spec.node_selector.clone());
+        match selector.map(kube::core::Selector::try_from) {
+            Some(Ok(sel)) => kube::core::SelectorExt::matches(&sel, &labels),
+            _ => true,
+        }
+    })
 }
 
 /// The jobs a node's new observation lists (each pod's `offload.dev/training-job`), for
@@ -100,19 +96,15 @@ pub fn jobs_for_config_map(
     namespace: &str,
     name: &str,
 ) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
-    valid_jobs(ctx)
-        .filter_map(|g| {
-            let tj = job(&g)?;
-            let references = tj.metadata.namespace.as_deref() == Some(namespace)
-                && tj
-                    .spec
-                    .deepspeed
-                    .as_ref()
-                    .and_then(|d| d.config_map_ref.as_ref())
-                    .is_some_and(|r| r.name == name);
-            (references && unresolved(tj)).then(|| job_ref(tj))
-        })
-        .collect()
+    waiting_jobs(ctx, |tj| {
+        tj.metadata.namespace.as_deref() == Some(namespace)
+            && tj
+                .spec
+                .deepspeed
+                .as_ref()
+                .and_then(|d| d.config_map_ref.as_ref())
+                .is_some_and(|r| r.name == name)
+    })
 }
 
 /// Unresolved jobs in `namespace` whose pod template names the ResourceClaimTemplate `name`,
@@ -122,33 +114,25 @@ pub fn jobs_for_claim_template(
     namespace: &str,
     name: &str,
 ) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
-    valid_jobs(ctx)
-        .filter_map(|g| {
-            let tj = job(&g)?;
-            let references = tj.metadata.namespace.as_deref() == Some(namespace)
-                && tj
-                    .spec
-                    .template
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.resource_claims.as_ref())
-                    .is_some_and(|claims| {
-                        claims
-                            .iter()
-                            .any(|c| c.resource_claim_template_name.as_deref() == Some(name))
-                    });
-            (references && opted_in(tj) && unresolved(tj)).then(|| job_ref(tj))
-        })
-        .collect()
+    waiting_jobs(ctx, |tj| {
+        opted_in(tj)
+            && tj.metadata.namespace.as_deref() == Some(namespace)
+            && tj
+                .spec
+                .template
+                .spec
+                .as_ref()
+                .and_then(|s| s.resource_claims.as_ref())
+                .is_some_and(|claims| {
+                    claims
+                        .iter()
+                        .any(|c| c.resource_claim_template_name.as_deref() == Some(name))
+                })
+    })
 }
 
 /// Unresolved opted-in jobs, for re-triggering when the GPU driver's ResourceSlices of a node
 /// change (a node it classes may take them now).
 pub fn jobs_for_slices(ctx: &Context) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
-    valid_jobs(ctx)
-        .filter_map(|g| {
-            let tj = job(&g)?;
-            (opted_in(tj) && unresolved(tj)).then(|| job_ref(tj))
-        })
-        .collect()
+    waiting_jobs(ctx, opted_in)
 }

@@ -25,9 +25,6 @@ use super::measure::{machine, summary};
 
 /// GPUs per simulated node.
 const GPUS_PER_NODE: usize = 8;
-/// The kwok stage that completes Job pods leaves pods with this annotation running.
-const KEEP_RUNNING: &str = "offload.dev/kwok-keep-running";
-
 /// When each job was created, admitted and first running.
 #[derive(Default)]
 struct Times {
@@ -199,22 +196,9 @@ async fn burst(
             async move {
                 let name = format!("burst-{i}");
                 let profile = if i % 2 == 0 { "coherent" } else { "discrete" };
-                let mut labels = json!({});
-                if let Some(q) = queue {
-                    labels[names::KUEUE_QUEUE_LABEL] = json!(q);
-                }
-                let tj: TrainingJob = serde_json::from_value(json!({
-                    "apiVersion": "offload.dev/v1alpha1", "kind": "TrainingJob",
-                    "metadata": {"name": name, "labels": labels,
-                                 "annotations": {names::PROFILE_ANNOTATION: profile}},
-                    "spec": {"replicas": 1, "framework": {"name": "DeepSpeed", "version": "0.19.8"},
-                             "model": {"parameters": "12B"},
-                             "template": {
-                                 "metadata": {"annotations": {KEEP_RUNNING: "true"}},
-                                 "spec": {"tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
-                                          "containers": [{"name": "train", "image": "train:1",
-                                                          "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}
-                }))?;
+                let tj: TrainingJob = serde_json::from_value(deploy::queued_training_job(
+                    &name, queue, profile, None, false,
+                ))?;
                 let t = Instant::now();
                 tjs.create(&PostParams::default(), &tj).await?;
                 if let Ok(mut times) = times.lock() {
