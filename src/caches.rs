@@ -23,11 +23,11 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::broadcast;
 
-use crate::api::{OffloadProfile, TrainingJob};
 use crate::dra::DraOptions;
 use crate::dra::api::{ResourceClaimTemplate, ResourceSlice};
 use crate::index::NodeViews;
 use crate::metrics::{KindLabels, Metrics};
+use offload_api::api::{OffloadProfile, TrainingJob};
 
 /// How many changes a subscriber may fall behind before it is handed the whole cache again.
 const SUBSCRIBER_BUFFER: usize = 1024;
@@ -225,7 +225,10 @@ impl Caches {
         let (trainjob_crd, drive_crd) = cache(
             watcher(
                 Api::<CustomResourceDefinition>::all(client.clone()),
-                config().fields(&format!("metadata.name={}", crate::names::TRAINJOB_CRD)),
+                config().fields(&format!(
+                    "metadata.name={}",
+                    offload_api::names::TRAINJOB_CRD
+                )),
             )
             .default_backoff(),
             "CustomResourceDefinition",

@@ -4,8 +4,8 @@
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
-use crate::api::{OffloadProfile, TrainingJob};
-use crate::names;
+use offload_api::api::{OffloadProfile, TrainingJob};
+use offload_api::names;
 
 /// An installation check failed.
 #[derive(Debug, thiserror::Error)]

@@ -12,11 +12,9 @@
 //! - [`webhook`]: the admission endpoints, job kinds and serving certificates;
 //! - [`caches`], [`operator`], [`admin`], [`metrics`], [`certs`]: the process around them.
 //!
-//! The API types, names, node report and version gates live in the `offload-api` crate and are
-//! re-exported here under their old paths.
+//! The API types, names, node report and version gates live in the `offload-api` crate; this crate
+//! and its callers name them by that crate's paths alone.
 #![deny(missing_docs)]
-
-pub use offload_api::{api, labels, names, observed, quantity, report, validation, version};
 
 pub mod admin;
 pub mod caches;

@@ -475,12 +475,12 @@ async fn wait_for_signal() {
 }
 
 fn write_crds(out_dir: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
-    for crd in offload_operator::api::crds() {
-        let yaml = offload_operator::api::crd_yaml(&crd)?;
+    for crd in offload_api::api::crds() {
+        let yaml = offload_api::api::crd_yaml(&crd)?;
         match &out_dir {
             Some(dir) => {
                 std::fs::create_dir_all(dir)?;
-                let path = dir.join(offload_operator::api::crd_file_name(&crd));
+                let path = dir.join(offload_api::api::crd_file_name(&crd));
                 std::fs::write(&path, yaml)?;
                 eprintln!("wrote {}", path.display());
             }

@@ -218,7 +218,7 @@ async fn lead_and_control(
             .with_grace(grace)
             .with_field_manager(format!(
                 "{}-lease-{}",
-                crate::names::OPERATOR_MANAGER,
+                offload_api::names::OPERATOR_MANAGER,
                 le.identity
             ))
             .build()

@@ -10,7 +10,6 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::api::{OffloadProfile, OffloadProfileSpec};
 use crate::caches::Caches;
 use crate::decision::ClusterView;
 use crate::dra::DraOptions;
@@ -18,6 +17,7 @@ use crate::dra::api::ResourceClaimTemplate;
 use crate::guard::Guarded;
 use crate::index::{NodeIndex, NodeInfo, NodeViews};
 use crate::render::RenderOptions;
+use offload_api::api::{OffloadProfile, OffloadProfileSpec};
 
 /// What the webhook needs beside the decision's view: the installed APIs of other job kinds
 /// and what the operator writes beside the decision.

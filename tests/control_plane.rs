@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
-use offload_operator::api::{ModeSetting, OffloadProfile, RatioSetting, TrainingJob};
+use offload_api::api::{ModeSetting, OffloadProfile, RatioSetting, TrainingJob};
 use offload_testenv::devcluster::ClusterOptions;
 use support::*;
 

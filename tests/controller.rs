@@ -13,10 +13,10 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
 use kube::runtime::watcher;
-use offload_api::names;
-use offload_operator::api::{
+use offload_api::api::{
     JobPhase, ModeSetting, NodeClass, OffloadMode, OffloadProfile, TrainingJob,
 };
+use offload_api::names;
 use offload_testenv::fixtures;
 use serde_json::json;
 use support::controller::*;

@@ -9,7 +9,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::watcher;
-use offload_operator::api::{OffloadProfile, TrainingJob};
+use offload_api::api::{OffloadProfile, TrainingJob};
 use offload_testenv::devcluster::{ClusterOptions, free_port};
 use offload_testenv::fixtures;
 use serde_json::json;

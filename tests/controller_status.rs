@@ -6,7 +6,7 @@ mod support;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
-use offload_operator::api::{ModeSetting, TrainingJob};
+use offload_api::api::{ModeSetting, TrainingJob};
 use offload_testenv::fixtures;
 use serde_json::json;
 use support::controller::*;

@@ -11,10 +11,10 @@ mod support;
 
 #[path = "deploy/failover.rs"]
 mod failover;
-#[path = "deploy/observe.rs"]
-mod observe;
+#[path = "deploy/overlap_observed.rs"]
+mod overlap_observed;
 use failover::failover_admits_everything_and_resolves_every_job_once;
-use observe::the_agent_observes_a_configured_pod_on_the_real_node;
+use overlap_observed::the_agent_observes_a_configured_pod_on_the_real_node;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -27,8 +27,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::watcher;
+use offload_api::api::{OffloadProfile, TrainingJob};
 use offload_api::names;
-use offload_operator::api::{OffloadProfile, TrainingJob};
 use offload_testenv::deploy::{self, GPU_TAINT_KEY, NAMESPACE, RELEASE};
 use offload_testenv::devcluster::{ClusterOptions, DevCluster, REAL_NODE};
 use serde_json::json;

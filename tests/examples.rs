@@ -2,11 +2,11 @@
 
 use std::path::Path;
 
-use offload_api::names;
-use offload_api::report::NodeReport;
-use offload_operator::api::{
+use offload_api::api::{
     ModeSetting, NodeClass, OffloadMode, OffloadProfile, RatioSetting, TrainingJob,
 };
+use offload_api::names;
+use offload_api::report::NodeReport;
 use offload_operator::decision::{JobRequest, UserConfig, resolve_offload};
 use offload_operator::index::{Allocatable, NodeIndex, NodeInfo};
 use offload_operator::view::MemoryView;

@@ -9,15 +9,15 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::Request;
-use offload_operator::api::{
+use offload_api::api::{
     Framework, FrameworkSpec, ModeSetting, ModelHints, OffloadProfileSpec, OffloadSpec,
     OverlapSetting, RatioSetting, Switch,
 };
+use offload_api::quantity::ParameterCount;
+use offload_api::report::NodeReport;
 use offload_operator::decision::{DeepSpeedRequest, JobRequest, class_admits, resolve_offload};
 use offload_operator::index::{NodeIndex, NodeInfo};
 use offload_operator::metrics::Metrics;
-use offload_operator::quantity::ParameterCount;
-use offload_operator::report::NodeReport;
 use offload_operator::view::MemoryView;
 use offload_operator::webhook::{WebhookState, paths, router};
 use offload_testenv::fixtures;
@@ -142,7 +142,7 @@ fn node_report_parsing() {
                 "n",
                 BTreeMap::new(),
                 &BTreeMap::from([(
-                    offload_operator::names::ANNOTATION_NODE_REPORT.to_string(),
+                    offload_api::names::ANNOTATION_NODE_REPORT.to_string(),
                     text.to_string(),
                 )]),
             );
@@ -256,11 +256,11 @@ fn quantity_sums() {
             .unwrap();
             match offload_operator::decision::PodResources::of(Some(&spec)) {
                 Ok(r) => {
-                    assert!(r.gpus <= offload_operator::quantity::MAX_GPUS, "{r:?}");
+                    assert!(r.gpus <= offload_api::quantity::MAX_GPUS, "{r:?}");
                     let each: Option<u64> = containers
                         .iter()
                         .map(|(g, _)| {
-                            offload_operator::quantity::device_count(
+                            offload_api::quantity::device_count(
                                 &k8s_openapi::apimachinery::pkg::api::resource::Quantity(g.clone()),
                             )
                             .ok()
@@ -302,13 +302,13 @@ fn observation_summaries() {
                 })
                 .collect();
                 let summary = json!({
-                    "schemaVersion": offload_operator::observed::OBSERVED_SCHEMA_VERSION,
+                    "schemaVersion": offload_api::observed::OBSERVED_SCHEMA_VERSION,
                     "node": if other_node { "other" } else { "n" },
                     "observedAt": jiff::Timestamp::now().to_string(),
                     "windowSeconds": window, "source": "nvml-device", "pods": pods
                 });
                 let annotations = BTreeMap::from([(
-                    offload_operator::names::ANNOTATION_OBSERVED.to_string(),
+                    offload_api::names::ANNOTATION_OBSERVED.to_string(),
                     summary.to_string(),
                 )]);
                 let node = NodeInfo::from_metadata("n", BTreeMap::new(), &annotations)
@@ -317,7 +317,7 @@ fn observation_summaries() {
                         gpus: Some(2),
                     });
                 let index = NodeIndex::new(vec![node]);
-                let observed = offload_operator::controller::observation::gather(
+                let observed = offload_operator::controller::overlap_observed::gather(
                     &index,
                     "ns",
                     "job",

@@ -13,7 +13,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::Client;
 use kube::api::{Api, PostParams};
-use offload_operator::api::OffloadProfile;
+use offload_api::api::OffloadProfile;
 use offload_operator::caches::Caches;
 use offload_operator::metrics::Metrics;
 use offload_operator::webhook::admit::StoreView;
@@ -157,7 +157,7 @@ async fn setup() -> (&'static DevCluster, Client, &'static Served) {
                         addr: format!("127.0.0.1:{port}").parse().unwrap(),
                         certs: CertMode::Managed(ManagedCerts {
                             namespace: WEBHOOK_NS.into(),
-                            secret: offload_operator::names::WEBHOOK_SECRET.into(),
+                            secret: offload_api::names::WEBHOOK_SECRET.into(),
                             names: vec!["127.0.0.1".into()],
                             mutating: Some("offload-operator-test".into()),
                             validating: Some("offload-operator-test".into()),
@@ -387,7 +387,7 @@ async fn a_certificate_rotation_mid_stream_fails_no_admission() {
         Api::namespaced(client.clone(), WEBHOOK_NS);
     let serving_cert = || async {
         secrets
-            .get(offload_operator::names::WEBHOOK_SECRET)
+            .get(offload_api::names::WEBHOOK_SECRET)
             .await
             .unwrap()
             .data
@@ -415,8 +415,8 @@ async fn a_certificate_rotation_mid_stream_fails_no_admission() {
 async fn a_large_training_job_can_be_updated_through_the_webhook() {
     let (_cluster, client, _served) = setup().await;
     let ns = namespace(&client, "large").await;
-    let api: Api<offload_operator::api::TrainingJob> = Api::namespaced(client.clone(), &ns);
-    let tj: offload_operator::api::TrainingJob = serde_json::from_value(json!({
+    let api: Api<offload_api::api::TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let tj: offload_api::api::TrainingJob = serde_json::from_value(json!({
         "apiVersion": "offload.dev/v1alpha1", "kind": "TrainingJob",
         "metadata": {"name": "large"},
         "spec": {"framework": {"name": "Generic"},

@@ -21,7 +21,7 @@ use offload_api::observed::{
 };
 use serde_json::json;
 
-use crate::observe::{Method, UtilizationSource};
+use crate::utilization::{Method, UtilizationSource};
 
 /// Where the kubelet serves the pod-resources API.
 pub const POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";

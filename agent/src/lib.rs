@@ -3,10 +3,10 @@
 //! The binary `offload-agent` is a thin CLI over it.
 #![deny(missing_docs)]
 
+pub mod assemble;
 pub mod attribution;
-pub mod observe;
 pub mod probe;
 pub mod publish;
-pub mod report;
 pub mod selftest;
+pub mod utilization;
 pub mod verify;

@@ -1,7 +1,7 @@
 //! `offload-agent`: the node agent. Reads NVML, classifies the node's memory model, runs the
 //! overlap self-test and publishes labels and a report on its own Node.
 
-use offload_agent::{probe, publish, report};
+use offload_agent::{assemble, probe, publish};
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -208,7 +208,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Probe => {
             let reading = probe::NvmlSource::read(&RealNvml);
-            let report = report::assemble(
+            let report = assemble::assemble(
                 &hostname(),
                 reading,
                 offload_api::report::SelfTestReport::untested(0.8, "not run (probe)"),
@@ -216,11 +216,11 @@ fn main() -> ExitCode {
             print_json(&report)
         }
         Command::Selftest { test, force } => {
-            let report = report::build(
+            let report = assemble::build(
                 &hostname(),
                 &RealNvml,
                 &test.options(),
-                report::SelfTestRun {
+                assemble::SelfTestRun {
                     enabled: true,
                     force,
                     previous: None,
@@ -230,7 +230,7 @@ fn main() -> ExitCode {
         }
         Command::Run(args) => {
             let recorded = match &args.observe_trace {
-                Some(path) => match offload_agent::observe::RecordedUtilization::read(path) {
+                Some(path) => match offload_agent::utilization::RecordedUtilization::read(path) {
                     Ok(t) => Some(std::sync::Arc::new(t)),
                     Err(e) => {
                         eprintln!("error: {e}");
@@ -264,7 +264,7 @@ fn main() -> ExitCode {
             gpus,
             sampled,
         } => {
-            use offload_agent::observe::{NvmlUtilization, UtilizationSource};
+            use offload_agent::utilization::{NvmlUtilization, UtilizationSource};
             let source = if sampled {
                 NvmlUtilization::sampling_only()
             } else {

@@ -21,8 +21,8 @@ use serde_json::json;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::assemble;
 use crate::probe::RealNvml;
-use crate::report;
 use crate::selftest::SelfTestOptions;
 
 /// The apply document that sets the agent's labels and annotation on `node`.
@@ -197,7 +197,7 @@ pub struct ObserveConfig {
     pub dra_driver: Option<String>,
     /// A recorded utilization trace replayed in place of NVML (a stand-in for GPUs that are
     /// not here); `None`: NVML.
-    pub recorded: Option<std::sync::Arc<crate::observe::RecordedUtilization>>,
+    pub recorded: Option<std::sync::Arc<crate::utilization::RecordedUtilization>>,
 }
 
 /// Builds this round's report: a replayed recording, or a fresh measurement (never over a job
@@ -217,17 +217,17 @@ fn measure(
             let recorded = NodeReport::parse(&text).map_err(|e| replay_err(e.to_string()))?;
             let source = crate::probe::RecordedNvml::from_report(&text)
                 .map_err(|e| replay_err(e.to_string()))?;
-            Ok(report::assemble(
+            Ok(assemble::assemble(
                 &cfg.node,
                 crate::probe::NvmlSource::read(&source),
                 recorded.selftest,
             ))
         }
-        None => Ok(report::build(
+        None => Ok(assemble::build(
             &cfg.node,
             &RealNvml,
             &cfg.options,
-            report::SelfTestRun {
+            assemble::SelfTestRun {
                 enabled: cfg.selftest,
                 force,
                 previous: previous.map(|r| &r.selftest),
@@ -416,7 +416,7 @@ async fn observe_loop(
                     return attribution::summarize(
                         &node_name,
                         &[],
-                        &crate::observe::NoGpus,
+                        &crate::utilization::NoGpus,
                         &|_| None,
                         window,
                         Duration::from_millis(100),
@@ -434,7 +434,7 @@ async fn observe_loop(
                         offload_api::observed::BusySource::RecordedTrace,
                     );
                 }
-                let nvml = crate::observe::NvmlUtilization::new()
+                let nvml = crate::utilization::NvmlUtilization::new()
                     .map_err(attribution::AttributionError::Sampling)?;
                 attribution::summarize(
                     &node_name,

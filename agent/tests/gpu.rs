@@ -105,7 +105,7 @@ fn the_pipelined_schedule_overlaps_and_the_broken_ones_do_not() {
 
 #[test]
 fn windows_are_measured_with_gpm_counters_on_hopper_and_sampled_elsewhere() {
-    use offload_agent::observe::{Method, NvmlUtilization, UtilizationSource};
+    use offload_agent::utilization::{Method, NvmlUtilization, UtilizationSource};
     use std::time::Duration;
     require_gpu!();
     let reading = RealNvml.read();

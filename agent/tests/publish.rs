@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use offload_agent::probe::{NvmlSource, RealNvml, RecordedNvml};
-use offload_agent::{publish, report};
+use offload_agent::{assemble, publish};
 use offload_api::api::{Framework, FrameworkSpec, OffloadMode, OffloadProfileSpec, OffloadSpec};
 use offload_api::names;
 use offload_api::report::NodeReport;
@@ -58,7 +58,7 @@ async fn a_published_report_is_what_the_decision_reads_and_cleanup_removes_only_
     // Stand-in for the GH200 this project does not have: the recorded reading plus its self-test.
     let source = RecordedNvml::from_report(fixtures::GH200_REFERENCE).unwrap();
     let recorded = NodeReport::parse(fixtures::GH200_REFERENCE).unwrap();
-    let report = report::assemble(&name, source.read(), recorded.selftest.clone());
+    let report = assemble::assemble(&name, source.read(), recorded.selftest.clone());
     publish::publish(&client, &report).await.unwrap();
 
     let stored = nodes.get(&name).await.unwrap();
@@ -127,7 +127,7 @@ async fn this_machine_is_reported_truthfully_whatever_it_has() {
         .await
         .unwrap();
     // The real NVML: on a machine without a driver the report says so and labels are safe.
-    let report = report::build(&name, &RealNvml, &Default::default(), Default::default());
+    let report = assemble::build(&name, &RealNvml, &Default::default(), Default::default());
     publish::publish(&client, &report).await.unwrap();
     let stored = nodes.get(&name).await.unwrap();
     let info = view(&stored);
@@ -153,7 +153,7 @@ struct RecordedTrace {
     busy: Vec<u32>,
 }
 
-impl offload_agent::observe::UtilizationSource for RecordedTrace {
+impl offload_agent::utilization::UtilizationSource for RecordedTrace {
     fn utilization(&self, devices: &[u32]) -> Result<Vec<(u32, u32)>, String> {
         Ok(devices
             .iter()

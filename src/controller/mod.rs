@@ -5,8 +5,8 @@
 //! when it starts and so first sees every object already cached.
 
 pub(crate) mod conditions;
-pub mod observation;
-mod profile;
+pub mod overlap_observed;
+mod profile_status;
 pub mod status;
 mod training_job;
 
@@ -29,11 +29,11 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{OffloadProfile, TrainingJob};
 use crate::caches::Caches;
 use crate::index::NodeIndex;
 use crate::metrics::{ErrorLabels, Metrics};
-use crate::names;
+use offload_api::api::{OffloadProfile, TrainingJob};
+use offload_api::names;
 
 /// Shared state of the controllers, built once when they start.
 pub struct Context {
@@ -387,7 +387,7 @@ pub async fn run(
             ))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(
-                |profile, ctx| caught(profile::reconcile(profile, ctx)),
+                |profile, ctx| caught(profile_status::reconcile(profile, ctx)),
                 error_policy::<OffloadProfile>("OffloadProfile"),
                 ctx,
             );

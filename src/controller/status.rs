@@ -15,8 +15,8 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use super::{Error, kube_err};
-use crate::api::{JobPhase, ObservedOverlap, TrainingJob, TrainingJobStatus, WorkloadRef};
-use crate::names;
+use offload_api::api::{JobPhase, ObservedOverlap, TrainingJob, TrainingJobStatus, WorkloadRef};
+use offload_api::names;
 
 async fn apply(
     api: &Api<TrainingJob>,

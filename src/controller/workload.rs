@@ -12,13 +12,13 @@ use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 use serde_json::Value;
 
-use crate::api::{DecisionReason, OffloadDecisionStatus, TrainingJob};
 use crate::decision::{FrameworkPlan, Resolution};
 use crate::dra::api::ResourceClaimTemplate;
 use crate::dra::claims;
-use crate::names;
 use crate::render::deepspeed::{self, DeepSpeedConfigError};
 use crate::render::{self, ConfigMount};
+use offload_api::api::{DecisionReason, OffloadDecisionStatus, TrainingJob};
+use offload_api::names;
 
 /// Port of the rendezvous Service (torch.distributed default).
 pub const RENDEZVOUS_PORT: i32 = 29500;

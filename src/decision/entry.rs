@@ -5,14 +5,14 @@
 
 use std::sync::Arc;
 
-use super::profile::{ProfileNotFound, requested_profile, select_profile};
 use super::request::JobRequest;
+use super::selection::{ProfileNotFound, requested_profile, select_profile};
 use super::user_config::{ConfigError, UserConfig};
 use super::{Resolution, ResolveError, resolve_offload};
-use crate::api::{OffloadProfileSpec, TrainingJob};
 use crate::dra::DraOptions;
 use crate::dra::api::ResourceClaimTemplate;
 use crate::index::NodeIndex;
+use offload_api::api::{OffloadProfileSpec, TrainingJob};
 
 /// The cluster state a decision is made against: the profiles and the node index, from the
 /// operator's caches, or from files for `explain`.
@@ -86,8 +86,8 @@ pub fn check_training_job(tj: &TrainingJob) -> Result<(), ResolveError> {
     let name = tj.metadata.name.as_deref().unwrap_or_default();
     // Pods of an Indexed Job are named and host-named `<name>-<index>`: room for the index.
     let digits = tj.spec.replicas.max(1).saturating_sub(1).max(1).ilog10() as usize + 1;
-    let max = crate::validation::MAX_DNS_LABEL - 1 - digits;
-    crate::validation::dns_label(name, max).map_err(|e| ResolveError::InvalidSpec {
+    let max = offload_api::validation::MAX_DNS_LABEL - 1 - digits;
+    offload_api::validation::dns_label(name, max).map_err(|e| ResolveError::InvalidSpec {
         field: "metadata.name",
         detail: format!(
             "{e}: it names the job's headless Service and, with the replica index, its pods' hostnames"
@@ -99,7 +99,7 @@ pub fn check_training_job(tj: &TrainingJob) -> Result<(), ResolveError> {
         .as_ref()
         .and_then(|d| d.mount_path.as_deref())
     {
-        crate::validation::mount_path(path).map_err(|detail| ResolveError::InvalidSpec {
+        offload_api::validation::mount_path(path).map_err(|detail| ResolveError::InvalidSpec {
             field: "spec.deepspeed.mountPath",
             detail,
         })?;

@@ -1,7 +1,7 @@
 //! Why a job cannot be resolved now. Every message says what to change.
 
-use crate::api::Framework;
-use crate::version::VersionError;
+use offload_api::api::Framework;
+use offload_api::version::VersionError;
 
 /// Why a job cannot be resolved now. Every message says what to change.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -15,8 +15,8 @@ use super::placement::ClassNodes;
 use super::request::JobRequest;
 use super::user_config::Precision;
 use super::{MIN_AUTO_RATIO, ResolveError};
-use crate::api::{Framework, NodeClass};
-use crate::quantity::MAX_PARAMETERS;
+use offload_api::api::{Framework, NodeClass};
+use offload_api::quantity::MAX_PARAMETERS;
 
 /// Largest data-parallel size the advice looks at.
 const MAX_ADVISED_RANKS: u64 = 4096;

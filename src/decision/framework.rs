@@ -1,8 +1,8 @@
 //! The framework step: what the declared framework and version can take, and how each one
 //! turns the decided configuration into its own keys.
 
-use crate::api::{Framework, NodeClass, OffloadMode};
-use crate::version::{self, FrameworkVersion};
+use offload_api::api::{Framework, NodeClass, OffloadMode};
+use offload_api::version::{self, FrameworkVersion};
 
 use super::DEFAULT_ZERO_STAGE;
 use super::error::ResolveError;

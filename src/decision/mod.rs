@@ -3,7 +3,7 @@
 //!
 //! No I/O happens here. The controller, the webhook and `offload-operator explain` all come in
 //! through [`decide`] (a TrainingJob) or [`decide_request`] (another kind's request), which
-//! build the request one way ([`JobRequest`]), pick the profile ([`profile`]) and call
+//! build the request one way ([`JobRequest`]), pick the profile ([`selection`]) and call
 //! [`resolve_offload`]; the same inputs always give the same output, whatever order the nodes
 //! come in. It runs as steps, each in its own module, each giving its value and its reason:
 //! framework facts ([`framework`]) → the job's [`memory`] model → placement: mode, node class
@@ -18,9 +18,9 @@ pub mod memory;
 mod overlap;
 mod pinning;
 mod placement;
-mod profile;
 mod ratio;
 mod request;
+mod selection;
 mod user_config;
 
 use std::fmt;
@@ -32,18 +32,18 @@ pub use error::ResolveError;
 pub use framework::{
     DeepSpeedPlan, FrameworkPlan, FsdpPlan, ZENFLOW_TOPK_RATIO, ZENFLOW_UPDATE_INTERVAL,
 };
-pub use profile::{
+pub use request::{AdmittedRequest, DeepSpeedRequest, JobRequest, PodResources};
+pub use selection::{
     ProfileNotFound, SelectedProfile, builtin_default_profile, explicit_offload, opted_in,
     profile_name, profile_name_for, requested_profile, select_profile,
 };
-pub use request::{AdmittedRequest, DeepSpeedRequest, JobRequest, PodResources};
 pub use user_config::{ConfigError, ConfigFacts, Precision, UserConfig};
 
-use crate::api::{
+use crate::index::NodeIndex;
+use offload_api::api::{
     NodeClass, OffloadMode, OffloadProfileSpec, OffloadSpec, OverlapSetting, RatioSetting, Switch,
 };
-use crate::index::NodeIndex;
-use crate::report::NodeMemoryModel;
+use offload_api::report::NodeMemoryModel;
 
 /// Default ZeRO stage when neither the job nor the user's DeepSpeed JSON names one.
 pub const DEFAULT_ZERO_STAGE: u8 = 3;

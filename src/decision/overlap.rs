@@ -1,9 +1,9 @@
 //! The overlap step: on only where every chosen node's self-test verified it at or above the
 //! profile's minimum, unless the job or profile says otherwise.
 
-use crate::api::{OffloadMode, OffloadProfileSpec, OverlapSetting};
 use crate::index::NodeInfo;
-use crate::report::OverlapVerdict;
+use offload_api::api::{OffloadMode, OffloadProfileSpec, OverlapSetting};
+use offload_api::report::OverlapVerdict;
 
 use super::effective;
 use super::placement::Placement;

@@ -4,8 +4,8 @@
 
 use kube::core::{Selector, SelectorExt};
 
-use crate::api::{ModeSetting, NodeClass, OffloadMode, OffloadProfileSpec, RatioSetting};
 use crate::index::{NodeIndex, NodeInfo};
+use offload_api::api::{ModeSetting, NodeClass, OffloadMode, OffloadProfileSpec, RatioSetting};
 
 use super::error::ResolveError;
 use super::fit::{self, Allowed, MemoryChoice};
@@ -51,7 +51,7 @@ impl<'a> Candidates<'a> {
         };
         let selector = match &profile.node_selector {
             Some(sel) => {
-                crate::validation::label_selector(sel).map_err(invalid)?;
+                offload_api::validation::label_selector(sel).map_err(invalid)?;
                 Some(Selector::try_from(sel.clone()).map_err(|e| invalid(e.to_string()))?)
             }
             None => None,

@@ -6,12 +6,12 @@ use serde_json::Value;
 
 use super::error::ResolveError;
 use super::user_config::{ConfigFacts, UserConfig};
-use crate::api::{
+use offload_api::api::{
     DeepSpeedSpec, Framework, FrameworkSpec, ModeSetting, ModelHints, OffloadSpec, OverlapSetting,
     RatioSetting, TrainingJob,
 };
-use crate::names;
-use crate::quantity::{self, MAX_GPUS, ParameterCount};
+use offload_api::names;
+use offload_api::quantity::{self, MAX_GPUS, ParameterCount};
 
 /// What a job asks for.
 #[derive(Clone, Debug, PartialEq)]
@@ -396,7 +396,7 @@ impl AdmittedRequest {
             .metadata
             .annotations
             .as_ref()?
-            .get(crate::names::ANNOTATION_REQUESTED)?;
+            .get(offload_api::names::ANNOTATION_REQUESTED)?;
         let record: AdmittedRequest = serde_json::from_str(text).ok()?;
         (record.wrote == tj.spec.offload).then_some(record.requested)
     }

@@ -13,9 +13,9 @@ use serde_json::{Value, json};
 
 use super::DraOptions;
 use super::api::{ResourceClaimTemplate, ResourceClaimTemplateSpec};
-use crate::api::NodeClass;
 use crate::index::bounded;
-use crate::quantity::MAX_GPUS;
+use offload_api::api::NodeClass;
+use offload_api::quantity::MAX_GPUS;
 
 /// Why a pod's claims cannot be sized.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

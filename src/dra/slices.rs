@@ -13,7 +13,7 @@ use crate::guard::Guarded;
 
 use super::api::{Device, ResourceSlice};
 use crate::index::bounded;
-use crate::report::{AddressingMode, NodeMemoryModel};
+use offload_api::report::{AddressingMode, NodeMemoryModel};
 
 /// Most devices of one driver counted on one node: past this the slices are not believed
 /// (a node has at most a few dozen GPUs; the API allows 128 devices a slice, any number of
@@ -220,7 +220,7 @@ fn add_device(w: &mut DriverWitness, device: &Device, driver: &str) {
         w.products.insert(bounded(p));
     }
     if let Some(c) = device.capacity.get("memory") {
-        match crate::quantity::bytes(&c.value) {
+        match offload_api::quantity::bytes(&c.value) {
             Ok(b) if b > 0 => w.gpu_memory = Some(w.gpu_memory.map_or(b, |m| m.min(b))),
             _ => note(
                 w,

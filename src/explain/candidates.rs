@@ -9,17 +9,17 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::{Inputs, decided, rendered_config};
-use crate::api::{
-    Framework, ModeSetting, NodeClass, OffloadMode, RatioSetting, Switch, TrainingJob,
-    TrainingJobSpec,
-};
 use crate::controller::workload::build_workload;
 use crate::decision::memory::Placement;
 use crate::decision::{
     ClusterView, FrameworkPlan, JobRequest, MemoryEstimate, Resolution, estimate_placement,
     profile_name_for,
 };
-use crate::version;
+use offload_api::api::{
+    Framework, ModeSetting, NodeClass, OffloadMode, RatioSetting, Switch, TrainingJob,
+    TrainingJobSpec,
+};
+use offload_api::version;
 
 /// The memory model's figures for a candidate.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -270,7 +270,7 @@ struct Knob {
     get: fn(&Resolution) -> bool,
 }
 
-fn ds_spec(spec: &mut TrainingJobSpec) -> &mut crate::api::DeepSpeedSpec {
+fn ds_spec(spec: &mut TrainingJobSpec) -> &mut offload_api::api::DeepSpeedSpec {
     spec.deepspeed.get_or_insert_with(Default::default)
 }
 

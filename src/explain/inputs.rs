@@ -7,13 +7,13 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::ExplainError;
-use crate::api::OffloadProfileSpec;
 use crate::decision::{ConfigError, UserConfig};
 use crate::dra::api::{ResourceClaimTemplate, ResourceSlice};
 use crate::guard::Guarded;
 use crate::index::NodeIndex;
 use crate::render::{RenderOptions, deepspeed};
 use crate::view::MemoryView;
+use offload_api::api::OffloadProfileSpec;
 
 /// What a decision is made from: the cluster, held in memory, and the DeepSpeed configs by
 /// ConfigMap name (the text of the key the job names) for jobs that reference one.
@@ -29,7 +29,7 @@ impl Inputs {
     /// its ConfigMap).
     pub fn user_config(
         &self,
-        tj: &crate::api::TrainingJob,
+        tj: &offload_api::api::TrainingJob,
     ) -> Result<Option<UserConfig>, ConfigError> {
         let Some(r) = tj
             .spec
@@ -75,7 +75,7 @@ pub fn node_from_report(arg: &str) -> Result<crate::index::NodeInfo, ExplainErro
     };
     let text = std::fs::read_to_string(path)
         .map_err(|e| ExplainError::Manifest(format!("reading node report {path}: {e}")))?;
-    let report = crate::report::NodeReport::parse(&text)
+    let report = offload_api::report::NodeReport::parse(&text)
         .map_err(|e| ExplainError::Manifest(format!("node report {path}: {e}")))?;
     let name = name.unwrap_or_else(|| report.node.clone());
     Ok(crate::index::NodeInfo::from_report(&name, &report))
@@ -92,7 +92,7 @@ pub fn with_node_memory(
                 "--node-memory {a}: use NAME=QUANTITY (e.g. h200-0=125Gi)"
             ))
         })?;
-        let bytes = crate::quantity::bytes(
+        let bytes = offload_api::quantity::bytes(
             &k8s_openapi::apimachinery::pkg::api::resource::Quantity(quantity.to_string()),
         )
         .map_err(|e| ExplainError::Manifest(format!("--node-memory {a}: {e}")))?;
@@ -118,7 +118,7 @@ pub fn profiles_from_files(
             ExplainError::Manifest(format!("reading profile {}: {e}", path.display()))
         })?;
         for doc in read_manifests(&text)? {
-            let p: crate::api::OffloadProfile = serde_json::from_value(doc).map_err(|e| {
+            let p: offload_api::api::OffloadProfile = serde_json::from_value(doc).map_err(|e| {
                 ExplainError::Manifest(format!("{}: not an OffloadProfile: {e}", path.display()))
             })?;
             let name = p.metadata.name.clone().unwrap_or_default();
@@ -127,7 +127,7 @@ pub fn profiles_from_files(
     }
     if out.is_empty() {
         out.insert(
-            crate::names::DEFAULT_PROFILE.to_string(),
+            offload_api::names::DEFAULT_PROFILE.to_string(),
             OffloadProfileSpec::default(),
         );
     }
@@ -229,7 +229,7 @@ pub async fn inputs_from_cluster(
 ) -> Result<Inputs, kube::Error> {
     use k8s_openapi::api::core::v1::{ConfigMap, Node};
     use kube::api::{Api, ListParams};
-    let profiles = Api::<crate::api::OffloadProfile>::all(client.clone())
+    let profiles = Api::<offload_api::api::OffloadProfile>::all(client.clone())
         .list(&ListParams::default())
         .await?
         .items

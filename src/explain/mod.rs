@@ -19,11 +19,11 @@ use kube::core::admission::{AdmissionRequest, AdmissionReview};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::api::TrainingJob;
 use crate::controller::workload::{Workload, build_workload};
 use crate::decision::{MemoryEstimate, Resolution, decide, opted_in};
 use crate::render::{self, deepspeed};
 use crate::webhook::admit::{self, Review};
+use offload_api::api::TrainingJob;
 
 pub use candidates::{Candidate, CandidateMemory};
 pub use inputs::{
@@ -134,7 +134,7 @@ pub struct Explanation {
     pub candidates: Vec<Candidate>,
     /// For a running job read from the cluster: what its GPUs were observed doing.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub observed: Option<crate::api::ObservedOverlap>,
+    pub observed: Option<offload_api::api::ObservedOverlap>,
     /// For a running job with overlap on: the `OverlapObserved` condition's verdict.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overlap_observed: Option<String>,
@@ -238,7 +238,7 @@ fn explain_training_job(tj: &TrainingJob, inputs: &Inputs, with_candidates: bool
     out.overlap_observed = tj.status.as_ref().and_then(|st| {
         st.conditions
             .iter()
-            .find(|c| c.type_ == crate::controller::observation::OVERLAP_OBSERVED)
+            .find(|c| c.type_ == crate::controller::overlap_observed::OVERLAP_OBSERVED)
             .map(|c| format!("{} ({}): {}", c.status, c.reason, c.message))
     });
     if !opted_in(tj) {
@@ -283,7 +283,7 @@ fn explain_training_job(tj: &TrainingJob, inputs: &Inputs, with_candidates: bool
                 .and_then(|c| c.env.clone())
                 .unwrap_or_default()
                 .into_iter()
-                .filter(|e| crate::names::OPERATOR_ENV.contains(&e.name.as_str()))
+                .filter(|e| offload_api::names::OPERATOR_ENV.contains(&e.name.as_str()))
                 .collect();
             out.node_affinity = spec
                 .and_then(|s| s.affinity.as_ref())
@@ -385,7 +385,7 @@ fn explain_object(obj: &Value, inputs: &Inputs) -> Result<Explanation, ExplainEr
         out.reason = Some("NotOptedIn".into());
         out.message = format!(
             "the {kind} has no {} label: the webhook admits it unchanged",
-            crate::names::PROFILE_ANNOTATION
+            offload_api::names::PROFILE_ANNOTATION
         );
         out.object = Some(obj.clone());
         return Ok(out);

@@ -6,8 +6,8 @@ use offload_testenv::fixtures;
 use super::*;
 use crate::index::NodeInfo;
 use crate::render::RenderOptions;
-use crate::report::NodeReport;
 use crate::view::MemoryView;
+use offload_api::report::NodeReport;
 
 fn inputs(reports: &[(&str, &str)]) -> Inputs {
     let nodes = reports
@@ -271,7 +271,7 @@ spec:
             .limits
             .as_ref()
             .unwrap()
-            .contains_key(crate::names::GPU_RESOURCE)
+            .contains_key(offload_api::names::GPU_RESOURCE)
     );
     let text = super::text::to_text(&e);
     assert!(text.contains("claim template c-gpus"), "{text}");

@@ -2,7 +2,7 @@ use kube::core::{DeserializeGuard, ObjectList, WatchEvent};
 use serde_json::json;
 
 use super::*;
-use crate::api::TrainingJob;
+use offload_api::api::TrainingJob;
 
 /// `{"a":{"a":…1…}}`, `levels` objects deep.
 fn nested(levels: usize) -> String {

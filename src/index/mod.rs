@@ -16,7 +16,7 @@ use crate::dra::api::ResourceSlice;
 
 pub use node::{Allocatable, MAX_NODE_TEXT, NodeInfo, Standing, Witness, bounded, bounded_to};
 
-use crate::api::NodeClass;
+use offload_api::api::NodeClass;
 
 /// Every known node, sorted by name, with the candidates of each class listed apart so a
 /// decision looks only at the class it considers.

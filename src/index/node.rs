@@ -6,12 +6,14 @@
 
 use std::collections::BTreeMap;
 
-use crate::api::NodeClass;
 use crate::dra::slices::{DriverSays, DriverWitness};
-use crate::labels::NodeLabels;
-use crate::names;
-use crate::observed::{ObservedError, ObservedSummary};
-use crate::report::{AddressingMode, NodeMemoryModel, NodeReport, OverlapVerdict, ReportError};
+use offload_api::api::NodeClass;
+use offload_api::labels::NodeLabels;
+use offload_api::names;
+use offload_api::observed::{ObservedError, ObservedSummary};
+use offload_api::report::{
+    AddressingMode, NodeMemoryModel, NodeReport, OverlapVerdict, ReportError,
+};
 
 /// Longest piece of agent-written text (an error from the node) copied into a decision's
 /// reasons; the rest is cut, so a node cannot bloat every job's status.
@@ -77,10 +79,10 @@ impl Allocatable {
         Allocatable {
             memory: alloc
                 .get("memory")
-                .and_then(|q| crate::quantity::bytes(q).ok()),
+                .and_then(|q| offload_api::quantity::bytes(q).ok()),
             gpus: alloc
                 .get(names::GPU_RESOURCE)
-                .and_then(|q| crate::quantity::device_count(q).ok()),
+                .and_then(|q| offload_api::quantity::device_count(q).ok()),
         }
     }
 }

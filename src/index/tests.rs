@@ -9,8 +9,8 @@ use kube::runtime::{reflector, watcher};
 use offload_testenv::fixtures;
 
 use super::*;
-use crate::names;
-use crate::report::{NodeMemoryModel, NodeReport};
+use offload_api::names;
+use offload_api::report::{NodeMemoryModel, NodeReport};
 
 /// The report annotation of node `node`: the report text with its `node` field set to it (the
 /// agent writes its own node's name), or the text as it is when it is not a JSON object.
@@ -76,7 +76,7 @@ fn an_overlap_label_that_contradicts_the_report_is_a_conflict_not_a_verdict() {
     assert_eq!(node.class(), Some(NodeClass::Discrete));
     assert_eq!(
         node.overlap_verdict(),
-        crate::report::OverlapVerdict::Failed,
+        offload_api::report::OverlapVerdict::Failed,
         "the report is what was measured"
     );
     let conflict = node.overlap_conflict().unwrap();
@@ -274,7 +274,7 @@ fn the_drivers_word_confirms_contradicts_or_stands_in_for_the_agents() {
     assert_eq!(driver_only.gpu_memory(), Some(96 << 30));
     assert_eq!(
         driver_only.overlap_verdict(),
-        crate::report::OverlapVerdict::Untested
+        offload_api::report::OverlapVerdict::Untested
     );
     // A driver that says nothing classes nothing.
     assert_eq!(

@@ -7,11 +7,11 @@ use std::collections::BTreeSet;
 
 use serde_json::{Map, Value, json};
 
-use crate::api::OffloadMode;
 use crate::decision::{
     DeepSpeedPlan, Resolution, SUPER_OFFLOAD_CPU_SHARE, ZENFLOW_TOPK_RATIO, ZENFLOW_UPDATE_INTERVAL,
 };
-use crate::version::{FrameworkVersion, deepspeed};
+use offload_api::api::OffloadMode;
+use offload_api::version::{FrameworkVersion, deepspeed};
 
 /// File name of the rendered config inside its mount.
 pub const CONFIG_FILE_NAME: &str = "ds_config.json";

@@ -17,10 +17,10 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::api::OffloadMode;
 use crate::decision::{FrameworkPlan, Resolution};
-use crate::labels::class_requirements;
-use crate::names;
+use offload_api::api::OffloadMode;
+use offload_api::labels::class_requirements;
+use offload_api::names;
 
 /// Name of the volume that carries the rendered framework config.
 pub const CONFIG_VOLUME: &str = "offload-config";

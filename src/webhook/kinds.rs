@@ -8,8 +8,8 @@ use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
 
 use crate::decision::Resolution;
-use crate::names;
 use crate::render::{self, RenderOptions};
+use offload_api::names;
 
 /// A pod template could not be read or written back.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -21,8 +21,8 @@ pub struct KindError {
     pub detail: String,
 }
 
-pub use crate::names::TRAINJOB_CRD;
 pub use crate::view::{ApiFeatures, TrainJobApi};
+pub use offload_api::names::TRAINJOB_CRD;
 
 /// A workload kind the webhook knows.
 pub trait JobKind: Sync {

@@ -135,10 +135,10 @@ impl ManagedCerts {
     pub fn chart(namespace: &str, names: Vec<String>) -> Self {
         ManagedCerts {
             namespace: namespace.to_string(),
-            secret: crate::names::WEBHOOK_SECRET.to_string(),
+            secret: offload_api::names::WEBHOOK_SECRET.to_string(),
             names,
-            mutating: Some(crate::names::WEBHOOK_CONFIGURATION.to_string()),
-            validating: Some(crate::names::WEBHOOK_CONFIGURATION.to_string()),
+            mutating: Some(offload_api::names::WEBHOOK_CONFIGURATION.to_string()),
+            validating: Some(offload_api::names::WEBHOOK_CONFIGURATION.to_string()),
         }
     }
 

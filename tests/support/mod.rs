@@ -8,7 +8,7 @@ pub use offload_testenv::support::*;
 use std::time::Duration;
 
 use kube::api::Api;
-use offload_operator::api::TrainingJob;
+use offload_api::api::TrainingJob;
 
 /// Whether the TrainingJob reports `WorkloadCreated=True`.
 pub fn has_workload(tj: &TrainingJob) -> bool {

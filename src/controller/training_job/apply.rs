@@ -14,12 +14,14 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::Unresolved;
-use crate::api::{JobPhase, NodeClass, OffloadMode, TrainingJob, TrainingJobStatus, WorkloadRef};
 use crate::controller::conditions::{self, OFFLOAD_RESOLVED, WORKLOAD_CREATED};
 use crate::controller::workload::Workload;
 use crate::controller::{Context, Error, kube_err, status};
 use crate::metrics::DecisionLabels;
-use crate::names;
+use offload_api::api::{
+    JobPhase, NodeClass, OffloadMode, TrainingJob, TrainingJobStatus, WorkloadRef,
+};
+use offload_api::names;
 
 /// Whether an API error will repeat until something changes (the job, the cluster's limits,
 /// RBAC), as opposed to a conflict, throttling or an outage that a retry fixes.

@@ -9,16 +9,16 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use super::apply::{publish, workload_created};
-use crate::api::{
+use crate::controller::conditions::{self, OFFLOAD_RESOLVED, WORKLOAD_CREATED};
+use crate::controller::overlap_observed;
+use crate::controller::{Context, Error, kube_err, status};
+use crate::metrics::JobLabels;
+use crate::render;
+use offload_api::api::{
     DEFAULT_MIN_OBSERVED_GPU_BUSY, JobPhase, ObservedOverlap, OffloadDecisionStatus, TrainingJob,
     TrainingJobStatus, WorkloadRef,
 };
-use crate::controller::conditions::{self, OFFLOAD_RESOLVED, WORKLOAD_CREATED};
-use crate::controller::observation;
-use crate::controller::{Context, Error, kube_err, status};
-use crate::metrics::JobLabels;
-use crate::names;
-use crate::render;
+use offload_api::names;
 
 /// Keeps phase and the workload reference in step with the Job; never touches the decision.
 pub(super) async fn follow_workload(
@@ -150,7 +150,7 @@ pub(super) async fn follow_workload(
     let was_flagged = current
         .conditions
         .iter()
-        .any(|c| c.type_ == observation::OVERLAP_OBSERVED && c.status == "False");
+        .any(|c| c.type_ == overlap_observed::OVERLAP_OBSERVED && c.status == "False");
     if !was_flagged && let Some(c) = overlap.as_ref().filter(|c| c.status == "False") {
         publish(ctx, tj, EventType::Warning, "GPUsIdle", &c.message).await;
     }
@@ -231,12 +231,13 @@ fn observe(
     let ns = tj.namespace().unwrap_or_default();
     let name = tj.name_any();
     let bound = |pod: &str, node: &str| ctx.pod_on(&ns, pod, node);
-    let observed = observation::gather(&ctx.nodes(), &ns, &name, jiff::Timestamp::now(), &bound)
-        .or_else(|| current.observed.clone());
+    let observed =
+        overlap_observed::gather(&ctx.nodes(), &ns, &name, jiff::Timestamp::now(), &bound)
+            .or_else(|| current.observed.clone());
     let recorded = current
         .conditions
         .iter()
-        .find(|c| c.type_ == observation::OVERLAP_OBSERVED)
+        .find(|c| c.type_ == overlap_observed::OVERLAP_OBSERVED)
         .cloned();
     let (Some(o), Some(decision)) = (observed.as_ref(), current.offload.as_ref()) else {
         return (observed, recorded);
@@ -250,7 +251,7 @@ fn observe(
         .map_or(DEFAULT_MIN_OBSERVED_GPU_BUSY, |p| {
             p.spec.min_observed_gpu_busy
         });
-    let verdict = observation::judge(decision, o, threshold);
+    let verdict = overlap_observed::judge(decision, o, threshold);
     ctx.metrics
         .set_job(&labels, o.gpu_busy, verdict.as_ref().map(|(ok, ..)| !ok));
     let Some((ok, reason, message)) = verdict else {
@@ -258,7 +259,7 @@ fn observe(
     };
     let cond = conditions::condition(
         &current.conditions,
-        observation::OVERLAP_OBSERVED,
+        overlap_observed::OVERLAP_OBSERVED,
         ok,
         reason,
         message,

@@ -21,11 +21,11 @@ use serde_json::json;
 use super::conditions::{self, OFFLOAD_RESOLVED};
 use super::workload::{build_workload, decision_status};
 use super::{Context, Error, kube_err};
-use crate::api::{ConfigMapKeyRef, JobPhase, TrainingJob, TrainingJobStatus};
 use crate::decision::{ConfigError, UserConfig, decide, opted_in};
 use crate::metrics::DecisionLabels;
-use crate::names;
 use crate::render::{self, deepspeed};
+use offload_api::api::{ConfigMapKeyRef, JobPhase, TrainingJob, TrainingJobStatus};
+use offload_api::names;
 
 use apply::{
     apply_workload, class_label, existing_conditions, mode_label, publish, publish_to,

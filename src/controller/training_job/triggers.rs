@@ -5,11 +5,11 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
-use crate::api::TrainingJob;
 use crate::controller::Context;
 use crate::decision::{opted_in, profile_name_for};
-use crate::names;
-use crate::observed::ObservedSummary;
+use offload_api::api::TrainingJob;
+use offload_api::names;
+use offload_api::observed::ObservedSummary;
 
 /// Whether the job still waits for its workload.
 pub(super) fn unresolved(tj: &TrainingJob) -> bool {

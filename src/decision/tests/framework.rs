@@ -1,7 +1,7 @@
 //! Framework versions, FSDP and Generic.
 
 use super::*;
-use crate::api::{ModeSetting, OffloadMode};
+use offload_api::api::{ModeSetting, OffloadMode};
 
 // ---- framework versions ----------------------------------------------------------------------
 

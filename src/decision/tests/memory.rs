@@ -2,8 +2,8 @@
 //! fits where it does not, never a configuration that cannot run.
 
 use super::*;
-use crate::api::{ModeSetting, NodeClass, OffloadMode, RatioSetting};
 use crate::decision::memory::Placement;
+use offload_api::api::{ModeSetting, NodeClass, OffloadMode, RatioSetting};
 
 /// 125 GiB, the lent H200 host.
 const H200_HOST: u64 = 125 << 30;
@@ -183,8 +183,8 @@ fn hints_that_cannot_be_true_are_refused() {
     let mut job = deepspeed("0.19.8");
     for (edit, expect) in [
         (
-            (|h: &mut crate::api::ModelHints| h.tokens_per_step = Some(0))
-                as fn(&mut crate::api::ModelHints),
+            (|h: &mut offload_api::api::ModelHints| h.tokens_per_step = Some(0))
+                as fn(&mut offload_api::api::ModelHints),
             "tokensPerStep 0",
         ),
         (|h| h.tokens_per_step = Some(i64::MAX), "tokensPerStep"),
@@ -205,8 +205,8 @@ fn hints_that_cannot_be_true_are_refused() {
 #[test]
 fn without_the_steps_tokens_a_margin_of_gpu_memory_is_kept() {
     let mut job = deepspeed("0.19.8");
-    job.model = Some(crate::api::ModelHints::parameters(
-        crate::quantity::ParameterCount::new(3_821_770_752).unwrap(),
+    job.model = Some(offload_api::api::ModelHints::parameters(
+        offload_api::quantity::ParameterCount::new(3_821_770_752).unwrap(),
     ));
     let res = resolve(&job, &[h200("h")]).unwrap();
     assert_eq!(res.mode, OffloadMode::Disabled, "{}", res.summary());

@@ -10,10 +10,10 @@ mod ratio;
 
 use std::collections::BTreeMap;
 
-use crate::api::{Framework, FrameworkSpec, OffloadProfileSpec};
 use crate::index::{NodeIndex, NodeInfo};
-use crate::names;
-use crate::report::NodeReport;
+use offload_api::api::{Framework, FrameworkSpec, OffloadProfileSpec};
+use offload_api::names;
+use offload_api::report::NodeReport;
 use offload_testenv::fixtures;
 
 use super::*;
@@ -133,19 +133,23 @@ pub(super) fn ds_plan(res: &Resolution) -> &DeepSpeedPlan {
 }
 
 /// Model hints of `parameters` total parameters and `tokens` per step.
-pub(super) fn hints(parameters: u64, tokens: i64) -> crate::api::ModelHints {
-    crate::api::ModelHints {
+pub(super) fn hints(parameters: u64, tokens: i64) -> offload_api::api::ModelHints {
+    offload_api::api::ModelHints {
         tokens_per_step: Some(tokens),
-        ..crate::api::ModelHints::parameters(
-            crate::quantity::ParameterCount::new(parameters).expect("a valid count"),
+        ..offload_api::api::ModelHints::parameters(
+            offload_api::quantity::ParameterCount::new(parameters).expect("a valid count"),
         )
     }
 }
 
 /// Hints of the benchmark's decoder (`hack/gpu/ds_step.py`): width 4096, vocabulary 32000, and
 /// `tokens` per step on each GPU.
-pub(super) fn bench_hints(parameters: u64, tokens: i64, layers: i64) -> crate::api::ModelHints {
-    crate::api::ModelHints {
+pub(super) fn bench_hints(
+    parameters: u64,
+    tokens: i64,
+    layers: i64,
+) -> offload_api::api::ModelHints {
+    offload_api::api::ModelHints {
         hidden_size: Some(4096),
         layers: Some(layers),
         vocab_size: Some(32000),

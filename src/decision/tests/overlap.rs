@@ -30,7 +30,7 @@ fn overlap_auto_compares_the_lowest_efficiency_with_the_profile_minimum() {
 #[test]
 fn overlap_auto_is_off_when_any_chosen_node_is_untested_or_unreadable() {
     let untested = with_report(gh200("gh-b"), |r| {
-        r.selftest.verdict = crate::report::OverlapVerdict::Untested;
+        r.selftest.verdict = offload_api::report::OverlapVerdict::Untested;
         r.selftest.efficiency = None;
     });
     let res = resolve(&deepspeed("0.19.8"), &[gh200("gh-a"), untested]).unwrap();

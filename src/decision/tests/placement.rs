@@ -1,8 +1,8 @@
 //! Mode and node class: which nodes a profile may use and which class a job gets.
 
 use super::*;
-use crate::api::{ModeSetting, NodeClass, OffloadMode};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use offload_api::api::{ModeSetting, NodeClass, OffloadMode};
 
 // ---- node classes and mode -------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 //! Properties that hold for any job, profile and set of nodes.
 
 use super::*;
-use crate::api::{ModeSetting, NodeClass, OffloadMode, RatioSetting};
+use offload_api::api::{ModeSetting, NodeClass, OffloadMode, RatioSetting};
 use proptest::prelude::*;
 
 // ---- properties ------------------------------------------------------------------------------
@@ -178,7 +178,7 @@ proptest! {
                 // that lands on one.)
                 for n in &nodes {
                     if admits(&reqs, &n.labels) {
-                        let labelled = crate::labels::NodeLabels::parse(&n.labels)
+                        let labelled = offload_api::labels::NodeLabels::parse(&n.labels)
                             .ok()
                             .flatten()
                             .and_then(|l| l.class());

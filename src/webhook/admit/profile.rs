@@ -4,7 +4,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use kube::core::{DynamicObject, Selector, SelectorExt};
 
 use super::{Review, Verdict, object, with_warnings};
-use crate::api::{ModeSetting, NodeClass, OffloadProfile};
+use offload_api::api::{ModeSetting, NodeClass, OffloadProfile};
 
 /// Validating OffloadProfile: a selector that is not a valid selector is denied; one that
 /// matches no reported node is admitted with a warning.
@@ -15,7 +15,7 @@ pub fn validate_profile(req: &AdmissionRequest<DynamicObject>, review: &Review) 
     };
     let mut warnings = Vec::new();
     if let Some(sel) = &profile.spec.node_selector {
-        if let Err(e) = crate::validation::label_selector(sel) {
+        if let Err(e) = offload_api::validation::label_selector(sel) {
             return Verdict::deny(
                 req,
                 "InvalidSelector",

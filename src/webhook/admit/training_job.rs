@@ -5,11 +5,11 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde_json::Value;
 
 use super::{Review, Verdict, object, old_object, patch_response, with_warnings};
-use crate::api::TrainingJob;
 use crate::decision::{
     AdmittedRequest, Resolution, Unresolved, check_training_job, decide, opted_in,
 };
-use crate::names;
+use offload_api::api::TrainingJob;
+use offload_api::names;
 
 /// The decision the controller will make for this job, from this review's view and config.
 fn decided(tj: &TrainingJob, review: &Review) -> Result<Resolution, Unresolved> {

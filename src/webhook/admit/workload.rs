@@ -8,9 +8,9 @@ use serde_json::Value;
 
 use super::{Review, Verdict, object, patch_response};
 use crate::decision::{JobRequest, PodResources, Resolution, decide_request};
-use crate::names;
 use crate::render;
 use crate::webhook::kinds;
+use offload_api::names;
 
 fn metadata_maps(
     obj: &Value,

@@ -415,7 +415,7 @@ async fn pods_with_gpu_claims_are_sized_by_them() {
     let mut report = NodeReport::parse(fixtures::H200_READING).unwrap();
     let gpu = report.gpus[0].clone();
     report.gpus = (0..4)
-        .map(|i| crate::report::GpuReport {
+        .map(|i| offload_api::report::GpuReport {
             index: i,
             uuid: format!("{}-{i}", gpu.uuid),
             ..gpu.clone()

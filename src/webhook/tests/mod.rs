@@ -21,12 +21,12 @@ use tower::ServiceExt;
 
 use super::kinds::ApiFeatures;
 use super::{ConfigSource, WebhookState, paths, router};
-use crate::api::OffloadProfileSpec;
 use crate::index::NodeInfo;
 use crate::metrics::Metrics;
-use crate::names;
-use crate::report::NodeReport;
 use crate::view::MemoryView;
+use offload_api::api::OffloadProfileSpec;
+use offload_api::names;
+use offload_api::report::NodeReport;
 use offload_testenv::fixtures;
 
 pub(super) fn node(name: &str, fixture: &str) -> NodeInfo {

@@ -142,7 +142,7 @@ pub async fn start(
                     .iter()
                     .flat_map(|s| &s.containers)
                     .flat_map(|c| c.env.iter().flatten())
-                    .any(|e| e.name == offload_operator::names::ENV_MODE) =>
+                    .any(|e| e.name == offload_api::names::ENV_MODE) =>
             {
                 return Ok(Peer {
                     child,

@@ -2,10 +2,10 @@
 
 use kube::ResourceExt;
 
-use crate::api::{
+use offload_api::api::{
     ModeSetting, OffloadProfileSpec, OverlapSetting, RatioSetting, Switch, TrainingJob,
 };
-use crate::names;
+use offload_api::names;
 
 /// Whether a TrainingJob opted in: it names a profile, or sets an offload field explicitly.
 pub fn opted_in(tj: &TrainingJob) -> bool {

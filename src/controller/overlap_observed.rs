@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use crate::api::{NodeObservation, ObservedOverlap, OffloadDecisionStatus};
 use crate::index::NodeIndex;
+use offload_api::api::{NodeObservation, ObservedOverlap, OffloadDecisionStatus};
 
 /// Observations older than this are not counted: the agent publishes every minute, so a
 /// summary this old comes from an agent that stopped, or from pods that are gone.
@@ -45,7 +45,7 @@ pub fn gather(
         let capacity = node
             .known_gpus()
             .and_then(|n| usize::try_from(n).ok())
-            .unwrap_or(crate::observed::MAX_GPUS);
+            .unwrap_or(offload_api::observed::MAX_GPUS);
         for pod in summary
             .pods_of(namespace, job)
             .filter(|p| bound(&p.name, &node.name))
@@ -146,10 +146,12 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::api::OffloadMode;
     use crate::index::NodeInfo;
-    use crate::names;
-    use crate::observed::{BusySource, OBSERVED_SCHEMA_VERSION, ObservedSummary, PodObservation};
+    use offload_api::api::OffloadMode;
+    use offload_api::names;
+    use offload_api::observed::{
+        BusySource, OBSERVED_SCHEMA_VERSION, ObservedSummary, PodObservation,
+    };
 
     /// Every pod is bound where its summary says.
     fn anywhere(_: &str, _: &str) -> bool {

@@ -10,10 +10,10 @@ use serde_json::json;
 
 use super::conditions::{self, READY};
 use super::{Context, Error, kube_err};
-use crate::api::{NodeCounts, OffloadProfile, OffloadProfileStatus};
 use crate::index::NodeIndex;
-use crate::names;
-use crate::report::{NodeMemoryModel, OverlapVerdict};
+use offload_api::api::{NodeCounts, OffloadProfile, OffloadProfileStatus};
+use offload_api::names;
+use offload_api::report::{NodeMemoryModel, OverlapVerdict};
 
 /// Counts the reported nodes a profile's selector matches, and the nodes it ignores with the
 /// first reason. `Err` carries the selector error.
