@@ -165,7 +165,7 @@ async fn leadership_moves_to_the_standby_when_the_leader_stops() {
         async {
             let mut delay = Duration::from_millis(20);
             loop {
-                if readyz(b_admin).await {
+                if offload_testenv::http::ready(b_admin).await {
                     break;
                 }
                 tokio::time::sleep(delay).await;
@@ -174,7 +174,10 @@ async fn leadership_moves_to_the_standby_when_the_leader_stops() {
         },
     )
     .await;
-    assert!(readyz(a_admin).await, "the leader is ready too");
+    assert!(
+        offload_testenv::http::ready(a_admin).await,
+        "the leader is ready too"
+    );
     // Stopping the leader hands the lease to the standby.
     a_token.cancel();
     a.await.unwrap().unwrap();

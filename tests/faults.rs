@@ -68,7 +68,7 @@ impl OperatorProcess {
         poll(
             "the operator to report ready",
             Duration::from_secs(90),
-            || async move { readyz(admin).await.then_some(()) },
+            || async move { offload_testenv::http::ready(admin).await.then_some(()) },
         )
         .await;
     }
@@ -307,7 +307,7 @@ async fn the_api_server_and_etcd_restarted_mid_burst_lose_and_duplicate_nothing(
     let client = cluster.client().await.unwrap();
     every_job_resolved_once(&client, &ns, JOBS).await;
     assert!(
-        readyz(operator.admin).await,
+        offload_testenv::http::ready(operator.admin).await,
         "the operator recovered on its own"
     );
 }

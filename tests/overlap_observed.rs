@@ -296,20 +296,12 @@ async fn observations_reach_status_condition_event_metrics_and_kubectl() {
     assert_eq!((observed.gpu_busy, observed.gpus), (0.96, 2));
     assert_eq!(observed.cpu_cores, Some(5.0));
 
-    let text = admin_get(admin, "/metrics").await.unwrap();
-    let line = |name: &str| {
-        text.lines()
-            .find(|l| {
-                l.starts_with(name)
-                    && l.contains(&format!("namespace=\"{ns}\""))
-                    && l.contains("job=\"overlapped\"")
-            })
-            .map(str::to_string)
-    };
-    let busy = line("offload_operator_job_gpu_busy_ratio").expect("a busy-ratio series");
-    assert!(busy.ends_with(" 0.96"), "{busy}");
-    let flag = line("offload_operator_job_overlap_flagged").expect("a flag series");
-    assert!(flag.ends_with(" 0"), "{flag}");
+    let metrics = offload_testenv::http::metrics(admin).await.unwrap();
+    let series = [("namespace", ns.as_str()), ("job", "overlapped")];
+    let busy = metrics.value("offload_operator_job_gpu_busy_ratio", &series);
+    assert_eq!(busy, Some(0.96), "the busy-ratio series");
+    let flag = metrics.value("offload_operator_job_overlap_flagged", &series);
+    assert_eq!(flag, Some(0.0), "the flag series");
 
     let table = kubectl(cluster, &["get", "tj", "-n", &ns]);
     let header = table.lines().next().unwrap();

@@ -9,6 +9,7 @@ use offload_operator::metrics::Metrics;
 use offload_operator::webhook::admit::StoreView;
 use offload_operator::webhook::tls::FileCerts;
 use offload_operator::webhook::{self, CertMode, WebhookOptions, WebhookState};
+use offload_testenv::http::{HttpError, TlsConnection, trusting};
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
@@ -18,44 +19,14 @@ fn write_cert(dir: &std::path::Path, ca: &CertAuthority) {
     std::fs::write(dir.join("tls.key"), cert.key_pem).unwrap();
 }
 
-/// POSTs an unreadable body over TLS, trusting only `ca`; returns the HTTP status line.
-async fn post_garbage(port: u16, ca: &CertAuthority) -> Result<String, String> {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca.cert.cert_pem.as_bytes()) {
-        roots
-            .add(cert.map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?;
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .map_err(|e| e.to_string())?;
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
-    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(name, tcp)
-        .await
-        .map_err(|e| e.to_string())?;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let body = "not an admission review";
-    let req = format!(
-        "POST /mutate/pod HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    tls.write_all(req.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut response = String::new();
-    tls.read_to_string(&mut response)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(response.lines().next().unwrap_or_default().to_string())
+/// POSTs an unreadable body over TLS, trusting only `ca`; returns the HTTP status.
+async fn post_garbage(port: u16, ca: &CertAuthority) -> Result<u16, HttpError> {
+    let tls = trusting(ca.cert.cert_pem.as_bytes())?;
+    let mut conn = TlsConnection::connect(port, tls).await?;
+    let (status, _) = conn
+        .post("/mutate/pod", "not an admission review".into())
+        .await?;
+    Ok(status)
 }
 
 #[tokio::test]
@@ -90,17 +61,14 @@ async fn file_certificates_are_served_and_reloaded_without_a_restart() {
     let server = tokio::spawn(serve);
 
     let status = post_garbage(addr.port(), &first_ca).await.unwrap();
-    assert!(
-        status.contains("400"),
-        "an unreadable body gets 400 over TLS: {status}"
-    );
+    assert_eq!(status, 400, "an unreadable body gets 400 over TLS");
 
     // cert-manager re-issues from another CA: the server picks it up on the next check.
     let second_ca = CertAuthority::generate("second", DAY).unwrap();
     write_cert(dir.path(), &second_ca);
     rotator.rotate().await.unwrap();
     let status = post_garbage(addr.port(), &second_ca).await.unwrap();
-    assert!(status.contains("400"), "{status}");
+    assert_eq!(status, 400);
     assert!(
         post_garbage(addr.port(), &first_ca).await.is_err(),
         "the old certificate is no longer served"

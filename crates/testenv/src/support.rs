@@ -300,28 +300,6 @@ pub fn operator(cluster: &'static DevCluster) {
     });
 }
 
-/// Plain HTTP GET of `path` on a local admin server (the operator's `/readyz`, `/metrics`):
-/// the whole answer, status line included; `None` when nothing answers.
-pub async fn admin_get(port: u16, path: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    conn.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut text = String::new();
-    conn.read_to_string(&mut text).await.ok()?;
-    Some(text)
-}
-
-/// Whether the admin server at `port` answers `/readyz` with 200.
-pub async fn readyz(port: u16) -> bool {
-    admin_get(port, "/readyz")
-        .await
-        .is_some_and(|t| t.starts_with("HTTP/1.0 200") || t.starts_with("HTTP/1.1 200"))
-}
-
 /// Options for an in-process operator: admin server on a free port, no leader election.
 pub fn operator_options() -> offload_operator::operator::RunOptions {
     offload_operator::operator::RunOptions {

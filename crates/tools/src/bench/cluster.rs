@@ -110,25 +110,12 @@ pub fn spawn_operator(cluster: &DevCluster, webhook_port: Option<u16>) -> Result
     Ok((cmd.spawn()?, admin))
 }
 
-/// Plain HTTP GET of a path on a local port (the admin server), the body as text.
-pub fn http_get(port: u16, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    conn.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-        .ok()?;
-    let mut text = String::new();
-    conn.read_to_string(&mut text).ok()?;
-    Some(text)
-}
-
 /// Waits until the operator at `admin_port` reports ready (its caches synced).
 pub async fn wait_ready(admin_port: u16, timeout: Duration) -> Result<()> {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut delay = Duration::from_millis(20);
     loop {
-        if http_get(admin_port, "/readyz")
-            .is_some_and(|t| t.starts_with("HTTP/1.0 200") || t.starts_with("HTTP/1.1 200"))
-        {
+        if offload_testenv::http::ready(admin_port).await {
             return Ok(());
         }
         if tokio::time::Instant::now() > deadline {
@@ -143,19 +130,13 @@ pub async fn wait_ready(admin_port: u16, timeout: Duration) -> Result<()> {
 
 /// The operator's own measure of one admission handler: (sum seconds, count) of
 /// `offload_operator_admission_duration_seconds{endpoint="…"}` from its `/metrics`.
-pub fn handler_seconds(admin_port: u16, endpoint: &str) -> Option<(f64, f64)> {
-    let wanted = format!("endpoint=\"{endpoint}\"");
-    let text = http_get(admin_port, "/metrics")?;
-    let metric = |name: &str| -> Option<f64> {
-        text.lines()
-            .filter(|l| l.starts_with(name) && l.contains(&wanted))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .next()
-    };
-    Some((
-        metric("offload_operator_admission_duration_seconds_sum")?,
-        metric("offload_operator_admission_duration_seconds_count")?,
-    ))
+pub async fn handler_seconds(admin_port: u16, endpoint: &str) -> Option<(f64, f64)> {
+    offload_testenv::http::metrics(admin_port)
+        .await?
+        .sum_and_count(
+            "offload_operator_admission_duration_seconds",
+            &[("endpoint", endpoint)],
+        )
 }
 
 /// When each object was created or first seen, by name.

@@ -23,6 +23,9 @@ pub enum BenchError {
     /// An HTTP exchange failed.
     #[error("HTTP: {0}")]
     Http(#[from] hyper::Error),
+    /// An HTTP exchange of the test environment's client failed.
+    #[error(transparent)]
+    Client(#[from] offload_testenv::http::HttpError),
     /// An HTTP request could not be built.
     #[error("HTTP request: {0}")]
     Request(#[from] http::Error),

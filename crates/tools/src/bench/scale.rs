@@ -82,25 +82,13 @@ async fn request_counts(client: &kube::Client) -> Result<BTreeMap<(String, Strin
     let req = http::Request::get("/metrics").body(Vec::new())?;
     let text = client.request_text(req).await?;
     let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |key: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{key}=\"")))
-                .map(|v| v.trim_end_matches('"').to_string())
-                .unwrap_or_default()
-        };
+    let metrics = offload_testenv::http::Metrics::parse(&text);
+    for (labels, value) in metrics.samples("apiserver_request_total") {
+        let label = |key: &str| labels.get(key).unwrap_or_default().to_string();
         let resource = match label("subresource").as_str() {
             "" => label("resource"),
             sub => format!("{}/{sub}", label("resource")),
         };
-        let value: f64 = value.trim().parse().unwrap_or(0.0);
         *out.entry((resource, label("verb"))).or_insert(0.0) += value;
     }
     Ok(out)
@@ -198,7 +186,9 @@ async fn burst(
     let created = Times::default();
     let (seen, all_seen, watch) = watch_workloads(client, NAMESPACE, jobs);
     let before = request_counts(client).await?;
-    let handler_before = handler_seconds(admin, "mutate-workload").unwrap_or((0.0, 0.0));
+    let handler_before = handler_seconds(admin, "mutate-workload")
+        .await
+        .unwrap_or((0.0, 0.0));
     let cpu0 = cpu_seconds(pid).unwrap_or(0.0);
     let start = Instant::now();
 
@@ -266,7 +256,9 @@ async fn burst(
     let cpu = cpu_seconds(pid).unwrap_or(0.0) - cpu0;
     let hwm = proc_status(pid, "VmHWM:").unwrap_or(0);
     let rss = proc_status(pid, "VmRSS:").unwrap_or(0);
-    let handler_after = handler_seconds(admin, "mutate-workload").unwrap_or((0.0, 0.0));
+    let handler_after = handler_seconds(admin, "mutate-workload")
+        .await
+        .unwrap_or((0.0, 0.0));
     let after = request_counts(client).await?;
     watch.abort();
 

@@ -110,7 +110,7 @@ pub async fn run(
         clients,
         kubectl_pods,
     } = sizes;
-    let handler_before = handler_seconds(admin, "mutate-pod");
+    let handler_before = handler_seconds(admin, "mutate-pod").await;
     let mut api = Tally::default();
     let rounds = 10;
     for round in 0..rounds {
@@ -139,7 +139,8 @@ pub async fn run(
         "\nreal pod creation through kube-apiserver (kube client), {clients} concurrent clients, {pods} pods of each kind, interleaved:"
     );
     api.table();
-    if let (Some((s0, n0)), Some((s1, n1))) = (handler_before, handler_seconds(admin, "mutate-pod"))
+    if let (Some((s0, n0)), Some((s1, n1))) =
+        (handler_before, handler_seconds(admin, "mutate-pod").await)
     {
         println!(
             "the operator's handler itself (its offload_operator_admission_duration_seconds, parse to answer): {:.0} calls, mean {:.3} ms",
@@ -203,7 +204,7 @@ pub async fn run(
         .args(["get", "--raw", "/metrics"])
         .output()
     {
-        let text = String::from_utf8_lossy(&out.stdout);
+        let metrics = offload_testenv::http::Metrics::parse(&String::from_utf8_lossy(&out.stdout));
         println!(
             "kube-apiserver's own measure of each webhook call (apiserver_admission_webhook_admission_duration_seconds):"
         );
@@ -212,15 +213,9 @@ pub async fn run(
             ("replay.bench.offload.dev", PodKind::PeerReplay.row()),
             ("pods.mutate.offload.dev", PodKind::Operator.row()),
         ] {
-            let metric = |name: &str| -> Option<f64> {
-                text.lines()
-                    .filter(|l| l.starts_with(name) && l.contains(&format!("name=\"{hook}\"")))
-                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                    .next()
-            };
-            if let (Some(sum), Some(count)) = (
-                metric("apiserver_admission_webhook_admission_duration_seconds_sum"),
-                metric("apiserver_admission_webhook_admission_duration_seconds_count"),
+            if let Some((sum, count)) = metrics.sum_and_count(
+                "apiserver_admission_webhook_admission_duration_seconds",
+                &[("name", hook)],
             ) {
                 println!(
                     "- {row}: {count:.0} calls, mean {:.2} ms",

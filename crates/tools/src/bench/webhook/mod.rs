@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
 use kube::api::{Api, PostParams};
 use offload_testenv::devcluster::{ClusterOptions, DevCluster};
+use offload_testenv::http::{TlsConnection, trusting};
 use serde_json::json;
 
 pub use peer::serve as peer_webhook;
@@ -36,35 +37,6 @@ fn pod_review(i: usize) -> Result<Vec<u8>> {
     }))?)
 }
 
-type Conn = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
-
-/// An HTTP/1.1 connection over TLS to a local port.
-async fn connect(port: u16, tls: Arc<rustls::ClientConfig>) -> Result<Conn> {
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    tcp.set_nodelay(true)?;
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1")
-        .map_err(|e| BenchError::unexpected(e.to_string()))?;
-    let stream = tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await?;
-    let (send, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
-    tokio::spawn(conn);
-    Ok(send)
-}
-
-/// POSTs `body` to `path` and returns the response body.
-async fn post(conn: &mut Conn, path: &str, body: bytes::Bytes) -> Result<bytes::Bytes> {
-    let req = hyper::Request::post(path)
-        .header("content-type", "application/json")
-        .header("host", "127.0.0.1")
-        .body(http_body_util::Full::new(body))?;
-    let res = conn.send_request(req).await?;
-    Ok(http_body_util::BodyExt::collect(res.into_body())
-        .await?
-        .to_bytes())
-}
-
 /// `concurrency` keep-alive connections sending the same review for `duration`; the number of
 /// answers and their latencies in ms.
 async fn load(
@@ -81,11 +53,11 @@ async fn load(
             let tls = tls.clone();
             let body = body.clone();
             tokio::spawn(async move {
-                let mut conn = connect(port, tls).await?;
+                let mut conn = TlsConnection::connect(port, tls).await?;
                 let mut lat = Vec::new();
                 while Instant::now() < deadline {
                     let t = Instant::now();
-                    let answer = post(&mut conn, path, body.clone()).await?;
+                    let (_, answer) = conn.post(path, body.clone()).await?;
                     lat.push(t.elapsed().as_secs_f64() * 1e3);
                     if answer.len() < 50 {
                         return Err(BenchError::unexpected("short response"));
@@ -103,23 +75,6 @@ async fn load(
         );
     }
     Ok((all.len(), all))
-}
-
-/// A TLS client configuration that trusts the CA in `ca_pem`.
-fn trusting(ca_pem: &[u8]) -> Result<Arc<rustls::ClientConfig>> {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem).filter_map(Result::ok) {
-        roots.add(cert)?;
-    }
-    Ok(Arc::new(
-        rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth(),
-    ))
 }
 
 /// Creates a namespace and its default ServiceAccount (there may be no controller-manager).

@@ -16,7 +16,7 @@ use serde_json::json;
 
 use super::super::error::{BenchError, Result};
 use super::creation::PodKind;
-use super::{connect, post, trusting};
+use offload_testenv::http::{TlsConnection, trusting};
 
 /// The peer webhook process and what the benchmark needs of it.
 pub struct Peer {
@@ -60,13 +60,13 @@ pub async fn start(
                     "namespace": "bench", "operation": "CREATE",
                     "userInfo": {"username": "bench"}, "object": object}
     });
-    let mut conn = connect(operator_port, tls.clone()).await?;
-    let body = post(
-        &mut conn,
-        "/mutate/pod",
-        bytes::Bytes::from(serde_json::to_vec(&review)?),
-    )
-    .await?;
+    let mut conn = TlsConnection::connect(operator_port, tls.clone()).await?;
+    let (_, body) = conn
+        .post(
+            "/mutate/pod",
+            bytes::Bytes::from(serde_json::to_vec(&review)?),
+        )
+        .await?;
     let answer: serde_json::Value = serde_json::from_slice(&body)?;
     let patch = answer
         .pointer("/response/patch")
