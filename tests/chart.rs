@@ -2,7 +2,7 @@
 //! manifests, install → the whole flow → uninstall leaving nothing behind, and the policy that
 //! confines the agent to its own node.
 
-mod support;
+use offload_testenv::support;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use offload_api::api::{OffloadProfile, TrainingJob};
 use offload_api::names;
 use offload_operator::operator::{self, RunOptions};
@@ -422,23 +422,7 @@ async fn install_run_the_whole_flow_and_uninstall_leaving_nothing_behind() {
             .args(["cleanup", "--all-nodes"]),
         "offload-agent cleanup --all-nodes",
     );
-    for node in nodes.list(&ListParams::default()).await.unwrap().items {
-        let labels: BTreeMap<String, String> = node.metadata.labels.clone().unwrap_or_default();
-        for key in names::AGENT_LABELS {
-            assert!(
-                !labels.contains_key(key),
-                "{key} left on {:?}",
-                node.metadata.name
-            );
-        }
-        assert!(
-            !node
-                .metadata
-                .annotations
-                .unwrap_or_default()
-                .contains_key(names::ANNOTATION_NODE_REPORT)
-        );
-    }
+    assert_agent_left_nothing(&client).await;
     let left = kubectl(
         cluster,
         &[

@@ -1,7 +1,7 @@
 //! Smoke tests of the local control plane: the real kube-apiserver stores our CRDs and enforces
 //! their schema; the real controller-manager, scheduler and kwok run a batch Job's pods.
 
-mod support;
+use offload_testenv::support;
 
 use std::time::Duration;
 

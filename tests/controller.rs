@@ -3,7 +3,7 @@
 //!
 //! Nodes are cluster-wide, so every test uses its own pool label and a profile selecting it.
 
-mod support;
+use offload_testenv::support;
 
 use std::collections::BTreeMap;
 
@@ -293,11 +293,7 @@ async fn unified_memory_without_coherent_nodes_waits_then_resolves_when_one_appe
 async fn a_running_job_is_never_reconfigured() {
     let (_cluster, client, ns) = setup("frozen").await;
     add_node(&client, &ns, "h200", fixtures::H200_READING).await;
-    let profiles: Api<OffloadProfile> = Api::all(client.clone());
-    profiles
-        .create(&PostParams::default(), &pool_profile(&ns, &ns, json!({})))
-        .await
-        .unwrap();
+    add_profile(&client, &ns).await;
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     create_training_job(&api, "steady", &ns, json!({"name": "Generic"}), json!({})).await;
     let before = wait_for_condition(&api, "steady", "WorkloadCreated", "True").await;
@@ -305,7 +301,7 @@ async fn a_running_job_is_never_reconfigured() {
     let job_before = jobs.get("steady").await.unwrap();
 
     // The profile now disables offload; the running job must not follow.
-    profiles
+    Api::<OffloadProfile>::all(client.clone())
         .patch(
             &ns,
             &PatchParams::apply("offload-tests").force(),

@@ -1,7 +1,7 @@
 //! Killing the operator mid-way and starting it again leaves exactly one workload per job.
 //! Its own test binary, so its operators are the only ones running against its cluster.
 
-mod support;
+use offload_testenv::support;
 
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::watcher;
-use offload_api::api::{OffloadProfile, TrainingJob};
+use offload_api::api::TrainingJob;
 use offload_testenv::devcluster::{ClusterOptions, free_port};
 use offload_testenv::fixtures;
 use serde_json::json;
@@ -30,10 +30,7 @@ async fn a_restart_mid_way_leaves_exactly_one_workload_per_job() {
         )
         .await
         .unwrap();
-    Api::<OffloadProfile>::all(client.clone())
-        .create(&PostParams::default(), &pool_profile(&ns, &ns, json!({})))
-        .await
-        .unwrap();
+    support::controller::add_profile(&client, &ns).await;
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     for i in 0..JOBS {
         let tj: TrainingJob = serde_json::from_value(json!({

@@ -1,7 +1,7 @@
 //! What a TrainingJob's status says in the cases that went wrong before: a stale cached copy,
 //! a large DeepSpeed config, a workload the API server refuses, a job that did not opt in.
 
-mod support;
+use offload_testenv::support;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;

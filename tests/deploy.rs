@@ -7,7 +7,7 @@
 //! Needs root (a kubelet and containerd run here); the figures it prints go into
 //! `docs/benchmarks/deploy.md`.
 
-mod support;
+use offload_testenv::support;
 
 #[path = "deploy/failover.rs"]
 mod failover;
@@ -468,30 +468,7 @@ async fn uninstall_leaves_nothing_behind(cluster: &DevCluster, client: &kube::Cl
     .await;
     // The clean-up hook ran as a real Job: no node keeps an agent label or report; the operator's
     // run-time objects are gone.
-    for node in Api::<Node>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-    {
-        let labels = node.metadata.labels.clone().unwrap_or_default();
-        for key in names::AGENT_LABELS {
-            assert!(
-                !labels.contains_key(key),
-                "{key} left on {:?}",
-                node.metadata.name
-            );
-        }
-        assert!(
-            !node
-                .metadata
-                .annotations
-                .unwrap_or_default()
-                .contains_key(names::ANNOTATION_NODE_REPORT),
-            "report left on {:?}",
-            node.metadata.name
-        );
-    }
+    assert_agent_left_nothing(client).await;
     let left = kubectl(
         cluster,
         &[

@@ -5,7 +5,7 @@
 //! ResourceClaimTemplates; the operator sizes them by their claims and pins them to the
 //! decided class with a copy of each template that selects only that class's GPUs.
 
-mod support;
+use offload_testenv::support;
 
 use std::time::Duration;
 

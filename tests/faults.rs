@@ -6,7 +6,7 @@
 //! The operator runs as its own process (the built `offload-operator` binary) wherever a fault
 //! kills it; each such test owns its control plane, so a restart disturbs no other test.
 
-mod support;
+use offload_testenv::support;
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
@@ -540,10 +540,7 @@ async fn a_report_turning_failed_while_jobs_wait_is_what_they_are_decided_on() {
         .await
         .unwrap();
     decided_overlap_becomes(&api, &probe, false).await;
-    Api::<OffloadProfile>::all(client.clone())
-        .create(&PostParams::default(), &pool_profile(&ns, &ns, json!({})))
-        .await
-        .unwrap();
+    support::controller::add_profile(&client, &ns).await;
     for i in 0..3 {
         let tj = support::controller::wait_for_condition(
             &api,
@@ -611,10 +608,7 @@ async fn a_node_deleted_under_a_resolved_job_leaves_it_and_its_workload_alone() 
         )
         .await
         .unwrap();
-    Api::<OffloadProfile>::all(client.clone())
-        .create(&PostParams::default(), &pool_profile(&ns, &ns, json!({})))
-        .await
-        .unwrap();
+    support::controller::add_profile(&client, &ns).await;
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     create_training_job(&api, "resolved", &ns, deepspeed(), json!({})).await;
     let before =

@@ -8,7 +8,7 @@
 //! the class the operator pinned the job to, not the order of the queue. Needs root (a kubelet
 //! and containerd run here); the figures it prints go into `docs/benchmarks/kueue.md`.
 
-mod support;
+use offload_testenv::support;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! created and bound to simulated nodes. The summaries are recorded ones (source
 //! `recorded-trace`), written on the Nodes as the agent writes them.
 
-mod support;
+use offload_testenv::support;
 
 use std::time::Duration;
 

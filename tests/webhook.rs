@@ -1,6 +1,6 @@
 //! The webhook through the real API server, over real TLS with the operator-managed CA.
 
-mod support;
+use offload_testenv::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

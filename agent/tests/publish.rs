@@ -9,10 +9,10 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use offload_agent::probe::{NvmlSource, RealNvml, RecordedNvml};
 use offload_agent::{assemble, publish};
-use offload_api::api::{Framework, FrameworkSpec, OffloadMode, OffloadProfileSpec, OffloadSpec};
+use offload_api::api::{OffloadMode, OffloadProfileSpec};
 use offload_api::names;
 use offload_api::report::NodeReport;
-use offload_operator::decision::{DeepSpeedRequest, JobRequest, resolve_offload};
+use offload_operator::decision::{JobRequest, resolve_offload};
 use offload_operator::index::{NodeIndex, NodeInfo};
 use offload_testenv::devcluster::ClusterOptions;
 use offload_testenv::fixtures;
@@ -76,18 +76,8 @@ async fn a_published_report_is_what_the_decision_reads_and_cleanup_removes_only_
         "others' labels untouched"
     );
 
-    let job = JobRequest {
-        offload: OffloadSpec::default(),
-        framework: FrameworkSpec {
-            name: Framework::Generic,
-            version: None,
-        },
-        deepspeed: DeepSpeedRequest::default(),
-        model: None,
-        pods: 1,
-        gpus_per_pod: 1,
-        ..JobRequest::default()
-    };
+    // One pod of one GPU, framework Generic, everything else left to the operator.
+    let job = JobRequest::default();
     let res = resolve_offload(
         &job,
         "default",
@@ -102,18 +92,11 @@ async fn a_published_report_is_what_the_decision_reads_and_cleanup_removes_only_
     publish::publish(&client, &report).await.unwrap();
     publish::remove(&client, &name).await.unwrap();
     let after = nodes.get(&name).await.unwrap();
-    let labels = after.metadata.labels.unwrap_or_default();
-    for key in names::AGENT_LABELS {
-        assert!(!labels.contains_key(key), "{key} left behind");
-    }
-    assert!(
-        !after
-            .metadata
-            .annotations
-            .unwrap_or_default()
-            .contains_key(names::ANNOTATION_NODE_REPORT)
+    offload_testenv::support::assert_agent_left_nothing_on(&after);
+    assert_eq!(
+        after.metadata.labels.unwrap_or_default()["nvidia.com/gpu.product"],
+        "NVIDIA-GH200-480GB"
     );
-    assert_eq!(labels["nvidia.com/gpu.product"], "NVIDIA-GH200-480GB");
 }
 
 #[tokio::test]

@@ -52,6 +52,14 @@ pub mod paths {
     pub const MUTATE_WORKLOAD: &str = "/mutate/workload";
     /// Mutating Pod.
     pub const MUTATE_POD: &str = "/mutate/pod";
+    /// Every endpoint's path.
+    pub const ALL: [&str; 5] = [
+        VALIDATE_TRAINING_JOB,
+        VALIDATE_PROFILE,
+        MUTATE_TRAINING_JOB,
+        MUTATE_WORKLOAD,
+        MUTATE_POD,
+    ];
 }
 
 /// Shared state of the handlers.
@@ -114,37 +122,41 @@ async fn referenced_config(
 
 type Handler = fn(&AdmissionRequest<DynamicObject>, &Review) -> Verdict;
 
+/// Each endpoint: its path, its name in metrics and logs, and its handler.
+const ENDPOINTS: [(&str, &str, Handler); 5] = [
+    (
+        paths::VALIDATE_TRAINING_JOB,
+        "validate-trainingjob",
+        admit::validate_training_job,
+    ),
+    (
+        paths::VALIDATE_PROFILE,
+        "validate-offloadprofile",
+        admit::validate_profile,
+    ),
+    (
+        paths::MUTATE_TRAINING_JOB,
+        "mutate-trainingjob",
+        admit::mutate_training_job,
+    ),
+    (
+        paths::MUTATE_WORKLOAD,
+        "mutate-workload",
+        admit::mutate_workload,
+    ),
+    (paths::MUTATE_POD, "mutate-pod", admit::mutate_pod),
+];
+
 /// The webhook router. Built in the library so tests drive it in-process.
 pub fn router(state: WebhookState) -> Router {
-    Router::new()
-        .route(
-            paths::VALIDATE_TRAINING_JOB,
-            post(|s: State<WebhookState>, b: Bytes| {
-                handle(s, b, "validate-trainingjob", admit::validate_training_job)
-            }),
-        )
-        .route(
-            paths::VALIDATE_PROFILE,
-            post(|s: State<WebhookState>, b: Bytes| {
-                handle(s, b, "validate-offloadprofile", admit::validate_profile)
-            }),
-        )
-        .route(
-            paths::MUTATE_TRAINING_JOB,
-            post(|s: State<WebhookState>, b: Bytes| {
-                handle(s, b, "mutate-trainingjob", admit::mutate_training_job)
-            }),
-        )
-        .route(
-            paths::MUTATE_WORKLOAD,
-            post(|s: State<WebhookState>, b: Bytes| {
-                handle(s, b, "mutate-workload", admit::mutate_workload)
-            }),
-        )
-        .route(
-            paths::MUTATE_POD,
-            post(|s: State<WebhookState>, b: Bytes| handle(s, b, "mutate-pod", admit::mutate_pod)),
-        )
+    ENDPOINTS
+        .into_iter()
+        .fold(Router::new(), |router, (path, endpoint, handler)| {
+            router.route(
+                path,
+                post(move |s: State<WebhookState>, b: Bytes| handle(s, b, endpoint, handler)),
+            )
+        })
         .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
         .layer(tower_http::timeout::RequestBodyDeadlineLayer::new(
             READ_TIMEOUT,

@@ -333,25 +333,21 @@ trait WebhookConfiguration:
     fn bundles(&self) -> Vec<Option<&ByteString>>;
 }
 
-impl WebhookConfiguration for MutatingWebhookConfiguration {
-    fn bundles(&self) -> Vec<Option<&ByteString>> {
-        self.webhooks
-            .iter()
-            .flatten()
-            .map(|w| w.client_config.ca_bundle.as_ref())
-            .collect()
-    }
+/// The two configuration types differ only in their webhooks' type; both carry `clientConfig`.
+macro_rules! webhook_configuration {
+    ($($kind:ty),*) => {$(
+        impl WebhookConfiguration for $kind {
+            fn bundles(&self) -> Vec<Option<&ByteString>> {
+                self.webhooks
+                    .iter()
+                    .flatten()
+                    .map(|w| w.client_config.ca_bundle.as_ref())
+                    .collect()
+            }
+        }
+    )*};
 }
-
-impl WebhookConfiguration for ValidatingWebhookConfiguration {
-    fn bundles(&self) -> Vec<Option<&ByteString>> {
-        self.webhooks
-            .iter()
-            .flatten()
-            .map(|w| w.client_config.ca_bundle.as_ref())
-            .collect()
-    }
-}
+webhook_configuration!(MutatingWebhookConfiguration, ValidatingWebhookConfiguration);
 
 /// Patches `bundle_pem` into every webhook of configuration `name` that lacks it; nothing
 /// when the configuration does not exist (yet).

@@ -129,17 +129,42 @@ impl Rig {
         );
     }
 
+    /// Queues chunk `i`'s GPU work on the compute stream.
+    fn launch_chunk(&self, i: usize) -> Result<(), CudaError> {
+        launch_busy(
+            &self.module,
+            &self.compute,
+            self.dev_grads.chunk(i, self.elems),
+            self.elems,
+            self.iters,
+        )
+    }
+
+    /// Queues the copy of chunk `i`'s gradients to the host on the device-to-host stream.
+    fn grads_out(&mut self, i: usize) -> Result<(), CudaError> {
+        let r = self.chunk_range(i);
+        dtoh(
+            &mut self.host_grads.slice_mut()[r],
+            self.dev_grads.chunk(i, self.elems),
+            &self.d2h,
+        )
+    }
+
+    /// Queues the copy of chunk `i`'s updated parameters back on the host-to-device stream.
+    fn params_back(&self, i: usize) -> Result<(), CudaError> {
+        let r = self.chunk_range(i);
+        htod(
+            self.dev_params.chunk(i, self.elems),
+            &self.host_params.slice()[r],
+            &self.h2d,
+        )
+    }
+
     fn gpu_only(&self) -> Result<f64, CudaError> {
         let (start, end) = (Event::new()?, Event::new()?);
         start.record(&self.compute)?;
         for i in 0..self.chunks {
-            launch_busy(
-                &self.module,
-                &self.compute,
-                self.dev_grads.chunk(i, self.elems),
-                self.elems,
-                self.iters,
-            )?;
+            self.launch_chunk(i)?;
         }
         end.record(&self.compute)?;
         end.sync()?;
@@ -158,34 +183,18 @@ impl Rig {
     fn serial(&mut self) -> Result<f64, CudaError> {
         let t = Instant::now();
         for i in 0..self.chunks {
-            launch_busy(
-                &self.module,
-                &self.compute,
-                self.dev_grads.chunk(i, self.elems),
-                self.elems,
-                self.iters,
-            )?;
+            self.launch_chunk(i)?;
         }
         self.compute.sync()?;
         for i in 0..self.chunks {
-            let r = self.chunk_range(i);
-            dtoh(
-                &mut self.host_grads.slice_mut()[r],
-                self.dev_grads.chunk(i, self.elems),
-                &self.d2h,
-            )?;
+            self.grads_out(i)?;
         }
         self.d2h.sync()?;
         for i in 0..self.chunks {
             self.cpu_update(i);
         }
         for i in 0..self.chunks {
-            let r = self.chunk_range(i);
-            htod(
-                self.dev_params.chunk(i, self.elems),
-                &self.host_params.slice()[r],
-                &self.h2d,
-            )?;
+            self.params_back(i)?;
         }
         self.h2d.sync()?;
         Ok(t.elapsed().as_secs_f64() * 1e3)
@@ -203,34 +212,18 @@ impl Rig {
             .collect::<Result<_, _>>()?;
         let t = Instant::now();
         for i in 0..self.chunks {
-            launch_busy(
-                &self.module,
-                &self.compute,
-                self.dev_grads.chunk(i, self.elems),
-                self.elems,
-                self.iters,
-            )?;
+            self.launch_chunk(i)?;
             done[i].record(&self.compute)?;
             self.d2h.wait(&done[i])?;
-            let r = self.chunk_range(i);
             // With pageable memory this call blocks the host until the copy is done, which is
             // exactly how overlap breaks when pinned memory is refused.
-            dtoh(
-                &mut self.host_grads.slice_mut()[r],
-                self.dev_grads.chunk(i, self.elems),
-                &self.d2h,
-            )?;
+            self.grads_out(i)?;
             copied[i].record(&self.d2h)?;
         }
         for (i, ev) in copied.iter().enumerate() {
             ev.sync()?;
             self.cpu_update(i);
-            let r = self.chunk_range(i);
-            htod(
-                self.dev_params.chunk(i, self.elems),
-                &self.host_params.slice()[r],
-                &self.h2d,
-            )?;
+            self.params_back(i)?;
         }
         self.h2d.sync()?;
         self.compute.sync()?;

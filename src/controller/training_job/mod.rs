@@ -225,15 +225,14 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
         }
         return Ok(action);
     }
-    publish(
-        ctx,
-        tj,
-        EventType::Normal,
-        "WorkloadCreated",
-        &format!("created Job {name} with {}", render::resolved_summary(&res)),
-    )
-    .await;
+    let summary = render::resolved_summary(&res);
+    workload_created(ctx, tj, format!("created Job {name} with {summary}")).await;
     Ok(Action::await_change())
+}
+
+/// The one Event of a workload created.
+async fn workload_created(ctx: &Context, tj: &TrainingJob, message: String) {
+    publish(ctx, tj, EventType::Normal, "WorkloadCreated", &message).await;
 }
 
 /// A TrainingJob that opted out of offload configuration (no profile annotation, no offload
@@ -271,17 +270,11 @@ async fn run_without_offload(tj: &TrainingJob, ctx: &Context) -> Result<Action, 
     if let Some(action) = apply_workload(tj, ctx, &built, &mut status).await? {
         return Ok(action);
     }
-    publish(
-        ctx,
-        tj,
-        EventType::Normal,
-        "WorkloadCreated",
-        &format!(
-            "created Job {} without offload configuration (none requested)",
-            tj.name_any()
-        ),
-    )
-    .await;
+    let message = format!(
+        "created Job {} without offload configuration (none requested)",
+        tj.name_any()
+    );
+    workload_created(ctx, tj, message).await;
     Ok(Action::await_change())
 }
 

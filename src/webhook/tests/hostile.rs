@@ -4,13 +4,7 @@
 
 use super::*;
 
-const PATHS: [&str; 5] = [
-    paths::VALIDATE_TRAINING_JOB,
-    paths::VALIDATE_PROFILE,
-    paths::MUTATE_TRAINING_JOB,
-    paths::MUTATE_WORKLOAD,
-    paths::MUTATE_POD,
-];
+const PATHS: [&str; 5] = paths::ALL;
 
 /// Nests `depth` objects: `{"a":{"a":…}}`.
 fn nested(depth: usize) -> String {
@@ -185,4 +179,9 @@ async fn hostile_objects_are_refused_or_ignored_with_a_reason_on_every_endpoint(
             check_answer(case, path, status, &answer);
         }
     }
+}
+
+#[test]
+fn the_corpus_reaches_every_routed_endpoint() {
+    assert_eq!(crate::webhook::ENDPOINTS.map(|(path, _, _)| path), PATHS);
 }

@@ -122,6 +122,25 @@ pub(super) async fn post(app: axum::Router, path: &str, body: Vec<u8>) -> (Statu
     )
 }
 
+/// The message of a denial; fails the test when `r` allowed the object.
+pub(super) fn denial(r: &Value) -> &str {
+    assert_eq!(r["allowed"], false, "{r}");
+    r["status"]["message"].as_str().unwrap_or_default()
+}
+
+/// A review creating OffloadProfile `p` with `spec`.
+pub(super) fn profile_review(spec: Value) -> Value {
+    review(
+        "offload.dev",
+        "v1alpha1",
+        "OffloadProfile",
+        "offloadprofiles",
+        "CREATE",
+        json!({"apiVersion": "offload.dev/v1alpha1", "kind": "OffloadProfile", "metadata": {"name": "p"}, "spec": spec}),
+        None,
+    )
+}
+
 /// The validating webhook's answer to creating TrainingJob `tj` in `app`'s cluster.
 pub(super) async fn validate_new(app: axum::Router, tj: Value) -> Value {
     admit(

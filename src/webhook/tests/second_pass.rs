@@ -106,20 +106,10 @@ async fn names_the_workload_cannot_carry_and_mounts_over_the_system_are_denied()
 
 #[tokio::test]
 async fn a_selector_key_the_api_server_refuses_is_denied() {
-    let profile = json!({"apiVersion": "offload.dev/v1alpha1", "kind": "OffloadProfile",
-        "metadata": {"name": "p"}, "spec": {"nodeSelector": {"matchLabels": {"a b": "x"}}}});
     let r = admit(
         discrete_cluster(),
         paths::VALIDATE_PROFILE,
-        review(
-            "offload.dev",
-            "v1alpha1",
-            "OffloadProfile",
-            "offloadprofiles",
-            "CREATE",
-            profile,
-            None,
-        ),
+        profile_review(json!({"nodeSelector": {"matchLabels": {"a b": "x"}}})),
     )
     .await;
     assert_eq!(r["allowed"], false, "{r}");

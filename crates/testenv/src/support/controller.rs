@@ -1,33 +1,31 @@
-//! Helpers of the controller tests: the shared cluster with controller-manager, scheduler and
+//! Helpers of the controller tests (and the others that run the operator in process): the shared cluster with controller-manager, scheduler and
 //! kwok, the in-process operator, a pool of reported nodes and a profile per test.
 
 use std::time::Duration;
 
+use super::*;
+use crate::devcluster::ClusterOptions;
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
 use offload_api::api::{OffloadProfile, TrainingJob};
 use offload_api::names;
-use offload_testenv::devcluster::ClusterOptions;
-use offload_testenv::support::*;
 use serde_json::json;
 
+/// The controller tests' shared cluster: controller-manager, scheduler and kwok, no real node.
 pub const OPTIONS: ClusterOptions = ClusterOptions {
     controller_manager: true,
     scheduler: true,
     kwok: true,
     real_node: false,
 };
+/// How long a controller test waits for any one condition.
 pub const WAIT: Duration = Duration::from_secs(90);
 
-pub async fn setup(
-    prefix: &str,
-) -> (
-    &'static offload_testenv::devcluster::DevCluster,
-    Client,
-    String,
-) {
+/// The shared cluster with the in-process operator, a client and a fresh namespace named
+/// after `prefix`.
+pub async fn setup(prefix: &str) -> (&'static crate::devcluster::DevCluster, Client, String) {
     let cluster = cluster(OPTIONS);
     operator(cluster);
     let client = client(cluster).await;
@@ -54,6 +52,8 @@ pub async fn add_profile(client: &Client, ns: &str) {
         .unwrap();
 }
 
+/// A TrainingJob of two replicas of one GPU each under `profile`, with `framework` and the
+/// fields of `extra` merged into its spec.
 pub fn training_job(
     name: &str,
     profile: &str,
@@ -80,6 +80,7 @@ pub fn training_job(
     .unwrap()
 }
 
+/// Waits until TrainingJob `name` has condition `type_` with `status`; returns the job.
 pub async fn wait_for_condition(
     api: &Api<TrainingJob>,
     name: &str,

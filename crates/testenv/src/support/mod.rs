@@ -8,6 +8,8 @@ use std::future::Future;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub mod controller;
+
 use crate::devcluster::{ClusterOptions, DevCluster};
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -372,4 +374,54 @@ pub fn pool_profile(
         "spec": spec
     }))
     .unwrap()
+}
+
+/// Asserts that no Node keeps anything the agent writes (what `offload-agent cleanup` and the
+/// chart's uninstall hook promise).
+pub async fn assert_agent_left_nothing(client: &Client) {
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .unwrap();
+    nodes.items.iter().for_each(assert_agent_left_nothing_on);
+}
+
+/// Asserts that `node` keeps nothing the agent writes: its labels, its report, its observation.
+pub fn assert_agent_left_nothing_on(node: &Node) {
+    use offload_api::names;
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    for key in names::AGENT_LABELS {
+        assert!(!labels.contains_key(key), "{key} left on {name}");
+    }
+    let annotations = node.metadata.annotations.clone().unwrap_or_default();
+    for key in [names::ANNOTATION_NODE_REPORT, names::ANNOTATION_OBSERVED] {
+        assert!(!annotations.contains_key(key), "{key} left on {name}");
+    }
+}
+
+/// Whether the TrainingJob reports `WorkloadCreated=True`.
+pub fn has_workload(tj: &offload_api::api::TrainingJob) -> bool {
+    tj.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "WorkloadCreated" && c.status == "True")
+    })
+}
+
+/// Waits until `api` lists exactly `count` TrainingJobs and every one has its workload.
+pub async fn every_job_has_its_workload(
+    api: &Api<offload_api::api::TrainingJob>,
+    count: usize,
+    what: &str,
+    timeout: Duration,
+) {
+    wait_list(
+        api.clone(),
+        kube::runtime::watcher::Config::default(),
+        what,
+        timeout,
+        |tjs| (tjs.len() == count && tjs.iter().all(|tj| has_workload(tj))).then_some(()),
+    )
+    .await;
 }
