@@ -57,15 +57,9 @@ async fn coherent_nodes_give_unified_memory_and_pods_carry_env_config_and_affini
     add_node(&client, &ns, "gh200", fixtures::GH200_REFERENCE).await;
     add_node(&client, &ns, "gh200-b", fixtures::GH200_REFERENCE).await;
     add_profile(&client, &ns).await;
-    let cm: ConfigMap = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ds"},
-        "data": {"ds_config.json": "{\"train_batch_size\": 32, \"zero_optimization\": {\"stage\": 3, \"overlap_comm\": true}}"}
-    }))
-    .unwrap();
-    Api::<ConfigMap>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &cm)
-        .await
-        .unwrap();
+    let user =
+        json!({"train_batch_size": 32, "zero_optimization": {"stage": 3, "overlap_comm": true}});
+    add_deepspeed_config(&client, &ns, "ds", &user.to_string()).await;
 
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     let tj = training_job(
@@ -92,12 +86,7 @@ async fn coherent_nodes_give_unified_memory_and_pods_carry_env_config_and_affini
     );
 
     // The rendered config keeps the user's keys and adds SuperOffload.
-    let rendered = Api::<ConfigMap>::namespaced(client.clone(), &ns)
-        .get("llama-offload")
-        .await
-        .unwrap();
-    let ds: serde_json::Value =
-        serde_json::from_str(&rendered.data.unwrap()["ds_config.json"]).unwrap();
+    let ds = rendered_deepspeed_config(&client, &ns, "llama").await;
     assert_eq!(ds["train_batch_size"], 32);
     assert_eq!(ds["zero_optimization"]["overlap_comm"], true);
     assert_eq!(
@@ -121,17 +110,7 @@ async fn coherent_nodes_give_unified_memory_and_pods_carry_env_config_and_affini
                 .as_ref()
                 .is_some_and(|c| c.name == "llama-offload")
         }));
-        let terms = &spec
-            .affinity
-            .as_ref()
-            .unwrap()
-            .node_affinity
-            .as_ref()
-            .unwrap()
-            .required_during_scheduling_ignored_during_execution
-            .as_ref()
-            .unwrap()
-            .node_selector_terms;
+        let terms = required_node_terms(spec);
         let exprs = terms[0].match_expressions.as_ref().unwrap();
         assert!(
             exprs.iter().any(|e| e.key == names::LABEL_UMA

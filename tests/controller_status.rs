@@ -4,7 +4,6 @@
 use offload_testenv::support;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use offload_api::api::{ModeSetting, TrainingJob};
 use offload_testenv::fixtures;
@@ -114,14 +113,7 @@ async fn a_large_deepspeed_config_is_merged_compactly() {
     let user = json!({"zero_optimization": {"stage": 3}, "pipeline": {"partition": partition}});
     let text = user.to_string();
     assert!(text.len() > 600_000, "{} bytes", text.len());
-    let cm: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "big-ds"}, "data": {"ds_config.json": text}
-    }))
-    .unwrap();
-    Api::<ConfigMap>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &cm)
-        .await
-        .unwrap();
+    add_deepspeed_config(&client, &ns, "big-ds", &text).await;
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     create_training_job(
         &api,
@@ -132,12 +124,7 @@ async fn a_large_deepspeed_config_is_merged_compactly() {
     )
     .await;
     wait_for_condition(&api, "big", "WorkloadCreated", "True").await;
-    let rendered = Api::<ConfigMap>::namespaced(client.clone(), &ns)
-        .get("big-offload")
-        .await
-        .unwrap();
-    let merged: serde_json::Value =
-        serde_json::from_str(&rendered.data.unwrap()["ds_config.json"]).unwrap();
+    let merged = rendered_deepspeed_config(&client, &ns, "big").await;
     assert_eq!(
         merged["pipeline"]["partition"].as_array().unwrap().len(),
         340_000

@@ -51,10 +51,10 @@ fn opted_pod(name: &str) -> Pod {
     .unwrap()
 }
 
-fn training_job(name: &str) -> TrainingJob {
+fn training_job(name: &str, profile: &str) -> TrainingJob {
     serde_json::from_value(json!({
         "apiVersion": "offload.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": name, "annotations": {names::PROFILE_ANNOTATION: "auto"}},
+        "metadata": {"name": name, "annotations": {names::PROFILE_ANNOTATION: profile}},
         "spec": {"replicas": 1, "framework": {"name": "DeepSpeed", "version": "0.19.8"},
                  "template": {"spec": {"tolerations": toleration(),
                      "containers": [{"name": "train", "image": "train:1",
@@ -324,7 +324,7 @@ async fn the_webhook_and_controller_work_in_cluster(client: &kube::Client) {
     // A TrainingJob is resolved by the operator running in the cluster; its pod lands on a
     // simulated coherent node.
     let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    tjs.create(&PostParams::default(), &training_job("in-cluster"))
+    tjs.create(&PostParams::default(), &training_job("in-cluster", "auto"))
         .await
         .unwrap();
     wait_list(
@@ -369,11 +369,7 @@ async fn the_start_up_guard_stops_a_pod_on_the_wrong_node(
     create_real_node_profile(client, "real-node", json!({})).await;
     let ns = namespace(client, "guard").await;
     let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    let mut tj = training_job("guarded");
-    tj.metadata
-        .annotations
-        .get_or_insert_with(BTreeMap::new)
-        .insert(names::PROFILE_ANNOTATION.into(), "real-node".into());
+    let tj = training_job("guarded", "real-node");
     let started = Instant::now();
     create_when_admitted(&tjs, &tj, "the guarded job").await;
     let message = wait_list(
@@ -403,19 +399,7 @@ async fn the_start_up_guard_stops_a_pod_on_the_wrong_node(
             && message.contains("configured for cpu-copy offload"),
         "{message}"
     );
-    let events = kubectl(
-        cluster,
-        &[
-            "get",
-            "events",
-            "-n",
-            &ns,
-            "--field-selector",
-            "reason=StartupGuardFailed",
-            "-o",
-            "name",
-        ],
-    );
+    let events = events_with_reason(cluster, &ns, "StartupGuardFailed");
     assert!(!events.trim().is_empty(), "an Event says so too");
     // Leave the real node as it was for what follows.
     kubectl(cluster, &["delete", "namespace", &ns, "--wait=false"]);

@@ -43,28 +43,18 @@ fn dra_node(name: &str, fixture: Option<&str>, pool: &str) -> Node {
     node
 }
 
+/// `resource.k8s.io/v1` objects of `kind` in `ns`.
+fn resource_api(client: &kube::Client, ns: &str, kind: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", kind);
+    Api::namespaced_with(client.clone(), ns, &ApiResource::from_gvk(&gvk))
+}
+
 fn templates(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(
-        client.clone(),
-        ns,
-        &ApiResource::from_gvk(&GroupVersionKind::gvk(
-            "resource.k8s.io",
-            "v1",
-            "ResourceClaimTemplate",
-        )),
-    )
+    resource_api(client, ns, "ResourceClaimTemplate")
 }
 
 fn claims(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(
-        client.clone(),
-        ns,
-        &ApiResource::from_gvk(&GroupVersionKind::gvk(
-            "resource.k8s.io",
-            "v1",
-            "ResourceClaim",
-        )),
-    )
+    resource_api(client, ns, "ResourceClaim")
 }
 
 /// A ResourceClaimTemplate asking for `count` whole GPUs.

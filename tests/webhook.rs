@@ -105,77 +105,65 @@ async fn setup() -> (&'static DevCluster, Client, &'static Served) {
     let served = SERVED
         .get_or_init(|| async {
             // The webhook runs on a runtime of its own that outlives every test.
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()
+            let rotator = in_background(cluster, |client, tx| async move {
+                let ns: Namespace =
+                    serde_json::from_value(json!({"metadata": {"name": WEBHOOK_NS}})).unwrap();
+                let _ = Api::<Namespace>::all(client.clone())
+                    .create(&PostParams::default(), &ns)
+                    .await;
+                let nodes: Api<Node> = Api::all(client.clone());
+                let _ = nodes
+                    .create(
+                        &PostParams::default(),
+                        &reported_node("webhook-h200", fixtures::H200_READING, POOL),
+                    )
+                    .await;
+                let profile = pool_profile("default", POOL, json!({}));
+                let _ = Api::<OffloadProfile>::all(client.clone())
+                    .create(&PostParams::default(), &profile)
+                    .await;
+
+                let port = free_port().unwrap();
+                let (mutating, validating) = configurations(port);
+                Api::<MutatingWebhookConfiguration>::all(client.clone())
+                    .create(&PostParams::default(), &mutating)
+                    .await
                     .unwrap();
-                rt.block_on(async move {
-                    let client = cluster.client().await.unwrap();
-                    apply_crds(&client).await;
-                    let ns: Namespace =
-                        serde_json::from_value(json!({"metadata": {"name": WEBHOOK_NS}})).unwrap();
-                    let _ = Api::<Namespace>::all(client.clone())
-                        .create(&PostParams::default(), &ns)
-                        .await;
-                    let nodes: Api<Node> = Api::all(client.clone());
-                    let _ = nodes
-                        .create(
-                            &PostParams::default(),
-                            &reported_node("webhook-h200", fixtures::H200_READING, POOL),
-                        )
-                        .await;
-                    let profile = pool_profile("default", POOL, json!({}));
-                    let _ = Api::<OffloadProfile>::all(client.clone())
-                        .create(&PostParams::default(), &profile)
-                        .await;
+                Api::<ValidatingWebhookConfiguration>::all(client.clone())
+                    .create(&PostParams::default(), &validating)
+                    .await
+                    .unwrap();
 
-                    let port = free_port().unwrap();
-                    let (mutating, validating) = configurations(port);
-                    Api::<MutatingWebhookConfiguration>::all(client.clone())
-                        .create(&PostParams::default(), &mutating)
+                let shutdown = tokio_util::sync::CancellationToken::new();
+                let mut registry = prometheus_client::registry::Registry::default();
+                let metrics = Metrics::new(&mut registry);
+                let (caches, drive) =
+                    Caches::new(&client, metrics.clone(), Some(&Default::default()));
+                let state = WebhookState {
+                    view: Arc::new(StoreView::new(&caches)),
+                    metrics,
+                    configs: offload_operator::webhook::ConfigSource::Api(client.clone()),
+                };
+                let options = WebhookOptions {
+                    addr: format!("127.0.0.1:{port}").parse().unwrap(),
+                    certs: CertMode::Managed(ManagedCerts {
+                        namespace: WEBHOOK_NS.into(),
+                        secret: offload_api::names::WEBHOOK_SECRET.into(),
+                        names: vec!["127.0.0.1".into()],
+                        mutating: Some("offload-operator-test".into()),
+                        validating: Some("offload-operator-test".into()),
+                    }),
+                    check_interval: Duration::from_secs(3600),
+                };
+                let (rotator, _bound, serve) =
+                    webhook::serve(client.clone(), options, state, shutdown.clone())
                         .await
                         .unwrap();
-                    Api::<ValidatingWebhookConfiguration>::all(client.clone())
-                        .create(&PostParams::default(), &validating)
-                        .await
-                        .unwrap();
-
-                    let shutdown = tokio_util::sync::CancellationToken::new();
-                    let mut registry = prometheus_client::registry::Registry::default();
-                    let metrics = Metrics::new(&mut registry);
-                    let (caches, drive) =
-                        Caches::new(&client, metrics.clone(), Some(&Default::default()));
-                    let state = WebhookState {
-                        view: Arc::new(StoreView::new(&caches)),
-                        metrics,
-                        configs: offload_operator::webhook::ConfigSource::Api(client.clone()),
-                    };
-                    let options = WebhookOptions {
-                        addr: format!("127.0.0.1:{port}").parse().unwrap(),
-                        certs: CertMode::Managed(ManagedCerts {
-                            namespace: WEBHOOK_NS.into(),
-                            secret: offload_api::names::WEBHOOK_SECRET.into(),
-                            names: vec!["127.0.0.1".into()],
-                            mutating: Some("offload-operator-test".into()),
-                            validating: Some("offload-operator-test".into()),
-                        }),
-                        check_interval: Duration::from_secs(3600),
-                    };
-                    let (rotator, _bound, serve) =
-                        webhook::serve(client.clone(), options, state, shutdown.clone())
-                            .await
-                            .unwrap();
-                    // Wait until the webhook's own view has the profile and node it decides from.
-                    tx.send(rotator).ok();
-                    tokio::join!(drive, serve);
-                });
+                // Wait until the webhook's own view has the profile and node it decides from.
+                tx.send(rotator).ok();
+                tokio::join!(drive, serve);
             });
-            Served {
-                rotator: rx.await.unwrap(),
-            }
+            Served { rotator }
         })
         .await;
     let client = client(cluster).await;
@@ -243,14 +231,7 @@ async fn labelled_pods_and_jobs_are_stored_configured_and_others_untouched() {
         names.contains(&"OFFLOAD_MODE".to_string()) && names.contains(&"KEEP".to_string()),
         "{names:?}"
     );
-    let terms = spec
-        .affinity
-        .unwrap()
-        .node_affinity
-        .unwrap()
-        .required_during_scheduling_ignored_during_execution
-        .unwrap()
-        .node_selector_terms;
+    let terms = required_node_terms(&spec);
     assert!(
         terms[0]
             .match_expressions

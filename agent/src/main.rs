@@ -213,7 +213,7 @@ fn main() -> ExitCode {
                 reading,
                 offload_api::report::SelfTestReport::untested(0.8, "not run (probe)"),
             );
-            print_json(&report)
+            print_json(&report, true)
         }
         Command::Selftest { test, force } => {
             let report = assemble::build(
@@ -226,16 +226,13 @@ fn main() -> ExitCode {
                     previous: None,
                 },
             );
-            print_json(&report)
+            print_json(&report, true)
         }
         Command::Run(args) => {
             let recorded = match &args.observe_trace {
                 Some(path) => match offload_agent::utilization::RecordedUtilization::read(path) {
                     Ok(t) => Some(std::sync::Arc::new(t)),
-                    Err(e) => {
-                        eprintln!("error: {e}");
-                        return ExitCode::FAILURE;
-                    }
+                    Err(e) => return failure(e),
                 },
                 None => None,
             };
@@ -272,30 +269,15 @@ fn main() -> ExitCode {
             };
             let source = match source {
                 Ok(s) => s,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::FAILURE;
-                }
+                Err(e) => return failure(e),
             };
             match source.over_window(
                 &gpus,
                 Duration::from_secs_f64(seconds.clamp(0.0, 3600.0)),
                 Duration::from_millis(interval_ms.max(1)),
             ) {
-                Ok(obs) => match serde_json::to_string(&obs) {
-                    Ok(s) => {
-                        println!("{s}");
-                        ExitCode::SUCCESS
-                    }
-                    Err(e) => {
-                        eprintln!("error: {e}");
-                        ExitCode::FAILURE
-                    }
-                },
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
+                Ok(obs) => print_json(&obs, false),
+                Err(e) => failure(e),
             }
         }
         Command::Cleanup { node_name, .. } => {
@@ -334,10 +316,7 @@ where
         };
         match outcome {
             Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
+            Err(e) => failure(e),
         }
     })
 }
@@ -414,15 +393,24 @@ fn hostname() -> String {
         .unwrap_or_else(|| "unknown".to_string())
 }
 
-fn print_json(report: &offload_api::report::NodeReport) -> ExitCode {
-    match serde_json::to_string_pretty(report) {
+/// Prints `value` as JSON (indented, or on one line for a JSON-lines consumer).
+fn print_json(value: &impl serde::Serialize, pretty: bool) -> ExitCode {
+    let text = if pretty {
+        serde_json::to_string_pretty(value)
+    } else {
+        serde_json::to_string(value)
+    };
+    match text {
         Ok(s) => {
             println!("{s}");
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => failure(e),
     }
+}
+
+/// Says what failed on standard error; the process's failure.
+fn failure(e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {e}");
+    ExitCode::FAILURE
 }

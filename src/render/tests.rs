@@ -315,20 +315,13 @@ fn pod_template_gets_env_mount_and_affinity_once() {
         "job-offload"
     );
 
-    let terms = spec
-        .affinity
-        .unwrap()
-        .node_affinity
-        .unwrap()
-        .required_during_scheduling_ignored_during_execution
-        .unwrap()
-        .node_selector_terms;
+    let terms = offload_testenv::support::required_node_terms(&spec);
     assert_eq!(
         terms.len(),
         2,
         "the user's terms are kept, each ANDed with the class"
     );
-    for term in &terms {
+    for term in terms {
         let exprs = term.match_expressions.as_ref().unwrap();
         assert!(
             exprs

@@ -56,7 +56,7 @@ pub(super) async fn failover_admits_everything_and_resolves_every_job_once(
                 if i % 4 == 0 {
                     let name = format!("tj-{i}");
                     match tjs
-                        .create(&PostParams::default(), &training_job(&name))
+                        .create(&PostParams::default(), &training_job(&name, "auto"))
                         .await
                     {
                         Ok(_) => created_jobs.lock().unwrap().push(name),

@@ -137,11 +137,7 @@ pub(super) async fn the_agent_observes_a_configured_pod_on_the_real_node(
     let ns = namespace(client, "observed").await;
     let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     // A pod that runs: the pause image, already on the node.
-    let mut tj = training_job("observed");
-    tj.metadata
-        .annotations
-        .get_or_insert_with(BTreeMap::new)
-        .insert(names::PROFILE_ANNOTATION.into(), "observed".into());
+    let mut tj = training_job("observed", "observed");
     let pod_spec = tj.spec.template.spec.as_mut().unwrap();
     pod_spec.containers[0].image = Some(images::reference("offload-pause"));
     pod_spec.containers[0].image_pull_policy = Some("Never".into());
@@ -259,19 +255,7 @@ pub(super) async fn the_agent_observes_a_configured_pod_on_the_real_node(
     if flagged {
         assert_eq!(condition["reason"], "GPUsIdle");
         poll("the GPUsIdle Event", WAIT, || async {
-            let out = kubectl(
-                cluster,
-                &[
-                    "get",
-                    "events",
-                    "-n",
-                    &ns,
-                    "--field-selector",
-                    "reason=GPUsIdle",
-                    "-o",
-                    "name",
-                ],
-            );
+            let out = events_with_reason(cluster, &ns, "GPUsIdle");
             (!out.trim().is_empty()).then_some(())
         })
         .await;

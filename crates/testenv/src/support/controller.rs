@@ -136,3 +136,27 @@ pub async fn create_training_job(
     .await
     .unwrap()
 }
+
+/// The key a DeepSpeed configuration is kept under, in the user's ConfigMap and the rendered one.
+pub const DEEPSPEED_KEY: &str = "ds_config.json";
+
+/// Creates ConfigMap `name` in `ns` holding `config` as the user's DeepSpeed JSON.
+pub async fn add_deepspeed_config(client: &Client, ns: &str, name: &str, config: &str) {
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": name}, "data": {DEEPSPEED_KEY: config}
+    }))
+    .unwrap();
+    Api::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &cm)
+        .await
+        .unwrap();
+}
+
+/// The DeepSpeed JSON the operator rendered for TrainingJob `job` (ConfigMap `<job>-offload`).
+pub async fn rendered_deepspeed_config(client: &Client, ns: &str, job: &str) -> serde_json::Value {
+    let rendered: k8s_openapi::api::core::v1::ConfigMap = Api::namespaced(client.clone(), ns)
+        .get(&format!("{job}-offload"))
+        .await
+        .unwrap();
+    serde_json::from_str(&rendered.data.unwrap_or_default()[DEEPSPEED_KEY]).unwrap()
+}

@@ -276,29 +276,45 @@ pub fn kwok_node(name: &str, labels: &[(&str, &str)], annotations: &[(&str, &str
     node
 }
 
+/// Runs `task` on a runtime of its own thread, which outlives every test's runtime, with a
+/// client of `cluster` and the CRDs applied; returns what `task` sends once it is up (it goes on
+/// running until the test binary exits).
+pub fn in_background<T, F>(
+    cluster: &'static DevCluster,
+    task: impl FnOnce(Client, std::sync::mpsc::Sender<T>) -> F + Send + 'static,
+) -> T
+where
+    T: Send + 'static,
+    F: Future<Output = ()>,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let client = cluster.client().await.unwrap();
+            apply_crds(&client).await;
+            task(client, tx).await;
+        });
+    });
+    rx.recv().unwrap()
+}
+
 /// Starts the operator in-process (its own thread and runtime, like the cluster) once per test
 /// binary; it runs until the binary exits.
 pub fn operator(cluster: &'static DevCluster) {
     static STARTED: OnceLock<()> = OnceLock::new();
     STARTED.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
+        in_background(cluster, |client, up| async move {
+            let token = tokio_util::sync::CancellationToken::new();
+            up.send(()).unwrap();
+            offload_operator::operator::run(client, operator_options(), token)
+                .await
                 .unwrap();
-            rt.block_on(async move {
-                let client = cluster.client().await.unwrap();
-                apply_crds(&client).await;
-                let token = tokio_util::sync::CancellationToken::new();
-                tx.send(()).unwrap();
-                offload_operator::operator::run(client, operator_options(), token)
-                    .await
-                    .unwrap();
-            });
-        });
-        rx.recv().unwrap();
+        })
     });
 }
 
@@ -424,4 +440,40 @@ pub async fn every_job_has_its_workload(
         |tjs| (tjs.len() == count && tjs.iter().all(|tj| has_workload(tj))).then_some(()),
     )
     .await;
+}
+
+/// The names of the Events in `ns` with `reason`, as `kubectl get events` lists them (empty when
+/// there are none).
+pub fn events_with_reason(cluster: &DevCluster, ns: &str, reason: &str) -> String {
+    let selector = format!("reason={reason}");
+    kubectl(
+        cluster,
+        &[
+            "get",
+            "events",
+            "-n",
+            ns,
+            "--field-selector",
+            &selector,
+            "-o",
+            "name",
+        ],
+    )
+}
+
+/// The required node-affinity terms of a pod spec; fails the test when it has none.
+pub fn required_node_terms(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+) -> &[k8s_openapi::api::core::v1::NodeSelectorTerm] {
+    let required = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
+    &required
+        .expect("required node affinity")
+        .node_selector_terms
 }
