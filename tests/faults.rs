@@ -478,7 +478,7 @@ fn h200_report(node: &str, verdict: OverlapVerdict, efficiency: f64) -> NodeRepo
 }
 
 async fn publish(client: &Client, report: &NodeReport, pool: &str) {
-    let mut labels = report.labels();
+    let mut labels = offload_api::labels::published(report);
     labels.insert("offload.dev/test-pool".into(), pool.into());
     Api::<Node>::all(client.clone())
         .patch(

@@ -132,7 +132,7 @@ mod tests {
         );
         // No memory-model labels on a node that is not a GPU node as far as the agent can
         // tell: nothing a discrete node's affinity could match.
-        let labels = report.labels();
+        let labels = offload_api::labels::published(&report);
         assert_eq!(
             labels.keys().collect::<Vec<_>>(),
             [names::LABEL_OVERLAP],
@@ -205,7 +205,7 @@ mod tests {
             SelfTestRun::default(),
         );
         assert_eq!(report.memory_model, NodeMemoryModel::Coherent);
-        let labels = report.labels();
+        let labels = offload_api::labels::published(&report);
         assert_eq!(labels[names::LABEL_UMA], "true");
         assert_eq!(labels[names::LABEL_ADDRESSING_MODE], "ats");
         assert_eq!(labels[names::LABEL_C2C], "true");

@@ -32,7 +32,7 @@ pub fn apply_document(report: &NodeReport) -> Result<serde_json::Value, serde_js
         "kind": "Node",
         "metadata": {
             "name": report.node,
-            "labels": report.labels(),
+            "labels": offload_api::labels::published(report),
             "annotations": {names::ANNOTATION_NODE_REPORT: report.to_annotation()?},
         }
     }))
@@ -506,7 +506,7 @@ async fn measure_and_publish(
                 tracing::info!(
                     node = %report.node,
                     model = %report.memory_model,
-                    verdict = report.selftest.verdict.label_value(),
+                    verdict = %report.selftest.verdict,
                     efficiency = report.selftest.efficiency.unwrap_or(f64::NAN),
                     "measured"
                 );

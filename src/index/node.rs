@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use crate::dra::slices::{DriverSays, DriverWitness};
 use offload_api::api::NodeClass;
-use offload_api::labels::NodeLabels;
+use offload_api::labels::{LabelValue, NodeLabels};
 use offload_api::names;
 use offload_api::observed::{ObservedError, ObservedSummary};
 use offload_api::report::{
@@ -167,7 +167,7 @@ impl NodeInfo {
         let mut report = report.clone();
         report.node.clone_from(&name);
         let checked = report.check().map(|()| report.clone());
-        NodeInfo::new(name, report.labels(), Some(checked))
+        NodeInfo::new(name, offload_api::labels::published(&report), Some(checked))
     }
 
     /// The same view with the node's allocatable resources.

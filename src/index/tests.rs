@@ -26,7 +26,7 @@ fn annotations_of(node: &str, report: &str) -> BTreeMap<String, String> {
 }
 
 fn labels_of(fixture: &str) -> BTreeMap<String, String> {
-    NodeReport::parse(fixture).unwrap().labels()
+    offload_api::labels::published(&NodeReport::parse(fixture).unwrap())
 }
 
 #[test]

@@ -76,7 +76,7 @@ pub fn hysteresis(
                 v,
                 format!(
                     "kept {}: {e:.2}{range} is within ±{band:.2} of the threshold {threshold:.2}, too close to change it",
-                    v.label_value()
+                    v
                 ),
             ),
             _ => {
@@ -85,7 +85,7 @@ pub fn hysteresis(
                     v,
                     format!(
                         "first measurement, {e:.2}{range}, within ±{band:.2} of the threshold {threshold:.2}: {} until a clearer one",
-                        v.label_value()
+                        v
                     ),
                 )
             }

@@ -30,7 +30,84 @@ pub struct LabelError {
     /// The value found.
     pub value: String,
     /// The values allowed.
-    pub expected: &'static str,
+    pub expected: String,
+}
+
+/// A typed value of one of the agent's labels and its one spelling, derived (strum) from the
+/// type's serde names.
+pub trait LabelValue:
+    Copy + PartialEq + Into<&'static str> + std::str::FromStr + strum::VariantNames + 'static
+{
+    /// Values of the type that a label never carries.
+    const UNPUBLISHED: &'static [Self] = &[];
+
+    /// The value as published.
+    fn label_value(self) -> &'static str {
+        self.into()
+    }
+
+    /// Reads a published value; `None` outside the vocabulary.
+    fn from_label(value: &str) -> Option<Self> {
+        value
+            .parse()
+            .ok()
+            .filter(|v| !Self::UNPUBLISHED.contains(v))
+    }
+
+    /// Every value a label of this type may carry, for messages.
+    fn vocabulary() -> String {
+        let unpublished: Vec<&str> = Self::UNPUBLISHED.iter().map(|v| (*v).into()).collect();
+        Self::VARIANTS
+            .iter()
+            .filter(|v| !unpublished.contains(v))
+            .copied()
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Reads label `key` of `labels`: `default` when absent, an error outside the vocabulary.
+    fn read(
+        labels: &BTreeMap<String, String>,
+        key: &'static str,
+        default: Self,
+    ) -> Result<Self, LabelError> {
+        match labels.get(key) {
+            None => Ok(default),
+            Some(v) => Self::from_label(v).ok_or_else(|| LabelError {
+                key,
+                value: v.clone(),
+                expected: Self::vocabulary(),
+            }),
+        }
+    }
+}
+
+impl LabelValue for OverlapVerdict {}
+
+impl LabelValue for AddressingMode {
+    /// `Unknown` is published as `none`: only `ats` ever leads to a unified-memory decision, so
+    /// the conservative value is the safe one.
+    const UNPUBLISHED: &'static [Self] = &[AddressingMode::Unknown];
+
+    fn label_value(self) -> &'static str {
+        match self {
+            AddressingMode::Unknown => AddressingMode::None.into(),
+            mode => mode.into(),
+        }
+    }
+}
+
+/// The labels the agent publishes for `report`. A node without a GPU, or whose NVML could not
+/// be read, gets no memory-model labels at all (not `uma=false`, which would make it match a
+/// discrete node's affinity); only `offload.dev/overlap: untested` says the agent runs there.
+pub fn published(report: &NodeReport) -> BTreeMap<String, String> {
+    match report.memory_model {
+        NodeMemoryModel::Unknown | NodeMemoryModel::NoGpu => BTreeMap::from([(
+            names::LABEL_OVERLAP.to_string(),
+            report.selftest.verdict.label_value().to_string(),
+        )]),
+        _ => NodeLabels::from_report(report).to_map(),
+    }
 }
 
 fn bool_label(labels: &BTreeMap<String, String>, key: &'static str) -> Result<bool, LabelError> {
@@ -40,7 +117,7 @@ fn bool_label(labels: &BTreeMap<String, String>, key: &'static str) -> Result<bo
         Some(other) => Err(LabelError {
             key,
             value: other.to_string(),
-            expected: "true, false",
+            expected: "true, false".to_string(),
         }),
     }
 }
@@ -80,27 +157,15 @@ impl NodeLabels {
         if !labels.contains_key(names::LABEL_UMA) {
             return Ok(None);
         }
-        let addressing_mode = match labels.get(names::LABEL_ADDRESSING_MODE) {
-            None => AddressingMode::None,
-            Some(v) => AddressingMode::from_label(v).ok_or_else(|| LabelError {
-                key: names::LABEL_ADDRESSING_MODE,
-                value: v.clone(),
-                expected: "ats, hmm, none",
-            })?,
-        };
-        let overlap = match labels.get(names::LABEL_OVERLAP) {
-            None => OverlapVerdict::Untested,
-            Some(v) => OverlapVerdict::from_label(v).ok_or_else(|| LabelError {
-                key: names::LABEL_OVERLAP,
-                value: v.clone(),
-                expected: "verified, failed, untested",
-            })?,
-        };
         Ok(Some(NodeLabels {
             uma: bool_label(labels, names::LABEL_UMA)?,
-            addressing_mode,
+            addressing_mode: AddressingMode::read(
+                labels,
+                names::LABEL_ADDRESSING_MODE,
+                AddressingMode::None,
+            )?,
             c2c: bool_label(labels, names::LABEL_C2C)?,
-            overlap,
+            overlap: OverlapVerdict::read(labels, names::LABEL_OVERLAP, OverlapVerdict::Untested)?,
         }))
     }
 
@@ -175,6 +240,11 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.key, names::LABEL_ADDRESSING_MODE);
         assert!(err.to_string().contains("\"ATS\""), "{err}");
+        assert_eq!(err.expected, "ats, hmm, none");
+        // `unknown` is a report's word, never a label's: it is published as `none`.
+        assert_eq!(AddressingMode::Unknown.label_value(), "none");
+        assert_eq!(AddressingMode::from_label("unknown"), None);
+        assert_eq!(OverlapVerdict::vocabulary(), "verified, failed, untested");
         assert!(NodeLabels::parse(&map(&[(names::LABEL_UMA, "yes")])).is_err());
         assert!(
             NodeLabels::parse(&map(&[

@@ -1,16 +1,11 @@
 //! The node report: what the agent measured on a node, published as the versioned JSON
-//! annotation `offload.dev/node-report`, and the labels derived from it.
+//! annotation `offload.dev/node-report`. The labels derived from it are [`crate::labels`]'s.
 //!
 //! The agent writes it and the operator reads it with these same types, so the two can never
 //! disagree on a field name. Readers accept only [`REPORT_SCHEMA_VERSION`]; anything else is a
 //! clear error, never a guess.
 
-use std::collections::BTreeMap;
-use std::fmt;
-
 use serde::{Deserialize, Serialize};
-
-use crate::labels::NodeLabels;
 
 mod check;
 pub use check::{
@@ -25,9 +20,25 @@ pub const REPORT_SCHEMA_VERSION: u32 = 2;
 /// per-GPU and postponement fields.
 pub const READABLE_SCHEMA_VERSIONS: [u32; 2] = [1, 2];
 
-/// How a GPU addresses host memory, as NVML's `nvmlDeviceGetAddressingMode` reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// How a GPU addresses host memory, as NVML's `nvmlDeviceGetAddressingMode` reports it. One
+/// spelling for JSON, text and the `offload.dev/addressing-mode` label (see
+/// [`crate::labels::LabelValue`] for what the label may carry).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::VariantNames,
+)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum AddressingMode {
     /// Hardware address translation services: coherent access to system memory.
     Ats,
@@ -39,31 +50,12 @@ pub enum AddressingMode {
     Unknown,
 }
 
-impl AddressingMode {
-    /// Value of the `offload.dev/addressing-mode` label. `Unknown` is published as `none`: only
-    /// `ats` ever leads to a unified-memory decision, so the conservative value is the safe one.
-    pub fn label_value(self) -> &'static str {
-        match self {
-            AddressingMode::Ats => "ats",
-            AddressingMode::Hmm => "hmm",
-            AddressingMode::None | AddressingMode::Unknown => "none",
-        }
-    }
-
-    /// Reads a value of the `offload.dev/addressing-mode` label.
-    pub fn from_label(value: &str) -> Option<Self> {
-        match value {
-            "ats" => Some(AddressingMode::Ats),
-            "hmm" => Some(AddressingMode::Hmm),
-            "none" => Some(AddressingMode::None),
-            _ => None,
-        }
-    }
-}
-
 /// The memory model of a node, from its GPUs' addressing mode and C2C state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, strum::Display,
+)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum NodeMemoryModel {
     /// Hardware-coherent unified memory: every GPU in ATS mode with C2C enabled.
     Coherent,
@@ -100,9 +92,24 @@ impl NodeMemoryModel {
     }
 }
 
-/// Verdict of the overlap self-test.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// Verdict of the overlap self-test. One spelling for JSON, text and the `offload.dev/overlap`
+/// label.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::VariantNames,
+)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum OverlapVerdict {
     /// Pipelined step overlapped CPU and GPU work at or above the agent's threshold.
     Verified,
@@ -110,27 +117,6 @@ pub enum OverlapVerdict {
     Failed,
     /// Not measured (no GPU, no CUDA, test disabled or errored).
     Untested,
-}
-
-impl OverlapVerdict {
-    /// Value of the `offload.dev/overlap` label.
-    pub fn label_value(self) -> &'static str {
-        match self {
-            OverlapVerdict::Verified => "verified",
-            OverlapVerdict::Failed => "failed",
-            OverlapVerdict::Untested => "untested",
-        }
-    }
-
-    /// Reads a value of the `offload.dev/overlap` label.
-    pub fn from_label(value: &str) -> Option<Self> {
-        match value {
-            "verified" => Some(OverlapVerdict::Verified),
-            "failed" => Some(OverlapVerdict::Failed),
-            "untested" => Some(OverlapVerdict::Untested),
-            _ => None,
-        }
-    }
 }
 
 /// The whole report of one node.
@@ -441,32 +427,6 @@ impl NodeReport {
             }
             _ => AddressingMode::None,
         }
-    }
-
-    /// The labels the agent publishes for this report. A node without a GPU, or whose NVML
-    /// could not be read, gets no memory-model labels at all (not `uma=false`, which would
-    /// make it match a discrete node's affinity); only `offload.dev/overlap: untested` says the
-    /// agent runs there.
-    pub fn labels(&self) -> BTreeMap<String, String> {
-        match self.memory_model {
-            NodeMemoryModel::Unknown | NodeMemoryModel::NoGpu => BTreeMap::from([(
-                crate::names::LABEL_OVERLAP.to_string(),
-                self.selftest.verdict.label_value().to_string(),
-            )]),
-            _ => NodeLabels::from_report(self).to_map(),
-        }
-    }
-}
-
-impl fmt::Display for NodeMemoryModel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            NodeMemoryModel::Coherent => "coherent",
-            NodeMemoryModel::Hmm => "hmm",
-            NodeMemoryModel::Discrete => "discrete",
-            NodeMemoryModel::Unknown => "unknown",
-            NodeMemoryModel::NoGpu => "no-gpu",
-        })
     }
 }
 

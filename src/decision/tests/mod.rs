@@ -28,7 +28,7 @@ pub(super) fn node_from(name: &str, fixture: &str) -> NodeInfo {
         names::ANNOTATION_NODE_REPORT.to_string(),
         report.to_annotation().unwrap(),
     )]);
-    NodeInfo::from_metadata(name, report.labels(), &annotations)
+    NodeInfo::from_metadata(name, offload_api::labels::published(&report), &annotations)
 }
 
 pub(super) fn gh200(name: &str) -> NodeInfo {
@@ -64,7 +64,7 @@ pub(super) fn with_report(n: NodeInfo, edit: impl FnOnce(&mut NodeReport)) -> No
     let mut report = n.parsed_report().cloned().unwrap();
     edit(&mut report);
     let mut labels = n.labels.clone();
-    labels.extend(report.labels());
+    labels.extend(offload_api::labels::published(&report));
     NodeInfo::new(n.name.clone(), labels, Some(Ok(report)))
 }
 

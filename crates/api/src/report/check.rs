@@ -162,7 +162,7 @@ impl NodeReport {
         if s.verdict != OverlapVerdict::Untested && s.efficiency.is_none() {
             return impossible(format!(
                 "selftest.verdict is {} without an efficiency",
-                s.verdict.label_value()
+                s.verdict
             ));
         }
         let figures = [

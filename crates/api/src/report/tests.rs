@@ -47,19 +47,25 @@ fn recorded_reports_parse_and_classify() {
         NodeMemoryModel::classify(&gh.gpus),
         NodeMemoryModel::Coherent
     );
-    assert_eq!(gh.labels()[names::LABEL_UMA], "true");
-    assert_eq!(gh.labels()[names::LABEL_ADDRESSING_MODE], "ats");
+    assert_eq!(crate::labels::published(&gh)[names::LABEL_UMA], "true");
+    assert_eq!(
+        crate::labels::published(&gh)[names::LABEL_ADDRESSING_MODE],
+        "ats"
+    );
     let h200 = NodeReport::parse(H200_READING).unwrap();
     assert_eq!(
         NodeMemoryModel::classify(&h200.gpus),
         NodeMemoryModel::Discrete
     );
-    assert_eq!(h200.labels()[names::LABEL_UMA], "false");
-    assert_eq!(h200.labels()[names::LABEL_C2C], "false");
+    assert_eq!(crate::labels::published(&h200)[names::LABEL_UMA], "false");
+    assert_eq!(crate::labels::published(&h200)[names::LABEL_C2C], "false");
     let hmm = NodeReport::parse(HMM_UNPINNED).unwrap();
     assert_eq!(NodeMemoryModel::classify(&hmm.gpus), NodeMemoryModel::Hmm);
-    assert_eq!(hmm.labels()[names::LABEL_UMA], "false");
-    assert_eq!(hmm.labels()[names::LABEL_ADDRESSING_MODE], "hmm");
+    assert_eq!(crate::labels::published(&hmm)[names::LABEL_UMA], "false");
+    assert_eq!(
+        crate::labels::published(&hmm)[names::LABEL_ADDRESSING_MODE],
+        "hmm"
+    );
 }
 
 #[test]

@@ -355,7 +355,7 @@ pub fn test_node_report(name: &str, fixture: &str) -> offload_api::report::NodeR
 /// agree, as an agent's report and a device plugin do.
 pub fn reported_node(name: &str, fixture: &str, pool: &str) -> Node {
     let report = test_node_report(name, fixture);
-    let labels = report.labels();
+    let labels = offload_api::labels::published(&report);
     let mut label_refs: Vec<(&str, &str)> = labels
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))

@@ -22,7 +22,7 @@ pub fn reported_node(name: &str, fixture: &str) -> Result<Node> {
     let mut report =
         NodeReport::parse(fixture).map_err(|e| BenchError::unexpected(format!("fixture: {e}")))?;
     report.node = name.to_string();
-    let mut labels: BTreeMap<String, String> = report.labels();
+    let mut labels: BTreeMap<String, String> = offload_api::labels::published(&report);
     labels.insert("kubernetes.io/hostname".into(), name.into());
     Ok(serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Node",
