@@ -41,87 +41,15 @@ pub fn dra_minor(device: &str) -> Option<u32> {
 /// never releases the other.
 pub const OBSERVER_MANAGER: &str = "offload-agent-observer";
 
-/// The messages of `k8s.io/kubelet/pkg/apis/podresources/v1` this agent reads (fields it does
-/// not use are skipped on decoding).
+/// The kubelet's pod-resources API (`k8s.io/kubelet/pkg/apis/podresources/v1`), generated from
+/// its vendored `.proto` (`vendor/kubelet/`) by `crates/tools/tests/kubelet_protos.rs`, which also checks
+/// it for drift.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod v1 {
-    /// `ListPodResourcesRequest`.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct ListPodResourcesRequest {}
-
-    /// `ListPodResourcesResponse`.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct ListPodResourcesResponse {
-        /// Every pod the kubelet runs, with its assigned resources.
-        #[prost(message, repeated, tag = "1")]
-        pub pod_resources: Vec<PodResources>,
-    }
-
-    /// `PodResources`.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct PodResources {
-        /// Pod name.
-        #[prost(string, tag = "1")]
-        pub name: String,
-        /// Pod namespace.
-        #[prost(string, tag = "2")]
-        pub namespace: String,
-        /// Its containers.
-        #[prost(message, repeated, tag = "3")]
-        pub containers: Vec<ContainerResources>,
-    }
-
-    /// `ContainerResources`.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct ContainerResources {
-        /// Container name.
-        #[prost(string, tag = "1")]
-        pub name: String,
-        /// Devices assigned by device plugins.
-        #[prost(message, repeated, tag = "2")]
-        pub devices: Vec<ContainerDevices>,
-        /// Devices allocated through DRA claims.
-        #[prost(message, repeated, tag = "5")]
-        pub dynamic_resources: Vec<DynamicResource>,
-    }
-
-    /// `DynamicResource`: one claim of the container.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct DynamicResource {
-        /// The ResourceClaim's name.
-        #[prost(string, tag = "2")]
-        pub claim_name: String,
-        /// Its namespace.
-        #[prost(string, tag = "3")]
-        pub claim_namespace: String,
-        /// The devices allocated to it.
-        #[prost(message, repeated, tag = "4")]
-        pub claim_resources: Vec<ClaimResource>,
-    }
-
-    /// `ClaimResource`: one allocated device.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct ClaimResource {
-        /// The DRA driver (`gpu.nvidia.com`).
-        #[prost(string, tag = "2")]
-        pub driver_name: String,
-        /// The pool (the node, for NVIDIA's driver).
-        #[prost(string, tag = "3")]
-        pub pool_name: String,
-        /// The device's name in its pool (`gpu-0`).
-        #[prost(string, tag = "4")]
-        pub device_name: String,
-    }
-
-    /// `ContainerDevices`.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct ContainerDevices {
-        /// Extended resource name, e.g. `nvidia.com/gpu`.
-        #[prost(string, tag = "1")]
-        pub resource_name: String,
-        /// Device IDs as the device plugin named them.
-        #[prost(string, repeated, tag = "2")]
-        pub device_ids: Vec<String>,
-    }
+    include!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../vendor/kubelet/rust/podresources_v1.rs"
+    ));
 }
 
 /// Why an observation could not be made.
@@ -173,18 +101,8 @@ pub async fn list_pod_resources(
         }))
         .await
         .map_err(|e| err(format!("connecting: {e}")))?;
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready()
-        .await
-        .map_err(|e| err(format!("not ready: {e}")))?;
-    let codec =
-        tonic_prost::ProstCodec::<v1::ListPodResourcesRequest, v1::ListPodResourcesResponse>::default();
-    let answer = grpc
-        .unary(
-            tonic::Request::new(v1::ListPodResourcesRequest {}),
-            http::uri::PathAndQuery::from_static("/v1.PodResourcesLister/List"),
-            codec,
-        )
+    let answer = v1::pod_resources_lister_client::PodResourcesListerClient::new(channel)
+        .list(v1::ListPodResourcesRequest {})
         .await
         .map_err(|status| err(format!("List: {}", status.message())))?;
     Ok(answer.into_inner().pod_resources)

@@ -13,21 +13,24 @@ fn devices_are_joined_per_pod_for_the_gpu_resource_only() {
                         v1::ContainerDevices {
                             resource_name: GPU_RESOURCE.into(),
                             device_ids: vec!["GPU-b".into(), "GPU-a".into()],
+                            ..Default::default()
                         },
                         v1::ContainerDevices {
                             resource_name: "rdma/hca".into(),
                             device_ids: vec!["mlx5_0".into()],
+                            ..Default::default()
                         },
                     ],
-                    dynamic_resources: vec![],
+                    ..Default::default()
                 },
                 v1::ContainerResources {
                     name: "sidecar".into(),
                     devices: vec![v1::ContainerDevices {
                         resource_name: GPU_RESOURCE.into(),
                         device_ids: vec!["GPU-a".into()],
+                        ..Default::default()
                     }],
-                    dynamic_resources: vec![],
+                    ..Default::default()
                 },
             ],
         },
@@ -51,13 +54,13 @@ fn gpus_allocated_through_dra_claims_count_for_their_pod() {
         driver_name: driver.into(),
         pool_name: "node-a".into(),
         device_name: device.into(),
+        ..Default::default()
     };
     let pods = vec![v1::PodResources {
         name: "train-0".into(),
         namespace: "ml".into(),
         containers: vec![v1::ContainerResources {
             name: "train".into(),
-            devices: vec![],
             dynamic_resources: vec![v1::DynamicResource {
                 claim_name: "train-0-gpus-x1".into(),
                 claim_namespace: "ml".into(),
@@ -67,6 +70,7 @@ fn gpus_allocated_through_dra_claims_count_for_their_pod() {
                     claim("rdma.example.com", "nic-0"),
                 ],
             }],
+            ..Default::default()
         }],
     }];
     let by_pod = devices_by_pod(&pods, GPU_RESOURCE, Some(DRA_DRIVER));
@@ -119,11 +123,12 @@ fn gpus_allocated_through_dra_claims_count_for_their_pod() {
 #[test]
 fn the_response_decodes_from_the_kubelets_wire_format() {
     use prost::Message;
-    // Encoded with the upstream field numbers, plus fields this agent does not read
-    // (cpu_ids, tag 3 of ContainerResources; topology, tag 3 of ContainerDevices).
+    // Encoded with the upstream field numbers (cpu_ids, tag 3 of ContainerResources; topology,
+    // tag 3 of ContainerDevices, as the kubelet sends them).
     let devices = v1::ContainerDevices {
         resource_name: GPU_RESOURCE.into(),
         device_ids: vec!["GPU-0".into()],
+        ..Default::default()
     };
     let mut dev_bytes = devices.encode_to_vec();
     dev_bytes.extend([0x1a, 0x00]); // topology: empty message

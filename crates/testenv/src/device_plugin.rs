@@ -5,11 +5,9 @@
 //! pod-resources API against it. Nothing is mounted into the containers: no device exists.
 
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
@@ -18,95 +16,19 @@ pub const KUBELET_SOCKET: &str = "/var/lib/kubelet/device-plugins/kubelet.sock";
 /// The device-plugin API version this stand-in speaks.
 pub const API_VERSION: &str = "v1beta1";
 
-/// The messages of `k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1` this stand-in uses, with
-/// their upstream field numbers.
+/// The kubelet's device-plugin API (`k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1`), generated
+/// from its vendored `.proto` (`vendor/kubelet/`) by `crates/tools/tests/kubelet_protos.rs`, which also
+/// checks it for drift.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod v1beta1 {
-    use std::collections::HashMap;
-
-    /// `Empty`.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Empty {}
-
-    /// `DevicePluginOptions`.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct DevicePluginOptions {
-        /// Whether `PreStartContainer` must be called.
-        #[prost(bool, tag = "1")]
-        pub pre_start_required: bool,
-        /// Whether `GetPreferredAllocation` is served.
-        #[prost(bool, tag = "2")]
-        pub get_preferred_allocation_available: bool,
-    }
-
-    /// `RegisterRequest`.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct RegisterRequest {
-        /// API version.
-        #[prost(string, tag = "1")]
-        pub version: String,
-        /// The plugin's socket name, relative to the device-plugin directory.
-        #[prost(string, tag = "2")]
-        pub endpoint: String,
-        /// Extended resource name.
-        #[prost(string, tag = "3")]
-        pub resource_name: String,
-        /// Options.
-        #[prost(message, optional, tag = "4")]
-        pub options: Option<DevicePluginOptions>,
-    }
-
-    /// `Device`.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Device {
-        /// Device ID.
-        #[prost(string, tag = "1")]
-        pub id: String,
-        /// `Healthy` or `Unhealthy`.
-        #[prost(string, tag = "2")]
-        pub health: String,
-    }
-
-    /// `ListAndWatchResponse`.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct ListAndWatchResponse {
-        /// Every device of the resource.
-        #[prost(message, repeated, tag = "1")]
-        pub devices: Vec<Device>,
-    }
-
-    /// `ContainerAllocateRequest`.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct ContainerAllocateRequest {
-        /// Devices for one container.
-        #[prost(string, repeated, tag = "1")]
-        pub devices_ids: Vec<String>,
-    }
-
-    /// `AllocateRequest`.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct AllocateRequest {
-        /// One per container.
-        #[prost(message, repeated, tag = "1")]
-        pub container_requests: Vec<ContainerAllocateRequest>,
-    }
-
-    /// `ContainerAllocateResponse` (environment only).
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct ContainerAllocateResponse {
-        /// Environment variables for the container.
-        #[prost(map = "string, string", tag = "1")]
-        pub envs: HashMap<String, String>,
-    }
-
-    /// `AllocateResponse`.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct AllocateResponse {
-        /// One per container, in request order.
-        #[prost(message, repeated, tag = "1")]
-        pub container_responses: Vec<ContainerAllocateResponse>,
-    }
+    include!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../vendor/kubelet/rust/deviceplugin_v1beta1.rs"
+    ));
 }
 
+use v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
+use v1beta1::registration_client::RegistrationClient;
 use v1beta1::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, Device, DevicePluginOptions,
     Empty, ListAndWatchResponse, RegisterRequest,
@@ -127,107 +49,76 @@ struct Plugin {
     stop: CancellationToken,
 }
 
-type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
-type DeviceStream = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
+type DeviceStream = tonic::codegen::BoxStream<ListAndWatchResponse>;
 
-impl tower::Service<http::Request<tonic::body::Body>> for Plugin {
-    type Response = http::Response<tonic::body::Body>;
-    type Error = std::convert::Infallible;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        std::task::Poll::Ready(Ok(()))
+/// The three calls the kubelet makes of a plugin that asks for nothing more; the others answer
+/// `unimplemented`.
+#[tonic::async_trait]
+impl DevicePlugin for Plugin {
+    async fn get_device_plugin_options(
+        &self,
+        _: tonic::Request<Empty>,
+    ) -> Result<tonic::Response<DevicePluginOptions>, Status> {
+        Ok(tonic::Response::new(DevicePluginOptions::default()))
     }
 
-    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        let plugin = self.clone();
-        match req.uri().path() {
-            "/v1beta1.DevicePlugin/GetDevicePluginOptions" => Box::pin(async move {
-                let svc = tower::service_fn(|_: tonic::Request<Empty>| async {
-                    Ok::<_, Status>(tonic::Response::new(DevicePluginOptions::default()))
-                });
-                Ok(tonic::server::Grpc::new(tonic_prost::ProstCodec::default())
-                    .unary(svc, req)
-                    .await)
-            }),
-            "/v1beta1.DevicePlugin/ListAndWatch" => Box::pin(async move {
-                let svc = tower::service_fn(move |_: tonic::Request<Empty>| {
-                    let plugin = plugin.clone();
-                    async move {
-                        let list = ListAndWatchResponse {
-                            devices: plugin
-                                .devices
-                                .iter()
-                                .map(|id| Device {
-                                    id: id.clone(),
-                                    health: "Healthy".into(),
-                                })
-                                .collect(),
-                        };
-                        // The list once, then open until the plugin stops (the kubelet takes
-                        // a closed stream for a plugin gone).
-                        let stop = plugin.stop.clone();
-                        let stream: DeviceStream =
-                            Box::pin(futures::stream::unfold(Some(list), move |next| {
-                                let stop = stop.clone();
-                                async move {
-                                    match next {
-                                        Some(list) => Some((Ok(list), None)),
-                                        None => {
-                                            stop.cancelled().await;
-                                            None
-                                        }
-                                    }
-                                }
-                            }));
-                        Ok::<_, Status>(tonic::Response::new(stream))
+    /// The list once, then open until the plugin stops (the kubelet takes a closed stream for a
+    /// plugin gone).
+    async fn list_and_watch(
+        &self,
+        _: tonic::Request<Empty>,
+    ) -> Result<tonic::Response<DeviceStream>, Status> {
+        let list = ListAndWatchResponse {
+            devices: self
+                .devices
+                .iter()
+                .map(|id| Device {
+                    id: id.clone(),
+                    health: "Healthy".into(),
+                    topology: None,
+                })
+                .collect(),
+        };
+        let stop = self.stop.clone();
+        let stream: DeviceStream = Box::pin(futures::stream::unfold(Some(list), move |next| {
+            let stop = stop.clone();
+            async move {
+                match next {
+                    Some(list) => Some((Ok(list), None)),
+                    None => {
+                        stop.cancelled().await;
+                        None
                     }
-                });
-                Ok(tonic::server::Grpc::new(tonic_prost::ProstCodec::default())
-                    .server_streaming(svc, req)
-                    .await)
-            }),
-            "/v1beta1.DevicePlugin/Allocate" => Box::pin(async move {
-                let svc = tower::service_fn(move |r: tonic::Request<AllocateRequest>| {
-                    let plugin = plugin.clone();
-                    async move {
-                        let mut responses = Vec::new();
-                        for c in r.into_inner().container_requests {
-                            if let Some(bad) =
-                                c.devices_ids.iter().find(|id| !plugin.devices.contains(id))
-                            {
-                                return Err(Status::invalid_argument(format!(
-                                    "unknown device {bad}"
-                                )));
-                            }
-                            if let Ok(mut all) = plugin.allocations.lock() {
-                                all.push(c.devices_ids.clone());
-                            }
-                            responses.push(ContainerAllocateResponse {
-                                envs: [(
-                                    "NVIDIA_VISIBLE_DEVICES".to_string(),
-                                    c.devices_ids.join(","),
-                                )]
-                                .into(),
-                            });
-                        }
-                        Ok(tonic::Response::new(AllocateResponse {
-                            container_responses: responses,
-                        }))
-                    }
-                });
-                Ok(tonic::server::Grpc::new(tonic_prost::ProstCodec::default())
-                    .unary(svc, req)
-                    .await)
-            }),
-            other => {
-                let status = Status::unimplemented(format!("{other} is not served"));
-                Box::pin(async move { Ok(status.into_http()) })
+                }
             }
+        }));
+        Ok(tonic::Response::new(stream))
+    }
+
+    async fn allocate(
+        &self,
+        request: tonic::Request<AllocateRequest>,
+    ) -> Result<tonic::Response<AllocateResponse>, Status> {
+        let mut responses = Vec::new();
+        for c in request.into_inner().container_requests {
+            if let Some(bad) = c.devices_ids.iter().find(|id| !self.devices.contains(id)) {
+                return Err(Status::invalid_argument(format!("unknown device {bad}")));
+            }
+            if let Ok(mut all) = self.allocations.lock() {
+                all.push(c.devices_ids.clone());
+            }
+            responses.push(ContainerAllocateResponse {
+                envs: [(
+                    "NVIDIA_VISIBLE_DEVICES".to_string(),
+                    c.devices_ids.join(","),
+                )]
+                .into(),
+                ..Default::default()
+            });
         }
+        Ok(tonic::Response::new(AllocateResponse {
+            container_responses: responses,
+        }))
     }
 }
 
@@ -263,7 +154,8 @@ impl StandInDevicePlugin {
         tokio::spawn(async move {
             let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
             if let Err(e) = tonic::transport::Server::builder()
-                .serve_with_incoming_shutdown(plugin, incoming, serving.cancelled_owned())
+                .add_service(DevicePluginServer::new(plugin))
+                .serve_with_incoming_shutdown(incoming, serving.cancelled_owned())
                 .await
             {
                 eprintln!("stand-in device plugin stopped: {e}");
@@ -306,21 +198,14 @@ async fn register(endpoint: &str, resource: &str) -> Result<(), DevicePluginErro
         }))
         .await
         .map_err(|e| err("connecting to", e.to_string()))?;
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready()
-        .await
-        .map_err(|e| err("waiting for", e.to_string()))?;
-    grpc.unary(
-        tonic::Request::new(RegisterRequest {
+    RegistrationClient::new(channel)
+        .register(RegisterRequest {
             version: API_VERSION.into(),
             endpoint: endpoint.into(),
             resource_name: resource.into(),
             options: Some(DevicePluginOptions::default()),
-        }),
-        http::uri::PathAndQuery::from_static("/v1beta1.Registration/Register"),
-        tonic_prost::ProstCodec::<RegisterRequest, Empty>::default(),
-    )
-    .await
-    .map_err(|s| err("registering with", s.message().to_string()))?;
+        })
+        .await
+        .map_err(|s| err("registering with", s.message().to_string()))?;
     Ok(())
 }
