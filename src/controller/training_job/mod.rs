@@ -7,6 +7,9 @@ mod follow;
 mod kueue;
 mod triggers;
 
+#[cfg(test)]
+mod tests;
+
 use std::sync::Arc;
 
 use crate::guard::Guarded;
