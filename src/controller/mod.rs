@@ -229,36 +229,10 @@ pub async fn run(
 ) {
     // The workload Jobs, cached: a job's reconcile follows its Job from here instead of
     // asking the API server each time (what the cache does not have yet, it asks for).
-    let (workloads, workload_writer) = kube::runtime::reflector::store::<Job>();
-    let workload_changes = kube::runtime::reflector::reflector(
-        workload_writer,
-        watcher(
-            Api::<Job>::all(client.clone()),
-            watcher::Config::default().labels(names::LABEL_TRAINING_JOB),
-        )
-        .default_backoff()
-        .modify(|job: &mut Job| {
-            training_job::slim_workload(job);
-            crate::caches::strip_for_cache(job);
-        }),
-    )
-    .touched_objects();
+    let (workloads, workload_changes) = labelled_cache(&client, training_job::slim_workload);
     // The workloads' pods: where each runs (observations are believed only from there) and
     // how its start-up guard ended (a trigger).
-    let (pods, pod_writer) = kube::runtime::reflector::store::<Pod>();
-    let pod_changes = kube::runtime::reflector::reflector(
-        pod_writer,
-        watcher(
-            Api::<Pod>::all(client.clone()),
-            watcher::Config::default().labels(names::LABEL_TRAINING_JOB),
-        )
-        .default_backoff()
-        .modify(|pod: &mut Pod| {
-            training_job::slim_pod(pod);
-            crate::caches::strip_for_cache(pod);
-        }),
-    )
-    .touched_objects();
+    let (pods, pod_changes) = labelled_cache(&client, training_job::slim_pod);
     let ctx = Arc::new(Context {
         render: options.render.clone(),
         workloads: Some(workloads),
@@ -266,136 +240,202 @@ pub async fn run(
         ..Context::new(client.clone(), caches, metrics.clone(), &options.reporter)
     });
     let config = controller::Config::default().concurrency(options.concurrency);
+    let jobs = job_controller(
+        &client,
+        caches,
+        &ctx,
+        config.clone(),
+        workload_changes,
+        pod_changes,
+        &shutdown,
+    );
+    let profiles = profile_controller(caches, ctx, config, &shutdown);
+    tokio::join!(
+        Box::pin(log_outcomes(jobs, "TrainingJob", metrics.clone())),
+        Box::pin(log_outcomes(profiles, "OffloadProfile", metrics)),
+    );
+}
 
+/// What a controller's run yields for each reconcile of a `K`.
+type Outcome<K> = Result<(ObjectRef<K>, Action), controller::Error<Error, watcher::Error>>;
+
+/// A watch of the objects of kind `K` labelled with their TrainingJob, each slimmed by `slim`
+/// and stripped of what no reconcile reads before it is cached: the cache and its changes.
+fn labelled_cache<K>(
+    client: &Client,
+    slim: fn(&mut K),
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + use<K>,
+)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = kube::runtime::reflector::store::<K>();
+    let changes = kube::runtime::reflector::reflector(
+        writer,
+        watcher(
+            Api::<K>::all(client.clone()),
+            watcher::Config::default().labels(names::LABEL_TRAINING_JOB),
+        )
+        .default_backoff()
+        .modify(move |obj: &mut K| {
+            slim(obj);
+            crate::caches::strip_for_cache(obj);
+        }),
+    )
+    .touched_objects();
+    (store, changes)
+}
+
+/// The TrainingJob controller and every trigger that can change a job's decision or status.
+fn job_controller<W, P>(
+    client: &Client,
+    caches: &Caches,
+    ctx: &Arc<Context>,
+    config: controller::Config,
+    workload_changes: W,
+    pod_changes: P,
+    shutdown: &CancellationToken,
+) -> impl Stream<Item = Outcome<Guarded<TrainingJob>>> + use<W, P>
+where
+    W: Stream<Item = Result<Job, watcher::Error>> + Send + 'static,
+    P: Stream<Item = Result<Pod, watcher::Error>> + Send + 'static,
+{
     let job_ctx = ctx.clone();
     let job_ctx_nodes = ctx.clone();
     let job_ctx_config_maps = ctx.clone();
     let job_ctx_observed = ctx.clone();
     let job_ctx_templates = ctx.clone();
     let job_ctx_slices = ctx.clone();
-    let job_controller =
-        // A job's own status writes (ours) do not trigger it again: only what the user or the
-        // API server changes (spec, labels, annotations, deletion) does.
-        Controller::for_shared_stream(
-            spec_changes(caches.jobs.subscribe(), caches.jobs.store().clone()),
-            caches.jobs.store().clone(),
+    // A job's own status writes (ours) do not trigger it again: only what the user or the
+    // API server changes (spec, labels, annotations, deletion) does.
+    Controller::for_shared_stream(
+        spec_changes(caches.jobs.subscribe(), caches.jobs.store().clone()),
+        caches.jobs.store().clone(),
+    )
+    .with_config(config.clone())
+    .owns_stream(workload_changes)
+    .watches_shared_stream(caches.profiles.subscribe(), move |profile| {
+        training_job::jobs_for_profile(&job_ctx, &profile.name_any())
+    })
+    // Node changes matter only when labels or annotations change (the agent's output), not
+    // on every heartbeat.
+    .watches_shared_stream(
+        metadata_changes(caches.nodes.subscribe(), caches.nodes.store().clone()),
+        move |node| training_job::jobs_for_node(&job_ctx_nodes, &node),
+    )
+    // A new observation (once a minute per node with configured pods): the running
+    // jobs it lists, and nothing else.
+    .watches_shared_stream(
+        observation_changes(caches.nodes.subscribe(), caches.nodes.store().clone()),
+        move |node| training_job::jobs_for_observation(&job_ctx_observed, &node),
+    )
+    // A workload pod whose start-up guard ended: record what it found.
+    .watches_stream(pod_changes, |pod| {
+        training_job::guard_outcome(&pod)?;
+        let name = pod.labels().get(names::LABEL_TRAINING_JOB)?.clone();
+        Some(ObjectRef::new(&name).within(&pod.namespace().unwrap_or_default()))
+    })
+    // A held job whose DeepSpeed ConfigMap the user fixes is tried again at once. Metadata is
+    // enough to map a ConfigMap to its jobs, and its resourceVersion moves with every edit.
+    .watches_stream(
+        watcher(
+            Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
+            watcher::Config::default().any_semantic(),
         )
-            .with_config(config.clone())
-            .owns_stream(workload_changes)
-            .watches_shared_stream(caches.profiles.subscribe(), move |profile| {
-                training_job::jobs_for_profile(&job_ctx, &profile.name_any())
-            })
-            // Node changes matter only when labels or annotations change (the agent's output), not
-            // on every heartbeat.
-            .watches_shared_stream(
-                metadata_changes(caches.nodes.subscribe(), caches.nodes.store().clone()),
-                move |node| training_job::jobs_for_node(&job_ctx_nodes, &node),
+        .default_backoff()
+        .touched_objects(),
+        move |cm| {
+            // The operator's own rendered configs (labelled with their job) are never a
+            // job's input: skip them without looking at the jobs.
+            if cm.labels().contains_key(names::LABEL_TRAINING_JOB) {
+                return Vec::new();
+            }
+            training_job::jobs_for_config_map(
+                &job_ctx_config_maps,
+                &cm.namespace().unwrap_or_default(),
+                &cm.name_any(),
             )
-            // A new observation (once a minute per node with configured pods): the running
-            // jobs it lists, and nothing else.
-            .watches_shared_stream(
-                observation_changes(caches.nodes.subscribe(), caches.nodes.store().clone()),
-                move |node| training_job::jobs_for_observation(&job_ctx_observed, &node),
-            )
-            // A workload pod whose start-up guard ended: record what it found.
-            .watches_stream(
-                pod_changes,
-                |pod| {
-                    training_job::guard_outcome(&pod)?;
-                    let name = pod.labels().get(names::LABEL_TRAINING_JOB)?.clone();
-                    Some(ObjectRef::new(&name).within(&pod.namespace().unwrap_or_default()))
-                },
-            )
-            // A held job whose DeepSpeed ConfigMap the user fixes is tried again at once. Metadata is
-            // enough to map a ConfigMap to its jobs, and its resourceVersion moves with every edit.
-            .watches_stream(
-                watcher(
-                    Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
-                    watcher::Config::default().any_semantic(),
-                )
-                .default_backoff()
-                .touched_objects(),
-                move |cm| {
-                    // The operator's own rendered configs (labelled with their job) are never a
-                    // job's input: skip them without looking at the jobs.
-                    if cm.labels().contains_key(names::LABEL_TRAINING_JOB) {
-                        return Vec::new();
-                    }
-                    training_job::jobs_for_config_map(
-                        &job_ctx_config_maps,
-                        &cm.namespace().unwrap_or_default(),
-                        &cm.name_any(),
-                    )
-                },
-            )
-            // DRA: a held job whose claim template appears, or a node the GPU driver now
-            // describes, is tried again.
-            .watches_shared_stream(caches.claim_templates.subscribe(), move |t| {
-                let Ok(t) = t.0.as_ref() else {
-                    return Vec::new();
-                };
-                // The operator's own copies are never a job's input.
-                if t.labels().contains_key(names::LABEL_TRAINING_JOB) {
-                    return Vec::new();
-                }
-                training_job::jobs_for_claim_template(
-                    &job_ctx_templates,
-                    &t.namespace().unwrap_or_default(),
-                    &t.name_any(),
-                )
-            })
-            .watches_shared_stream(caches.slices.subscribe(), move |_| {
-                training_job::jobs_for_slices(&job_ctx_slices)
-            })
-            .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-            .run(
-                training_job::reconcile,
-                error_policy::<Guarded<TrainingJob>>("TrainingJob"),
-                ctx.clone(),
-            );
+        },
+    )
+    // DRA: a held job whose claim template appears, or a node the GPU driver now
+    // describes, is tried again.
+    .watches_shared_stream(caches.claim_templates.subscribe(), move |t| {
+        let Ok(t) = t.0.as_ref() else {
+            return Vec::new();
+        };
+        // The operator's own copies are never a job's input.
+        if t.labels().contains_key(names::LABEL_TRAINING_JOB) {
+            return Vec::new();
+        }
+        training_job::jobs_for_claim_template(
+            &job_ctx_templates,
+            &t.namespace().unwrap_or_default(),
+            &t.name_any(),
+        )
+    })
+    .watches_shared_stream(caches.slices.subscribe(), move |_| {
+        training_job::jobs_for_slices(&job_ctx_slices)
+    })
+    .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+    .run(
+        training_job::reconcile,
+        error_policy::<Guarded<TrainingJob>>("TrainingJob"),
+        ctx.clone(),
+    )
+}
 
+/// The OffloadProfile status controller: nodes per memory model and overlap result, the jobs
+/// decided with each profile.
+fn profile_controller(
+    caches: &Caches,
+    ctx: Arc<Context>,
+    config: controller::Config,
+    shutdown: &CancellationToken,
+) -> impl Stream<Item = Outcome<OffloadProfile>> + use<> {
     let profiles_for_nodes = caches.profiles.store().clone();
     let profiles_for_slices = caches.profiles.store().clone();
-    let profile_controller =
-        Controller::for_shared_stream(caches.profiles.subscribe(), caches.profiles.store().clone())
-            // A profile's status counts jobs and nodes: during a burst of jobs, one write once
-            // the burst settles rather than one per job (the burst itself is not delayed).
-            .with_config(config.debounce(PROFILE_DEBOUNCE))
-            .watches_shared_stream(
-                metadata_changes(caches.nodes.subscribe(), caches.nodes.store().clone()),
-                move |_node| {
-                    profiles_for_nodes
-                        .state()
-                        .iter()
-                        .map(|p| ObjectRef::from(p.as_ref()))
-                        .collect::<Vec<_>>()
-                },
-            )
-            // The GPU driver's word changes which nodes a profile can use.
-            .watches_shared_stream(caches.slices.subscribe(), move |_slice| {
-                profiles_for_slices
+    Controller::for_shared_stream(caches.profiles.subscribe(), caches.profiles.store().clone())
+        // A profile's status counts jobs and nodes: during a burst of jobs, one write once
+        // the burst settles rather than one per job (the burst itself is not delayed).
+        .with_config(config.debounce(PROFILE_DEBOUNCE))
+        .watches_shared_stream(
+            metadata_changes(caches.nodes.subscribe(), caches.nodes.store().clone()),
+            move |_node| {
+                profiles_for_nodes
                     .state()
                     .iter()
                     .map(|p| ObjectRef::from(p.as_ref()))
                     .collect::<Vec<_>>()
-            })
-            // A profile counts the jobs decided with it: only a job's first decision, a change
-            // of its profile, or its deletion changes that count.
-            .reconcile_on(decision_profile_changes(
-                caches.jobs.subscribe(),
-                caches.jobs.store().clone(),
-            ))
-            .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-            .run(
-                |profile, ctx| caught(profile_status::reconcile(profile, ctx)),
-                error_policy::<OffloadProfile>("OffloadProfile"),
-                ctx,
-            );
-
-    tokio::join!(
-        Box::pin(log_outcomes(job_controller, "TrainingJob", metrics.clone())),
-        Box::pin(log_outcomes(profile_controller, "OffloadProfile", metrics)),
-    );
+            },
+        )
+        // The GPU driver's word changes which nodes a profile can use.
+        .watches_shared_stream(caches.slices.subscribe(), move |_slice| {
+            profiles_for_slices
+                .state()
+                .iter()
+                .map(|p| ObjectRef::from(p.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        // A profile counts the jobs decided with it: only a job's first decision, a change
+        // of its profile, or its deletion changes that count.
+        .reconcile_on(decision_profile_changes(
+            caches.jobs.subscribe(),
+            caches.jobs.store().clone(),
+        ))
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(
+            |profile, ctx| caught(profile_status::reconcile(profile, ctx)),
+            error_policy::<OffloadProfile>("OffloadProfile"),
+            ctx,
+        )
 }
 
 /// Drains a controller's outcome stream: reconcile failures are already counted by the error

@@ -7,7 +7,7 @@ use offload_api::version::{self, FrameworkVersion};
 use super::DEFAULT_ZERO_STAGE;
 use super::error::ResolveError;
 use super::memory::Placement;
-use super::request::JobRequest;
+use super::request::{DeepSpeedRequest, JobRequest};
 
 /// How the framework receives the configuration.
 #[derive(Clone, Debug, PartialEq)]
@@ -307,98 +307,12 @@ fn plan_inner(
     match (job.framework.name, &facts.version) {
         (Framework::DeepSpeed, Some(version)) => {
             let ds = &job.deepspeed;
-            let can_super = version::deepspeed::has(version, version::deepspeed::SUPER_OFFLOAD);
-            let super_offload = match (mode, ds.super_offload) {
-                (OffloadMode::Disabled, _) => false,
-                (_, Some(false)) => {
-                    say(why, "SuperOffload off: deepspeed.superOffload is false");
-                    false
-                }
-                (_, Some(true)) => {
-                    if node_class == Some(NodeClass::Discrete) {
-                        say(
-                            why,
-                            "SuperOffload on because deepspeed.superOffload asks for it; note it was measured 2.2x slower than plain CPU offload on a PCIe H200",
-                        );
-                    } else {
-                        say(why, "SuperOffload on: deepspeed.superOffload asks for it");
-                    }
-                    true
-                }
-                (OffloadMode::UnifiedMemory, None) if overlap && can_super => {
-                    if version::deepspeed::has(
-                        version,
-                        version::deepspeed::SUPER_OFFLOAD_RECOMMENDED,
-                    ) {
-                        say(
-                            why,
-                            "SuperOffload on: overlapped offload on a coherent node",
-                        );
-                    } else {
-                        say(
-                            why,
-                            format!(
-                                "SuperOffload on: overlapped offload on a coherent node; DeepSpeed {version} has it, but {} carries its fixes",
-                                version::deepspeed::show(
-                                    version::deepspeed::SUPER_OFFLOAD_RECOMMENDED
-                                )
-                            ),
-                        );
-                    }
-                    true
-                }
-                (OffloadMode::UnifiedMemory, None) if overlap => {
-                    say(
-                        why,
-                        format!(
-                            "SuperOffload lowered to DeepSpeed's standard asynchronous CPU offload: DeepSpeed {version} predates SuperOffload (upgrade to {} or newer to use it)",
-                            version::deepspeed::show(version::deepspeed::SUPER_OFFLOAD_RECOMMENDED)
-                        ),
-                    );
-                    false
-                }
-                (OffloadMode::CpuCopy, None) if overlap => {
-                    say(
-                        why,
-                        "standard asynchronous CPU offload, not SuperOffload: SuperOffload targets coherent nodes and was measured slower on PCIe",
-                    );
-                    false
-                }
-                (_, None) => false,
-            };
+            let super_offload = super_offload(ds, version, mode, overlap, node_class, why);
             let write_ratio = mode != OffloadMode::Disabled
                 && facts.stage == 3
                 && version::deepspeed::has(version, version::deepspeed::RATIO)
                 && (ratio < 1.0 || super_offload);
-            let offload_params = match (ds.offload_params, mode, memory.placement) {
-                (_, OffloadMode::Disabled, _) => false,
-                (Some(asked), _, _) => asked,
-                (None, _, Some(Placement::OptimizerAndParams)) => {
-                    say(
-                        why,
-                        "offload_param on: the optimizer state does not fit on the GPU in a share small enough to beat offloading parameters too, and both fit host memory (measured faster than a partial share above 45% on a PCIe H200)",
-                    );
-                    true
-                }
-                (None, _, Some(Placement::Optimizer)) => {
-                    say(
-                        why,
-                        "offload_param off: parameters offloaded too would not fit host memory",
-                    );
-                    false
-                }
-                (None, _, Some(_)) => false,
-                (None, OffloadMode::CpuCopy, None)
-                    if facts.stage == 3 && ratio >= 1.0 && !super_offload =>
-                {
-                    say(
-                        why,
-                        "offload_param on (deepspeed.offloadParams unset): with ZeRO-3 and full copy offload it was measured about 1.5x faster on a PCIe H200 (0.3B and 2B parameters), with the same training semantics; set deepspeed.offloadParams: false to keep parameters on the GPU",
-                    );
-                    true
-                }
-                (None, _, None) => false,
-            };
+            let offload_params = offload_params(ds, facts, mode, ratio, super_offload, memory, why);
             let stage_note = if facts.stage_defaulted {
                 format!(
                     "ZeRO stage {} assumed (neither deepspeed.zeroStage nor the config names one) and written",
@@ -427,31 +341,7 @@ fn plan_inner(
                 sub_group_size: memory.sub_group_size.filter(|_| write_ratio && ratio < 1.0),
             })
         }
-        (Framework::Fsdp, Some(version)) => {
-            let fsdp_version = if version::torch::has(version, version::torch::FSDP2) {
-                2
-            } else {
-                1
-            };
-            let offload_params =
-                mode == OffloadMode::CpuCopy && memory.placement != Some(Placement::NoOffload);
-            let message = match mode {
-                OffloadMode::CpuCopy => {
-                    format!("FSDP{fsdp_version} (torch {version}) with CPU offload of parameters")
-                }
-                OffloadMode::UnifiedMemory => format!(
-                    "FSDP{fsdp_version} (torch {version}) without copy offload: FSDP has no unified-memory switch, so residency is left to the training code through OFFLOAD_MODE=unified-memory"
-                ),
-                OffloadMode::Disabled => {
-                    format!("FSDP{fsdp_version} (torch {version}) without offload")
-                }
-            };
-            say(why, message);
-            FrameworkPlan::Fsdp(FsdpPlan {
-                fsdp_version,
-                offload_params,
-            })
-        }
+        (Framework::Fsdp, Some(version)) => fsdp_plan(version, mode, memory, why),
         _ => {
             say(
                 why,
@@ -460,4 +350,145 @@ fn plan_inner(
             FrameworkPlan::Generic
         }
     }
+}
+
+/// Whether DeepSpeed's SuperOffload is written: asked for, or overlapped offload on a coherent
+/// node where the version has it.
+fn super_offload(
+    ds: &DeepSpeedRequest,
+    version: &FrameworkVersion,
+    mode: OffloadMode,
+    overlap: bool,
+    node_class: Option<NodeClass>,
+    why: &mut Vec<String>,
+) -> bool {
+    let can_super = version::deepspeed::has(version, version::deepspeed::SUPER_OFFLOAD);
+    match (mode, ds.super_offload) {
+        (OffloadMode::Disabled, _) => false,
+        (_, Some(false)) => {
+            say(why, "SuperOffload off: deepspeed.superOffload is false");
+            false
+        }
+        (_, Some(true)) => {
+            if node_class == Some(NodeClass::Discrete) {
+                say(
+                    why,
+                    "SuperOffload on because deepspeed.superOffload asks for it; note it was measured 2.2x slower than plain CPU offload on a PCIe H200",
+                );
+            } else {
+                say(why, "SuperOffload on: deepspeed.superOffload asks for it");
+            }
+            true
+        }
+        (OffloadMode::UnifiedMemory, None) if overlap && can_super => {
+            if version::deepspeed::has(version, version::deepspeed::SUPER_OFFLOAD_RECOMMENDED) {
+                say(
+                    why,
+                    "SuperOffload on: overlapped offload on a coherent node",
+                );
+            } else {
+                say(
+                    why,
+                    format!(
+                        "SuperOffload on: overlapped offload on a coherent node; DeepSpeed {version} has it, but {} carries its fixes",
+                        version::deepspeed::show(version::deepspeed::SUPER_OFFLOAD_RECOMMENDED)
+                    ),
+                );
+            }
+            true
+        }
+        (OffloadMode::UnifiedMemory, None) if overlap => {
+            say(
+                why,
+                format!(
+                    "SuperOffload lowered to DeepSpeed's standard asynchronous CPU offload: DeepSpeed {version} predates SuperOffload (upgrade to {} or newer to use it)",
+                    version::deepspeed::show(version::deepspeed::SUPER_OFFLOAD_RECOMMENDED)
+                ),
+            );
+            false
+        }
+        (OffloadMode::CpuCopy, None) if overlap => {
+            say(
+                why,
+                "standard asynchronous CPU offload, not SuperOffload: SuperOffload targets coherent nodes and was measured slower on PCIe",
+            );
+            false
+        }
+        (_, None) => false,
+    }
+}
+
+/// Whether parameters are offloaded too (`offload_param`): asked for, or what the memory plan
+/// (or, without one, the measured full-copy case) says.
+fn offload_params(
+    ds: &DeepSpeedRequest,
+    facts: &FrameworkFacts,
+    mode: OffloadMode,
+    ratio: f64,
+    super_offload: bool,
+    memory: MemoryPlan,
+    why: &mut Vec<String>,
+) -> bool {
+    match (ds.offload_params, mode, memory.placement) {
+        (_, OffloadMode::Disabled, _) => false,
+        (Some(asked), _, _) => asked,
+        (None, _, Some(Placement::OptimizerAndParams)) => {
+            say(
+                why,
+                "offload_param on: the optimizer state does not fit on the GPU in a share small enough to beat offloading parameters too, and both fit host memory (measured faster than a partial share above 45% on a PCIe H200)",
+            );
+            true
+        }
+        (None, _, Some(Placement::Optimizer)) => {
+            say(
+                why,
+                "offload_param off: parameters offloaded too would not fit host memory",
+            );
+            false
+        }
+        (None, _, Some(_)) => false,
+        (None, OffloadMode::CpuCopy, None)
+            if facts.stage == 3 && ratio >= 1.0 && !super_offload =>
+        {
+            say(
+                why,
+                "offload_param on (deepspeed.offloadParams unset): with ZeRO-3 and full copy offload it was measured about 1.5x faster on a PCIe H200 (0.3B and 2B parameters), with the same training semantics; set deepspeed.offloadParams: false to keep parameters on the GPU",
+            );
+            true
+        }
+        (None, _, None) => false,
+    }
+}
+
+/// FSDP's plan: its version from torch's, parameters offloaded for copy offload where memory
+/// needs it.
+fn fsdp_plan(
+    version: &FrameworkVersion,
+    mode: OffloadMode,
+    memory: MemoryPlan,
+    why: &mut Vec<String>,
+) -> FrameworkPlan {
+    let fsdp_version = if version::torch::has(version, version::torch::FSDP2) {
+        2
+    } else {
+        1
+    };
+    let offload_params =
+        mode == OffloadMode::CpuCopy && memory.placement != Some(Placement::NoOffload);
+    let message = match mode {
+        OffloadMode::CpuCopy => {
+            format!("FSDP{fsdp_version} (torch {version}) with CPU offload of parameters")
+        }
+        OffloadMode::UnifiedMemory => format!(
+            "FSDP{fsdp_version} (torch {version}) without copy offload: FSDP has no unified-memory switch, so residency is left to the training code through OFFLOAD_MODE=unified-memory"
+        ),
+        OffloadMode::Disabled => {
+            format!("FSDP{fsdp_version} (torch {version}) without offload")
+        }
+    };
+    say(why, message);
+    FrameworkPlan::Fsdp(FsdpPlan {
+        fsdp_version,
+        offload_params,
+    })
 }
