@@ -26,8 +26,17 @@ fn memory_line(m: &CandidateMemory) -> String {
 
 /// The human-readable form.
 pub fn to_text(e: &Explanation) -> String {
-    use std::fmt::Write as _;
     let mut s = String::new();
+    decision_section(&mut s, e);
+    observed_section(&mut s, e);
+    pod_section(&mut s, e);
+    config_section(&mut s, e);
+    s
+}
+
+/// The job, its decision (or why there is none) and the memory estimate.
+fn decision_section(s: &mut String, e: &Explanation) {
+    use std::fmt::Write as _;
     let _ = writeln!(s, "{} {}", e.kind, e.name);
     if !e.resolved && e.decision.is_some() {
         let _ = writeln!(
@@ -65,6 +74,11 @@ pub fn to_text(e: &Explanation) -> String {
     if let Some(m) = e.decision.as_ref().and_then(|d| d.memory.as_ref()) {
         let _ = writeln!(s, "  memory: {}", memory_line(m));
     }
+}
+
+/// What the agents observed the job's GPUs doing, and the reasons of the decision.
+fn observed_section(s: &mut String, e: &Explanation) {
+    use std::fmt::Write as _;
     if let Some(o) = &e.observed {
         let _ = writeln!(
             s,
@@ -99,6 +113,11 @@ pub fn to_text(e: &Explanation) -> String {
             let _ = writeln!(s, "    {:<13} {}", r.field, r.message);
         }
     }
+}
+
+/// What the pods get: env, required node affinity, pinned claim templates, the start-up guard.
+fn pod_section(s: &mut String, e: &Explanation) {
+    use std::fmt::Write as _;
     if !e.env.is_empty() {
         let _ = writeln!(s, "  env:");
         for v in &e.env {
@@ -153,6 +172,11 @@ pub fn to_text(e: &Explanation) -> String {
             c.args.clone().unwrap_or_default().join(" ")
         );
     }
+}
+
+/// The DeepSpeed configuration written and, with `--candidates`, every candidate considered.
+fn config_section(s: &mut String, e: &Explanation) {
+    use std::fmt::Write as _;
     if let Some(cfg) = &e.deepspeed_config {
         let _ = writeln!(s, "  DeepSpeed config ({}):", deepspeed::CONFIG_FILE_NAME);
         let text = serde_json::to_string_pretty(cfg).unwrap_or_default();
@@ -180,5 +204,4 @@ pub fn to_text(e: &Explanation) -> String {
             }
         }
     }
-    s
 }

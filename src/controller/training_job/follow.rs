@@ -36,57 +36,12 @@ pub(super) async fn follow_workload(
     let current = tj.status.clone().unwrap_or_default();
     let generation = tj.metadata.generation;
     if !owned {
-        let cond = conditions::condition(
-            &current.conditions,
-            WORKLOAD_CREATED,
-            false,
-            "NameConflict",
-            format!(
-                "a Job named {name} exists and is not owned by this TrainingJob: delete it or rename the TrainingJob"
-            ),
-            generation,
-        );
-        if !conditions::unchanged(&current.conditions, &cond) {
-            let part = status::WorkloadPart {
-                phase: JobPhase::Pending,
-                workload: None,
-                created: &cond,
-                guard: None,
-                observed: None,
-                overlap: None,
-                admitted: None,
-            };
-            status::apply_workload(&api, &name, &part).await?;
-            publish(
-                ctx,
-                tj,
-                EventType::Warning,
-                "NameConflict",
-                "a Job of the same name exists and is not owned by this TrainingJob",
-            )
-            .await;
-        }
+        name_conflict(tj, ctx, &api, &current).await?;
         return Ok(Action::await_change());
     }
     let current = restore_decision(tj, &api, job, current).await?;
     let phase = phase_of(job);
-    let workload = WorkloadRef {
-        job: name.clone(),
-        service: name.clone(),
-        config_map: current
-            .workload
-            .as_ref()
-            .and_then(|w| w.config_map.clone())
-            .or_else(|| {
-                job.spec
-                    .as_ref()
-                    .and_then(|s| s.template.spec.as_ref())
-                    .and_then(|s| s.volumes.as_ref())
-                    .and_then(|v| v.iter().find(|v| v.name == render::CONFIG_VOLUME))
-                    .and_then(|v| v.config_map.as_ref())
-                    .map(|c| c.name.clone())
-            }),
-    };
+    let workload = workload_ref(&name, &current, job);
     let created = workload_created(&current.conditions, &name, generation);
     let guard = guard_condition(tj, ctx, job, &current.conditions).await?;
     let guard_unchanged = guard
@@ -138,23 +93,107 @@ pub(super) async fn follow_workload(
         admitted: admitted.as_ref(),
     };
     status::apply_workload(&api, &name, &part).await?;
+    announce(
+        ctx,
+        tj,
+        &current.conditions,
+        admitted.as_ref(),
+        overlap.as_ref(),
+        guard.as_ref().filter(|_| !guard_unchanged),
+    )
+    .await;
+    Ok(next)
+}
+
+/// A Job of the job's name that it does not own: said once, as a condition and an Event.
+async fn name_conflict(
+    tj: &TrainingJob,
+    ctx: &Context,
+    api: &Api<TrainingJob>,
+    current: &TrainingJobStatus,
+) -> Result<(), Error> {
+    let name = tj.name_any();
+    let generation = tj.metadata.generation;
+    let cond = conditions::condition(
+        &current.conditions,
+        WORKLOAD_CREATED,
+        false,
+        "NameConflict",
+        format!(
+            "a Job named {name} exists and is not owned by this TrainingJob: delete it or rename the TrainingJob"
+        ),
+        generation,
+    );
+    if !conditions::unchanged(&current.conditions, &cond) {
+        let part = status::WorkloadPart {
+            phase: JobPhase::Pending,
+            workload: None,
+            created: &cond,
+            guard: None,
+            observed: None,
+            overlap: None,
+            admitted: None,
+        };
+        status::apply_workload(api, &name, &part).await?;
+        publish(
+            ctx,
+            tj,
+            EventType::Warning,
+            "NameConflict",
+            "a Job of the same name exists and is not owned by this TrainingJob",
+        )
+        .await;
+    }
+    Ok(())
+}
+
+/// The workload the status names: the Job and Service of the job's name and the config map its
+/// pods mount (from the status, else from the Job itself).
+fn workload_ref(name: &str, current: &TrainingJobStatus, job: &Job) -> WorkloadRef {
+    WorkloadRef {
+        job: name.to_string(),
+        service: name.to_string(),
+        config_map: current
+            .workload
+            .as_ref()
+            .and_then(|w| w.config_map.clone())
+            .or_else(|| {
+                job.spec
+                    .as_ref()
+                    .and_then(|s| s.template.spec.as_ref())
+                    .and_then(|s| s.volumes.as_ref())
+                    .and_then(|v| v.iter().find(|v| v.name == render::CONFIG_VOLUME))
+                    .and_then(|v| v.config_map.as_ref())
+                    .map(|c| c.name.clone())
+            }),
+    }
+}
+
+/// The Events of a status change: Kueue suspending an admitted job again, the overlap flag
+/// going up, a start-up guard that failed (`guard` only when its condition changed).
+async fn announce(
+    ctx: &Context,
+    tj: &TrainingJob,
+    previous: &[Condition],
+    admitted: Option<&Condition>,
+    overlap: Option<&Condition>,
+    guard: Option<&Condition>,
+) {
     // Kueue suspending an admitted job again (preemption, eviction) is worth an Event.
-    let was_admitted = current
-        .conditions
+    let was_admitted = previous
         .iter()
         .any(|c| c.type_ == conditions::ADMITTED && c.status == "True");
-    if was_admitted && let Some(c) = admitted.as_ref().filter(|c| c.status == "False") {
+    if was_admitted && let Some(c) = admitted.filter(|c| c.status == "False") {
         publish(ctx, tj, EventType::Normal, "Suspended", &c.message).await;
     }
     // An Event when the flag goes up, not every time the figure in its message moves.
-    let was_flagged = current
-        .conditions
+    let was_flagged = previous
         .iter()
         .any(|c| c.type_ == overlap_observed::OVERLAP_OBSERVED && c.status == "False");
-    if !was_flagged && let Some(c) = overlap.as_ref().filter(|c| c.status == "False") {
+    if !was_flagged && let Some(c) = overlap.filter(|c| c.status == "False") {
         publish(ctx, tj, EventType::Warning, "GPUsIdle", &c.message).await;
     }
-    if !guard_unchanged && let Some(g) = guard.as_ref().filter(|g| g.status == "False") {
+    if let Some(g) = guard.filter(|g| g.status == "False") {
         publish(
             ctx,
             tj,
@@ -164,7 +203,6 @@ pub(super) async fn follow_workload(
         )
         .await;
     }
-    Ok(next)
 }
 
 /// How often a queued job's Workload is read again for Kueue's reason.
