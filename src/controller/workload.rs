@@ -93,8 +93,41 @@ pub fn build_workload(
         ..ObjectMeta::default()
     };
 
-    // Framework config.
-    let (config_map, mount) = match res.map(|r| (r, &r.framework)) {
+    let (config_map, mount) = framework_config(tj, res, user_config, &name, &meta)?;
+    let template = pod_template(tj, res, mount.as_ref(), opts, &name);
+    let queued = tj.labels().contains_key(names::KUEUE_QUEUE_LABEL);
+    let job = Job {
+        metadata: job_metadata(tj, res, meta(name.clone()))?,
+        spec: Some(JobSpec {
+            completions: Some(tj.spec.replicas),
+            parallelism: Some(tj.spec.replicas),
+            completion_mode: Some("Indexed".to_string()),
+            backoff_limit: tj.spec.backoff_limit,
+            suspend: queued.then_some(true),
+            template,
+            ..JobSpec::default()
+        }),
+        status: None,
+    };
+    let service = rendezvous_service(meta(name.clone()), &labels);
+    Ok(Workload {
+        job,
+        service,
+        config_map,
+        claim_templates: Vec::new(),
+    })
+}
+
+/// The framework's config as the workload mounts it: DeepSpeed's merged JSON in a ConfigMap of
+/// its own (nothing for other frameworks or a job without a resolution).
+fn framework_config(
+    tj: &TrainingJob,
+    res: Option<&Resolution>,
+    user_config: Option<&Value>,
+    name: &str,
+    meta: &dyn Fn(String) -> ObjectMeta,
+) -> Result<(Option<ConfigMap>, Option<ConfigMount>), BuildError> {
+    Ok(match res.map(|r| (r, &r.framework)) {
         Some((res, FrameworkPlan::DeepSpeed(plan))) => {
             let empty = Value::Object(serde_json::Map::new());
             let merged = deepspeed::merge_config(user_config.unwrap_or(&empty), res, plan)?;
@@ -105,7 +138,7 @@ pub fn build_workload(
                 return Err(BuildError::ConfigTooLarge { bytes });
             }
             let mount = ConfigMount {
-                config_map: config_map_name(&name),
+                config_map: config_map_name(name),
                 key: deepspeed::CONFIG_FILE_NAME.to_string(),
                 mount_path: tj
                     .spec
@@ -115,19 +148,28 @@ pub fn build_workload(
                     .unwrap_or_else(|| deepspeed::DEFAULT_MOUNT_PATH.to_string()),
             };
             let cm = ConfigMap {
-                metadata: meta(config_map_name(&name)),
+                metadata: meta(config_map_name(name)),
                 data: Some(BTreeMap::from([(mount.key.clone(), text)])),
                 ..ConfigMap::default()
             };
             (Some(cm), Some(mount))
         }
         _ => (None, None),
-    };
+    })
+}
 
-    // Pod template.
+/// The pods' template: the user's, with the resolution rendered in, labelled with its job and
+/// given the rendezvous env and subdomain.
+fn pod_template(
+    tj: &TrainingJob,
+    res: Option<&Resolution>,
+    mount: Option<&ConfigMount>,
+    opts: &render::RenderOptions,
+    name: &str,
+) -> k8s_openapi::api::core::v1::PodTemplateSpec {
     let mut template = tj.spec.template.clone();
     if let Some(res) = res {
-        render::apply_to_pod_template(&mut template, res, mount.as_ref(), opts);
+        render::apply_to_pod_template(&mut template, res, mount, opts);
         template
             .metadata
             .get_or_insert_with(ObjectMeta::default)
@@ -143,24 +185,31 @@ pub fn build_workload(
         .get_or_insert_with(ObjectMeta::default)
         .labels
         .get_or_insert_with(BTreeMap::new)
-        .insert(names::LABEL_TRAINING_JOB.to_string(), name.clone());
+        .insert(names::LABEL_TRAINING_JOB.to_string(), name.to_string());
     let spec = template.spec.get_or_insert_with(PodSpec::default);
-    spec.subdomain = Some(name.clone());
+    spec.subdomain = Some(name.to_string());
     if spec.restart_policy.is_none() {
         spec.restart_policy = Some("Never".to_string());
     }
-    let rendezvous = rendezvous_env(&name, tj.spec.replicas);
+    let rendezvous = rendezvous_env(name, tj.spec.replicas);
     for container in &mut spec.containers {
         let env = container.env.get_or_insert_with(Vec::new);
         env.retain(|e| !rendezvous.iter().any(|r| r.name == e.name));
         env.extend(rendezvous.iter().cloned());
     }
+    template
+}
 
-    let mut job_meta = meta(name.clone());
+/// The Job's metadata: Kueue's queue and priority labels from the TrainingJob, and the decision
+/// it was built from.
+fn job_metadata(
+    tj: &TrainingJob,
+    res: Option<&Resolution>,
+    mut job_meta: ObjectMeta,
+) -> Result<ObjectMeta, BuildError> {
     // Under Kueue: the queue (and priority) the TrainingJob names reach its Job, which is
     // created suspended so that Kueue admits it. Kueue changes only a suspended Job's
     // scheduling fields, never its env: the configuration is all in place before admission.
-    let queued = tj.labels().contains_key(names::KUEUE_QUEUE_LABEL);
     for key in [names::KUEUE_QUEUE_LABEL, names::KUEUE_PRIORITY_LABEL] {
         if let Some(v) = tj.labels().get(key) {
             job_meta
@@ -179,21 +228,13 @@ pub fn build_workload(
             .get_or_insert_with(BTreeMap::new)
             .insert(names::ANNOTATION_DECISION.to_string(), record);
     }
-    let job = Job {
-        metadata: job_meta,
-        spec: Some(JobSpec {
-            completions: Some(tj.spec.replicas),
-            parallelism: Some(tj.spec.replicas),
-            completion_mode: Some("Indexed".to_string()),
-            backoff_limit: tj.spec.backoff_limit,
-            suspend: queued.then_some(true),
-            template,
-            ..JobSpec::default()
-        }),
-        status: None,
-    };
-    let service = Service {
-        metadata: meta(name.clone()),
+    Ok(job_meta)
+}
+
+/// The headless Service that gives the pods stable names for the rendezvous.
+fn rendezvous_service(metadata: ObjectMeta, labels: &BTreeMap<String, String>) -> Service {
+    Service {
+        metadata,
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".to_string()),
             selector: Some(labels.clone()),
@@ -206,13 +247,7 @@ pub fn build_workload(
             ..ServiceSpec::default()
         }),
         status: None,
-    };
-    Ok(Workload {
-        job,
-        service,
-        config_map,
-        claim_templates: Vec::new(),
-    })
+    }
 }
 
 /// For a job pinned through its DRA claims ([`Resolution::gpu_claims`]): a copy of each GPU
