@@ -145,6 +145,37 @@ async fn operator_out_of_cluster(
 async fn demo(cli: Cli) -> Result<(), String> {
     let started = Instant::now();
     let in_cluster = !cli.out_of_cluster;
+    let cluster = start_cluster(in_cluster, started).await?;
+    let client = cluster.client().await.map_err(|e| e.to_string())?;
+    let in_process = install(&cluster, &client, in_cluster).await?;
+    apply_examples(&cluster).await?;
+    wait_for_decisions(&cluster, &client).await?;
+    show_decisions(&cluster, in_cluster)?;
+    if cli.keep {
+        eprintln!(
+            "\nThe cluster keeps running: export KUBECONFIG={} ; Ctrl-C to stop and clean up.",
+            cluster.kubeconfig.display()
+        );
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    if let Some(op) = in_process {
+        op.shutdown.cancel();
+        let _ = op.task.await;
+    }
+    eprintln!("\ndone in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// `kubectl` against the demo's cluster; its output, or what it said on failure.
+fn kubectl(cluster: &DevCluster, args: &[&str]) -> Result<String, String> {
+    run(
+        cluster.kubectl().args(args),
+        &format!("kubectl {}", args.join(" ")),
+    )
+}
+
+/// The local cluster: with a real node for the in-cluster install, simulated nodes only else.
+async fn start_cluster(in_cluster: bool, started: Instant) -> Result<DevCluster, String> {
     let options = if in_cluster {
         step(
             "starting the local cluster: etcd, kube-apiserver, controller-manager, scheduler, kwok, and a real node (containerd, runc, CNI, kubelet, kube-proxy)",
@@ -164,20 +195,22 @@ async fn demo(cli: Cli) -> Result<(), String> {
         started.elapsed().as_secs_f64(),
         cluster.kubeconfig.display()
     );
-    let client = cluster.client().await.map_err(|e| e.to_string())?;
-    let kubectl = |args: &[&str]| {
-        run(
-            cluster.kubectl().args(args),
-            &format!("kubectl {}", args.join(" ")),
-        )
-    };
+    Ok(cluster)
+}
 
+/// The simulated GPU nodes, then the operator: installed with its chart (in cluster) or run in
+/// this process.
+async fn install(
+    cluster: &DevCluster,
+    client: &kube::Client,
+    in_cluster: bool,
+) -> Result<Option<InProcess>, String> {
     step(
         "simulated GPU nodes gh200-0, gh200-1 (coherent) and h200-0, h200-1, h200-2 (discrete); offload-agent publishes each one's recorded report (no GPU here)",
     );
     deploy::add_simulated_gpu_nodes(
-        &cluster,
-        &client,
+        cluster,
+        client,
         &sibling("offload-agent")?,
         &[
             ("gh200-0", "node-report-gh200.json"),
@@ -190,15 +223,15 @@ async fn demo(cli: Cli) -> Result<(), String> {
     .await
     .map_err(|e| e.to_string())?;
 
-    let in_process = if in_cluster {
+    Ok(if in_cluster {
         step(
             "helm install offload-operator: the chart as it ships, with the images built here (operator and agent run as pods on the real node)",
         );
-        deploy::prepare_real_node(&client)
+        deploy::prepare_real_node(client)
             .await
             .map_err(|e| e.to_string())?;
         let took = deploy::helm_install(
-            &cluster,
+            cluster,
             &[
                 "--set".to_string(),
                 "defaultProfile.create=false".to_string(),
@@ -208,9 +241,13 @@ async fn demo(cli: Cli) -> Result<(), String> {
         eprintln!("every pod ready in {:.1} s", took.as_secs_f64());
         None
     } else {
-        Some(operator_out_of_cluster(&cluster, &client).await?)
-    };
+        Some(operator_out_of_cluster(cluster, client).await?)
+    })
+}
 
+/// `kubectl apply -f examples/`, once the webhook answers (it guards profiles and jobs with
+/// failurePolicy Fail).
+async fn apply_examples(cluster: &DevCluster) -> Result<(), String> {
     step("kubectl apply -f examples/");
     let examples = repo_root().join("examples");
     let examples = examples.to_string_lossy().into_owned();
@@ -220,7 +257,7 @@ async fn demo(cli: Cli) -> Result<(), String> {
         "the webhook to admit examples/",
         Duration::from_secs(60),
         || {
-            let r = kubectl(&["apply", "-f", &examples]);
+            let r = kubectl(cluster, &["apply", "-f", &examples]);
             let ok = r.is_ok();
             if let Err(e) = r {
                 last = e;
@@ -229,8 +266,12 @@ async fn demo(cli: Cli) -> Result<(), String> {
         },
     )
     .await
-    .map_err(|e| format!("{e}: {last}"))?;
+    .map_err(|e| format!("{e}: {last}"))
+}
 
+/// Waits until every example job has its workload, the profiles count nodes and jobs, and the
+/// pods are placed.
+async fn wait_for_decisions(cluster: &DevCluster, client: &kube::Client) -> Result<(), String> {
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), "default");
     wait_for(
         "every TrainingJob to create its workload",
@@ -256,13 +297,16 @@ async fn demo(cli: Cli) -> Result<(), String> {
         "profile status to count the nodes",
         Duration::from_secs(30),
         || async {
-            kubectl(&[
-                "get",
-                "offloadprofile",
-                "default",
-                "-o",
-                "jsonpath={.status.nodes.total}",
-            ])
+            kubectl(
+                cluster,
+                &[
+                    "get",
+                    "offloadprofile",
+                    "default",
+                    "-o",
+                    "jsonpath={.status.nodes.total}",
+                ],
+            )
             .is_ok_and(|s| s.trim() == "5")
         },
     )
@@ -271,12 +315,15 @@ async fn demo(cli: Cli) -> Result<(), String> {
         "profile status to count the jobs decided with it",
         Duration::from_secs(30),
         || async {
-            kubectl(&[
-                "get",
-                "offloadprofiles",
-                "-o",
-                "jsonpath={.items[*].status.jobs}",
-            ])
+            kubectl(
+                cluster,
+                &[
+                    "get",
+                    "offloadprofiles",
+                    "-o",
+                    "jsonpath={.items[*].status.jobs}",
+                ],
+            )
             .is_ok_and(|s| {
                 let counts: Vec<&str> = s.split_whitespace().collect();
                 counts.len() == 2 && counts.iter().all(|c| *c != "0")
@@ -288,21 +335,31 @@ async fn demo(cli: Cli) -> Result<(), String> {
         "pods of every job to be placed",
         Duration::from_secs(60),
         || async {
-            kubectl(&[
-                "get",
-                "pods",
-                "-n",
-                "default",
-                "-l",
-                "offload.dev/training-job",
-                "-o",
-                "jsonpath={.items[*].spec.nodeName}",
-            ])
+            kubectl(
+                cluster,
+                &[
+                    "get",
+                    "pods",
+                    "-n",
+                    "default",
+                    "-l",
+                    "offload.dev/training-job",
+                    "-o",
+                    "jsonpath={.items[*].spec.nodeName}",
+                ],
+            )
             .is_ok_and(|s| s.split_whitespace().count() >= 5)
         },
     )
     .await?;
 
+    Ok(())
+}
+
+/// What a newcomer reads: the nodes' labels, the profiles and jobs, each example job's reasons,
+/// env, affinity and node, and the merged DeepSpeed config.
+fn show_decisions(cluster: &DevCluster, in_cluster: bool) -> Result<(), String> {
+    let kubectl = |args: &[&str]| kubectl(cluster, args);
     println!(
         "\n$ kubectl get nodes -L offload.dev/uma,offload.dev/addressing-mode,offload.dev/c2c,offload.dev/overlap"
     );
@@ -340,55 +397,7 @@ async fn demo(cli: Cli) -> Result<(), String> {
         "neox-20b-deepspeed",
         "mistral-7b-fsdp",
     ] {
-        println!(
-            "\n$ kubectl get trainingjob {job} -o jsonpath='{{.status.offload.reasons}}'  (why)"
-        );
-        let reasons = kubectl(&[
-            "get",
-            "trainingjob",
-            job,
-            "-o",
-            "jsonpath={range .status.offload.reasons[*]}{.field}: {.message}{\"\\n\"}{end}",
-        ])?;
-        for line in reasons.lines() {
-            println!("  {line}");
-        }
-        let pod = kubectl(&[
-            "get",
-            "pods",
-            "-l",
-            &format!("offload.dev/training-job={job}"),
-            "-o",
-            "jsonpath={.items[0].metadata.name}",
-        ])?;
-        println!("\n$ kubectl get pod {pod}   (env, affinity, node)");
-        let env = kubectl(&[
-            "get",
-            "pod",
-            &pod,
-            "-o",
-            "jsonpath={range .spec.containers[0].env[*]}{.name}={.value}{\"\\n\"}{end}",
-        ])?;
-        for line in env
-            .lines()
-            .filter(|l| l.starts_with("OFFLOAD_") || l.starts_with("FSDP_"))
-        {
-            println!("  env {line}");
-        }
-        let aff = kubectl(&[
-            "get",
-            "pod",
-            &pod,
-            "-o",
-            "jsonpath={range .spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[*]}{.key} {.operator} {.values}{\"\\n\"}{end}",
-        ])?;
-        for line in aff.lines() {
-            println!("  affinity {line}");
-        }
-        println!(
-            "  node {}",
-            kubectl(&["get", "pod", &pod, "-o", "jsonpath={.spec.nodeName}"])?
-        );
+        show_job(cluster, job)?;
     }
     if kubectl(&["get", "configmap", "-o", "name"])?.contains("neox-20b-deepspeed-offload") {
         println!(
@@ -407,19 +416,59 @@ async fn demo(cli: Cli) -> Result<(), String> {
             .unwrap_or(text);
         println!("{pretty}");
     }
+    Ok(())
+}
 
-    if cli.keep {
-        eprintln!(
-            "\nThe cluster keeps running: export KUBECONFIG={} ; Ctrl-C to stop and clean up.",
-            cluster.kubeconfig.display()
-        );
-        let _ = tokio::signal::ctrl_c().await;
+/// One example job: why it was decided so, and what its first pod got.
+fn show_job(cluster: &DevCluster, job: &str) -> Result<(), String> {
+    let kubectl = |args: &[&str]| kubectl(cluster, args);
+    println!("\n$ kubectl get trainingjob {job} -o jsonpath='{{.status.offload.reasons}}'  (why)");
+    let reasons = kubectl(&[
+        "get",
+        "trainingjob",
+        job,
+        "-o",
+        "jsonpath={range .status.offload.reasons[*]}{.field}: {.message}{\"\\n\"}{end}",
+    ])?;
+    for line in reasons.lines() {
+        println!("  {line}");
     }
-    if let Some(op) = in_process {
-        op.shutdown.cancel();
-        let _ = op.task.await;
+    let pod = kubectl(&[
+        "get",
+        "pods",
+        "-l",
+        &format!("offload.dev/training-job={job}"),
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ])?;
+    println!("\n$ kubectl get pod {pod}   (env, affinity, node)");
+    let env = kubectl(&[
+        "get",
+        "pod",
+        &pod,
+        "-o",
+        "jsonpath={range .spec.containers[0].env[*]}{.name}={.value}{\"\\n\"}{end}",
+    ])?;
+    for line in env
+        .lines()
+        .filter(|l| l.starts_with("OFFLOAD_") || l.starts_with("FSDP_"))
+    {
+        println!("  env {line}");
     }
-    eprintln!("\ndone in {:.1} s", started.elapsed().as_secs_f64());
+    let aff = kubectl(&[
+        "get",
+        "pod",
+        &pod,
+        "-o",
+        "jsonpath={range .spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[*]}{.key} {.operator} {.values}{\"\\n\"}{end}",
+    ])?;
+    for line in aff.lines() {
+        println!("  affinity {line}");
+    }
+    println!(
+        "  node {}",
+        kubectl(&["get", "pod", &pod, "-o", "jsonpath={.spec.nodeName}"])?
+    );
     Ok(())
 }
 
