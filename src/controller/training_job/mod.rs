@@ -163,10 +163,39 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
         return Ok(Action::await_change());
     };
 
-    // Patch the concrete values into spec.offload before any pod can exist (server-side
-    // apply, our field manager). The write moves the generation on: the status records the
-    // generation it produced.
-    let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &ns);
+    let generation = write_spec(tj, ctx, &res).await?;
+
+    let (mut status, first_resolution) = resolved_status(tj, ctx, &res, generation);
+    if let Some(action) = apply_workload(tj, ctx, &built, &mut status).await? {
+        // Resolved, but the workload could not be created: say what was decided (the
+        // failure has its own Event). When it is created, its one Event says both.
+        if first_resolution {
+            publish(
+                ctx,
+                tj,
+                EventType::Normal,
+                "OffloadResolved",
+                &res.summary(),
+            )
+            .await;
+        }
+        return Ok(action);
+    }
+    let summary = render::resolved_summary(&res);
+    workload_created(ctx, tj, format!("created Job {name} with {summary}")).await;
+    Ok(Action::await_change())
+}
+
+/// Patches the concrete values into `spec.offload` before any pod can exist (server-side apply,
+/// the operator's field manager); the generation the write produced (the status records it).
+async fn write_spec(
+    tj: &TrainingJob,
+    ctx: &Context,
+    res: &crate::decision::Resolution,
+) -> Result<Option<i64>, Error> {
+    let name = tj.name_any();
+    let api: Api<TrainingJob> =
+        Api::namespaced(ctx.client.clone(), &tj.namespace().unwrap_or_default());
     let mut generation = tj.metadata.generation;
     let concrete = res.concrete_spec();
     if tj.spec.offload != concrete {
@@ -185,7 +214,17 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
             .map_err(kube_err("patching spec.offload"))?;
         generation = patched.metadata.generation;
     }
+    Ok(generation)
+}
 
+/// The status of a job just resolved at `generation` (its decision, `OffloadResolved=True`),
+/// and whether this is its first resolution; the decision is counted.
+fn resolved_status(
+    tj: &TrainingJob,
+    ctx: &Context,
+    res: &crate::decision::Resolution,
+    generation: Option<i64>,
+) -> (TrainingJobStatus, bool) {
     let existing = existing_conditions(tj);
     let resolved = conditions::condition(
         &existing,
@@ -206,31 +245,14 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
 
     let mut status = TrainingJobStatus {
         phase: Some(JobPhase::Pending),
-        offload: Some(decision_status(&res)),
+        offload: Some(decision_status(res)),
         workload: None,
         observed_generation: generation,
         observed: None,
         conditions: existing,
     };
     conditions::set(&mut status.conditions, resolved);
-    if let Some(action) = apply_workload(tj, ctx, &built, &mut status).await? {
-        // Resolved, but the workload could not be created: say what was decided (the
-        // failure has its own Event). When it is created, its one Event says both.
-        if first_resolution {
-            publish(
-                ctx,
-                tj,
-                EventType::Normal,
-                "OffloadResolved",
-                &res.summary(),
-            )
-            .await;
-        }
-        return Ok(action);
-    }
-    let summary = render::resolved_summary(&res);
-    workload_created(ctx, tj, format!("created Job {name} with {summary}")).await;
-    Ok(Action::await_change())
+    (status, first_resolution)
 }
 
 /// The one Event of a workload created.
