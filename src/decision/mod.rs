@@ -243,31 +243,14 @@ pub fn resolve_offload(
     nodes: &NodeIndex,
 ) -> Result<Resolution, ResolveError> {
     let facts = framework::check(job)?;
-    if let (RatioSetting::Fixed(r), Err(why)) = (
-        job.offload.offload_ratio,
-        framework::partial_ratio_support(job, &facts),
-    ) && r < 1.0
-    {
-        return Err(ResolveError::FrameworkCannot {
-            problem: format!("spec.offload.offloadRatio {r} needs partial offload, but {why}"),
-            change: "set spec.offload.offloadRatio to 1 or Auto".to_string(),
-        });
-    }
+    partial_ratio_supported(job, &facts)?;
     let memory = fit::job_memory(job, &facts)?;
     let mut reasons = Reasons::default();
 
     // Nodes whose agent and GPU driver disagree: a claim-pinned job's affinity excludes them
     // by name (its claims' selectors see only the driver's word); past a bound it is pinned by
     // the agent's labels instead.
-    let exclude_nodes: Vec<String> = if job.gpu_claims.is_some() {
-        nodes
-            .nodes()
-            .filter(|n| n.witness() == crate::index::Witness::Disagree)
-            .map(|n| n.name.clone())
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let exclude_nodes = disagreeing_nodes(job, nodes);
     let by_claims = job.gpu_claims.is_some() && exclude_nodes.len() <= MAX_EXCLUDED_NODES;
     let candidates = placement::Candidates::select(nodes, profile_name, profile, by_claims)?;
     let placement = placement::choose(
@@ -312,27 +295,8 @@ pub fn resolve_offload(
     for why in whys {
         reasons.add(Field::Framework, why);
     }
-    let (gpu_claims, exclude_nodes) = match (placement.class(), &job.gpu_claims) {
-        (Some(class), Some(pinning)) if by_claims => {
-            reasons.add(
-                Field::NodeClass,
-                format!(
-                    "GPUs from DRA claims ({}): each claim's template is copied with a selector on the GPU driver's addressingMode attribute, so the scheduler allocates only {class} GPUs{}",
-                    pinning.claims.keys().cloned().collect::<Vec<_>>().join(", "),
-                    if exclude_nodes.is_empty() {
-                        String::new()
-                    } else {
-                        format!(
-                            "; nodes whose agent and driver disagree are excluded: {}",
-                            exclude_nodes.join(", ")
-                        )
-                    }
-                ),
-            );
-            (Some(pinning.clone()), exclude_nodes)
-        }
-        _ => (None, Vec::new()),
-    };
+    let (gpu_claims, exclude_nodes) =
+        claim_pinning(job, &placement, by_claims, exclude_nodes, &mut reasons);
 
     Ok(Resolution {
         profile: profile_name.to_string(),
@@ -357,6 +321,69 @@ pub fn resolve_offload(
         exclude_nodes,
         gpu_claim_entries: job.gpu_claim_entries.clone(),
     })
+}
+
+/// A fixed partial ratio the framework cannot write is refused, saying what to change.
+fn partial_ratio_supported(
+    job: &JobRequest,
+    facts: &framework::FrameworkFacts,
+) -> Result<(), ResolveError> {
+    if let (RatioSetting::Fixed(r), Err(why)) = (
+        job.offload.offload_ratio,
+        framework::partial_ratio_support(job, facts),
+    ) && r < 1.0
+    {
+        return Err(ResolveError::FrameworkCannot {
+            problem: format!("spec.offload.offloadRatio {r} needs partial offload, but {why}"),
+            change: "set spec.offload.offloadRatio to 1 or Auto".to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// For a job with GPU claims: the nodes whose agent and GPU driver disagree (its affinity
+/// excludes them by name, as its claims' selectors see only the driver's word).
+fn disagreeing_nodes(job: &JobRequest, nodes: &NodeIndex) -> Vec<String> {
+    if job.gpu_claims.is_none() {
+        return Vec::new();
+    }
+    nodes
+        .nodes()
+        .filter(|n| n.witness() == crate::index::Witness::Disagree)
+        .map(|n| n.name.clone())
+        .collect()
+}
+
+/// The claim pinning written for a claim-pinned job (and the nodes it excludes), with its
+/// reason; none for a job pinned by the agent's labels.
+fn claim_pinning(
+    job: &JobRequest,
+    placement: &placement::Placement,
+    by_claims: bool,
+    exclude_nodes: Vec<String>,
+    reasons: &mut Reasons,
+) -> (Option<crate::dra::claims::ClaimPinning>, Vec<String>) {
+    match (placement.class(), &job.gpu_claims) {
+        (Some(class), Some(pinning)) if by_claims => {
+            reasons.add(
+                Field::NodeClass,
+                format!(
+                    "GPUs from DRA claims ({}): each claim's template is copied with a selector on the GPU driver's addressingMode attribute, so the scheduler allocates only {class} GPUs{}",
+                    pinning.claims.keys().cloned().collect::<Vec<_>>().join(", "),
+                    if exclude_nodes.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            "; nodes whose agent and driver disagree are excluded: {}",
+                            exclude_nodes.join(", ")
+                        )
+                    }
+                ),
+            );
+            (Some(pinning.clone()), exclude_nodes)
+        }
+        _ => (None, Vec::new()),
+    }
 }
 
 /// The memory model's figures for `placement` of a job on a class's nodes, and whether it

@@ -81,6 +81,12 @@ impl NodeReport {
     /// figure it rests on, a memory model that the listed GPUs contradict, more than
     /// [`MAX_GPUS`] GPUs, a GPU listed twice, GPU memory no GPU has, a date that is not one.
     pub fn check(&self) -> Result<(), ReportError> {
+        self.check_gpus()?;
+        self.selftest.check()
+    }
+
+    /// The node's part: its GPUs, its date, its memory model.
+    fn check_gpus(&self) -> Result<(), ReportError> {
         let impossible = |msg: String| Err(ReportError::Impossible(msg));
         if self.gpus.len() > MAX_GPUS {
             return impossible(format!(
@@ -118,7 +124,15 @@ impl NodeReport {
                 self.memory_model
             ));
         }
-        let s = &self.selftest;
+        Ok(())
+    }
+}
+
+impl SelfTestReport {
+    /// The self-test's part: figures in range, a verdict with the figure it rests on.
+    fn check(&self) -> Result<(), ReportError> {
+        let impossible = |msg: String| Err(ReportError::Impossible(msg));
+        let s = self;
         if s.per_gpu.len() > MAX_GPUS {
             return impossible(format!(
                 "selftest.perGpu lists {} GPUs, more than the {MAX_GPUS} a node can have",
