@@ -146,14 +146,7 @@ pub fn merge_config(
         .as_object()
         .cloned()
         .ok_or(DeepSpeedConfigError::NotAnObject { path: "top level" })?;
-    let zero = root
-        .entry("zero_optimization")
-        .or_insert_with(|| Value::Object(Map::new()));
-    let zero = zero
-        .as_object_mut()
-        .ok_or(DeepSpeedConfigError::NotAnObject {
-            path: "zero_optimization",
-        })?;
+    let zero = section(&mut root, "zero_optimization", "zero_optimization")?;
     if plan.write_stage && !zero.contains_key("stage") {
         zero.insert("stage".into(), json!(plan.stage));
     }
@@ -164,18 +157,40 @@ pub fn merge_config(
     {
         zero.insert("sub_group_size".into(), json!(group));
     }
-    let version = plan.version.to_string();
+    write_offload_optimizer(zero, res, plan)?;
+    if plan.zenflow {
+        write_zenflow(zero)?;
+    }
+    write_offload_param(zero, res, plan)?;
+    Ok(Value::Object(root))
+}
 
-    // offload_optimizer
-    let optimizer_keys = accepted_offload_optimizer_keys(&plan.version, plan.stage);
-    let opt = zero
-        .entry("offload_optimizer")
-        .or_insert_with(|| Value::Object(Map::new()));
-    let opt = opt
+/// The object under `key` of `parent`, created empty when absent; `path` names it in errors.
+fn section<'a>(
+    parent: &'a mut Map<String, Value>,
+    key: &str,
+    path: &'static str,
+) -> Result<&'a mut Map<String, Value>, DeepSpeedConfigError> {
+    parent
+        .entry(key)
+        .or_insert_with(|| Value::Object(Map::new()))
         .as_object_mut()
-        .ok_or(DeepSpeedConfigError::NotAnObject {
-            path: "zero_optimization.offload_optimizer",
-        })?;
+        .ok_or(DeepSpeedConfigError::NotAnObject { path })
+}
+
+/// `offload_optimizer`: device, pinning, the ratio and SuperOffload as decided; any key this
+/// DeepSpeed version does not accept is refused.
+fn write_offload_optimizer(
+    zero: &mut Map<String, Value>,
+    res: &Resolution,
+    plan: &DeepSpeedPlan,
+) -> Result<(), DeepSpeedConfigError> {
+    let optimizer_keys = accepted_offload_optimizer_keys(&plan.version, plan.stage);
+    let opt = section(
+        zero,
+        "offload_optimizer",
+        "zero_optimization.offload_optimizer",
+    )?;
     opt.insert("device".into(), json!(device(res)));
     opt.insert("pin_memory".into(), json!(res.pin_memory));
     if plan.write_ratio {
@@ -194,60 +209,56 @@ pub fn merge_config(
         return Err(DeepSpeedConfigError::KeyNotAccepted {
             section: "offload_optimizer",
             key: key.clone(),
-            version,
+            version: plan.version.to_string(),
         });
     }
+    Ok(())
+}
 
-    // zenflow: the operator's defaults under whatever the user wrote in their own section.
-    if plan.zenflow {
-        let zf = zero
-            .entry("zenflow")
-            .or_insert_with(|| Value::Object(Map::new()));
-        let zf = zf
-            .as_object_mut()
-            .ok_or(DeepSpeedConfigError::NotAnObject {
-                path: "zero_optimization.zenflow",
-            })?;
-        for (k, v) in [
-            ("topk_ratio", json!(ZENFLOW_TOPK_RATIO)),
-            ("select_strategy", json!("auto")),
-            ("select_interval", json!("auto")),
-            ("update_interval", json!(ZENFLOW_UPDATE_INTERVAL)),
-            ("full_warm_up_rounds", json!(0)),
-        ] {
-            zf.entry(k).or_insert(v);
-        }
-        zf.insert("overlap_step".into(), json!(true));
+/// `zenflow`: the operator's defaults under whatever the user wrote in their own section.
+fn write_zenflow(zero: &mut Map<String, Value>) -> Result<(), DeepSpeedConfigError> {
+    let zf = section(zero, "zenflow", "zero_optimization.zenflow")?;
+    for (k, v) in [
+        ("topk_ratio", json!(ZENFLOW_TOPK_RATIO)),
+        ("select_strategy", json!("auto")),
+        ("select_interval", json!("auto")),
+        ("update_interval", json!(ZENFLOW_UPDATE_INTERVAL)),
+        ("full_warm_up_rounds", json!(0)),
+    ] {
+        zf.entry(k).or_insert(v);
     }
+    zf.insert("overlap_step".into(), json!(true));
+    Ok(())
+}
 
-    // offload_param
+/// `offload_param`, where parameters are offloaded or the user's config has the section (then
+/// set to `none` unless decided otherwise).
+fn write_offload_param(
+    zero: &mut Map<String, Value>,
+    res: &Resolution,
+    plan: &DeepSpeedPlan,
+) -> Result<(), DeepSpeedConfigError> {
     let param_keys = accepted_offload_param_keys();
-    if plan.offload_params || zero.contains_key("offload_param") {
-        let param = zero
-            .entry("offload_param")
-            .or_insert_with(|| Value::Object(Map::new()));
-        let param = param
-            .as_object_mut()
-            .ok_or(DeepSpeedConfigError::NotAnObject {
-                path: "zero_optimization.offload_param",
-            })?;
-        let device = if plan.offload_params {
-            device(res)
-        } else {
-            "none"
-        };
-        param.insert("device".into(), json!(device));
-        param.insert(
-            "pin_memory".into(),
-            json!(res.pin_memory && plan.offload_params),
-        );
-        if let Some(key) = param.keys().find(|k| !param_keys.contains(k.as_str())) {
-            return Err(DeepSpeedConfigError::KeyNotAccepted {
-                section: "offload_param",
-                key: key.clone(),
-                version,
-            });
-        }
+    if !(plan.offload_params || zero.contains_key("offload_param")) {
+        return Ok(());
     }
-    Ok(Value::Object(root))
+    let param = section(zero, "offload_param", "zero_optimization.offload_param")?;
+    let device = if plan.offload_params {
+        device(res)
+    } else {
+        "none"
+    };
+    param.insert("device".into(), json!(device));
+    param.insert(
+        "pin_memory".into(),
+        json!(res.pin_memory && plan.offload_params),
+    );
+    if let Some(key) = param.keys().find(|k| !param_keys.contains(k.as_str())) {
+        return Err(DeepSpeedConfigError::KeyNotAccepted {
+            section: "offload_param",
+            key: key.clone(),
+            version: plan.version.to_string(),
+        });
+    }
+    Ok(())
 }
