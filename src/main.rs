@@ -231,19 +231,7 @@ fn cleanup(what: &offload_operator::check::Cleanup) -> ExitCode {
 
 fn explain(args: &ExplainArgs) -> ExitCode {
     use offload_operator::explain;
-    let text = if args.file.as_os_str() == "-" {
-        let mut s = String::new();
-        match std::io::Read::read_to_string(&mut std::io::stdin(), &mut s) {
-            Ok(_) => Ok(s),
-            Err(e) => Err(e.to_string()),
-        }
-    } else {
-        std::fs::read_to_string(&args.file).map_err(|e| format!("{}: {e}", args.file.display()))
-    };
-    let manifests = match text
-        .map_err(explain::ExplainError::Manifest)
-        .and_then(|t| explain::read_manifests(&t))
-    {
+    let manifests = match read_manifests(args) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("error: {e}");
@@ -272,32 +260,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
             }
         }
     } else {
-        let nodes: Result<Vec<_>, _> = args
-            .node_reports
-            .iter()
-            .map(|a| explain::node_from_report(a))
-            .collect();
-        let nodes = nodes.and_then(|n| explain::with_node_memory(n, &args.node_memory));
-        let dra = offload_operator::dra::DraOptions::default();
-        let nodes = nodes.and_then(|n| {
-            let slices = explain::slices_from_files(&args.resource_slices)?;
-            Ok(explain::with_slices(n, &slices, &dra.driver))
-        });
-        let loaded = nodes.and_then(|nodes| {
-            Ok(explain::Inputs {
-                view: offload_operator::view::MemoryView {
-                    render,
-                    claim_templates: explain::claim_templates_from_files(&args.claim_templates)?,
-                    dra: Some(dra),
-                    ..offload_operator::view::MemoryView::new(
-                        nodes,
-                        explain::profiles_from_files(&args.profiles)?,
-                    )
-                },
-                deepspeed_configs: explain::deepspeed_configs_from_files(&args.deepspeed_configs)?,
-            })
-        });
-        match loaded {
+        match offline_inputs(args, render) {
             Ok(i) => i,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -338,6 +301,58 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// The manifests to explain, from the file or standard input (`-`).
+fn read_manifests(
+    args: &ExplainArgs,
+) -> Result<Vec<serde_json::Value>, offload_operator::explain::ExplainError> {
+    use offload_operator::explain;
+    let text = if args.file.as_os_str() == "-" {
+        let mut s = String::new();
+        match std::io::Read::read_to_string(&mut std::io::stdin(), &mut s) {
+            Ok(_) => Ok(s),
+            Err(e) => Err(e.to_string()),
+        }
+    } else {
+        std::fs::read_to_string(&args.file).map_err(|e| format!("{}: {e}", args.file.display()))
+    };
+    text.map_err(explain::ExplainError::Manifest)
+        .and_then(|t| explain::read_manifests(&t))
+}
+
+/// The cluster as the files on the command line describe it: node reports (with their memory
+/// and the GPU driver's slices), profiles, claim templates and DeepSpeed configs.
+fn offline_inputs(
+    args: &ExplainArgs,
+    render: offload_operator::render::RenderOptions,
+) -> Result<offload_operator::explain::Inputs, offload_operator::explain::ExplainError> {
+    use offload_operator::explain;
+    let nodes: Result<Vec<_>, _> = args
+        .node_reports
+        .iter()
+        .map(|a| explain::node_from_report(a))
+        .collect();
+    let nodes = nodes.and_then(|n| explain::with_node_memory(n, &args.node_memory));
+    let dra = offload_operator::dra::DraOptions::default();
+    let nodes = nodes.and_then(|n| {
+        let slices = explain::slices_from_files(&args.resource_slices)?;
+        Ok(explain::with_slices(n, &slices, &dra.driver))
+    });
+    nodes.and_then(|nodes| {
+        Ok(explain::Inputs {
+            view: offload_operator::view::MemoryView {
+                render,
+                claim_templates: explain::claim_templates_from_files(&args.claim_templates)?,
+                dra: Some(dra),
+                ..offload_operator::view::MemoryView::new(
+                    nodes,
+                    explain::profiles_from_files(&args.profiles)?,
+                )
+            },
+            deepspeed_configs: explain::deepspeed_configs_from_files(&args.deepspeed_configs)?,
+        })
+    })
 }
 
 fn check(profile: &str, namespace: &str) -> ExitCode {
