@@ -324,6 +324,68 @@ fn chunk_elems(opt: &SelfTestOptions) -> usize {
     bounded.div_ceil(BLOCK as usize) * BLOCK as usize
 }
 
+/// Host buffers for what crosses the bus: pinned unless refused (or forced off), and why not.
+fn host_buffers(opt: &SelfTestOptions, total: usize) -> (HostBuf, HostBuf, Option<String>) {
+    if opt.force_pageable {
+        (
+            HostBuf::pageable(total),
+            HostBuf::pageable(total),
+            Some("pageable memory forced (--force-pageable)".to_string()),
+        )
+    } else {
+        match (HostBuf::pinned(total, 0), HostBuf::pinned(total, 0)) {
+            (Ok(g), Ok(p)) => (g, p, None),
+            (Err(e), _) | (_, Err(e)) => (
+                HostBuf::pageable(total),
+                HostBuf::pageable(total),
+                Some(e.to_string()),
+            ),
+        }
+    }
+}
+
+/// Copy bandwidths, pinned (always measured separately when available) and pageable, and a
+/// kernel's direct access to host memory.
+fn bandwidths(rig: &Rig, coherent: bool) -> Result<Bandwidths, CudaError> {
+    let total = rig.chunks * rig.elems;
+    let mut bandwidth = Bandwidths::default();
+    let mut pageable = HostBuf::pageable(total);
+    bandwidth.h2d_pageable = copy_bandwidth(&rig.dev_grads, &mut pageable, &rig.h2d, true)?;
+    bandwidth.d2h_pageable = copy_bandwidth(&rig.dev_grads, &mut pageable, &rig.d2h, false)?;
+    drop(pageable);
+    if let Ok(mut p) = HostBuf::pinned(total, 0) {
+        bandwidth.h2d_pinned = copy_bandwidth(&rig.dev_grads, &mut p, &rig.h2d, true)?;
+        bandwidth.d2h_pinned = copy_bandwidth(&rig.dev_grads, &mut p, &rig.d2h, false)?;
+    }
+    let dev_one = DeviceBuf::new(rig.elems.min(total))?;
+    match direct_host(&rig.module, &dev_one, coherent, &rig.compute) {
+        Ok((r, w)) => {
+            bandwidth.direct_host_read = r;
+            bandwidth.direct_host_write = w;
+        }
+        Err(e) => tracing::warn!(error = %e, "direct host access not measured"),
+    }
+    drop(dev_one);
+    Ok(bandwidth)
+}
+
+/// The step's copies in the slower direction, at the bandwidth of the memory used, in ms.
+fn copy_ms(bandwidth: &Bandwidths, pinned: bool, total: usize) -> f64 {
+    let (d2h, h2d) = if pinned {
+        (bandwidth.d2h_pinned, bandwidth.h2d_pinned)
+    } else {
+        (bandwidth.d2h_pageable, bandwidth.h2d_pageable)
+    };
+    #[allow(clippy::cast_precision_loss)]
+    let bytes = (total * 4) as f64;
+    [d2h, h2d]
+        .into_iter()
+        .flatten()
+        .filter(|gbps| *gbps > 0.0)
+        .map(|gbps| bytes / (gbps * 1e9) * 1e3)
+        .fold(0.0, f64::max)
+}
+
 /// Runs every measurement on GPU `device`, with the CPU threads of the current thread pool.
 pub fn measure(opt: &SelfTestOptions, device: usize) -> Result<Measurements, CudaError> {
     let _ctx = Context::new(device)?;
@@ -339,23 +401,7 @@ pub fn measure(opt: &SelfTestOptions, device: usize) -> Result<Measurements, Cud
             free_mib: free >> 20,
         });
     }
-    // Host buffers for what crosses the bus: pinned unless refused (or forced off).
-    let (host_grads, host_params, pinned_error) = if opt.force_pageable {
-        (
-            HostBuf::pageable(total),
-            HostBuf::pageable(total),
-            Some("pageable memory forced (--force-pageable)".to_string()),
-        )
-    } else {
-        match (HostBuf::pinned(total, 0), HostBuf::pinned(total, 0)) {
-            (Ok(g), Ok(p)) => (g, p, None),
-            (Err(e), _) | (_, Err(e)) => (
-                HostBuf::pageable(total),
-                HostBuf::pageable(total),
-                Some(e.to_string()),
-            ),
-        }
-    };
+    let (host_grads, host_params, pinned_error) = host_buffers(opt, total);
     let pinned = host_grads.pinned;
     let mut rig = Rig {
         module,
@@ -373,40 +419,9 @@ pub fn measure(opt: &SelfTestOptions, device: usize) -> Result<Measurements, Cud
         iters: 256,
     };
 
-    // Bandwidths: pinned (always measured separately when available) and pageable.
-    let mut bandwidth = Bandwidths::default();
-    let mut pageable = HostBuf::pageable(total);
-    bandwidth.h2d_pageable = copy_bandwidth(&rig.dev_grads, &mut pageable, &rig.h2d, true)?;
-    bandwidth.d2h_pageable = copy_bandwidth(&rig.dev_grads, &mut pageable, &rig.d2h, false)?;
-    drop(pageable);
-    if let Ok(mut p) = HostBuf::pinned(total, 0) {
-        bandwidth.h2d_pinned = copy_bandwidth(&rig.dev_grads, &mut p, &rig.h2d, true)?;
-        bandwidth.d2h_pinned = copy_bandwidth(&rig.dev_grads, &mut p, &rig.d2h, false)?;
-    }
-    let dev_one = DeviceBuf::new(elems.min(total))?;
-    match direct_host(&rig.module, &dev_one, opt.coherent, &rig.compute) {
-        Ok((r, w)) => {
-            bandwidth.direct_host_read = r;
-            bandwidth.direct_host_write = w;
-        }
-        Err(e) => tracing::warn!(error = %e, "direct host access not measured"),
-    }
-    drop(dev_one);
+    let bandwidth = bandwidths(&rig, opt.coherent)?;
 
-    // The step's copies in the slower direction, at the bandwidth of the memory used.
-    let (d2h, h2d) = if pinned {
-        (bandwidth.d2h_pinned, bandwidth.h2d_pinned)
-    } else {
-        (bandwidth.d2h_pageable, bandwidth.h2d_pageable)
-    };
-    #[allow(clippy::cast_precision_loss)]
-    let bytes = (total * 4) as f64;
-    let t_copy_ms = [d2h, h2d]
-        .into_iter()
-        .flatten()
-        .filter(|gbps| *gbps > 0.0)
-        .map(|gbps| bytes / (gbps * 1e9) * 1e3)
-        .fold(0.0, f64::max);
+    let t_copy_ms = copy_ms(&bandwidth, pinned, total);
 
     // Warm up, then balance GPU work against the CPU update.
     rig.cpu_only();
