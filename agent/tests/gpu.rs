@@ -89,13 +89,15 @@ fn the_pipelined_schedule_overlaps_and_the_broken_ones_do_not() {
         "pageable {:?} vs pinned {eff}",
         pageable.efficiency
     );
-    // A correct pipeline costs about max(t_gpu, t_cpu) plus a chunk or so.
+    // A correct pipeline costs about max(t_gpu, t_cpu) plus a few chunks: on the H200 the agent
+    // measured 1.20–1.31 and the PyTorch peer of the same schedule 1.13–1.32 (20 runs each,
+    // docs/benchmarks/agent-h200.md), while a serial step costs about 2.6 times max.
     let over = good.pipelined_over_max.unwrap();
     eprintln!(
         "pipelined/max {over:.3}, serial/pipelined {:?}",
         good.serial_over_pipelined
     );
-    assert!(over < 1.25, "pipelined/max {over}");
+    assert!(over < 1.4, "pipelined/max {over}");
     assert!(
         good.duration_ms.unwrap() < 15_000.0,
         "self-test took {:?} ms",
