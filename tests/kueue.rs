@@ -185,6 +185,41 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
         eprintln!("skipped: a real node needs root (kubelet, containerd, cgroups, iptables)");
         return;
     }
+    let (cluster, client) = cluster_with_kueue().await;
+    let s = teams(&cluster, client).await;
+    let first_pod = a_coherent_job_is_admitted_to_the_coherent_flavor(&s).await;
+    let low = a_discrete_job_runs_on_the_discrete_flavor(&s).await;
+    jobs_wait_for_their_own_flavor(&s).await;
+    the_waiting_job_is_admitted_when_one_finishes(&s, &first_pod).await;
+    a_preempted_job_resumes_configured_as_before(&s, low).await;
+    an_opted_in_batch_job_is_configured_and_admitted(&s).await;
+    jobset_under_kueue(s.cluster, &s.client, &s.ns).await;
+
+    let listed = kubectl(
+        s.cluster,
+        &[
+            "--namespace",
+            &s.ns,
+            "get",
+            "trainingjobs,workloads.kueue.x-k8s.io",
+        ],
+    );
+    eprintln!("{listed}");
+    drop(cluster);
+}
+
+/// The test's cluster, its queues and the API of its namespace.
+struct Teams<'a> {
+    cluster: &'a DevCluster,
+    client: kube::Client,
+    ns: String,
+    tjs: Api<TrainingJob>,
+    jobs: Api<Job>,
+}
+
+/// The cluster with a real node, simulated GPU nodes of both classes, JobSet's CRD, Kueue and
+/// the operator (its chart's flavors on), each installed with its chart.
+async fn cluster_with_kueue() -> (DevCluster, kube::Client) {
     let started = Instant::now();
     let cluster = DevCluster::start(ClusterOptions::with_real_node())
         .await
@@ -265,6 +300,11 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
         json!({"offload.dev/uma": "false"})
     );
 
+    (cluster, client)
+}
+
+/// Profiles per class; queues for two teams, one whose only flavor is discrete, one for JobSets.
+async fn teams(cluster: &DevCluster, client: kube::Client) -> Teams<'_> {
     // Profiles per class; queues for two teams and one whose only flavor is discrete.
     let profiles: Api<OffloadProfile> = Api::all(client.clone());
     for (name, uma) in [("coherent", "true"), ("discrete", "false")] {
@@ -292,22 +332,31 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
         local_queue(&ns, "team-b", "team-b"),
         local_queue(&ns, "team-c", "team-c"),
     ] {
-        apply(&cluster, &manifest);
+        apply(cluster, &manifest);
     }
 
-    let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    Teams {
+        cluster,
+        tjs: Api::namespaced(client.clone(), &ns),
+        jobs: Api::namespaced(client.clone(), &ns),
+        client,
+        ns,
+    }
+}
 
+/// A coherent job in team-a: admitted to the coherent flavor although the discrete one, listed
+/// first, has free quota; its pod lands on the GH200 node. Returns that pod.
+async fn a_coherent_job_is_admitted_to_the_coherent_flavor(s: &Teams<'_>) -> Pod {
     // A coherent job in team-a: admitted to the coherent flavor although the discrete one,
     // listed first, has free quota; its pod lands on the GH200 node.
     create_when_admitted(
-        &tjs,
+        &s.tjs,
         &queued_job("coherent-1", "team-a", "coherent", None, false),
         "coherent-1",
     )
     .await;
     let first = wait_tj(
-        &tjs,
+        &s.tjs,
         "coherent-1",
         "coherent-1 Running",
         phase_is(JobPhase::Running),
@@ -319,7 +368,7 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
         admitted_reason(&first).map(|(s, r, _)| (s, r)),
         Some(("True".into(), "Admitted".into()))
     );
-    let job = jobs.get("coherent-1").await.unwrap();
+    let job = s.jobs.get("coherent-1").await.unwrap();
     assert_eq!(
         job.labels()
             .get(names::KUEUE_QUEUE_LABEL)
@@ -327,7 +376,7 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
         Some("team-a"),
         "the queue label reaches the workload Job"
     );
-    let pod = running_pod(&client, &ns, "coherent-1").await;
+    let pod = running_pod(&s.client, &s.ns, "coherent-1").await;
     assert_eq!(node_of(&pod), "gh200-k");
     assert_eq!(
         pod.spec.as_ref().unwrap().node_selector.as_ref().unwrap()[names::LABEL_UMA],
@@ -335,15 +384,26 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
         "Kueue injected the coherent flavor's labels"
     );
 
+    pod
+}
+
+/// What a discrete job ran with, to compare after its preemption.
+struct Ran {
+    decision: serde_json::Value,
+    env: serde_json::Value,
+}
+
+/// A discrete job in team-b, low priority: the discrete flavor, the H200 node.
+async fn a_discrete_job_runs_on_the_discrete_flavor(s: &Teams<'_>) -> Ran {
     // A discrete job in team-b, low priority: the discrete flavor, the H200 node.
     create_when_admitted(
-        &tjs,
+        &s.tjs,
         &queued_job("discrete-low", "team-b", "discrete", Some("low"), false),
         "discrete-low",
     )
     .await;
     let low = wait_tj(
-        &tjs,
+        &s.tjs,
         "discrete-low",
         "discrete-low Running",
         phase_is(JobPhase::Running),
@@ -351,22 +411,33 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
     .await;
     let low_decision = serde_json::to_value(&low.status.as_ref().unwrap().offload).unwrap();
     assert_eq!(low_decision["mode"], "CPUCopy");
-    let low_env = job_env(&jobs, "discrete-low").await;
+    let low_env = job_env(&s.jobs, "discrete-low").await;
     assert_eq!(
-        node_of(&running_pod(&client, &ns, "discrete-low").await),
+        node_of(&running_pod(&s.client, &s.ns, "discrete-low").await),
         "h200-k"
     );
 
+    Ran {
+        decision: low_decision,
+        env: low_env,
+    }
+}
+
+/// A second coherent job in team-a waits (the coherent quota is taken, the discrete flavor's is
+/// not for it), and one in team-c, whose only flavor is discrete, never runs on the wrong class;
+/// both say Kueue's reason.
+async fn jobs_wait_for_their_own_flavor(s: &Teams<'_>) {
     // A second coherent job in team-a waits: the coherent quota is taken, and the discrete
     // flavor's free quota is not for it. Kueue's reason reaches its Admitted condition.
-    tjs.create(
-        &PostParams::default(),
-        &queued_job("coherent-2", "team-a", "coherent", None, true),
-    )
-    .await
-    .unwrap();
+    s.tjs
+        .create(
+            &PostParams::default(),
+            &queued_job("coherent-2", "team-a", "coherent", None, true),
+        )
+        .await
+        .unwrap();
     let waiting = wait_tj(
-        &tjs,
+        &s.tjs,
         "coherent-2",
         "coherent-2 Queued with Kueue's reason",
         |tj| {
@@ -381,7 +452,8 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
         "{message}"
     );
     assert!(
-        jobs.get("coherent-2")
+        s.jobs
+            .get("coherent-2")
             .await
             .unwrap()
             .spec
@@ -392,14 +464,15 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
 
     // A coherent job in team-c, whose only flavor is discrete, never runs on the wrong class:
     // it waits, and says why.
-    tjs.create(
-        &PostParams::default(),
-        &queued_job("coherent-wrong-flavor", "team-c", "coherent", None, true),
-    )
-    .await
-    .unwrap();
+    s.tjs
+        .create(
+            &PostParams::default(),
+            &queued_job("coherent-wrong-flavor", "team-c", "coherent", None, true),
+        )
+        .await
+        .unwrap();
     let wrong = wait_tj(
-        &tjs,
+        &s.tjs,
         "coherent-wrong-flavor",
         "coherent-wrong-flavor Queued with Kueue's reason",
         |tj| {
@@ -409,9 +482,12 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
     )
     .await;
     assert_eq!(wrong.status.unwrap().phase, Some(JobPhase::Queued));
+}
 
+/// The first coherent job finishes: the second is admitted to the coherent flavor.
+async fn the_waiting_job_is_admitted_when_one_finishes(s: &Teams<'_>, pod: &Pod) {
     // The first coherent job finishes: the second is admitted to the coherent flavor.
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
     pods.patch(
         pod.metadata.name.as_deref().unwrap(),
         &PatchParams::default(),
@@ -420,14 +496,14 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
     .await
     .unwrap();
     wait_tj(
-        &tjs,
+        &s.tjs,
         "coherent-1",
         "coherent-1 Succeeded",
         phase_is(JobPhase::Succeeded),
     )
     .await;
     let second = wait_tj(
-        &tjs,
+        &s.tjs,
         "coherent-2",
         "coherent-2 admitted once coherent-1 finished",
         |tj| {
@@ -440,17 +516,23 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
         second.status.unwrap().offload.unwrap().mode,
         OffloadMode::UnifiedMemory
     );
+}
 
+/// A high-priority discrete job in team-b preempts the low one: the low one shows it is
+/// suspended (not failed), and resumes configured as before once the high one is done.
+async fn a_preempted_job_resumes_configured_as_before(s: &Teams<'_>, low: Ran) {
+    let (low_decision, low_env) = (low.decision, low.env);
     // A high-priority discrete job in team-b preempts the low one: the low one shows it is
     // suspended (not failed), and resumes configured as before once the high one is done.
-    tjs.create(
-        &PostParams::default(),
-        &queued_job("discrete-high", "team-b", "discrete", Some("high"), true),
-    )
-    .await
-    .unwrap();
+    s.tjs
+        .create(
+            &PostParams::default(),
+            &queued_job("discrete-high", "team-b", "discrete", Some("high"), true),
+        )
+        .await
+        .unwrap();
     let suspended = wait_tj(
-        &tjs,
+        &s.tjs,
         "discrete-low",
         "discrete-low suspended by Kueue",
         |tj| {
@@ -464,13 +546,13 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
         Some(JobPhase::Failed)
     );
     wait_tj(
-        &tjs,
+        &s.tjs,
         "discrete-high",
         "discrete-high Succeeded",
         phase_is(JobPhase::Succeeded),
     )
     .await;
-    let resumed = wait_tj(&tjs, "discrete-low", "discrete-low running again", |tj| {
+    let resumed = wait_tj(&s.tjs, "discrete-low", "discrete-low running again", |tj| {
         phase_is(JobPhase::Running)(tj)
             && tj
                 .and_then(admitted_reason)
@@ -482,16 +564,16 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
         low_decision,
         "the same decision after preemption"
     );
-    assert_eq!(job_env(&jobs, "discrete-low").await, low_env);
+    assert_eq!(job_env(&s.jobs, "discrete-low").await, low_env);
     assert_eq!(
-        node_of(&running_pod(&client, &ns, "discrete-low").await),
+        node_of(&running_pod(&s.client, &s.ns, "discrete-low").await),
         "h200-k"
     );
     let events = kubectl(
-        &cluster,
+        s.cluster,
         &[
             "--namespace",
-            &ns,
+            &s.ns,
             "get",
             "events",
             "--field-selector",
@@ -504,7 +586,11 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
         !events.trim().is_empty(),
         "an Event says Kueue suspended it"
     );
+}
 
+/// An opted-in batch Job under Kueue: the webhook's configuration and Kueue's suspension both
+/// land at creation, and Kueue admits it to the flavor of the class it was pinned to.
+async fn an_opted_in_batch_job_is_configured_and_admitted(s: &Teams<'_>) {
     // An opted-in batch Job under Kueue: the webhook's configuration and Kueue's suspension
     // both land at creation, and Kueue admits it to the flavor of the class it was pinned to.
     let batch: Job = serde_json::from_value(json!({
@@ -519,33 +605,19 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
                             "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}
     }))
     .unwrap();
-    let created = jobs.create(&PostParams::default(), &batch).await.unwrap();
+    let created = s.jobs.create(&PostParams::default(), &batch).await.unwrap();
     let spec = created.spec.as_ref().unwrap();
     assert_eq!(spec.suspend, Some(true), "Kueue's webhook suspended it");
     let env = serde_json::to_value(&spec.template.spec.as_ref().unwrap().containers[0].env)
         .unwrap()
         .to_string();
     assert!(env.contains("OFFLOAD_MODE"), "configured: {env}");
-    let pod = running_pod(&client, &ns, "batch-coherent").await;
+    let pod = running_pod(&s.client, &s.ns, "batch-coherent").await;
     assert_eq!(node_of(&pod), "gh200-k");
     let pod_env = serde_json::to_value(&pod.spec.as_ref().unwrap().containers[0].env)
         .unwrap()
         .to_string();
     assert!(pod_env.contains("OFFLOAD_MODE"), "{pod_env}");
-
-    jobset_under_kueue(&cluster, &client, &ns).await;
-
-    let listed = kubectl(
-        &cluster,
-        &[
-            "--namespace",
-            &ns,
-            "get",
-            "trainingjobs,workloads.kueue.x-k8s.io",
-        ],
-    );
-    eprintln!("{listed}");
-    drop(cluster);
 }
 
 /// An opted-in JobSet under Kueue: the operator's webhook configures its templates and Kueue's

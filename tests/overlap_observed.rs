@@ -98,36 +98,10 @@ async fn observations_reach_status_condition_event_metrics_and_kubectl() {
     let cluster = cluster(ClusterOptions::full());
     let client = client(cluster).await;
     apply_crds(&client).await;
-    let admin = free_port().unwrap();
-    let token = tokio_util::sync::CancellationToken::new();
-    let operator = tokio::spawn(offload_operator::operator::run(
-        client.clone(),
-        offload_operator::operator::RunOptions {
-            admin_addr: format!("127.0.0.1:{admin}").parse().unwrap(),
-            ..operator_options()
-        },
-        token.clone(),
-    ));
+    let (admin, token, operator) = operator_with_metrics(&client);
     let ns = namespace(&client, "observed").await;
-    let node = format!("{ns}-h200");
-    let other = format!("{ns}-h200-b");
+    let (node, other) = two_nodes_and_a_profile(&client, &ns).await;
     let nodes: Api<Node> = Api::all(client.clone());
-    for n in [&node, &other] {
-        nodes
-            .create(
-                &PostParams::default(),
-                &reported_node(n, fixtures::H200_READING, &ns),
-            )
-            .await
-            .unwrap();
-    }
-    Api::<OffloadProfile>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &pool_profile(&ns, &ns, json!({"minObservedGpuBusy": 0.6})),
-        )
-        .await
-        .unwrap();
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     // Its two pods on two nodes (one per node).
     create_training_job(&api, "overlapped", &ns, deepspeed(), json!({"template": {"metadata": {"labels": {"spread": "overlapped"}}, "spec": { "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [ {"labelSelector": {"matchLabels": {"spread": "overlapped"}}, "topologyKey": "kubernetes.io/hostname"}]}}, "containers": [{"name": "train", "image": "registry.example.com/train:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}})).await;
@@ -184,7 +158,88 @@ async fn observations_reach_status_condition_event_metrics_and_kubectl() {
         seen.push((p, "serial", 0.3, 2.0));
     }
     annotate(&client, &node, &summary(&node, &ns, &seen)).await;
-    let flagged = wait_for_condition(&api, "overlapped", "OverlapObserved", "False").await;
+    flagged_on_the_first_node(&api, &node).await;
+
+    // The job without overlap gets its figures, and no verdict: there is nothing to overlap.
+    if serial_here.is_empty() {
+        let other_serial = on(&serial_pods, &other);
+        annotate(
+            &client,
+            &other,
+            &summary(&other, &ns, &[(&other_serial, "serial", 0.3, 2.0)]),
+        )
+        .await;
+    }
+    the_serial_job_has_figures_and_no_verdict(&api).await;
+
+    a_warning_event_says_it_once(&client, &ns).await;
+
+    // A summary that does not parse, on another node, changes nothing and stops nothing.
+    annotate(&client, &other, "{\"schemaVersion\": 1, \"pods\": 7}").await;
+
+    overlapping_on_both_nodes(
+        &client,
+        &api,
+        &ns,
+        [(&node, &first_pod), (&other, &second_pod)],
+    )
+    .await;
+
+    metrics_and_kubectl_show_it(cluster, admin, &ns).await;
+
+    token.cancel();
+    operator.await.unwrap().unwrap();
+}
+
+/// The operator in process with its admin server (metrics) on a port of its own: the port, the
+/// token that stops it, and its task.
+fn operator_with_metrics(
+    client: &Client,
+) -> (
+    u16,
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<Result<(), offload_operator::operator::RunError>>,
+) {
+    let admin = free_port().unwrap();
+    let token = tokio_util::sync::CancellationToken::new();
+    let operator = tokio::spawn(offload_operator::operator::run(
+        client.clone(),
+        offload_operator::operator::RunOptions {
+            admin_addr: format!("127.0.0.1:{admin}").parse().unwrap(),
+            ..operator_options()
+        },
+        token.clone(),
+    ));
+    (admin, token, operator)
+}
+
+/// Two reported H200 nodes in the test's pool and its profile (flagging under 60 % busy).
+async fn two_nodes_and_a_profile(client: &Client, ns: &str) -> (String, String) {
+    let node = format!("{ns}-h200");
+    let other = format!("{ns}-h200-b");
+    let nodes: Api<Node> = Api::all(client.clone());
+    for n in [&node, &other] {
+        nodes
+            .create(
+                &PostParams::default(),
+                &reported_node(n, fixtures::H200_READING, ns),
+            )
+            .await
+            .unwrap();
+    }
+    Api::<OffloadProfile>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &pool_profile(ns, ns, json!({"minObservedGpuBusy": 0.6})),
+        )
+        .await
+        .unwrap();
+    (node, other)
+}
+
+/// The overlapped job flagged from the first node's window: condition, message, figures.
+async fn flagged_on_the_first_node(api: &Api<TrainingJob>, node: &str) {
+    let flagged = wait_for_condition(api, "overlapped", "OverlapObserved", "False").await;
     let status = flagged.status.unwrap();
     let cond = status
         .conditions
@@ -204,17 +259,10 @@ async fn observations_reach_status_condition_event_metrics_and_kubectl() {
     assert_eq!(observed.cpu_cores, Some(3.5));
     assert_eq!(observed.nodes.len(), 1);
     assert_eq!(observed.nodes[0].node, node);
+}
 
-    // The job without overlap gets its figures, and no verdict: there is nothing to overlap.
-    if serial_here.is_empty() {
-        let other_serial = on(&serial_pods, &other);
-        annotate(
-            &client,
-            &other,
-            &summary(&other, &ns, &[(&other_serial, "serial", 0.3, 2.0)]),
-        )
-        .await;
-    }
+/// The job without overlap gets its figures, and no verdict: there is nothing to overlap.
+async fn the_serial_job_has_figures_and_no_verdict(api: &Api<TrainingJob>) {
     let serial = wait_list(
         api.clone(),
         kube::runtime::watcher::Config::default().fields("metadata.name=serial"),
@@ -236,10 +284,12 @@ async fn observations_reach_status_condition_event_metrics_and_kubectl() {
             .iter()
             .all(|c| c.type_ != "OverlapObserved")
     );
+}
 
-    // A Warning Event says it once.
+/// A Warning Event says the flag once.
+async fn a_warning_event_says_it_once(client: &Client, ns: &str) {
     let events = poll("the GPUsIdle Event", Duration::from_secs(60), || {
-        let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+        let events: Api<Event> = Api::namespaced(client.clone(), ns);
         async move {
             let list = events.list(&ListParams::default()).await.ok()?.items;
             let found: Vec<Event> = list
@@ -255,21 +305,45 @@ async fn observations_reach_status_condition_event_metrics_and_kubectl() {
     })
     .await;
     assert_eq!(events[0].type_.as_deref(), Some("Warning"));
+}
 
-    // A summary that does not parse, on another node, changes nothing and stops nothing.
-    annotate(&client, &other, "{\"schemaVersion\": 1, \"pods\": 7}").await;
+/// The per-job metrics and `kubectl get tj` show the latest figure.
+async fn metrics_and_kubectl_show_it(
+    cluster: &offload_testenv::devcluster::DevCluster,
+    admin: u16,
+    ns: &str,
+) {
+    let metrics = offload_testenv::http::metrics(admin).await.unwrap();
+    let series = [("namespace", ns), ("job", "overlapped")];
+    let busy = metrics.value("offload_operator_job_gpu_busy_ratio", &series);
+    assert_eq!(busy, Some(0.96), "the busy-ratio series");
+    let flag = metrics.value("offload_operator_job_overlap_flagged", &series);
+    assert_eq!(flag, Some(0.0), "the flag series");
 
-    // The next window: the job now overlaps, across both nodes (weighted by GPUs).
+    let table = kubectl(cluster, &["get", "tj", "-n", ns]);
+    let header = table.lines().next().unwrap();
+    assert!(header.contains("GPU-BUSY"), "{table}");
+    let row = table.lines().find(|l| l.starts_with("overlapped")).unwrap();
+    assert!(row.contains("0.96"), "{table}");
+}
+
+/// The next window: the job now overlaps, across both nodes (weighted by GPUs).
+async fn overlapping_on_both_nodes(
+    client: &Client,
+    api: &Api<TrainingJob>,
+    ns: &str,
+    [(node, first_pod), (other, second_pod)]: [(&str, &str); 2],
+) {
     annotate(
-        &client,
-        &node,
-        &summary(&node, &ns, &[(&first_pod, "overlapped", 0.94, 3.0)]),
+        client,
+        node,
+        &summary(node, ns, &[(first_pod, "overlapped", 0.94, 3.0)]),
     )
     .await;
     annotate(
-        &client,
-        &other,
-        &summary(&other, &ns, &[(&second_pod, "overlapped", 0.98, 2.0)]),
+        client,
+        other,
+        &summary(other, ns, &[(second_pod, "overlapped", 0.98, 2.0)]),
     )
     .await;
     let recovered = wait_list(
@@ -295,20 +369,4 @@ async fn observations_reach_status_condition_event_metrics_and_kubectl() {
     let observed = recovered.observed.unwrap();
     assert_eq!((observed.gpu_busy, observed.gpus), (0.96, 2));
     assert_eq!(observed.cpu_cores, Some(5.0));
-
-    let metrics = offload_testenv::http::metrics(admin).await.unwrap();
-    let series = [("namespace", ns.as_str()), ("job", "overlapped")];
-    let busy = metrics.value("offload_operator_job_gpu_busy_ratio", &series);
-    assert_eq!(busy, Some(0.96), "the busy-ratio series");
-    let flag = metrics.value("offload_operator_job_overlap_flagged", &series);
-    assert_eq!(flag, Some(0.0), "the flag series");
-
-    let table = kubectl(cluster, &["get", "tj", "-n", &ns]);
-    let header = table.lines().next().unwrap();
-    assert!(header.contains("GPU-BUSY"), "{table}");
-    let row = table.lines().find(|l| l.starts_with("overlapped")).unwrap();
-    assert!(row.contains("0.96"), "{table}");
-
-    token.cancel();
-    operator.await.unwrap().unwrap();
 }

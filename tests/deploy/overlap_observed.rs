@@ -43,27 +43,12 @@ pub(super) async fn the_agent_observes_a_configured_pod_on_the_real_node(
     figures: &mut Figures,
 ) {
     use offload_api::observed::{BusySource, ObservedSummary};
-    use offload_testenv::devcluster::node::images;
     use offload_testenv::device_plugin::StandInDevicePlugin;
 
     let trace_path = offload_testenv::fixtures::path("utilization-trace-h200.json");
     let trace: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&trace_path).unwrap()).unwrap();
-    let recorded: BTreeMap<String, f64> = trace["gpus"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| {
-            let p: Vec<f64> = g["percent"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap())
-                .collect();
-            let mean = p.iter().sum::<f64>() / (100.0 * p.len() as f64);
-            (g["uuid"].as_str().unwrap().to_string(), mean)
-        })
-        .collect();
+    let recorded = recorded_busy(&trace);
     let plugin =
         StandInDevicePlugin::start(names::GPU_RESOURCE, recorded.keys().cloned().collect())
             .await
@@ -85,98 +70,12 @@ pub(super) async fn the_agent_observes_a_configured_pod_on_the_real_node(
     })
     .await;
 
-    // The agent of the real node replays the recorded H200 report and utilization trace
-    // (from a ConfigMap) in place of the NVML this node does not have; observation is on by
-    // default, with a short window here.
-    kubectl(
-        cluster,
-        &[
-            "create",
-            "configmap",
-            "offload-recordings",
-            "--namespace",
-            NAMESPACE,
-            &format!(
-                "--from-file=node-report.json={}",
-                offload_testenv::fixtures::path("node-report-h200.json").display()
-            ),
-            &format!("--from-file=trace.json={}", trace_path.display()),
-        ],
-    );
-    let values = json!({"agent": {
-        "observe": {"window": "10s"},
-        "extraArgs": ["--replay=/recorded/node-report.json", "--observe-trace=/recorded/trace.json"],
-        "extraVolumes": [{"name": "recorded", "configMap": {"name": "offload-recordings"}}],
-        "extraVolumeMounts": [{"name": "recorded", "mountPath": "/recorded", "readOnly": true}]
-    }});
-    let values_file = cluster.root().join("observe-values.json");
-    std::fs::write(&values_file, values.to_string()).unwrap();
-    let upgraded = Instant::now();
-    deploy::run(
-        cluster
-            .helm()
-            .args(["upgrade", RELEASE])
-            .arg(offload_testenv::devcluster::repo_root().join("charts/offload-operator"))
-            .args(["--namespace", NAMESPACE, "--reuse-values", "-f"])
-            .arg(&values_file)
-            .args(["--wait", "--timeout", "5m"]),
-        "helm upgrade (agent replaying recordings)",
-    )
-    .unwrap();
-    figures.add(format!(
-        "helm upgrade (observation with recordings) → ready: {:.1} s",
-        upgraded.elapsed().as_secs_f64()
-    ));
+    agent_replays_recordings(cluster, &trace_path, figures);
 
-    create_real_node_profile(
-        client,
-        "observed",
-        json!({"overlap": "Enabled", "startupGuard": false}),
-    )
-    .await;
     let ns = namespace(client, "observed").await;
     let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    // A pod that runs: the pause image, already on the node.
-    let mut tj = training_job("observed", "observed");
-    let pod_spec = tj.spec.template.spec.as_mut().unwrap();
-    pod_spec.containers[0].image = Some(images::reference("offload-pause"));
-    pod_spec.containers[0].image_pull_policy = Some("Never".into());
-    create_when_admitted(&tjs, &tj, "the observed job").await;
-    let started = Instant::now();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let pod = wait_list(
-        pods,
-        watcher::Config::default().labels(&format!("{}=observed", names::LABEL_TRAINING_JOB)),
-        "the observed job's pod running on the real node",
-        WAIT,
-        |pods| {
-            let p = pods.first()?;
-            (p.status.as_ref()?.phase.as_deref() == Some("Running")).then(|| (**p).clone())
-        },
-    )
-    .await;
-    assert_eq!(
-        pod.spec.as_ref().unwrap().node_name.as_deref(),
-        Some(REAL_NODE)
-    );
-    let uid = pod.metadata.uid.clone().unwrap();
-    let node_cgroup = cluster.node_cgroup().unwrap();
-    let spinner = Spinner(
-        std::process::Command::new("sh")
-            .args(["-c", "while :; do :; done"])
-            .spawn()
-            .unwrap(),
-    );
-    for hierarchy in ["cpu", "cpuacct"] {
-        let dir = find_pod_cgroup(
-            &std::path::Path::new("/sys/fs/cgroup")
-                .join(hierarchy)
-                .join(node_cgroup),
-            &uid,
-        )
-        .unwrap_or_else(|| panic!("no {hierarchy} cgroup for pod {uid}"));
-        std::fs::write(dir.join("cgroup.procs"), spinner.0.id().to_string()).unwrap();
-    }
+    let (pod, started) = a_configured_pod_runs(client, &ns, &tjs).await;
+    let spinner = spin_in_cgroup_of(cluster, &pod);
 
     // What the kubelet handed out, as the stand-in plugin saw it.
     let allocated: Vec<String> = plugin.allocations().into_iter().flatten().collect();
@@ -216,6 +115,176 @@ pub(super) async fn the_agent_observes_a_configured_pod_on_the_real_node(
     );
     assert!(observed_pod.cpu_cores.unwrap() <= 1.2, "{observed_pod:?}");
 
+    the_job_shows_it(cluster, &tjs, &ns, expected).await;
+
+    // The job gone and the spinner stopped: the next window clears the node's summary.
+    drop(spinner);
+    tjs.delete("observed", &Default::default()).await.unwrap();
+    poll("the node's summary cleared", WAIT, || {
+        let nodes = nodes.clone();
+        async move {
+            let node = nodes.get(REAL_NODE).await.ok()?;
+            (!node
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key(names::ANNOTATION_OBSERVED))
+            .then_some(())
+        }
+    })
+    .await;
+    drop(plugin);
+    kubectl(cluster, &["delete", "namespace", &ns, "--wait=false"]);
+    kubectl(cluster, &["delete", "offloadprofile", "observed"]);
+    // The recordings are this test's, not the chart's: the uninstall check must not find them.
+    kubectl(
+        cluster,
+        &[
+            "delete",
+            "configmap",
+            "offload-recordings",
+            "--namespace",
+            NAMESPACE,
+        ],
+    );
+}
+
+/// Each recorded GPU's mean busy fraction, by UUID.
+fn recorded_busy(trace: &serde_json::Value) -> BTreeMap<String, f64> {
+    trace["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            let p: Vec<f64> = g["percent"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect();
+            let mean = p.iter().sum::<f64>() / (100.0 * p.len() as f64);
+            (g["uuid"].as_str().unwrap().to_string(), mean)
+        })
+        .collect()
+}
+
+/// The agent of the real node replays the recorded H200 report and utilization trace (from a
+/// ConfigMap) in place of the NVML this node does not have; observation is on by default, with
+/// a short window here.
+fn agent_replays_recordings(
+    cluster: &DevCluster,
+    trace_path: &std::path::Path,
+    figures: &mut Figures,
+) {
+    kubectl(
+        cluster,
+        &[
+            "create",
+            "configmap",
+            "offload-recordings",
+            "--namespace",
+            NAMESPACE,
+            &format!(
+                "--from-file=node-report.json={}",
+                offload_testenv::fixtures::path("node-report-h200.json").display()
+            ),
+            &format!("--from-file=trace.json={}", trace_path.display()),
+        ],
+    );
+    let values = json!({"agent": {
+        "observe": {"window": "10s"},
+        "extraArgs": ["--replay=/recorded/node-report.json", "--observe-trace=/recorded/trace.json"],
+        "extraVolumes": [{"name": "recorded", "configMap": {"name": "offload-recordings"}}],
+        "extraVolumeMounts": [{"name": "recorded", "mountPath": "/recorded", "readOnly": true}]
+    }});
+    let values_file = cluster.root().join("observe-values.json");
+    std::fs::write(&values_file, values.to_string()).unwrap();
+    let upgraded = Instant::now();
+    deploy::run(
+        cluster
+            .helm()
+            .args(["upgrade", RELEASE])
+            .arg(offload_testenv::devcluster::repo_root().join("charts/offload-operator"))
+            .args(["--namespace", NAMESPACE, "--reuse-values", "-f"])
+            .arg(&values_file)
+            .args(["--wait", "--timeout", "5m"]),
+        "helm upgrade (agent replaying recordings)",
+    )
+    .unwrap();
+    figures.add(format!(
+        "helm upgrade (observation with recordings) → ready: {:.1} s",
+        upgraded.elapsed().as_secs_f64()
+    ));
+}
+
+/// A TrainingJob whose pod runs (the pause image, already on the node) on the real node, under
+/// a profile with overlap on; the pod, and when the job was created.
+async fn a_configured_pod_runs(
+    client: &kube::Client,
+    ns: &str,
+    tjs: &Api<TrainingJob>,
+) -> (Pod, Instant) {
+    use offload_testenv::devcluster::node::images;
+    create_real_node_profile(
+        client,
+        "observed",
+        json!({"overlap": "Enabled", "startupGuard": false}),
+    )
+    .await;
+    // A pod that runs: the pause image, already on the node.
+    let mut tj = training_job("observed", "observed");
+    let pod_spec = tj.spec.template.spec.as_mut().unwrap();
+    pod_spec.containers[0].image = Some(images::reference("offload-pause"));
+    pod_spec.containers[0].image_pull_policy = Some("Never".into());
+    create_when_admitted(tjs, &tj, "the observed job").await;
+    let started = Instant::now();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod = wait_list(
+        pods,
+        watcher::Config::default().labels(&format!("{}=observed", names::LABEL_TRAINING_JOB)),
+        "the observed job's pod running on the real node",
+        WAIT,
+        |pods| {
+            let p = pods.first()?;
+            (p.status.as_ref()?.phase.as_deref() == Some("Running")).then(|| (**p).clone())
+        },
+    )
+    .await;
+    assert_eq!(
+        pod.spec.as_ref().unwrap().node_name.as_deref(),
+        Some(REAL_NODE)
+    );
+    (pod, started)
+}
+
+/// A process spinning in the pod's CPU cgroups (the pause container uses none): what the agent
+/// should read as the pod's CPU.
+fn spin_in_cgroup_of(cluster: &DevCluster, pod: &Pod) -> Spinner {
+    let uid = pod.metadata.uid.clone().unwrap();
+    let node_cgroup = cluster.node_cgroup().unwrap();
+    let spinner = Spinner(
+        std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap(),
+    );
+    for hierarchy in ["cpu", "cpuacct"] {
+        let dir = find_pod_cgroup(
+            &std::path::Path::new("/sys/fs/cgroup")
+                .join(hierarchy)
+                .join(node_cgroup),
+            &uid,
+        )
+        .unwrap_or_else(|| panic!("no {hierarchy} cgroup for pod {uid}"));
+        std::fs::write(dir.join("cgroup.procs"), spinner.0.id().to_string()).unwrap();
+    }
+
+    spinner
+}
+
+/// The job's story: status.observed, the OverlapObserved condition, the Event when flagged, the
+/// GPU-BUSY column.
+async fn the_job_shows_it(cluster: &DevCluster, tjs: &Api<TrainingJob>, ns: &str, expected: f64) {
     // The job's story: status.observed, the condition, the Event when flagged.
     let status = wait_list(
         tjs.clone(),
@@ -255,43 +324,12 @@ pub(super) async fn the_agent_observes_a_configured_pod_on_the_real_node(
     if flagged {
         assert_eq!(condition["reason"], "GPUsIdle");
         poll("the GPUsIdle Event", WAIT, || async {
-            let out = events_with_reason(cluster, &ns, "GPUsIdle");
+            let out = events_with_reason(cluster, ns, "GPUsIdle");
             (!out.trim().is_empty()).then_some(())
         })
         .await;
     }
-    let shown = kubectl(cluster, &["get", "trainingjobs", "-n", &ns]);
+    let shown = kubectl(cluster, &["get", "trainingjobs", "-n", ns]);
     eprintln!("{shown}");
     assert!(shown.contains("GPU-BUSY"), "{shown}");
-
-    // The job gone and the spinner stopped: the next window clears the node's summary.
-    drop(spinner);
-    tjs.delete("observed", &Default::default()).await.unwrap();
-    poll("the node's summary cleared", WAIT, || {
-        let nodes = nodes.clone();
-        async move {
-            let node = nodes.get(REAL_NODE).await.ok()?;
-            (!node
-                .metadata
-                .annotations
-                .unwrap_or_default()
-                .contains_key(names::ANNOTATION_OBSERVED))
-            .then_some(())
-        }
-    })
-    .await;
-    drop(plugin);
-    kubectl(cluster, &["delete", "namespace", &ns, "--wait=false"]);
-    kubectl(cluster, &["delete", "offloadprofile", "observed"]);
-    // The recordings are this test's, not the chart's: the uninstall check must not find them.
-    kubectl(
-        cluster,
-        &[
-            "delete",
-            "configmap",
-            "offload-recordings",
-            "--namespace",
-            NAMESPACE,
-        ],
-    );
 }
