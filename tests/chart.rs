@@ -248,6 +248,35 @@ fn kueue_flavors_render_with_the_class_labels(cluster: &DevCluster) {
 async fn install_run_the_whole_flow_and_uninstall_leaving_nothing_behind() {
     let cluster = cluster(OPTIONS);
     let client = client(cluster).await;
+    let port = install_with_agents_on_three_gpu_nodes(cluster, &client).await;
+    // The operator, outside the cluster as the chart's values say.
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let op = tokio::spawn(operator::run(
+        client.clone(),
+        RunOptions {
+            webhook: Some(WebhookOptions {
+                addr: format!("127.0.0.1:{port}").parse().unwrap(),
+                certs: CertMode::Managed(ManagedCerts::chart(NS, vec!["127.0.0.1".into()])),
+                check_interval: Duration::from_secs(3600),
+            }),
+            ..operator_options()
+        },
+        shutdown.clone(),
+    ));
+    a_job_runs_on_the_coherent_nodes(cluster, &client).await;
+    the_agent_may_only_touch_offload_keys_on_its_own_node(cluster, &client).await;
+    shutdown.cancel();
+    op.await.unwrap().unwrap();
+    uninstall_leaves_nothing(cluster, &client).await;
+}
+
+/// Three simulated GPU nodes with their agents' reports, and the chart installed with its
+/// webhook pointed at a local port (returned) and no operator pod; the agent DaemonSet lands on
+/// the GPU nodes (kwok simulates its pods).
+async fn install_with_agents_on_three_gpu_nodes(
+    cluster: &DevCluster,
+    client: &kube::Client,
+) -> u16 {
     let nodes: Api<Node> = Api::all(client.clone());
     for name in ["chart-gh200-0", "chart-gh200-1", "chart-h200-0"] {
         nodes
@@ -281,7 +310,6 @@ async fn install_run_the_whole_flow_and_uninstall_leaving_nothing_behind() {
             .args(["--set", &format!("webhook.url=https://127.0.0.1:{port}")]),
         "helm install",
     );
-    // The chart's agent DaemonSet lands on the GPU nodes (kwok simulates its pods).
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     wait_list(
         pods.clone(),
@@ -299,18 +327,12 @@ async fn install_run_the_whole_flow_and_uninstall_leaving_nothing_behind() {
     )
     .await;
 
-    // The operator, outside the cluster as the chart's values say.
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let options = RunOptions {
-        webhook: Some(WebhookOptions {
-            addr: format!("127.0.0.1:{port}").parse().unwrap(),
-            certs: CertMode::Managed(ManagedCerts::chart(NS, vec!["127.0.0.1".into()])),
-            check_interval: Duration::from_secs(3600),
-        }),
-        ..operator_options()
-    };
-    let op = tokio::spawn(operator::run(client.clone(), options, shutdown.clone()));
+    port
+}
 
+/// The chart's default profile filled from real status; a TrainingJob admitted, given its
+/// workload, its pods placed on the coherent nodes; the profile counting nodes and jobs.
+async fn a_job_runs_on_the_coherent_nodes(cluster: &DevCluster, client: &kube::Client) {
     // The chart's default profile, filled from real status.
     let profiles: Api<OffloadProfile> = Api::all(client.clone());
     wait(
@@ -328,7 +350,7 @@ async fn install_run_the_whole_flow_and_uninstall_leaving_nothing_behind() {
     .await
     .unwrap();
 
-    let job_ns = namespace(&client, "e2e").await;
+    let job_ns = namespace(client, "e2e").await;
     let tj: TrainingJob = serde_json::from_value(json!({
         "apiVersion": "offload.dev/v1alpha1", "kind": "TrainingJob",
         "metadata": {"name": "e2e", "annotations": {names::PROFILE_ANNOTATION: "auto"}},
@@ -397,13 +419,12 @@ async fn install_run_the_whole_flow_and_uninstall_leaving_nothing_behind() {
     .await;
     let cols: Vec<&str> = table.split_whitespace().collect();
     assert_eq!(&cols[..3], ["default", "Auto", "Auto"], "{table}");
+}
 
-    the_agent_may_only_touch_offload_keys_on_its_own_node(cluster, &client).await;
-
-    // Uninstall. kwok simulates the clean-up hook's pod without running it, so its command
-    // (`offload-agent cleanup --all-nodes`) is run here against the same cluster.
-    shutdown.cancel();
-    op.await.unwrap().unwrap();
+/// Uninstall. kwok simulates the clean-up hook's pod without running it, so its command
+/// (`offload-agent cleanup --all-nodes`) is run here against the same cluster; nothing the
+/// chart made, and nothing the agent wrote, is left.
+async fn uninstall_leaves_nothing(cluster: &DevCluster, client: &kube::Client) {
     output(
         cluster.helm().args([
             "uninstall",
@@ -422,7 +443,7 @@ async fn install_run_the_whole_flow_and_uninstall_leaving_nothing_behind() {
             .args(["cleanup", "--all-nodes"]),
         "offload-agent cleanup --all-nodes",
     );
-    assert_agent_left_nothing(&client).await;
+    assert_agent_left_nothing(client).await;
     let left = kubectl(
         cluster,
         &[
