@@ -142,44 +142,7 @@ async fn claims_are_sized_pinned_to_the_class_and_allocated_there_only() {
     let ns = namespace(&client, "dra").await;
     let node = |suffix: &str| format!("{ns}-{suffix}");
     dra::device_class(&client).await.unwrap();
-
-    // A GH200 node (agent and driver agree: ATS), an H200 node (agree: None), a node only the
-    // driver describes (ATS, no agent yet), one whose witnesses disagree (the agent measured
-    // a discrete H200, the driver says ATS) and one whose slices do not read.
-    let nodes: Api<Node> = Api::all(client.clone());
-    for (n, fixture) in [
-        (node("gh200"), Some(fixtures::GH200_REFERENCE)),
-        (node("h200"), Some(fixtures::H200_READING)),
-        (node("driver-only"), None),
-        (node("disagree"), Some(fixtures::H200_READING)),
-        (node("bad"), None),
-    ] {
-        nodes
-            .create(&PostParams::default(), &dra_node(&n, fixture, &ns))
-            .await
-            .unwrap();
-    }
-    let four = |g: fn() -> StandInGpu| vec![g(); 4];
-    dra::publish(&client, &node("gh200"), &four(StandInGpu::gh200))
-        .await
-        .unwrap();
-    dra::publish(&client, &node("h200"), &four(StandInGpu::h200))
-        .await
-        .unwrap();
-    dra::publish(&client, &node("driver-only"), &four(StandInGpu::gh200))
-        .await
-        .unwrap();
-    dra::publish(&client, &node("disagree"), &four(StandInGpu::gh200))
-        .await
-        .unwrap();
-    // 300 GPUs with an addressing mode no driver writes: not believed, and nothing else moves.
-    let bad = StandInGpu {
-        addressing_mode: Some("QUANTUM".into()),
-        product: "NVIDIA GH200 480GB".into(),
-    };
-    dra::publish(&client, &node("bad"), &vec![bad; 300])
-        .await
-        .unwrap();
+    five_nodes_as_agent_and_driver_describe_them(&client, &ns).await;
 
     let profiles: Api<OffloadProfile> = Api::all(client.clone());
     for (name, extra) in [
@@ -192,14 +155,81 @@ async fn claims_are_sized_pinned_to_the_class_and_allocated_there_only() {
             .unwrap();
     }
     let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let bound = a_held_job_resolves_pinned_to_ats_gpus(&client, &ns, &tjs).await;
+    the_coherent_nodes_fill_and_the_disagreeing_one_stays_out(&client, &ns, &tjs, &bound).await;
 
-    // A job whose template does not exist yet is held, and resolves once it is created.
-    create_claiming(&tjs, "early", &format!("{ns}-any"), "four-gpus").await;
-    let cond = condition_when(&tjs, "early", "OffloadResolved", "False").await;
+    // A discrete job: its claim lands on the H200 node only.
+    create_claiming(&tjs, "discrete", &format!("{ns}-copy"), "four-gpus").await;
+    let (on, pools) = allocation(&client, &ns, "discrete").await;
+    assert_eq!(on, node("h200"));
+    assert!(pools.iter().all(|p| *p == on));
+
+    the_profile_names_the_disagreeing_node(&profiles, &ns).await;
+
+    // Sized by its claims: 16 GPUs a pod fit no node of four.
+    gpu_template(&client, &ns, "sixteen-gpus", 16).await;
+    create_claiming(&tjs, "too-big", &format!("{ns}-any"), "sixteen-gpus").await;
+    let cond = condition_when(&tjs, "too-big", "OffloadResolved", "False").await;
+    assert_eq!(cond.reason, "InsufficientGPUs", "{}", cond.message);
+    assert!(cond.message.contains("16"), "{}", cond.message);
+}
+
+/// A GH200 node (agent and driver agree: ATS), an H200 node (agree: None), a node only the
+/// driver describes (ATS, no agent yet), one whose witnesses disagree (the agent measured a
+/// discrete H200, the driver says ATS) and one whose slices do not read; four GPUs each.
+async fn five_nodes_as_agent_and_driver_describe_them(client: &kube::Client, ns: &str) {
+    let node = |suffix: &str| format!("{ns}-{suffix}");
+    let nodes: Api<Node> = Api::all(client.clone());
+    for (n, fixture) in [
+        (node("gh200"), Some(fixtures::GH200_REFERENCE)),
+        (node("h200"), Some(fixtures::H200_READING)),
+        (node("driver-only"), None),
+        (node("disagree"), Some(fixtures::H200_READING)),
+        (node("bad"), None),
+    ] {
+        nodes
+            .create(&PostParams::default(), &dra_node(&n, fixture, ns))
+            .await
+            .unwrap();
+    }
+    let four = |g: fn() -> StandInGpu| vec![g(); 4];
+    dra::publish(client, &node("gh200"), &four(StandInGpu::gh200))
+        .await
+        .unwrap();
+    dra::publish(client, &node("h200"), &four(StandInGpu::h200))
+        .await
+        .unwrap();
+    dra::publish(client, &node("driver-only"), &four(StandInGpu::gh200))
+        .await
+        .unwrap();
+    dra::publish(client, &node("disagree"), &four(StandInGpu::gh200))
+        .await
+        .unwrap();
+    // 300 GPUs with an addressing mode no driver writes: not believed, and nothing else moves.
+    let bad = StandInGpu {
+        addressing_mode: Some("QUANTUM".into()),
+        product: "NVIDIA GH200 480GB".into(),
+    };
+    dra::publish(client, &node("bad"), &vec![bad; 300])
+        .await
+        .unwrap();
+}
+
+/// A job whose template does not exist yet is held, and resolves once it is created; the
+/// operator's copy of the template selects only ATS GPUs, the pods name it, and the scheduler
+/// allocates the claim on a coherent node. The node it is bound to.
+async fn a_held_job_resolves_pinned_to_ats_gpus(
+    client: &kube::Client,
+    ns: &str,
+    tjs: &Api<TrainingJob>,
+) -> String {
+    let node = |suffix: &str| format!("{ns}-{suffix}");
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    create_claiming(tjs, "early", &format!("{ns}-any"), "four-gpus").await;
+    let cond = condition_when(tjs, "early", "OffloadResolved", "False").await;
     assert_eq!(cond.reason, "ClaimTemplateNotFound", "{}", cond.message);
-    gpu_template(&client, &ns, "four-gpus", 4).await;
-    let resolved = wait_for_condition(&tjs, "early", "OffloadResolved", "True").await;
+    gpu_template(client, ns, "four-gpus", 4).await;
+    let resolved = wait_for_condition(tjs, "early", "OffloadResolved", "True").await;
     let decision = resolved.status.unwrap().offload.unwrap();
     assert_eq!(
         serde_json::to_value(decision.mode).unwrap(),
@@ -214,7 +244,7 @@ async fn claims_are_sized_pinned_to_the_class_and_allocated_there_only() {
     );
 
     // The operator's copy of the template selects only ATS GPUs, and the pods name it.
-    let pinned = templates(&client, &ns).get("early-gpus").await.unwrap();
+    let pinned = templates(client, ns).get("early-gpus").await.unwrap();
     let selectors = &pinned.data["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"];
     assert!(
         selectors[0]["cel"]["expression"]
@@ -239,23 +269,34 @@ async fn claims_are_sized_pinned_to_the_class_and_allocated_there_only() {
 
     // The scheduler allocates the claim on a coherent node only.
     let coherent = [node("gh200"), node("driver-only")];
-    let (bound, pools) = allocation(&client, &ns, "early").await;
+    let (bound, pools) = allocation(client, ns, "early").await;
     assert!(coherent.contains(&bound), "bound to {bound}");
     assert!(pools.iter().all(|p| *p == bound), "{pools:?} on {bound}");
 
-    // A second coherent job takes the other coherent node; a third waits rather than land on
-    // the node whose driver says ATS but whose agent measured a discrete GPU.
-    // (One after the other: created together, the third could take the free node first.)
-    create_claiming(&tjs, "second", &format!("{ns}-any"), "four-gpus").await;
-    let (second, _) = allocation(&client, &ns, "second").await;
+    bound
+}
+
+/// A second coherent job takes the other coherent node; a third waits rather than land on the
+/// node whose driver says ATS but whose agent measured a discrete GPU. (One after the other:
+/// created together, the third could take the free node first.)
+async fn the_coherent_nodes_fill_and_the_disagreeing_one_stays_out(
+    client: &kube::Client,
+    ns: &str,
+    tjs: &Api<TrainingJob>,
+    bound: &str,
+) {
+    let node = |suffix: &str| format!("{ns}-{suffix}");
+    let coherent = [node("gh200"), node("driver-only")];
+    create_claiming(tjs, "second", &format!("{ns}-any"), "four-gpus").await;
+    let (second, _) = allocation(client, ns, "second").await;
     assert!(
         coherent.contains(&second) && second != bound,
         "second on {second}"
     );
-    create_claiming(&tjs, "third", &format!("{ns}-any"), "four-gpus").await;
-    wait_for_condition(&tjs, "third", "WorkloadCreated", "True").await;
+    create_claiming(tjs, "third", &format!("{ns}-any"), "four-gpus").await;
+    wait_for_condition(tjs, "third", "WorkloadCreated", "True").await;
     let third_pod = wait_list(
-        Api::<Pod>::namespaced(client.clone(), &ns),
+        Api::<Pod>::namespaced(client.clone(), ns),
         kube::runtime::watcher::Config::default()
             .labels(&format!("{}=third", names::LABEL_TRAINING_JOB)),
         "the third job's pod unschedulable",
@@ -283,14 +324,11 @@ async fn claims_are_sized_pinned_to_the_class_and_allocated_there_only() {
         "never on {}",
         node("disagree")
     );
+}
 
-    // A discrete job: its claim lands on the H200 node only.
-    create_claiming(&tjs, "discrete", &format!("{ns}-copy"), "four-gpus").await;
-    let (on, pools) = allocation(&client, &ns, "discrete").await;
-    assert_eq!(on, node("h200"));
-    assert!(pools.iter().all(|p| *p == on));
-
-    // The profile's status names the node whose witnesses disagree, and why.
+/// The profile's status names the node whose witnesses disagree, and why.
+async fn the_profile_names_the_disagreeing_node(profiles: &Api<OffloadProfile>, ns: &str) {
+    let node = |suffix: &str| format!("{ns}-{suffix}");
     let any = wait(
         "the profile's status to name the disagreeing node",
         WAIT,
@@ -319,11 +357,4 @@ async fn claims_are_sized_pinned_to_the_class_and_allocated_there_only() {
         "{}",
         ready.message
     );
-
-    // Sized by its claims: 16 GPUs a pod fit no node of four.
-    gpu_template(&client, &ns, "sixteen-gpus", 16).await;
-    create_claiming(&tjs, "too-big", &format!("{ns}-any"), "sixteen-gpus").await;
-    let cond = condition_when(&tjs, "too-big", "OffloadResolved", "False").await;
-    assert_eq!(cond.reason, "InsufficientGPUs", "{}", cond.message);
-    assert!(cond.message.contains("16"), "{}", cond.message);
 }
