@@ -498,19 +498,6 @@ async fn upstream_job_kinds_keep_what_the_webhook_wrote() {
     let (cluster, client, _served) = setup().await;
     let ns = namespace(&client, "kinds").await;
     create_configured_pod(&Api::namespaced(client.clone(), &ns), "probe").await;
-    let install = |path: std::path::PathBuf| {
-        kubectl(
-            cluster,
-            &[
-                "apply",
-                "--server-side",
-                "--force-conflicts",
-                "--field-manager=offload-tests",
-                "-f",
-                &path.display().to_string(),
-            ],
-        );
-    };
     for crd in [
         "jobset/jobset.x-k8s.io_jobsets.yaml",
         "trainer/trainer.kubeflow.org_trainjobs.yaml",
@@ -518,7 +505,7 @@ async fn upstream_job_kinds_keep_what_the_webhook_wrote() {
         "trainer/trainer.kubeflow.org_clustertrainingruntimes.yaml",
         "training-operator/kubeflow.org_pytorchjobs.yaml",
     ] {
-        install(dir.join(crd));
+        install(cluster, dir.join(crd));
     }
     kubectl(
         cluster,
@@ -534,14 +521,42 @@ async fn upstream_job_kinds_keep_what_the_webhook_wrote() {
         ],
     );
     // Trainer's stock runtime: the TrainJobs below refer to it, and its template is a JobSet.
-    install(dir.join("trainer/torch_distributed.yaml"));
+    install(cluster, dir.join("trainer/torch_distributed.yaml"));
 
-    // PyTorchJob (Training Operator): every replica's template.
+    // Trainer's stock runtime: the TrainJobs below refer to it, and its template is a JobSet.
+    install(cluster, dir.join("trainer/torch_distributed.yaml"));
+    pytorchjob_and_jobset_keep_their_templates(cluster, &dir, &ns);
+    trainjobs_keep_env_and_runtime_patch(cluster, &dir, &ns);
+    trainer_2_1_gets_pod_template_overrides(cluster, &dir, &ns).await;
+}
+
+/// `kubectl apply --server-side` of one upstream manifest.
+fn install(cluster: &DevCluster, path: std::path::PathBuf) {
+    kubectl(
+        cluster,
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=offload-tests",
+            "-f",
+            &path.display().to_string(),
+        ],
+    );
+}
+
+/// PyTorchJob (Training Operator): every replica's template; JobSet: the JobSet that Trainer's
+/// torch-distributed runtime runs.
+fn pytorchjob_and_jobset_keep_their_templates(
+    cluster: &DevCluster,
+    dir: &std::path::Path,
+    ns: &str,
+) {
     let ptj = create_stored(
         cluster,
         &opted_in(
             manifest_json(cluster, &dir.join("training-operator/simple.yaml")),
-            &ns,
+            ns,
             "pytorch-simple",
         ),
     );
@@ -554,7 +569,7 @@ async fn upstream_job_kinds_keep_what_the_webhook_wrote() {
     let jobset = opted_in(
         json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {},
                "spec": runtime["spec"]["template"]["spec"]}),
-        &ns,
+        ns,
         "torch-distributed",
     );
     let stored = create_stored(cluster, &jobset);
@@ -566,9 +581,11 @@ async fn upstream_job_kinds_keep_what_the_webhook_wrote() {
             &job["template"]["spec"]["template"],
         );
     }
+}
 
-    // TrainJob, current Trainer: env in spec.trainer.env, placement in our runtimePatches entry,
-    // beside the example's own entry.
+/// TrainJob, current Trainer: env in spec.trainer.env, placement in our runtimePatches entry,
+/// beside the example's own entry.
+fn trainjobs_keep_env_and_runtime_patch(cluster: &DevCluster, dir: &std::path::Path, ns: &str) {
     let trainer_patch = |tj: &serde_json::Value| -> Option<serde_json::Value> {
         tj["spec"]["runtimePatches"]
             .as_array()?
@@ -586,7 +603,7 @@ async fn upstream_job_kinds_keep_what_the_webhook_wrote() {
     ] {
         let tj = create_stored(
             cluster,
-            &opted_in(manifest_json(cluster, &dir.join(file)), &ns, name),
+            &opted_in(manifest_json(cluster, &dir.join(file)), ns, name),
         );
         assert!(
             env_of(&tj["spec"]["trainer"]["env"]).contains(&"OFFLOAD_MODE"),
@@ -601,15 +618,7 @@ async fn upstream_job_kinds_keep_what_the_webhook_wrote() {
     }
     let stored = kubectl(
         cluster,
-        &[
-            "get",
-            "-n",
-            &ns,
-            "trainjob",
-            "runtime-patches",
-            "-o",
-            "json",
-        ],
+        &["get", "-n", ns, "trainjob", "runtime-patches", "-o", "json"],
     );
     let stored: serde_json::Value = serde_json::from_str(&stored).unwrap();
     assert!(
@@ -620,10 +629,19 @@ async fn upstream_job_kinds_keep_what_the_webhook_wrote() {
             .any(|p| p["manager"] == "example.io/platform-team"),
         "the example's own patch is kept"
     );
+}
 
-    // The last Trainer with spec.podTemplateOverrides: once the webhook's view has the replaced
-    // CRD, what it writes is that field, and it survives pruning.
-    install(dir.join("trainer-old/trainer.kubeflow.org_trainjobs.yaml"));
+/// The last Trainer with spec.podTemplateOverrides: once the webhook's view has the replaced
+/// CRD, what it writes is that field, and it survives pruning.
+async fn trainer_2_1_gets_pod_template_overrides(
+    cluster: &DevCluster,
+    dir: &std::path::Path,
+    ns: &str,
+) {
+    install(
+        cluster,
+        dir.join("trainer-old/trainer.kubeflow.org_trainjobs.yaml"),
+    );
     let old = manifest_json(cluster, &dir.join("trainer/01-multi-node.yaml"));
     let mut attempt = 0;
     let tj = poll(
@@ -632,7 +650,7 @@ async fn upstream_job_kinds_keep_what_the_webhook_wrote() {
         || {
             attempt += 1;
             let name = format!("old-{attempt}");
-            let obj = opted_in(old.clone(), &ns, &name);
+            let obj = opted_in(old.clone(), ns, &name);
             let tj = create_stored(cluster, &obj);
             let ok = tj["spec"]["podTemplateOverrides"].is_array();
             if !ok {
@@ -640,7 +658,7 @@ async fn upstream_job_kinds_keep_what_the_webhook_wrote() {
                     "not yet: the webhook wrote for the previous schema: {}",
                     tj["spec"]
                 );
-                kubectl(cluster, &["delete", "-n", &ns, "trainjob", &name]);
+                kubectl(cluster, &["delete", "-n", ns, "trainjob", &name]);
             }
             async move { ok.then_some(tj) }
         },
@@ -652,5 +670,8 @@ async fn upstream_job_kinds_keep_what_the_webhook_wrote() {
     assert_template_configured("TrainJob (Trainer 2.1)", &template);
     assert!(env_of(&tj["spec"]["trainer"]["env"]).contains(&"OFFLOAD_MODE"));
     // Put the current CRD back for anything after this test.
-    install(dir.join("trainer/trainer.kubeflow.org_trainjobs.yaml"));
+    install(
+        cluster,
+        dir.join("trainer/trainer.kubeflow.org_trainjobs.yaml"),
+    );
 }
