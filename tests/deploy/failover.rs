@@ -28,50 +28,13 @@ pub(super) async fn failover_admits_everything_and_resolves_every_job_once(
     let container = container_id(&leader_pod);
 
     // Opted-in pods and TrainingJobs keep coming while the leader's container is killed.
-    let errors: Arc<Mutex<Vec<String>>> = Arc::default();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let created_jobs: Arc<Mutex<Vec<String>>> = Arc::default();
-    let (attempted, mut attempts_seen) = tokio::sync::watch::channel(0usize);
-    let creator = {
-        let (client, ns, errors, stop, created_jobs) = (
-            client.clone(),
-            ns.clone(),
-            errors.clone(),
-            stop.clone(),
-            created_jobs.clone(),
-        );
-        tokio::spawn(async move {
-            let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-            let tjs: Api<TrainingJob> = Api::namespaced(client, &ns);
-            let mut i = 0;
-            let mut ticker = tokio::time::interval(Duration::from_millis(100));
-            while !stop.is_cancelled() {
-                ticker.tick().await;
-                if let Err(e) = pods
-                    .create(&PostParams::default(), &opted_pod(&format!("p-{i}")))
-                    .await
-                {
-                    errors.lock().unwrap().push(format!("pod p-{i}: {e}"));
-                }
-                if i % 4 == 0 {
-                    let name = format!("tj-{i}");
-                    match tjs
-                        .create(&PostParams::default(), &training_job(&name, "auto"))
-                        .await
-                    {
-                        Ok(_) => created_jobs.lock().unwrap().push(name),
-                        Err(e) => errors
-                            .lock()
-                            .unwrap()
-                            .push(format!("TrainingJob {name}: {e}")),
-                    }
-                }
-                i += 1;
-                attempted.send_replace(i);
-            }
-            i
-        })
-    };
+    let Creations {
+        errors,
+        stop,
+        created_jobs,
+        mut attempts_seen,
+        creator,
+    } = keep_creating(client, &ns);
     // Some admissions before the kill, with the leader serving.
     wait(
         "20 creations before the kill",
@@ -134,29 +97,8 @@ pub(super) async fn failover_admits_everything_and_resolves_every_job_once(
     ));
     assert!(failover < Duration::from_secs(15 + 10), "{failover:?}");
 
-    // Every TrainingJob created is resolved, once: one workload Job each.
-    let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     let created = created_jobs.lock().unwrap().clone();
-    every_job_has_its_workload(
-        &tjs,
-        created.len(),
-        "every TrainingJob created during the failover to get its workload",
-        WAIT,
-    )
-    .await;
-    let jobs = Api::<Job>::namespaced(client.clone(), &ns)
-        .list(&ListParams::default().labels(names::LABEL_TRAINING_JOB))
-        .await
-        .unwrap()
-        .items;
-    let mut per_job: BTreeMap<String, usize> = BTreeMap::new();
-    for job in &jobs {
-        *per_job
-            .entry(job.metadata.name.clone().unwrap())
-            .or_default() += 1;
-    }
-    assert_eq!(per_job.len(), created.len());
-    assert!(per_job.values().all(|n| *n == 1), "{per_job:?}");
+    every_job_resolved_once(client, &ns, &created).await;
     // Both replicas are back and ready.
     wait_list(
         pods,
@@ -171,4 +113,94 @@ pub(super) async fn failover_admits_everything_and_resolves_every_job_once(
         .await
         .unwrap();
     let _ = Api::<OffloadProfile>::all(client.clone());
+}
+
+/// The creations going on in the background: what was refused, what to stop them with, the
+/// TrainingJobs created, how many attempts so far, the task (its result: the attempts).
+struct Creations {
+    errors: Arc<Mutex<Vec<String>>>,
+    stop: tokio_util::sync::CancellationToken,
+    created_jobs: Arc<Mutex<Vec<String>>>,
+    attempts_seen: tokio::sync::watch::Receiver<usize>,
+    creator: tokio::task::JoinHandle<usize>,
+}
+
+/// An opted-in pod every 100 ms, and a TrainingJob every fourth time, until stopped.
+fn keep_creating(client: &kube::Client, ns: &str) -> Creations {
+    let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let created_jobs: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (attempted, attempts_seen) = tokio::sync::watch::channel(0usize);
+    let creator = {
+        let (client, ns, errors, stop, created_jobs) = (
+            client.clone(),
+            ns.to_string(),
+            errors.clone(),
+            stop.clone(),
+            created_jobs.clone(),
+        );
+        tokio::spawn(async move {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            let tjs: Api<TrainingJob> = Api::namespaced(client, &ns);
+            let mut i = 0;
+            let mut ticker = tokio::time::interval(Duration::from_millis(100));
+            while !stop.is_cancelled() {
+                ticker.tick().await;
+                if let Err(e) = pods
+                    .create(&PostParams::default(), &opted_pod(&format!("p-{i}")))
+                    .await
+                {
+                    errors.lock().unwrap().push(format!("pod p-{i}: {e}"));
+                }
+                if i % 4 == 0 {
+                    let name = format!("tj-{i}");
+                    match tjs
+                        .create(&PostParams::default(), &training_job(&name, "auto"))
+                        .await
+                    {
+                        Ok(_) => created_jobs.lock().unwrap().push(name),
+                        Err(e) => errors
+                            .lock()
+                            .unwrap()
+                            .push(format!("TrainingJob {name}: {e}")),
+                    }
+                }
+                i += 1;
+                attempted.send_replace(i);
+            }
+            i
+        })
+    };
+    Creations {
+        errors,
+        stop,
+        created_jobs,
+        attempts_seen,
+        creator,
+    }
+}
+
+/// Every TrainingJob created is resolved, once: one workload Job each.
+async fn every_job_resolved_once(client: &kube::Client, ns: &str, created: &[String]) {
+    let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), ns);
+    every_job_has_its_workload(
+        &tjs,
+        created.len(),
+        "every TrainingJob created during the failover to get its workload",
+        WAIT,
+    )
+    .await;
+    let jobs = Api::<Job>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(names::LABEL_TRAINING_JOB))
+        .await
+        .unwrap()
+        .items;
+    let mut per_job: BTreeMap<String, usize> = BTreeMap::new();
+    for job in &jobs {
+        *per_job
+            .entry(job.metadata.name.clone().unwrap())
+            .or_default() += 1;
+    }
+    assert_eq!(per_job.len(), created.len());
+    assert!(per_job.values().all(|n| *n == 1), "{per_job:?}");
 }
