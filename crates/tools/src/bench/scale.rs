@@ -192,63 +192,11 @@ async fn burst(
     let cpu0 = cpu_seconds(pid).unwrap_or(0.0);
     let start = Instant::now();
 
-    let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), NAMESPACE);
-    let create_tjs = futures::stream::iter(0..jobs)
-        .map(|i| {
-            let tjs = tjs.clone();
-            let created = created.clone();
-            async move {
-                let tj = training_job(i)?;
-                let t = Instant::now();
-                tjs.create(&PostParams::default(), &tj).await?;
-                if let Ok(mut c) = created.lock() {
-                    c.insert(format!("tj-{i}"), t);
-                }
-                Ok::<(), BenchError>(())
-            }
-        })
-        .buffer_unordered(24)
-        .collect::<Vec<_>>();
-    let batch: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
-    let create_batch = futures::stream::iter(0..batch_jobs)
-        .map(|i| {
-            let batch = batch.clone();
-            async move {
-                let job = batch_job(i)?;
-                let t = Instant::now();
-                let made = batch.create(&PostParams::default(), &job).await?;
-                let ms = t.elapsed().as_secs_f64() * 1e3;
-                let configured = made
-                    .spec
-                    .and_then(|s| s.template.spec)
-                    .and_then(|p| p.containers.into_iter().next())
-                    .and_then(|c| c.env)
-                    .is_some_and(|env| env.iter().any(|e| e.name == names::ENV_MODE));
-                Ok::<(f64, bool), BenchError>((ms, configured))
-            }
-        })
-        .buffer_unordered(8)
-        .collect::<Vec<_>>();
-    let (tj_results, batch_results) = tokio::join!(create_tjs, create_batch);
+    let ((tj_errors, tjs), (batch_ms, unconfigured, batch_errors)) = tokio::join!(
+        create_training_jobs(client, jobs, &created),
+        create_batch_jobs(client, batch_jobs)
+    );
     let create_wall = start.elapsed().as_secs_f64();
-    let tj_errors: Vec<String> = tj_results
-        .into_iter()
-        .filter_map(|r| r.err().map(|e| e.to_string()))
-        .collect();
-    let mut batch_ms = Vec::new();
-    let mut unconfigured = 0usize;
-    let mut batch_errors = Vec::new();
-    for r in batch_results {
-        match r {
-            Ok((ms, configured)) => {
-                batch_ms.push(ms);
-                if !configured {
-                    unconfigured += 1;
-                }
-            }
-            Err(e) => batch_errors.push(e.to_string()),
-        }
-    }
     let completed = tokio::time::timeout(Duration::from_secs(1800), all_seen)
         .await
         .is_ok();
@@ -262,25 +210,8 @@ async fn burst(
     let after = request_counts(client).await?;
     watch.abort();
 
-    // Every TrainingJob resolved, each with its decision recorded?
     let listed = tjs.list(&ListParams::default()).await?.items;
-    let resolved = listed
-        .iter()
-        .filter(|tj| {
-            tj.status.as_ref().is_some_and(|s| {
-                s.offload.is_some()
-                    && s.conditions
-                        .iter()
-                        .any(|c| c.type_ == "WorkloadCreated" && c.status == "True")
-            })
-        })
-        .count();
-    let mut modes: BTreeMap<String, usize> = BTreeMap::new();
-    for tj in &listed {
-        if let Some(d) = tj.status.as_ref().and_then(|s| s.offload.as_ref()) {
-            *modes.entry(d.mode.env_value().to_string()).or_default() += 1;
-        }
-    }
+    let (resolved, modes) = resolved_by_mode(&listed);
 
     let latencies = latencies_ms(&created, &seen);
     let created = created.lock().map(|c| c.len()).unwrap_or(0);
@@ -375,4 +306,102 @@ fn requests_table(
     println!(
         "\noperator requests per TrainingJob: {per_job:.2} (requests on TrainingJobs and workload kinds, less the bench's {bench:.0} creates)"
     );
+}
+
+/// Creates `jobs` TrainingJobs from 24 clients, recording when each was created; the errors,
+/// and the API of their namespace.
+async fn create_training_jobs(
+    client: &kube::Client,
+    jobs: usize,
+    created: &Times,
+) -> (Vec<String>, Api<TrainingJob>) {
+    let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), NAMESPACE);
+    let results = futures::stream::iter(0..jobs)
+        .map(|i| {
+            let tjs = tjs.clone();
+            let created = created.clone();
+            async move {
+                let tj = training_job(i)?;
+                let t = Instant::now();
+                tjs.create(&PostParams::default(), &tj).await?;
+                if let Ok(mut c) = created.lock() {
+                    c.insert(format!("tj-{i}"), t);
+                }
+                Ok::<(), BenchError>(())
+            }
+        })
+        .buffer_unordered(24)
+        .collect::<Vec<_>>()
+        .await;
+    let errors = results
+        .into_iter()
+        .filter_map(|r| r.err().map(|e| e.to_string()))
+        .collect();
+    (errors, tjs)
+}
+
+/// Creates `batch_jobs` opted-in batch Jobs from 8 clients through the webhook: each creation's
+/// time in ms, how many came back without configuration, the errors.
+async fn create_batch_jobs(
+    client: &kube::Client,
+    batch_jobs: usize,
+) -> (Vec<f64>, usize, Vec<String>) {
+    let batch: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
+    let results = futures::stream::iter(0..batch_jobs)
+        .map(|i| {
+            let batch = batch.clone();
+            async move {
+                let job = batch_job(i)?;
+                let t = Instant::now();
+                let made = batch.create(&PostParams::default(), &job).await?;
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                let configured = made
+                    .spec
+                    .and_then(|s| s.template.spec)
+                    .and_then(|p| p.containers.into_iter().next())
+                    .and_then(|c| c.env)
+                    .is_some_and(|env| env.iter().any(|e| e.name == names::ENV_MODE));
+                Ok::<(f64, bool), BenchError>((ms, configured))
+            }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    let mut batch_ms = Vec::new();
+    let mut unconfigured = 0usize;
+    let mut batch_errors = Vec::new();
+    for r in results {
+        match r {
+            Ok((ms, configured)) => {
+                batch_ms.push(ms);
+                if !configured {
+                    unconfigured += 1;
+                }
+            }
+            Err(e) => batch_errors.push(e.to_string()),
+        }
+    }
+    (batch_ms, unconfigured, batch_errors)
+}
+
+/// How many TrainingJobs were resolved with their decision recorded, and how many per mode.
+fn resolved_by_mode(listed: &[TrainingJob]) -> (usize, BTreeMap<String, usize>) {
+    let resolved = listed
+        .iter()
+        .filter(|tj| {
+            tj.status.as_ref().is_some_and(|s| {
+                s.offload.is_some()
+                    && s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "WorkloadCreated" && c.status == "True")
+            })
+        })
+        .count();
+    let mut modes: BTreeMap<String, usize> = BTreeMap::new();
+    for tj in listed {
+        if let Some(d) = tj.status.as_ref().and_then(|s| s.offload.as_ref()) {
+            *modes.entry(d.mode.env_value().to_string()).or_default() += 1;
+        }
+    }
+    (resolved, modes)
 }
