@@ -151,28 +151,39 @@ pub async fn run(
 
     // The same through kubectl, one process per pod, as a user creates one.
     if kubectl_pods > 0 {
-        let mut cli = Tally::default();
-        for i in 0..kubectl_pods {
-            for kind in PodKind::ALL {
-                let manifest = kind
-                    .pod(&format!("kubectl-{}-{i}", kind.prefix()), configuration)
-                    .to_string();
-                let t = Instant::now();
-                let ok = run_with_stdin(
-                    cluster
-                        .kubectl()
-                        .args(["create", "--namespace", "bench", "-f", "-"]),
-                    &manifest,
-                );
-                cli.record(kind, ok.map(|()| t.elapsed().as_secs_f64() * 1e3));
-            }
-        }
-        println!(
-            "\nreal pod creation with `kubectl create -f -` (one process per pod), {kubectl_pods} pods of each kind, interleaved:"
-        );
-        cli.table();
+        through_kubectl(cluster, configuration, kubectl_pods);
     }
+    connections_and_api_server_view(cluster, port);
+    Ok(())
+}
 
+/// Pod creation with `kubectl create -f -`, one process per pod, `kubectl_pods` of each kind.
+fn through_kubectl(cluster: &DevCluster, configuration: &json_patch::Patch, kubectl_pods: usize) {
+    let mut cli = Tally::default();
+    for i in 0..kubectl_pods {
+        for kind in PodKind::ALL {
+            let manifest = kind
+                .pod(&format!("kubectl-{}-{i}", kind.prefix()), configuration)
+                .to_string();
+            let t = Instant::now();
+            let ok = run_with_stdin(
+                cluster
+                    .kubectl()
+                    .args(["create", "--namespace", "bench", "-f", "-"]),
+                &manifest,
+            );
+            cli.record(kind, ok.map(|()| t.elapsed().as_secs_f64() * 1e3));
+        }
+    }
+    println!(
+        "\nreal pod creation with `kubectl create -f -` (one process per pod), {kubectl_pods} pods of each kind, interleaved:"
+    );
+    cli.table();
+}
+
+/// The connections to the webhook port after the run, and the API server's own measure of each
+/// webhook call.
+fn connections_and_api_server_view(cluster: &DevCluster, port: u16) {
     // Connections to the webhook port: the API server's open ones, and those closed in the last
     // minute (they linger in TIME-WAIT; the load phase's own connections may be among them).
     let sockets = |state: &str| -> Option<usize> {
@@ -224,7 +235,6 @@ pub async fn run(
             }
         }
     }
-    Ok(())
 }
 
 /// Creation latencies and failures by pod kind.
