@@ -342,7 +342,6 @@ impl super::DevCluster {
     /// Starts containerd, imports the images, and starts the kubelet and kube-proxy; returns
     /// once the node is Ready.
     pub(super) async fn start_real_node(&mut self) -> Result<(), DevClusterError> {
-        use super::{YEAR, pki};
         let Some(node) = self.node.as_ref() else {
             return Ok(());
         };
@@ -367,14 +366,29 @@ impl super::DevCluster {
         .trim()
         .to_string();
 
-        // containerd, in the node's cgroup so that its shims are found at clean-up.
+        self.start_containerd(&dir, &cgroup, &bins, &runc)?;
+        self.start_kubelet(&dir, &cgroup, &bins)?;
+        self.start_kube_proxy(&dir, &bins)?;
+        self.wait_node_ready(super::REAL_NODE, Duration::from_secs(120))
+            .await
+    }
+
+    /// containerd, in the node's cgroup so that its shims are found at clean-up, with the
+    /// images imported.
+    fn start_containerd(
+        &mut self,
+        dir: &Path,
+        cgroup: &str,
+        bins: &Path,
+        runc: &str,
+    ) -> Result<(), DevClusterError> {
         let config = dir.join("containerd/config.toml");
         fs::write(
             &config,
-            containerd_config(&dir, &bins, &runc, &images::reference("offload-pause")),
+            containerd_config(dir, bins, runc, &images::reference("offload-pause")),
         )
         .map_err(io_err("writing containerd's configuration"))?;
-        fs::write(dir.join("cni/net.d/10-offload.conflist"), cni_config(&dir))
+        fs::write(dir.join("cni/net.d/10-offload.conflist"), cni_config(dir))
             .map_err(io_err("writing the CNI configuration"))?;
         let path = std::env::var("PATH").unwrap_or_default();
         self.launch_node(
@@ -385,9 +399,9 @@ impl super::DevCluster {
             &[("PATH", format!("{}:{path}", bins.display()))],
         )?;
         if let Some(p) = self.procs.last() {
-            adopt(&cgroup, p.child.id())?;
+            adopt(cgroup, p.child.id())?;
         }
-        let socket = containerd_socket(&dir);
+        let socket = containerd_socket(dir);
         wait_for_socket(&socket, Duration::from_secs(30))?;
         for name in images::ALL {
             run(
@@ -400,8 +414,18 @@ impl super::DevCluster {
             )?;
         }
 
-        // The kubelet: a client certificate for system:node:<name> (the Node authorizer and
-        // NodeRestriction apply to it), its configuration, and its own directories.
+        Ok(())
+    }
+
+    /// The kubelet: a client certificate for system:node:<name> (the Node authorizer and
+    /// NodeRestriction apply to it), its configuration, and its own directories.
+    fn start_kubelet(
+        &mut self,
+        dir: &Path,
+        cgroup: &str,
+        bins: &Path,
+    ) -> Result<(), DevClusterError> {
+        use super::{YEAR, pki};
         let node_name = super::REAL_NODE;
         let kubelet_cert = pki::issue_client(
             &self.ca,
@@ -419,8 +443,8 @@ impl super::DevCluster {
         fs::write(
             &kubelet_config_file,
             kubelet_config(&KubeletSettings {
-                dir: &dir,
-                cgroup: &cgroup,
+                dir,
+                cgroup,
                 port: super::free_port()?,
                 healthz_port: super::free_port()?,
                 client_ca: &ca_file,
@@ -442,7 +466,13 @@ impl super::DevCluster {
             &[],
         )?;
 
-        // kube-proxy, as system:kube-proxy (bound to system:node-proxier by default).
+        Ok(())
+    }
+
+    /// kube-proxy, as system:kube-proxy (bound to system:node-proxier by default).
+    fn start_kube_proxy(&mut self, dir: &Path, bins: &Path) -> Result<(), DevClusterError> {
+        use super::{YEAR, pki};
+        let node_name = super::REAL_NODE;
         let proxy_cert = pki::issue_client(&self.ca, "system:kube-proxy", &[], YEAR)?;
         let proxy_kc =
             self.write_kubeconfig("kube-proxy.kubeconfig", "system:kube-proxy", &proxy_cert)?;
@@ -466,8 +496,7 @@ impl super::DevCluster {
             ],
             &[],
         )?;
-        self.wait_node_ready(node_name, Duration::from_secs(120))
-            .await
+        Ok(())
     }
 
     /// A `ctr` command bound to the real node's containerd, namespace `k8s.io` (the kubelet's).
