@@ -95,33 +95,8 @@ async fn coherent_nodes_give_unified_memory_and_pods_carry_env_config_and_affini
     );
 
     // Pods: env, config mount and affinity, on the coherent nodes.
-    let pods = pods_of(&client, &ns, "llama", 2).await;
-    for pod in &pods {
-        let env = env_of(pod);
-        assert_eq!(env["OFFLOAD_MODE"], "unified-memory");
-        assert_eq!(env["OFFLOAD_OVERLAP"], "1");
-        assert_eq!(env["OFFLOAD_PROFILE"], ns);
-        assert_eq!(env["OFFLOAD_CONFIG_FILE"], "/etc/offload/ds_config.json");
-        assert_eq!(env["USER_SETTING"], "kept");
-        assert_eq!(env["MASTER_ADDR"], "llama-0.llama");
-        let spec = pod.spec.as_ref().unwrap();
-        assert!(spec.volumes.iter().flatten().any(|v| {
-            v.config_map
-                .as_ref()
-                .is_some_and(|c| c.name == "llama-offload")
-        }));
-        let terms = required_node_terms(spec);
-        let exprs = terms[0].match_expressions.as_ref().unwrap();
-        assert!(
-            exprs.iter().any(|e| e.key == names::LABEL_UMA
-                && e.values.as_deref() == Some(&["true".to_string()][..]))
-        );
-        assert!(
-            spec.node_name
-                .as_ref()
-                .unwrap()
-                .starts_with(&format!("{ns}-gh200"))
-        );
+    for pod in &pods_of(&client, &ns, "llama", 2).await {
+        assert_configured_for_unified_memory(pod, &ns);
     }
     Api::<Service>::namespaced(client.clone(), &ns)
         .get("llama")
@@ -174,6 +149,35 @@ async fn coherent_nodes_give_unified_memory_and_pods_carry_env_config_and_affini
     .unwrap()
     .unwrap();
     assert_eq!(profile.status.unwrap().nodes.overlap_verified, 2);
+}
+
+/// A pod of the `llama` job as unified-memory offload on the coherent nodes configures it: env,
+/// the rendered config mounted, affinity to coherent nodes, placed on one of the pool's GH200s.
+fn assert_configured_for_unified_memory(pod: &Pod, ns: &str) {
+    let env = env_of(pod);
+    assert_eq!(env["OFFLOAD_MODE"], "unified-memory");
+    assert_eq!(env["OFFLOAD_OVERLAP"], "1");
+    assert_eq!(env["OFFLOAD_PROFILE"], ns);
+    assert_eq!(env["OFFLOAD_CONFIG_FILE"], "/etc/offload/ds_config.json");
+    assert_eq!(env["USER_SETTING"], "kept");
+    assert_eq!(env["MASTER_ADDR"], "llama-0.llama");
+    let spec = pod.spec.as_ref().unwrap();
+    assert!(spec.volumes.iter().flatten().any(|v| {
+        v.config_map
+            .as_ref()
+            .is_some_and(|c| c.name == "llama-offload")
+    }));
+    let terms = required_node_terms(spec);
+    let exprs = terms[0].match_expressions.as_ref().unwrap();
+    assert!(exprs.iter().any(
+        |e| e.key == names::LABEL_UMA && e.values.as_deref() == Some(&["true".to_string()][..])
+    ));
+    assert!(
+        spec.node_name
+            .as_ref()
+            .unwrap()
+            .starts_with(&format!("{ns}-gh200"))
+    );
 }
 
 #[tokio::test]
