@@ -6,24 +6,8 @@ use super::*;
 
 impl DevCluster {
     pub(super) async fn start_etcd_and_apiserver(&mut self) -> Result<(), DevClusterError> {
-        let etcd_client = free_port()?;
-        let etcd_peer = free_port()?;
+        let etcd_url = self.start_etcd()?;
         let api_port = free_port()?;
-        let etcd_url = format!("http://127.0.0.1:{etcd_client}");
-        self.launch(
-            "etcd",
-            &[
-                format!("--data-dir={}", self.root.join("etcd").display()),
-                format!("--listen-client-urls={etcd_url}"),
-                format!("--advertise-client-urls={etcd_url}"),
-                format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
-                format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"),
-                format!("--initial-cluster=default=http://127.0.0.1:{etcd_peer}"),
-                "--unsafe-no-fsync=true".into(),
-                "--log-level=warn".into(),
-                "--quota-backend-bytes=8589934592".into(),
-            ],
-        )?;
 
         let serving = self.ca.issue_server(
             &[
@@ -68,35 +52,11 @@ impl DevCluster {
         let _ = ca_key_file;
 
         let d = |p: &Path| p.display().to_string();
-        let mut extra: Vec<String> = Vec::new();
-        if self.options.real_node {
-            let kubelet_client = self.write("apiserver-kubelet-client.crt", &admin.cert_pem)?;
-            let kubelet_key = self.write("apiserver-kubelet-client.key", &admin.key_pem)?;
-            // The aggregation layer, as kubeadm sets it up: the API server proxies to aggregated
-            // APIs (Kueue's visibility API) as front-proxy-client, and publishes the CA that
-            // vouches for it in kube-system/extension-apiserver-authentication.
-            let front_proxy = pki::issue_client(&self.ca, "front-proxy-client", &[], YEAR)?;
-            let front_proxy_cert = self.write("front-proxy-client.crt", &front_proxy.cert_pem)?;
-            let front_proxy_key = self.write("front-proxy-client.key", &front_proxy.key_pem)?;
-            extra.extend([
-                format!("--requestheader-client-ca-file={}", d(&ca_file)),
-                "--requestheader-allowed-names=front-proxy-client".to_string(),
-                "--requestheader-username-headers=X-Remote-User".to_string(),
-                "--requestheader-group-headers=X-Remote-Group".to_string(),
-                "--requestheader-extra-headers-prefix=X-Remote-Extra-".to_string(),
-                format!("--proxy-client-cert-file={}", d(&front_proxy_cert)),
-                format!("--proxy-client-key-file={}", d(&front_proxy_key)),
-            ]);
-            extra.extend([
-                // The API server reaches webhooks and aggregated APIs at a Service's endpoint
-                // addresses: no kube-proxy on its own path.
-                "--enable-aggregator-routing=true".to_string(),
-                format!("--kubelet-client-certificate={}", d(&kubelet_client)),
-                // The node's name resolves nowhere here: reach kubelets by address.
-                "--kubelet-preferred-address-types=InternalIP".to_string(),
-                format!("--kubelet-client-key={}", d(&kubelet_key)),
-            ]);
-        }
+        let extra = if self.options.real_node {
+            self.real_node_flags(&admin, &ca_file)?
+        } else {
+            Vec::new()
+        };
         let authorization = if self.options.real_node {
             "--authorization-mode=Node,RBAC"
         } else {
@@ -126,6 +86,66 @@ impl DevCluster {
         self.launch("kube-apiserver", &args)?;
         self.wait_ready("kube-apiserver", Duration::from_secs(90))
             .await
+    }
+
+    /// etcd on two free ports; its client URL.
+    fn start_etcd(&mut self) -> Result<String, DevClusterError> {
+        let etcd_client = free_port()?;
+        let etcd_peer = free_port()?;
+        let etcd_url = format!("http://127.0.0.1:{etcd_client}");
+        self.launch(
+            "etcd",
+            &[
+                format!("--data-dir={}", self.root.join("etcd").display()),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"),
+                format!("--initial-cluster=default=http://127.0.0.1:{etcd_peer}"),
+                "--unsafe-no-fsync=true".into(),
+                "--log-level=warn".into(),
+                "--quota-backend-bytes=8589934592".into(),
+            ],
+        )?;
+        Ok(etcd_url)
+    }
+
+    /// The API server's flags for a real node: its client certificate for the kubelets, and
+    /// the aggregation layer as kubeadm sets it up.
+    fn real_node_flags(
+        &self,
+        admin: &offload_operator::certs::IssuedCert,
+        ca_file: &Path,
+    ) -> Result<Vec<String>, DevClusterError> {
+        let d = |p: &Path| p.display().to_string();
+        let mut extra: Vec<String> = Vec::new();
+        let kubelet_client = self.write("apiserver-kubelet-client.crt", &admin.cert_pem)?;
+        let kubelet_key = self.write("apiserver-kubelet-client.key", &admin.key_pem)?;
+        // The aggregation layer, as kubeadm sets it up: the API server proxies to aggregated
+        // APIs (Kueue's visibility API) as front-proxy-client, and publishes the CA that
+        // vouches for it in kube-system/extension-apiserver-authentication.
+        let front_proxy = pki::issue_client(&self.ca, "front-proxy-client", &[], YEAR)?;
+        let front_proxy_cert = self.write("front-proxy-client.crt", &front_proxy.cert_pem)?;
+        let front_proxy_key = self.write("front-proxy-client.key", &front_proxy.key_pem)?;
+        extra.extend([
+            format!("--requestheader-client-ca-file={}", d(ca_file)),
+            "--requestheader-allowed-names=front-proxy-client".to_string(),
+            "--requestheader-username-headers=X-Remote-User".to_string(),
+            "--requestheader-group-headers=X-Remote-Group".to_string(),
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-".to_string(),
+            format!("--proxy-client-cert-file={}", d(&front_proxy_cert)),
+            format!("--proxy-client-key-file={}", d(&front_proxy_key)),
+        ]);
+        extra.extend([
+            // The API server reaches webhooks and aggregated APIs at a Service's endpoint
+            // addresses: no kube-proxy on its own path.
+            "--enable-aggregator-routing=true".to_string(),
+            format!("--kubelet-client-certificate={}", d(&kubelet_client)),
+            // The node's name resolves nowhere here: reach kubelets by address.
+            "--kubelet-preferred-address-types=InternalIP".to_string(),
+            format!("--kubelet-client-key={}", d(&kubelet_key)),
+        ]);
+        Ok(extra)
     }
 
     pub(super) fn start_controller_manager(&mut self) -> Result<(), DevClusterError> {
