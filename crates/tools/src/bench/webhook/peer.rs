@@ -35,18 +35,14 @@ impl Drop for Peer {
     }
 }
 
-/// Starts the peer webhook as its own process (this binary, `peer-webhook`), with a CA of its
-/// own, the operator's patch for a bench pod to replay, and a configuration that sends the
-/// peer-labelled pods to it; returns once the API server calls it.
-pub async fn start(
-    cluster: &DevCluster,
-    client: &kube::Client,
+/// The operator's patch for a bench pod as the API server would send it (defaulted): one
+/// created unlabelled, read back, labelled and sent to the operator's webhook directly. The
+/// patch as the webhook answered it (base64) and decoded.
+async fn operators_patch(
     podsapi: &Api<Pod>,
     operator_port: u16,
     tls: &Arc<rustls::ClientConfig>,
-) -> Result<Peer> {
-    // The operator's patch for a bench pod as the API server would send it (defaulted): create
-    // one unlabelled, read it back, label it and ask the operator's webhook directly.
+) -> Result<(String, json_patch::Patch)> {
     let probe: Pod =
         serde_json::from_value(PodKind::Without.pod("probe", &json_patch::Patch(Vec::new())))?;
     let stored = podsapi.create(&PostParams::default(), &probe).await?;
@@ -86,6 +82,20 @@ pub async fn start(
             })?;
     let mut check = PodKind::Without.pod("check", &configuration);
     json_patch::patch(&mut check, &configuration)?;
+    Ok((patch, configuration))
+}
+
+/// Starts the peer webhook as its own process (this binary, `peer-webhook`), with a CA of its
+/// own, the operator's patch for a bench pod to replay, and a configuration that sends the
+/// peer-labelled pods to it; returns once the API server calls it.
+pub async fn start(
+    cluster: &DevCluster,
+    client: &kube::Client,
+    podsapi: &Api<Pod>,
+    operator_port: u16,
+    tls: &Arc<rustls::ClientConfig>,
+) -> Result<Peer> {
+    let (patch, configuration) = operators_patch(podsapi, operator_port, tls).await?;
 
     let ca = offload_operator::certs::CertAuthority::generate(
         "offload-bench-peer",
