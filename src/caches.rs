@@ -7,6 +7,13 @@
 //! every object already in it, then every change; a subscriber that falls behind gets the whole
 //! cache again instead of stalling the watch, so a slow or absent subscriber never holds up
 //! the webhook's view.
+//!
+//! Why not kube's shared reflector (`reflector::store_shared` and its subscribers): a subscriber
+//! there sees only the changes after it subscribed, not the objects already cached, and a
+//! subscriber whose buffer is full holds up the dispatch to every other one — the late-starting
+//! leader's controllers would miss the cache's contents, and a stalled one would freeze the
+//! webhook's view. The fan-out here is a `tokio::sync::broadcast` that replays the store to a
+//! subscriber that lags.
 
 use std::collections::VecDeque;
 use std::fmt::Debug;
