@@ -11,6 +11,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
 use offload_api::api::{OffloadProfile, TrainingJob};
 use offload_api::names;
+use offload_operator::render::deepspeed::CONFIG_FILE_NAME;
 use serde_json::json;
 
 /// The controller tests' shared cluster: controller-manager, scheduler and kwok, no real node.
@@ -137,13 +138,11 @@ pub async fn create_training_job(
     .unwrap()
 }
 
-/// The key a DeepSpeed configuration is kept under, in the user's ConfigMap and the rendered one.
-pub const DEEPSPEED_KEY: &str = "ds_config.json";
-
-/// Creates ConfigMap `name` in `ns` holding `config` as the user's DeepSpeed JSON.
+/// Creates ConfigMap `name` in `ns` holding `config` as the user's DeepSpeed JSON, under the key
+/// the operator reads and writes.
 pub async fn add_deepspeed_config(client: &Client, ns: &str, name: &str, config: &str) {
     let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": name}, "data": {DEEPSPEED_KEY: config}
+        "metadata": {"name": name}, "data": {CONFIG_FILE_NAME: config}
     }))
     .unwrap();
     Api::namespaced(client.clone(), ns)
@@ -152,11 +151,14 @@ pub async fn add_deepspeed_config(client: &Client, ns: &str, name: &str, config:
         .unwrap();
 }
 
-/// The DeepSpeed JSON the operator rendered for TrainingJob `job` (ConfigMap `<job>-offload`).
+/// The DeepSpeed JSON the operator rendered for TrainingJob `job` (its ConfigMap, named as the
+/// operator names it).
 pub async fn rendered_deepspeed_config(client: &Client, ns: &str, job: &str) -> serde_json::Value {
     let rendered: k8s_openapi::api::core::v1::ConfigMap = Api::namespaced(client.clone(), ns)
-        .get(&format!("{job}-offload"))
+        .get(&offload_operator::controller::workload::config_map_name(
+            job,
+        ))
         .await
         .unwrap();
-    serde_json::from_str(&rendered.data.unwrap_or_default()[DEEPSPEED_KEY]).unwrap()
+    serde_json::from_str(&rendered.data.unwrap_or_default()[CONFIG_FILE_NAME]).unwrap()
 }

@@ -406,13 +406,17 @@ pub async fn assert_agent_left_nothing(client: &Client) {
 pub fn assert_agent_left_nothing_on(node: &Node) {
     use offload_api::names;
     let name = node.metadata.name.as_deref().unwrap_or_default();
-    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let has = |map: &Option<std::collections::BTreeMap<String, String>>, key: &str| {
+        map.as_ref().is_some_and(|m| m.contains_key(key))
+    };
     for key in names::AGENT_LABELS {
-        assert!(!labels.contains_key(key), "{key} left on {name}");
+        assert!(!has(&node.metadata.labels, key), "{key} left on {name}");
     }
-    let annotations = node.metadata.annotations.clone().unwrap_or_default();
     for key in [names::ANNOTATION_NODE_REPORT, names::ANNOTATION_OBSERVED] {
-        assert!(!annotations.contains_key(key), "{key} left on {name}");
+        assert!(
+            !has(&node.metadata.annotations, key),
+            "{key} left on {name}"
+        );
     }
 }
 
