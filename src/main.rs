@@ -91,6 +91,9 @@ struct ExplainArgs {
     /// The DeepSpeed JSON of a ConfigMap the job references (`CONFIGMAP=PATH`, offline).
     #[arg(long = "deepspeed-config")]
     deepspeed_configs: Vec<String>,
+    /// The `config.json` of a model ConfigMap the job references (`CONFIGMAP=PATH`, offline).
+    #[arg(long = "model-config")]
+    model_configs: Vec<String>,
     /// ResourceClaimTemplates the job's DRA claims name (manifest files, offline).
     #[arg(long = "claim-template")]
     claim_templates: Vec<PathBuf>,
@@ -351,6 +354,7 @@ fn offline_inputs(
                 )
             },
             deepspeed_configs: explain::deepspeed_configs_from_files(&args.deepspeed_configs)?,
+            model_configs: explain::model_configs_from_files(&args.model_configs)?,
         })
     })
 }

@@ -7,7 +7,7 @@ use offload_api::api::{
 };
 use offload_api::names;
 use offload_api::report::NodeReport;
-use offload_operator::decision::{JobRequest, UserConfig, resolve_offload};
+use offload_operator::decision::{JobRequest, UserConfig, model_config, resolve_offload};
 use offload_operator::index::{Allocatable, NodeIndex, NodeInfo};
 use offload_operator::view::MemoryView;
 use offload_testenv::fixtures;
@@ -71,8 +71,17 @@ fn example_jobs_resolve_on_a_mixed_cluster() {
     // 8B over two GPUs fits an H200 without offload (not a GH200's 96 GB): no offload, pinned
     // to the class where it fits.
     let ds: TrainingJob = read("trainingjob-deepspeed.yaml");
-    let req =
-        JobRequest::for_training_job(&ds, Some(&ds_config()), &MemoryView::default()).unwrap();
+    let model: k8s_openapi::api::core::v1::ConfigMap = read("llama-8b-model-config.yaml");
+    let shape =
+        model_config::parse(&model.data.unwrap()["config.json"], "example").expect("config.json");
+    assert_eq!(shape.parameters(), 8_030_261_248.0);
+    let req = JobRequest::for_training_job(
+        &ds,
+        Some(&ds_config()),
+        Some(&shape),
+        &MemoryView::default(),
+    )
+    .unwrap();
     let res = resolve_offload(&req, "default", &default.spec, &nodes).unwrap();
     assert_eq!(res.mode, OffloadMode::Disabled, "{}", res.summary());
     assert_eq!(res.node_class, Some(NodeClass::Discrete));
@@ -81,7 +90,8 @@ fn example_jobs_resolve_on_a_mixed_cluster() {
     // unified memory on the GH200s (first in the profile's order).
     let large: TrainingJob = read("trainingjob-deepspeed-large.yaml");
     let req =
-        JobRequest::for_training_job(&large, Some(&ds_config()), &MemoryView::default()).unwrap();
+        JobRequest::for_training_job(&large, Some(&ds_config()), None, &MemoryView::default())
+            .unwrap();
     let res = resolve_offload(&req, "default", &default.spec, &nodes).unwrap();
     assert_eq!(res.mode, OffloadMode::UnifiedMemory, "{}", res.summary());
     assert!(res.ratio > 0.05 && res.ratio < 1.0, "{}", res.ratio);
@@ -89,7 +99,7 @@ fn example_jobs_resolve_on_a_mixed_cluster() {
 
     // No model hints: the profile's CPUCopy, everything offloaded.
     let fsdp: TrainingJob = read("trainingjob-fsdp.yaml");
-    let req = JobRequest::for_training_job(&fsdp, None, &MemoryView::default()).unwrap();
+    let req = JobRequest::for_training_job(&fsdp, None, None, &MemoryView::default()).unwrap();
     let res = resolve_offload(&req, "pcie-pool", &pcie.spec, &nodes).unwrap();
     assert_eq!(res.mode, OffloadMode::CpuCopy);
     assert_eq!(res.ratio, 1.0);

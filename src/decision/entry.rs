@@ -5,8 +5,10 @@
 
 use std::sync::Arc;
 
+use super::model_config::ModelConfigError;
 use super::request::JobRequest;
 use super::selection::{ProfileNotFound, requested_profile, select_profile};
+use super::shape::ModelShape;
 use super::user_config::{ConfigError, UserConfig};
 use super::{Resolution, ResolveError, resolve_offload};
 use crate::dra::DraOptions;
@@ -41,6 +43,8 @@ pub enum Unresolved {
     ProfileNotFound(ProfileNotFound),
     /// The user's DeepSpeed config cannot be read or used.
     Config(ConfigError),
+    /// The model's `config.json` cannot be read or describes no model.
+    ModelConfig(ModelConfigError),
 }
 
 impl Unresolved {
@@ -50,6 +54,7 @@ impl Unresolved {
             Unresolved::Decision(e) => e.category(),
             Unresolved::ProfileNotFound(_) => "ProfileNotFound",
             Unresolved::Config(_) => "InvalidDeepSpeedConfig",
+            Unresolved::ModelConfig(_) => "InvalidModelConfig",
         }
     }
 
@@ -59,6 +64,7 @@ impl Unresolved {
             Unresolved::Decision(e) => e.to_string(),
             Unresolved::ProfileNotFound(e) => e.to_string(),
             Unresolved::Config(e) => e.to_string(),
+            Unresolved::ModelConfig(e) => e.to_string(),
         }
     }
 
@@ -68,7 +74,9 @@ impl Unresolved {
     pub fn depends_on_cluster(&self) -> bool {
         match self {
             Unresolved::Decision(e) => e.depends_on_cluster(),
-            Unresolved::ProfileNotFound(_) | Unresolved::Config(_) => true,
+            Unresolved::ProfileNotFound(_) | Unresolved::Config(_) | Unresolved::ModelConfig(_) => {
+                true
+            }
         }
     }
 }
@@ -107,18 +115,20 @@ pub fn check_training_job(tj: &TrainingJob) -> Result<(), ResolveError> {
     Ok(())
 }
 
-/// Decides a TrainingJob against `view`, with its DeepSpeed config as read (`Ok(None)`: it
-/// references none).
+/// Decides a TrainingJob against `view`, with its DeepSpeed config and its model's
+/// `config.json` as read (`Ok(None)`: it references none).
 pub fn decide(
     tj: &TrainingJob,
     config: Result<Option<&UserConfig>, &ConfigError>,
+    model: Result<Option<&ModelShape>, &ModelConfigError>,
     view: &dyn ClusterView,
 ) -> Result<Resolution, Unresolved> {
     check_training_job(tj)?;
     let profile = select_profile(requested_profile(tj), |name| view.profile(name))
         .map_err(Unresolved::ProfileNotFound)?;
     let config = config.map_err(|e| Unresolved::Config(e.clone()))?;
-    let request = JobRequest::for_training_job(tj, config, view)?;
+    let model = model.map_err(|e| Unresolved::ModelConfig(e.clone()))?;
+    let request = JobRequest::for_training_job(tj, config, model, view)?;
     Ok(resolve_offload(
         &request,
         &profile.name,

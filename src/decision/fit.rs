@@ -8,14 +8,14 @@
 
 use super::framework::{FrameworkFacts, partial_ratio_support};
 use super::memory::{
-    Activations, ClassMemory, Estimate, Fit, JobMemory, PARTIAL_BEFORE_PARAMS_UP_TO, Placement,
-    Sharding, gib, typical_width,
+    ClassMemory, Estimate, Fit, JobMemory, PARTIAL_BEFORE_PARAMS_UP_TO, Placement, Sharding, gib,
 };
 use super::placement::ClassNodes;
 use super::request::JobRequest;
+use super::shape::{self, Block, Experts, ModelShape};
 use super::user_config::Precision;
 use super::{MIN_AUTO_RATIO, ResolveError};
-use offload_api::api::{Framework, NodeClass};
+use offload_api::api::{Framework, ModelArchitecture, ModelHints, NodeClass};
 use offload_api::quantity::MAX_PARAMETERS;
 
 /// Largest data-parallel size the advice looks at.
@@ -67,18 +67,10 @@ pub(super) fn job_memory(
     job: &JobRequest,
     facts: &FrameworkFacts,
 ) -> Result<Option<JobMemory>, ResolveError> {
-    let Some(hints) = job.model else {
+    let Some(hints) = job.model.as_ref() else {
         return Ok(None);
     };
     let bad = |detail: String| ResolveError::InvalidModelHints { detail };
-    let p = hints.parameters.get();
-    if p == 0 || p > MAX_PARAMETERS {
-        return Err(bad(format!(
-            "spec.model.parameters {p} is not a model size: give the model's total parameters, e.g. 8B"
-        )));
-    }
-    #[allow(clippy::cast_precision_loss)]
-    let parameters = p as f64;
     let bounded = |name: &str, v: Option<i64>, max: i64| -> Result<Option<f64>, ResolveError> {
         match v {
             None => Ok(None),
@@ -90,29 +82,54 @@ pub(super) fn job_memory(
         }
     };
     let tokens = bounded("tokensPerStep", hints.tokens_per_step, 1_000_000_000_000)?;
-    let hidden = bounded("hiddenSize", hints.hidden_size, 1_000_000)?;
-    let layers = bounded("layers", hints.layers, 100_000)?;
-    let vocab = bounded("vocabSize", hints.vocab_size, 100_000_000)?;
-    let ranks = job.gpu_demand().max(1);
-    let activations = match tokens {
-        None => Activations::Margin,
-        Some(t) => {
-            #[allow(clippy::cast_precision_loss)]
-            let accumulation = job.config.gradient_accumulation.unwrap_or(1).max(1) as f64;
-            let hidden = hidden.unwrap_or_else(|| typical_width(parameters));
-            Activations::Shape {
-                tokens: (t / accumulation).ceil().max(1.0),
-                hidden,
-                layers: layers.unwrap_or_else(|| (parameters / (12.0 * hidden * hidden)).max(1.0)),
-                #[allow(clippy::cast_precision_loss)]
-                vocab: vocab.unwrap_or(super::memory::DEFAULT_VOCAB as f64),
-                checkpointing: hints.activation_checkpointing.unwrap_or(false),
+    let shape = model_shape(hints, job.model_config.as_ref())?;
+    #[allow(clippy::cast_precision_loss)]
+    let counted = shape.known.then(|| shape.parameters());
+    let parameters = match (hints.parameters.map(|p| p.get()), counted) {
+        (Some(0), _) => {
+            return Err(bad(
+                "spec.model.parameters 0 is not a model size: give the model's total parameters, e.g. 8B".into(),
+            ));
+        }
+        #[allow(clippy::cast_precision_loss)]
+        (Some(p), Some(c)) => {
+            let given = p as f64;
+            if given > 2.0 * c || 2.0 * given < c {
+                return Err(bad(format!(
+                    "spec.model.parameters {} disagrees with the {:.2}B the model's shape has ({}): fix one of them",
+                    hints.parameters.map(|p| p.to_string()).unwrap_or_default(),
+                    c / 1e9,
+                    shape.describe()
+                )));
             }
+            // The larger of the two: extra modules the shape does not name still train.
+            given.max(c)
+        }
+        #[allow(clippy::cast_precision_loss)]
+        (Some(p), None) => p as f64,
+        (None, Some(c)) => c,
+        (None, None) => {
+            return Err(bad(
+                "spec.model needs parameters, or a shape to count them from (configMapRef, or hiddenSize and layers)".into(),
+            ));
         }
     };
     #[allow(clippy::cast_precision_loss)]
+    if !(1.0..=MAX_PARAMETERS as f64).contains(&parameters) {
+        return Err(bad(format!(
+            "spec.model describes {:.3e} parameters, more than any model has (at most {MAX_PARAMETERS}): check the shape",
+            parameters
+        )));
+    }
+    let ranks = job.gpu_demand().max(1);
+    #[allow(clippy::cast_precision_loss)]
+    let accumulation = job.config.gradient_accumulation.unwrap_or(1).max(1) as f64;
+    #[allow(clippy::cast_precision_loss)]
     Ok(Some(JobMemory {
         parameters,
+        shape,
+        tokens: tokens.map(|t| (t / accumulation).ceil().max(1.0)),
+        checkpointing: hints.activation_checkpointing.unwrap_or(false),
         ranks,
         gpus_per_pod: u64::from(job.gpus_per_pod.max(1)),
         pods: u64::from(job.pods.max(1)),
@@ -125,10 +142,141 @@ pub(super) fn job_memory(
             Some(Precision::Fp32) => 4.0,
             _ => 2.0,
         },
-        activations,
         pod_memory_limit: job.pod_memory_limit,
         sub_group_size: job.config.sub_group_size.map(|g| g as f64),
     }))
+}
+
+/// The model's shape: the `config.json`'s where the job references one (the hints' shape fields
+/// must agree with it), else the hints' (known when they give width, layers and MLP size), else
+/// a typical decoder of the parameter count.
+fn model_shape(
+    hints: &ModelHints,
+    config: Option<&ModelShape>,
+) -> Result<ModelShape, ResolveError> {
+    let bad = |detail: String| ResolveError::InvalidModelHints { detail };
+    let field = |name: &str, v: Option<i64>, max: i64| -> Result<Option<f64>, ResolveError> {
+        match v {
+            None => Ok(None),
+            #[allow(clippy::cast_precision_loss)]
+            Some(n) if (1..=max).contains(&n) => Ok(Some(n as f64)),
+            Some(n) => Err(bad(format!(
+                "spec.model.{name} {n} is out of range: use a whole number from 1 to {max}"
+            ))),
+        }
+    };
+    let hidden = field("hiddenSize", hints.hidden_size, 1_000_000)?;
+    let layers = field("layers", hints.layers, 100_000)?;
+    let intermediate = field("intermediateSize", hints.intermediate_size, 10_000_000)?;
+    let heads = field("attentionHeads", hints.attention_heads, 100_000)?;
+    let kv_heads = field("keyValueHeads", hints.key_value_heads, 100_000)?;
+    let head_dim = field("headDim", hints.head_dim, 100_000)?;
+    let vocab = field("vocabSize", hints.vocab_size, 100_000_000)?;
+    let block = hints.architecture.map(|a| match a {
+        ModelArchitecture::Llama => Block::Gated,
+        ModelArchitecture::Gpt => Block::Plain,
+    });
+    if let Some(c) = config {
+        // Every shape field the hints give must say what the config says.
+        let agree = |name: &str, hint: Option<f64>, cfg: f64| match hint {
+            Some(h) if (h - cfg).abs() > 0.5 => Err(bad(format!(
+                "spec.model.{name} {h} disagrees with the model's config.json ({cfg}): remove it or fix the ConfigMap"
+            ))),
+            _ => Ok(()),
+        };
+        agree("hiddenSize", hidden, c.hidden)?;
+        agree("layers", layers, c.layers)?;
+        agree("intermediateSize", intermediate, c.intermediate)?;
+        agree("attentionHeads", heads, c.heads)?;
+        agree("keyValueHeads", kv_heads, c.kv_heads)?;
+        agree("headDim", head_dim, c.head_dim)?;
+        agree("vocabSize", vocab, c.vocab)?;
+        if let Some(b) = block
+            && b != c.block
+        {
+            return Err(bad(format!(
+                "spec.model.architecture disagrees with the model's config.json ({}): remove it or fix the ConfigMap",
+                c.block
+            )));
+        }
+        return Ok(*c);
+    }
+    let experts = match hints.experts {
+        None => None,
+        Some(e) => {
+            let count = field("experts.count", Some(e.count), 1_000_000)?.unwrap_or(1.0);
+            let per_token = field("experts.perToken", Some(e.per_token), 1_000_000)?.unwrap_or(1.0);
+            if per_token > count {
+                return Err(bad(format!(
+                    "spec.model.experts.perToken {per_token} is more than experts.count {count}"
+                )));
+            }
+            let shared = match e.shared {
+                None | Some(0) => 0.0,
+                s => field("experts.shared", s, 1_000_000)?.unwrap_or(0.0),
+            };
+            Some((
+                count,
+                per_token,
+                shared,
+                field("experts.intermediateSize", e.intermediate_size, 10_000_000)?,
+            ))
+        }
+    };
+    let vocab_or_default = vocab.unwrap_or(shape::DEFAULT_VOCAB);
+    #[allow(clippy::cast_precision_loss)]
+    let Some(hidden_given) = hidden else {
+        let p = hints.parameters.map_or(1.0, |p| p.get() as f64);
+        return Ok(ModelShape::typical(p, None, layers, vocab_or_default));
+    };
+    let block = block.unwrap_or(Block::Gated);
+    let heads = heads.unwrap_or_else(|| (hidden_given / 128.0).round().max(1.0));
+    let kv_heads = kv_heads.unwrap_or(match block {
+        Block::Gated => heads.min(8.0),
+        Block::Plain => heads,
+    });
+    if kv_heads > heads || heads % kv_heads != 0.0 {
+        return Err(bad(format!(
+            "spec.model.keyValueHeads {kv_heads} must divide attentionHeads {heads}"
+        )));
+    }
+    let intermediate_known = intermediate.is_some() || block == Block::Plain;
+    let intermediate = intermediate.unwrap_or(match block {
+        Block::Gated => 3.5 * hidden_given,
+        Block::Plain => 4.0 * hidden_given,
+    });
+    let Some(layers) = layers else {
+        #[allow(clippy::cast_precision_loss)]
+        let p = hints.parameters.map_or(1.0, |p| p.get() as f64);
+        return Ok(ModelShape::typical(
+            p,
+            Some(hidden_given),
+            None,
+            vocab_or_default,
+        ));
+    };
+    Ok(ModelShape {
+        block,
+        hidden: hidden_given,
+        layers,
+        intermediate,
+        heads,
+        kv_heads,
+        head_dim: head_dim.unwrap_or(hidden_given / heads),
+        vocab: vocab_or_default,
+        tied: hints.tied_embeddings.unwrap_or(false),
+        attention_bias: block == Block::Plain,
+        positions: 0.0,
+        experts: experts.map(|(count, per_token, shared, size)| Experts {
+            count,
+            per_token,
+            intermediate: size.unwrap_or(intermediate),
+            shared,
+            shared_intermediate: size.unwrap_or(intermediate),
+            dense_layers: 0.0,
+        }),
+        known: intermediate_known && vocab.is_some(),
+    })
 }
 
 /// Pods of `gpus_per_pod` GPUs the class's nodes hold at once.
@@ -234,6 +382,22 @@ pub(super) fn allowed(
     }
 }
 
+/// What the estimate counted the model as, for reasons.
+fn model_note(jm: &JobMemory) -> String {
+    if jm.shape.known {
+        format!(
+            " (model counted as {:.2}B parameters, {})",
+            jm.parameters / 1e9,
+            jm.shape.describe()
+        )
+    } else {
+        format!(
+            " (model: {:.2}B parameters; its shape is not given, so a typical decoder of that size is assumed: spec.model.configMapRef or the shape fields make the estimate exact)",
+            jm.parameters / 1e9
+        )
+    }
+}
+
 /// The fastest placement `allowed` on `class` that fits, or everything tried.
 pub(super) fn fastest(
     jm: &JobMemory,
@@ -243,7 +407,15 @@ pub(super) fn fastest(
     let mut tried = Tried::default();
     let choice = |placement: Placement, estimate: Estimate| MemoryChoice {
         placement,
-        figures: jm.describe(&estimate, class),
+        figures: {
+            let mut figures = jm.describe(&estimate, class);
+            if let Some(close) = jm.close_to_limit(&estimate, class) {
+                figures.push_str("; ");
+                figures.push_str(&close);
+            }
+            figures.push_str(&model_note(jm));
+            figures
+        },
         estimate,
         class: class.clone(),
     };
@@ -348,30 +520,27 @@ pub(super) fn advice(jm: &JobMemory, class: &ClassMemory, allowed: &Allowed) -> 
         }
         ranks = ranks.saturating_mul(2);
     }
-    if let Activations::Shape {
-        tokens,
-        hidden,
-        layers,
-        vocab,
-        checkpointing,
-    } = jm.activations
+    if let Some(tokens) = jm.tokens
         && tokens > 1.0
     {
-        let smaller = JobMemory {
-            activations: Activations::Shape {
-                tokens: (tokens / 2.0).ceil(),
-                hidden,
-                layers,
-                vocab,
-                checkpointing,
-            },
-            ..jm.clone()
-        };
+        let smaller = jm.with_tokens((tokens / 2.0).ceil());
         if let Ok(c) = fastest(&smaller, class, allowed) {
             ideas.push(format!(
                 "half the micro-batch ({} tokens per GPU instead of {}) would fit as {}",
                 (tokens / 2.0).ceil(),
                 tokens,
+                c.placement
+            ));
+        }
+    }
+    if !jm.checkpointing && jm.tokens.is_some() {
+        let recomputed = JobMemory {
+            checkpointing: true,
+            ..jm.clone()
+        };
+        if let Ok(c) = fastest(&recomputed, class, allowed) {
+            ideas.push(format!(
+                "activation checkpointing (spec.model.activationCheckpointing) would fit as {}",
                 c.placement
             ));
         }

@@ -1,71 +1,85 @@
 //! The memory model of a training job: for each way of placing its training state — nothing
 //! offloaded, part of the optimizer state on the host, all of it, optimizer state and
 //! parameters — the bytes each GPU and each pod's host memory need, and whether a node class
-//! holds them.
+//! holds them, with how much is left.
 //!
-//! It starts from DeepSpeed's own estimators (`estimate_zero2/3_model_states_mem_needs`: 16-bit
-//! parameters and gradients, fp32 master weights, Adam moments and fp32 gradients, sharded by
-//! the ZeRO stage over the data-parallel ranks) and adds what they leave out, calibrated on an
-//! H200 with DeepSpeed 0.19.8 (`docs/benchmarks/memory-h200.md`):
-//! - activations: 36 bytes per token per unit of width per layer in 16-bit (34 saved tensors
-//!   of a transformer block with fused attention, and a little more), plus the logits
-//!   (10 bytes per token per vocabulary entry); with activation checkpointing only each
-//!   layer's input is kept, and one layer's activations are recomputed at a time;
-//! - at the optimizer step, the fp32 gradients of the optimizer state still on the GPU;
-//! - ZeRO-3's gathered parameters (at most `stage3_max_live_parameters`, 10⁹, in 16-bit) and
-//!   its reduce bucket (10⁹ bytes);
-//! - on the host, per process: a base of 1.5 GB and 2 bytes per parameter of the rank's shard;
-//!   with any optimizer state offloaded, 3 bytes per parameter of the shard (pinned staging,
-//!   the CPU optimizer's working set) and the offloaded state — 16 bytes per offloaded
-//!   parameter in part, 18 when all of it (pinned buffers are rounded up to powers of two by
-//!   PyTorch's host allocator, and whole state comes in DeepSpeed's large default sub-groups),
-//!   plus the 16-bit parameters twice when they are offloaded too;
-//! - 5 % on top of the GPU figure, and 7 % of each GPU kept free for the CUDA context, NCCL
-//!   and the allocator's fragmentation.
+//! ZeRO-3 is modelled as DeepSpeed 0.19.8 allocates it, measured on an H200 with Hugging Face
+//! models built inside `deepspeed.zero.Init` (`docs/benchmarks/memory-h200.md`); per GPU, with
+//! `s` the rank's shard of the parameters:
+//! - without offload: 16 bytes per parameter of `s` (16-bit parameters and gradients, fp32
+//!   master weights and the two Adam moments), DeepSpeed's reduce bucket (10⁹ bytes) and the
+//!   framework's own buffers, and the larger of the step's activations ([`ModelShape`]: what the
+//!   blocks as built keep for backward, and the loss's fp32 logits) and the optimizer step's
+//!   conversion of one sub-group's gradients to fp32 (6 bytes per parameter of the largest
+//!   sub-group);
+//! - with a share of the optimizer state offloaded: the 16-bit parameters, 16 bytes per
+//!   parameter whose state stays (fp32 master weights, their fp32 gradient buffer — allocated
+//!   whole at start, not per step — and the moments), the bucket, the activations and a staging
+//!   buffer for the copies. DeepSpeed offloads whole sub-groups, the last ones: the share that
+//!   really leaves is worked out from the model's tensors ([`shape::offloaded_share`]) when its
+//!   shape is known. A small share costs more than it frees: 2 bytes per parameter are added
+//!   for fp32 gradients of the state that stays, so below about an eighth nothing is saved;
+//! - all optimizer state offloaded: the 16-bit parameters, the bucket, the activations, the
+//!   staging buffer; parameters too: the gathered parameters (at most 10⁹) instead.
+//! - on the host, per process: 1.57 GB and the 16-bit shard; offloading adds, per parameter of
+//!   the shard, 17 bytes (all of it; 21.5 with parameters) and 4.75 GB, or for a partial share
+//!   1.5 bytes, 18.5 per offloaded parameter and 3.25 GB — fitted to the measured peaks (they
+//!   include pinned buffers and the CPU optimizer's state), never under them: within 5 % for
+//!   whole offload, up to 29 % over for partial shares, whose pinned buffers vary with the
+//!   sizes of the sub-groups.
+//!
+//! What the GPU can hold: its memory less what is never the caching allocator's (the CUDA
+//! context, NCCL, cuBLAS workspaces: 1.4 GiB) and 2 % for the allocator's fragmentation. On the
+//! H200 that is 136.2 GiB; measured, 135.9 GiB allocated trained and 136.9 GiB ran out.
+//!
+//! ZeRO-1/2, FSDP and jobs the operator knows nothing of (`Generic`) follow DeepSpeed's
+//! estimators with the same terms and 5 % on top; they were not measured.
 //!
 //! Every figure is in bytes as `f64` (products of counts that could overflow an integer never
 //! do in floating point); results are rounded up into `u64`, saturating.
 
 use std::fmt;
 
-/// Bytes of GPU memory kept free of the estimate: the CUDA context, NCCL's buffers and the
-/// caching allocator's fragmentation (measured: a run at 132.5 GiB allocated held 137.9 GiB of
-/// an H200's 139.8).
-pub const GPU_USABLE_SHARE: f64 = 0.93;
-/// Safety on top of the GPU estimate.
-pub const GPU_SAFETY: f64 = 1.05;
+use super::shape::{self, ModelShape};
+
+/// Bytes of each GPU that are never the caching allocator's: the CUDA context, NCCL's buffers,
+/// cuBLAS workspaces (measured 1.28 GiB on the H200).
+pub const CONTEXT_RESERVE_BYTES: f64 = 1.4 * 1_073_741_824.0;
+/// Share of each GPU kept for the caching allocator's fragmentation (measured: an allocation of
+/// 112 MiB failed with 1.61 GiB reserved but unallocated).
+pub const FRAGMENTATION_SHARE: f64 = 0.02;
+/// Headroom under which a placement is called close to the limit, as a share of the GPU.
+pub const CLOSE_TO_LIMIT_SHARE: f64 = 0.03;
 /// Share of GPU memory kept for activations when the step's tokens are not known.
 pub const ACTIVATION_MARGIN_SHARE: f64 = 0.10;
-/// Vocabulary assumed when the hints give none (current LLMs: 32k to 256k).
-pub const DEFAULT_VOCAB: u64 = 128_000;
 /// Partial offload of up to this share runs faster than offloading optimizer state and
 /// parameters whole (measured crossover 0.43 at 1.1B parameters, 0.53 at 3.8B on an H200).
 pub const PARTIAL_BEFORE_PARAMS_UP_TO: f64 = 0.45;
+/// Tensors past which the sub-groups are bounded rather than walked.
+const MAX_TENSORS: usize = 20_000;
 
-/// Saved activation bytes per token per unit of width per layer, in 16-bit.
-const ACTIVATION_BYTES: f64 = 36.0;
-/// Logit bytes per token per vocabulary entry (16-bit logits, their fp32 copy and gradient).
-const LOGIT_BYTES: f64 = 10.0;
-/// ZeRO-3's reduce bucket (`reduce_bucket_size` 5·10⁸ in 16-bit).
+/// DeepSpeed's reduce bucket (`reduce_bucket_size` 5·10⁸ in 16-bit), allocated at start.
 const BUCKET_BYTES: f64 = 1e9;
+/// The framework's own GPU buffers beside the bucket (measured 0.07–0.11 GB).
+const FRAMEWORK_BYTES: f64 = 0.12e9;
+/// GPU staging of the copies to and from the host whenever optimizer state is offloaded.
+const OFFLOAD_STAGING_BYTES: f64 = 1e9;
 /// `stage3_max_live_parameters`: gathered parameters alive at once.
 const MAX_LIVE_PARAMETERS: f64 = 1e9;
-/// Parameters per optimizer sub-group DeepSpeed converts to fp32 at once by default
-/// (`sub_group_size` 10⁹, which a group exceeds by up to one parameter tensor).
-const DEFAULT_SUB_GROUP: f64 = 1.1e9;
+/// `sub_group_size`'s default.
+const DEFAULT_SUB_GROUP: f64 = 1e9;
+/// Safety on the estimates of what was not measured (ZeRO-1/2, FSDP, `Generic`).
+const UNMEASURED_SAFETY: f64 = 1.05;
 /// Host memory of a training process before any offloaded state (CUDA, NCCL, the framework).
-const HOST_BASE_BYTES: f64 = 1.5e9;
-/// Host bytes per parameter of the shard whenever optimizer state is offloaded.
-const HOST_OFFLOAD_OVERHEAD: f64 = 3.0;
-/// Host bytes per offloaded byte of wholly offloaded state (against 1 for a partial share).
-const HOST_WHOLE_FACTOR: f64 = 1.125;
+const HOST_BASE_BYTES: f64 = 1.57e9;
 
 /// How a job's training state is placed between GPU and host memory.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Placement {
     /// Everything on the GPUs.
     NoOffload,
-    /// This share of the optimizer state (with its fp32 gradients) on the host.
+    /// The optimizer state of this ratio of DeepSpeed's sub-groups (with its fp32 gradients)
+    /// on the host.
     PartialOptimizer(f64),
     /// All optimizer state on the host.
     Optimizer,
@@ -109,31 +123,17 @@ impl fmt::Display for Sharding {
     }
 }
 
-/// What the activations are sized from.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Activations {
-    /// The step's shape.
-    Shape {
-        /// Tokens per micro-batch on one GPU.
-        tokens: f64,
-        /// Model width.
-        hidden: f64,
-        /// Layers.
-        layers: f64,
-        /// Vocabulary size.
-        vocab: f64,
-        /// Activation checkpointing.
-        checkpointing: bool,
-    },
-    /// Unknown: [`ACTIVATION_MARGIN_SHARE`] of the GPU.
-    Margin,
-}
-
 /// The job as the memory model sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobMemory {
     /// Total trainable parameters.
     pub parameters: f64,
+    /// The model's shape (derived from the parameter count when the job gives none).
+    pub shape: ModelShape,
+    /// Tokens per micro-batch on one GPU; `None`: a margin of GPU memory is kept instead.
+    pub tokens: Option<f64>,
+    /// Activation checkpointing.
+    pub checkpointing: bool,
     /// Data-parallel ranks (replicas × GPUs per pod), one per GPU.
     pub ranks: u64,
     /// GPUs (ranks) per pod.
@@ -144,8 +144,6 @@ pub struct JobMemory {
     pub sharding: Sharding,
     /// Bytes of a parameter and a gradient: 2 in mixed 16-bit precision, 4 in fp32.
     pub value_bytes: f64,
-    /// What the activations are sized from.
-    pub activations: Activations,
     /// The pod's memory limit, when every container has one.
     pub pod_memory_limit: Option<u64>,
     /// `zero_optimization.sub_group_size` of the user's config; without one, DeepSpeed's
@@ -164,16 +162,18 @@ pub struct ClassMemory {
     pub gpu_node: String,
     /// Host memory one pod can have: the node's allocatable memory shared by as many of the
     /// job's pods as the node can hold, on the node where that is least; `None` when no node
-    /// states allocatable memory.
+    /// states allocatable memory (then host memory is not checked).
     pub host_per_pod: Option<u64>,
     /// Where that share is, for reasons: `h200-0: 125.0 GiB allocatable for 1 pod`.
     pub host_node: String,
 }
 
 impl ClassMemory {
-    /// GPU memory the estimate may use.
+    /// GPU memory the estimate may use: the GPU less the CUDA context and the allocator's
+    /// fragmentation.
     pub fn gpu_budget(&self) -> f64 {
-        as_f64(self.gpu_bytes) * GPU_USABLE_SHARE
+        let total = as_f64(self.gpu_bytes);
+        (total - CONTEXT_RESERVE_BYTES - FRAGMENTATION_SHARE * total).max(0.0)
     }
 }
 
@@ -188,6 +188,9 @@ pub struct Estimate {
     pub host_per_pod: f64,
     /// Bytes per GPU that are activations (for advice).
     pub activations: f64,
+    /// The share of the optimizer state DeepSpeed really puts on the host (for a partial ratio:
+    /// its whole sub-groups), where known.
+    pub offloaded_share: Option<f64>,
 }
 
 /// Whether an estimate fits a class, and the figures that say so.
@@ -196,8 +199,10 @@ pub struct Fit {
     /// The GPUs hold it.
     pub gpu: bool,
     /// The host memory holds it (within the pod's limit and its share of the node); `true`
-    /// when the nodes state no allocatable memory.
+    /// when neither is known (see [`Fit::host_checked`]).
     pub host: bool,
+    /// Whether host memory was checked at all.
+    pub host_checked: bool,
 }
 
 impl Fit {
@@ -225,6 +230,28 @@ pub fn bytes(value: f64) -> u64 {
     b
 }
 
+/// How a partial ratio maps to the share DeepSpeed really offloads.
+#[derive(Clone, Debug)]
+pub enum PartialShares {
+    /// The model's sub-groups, walked: the share of each ratio is exact.
+    Groups(Vec<f64>),
+    /// Only a bound: the share lands within this much of the ratio.
+    Within(f64),
+}
+
+impl PartialShares {
+    /// The share on the GPU side and the share on the host side to check for `ratio`.
+    pub fn bounds(&self, ratio: f64) -> (f64, f64) {
+        match self {
+            PartialShares::Groups(g) => {
+                let s = shape::offloaded_share(g, ratio);
+                (s, s)
+            }
+            PartialShares::Within(g) => ((ratio - g).max(0.0), (ratio + g).min(1.0)),
+        }
+    }
+}
+
 impl JobMemory {
     fn shard(&self) -> f64 {
         self.parameters / as_f64(self.ranks.max(1))
@@ -240,179 +267,221 @@ impl JobMemory {
         if self.mixed() { 12.0 } else { 8.0 }
     }
 
-    /// fp32 gradient bytes per parameter the optimizer step converts (mixed precision only).
-    fn fp32_grad_bytes(&self) -> f64 {
-        if self.mixed() { 4.0 } else { 0.0 }
-    }
-
-    /// Activation bytes per GPU.
-    pub fn activation_bytes(&self, class: &ClassMemory) -> f64 {
-        let scale = self.value_bytes / 2.0;
-        match self.activations {
-            Activations::Shape {
-                tokens,
-                hidden,
-                layers,
-                vocab,
-                checkpointing,
-            } => {
-                let per_layer = tokens * hidden * scale;
-                let blocks = if checkpointing {
-                    2.0 * per_layer * layers + ACTIVATION_BYTES * per_layer
-                } else {
-                    ACTIVATION_BYTES * per_layer * layers
-                };
-                blocks + LOGIT_BYTES * tokens * vocab
-            }
-            Activations::Margin => as_f64(class.gpu_bytes) * ACTIVATION_MARGIN_SHARE,
+    /// The job with `tokens` per micro-batch instead (for advice).
+    pub fn with_tokens(&self, tokens: f64) -> JobMemory {
+        JobMemory {
+            tokens: Some(tokens),
+            ..self.clone()
         }
     }
 
-    /// Where partial offload's share can land: DeepSpeed offloads whole optimizer sub-groups
-    /// (the last ones), so the share offloaded differs from the ratio by up to a sub-group and
-    /// the largest parameter tensor.
-    pub fn partial_granularity(&self) -> f64 {
-        let shard = self.shard().max(1.0);
-        let group = self
-            .sub_group_size
-            .unwrap_or_else(|| as_f64(operator_sub_group_size(self.parameters, self.ranks)));
-        let largest = match self.activations {
-            Activations::Shape { hidden, vocab, .. } => (vocab * hidden).max(4.0 * hidden * hidden),
-            Activations::Margin => 0.02 * self.parameters,
-        };
-        ((group + largest) / shard).min(1.0)
+    /// Activation bytes per GPU at the step's peak.
+    pub fn activation_bytes(&self, class: &ClassMemory) -> f64 {
+        match self.tokens {
+            Some(tokens) => {
+                tokens
+                    * self.shape.activation_peak_per_token(self.checkpointing)
+                    * (self.value_bytes / 2.0)
+            }
+            None => as_f64(class.gpu_bytes) * ACTIVATION_MARGIN_SHARE,
+        }
     }
 
-    /// The bytes `placement` needs on each GPU and on the host.
-    pub fn estimate(&self, placement: Placement, class: &ClassMemory) -> Estimate {
+    /// The sub-group size in effect: the user's, else DeepSpeed's default, or for a partial
+    /// ratio the operator's.
+    fn group_size(&self, partial: bool) -> f64 {
+        self.sub_group_size.unwrap_or_else(|| {
+            if partial {
+                as_f64(operator_sub_group_size(self.parameters, self.ranks))
+            } else {
+                DEFAULT_SUB_GROUP
+            }
+        })
+    }
+
+    /// How partial ratios map to the offloaded share for this job: walked over the model's
+    /// tensors when its shape is known, else bounded by a sub-group and the largest tensor.
+    pub fn partial_shares(&self) -> PartialShares {
+        let ranks = as_f64(self.ranks.max(1));
+        let group = self.group_size(true);
+        if self.shape.known
+            && let Some(tensors) = self.shape.tensors(MAX_TENSORS)
+        {
+            let partitions: Vec<f64> = tensors.iter().map(|t| (t / ranks).ceil()).collect();
+            return PartialShares::Groups(shape::sub_groups(&partitions, group));
+        }
+        let shard = self.shard().max(1.0);
+        let largest = self.shape.largest_tensor() / ranks;
+        PartialShares::Within(((group + largest) / shard).min(1.0))
+    }
+
+    /// The largest optimizer sub-group without offload (what the step converts to fp32 at once).
+    fn largest_group(&self) -> f64 {
+        let ranks = as_f64(self.ranks.max(1));
+        (self.group_size(false) + self.shape.largest_tensor() / ranks).min(self.shard())
+    }
+
+    /// The bytes `placement` needs on each GPU and on the host, with `share` of the optimizer
+    /// state on the host for a partial placement (the share DeepSpeed really offloads).
+    fn estimate_with(&self, placement: Placement, share: f64, class: &ClassMemory) -> Estimate {
         let p = self.parameters;
         let s = self.shard();
         let b = self.value_bytes;
         let o = self.optimizer_bytes();
-        let f = self.fp32_grad_bytes();
         let act = self.activation_bytes(class);
+        let c = BUCKET_BYTES + FRAMEWORK_BYTES;
         let live = b * p.min(MAX_LIVE_PARAMETERS);
-        let step_group = self.sub_group_size.unwrap_or(DEFAULT_SUB_GROUP);
-        // Share of the optimizer state on the host.
+        // ZeRO-3 over several ranks gathers each layer's parameters whole while it runs (not
+        // measured: one GPU gathers nothing it does not hold).
+        let gathered = if self.ranks > 1 {
+            2.0 * b * self.shape.largest_layer()
+        } else {
+            0.0
+        };
         let r = match placement {
             Placement::NoOffload => 0.0,
-            Placement::PartialOptimizer(r) => r.clamp(0.0, 1.0),
+            Placement::PartialOptimizer(_) => share.clamp(0.0, 1.0),
             Placement::Optimizer | Placement::OptimizerAndParams => 1.0,
         };
         let kept = 1.0 - r;
+        // fp32 gradients the optimizer needs in mixed precision.
+        let f = if self.mixed() { 4.0 } else { 0.0 };
         let gpu = match (self.sharding, placement) {
-            (Sharding::Zero(3), Placement::OptimizerAndParams)
-            | (Sharding::Fsdp, Placement::OptimizerAndParams) => act + BUCKET_BYTES + live,
             (Sharding::Zero(3), Placement::NoOffload) => {
-                (b + b + o) * s + act.max(f * s.min(step_group)) + BUCKET_BYTES + live
+                (b + b + o) * s + c + gathered + act.max((b + 4.0) * self.largest_group())
             }
-            (Sharding::Zero(3), _) => {
-                let steady = b * s + (b + o) * kept * s;
-                let at_step = f * kept * s;
-                let gathered = if placement == Placement::Optimizer {
-                    0.0
-                } else {
-                    live
-                };
-                steady + act.max(at_step) + BUCKET_BYTES + gathered
+            (Sharding::Zero(3), Placement::PartialOptimizer(_)) => {
+                b * s + (o + 4.0) * kept * s + c + gathered + act + OFFLOAD_STAGING_BYTES
             }
-            (Sharding::Fsdp, _) => (b + b + o + f) * s + act + BUCKET_BYTES + live,
+            (Sharding::Zero(3), Placement::Optimizer) => {
+                b * s + c + gathered + act + OFFLOAD_STAGING_BYTES
+            }
+            (Sharding::Zero(3), Placement::OptimizerAndParams) => {
+                c + act + OFFLOAD_STAGING_BYTES + live
+            }
+            (Sharding::Fsdp, Placement::OptimizerAndParams) => (act + c + live) * UNMEASURED_SAFETY,
+            (Sharding::Fsdp, _) => ((b + b + o + f) * s + act + c + live) * UNMEASURED_SAFETY,
             (Sharding::Zero(2), _) => {
-                b * p + (b + o) * kept * s + act.max(f * kept * s) + 2.0 * BUCKET_BYTES
+                (b * p + (b + o) * kept * s + act.max(f * kept * s) + 2.0 * c) * UNMEASURED_SAFETY
             }
             (Sharding::Zero(1), _) => {
-                (b + b) * p + o * kept * s + act.max(f * kept * s) + BUCKET_BYTES
+                ((b + b) * p + o * kept * s + act.max(f * kept * s) + c) * UNMEASURED_SAFETY
             }
-            (Sharding::Zero(_), _) => (b + b + o + f) * p + act + BUCKET_BYTES,
+            (Sharding::Zero(_), _) => ((b + b + o + f) * p + act + c) * UNMEASURED_SAFETY,
             (Sharding::Unsharded, _) => {
-                (b + b) * p + o * kept * p + act.max(f * kept * p) + BUCKET_BYTES
-            }
-        } * GPU_SAFETY;
-
-        // Host, per rank.
-        let whole_model_on_host = match self.sharding {
-            // Without ZeRO-3's partitioned construction each rank builds the whole model on
-            // the host first (fp32).
-            Sharding::Zero(0..=2) | Sharding::Unsharded => 4.0 * p,
-            _ => 0.0,
-        };
-        let base = HOST_BASE_BYTES + (b * s).max(whole_model_on_host);
-        let sharded_state = match self.sharding {
-            Sharding::Unsharded => p,
-            _ => s,
-        };
-        let offloaded = match placement {
-            Placement::NoOffload => 0.0,
-            Placement::PartialOptimizer(_) => (HOST_OFFLOAD_OVERHEAD + (o + f) * r) * sharded_state,
-            Placement::Optimizer => {
-                (HOST_OFFLOAD_OVERHEAD + HOST_WHOLE_FACTOR * (o + f)) * sharded_state
-            }
-            // The 16-bit parameters twice: their partition and the pinned buffer they are
-            // fetched through.
-            Placement::OptimizerAndParams => {
-                (HOST_OFFLOAD_OVERHEAD + HOST_WHOLE_FACTOR * (o + f) + 2.0 * b) * sharded_state
+                ((b + b) * p + o * kept * p + act.max(f * kept * p) + c) * UNMEASURED_SAFETY
             }
         };
-        let per_rank = base + offloaded;
         Estimate {
             placement,
             gpu,
-            host_per_pod: per_rank * as_f64(self.gpus_per_pod.max(1)),
+            host_per_pod: self.host_per_rank(placement, r) * as_f64(self.gpus_per_pod.max(1)),
             activations: act,
+            offloaded_share: matches!(placement, Placement::PartialOptimizer(_)).then_some(r),
         }
+    }
+
+    /// Host memory of one rank's process with `r` of its optimizer state offloaded.
+    fn host_per_rank(&self, placement: Placement, r: f64) -> f64 {
+        let p = self.parameters;
+        let s = self.shard();
+        let b = self.value_bytes;
+        if self.sharding == Sharding::Zero(3) {
+            let base = HOST_BASE_BYTES + b * s;
+            return base
+                + match placement {
+                    Placement::NoOffload => 0.0,
+                    Placement::PartialOptimizer(_) => 1.5 * s + 18.5 * r * s + 3.25e9,
+                    Placement::Optimizer => 17.0 * s + 4.75e9,
+                    Placement::OptimizerAndParams => 21.5 * s + 4.75e9,
+                };
+        }
+        // Without ZeRO-3's partitioned construction each rank builds the whole model on the
+        // host first (fp32); DeepSpeed's estimators for the offloaded state, 1.125 × for whole
+        // state (large pinned sub-groups), not measured.
+        let base = HOST_BASE_BYTES + (b * s).max(4.0 * p);
+        let state = if self.sharding == Sharding::Unsharded {
+            p
+        } else {
+            s
+        };
+        let o = self.optimizer_bytes() + if self.mixed() { 4.0 } else { 0.0 };
+        base + match placement {
+            Placement::NoOffload => 0.0,
+            Placement::PartialOptimizer(_) => (3.0 + o * r) * state,
+            Placement::Optimizer => (3.0 + 1.125 * o) * state,
+            Placement::OptimizerAndParams => (3.0 + 1.125 * o + 2.0 * b) * state,
+        }
+    }
+
+    /// The bytes `placement` needs on each GPU and on the host (a partial ratio taken as the
+    /// share offloaded; [`JobMemory::estimate_checked`] accounts for DeepSpeed's sub-groups).
+    pub fn estimate(&self, placement: Placement, class: &ClassMemory) -> Estimate {
+        let share = match placement {
+            Placement::PartialOptimizer(r) => r,
+            _ => 0.0,
+        };
+        self.estimate_with(placement, share, class)
     }
 
     /// Whether `estimate` fits `class`.
     pub fn fits(&self, estimate: &Estimate, class: &ClassMemory) -> Fit {
-        let host = match (class.host_per_pod, self.pod_memory_limit) {
-            (None, None) => true,
-            (share, limit) => {
-                let budget = share
-                    .into_iter()
-                    .chain(limit)
-                    .min()
-                    .map_or(f64::MAX, as_f64);
-                estimate.host_per_pod <= budget
-            }
-        };
+        let budget = class
+            .host_per_pod
+            .into_iter()
+            .chain(self.pod_memory_limit)
+            .min();
         Fit {
             gpu: estimate.gpu <= class.gpu_budget(),
-            host,
+            host: budget.is_none_or(|b| estimate.host_per_pod <= as_f64(b)),
+            host_checked: budget.is_some(),
         }
     }
 
-    /// The smallest partial ratio (in hundredths, at least `floor`) whose state fits: the GPU
-    /// checked with the share that could stay there, the host with the share that could
-    /// leave. `None` when no ratio below 1 fits.
+    /// The smallest partial ratio (in hundredths, at least `floor`) whose state fits. `None`
+    /// when no ratio below 1 fits.
     pub fn smallest_ratio(&self, class: &ClassMemory, floor: f64) -> Option<(f64, Estimate)> {
+        let shares = self.partial_shares();
         (1..100)
             .map(|h| f64::from(h) / 100.0)
             .filter(|r| *r >= floor)
             .find_map(|r| {
-                let (est, fit) = self.estimate_checked(Placement::PartialOptimizer(r), class);
+                let (est, fit) = self.partial_checked(r, &shares, class);
                 fit.ok().then_some((r, est))
             })
     }
 
-    /// The estimate of a fixed `placement` with partial granularity accounted for (as
+    fn partial_checked(
+        &self,
+        ratio: f64,
+        shares: &PartialShares,
+        class: &ClassMemory,
+    ) -> (Estimate, Fit) {
+        let placement = Placement::PartialOptimizer(ratio);
+        let (gpu_share, host_share) = shares.bounds(ratio);
+        let on_gpu = self.estimate_with(placement, gpu_share, class);
+        let on_host = self.estimate_with(placement, host_share, class);
+        let est = Estimate {
+            host_per_pod: on_host.host_per_pod,
+            offloaded_share: matches!(shares, PartialShares::Groups(_)).then_some(gpu_share),
+            ..on_gpu
+        };
+        (est, self.fits(&est, class))
+    }
+
+    /// The estimate of a fixed `placement` with DeepSpeed's sub-groups accounted for (as
     /// [`JobMemory::smallest_ratio`] checks it).
     pub fn estimate_checked(&self, placement: Placement, class: &ClassMemory) -> (Estimate, Fit) {
-        let est = match placement {
+        match placement {
             Placement::PartialOptimizer(r) => {
-                let g = self.partial_granularity();
-                let on_gpu = self.estimate(Placement::PartialOptimizer((r - g).max(0.0)), class);
-                let on_host = self.estimate(Placement::PartialOptimizer((r + g).min(1.0)), class);
-                Estimate {
-                    placement,
-                    gpu: on_gpu.gpu,
-                    host_per_pod: on_host.host_per_pod,
-                    activations: on_gpu.activations,
-                }
+                self.partial_checked(r, &self.partial_shares(), class)
             }
-            _ => self.estimate(placement, class),
-        };
-        let fit = self.fits(&est, class);
-        (est, fit)
+            _ => {
+                let est = self.estimate(placement, class);
+                let fit = self.fits(&est, class);
+                (est, fit)
+            }
+        }
     }
 
     /// The job with `ranks` data-parallel ranks instead (for advice: would more GPUs do?).
@@ -425,30 +494,82 @@ impl JobMemory {
         }
     }
 
+    /// GPU memory left under what the GPU can hold with `est` (negative: over).
+    pub fn headroom(&self, est: &Estimate, class: &ClassMemory) -> f64 {
+        class.gpu_budget() - est.gpu
+    }
+
     /// One sentence with the figures of `est` against `class`.
     pub fn describe(&self, est: &Estimate, class: &ClassMemory) -> String {
         let limit = self
             .pod_memory_limit
             .map(|l| format!(" (pod limit {})", gib(as_f64(l))))
             .unwrap_or_default();
-        let host = match class.host_per_pod {
-            Some(share) => format!(
+        let host = match (class.host_per_pod, self.pod_memory_limit) {
+            (Some(share), _) => format!(
                 "{} of host memory per pod of {} ({}){limit}",
                 gib(est.host_per_pod),
                 gib(as_f64(share)),
                 class.host_node
             ),
-            None => format!(
+            (None, Some(_)) => format!(
                 "{} of host memory per pod{limit} (the nodes state no allocatable memory)",
                 gib(est.host_per_pod)
             ),
+            (None, None) => format!(
+                "{} of host memory per pod, not checked: the nodes state no allocatable memory and the pod sets no limit",
+                gib(est.host_per_pod)
+            ),
         };
+        let left = self.headroom(est, class);
+        let total = as_f64(class.gpu_bytes);
+        let room = if left >= 0.0 {
+            format!(
+                "{} headroom ({:.1}% of the GPU)",
+                gib(left),
+                100.0 * left / total.max(1.0)
+            )
+        } else {
+            format!("{} over", gib(-left))
+        };
+        let share = est
+            .offloaded_share
+            .filter(|s| matches!(est.placement, Placement::PartialOptimizer(r) if (r - s).abs() > 0.005))
+            .map(|s| format!(" (DeepSpeed's sub-groups put {:.0}% on the host)", s * 100.0))
+            .unwrap_or_default();
         format!(
-            "needs about {} of {} per GPU on {} and {host}",
+            "needs about {} of the {} each GPU can hold on {}, {room}{share}, and {host}",
             gib(est.gpu),
             gib(class.gpu_budget()),
             class.gpu_node
         )
+    }
+
+    /// What would widen the headroom of `est` when it is close to the limit; `None` otherwise.
+    pub fn close_to_limit(&self, est: &Estimate, class: &ClassMemory) -> Option<String> {
+        let left = self.headroom(est, class);
+        if left < 0.0 || left >= CLOSE_TO_LIMIT_SHARE * as_f64(class.gpu_bytes) {
+            return None;
+        }
+        let mut ideas = Vec::new();
+        if !self.checkpointing && self.tokens.is_some() {
+            ideas.push(format!(
+                "activation checkpointing (activations {} now)",
+                gib(est.activations)
+            ));
+        }
+        if self.tokens.is_some_and(|t| t > 1.0) {
+            ideas.push("a smaller micro-batch".to_string());
+        }
+        ideas.push(format!(
+            "a second GPU ({} in all now) to shard the state over",
+            self.ranks
+        ));
+        Some(format!(
+            "close to the limit ({} left): {} would widen the headroom",
+            gib(left),
+            ideas.join(", ")
+        ))
     }
 }
 
@@ -459,12 +580,6 @@ pub fn operator_sub_group_size(parameters: f64, ranks: u64) -> u64 {
     let per_rank = parameters / as_f64(ranks.max(1));
     let group = (per_rank / 100.0 / 1e6).ceil() * 1e6;
     bytes(group.clamp(1e7, 1e9))
-}
-
-/// A typical decoder's width for a parameter count: about 128 times wider than deep, 12 ×
-/// width² parameters per layer.
-pub fn typical_width(parameters: f64) -> f64 {
-    (128.0 * parameters / 12.0).cbrt().max(64.0)
 }
 
 #[cfg(test)]

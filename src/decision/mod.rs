@@ -15,12 +15,14 @@ mod error;
 mod fit;
 mod framework;
 pub mod memory;
+pub mod model_config;
 mod overlap;
 mod pinning;
 mod placement;
 mod ratio;
 mod request;
 mod selection;
+pub mod shape;
 mod user_config;
 
 use std::fmt;
@@ -32,11 +34,13 @@ pub use error::ResolveError;
 pub use framework::{
     DeepSpeedPlan, FrameworkPlan, FsdpPlan, ZENFLOW_TOPK_RATIO, ZENFLOW_UPDATE_INTERVAL,
 };
+pub use model_config::{MODEL_CONFIG_KEY, ModelConfigError};
 pub use request::{AdmittedRequest, DeepSpeedRequest, JobRequest, PodResources};
 pub use selection::{
     ProfileNotFound, SelectedProfile, builtin_default_profile, explicit_offload, opted_in,
     profile_name, profile_name_for, requested_profile, select_profile,
 };
+pub use shape::ModelShape;
 pub use user_config::{ConfigError, ConfigFacts, Precision, UserConfig};
 
 use crate::index::NodeIndex;

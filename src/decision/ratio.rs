@@ -38,7 +38,7 @@ pub(super) fn decide(
             origin: source.to_string(),
         });
     }
-    let cpu = |ratio: f64| cpu_note(job.model, placement.chosen, ratio);
+    let cpu = |ratio: f64| cpu_note(job.model.as_ref(), placement.chosen, ratio);
     // What the memory model placed decides where it placed anything.
     if let Some(choice) = &placement.memory {
         return Ok(match (choice.placement, requested) {
@@ -96,7 +96,7 @@ pub(super) fn decide(
 /// Whether the CPU keeps up with offloading `ratio` of the optimizer state: the share it can
 /// update within the GPU's backward time on the slowest chosen node, from the report's rates
 /// and the step's tokens. Empty when that cannot be known.
-fn cpu_note(model: Option<ModelHints>, chosen: Option<&ClassNodes>, ratio: f64) -> String {
+fn cpu_note(model: Option<&ModelHints>, chosen: Option<&ClassNodes>, ratio: f64) -> String {
     let (Some(hints), Some(class)) = (model, chosen) else {
         return String::new();
     };
@@ -117,9 +117,9 @@ fn cpu_note(model: Option<ModelHints>, chosen: Option<&ClassNodes>, ratio: f64) 
         }
         // Backward of a transformer costs about 4 FLOP per parameter per token; the CPU
         // updates the whole model's optimizer state (all ranks share the node's CPUs).
+        // (4·P·t / gpu) / (P / cpu): the parameter count cancels.
         #[allow(clippy::cast_precision_loss)]
-        let (p, t) = (hints.parameters.get() as f64, tokens as f64);
-        let share = (4.0 * p * t / gpu) / (p / cpu);
+        let share = 4.0 * tokens as f64 * cpu / gpu;
         if share.is_finite() && worst.is_none_or(|(w, _)| share < w) {
             worst = Some((share, node.name.as_str()));
         }

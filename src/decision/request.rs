@@ -24,6 +24,8 @@ pub struct JobRequest {
     pub deepspeed: DeepSpeedRequest,
     /// What the operator knows of the model.
     pub model: Option<ModelHints>,
+    /// The model's shape from its `config.json`, where the job references one and it was read.
+    pub model_config: Option<super::shape::ModelShape>,
     /// Number of pods.
     pub pods: u32,
     /// GPUs each pod asks for (at least 1).
@@ -56,6 +58,7 @@ impl Default for JobRequest {
             },
             deepspeed: DeepSpeedRequest::default(),
             model: None,
+            model_config: None,
             pods: 1,
             gpus_per_pod: 1,
             pod_memory_limit: None,
@@ -192,6 +195,7 @@ impl JobRequest {
     pub fn for_training_job(
         tj: &TrainingJob,
         config: Option<&UserConfig>,
+        model_config: Option<&super::shape::ModelShape>,
         view: &dyn super::ClusterView,
     ) -> Result<JobRequest, ResolveError> {
         let spec = &tj.spec;
@@ -206,7 +210,8 @@ impl JobRequest {
             offload,
             framework: spec.framework.clone(),
             deepspeed,
-            model: spec.model,
+            model: spec.model.clone(),
+            model_config: model_config.copied(),
             pods: u32::try_from(spec.replicas.max(1)).unwrap_or(1),
             gpus_per_pod: resources.gpus_per_pod(),
             pod_memory_limit: resources.memory_limit,
@@ -283,6 +288,7 @@ impl JobRequest {
                 },
                 deepspeed: DeepSpeedRequest::default(),
                 model,
+                model_config: None,
                 pods,
                 gpus_per_pod: resources.gpus_per_pod(),
                 pod_memory_limit: resources.memory_limit,
@@ -300,60 +306,141 @@ impl JobRequest {
     }
 }
 
-/// Model hints of another object kind: `offload.dev/model-parameters` (as in
-/// `spec.model.parameters`: `8B`), `offload.dev/tokens-per-step`, `offload.dev/hidden-size`,
-/// `offload.dev/layers`, `offload.dev/vocab-size`, `offload.dev/activation-checkpointing`.
+/// Model hints of another object kind, each annotation as the `spec.model` field of a
+/// TrainingJob: `offload.dev/model-parameters` (`8B`), `offload.dev/model-config` (a ConfigMap
+/// holding the model's `config.json`), `offload.dev/tokens-per-step`, `offload.dev/architecture`,
+/// `offload.dev/hidden-size`, `offload.dev/layers`, `offload.dev/intermediate-size`,
+/// `offload.dev/attention-heads`, `offload.dev/key-value-heads`, `offload.dev/head-dim`,
+/// `offload.dev/vocab-size`, `offload.dev/tied-embeddings`, `offload.dev/experts`,
+/// `offload.dev/experts-per-token`, `offload.dev/shared-experts`,
+/// `offload.dev/expert-intermediate-size`, `offload.dev/activation-checkpointing`. Every
+/// message names the annotation.
 fn model_annotations(
     annotations: &serde_json::Map<String, Value>,
 ) -> Result<Option<ModelHints>, String> {
+    use offload_api::api::{ExpertHints, ModelArchitecture};
     let get = |key: &str| -> Option<&str> { annotations.get(key).and_then(Value::as_str) };
-    let Some(parameters) = get(names::ANNOTATION_MODEL_PARAMETERS) else {
-        for key in [
-            names::ANNOTATION_TOKENS_PER_STEP,
-            names::ANNOTATION_HIDDEN_SIZE,
-            names::ANNOTATION_LAYERS,
-            names::ANNOTATION_VOCAB_SIZE,
-        ] {
-            if get(key).is_some() {
-                return Err(format!(
-                    "annotation {key} needs {} (the model's total parameters, e.g. 8B)",
-                    names::ANNOTATION_MODEL_PARAMETERS
-                ));
-            }
+    let shape_keys = [
+        names::ANNOTATION_TOKENS_PER_STEP,
+        names::ANNOTATION_ARCHITECTURE,
+        names::ANNOTATION_HIDDEN_SIZE,
+        names::ANNOTATION_LAYERS,
+        names::ANNOTATION_INTERMEDIATE_SIZE,
+        names::ANNOTATION_ATTENTION_HEADS,
+        names::ANNOTATION_KEY_VALUE_HEADS,
+        names::ANNOTATION_HEAD_DIM,
+        names::ANNOTATION_VOCAB_SIZE,
+        names::ANNOTATION_TIED_EMBEDDINGS,
+        names::ANNOTATION_EXPERTS,
+        names::ANNOTATION_EXPERTS_PER_TOKEN,
+        names::ANNOTATION_SHARED_EXPERTS,
+        names::ANNOTATION_EXPERT_INTERMEDIATE_SIZE,
+        names::ANNOTATION_ACTIVATION_CHECKPOINTING,
+    ];
+    let parameters = get(names::ANNOTATION_MODEL_PARAMETERS);
+    let config = get(names::ANNOTATION_MODEL_CONFIG);
+    let hidden_and_layers =
+        get(names::ANNOTATION_HIDDEN_SIZE).is_some() && get(names::ANNOTATION_LAYERS).is_some();
+    if parameters.is_none() && config.is_none() && !hidden_and_layers {
+        if let Some(key) = shape_keys.iter().find(|k| get(k).is_some()) {
+            return Err(format!(
+                "annotation {key} needs {} (the model's total parameters, e.g. 8B), {} (a ConfigMap with its config.json), or {} and {}",
+                names::ANNOTATION_MODEL_PARAMETERS,
+                names::ANNOTATION_MODEL_CONFIG,
+                names::ANNOTATION_HIDDEN_SIZE,
+                names::ANNOTATION_LAYERS
+            ));
         }
         return Ok(None);
-    };
-    let parameters = ParameterCount::parse(parameters)
-        .map_err(|e| format!("annotation {}: {e}", names::ANNOTATION_MODEL_PARAMETERS))?;
-    let count = |key: &str| -> Result<Option<i64>, String> {
+    }
+    let parameters = parameters
+        .map(|p| {
+            ParameterCount::parse(p)
+                .map_err(|e| format!("annotation {}: {e}", names::ANNOTATION_MODEL_PARAMETERS))
+        })
+        .transpose()?;
+    let config_map_ref = config
+        .map(|name| {
+            offload_api::validation::object_name(name)
+                .map(|()| offload_api::api::ConfigMapKeyRef {
+                    name: name.to_string(),
+                    key: None,
+                })
+                .map_err(|e| format!("annotation {}: {e}", names::ANNOTATION_MODEL_CONFIG))
+        })
+        .transpose()?;
+    let count = |key: &str, max: i64| -> Result<Option<i64>, String> {
         get(key)
-            .map(|v| {
-                v.trim()
-                    .parse::<i64>()
-                    .ok()
-                    .filter(|n| *n >= 1)
-                    .ok_or_else(|| format!("annotation {key}: use a whole number of at least 1"))
+            .map(|v| match v.trim().parse::<u64>() {
+                Ok(n) if n >= 1 && i64::try_from(n).is_ok_and(|n| n <= max) => {
+                    Ok(i64::try_from(n).unwrap_or(max))
+                }
+                Ok(0) => Err(format!(
+                    "annotation {key}: use a whole number of at least 1"
+                )),
+                Ok(_) => Err(format!(
+                    "annotation {key}: {v} is too large (at most {max})"
+                )),
+                Err(e) if matches!(e.kind(), std::num::IntErrorKind::PosOverflow) => Err(format!(
+                    "annotation {key}: {v} is too large (at most {max})"
+                )),
+                Err(_) => Err(format!("annotation {key}: {v:?} is not a whole number")),
             })
             .transpose()
     };
-    let checkpointing = match get(names::ANNOTATION_ACTIVATION_CHECKPOINTING) {
+    let flag = |key: &str| -> Result<Option<bool>, String> {
+        match get(key) {
+            None => Ok(None),
+            Some("true") => Ok(Some(true)),
+            Some("false") => Ok(Some(false)),
+            Some(v) => Err(format!("annotation {key}: {v:?} is not true or false")),
+        }
+    };
+    let architecture = match get(names::ANNOTATION_ARCHITECTURE) {
         None => None,
-        Some("true") => Some(true),
-        Some("false") => Some(false),
-        Some(_) => {
+        Some("Llama") => Some(ModelArchitecture::Llama),
+        Some("GPT") => Some(ModelArchitecture::Gpt),
+        Some(v) => {
             return Err(format!(
-                "annotation {}: use true or false",
-                names::ANNOTATION_ACTIVATION_CHECKPOINTING
+                "annotation {}: {v:?} is neither Llama nor GPT",
+                names::ANNOTATION_ARCHITECTURE
+            ));
+        }
+    };
+    let experts = match (
+        count(names::ANNOTATION_EXPERTS, 1_000_000)?,
+        count(names::ANNOTATION_EXPERTS_PER_TOKEN, 1_000_000)?,
+    ) {
+        (None, None) => None,
+        (Some(count_), Some(per_token)) => Some(ExpertHints {
+            count: count_,
+            per_token,
+            shared: count(names::ANNOTATION_SHARED_EXPERTS, 1_000_000)?,
+            intermediate_size: count(names::ANNOTATION_EXPERT_INTERMEDIATE_SIZE, 10_000_000)?,
+        }),
+        _ => {
+            return Err(format!(
+                "annotations {} and {} go together",
+                names::ANNOTATION_EXPERTS,
+                names::ANNOTATION_EXPERTS_PER_TOKEN
             ));
         }
     };
     Ok(Some(ModelHints {
         parameters,
-        tokens_per_step: count(names::ANNOTATION_TOKENS_PER_STEP)?,
-        hidden_size: count(names::ANNOTATION_HIDDEN_SIZE)?,
-        layers: count(names::ANNOTATION_LAYERS)?,
-        vocab_size: count(names::ANNOTATION_VOCAB_SIZE)?,
-        activation_checkpointing: checkpointing,
+        config_map_ref,
+        tokens_per_step: count(names::ANNOTATION_TOKENS_PER_STEP, 1_000_000_000_000)?,
+        architecture,
+        hidden_size: count(names::ANNOTATION_HIDDEN_SIZE, 1_000_000)?,
+        layers: count(names::ANNOTATION_LAYERS, 100_000)?,
+        intermediate_size: count(names::ANNOTATION_INTERMEDIATE_SIZE, 10_000_000)?,
+        attention_heads: count(names::ANNOTATION_ATTENTION_HEADS, 100_000)?,
+        key_value_heads: count(names::ANNOTATION_KEY_VALUE_HEADS, 100_000)?,
+        head_dim: count(names::ANNOTATION_HEAD_DIM, 100_000)?,
+        vocab_size: count(names::ANNOTATION_VOCAB_SIZE, 100_000_000)?,
+        tied_embeddings: flag(names::ANNOTATION_TIED_EMBEDDINGS)?,
+        experts,
+        activation_checkpointing: flag(names::ANNOTATION_ACTIVATION_CHECKPOINTING)?,
     }))
 }
 

@@ -245,7 +245,10 @@ fn estimate(
         return Some(CandidateMemory::of(m, true));
     }
     let config = inputs.user_config(variant).ok().flatten();
-    let request = JobRequest::for_training_job(variant, config.as_ref(), &inputs.view).ok()?;
+    let model = inputs.model_config(variant).ok().flatten();
+    let request =
+        JobRequest::for_training_job(variant, config.as_ref(), model.as_ref(), &inputs.view)
+            .ok()?;
     let name = profile_name_for(variant);
     let profile = inputs
         .view

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::ExplainError;
-use crate::decision::{ConfigError, UserConfig};
+use crate::decision::{ConfigError, MODEL_CONFIG_KEY, ModelConfigError, ModelShape, UserConfig};
 use crate::dra::api::{ResourceClaimTemplate, ResourceSlice};
 use crate::guard::Guarded;
 use crate::index::NodeIndex;
@@ -22,6 +22,8 @@ pub struct Inputs {
     pub view: MemoryView,
     /// DeepSpeed configs by ConfigMap name.
     pub deepspeed_configs: BTreeMap<String, String>,
+    /// Models' `config.json` by ConfigMap name.
+    pub model_configs: BTreeMap<String, String>,
 }
 
 impl Inputs {
@@ -42,6 +44,33 @@ impl Inputs {
         match self.deepspeed_configs.get(&r.name) {
             Some(text) => UserConfig::parse(text, &format!("ConfigMap {:?}", r.name)).map(Some),
             None => Err(ConfigError::NotGiven {
+                name: r.name.clone(),
+            }),
+        }
+    }
+}
+
+impl Inputs {
+    /// The shape of a job's model from its `config.json`, from the inputs (what the controller
+    /// reads from its ConfigMap).
+    pub fn model_config(
+        &self,
+        tj: &offload_api::api::TrainingJob,
+    ) -> Result<Option<ModelShape>, ModelConfigError> {
+        let Some(r) = tj
+            .spec
+            .model
+            .as_ref()
+            .and_then(|m| m.config_map_ref.as_ref())
+        else {
+            return Ok(None);
+        };
+        match self.model_configs.get(&r.name) {
+            Some(text) => {
+                crate::decision::model_config::parse(text, &format!("ConfigMap {:?}", r.name))
+                    .map(Some)
+            }
+            None => Err(ModelConfigError::NotGiven {
                 name: r.name.clone(),
             }),
         }
@@ -207,11 +236,24 @@ pub fn with_slices(
 pub fn deepspeed_configs_from_files(
     args: &[String],
 ) -> Result<BTreeMap<String, String>, ExplainError> {
+    files_by_config_map("--deepspeed-config", args)
+}
+
+/// Models' `config.json` from `NAME=PATH` arguments (NAME: the ConfigMap the job references in
+/// `spec.model.configMapRef`).
+pub fn model_configs_from_files(args: &[String]) -> Result<BTreeMap<String, String>, ExplainError> {
+    files_by_config_map("--model-config", args)
+}
+
+fn files_by_config_map(
+    flag: &str,
+    args: &[String],
+) -> Result<BTreeMap<String, String>, ExplainError> {
     args.iter()
         .map(|a| {
             let (name, path) = a.split_once('=').ok_or_else(|| {
                 ExplainError::Manifest(format!(
-                    "--deepspeed-config {a}: use CONFIGMAP=PATH (the ConfigMap the job references)"
+                    "{flag} {a}: use CONFIGMAP=PATH (the ConfigMap the job references)"
                 ))
             })?;
             let text = std::fs::read_to_string(path)
@@ -280,28 +322,39 @@ pub async fn inputs_from_cluster(
         }
     }
     let mut deepspeed_configs = BTreeMap::new();
+    let mut model_configs = BTreeMap::new();
     for m in manifests {
-        let Some(r) = m.pointer("/spec/deepspeed/configMapRef") else {
-            continue;
-        };
-        let (Some(name), ns) = (
-            r.get("name").and_then(Value::as_str),
-            m.pointer("/metadata/namespace")
-                .and_then(Value::as_str)
-                .unwrap_or("default"),
-        ) else {
-            continue;
-        };
-        let key = r
-            .get("key")
-            .and_then(Value::as_str)
-            .unwrap_or(deepspeed::CONFIG_FILE_NAME);
-        if let Some(cm) = Api::<ConfigMap>::namespaced(client.clone(), ns)
-            .get_opt(name)
-            .await?
-            && let Some(text) = cm.data.as_ref().and_then(|d| d.get(key))
-        {
-            deepspeed_configs.insert(name.to_string(), text.clone());
+        for (pointer, default_key, into) in [
+            (
+                "/spec/deepspeed/configMapRef",
+                deepspeed::CONFIG_FILE_NAME,
+                &mut deepspeed_configs,
+            ),
+            (
+                "/spec/model/configMapRef",
+                MODEL_CONFIG_KEY,
+                &mut model_configs,
+            ),
+        ] {
+            let Some(r) = m.pointer(pointer) else {
+                continue;
+            };
+            let (Some(name), ns) = (
+                r.get("name").and_then(Value::as_str),
+                m.pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    .unwrap_or("default"),
+            ) else {
+                continue;
+            };
+            let key = r.get("key").and_then(Value::as_str).unwrap_or(default_key);
+            if let Some(cm) = Api::<ConfigMap>::namespaced(client.clone(), ns)
+                .get_opt(name)
+                .await?
+                && let Some(text) = cm.data.as_ref().and_then(|d| d.get(key))
+            {
+                into.insert(name.to_string(), text.clone());
+            }
         }
     }
     Ok(Inputs {
@@ -314,5 +367,6 @@ pub async fn inputs_from_cluster(
             ..MemoryView::default()
         },
         deepspeed_configs,
+        model_configs,
     })
 }

@@ -28,8 +28,8 @@ use offload_api::api::TrainingJob;
 pub use candidates::{Candidate, CandidateMemory};
 pub use inputs::{
     Inputs, claim_templates_from_files, deepspeed_configs_from_files, inputs_from_cluster,
-    node_from_report, profiles_from_files, read_manifests, slices_from_files, with_node_memory,
-    with_slices,
+    model_configs_from_files, node_from_report, profiles_from_files, read_manifests,
+    slices_from_files, with_node_memory, with_slices,
 };
 pub use text::to_text;
 
@@ -224,7 +224,13 @@ fn decided(
     inputs: &Inputs,
 ) -> Result<(Resolution, Option<Value>), crate::decision::Unresolved> {
     let config = inputs.user_config(tj);
-    let res = decide(tj, config.as_ref().map(Option::as_ref), &inputs.view)?;
+    let model = inputs.model_config(tj);
+    let res = decide(
+        tj,
+        config.as_ref().map(Option::as_ref),
+        model.as_ref().map(Option::as_ref),
+        &inputs.view,
+    )?;
     Ok((res, config.ok().flatten().map(|c| c.json)))
 }
 

@@ -15,6 +15,7 @@ fn inputs(reports: &[(&str, &str)]) -> Inputs {
         .map(|(name, fixture)| NodeInfo::from_report(*name, &NodeReport::parse(fixture).unwrap()))
         .collect();
     Inputs {
+        model_configs: BTreeMap::new(),
         view: MemoryView {
             render: RenderOptions {
                 guard_image: Some("agent:1".into()),
@@ -286,4 +287,40 @@ spec:
         "{}",
         e.message
     );
+}
+
+#[test]
+fn a_model_config_file_sizes_the_job_and_unchecked_host_memory_is_said() {
+    let job = JOB.replace(
+        "  deepspeed: {configMapRef: {name: ds}}",
+        "  deepspeed: {configMapRef: {name: ds}}\n  model: {configMapRef: {name: m}, tokensPerStep: 2048}",
+    );
+    let manifests = read_manifests(&job).unwrap();
+    // Without the model's ConfigMap, explain says which one it needs.
+    let e = explain(
+        &manifests[0],
+        &inputs(&[("h200-0", fixtures::H200_READING)]),
+        false,
+    )
+    .unwrap();
+    assert!(!e.resolved);
+    assert!(
+        e.message
+            .contains("ConfigMap \"m\" (spec.model.configMapRef) was not given (--model-config)"),
+        "{}",
+        e.message
+    );
+    let mut with_model = inputs(&[("h200-0", fixtures::H200_READING)]);
+    with_model.model_configs.insert(
+        "m".into(),
+        include_str!("../../hack/gpu/models/llama-8b.json").into(),
+    );
+    let e = explain(&manifests[0], &with_model, false).unwrap();
+    assert!(e.resolved, "{}", e.message);
+    assert_eq!(e.decision.as_ref().unwrap().mode, "Disabled");
+    // The recorded report states no allocatable memory and the pod no limit: host memory is
+    // not checked, and the reason says so instead of passing any figure silently.
+    let mode = e.reasons.iter().find(|r| r.field == "mode").unwrap();
+    assert!(mode.message.contains("not checked"), "{}", mode.message);
+    assert!(mode.message.contains("8.03B parameters"), "{}", mode.message);
 }

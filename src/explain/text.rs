@@ -13,7 +13,10 @@ fn memory_line(m: &CandidateMemory) -> String {
             g(m.host_bytes_per_pod),
             g(b)
         ),
-        None => format!("host {:.1} GiB per pod", g(m.host_bytes_per_pod)),
+        None => format!(
+            "host {:.1} GiB per pod (not checked: no node memory known; --node-memory NODE=SIZE checks it)",
+            g(m.host_bytes_per_pod)
+        ),
     };
     format!(
         "{}: GPU {:.1} of {:.1} GiB, {host}{}",

@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::decision::{ModelConfigError, ModelShape};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::DefaultBodyLimit;
@@ -89,6 +90,32 @@ pub enum ConfigSource {
 /// How long a TrainingJob review waits for its DeepSpeed ConfigMap before deciding without it.
 const CONFIG_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// The text of key `key` of ConfigMap `name` in the review's namespace: `Ok(None)` when the
+/// ConfigMap or the key is absent, `Err` when it could not be read in time.
+async fn config_map_text(
+    source: &ConfigSource,
+    req: &AdmissionRequest<DynamicObject>,
+    name: &str,
+    key: &str,
+) -> Result<Option<String>, String> {
+    match source {
+        ConfigSource::None => Err("the webhook reads no ConfigMaps".into()),
+        ConfigSource::Memory(configs) => Ok(configs.get(name).cloned()),
+        ConfigSource::Api(client) => {
+            let ns = req.namespace.as_deref().unwrap_or("default");
+            let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+                kube::Api::namespaced(client.clone(), ns);
+            let cm = tokio::time::timeout(CONFIG_READ_TIMEOUT, api.get_opt(name))
+                .await
+                .map_err(|_| {
+                    format!("no answer from the API server within {CONFIG_READ_TIMEOUT:?}")
+                })?
+                .map_err(|e| e.to_string())?;
+            Ok(cm.and_then(|cm| cm.data?.get(key).cloned()))
+        }
+    }
+}
+
 /// The DeepSpeed config a TrainingJob under review references, when it exists, can be read in
 /// time and parses. Anything else is left to the controller, which holds the job with the
 /// reason (the user may still fix the ConfigMap).
@@ -103,21 +130,62 @@ async fn referenced_config(
         .get("key")
         .and_then(serde_json::Value::as_str)
         .unwrap_or(render::deepspeed::CONFIG_FILE_NAME);
-    let text = match source {
-        ConfigSource::None => return None,
-        ConfigSource::Memory(configs) => configs.get(&name)?.clone(),
-        ConfigSource::Api(client) => {
-            let ns = req.namespace.as_deref()?;
-            let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
-                kube::Api::namespaced(client.clone(), ns);
-            let cm = tokio::time::timeout(CONFIG_READ_TIMEOUT, api.get_opt(&name))
-                .await
-                .ok()?
-                .ok()??;
-            cm.data.as_ref()?.get(key)?.clone()
-        }
-    };
+    let text = config_map_text(source, req, &name, key).await.ok()??;
     crate::decision::UserConfig::parse(&text, &name).ok()
+}
+
+/// The model `config.json` the object under review references — a TrainingJob's
+/// `spec.model.configMapRef`, another kind's annotation `offload.dev/model-config` — read and
+/// parsed; `Ok(None)` when it references none.
+async fn referenced_model(
+    source: &ConfigSource,
+    req: &AdmissionRequest<DynamicObject>,
+    training_job: bool,
+) -> Result<Option<ModelShape>, ModelConfigError> {
+    use crate::decision::model_config;
+    let Some(obj) = req.object.as_ref() else {
+        return Ok(None);
+    };
+    let (name, key, what) = if training_job {
+        let Some(r) = obj.data.pointer("/spec/model/configMapRef") else {
+            return Ok(None);
+        };
+        let Some(name) = r.get("name").and_then(serde_json::Value::as_str) else {
+            return Ok(None);
+        };
+        let key = r
+            .get("key")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or(crate::decision::MODEL_CONFIG_KEY);
+        (name.to_string(), key.to_string(), "spec.model.configMapRef")
+    } else {
+        let Some(name) = obj
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(offload_api::names::ANNOTATION_MODEL_CONFIG))
+        else {
+            return Ok(None);
+        };
+        (
+            name.clone(),
+            crate::decision::MODEL_CONFIG_KEY.to_string(),
+            "annotation offload.dev/model-config",
+        )
+    };
+    let namespace = req.namespace.clone().unwrap_or_else(|| "default".into());
+    match config_map_text(source, req, &name, &key).await {
+        Err(detail) => Err(ModelConfigError::Unreadable { name, detail }),
+        Ok(None) => Err(ModelConfigError::MissingConfigMap {
+            name,
+            namespace,
+            origin: what,
+        }),
+        Ok(Some(text)) => {
+            model_config::parse(&text, &format!("ConfigMap {name:?} key {key:?} ({what})"))
+                .map(Some)
+        }
+    }
 }
 
 type Handler = fn(&AdmissionRequest<DynamicObject>, &Review) -> Verdict;
@@ -257,15 +325,20 @@ async fn handle(
         Ok(r) => r,
         Err(e) => return bad_request(format!("the AdmissionReview has no usable request: {e}")),
     };
-    let config = match endpoint {
-        "validate-trainingjob" | "mutate-trainingjob" => {
-            referenced_config(&state.configs, &req).await
-        }
-        _ => None,
+    let training_job = matches!(endpoint, "validate-trainingjob" | "mutate-trainingjob");
+    let config = if training_job {
+        referenced_config(&state.configs, &req).await
+    } else {
+        None
+    };
+    let model_config = match endpoint {
+        "validate-offloadprofile" => Ok(None),
+        _ => referenced_model(&state.configs, &req, training_job).await,
     };
     let review = Review {
         view: state.view.as_ref(),
         config,
+        model_config,
     };
     // A bug in a handler answers this request with a denial that keeps its uid, instead of
     // dropping the connection (the API server would report an unknown reason).

@@ -84,6 +84,29 @@ pub const ANNOTATION_HIDDEN_SIZE: &str = "offload.dev/hidden-size";
 pub const ANNOTATION_LAYERS: &str = "offload.dev/layers";
 /// Annotation on other job kinds and Pods: the model's vocabulary size.
 pub const ANNOTATION_VOCAB_SIZE: &str = "offload.dev/vocab-size";
+/// Annotation on other job kinds and Pods: the model's MLP (intermediate) size.
+pub const ANNOTATION_INTERMEDIATE_SIZE: &str = "offload.dev/intermediate-size";
+/// Annotation on other job kinds and Pods: the model's attention (query) heads.
+pub const ANNOTATION_ATTENTION_HEADS: &str = "offload.dev/attention-heads";
+/// Annotation on other job kinds and Pods: the model's key/value heads.
+pub const ANNOTATION_KEY_VALUE_HEADS: &str = "offload.dev/key-value-heads";
+/// Annotation on other job kinds and Pods: the width of one attention head.
+pub const ANNOTATION_HEAD_DIM: &str = "offload.dev/head-dim";
+/// Annotation on other job kinds and Pods: `true` where input and output embeddings are tied.
+pub const ANNOTATION_TIED_EMBEDDINGS: &str = "offload.dev/tied-embeddings";
+/// Annotation on other job kinds and Pods: `Llama` or `GPT`, how the blocks are built.
+pub const ANNOTATION_ARCHITECTURE: &str = "offload.dev/architecture";
+/// Annotation on other job kinds and Pods: routed experts per MoE layer.
+pub const ANNOTATION_EXPERTS: &str = "offload.dev/experts";
+/// Annotation on other job kinds and Pods: experts each token is routed to.
+pub const ANNOTATION_EXPERTS_PER_TOKEN: &str = "offload.dev/experts-per-token";
+/// Annotation on other job kinds and Pods: shared experts every token goes through.
+pub const ANNOTATION_SHARED_EXPERTS: &str = "offload.dev/shared-experts";
+/// Annotation on other job kinds and Pods: the MLP size of one expert.
+pub const ANNOTATION_EXPERT_INTERMEDIATE_SIZE: &str = "offload.dev/expert-intermediate-size";
+/// Annotation on other job kinds and Pods: a ConfigMap in the object's namespace holding the
+/// model's `config.json` (key `config.json`), as `spec.model.configMapRef` of a TrainingJob.
+pub const ANNOTATION_MODEL_CONFIG: &str = "offload.dev/model-config";
 /// Annotation on other job kinds and Pods: `true` where the training code recomputes
 /// activations in backward.
 pub const ANNOTATION_ACTIVATION_CHECKPOINTING: &str = "offload.dev/activation-checkpointing";

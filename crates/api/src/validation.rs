@@ -40,6 +40,19 @@ fn dns_subdomain(name: &str) -> bool {
         })
 }
 
+/// An object name as most kinds take it (ConfigMaps, Kueue's LocalQueues): a DNS-1123
+/// subdomain — at most 253 characters of dot-separated lowercase labels of letters, digits and
+/// `-`, each starting and ending with a letter or digit.
+pub fn object_name(name: &str) -> Result<(), String> {
+    if dns_subdomain(name) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a DNS-1123 subdomain (at most 253 characters of lowercase letters, digits, '-' and '.', starting and ending with a letter or digit)"
+        ))
+    }
+}
+
 /// The name part of a label key or value: at most 63 characters of letters, digits, `-`, `_`
 /// and `.`, starting and ending with a letter or digit.
 fn qualified_name(name: &str) -> bool {

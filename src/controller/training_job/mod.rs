@@ -24,7 +24,9 @@ use serde_json::json;
 use super::conditions::{self, OFFLOAD_RESOLVED};
 use super::workload::{build_workload, decision_status};
 use super::{Context, Error, kube_err};
-use crate::decision::{ConfigError, UserConfig, decide, opted_in};
+use crate::decision::{
+    ConfigError, MODEL_CONFIG_KEY, ModelConfigError, ModelShape, UserConfig, decide, opted_in,
+};
 use crate::metrics::DecisionLabels;
 use crate::render::{self, deepspeed};
 use offload_api::api::{ConfigMapKeyRef, JobPhase, TrainingJob, TrainingJobStatus};
@@ -144,7 +146,13 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
     }
 
     let config = read_deepspeed_config(tj, ctx).await?;
-    let res = match decide(tj, config.as_ref().map(Option::as_ref), &ctx.view) {
+    let model = read_model_config(tj, ctx).await?;
+    let res = match decide(
+        tj,
+        config.as_ref().map(Option::as_ref),
+        model.as_ref().map(Option::as_ref),
+        &ctx.view,
+    ) {
         Ok(res) => res,
         Err(why) => {
             record_unresolved(tj, ctx, &why).await?;
@@ -301,6 +309,43 @@ async fn run_without_offload(tj: &TrainingJob, ctx: &Context) -> Result<Action, 
     );
     workload_created(ctx, tj, message).await;
     Ok(Action::await_change())
+}
+
+/// Reads the model's `config.json` ConfigMap, if referenced (`spec.model.configMapRef`): its
+/// shape, or what is wrong with it (an API error is the reconcile's to retry).
+async fn read_model_config(
+    tj: &TrainingJob,
+    ctx: &Context,
+) -> Result<Result<Option<ModelShape>, ModelConfigError>, Error> {
+    let Some(ConfigMapKeyRef { name, key }) = tj
+        .spec
+        .model
+        .as_ref()
+        .and_then(|m| m.config_map_ref.clone())
+    else {
+        return Ok(Ok(None));
+    };
+    let key = key.unwrap_or_else(|| MODEL_CONFIG_KEY.to_string());
+    let ns = tj.namespace().unwrap_or_default();
+    let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
+    let Some(cm) = cms
+        .get_opt(&name)
+        .await
+        .map_err(kube_err("reading the model's ConfigMap"))?
+    else {
+        return Ok(Err(ModelConfigError::MissingConfigMap {
+            name,
+            namespace: ns,
+            origin: "spec.model.configMapRef",
+        }));
+    };
+    let Some(text) = cm.data.as_ref().and_then(|d| d.get(&key)) else {
+        return Ok(Err(ModelConfigError::MissingKey { name, key }));
+    };
+    Ok(
+        crate::decision::model_config::parse(text, &format!("ConfigMap {name:?} key {key:?}"))
+            .map(Some),
+    )
 }
 
 /// Reads the user's DeepSpeed ConfigMap, if referenced: the parsed config, or what is wrong

@@ -7,7 +7,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use crate::controller::Context;
 use crate::decision::{opted_in, profile_name_for};
-use offload_api::api::TrainingJob;
+use offload_api::api::{ConfigMapKeyRef, TrainingJob};
 use offload_api::names;
 use offload_api::observed::ObservedSummary;
 
@@ -89,7 +89,7 @@ pub fn jobs_for_observation(ctx: &Context, node: &Node) -> Vec<ObjectRef<Guarded
     refs
 }
 
-/// Unresolved jobs in `namespace` whose DeepSpeed config is the ConfigMap `name`, for
+/// Unresolved jobs in `namespace` whose DeepSpeed config or model `config.json` is the ConfigMap `name`, for
 /// re-triggering when the user fixes it.
 pub fn jobs_for_config_map(
     ctx: &Context,
@@ -97,13 +97,19 @@ pub fn jobs_for_config_map(
     name: &str,
 ) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
     waiting_jobs(ctx, |tj| {
+        let named = |r: Option<&ConfigMapKeyRef>| r.is_some_and(|r| r.name == name);
         tj.metadata.namespace.as_deref() == Some(namespace)
-            && tj
-                .spec
-                .deepspeed
-                .as_ref()
-                .and_then(|d| d.config_map_ref.as_ref())
-                .is_some_and(|r| r.name == name)
+            && (named(
+                tj.spec
+                    .deepspeed
+                    .as_ref()
+                    .and_then(|d| d.config_map_ref.as_ref()),
+            ) || named(
+                tj.spec
+                    .model
+                    .as_ref()
+                    .and_then(|m| m.config_map_ref.as_ref()),
+            ))
     })
 }
 

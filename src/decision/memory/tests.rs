@@ -1,6 +1,11 @@
-//! The memory model against what was measured and against DeepSpeed's own estimator.
+//! The memory model against what was measured on the H200 and against DeepSpeed's own
+//! estimator. Measured: `docs/benchmarks/raw/2026-12-01-h200-arch/` (Hugging Face decoders,
+//! `hack/gpu/hf-bench.sh`) and `docs/benchmarks/raw/2026-12-01-h200/` (the bench's own GPT
+//! decoder, `hack/gpu/memory-bench.sh`).
 
 use super::*;
+use crate::decision::shape::tests::model;
+use crate::decision::shape::{Block, ModelShape};
 
 /// The H200 of the measurements: 150,754,820,096 bytes of HBM (NVML), 125 GiB of host memory.
 fn h200() -> ClassMemory {
@@ -12,34 +17,395 @@ fn h200() -> ClassMemory {
     }
 }
 
-/// The benchmark's decoder (`hack/gpu/ds_step.py`): vocabulary 32000, micro-batch 4 × 512.
-fn bench_job(parameters: f64, hidden: f64, layers: f64) -> JobMemory {
+fn job(shape: ModelShape, tokens: f64) -> JobMemory {
     JobMemory {
-        parameters,
+        parameters: shape.parameters(),
+        shape,
+        tokens: Some(tokens),
+        checkpointing: false,
         ranks: 1,
         gpus_per_pod: 1,
         pods: 1,
         sharding: Sharding::Zero(3),
         value_bytes: 2.0,
-        activations: Activations::Shape {
-            tokens: 2048.0,
-            hidden,
-            layers,
-            vocab: 32000.0,
-            checkpointing: false,
-        },
         pod_memory_limit: None,
         sub_group_size: None,
     }
 }
 
-/// Peak GPU memory allocated and peak host RSS of every run that trained on the H200
-/// (docs/benchmarks/raw/2026-12-01-h200/call{1,2,3}-memory.jsonl): ZeRO-3, bf16, AdamW,
-/// micro-batch 4 × 512, `deepspeed.zero.Init`. Partial shares are the share DeepSpeed offloaded
-/// (its whole sub-groups for the ratio and `sub_group_size` written, worked out from the
-/// model's parameter list), so this checks the model itself; the decision checks the
-/// written ratio with its granularity on top (`the_ratio_written_is_checked_with_its_granularity`).
-const MEASURED: &[(&str, f64, f64, f64, Placement, f64, f64)] = &[
+/// The bench's GPT decoder (`hack/gpu/ds_step.py`): LayerNorm, GELU MLP of 4 × the width,
+/// 128-wide heads, vocabulary 32000, micro-batch 4 × 512.
+fn gpt(hidden: f64, layers: f64) -> ModelShape {
+    let heads = hidden / 128.0;
+    ModelShape {
+        block: Block::Plain,
+        hidden,
+        layers,
+        intermediate: 4.0 * hidden,
+        heads,
+        kv_heads: heads,
+        head_dim: 128.0,
+        vocab: 32000.0,
+        tied: false,
+        attention_bias: true,
+        positions: 0.0,
+        experts: None,
+        known: true,
+    }
+}
+
+fn bench_job(parameters: f64, hidden: f64, layers: f64) -> JobMemory {
+    let mut j = job(gpt(hidden, layers), 2048.0);
+    assert!(
+        (j.parameters - parameters).abs() < 1.0,
+        "{} {parameters}",
+        j.parameters
+    );
+    j.parameters = parameters;
+    j
+}
+
+/// What was placed on the host: the share DeepSpeed offloaded, from the ratio and sub-group
+/// size written (its whole sub-groups, [`crate::decision::shape::offloaded_share`]).
+#[derive(Clone, Copy, Debug)]
+enum Run {
+    None,
+    Partial(f64, f64),
+    Opt,
+    OptPar,
+}
+
+/// Every Hugging Face run on the H200 (call1/call2-memory.jsonl of
+/// docs/benchmarks/raw/2026-12-01-h200-arch): the model, what was offloaded, tokens per
+/// micro-batch, the peak GPU memory allocated, the process's peak RSS, and whether it trained
+/// (one ran out of GPU memory).
+const MEASURED_HF: &[(&str, Run, f64, f64, f64, bool)] = &[
+    (
+        "qwen-1.5b",
+        Run::None,
+        2048.0,
+        35_500_068_352.0,
+        4_643_328_000.0,
+        true,
+    ),
+    (
+        "qwen-1.5b",
+        Run::None,
+        4096.0,
+        45_153_873_408.0,
+        4_643_328_000.0,
+        true,
+    ),
+    (
+        "llama-3b",
+        Run::None,
+        2048.0,
+        63_199_527_936.0,
+        7_981_453_312.0,
+        true,
+    ),
+    (
+        "llama-3b",
+        Run::None,
+        4096.0,
+        73_924_304_384.0,
+        7_981_453_312.0,
+        true,
+    ),
+    (
+        "mistral-7b",
+        Run::None,
+        2048.0,
+        130_951_541_760.0,
+        16_040_316_928.0,
+        true,
+    ),
+    (
+        "mistral-7b",
+        Run::None,
+        4096.0,
+        144_967_540_224.0,
+        16_040_316_928.0,
+        true,
+    ),
+    (
+        "llama-8b",
+        Run::None,
+        1024.0,
+        137_742_894_080.0,
+        17_617_969_152.0,
+        true,
+    ),
+    (
+        "llama-8b",
+        Run::None,
+        2048.0,
+        145_934_119_936.0,
+        17_617_969_152.0,
+        true,
+    ),
+    (
+        "qwen-7b",
+        Run::None,
+        1024.0,
+        131_297_404_416.0,
+        16_787_935_232.0,
+        true,
+    ),
+    (
+        "qwen-7b",
+        Run::None,
+        2048.0,
+        139_662_472_704.0,
+        16_787_935_232.0,
+        true,
+    ),
+    (
+        "neox-7b",
+        Run::None,
+        2048.0,
+        121_746_218_496.0,
+        15_271_473_152.0,
+        true,
+    ),
+    (
+        "neox-7b",
+        Run::None,
+        4096.0,
+        132_692_467_200.0,
+        15_271_473_152.0,
+        true,
+    ),
+    (
+        "mixtral-5b",
+        Run::None,
+        2048.0,
+        84_204_004_864.0,
+        11_074_564_096.0,
+        true,
+    ),
+    (
+        "mixtral-5b",
+        Run::None,
+        4096.0,
+        88_843_604_992.0,
+        11_074_564_096.0,
+        true,
+    ),
+    (
+        "llama-3b",
+        Run::Opt,
+        4096.0,
+        28_943_269_376.0,
+        65_298_993_152.0,
+        true,
+    ),
+    (
+        "qwen-1.5b",
+        Run::Partial(0.05, 1.6e7),
+        4096.0,
+        47_581_207_040.0,
+        10_469_818_368.0,
+        true,
+    ),
+    (
+        "qwen-1.5b",
+        Run::Opt,
+        4096.0,
+        23_542_213_120.0,
+        35_638_317_056.0,
+        true,
+    ),
+    (
+        "qwen-1.5b",
+        Run::OptPar,
+        4096.0,
+        22_476_204_544.0,
+        42_310_828_032.0,
+        true,
+    ),
+    // Ran out of GPU memory at its first step (with 1.61 GiB reserved but unallocated).
+    (
+        "mistral-7b",
+        Run::Partial(0.05, 7.3e7),
+        4096.0,
+        146_853_287_936.0,
+        37_236_183_040.0,
+        false,
+    ),
+    (
+        "mistral-7b",
+        Run::Partial(0.14, 7.3e7),
+        4096.0,
+        141_515_779_584.0,
+        43_074_977_792.0,
+        true,
+    ),
+    (
+        "mistral-7b",
+        Run::Partial(0.3, 7.3e7),
+        4096.0,
+        124_066_819_584.0,
+        56_973_045_760.0,
+        true,
+    ),
+    (
+        "llama-10b",
+        Run::Partial(0.45, 1.08e8),
+        2048.0,
+        136_855_389_696.0,
+        126_135_250_944.0,
+        true,
+    ),
+    // The operator's own choices and smallest shares, rendered by `explain` (call3).
+    (
+        "mistral-7b",
+        Run::Partial(0.11, 7.3e7),
+        4096.0,
+        145_005_571_584.0,
+        41_127_780_352.0,
+        true,
+    ),
+    (
+        "llama-8b",
+        Run::Partial(0.08, 8.1e7),
+        2048.0,
+        145_764_331_520.0,
+        43_946_786_816.0,
+        true,
+    ),
+    (
+        "llama-10b",
+        Run::Partial(0.41, 1.08e8),
+        2048.0,
+        143_834_973_696.0,
+        118_216_241_152.0,
+        true,
+    ),
+    (
+        "mistral-7b",
+        Run::Partial(0.35, 7.3e7),
+        8192.0,
+        145_118_866_944.0,
+        64_353_845_248.0,
+        true,
+    ),
+    (
+        "llama-8b",
+        Run::Partial(0.23, 8.1e7),
+        4096.0,
+        143_662_870_016.0,
+        56_716_750_848.0,
+        true,
+    ),
+];
+
+fn hf_estimate(name: &str, run: Run, tokens: f64) -> (JobMemory, Estimate, Fit) {
+    let mut j = job(model(name), tokens);
+    let (placement, est) = match run {
+        Run::None => (Placement::NoOffload, None),
+        Run::Opt => (Placement::Optimizer, None),
+        Run::OptPar => (Placement::OptimizerAndParams, None),
+        Run::Partial(r, g) => {
+            j.sub_group_size = Some(g);
+            (Placement::PartialOptimizer(r), Some(()))
+        }
+    };
+    let (e, f) = if est.is_some() {
+        j.estimate_checked(placement, &h200())
+    } else {
+        let e = j.estimate(placement, &h200());
+        let f = j.fits(&e, &h200());
+        (e, f)
+    };
+    (j, e, f)
+}
+
+#[test]
+fn gpu_estimates_of_the_hugging_face_decoders_are_never_under_nor_5_percent_over() {
+    for &(name, run, tokens, gpu, _, ran) in MEASURED_HF {
+        if !ran {
+            continue;
+        }
+        let (_, est, _) = hf_estimate(name, run, tokens);
+        let err = est.gpu / gpu - 1.0;
+        assert!(
+            (0.0..=0.05).contains(&err),
+            "{name} {run:?} {tokens}: GPU estimate {} against {} measured ({:+.2}%)",
+            gib(est.gpu),
+            gib(gpu),
+            err * 100.0
+        );
+    }
+}
+
+#[test]
+fn host_estimates_are_never_under_the_measured_peak() {
+    for &(name, run, tokens, _, host, ran) in MEASURED_HF {
+        if !ran {
+            continue;
+        }
+        let (_, est, _) = hf_estimate(name, run, tokens);
+        let err = est.host_per_pod / host - 1.0;
+        // Whole offload within 6 %, a partial share within 30 % (pinned buffers per sub-group
+        // vary with the sub-groups' sizes).
+        let max = if matches!(run, Run::Partial(..)) {
+            0.30
+        } else {
+            0.06
+        };
+        assert!(
+            (0.0..=max).contains(&err),
+            "{name} {run:?}: host estimate {} against {} measured ({:+.1}%)",
+            gib(est.host_per_pod),
+            gib(host),
+            err * 100.0
+        );
+    }
+}
+
+#[test]
+fn what_trained_fits_and_what_ran_out_of_memory_does_not() {
+    for &(name, run, tokens, _, _, ran) in MEASURED_HF {
+        let (_, est, fit) = hf_estimate(name, run, tokens);
+        assert_eq!(
+            fit.ok(),
+            ran,
+            "{name} {run:?} {tokens}: {} of {}",
+            gib(est.gpu),
+            gib(h200().gpu_budget())
+        );
+    }
+}
+
+#[test]
+fn a_small_partial_share_costs_more_gpu_memory_than_it_frees() {
+    // Mistral-7B at 4096 tokens: no offload needs 135.0 GiB (it trained); 5 % offloaded ran
+    // out of memory; 14 % needs about as much as no offload.
+    let j = job(model("mistral-7b"), 4096.0);
+    let none = j.estimate(Placement::NoOffload, &h200());
+    for share in [0.01, 0.05, 0.1] {
+        let part = j.estimate(Placement::PartialOptimizer(share), &h200());
+        assert!(
+            part.gpu > none.gpu,
+            "{share}: {} vs {}",
+            gib(part.gpu),
+            gib(none.gpu)
+        );
+    }
+    // It pays from about an eighth of the state on.
+    let eighth = j.estimate(Placement::PartialOptimizer(0.2), &h200());
+    assert!(eighth.gpu < none.gpu);
+    // The smallest ratio that fits is never one that costs more than no offload.
+    let big = job(model("llama-10b"), 2048.0);
+    let (r, est) = big
+        .smallest_ratio(&h200(), 0.05)
+        .expect("a share fits the 10.7B");
+    assert!(est.gpu < big.estimate(Placement::NoOffload, &h200()).gpu);
+    assert!((0.35..=0.45).contains(&r), "{r}");
+}
+
+const MEASURED_GPT: &[(&str, f64, f64, f64, Placement, f64, f64)] = &[
     // (run, parameters, hidden, layers, placement, GPU peak, host peak)
     (
         "1b none",
@@ -179,28 +545,23 @@ const MEASURED: &[(&str, f64, f64, f64, Placement, f64, f64)] = &[
 ];
 
 #[test]
-fn estimates_are_never_under_what_was_measured_nor_more_than_a_quarter_over() {
-    for &(run, p, h, l, placement, gpu, host) in MEASURED {
+fn gpt_estimates_are_never_under_what_was_measured_nor_a_quarter_over() {
+    for &(run, p, h, l, placement, gpu, host) in MEASURED_GPT {
         let est = bench_job(p, h, l).estimate(placement, &h200());
-        assert!(
-            est.gpu >= gpu && est.gpu <= 1.25 * gpu,
-            "{run}: GPU estimate {} against {} measured ({:+.1}%)",
-            gib(est.gpu),
-            gib(gpu),
-            (est.gpu / gpu - 1.0) * 100.0
-        );
-        assert!(
-            est.host_per_pod >= host && est.host_per_pod <= 1.25 * host,
-            "{run}: host estimate {} against {} measured ({:+.1}%)",
-            gib(est.host_per_pod),
-            gib(host),
-            (est.host_per_pod / host - 1.0) * 100.0
-        );
+        for (what, e, m) in [("GPU", est.gpu, gpu), ("host", est.host_per_pod, host)] {
+            assert!(
+                e >= m && e <= 1.25 * m,
+                "{run}: {what} estimate {} against {} measured ({:+.1}%)",
+                gib(e),
+                gib(m),
+                (e / m - 1.0) * 100.0
+            );
+        }
     }
 }
 
 #[test]
-fn what_ran_fits_and_what_ran_out_of_memory_does_not() {
+fn the_gpt_runs_that_ran_out_of_memory_do_not_fit() {
     // 9.1B without offload: CUDA out of memory at 135 GiB allocated.
     let nine = bench_job(9_122_865_152.0, 4096.0, 44.0);
     let none = nine.estimate(Placement::NoOffload, &h200());
@@ -211,19 +572,9 @@ fn what_ran_fits_and_what_ran_out_of_memory_does_not() {
         let est = nine.estimate(placement, &h200());
         assert!(!nine.fits(&est, &h200()).host, "{placement}");
     }
-    // What fits is a partial offload a little above the 0.25 that ran (granularity and
-    // safety), and far below what the host could not hold.
+    // What fits is a partial offload near the 0.25 that ran at 132.5 GiB.
     let (ratio, _) = nine.smallest_ratio(&h200(), 0.05).expect("a ratio fits");
-    assert!((0.25..=0.4).contains(&ratio), "{ratio}");
-    // 1.1B and 3.8B fit without offload (24 and 65 GiB measured).
-    for (p, h, l) in [
-        (1_138_241_536.0, 2048.0, 20.0),
-        (3_821_770_752.0, 3072.0, 32.0),
-    ] {
-        let job = bench_job(p, h, l);
-        let est = job.estimate(Placement::NoOffload, &h200());
-        assert!(job.fits(&est, &h200()).ok(), "{p}");
-    }
+    assert!((0.2..=0.3).contains(&ratio), "{ratio}");
 }
 
 /// DeepSpeed's `estimate_zero3_model_states_mem_needs` (zero_init) and
@@ -309,8 +660,9 @@ const DEEPSPEED_ESTIMATOR: &[(f64, u8, u64, Placement, f64, f64)] = &[
 /// Where the model states of a placement are offloaded, the GPU estimate is never under
 /// DeepSpeed's own. Without offload it counts the fp32 gradients one optimizer sub-group at a
 /// time, as measured, where DeepSpeed counts all of them: never more than a tenth under it.
-/// DeepSpeed sizes the host with a 1.5× buffer factor where 1.2–1.4× was measured: never more
-/// than 5 % under it.
+/// DeepSpeed sizes the host with a 1.5× buffer factor that the measured peaks do not reach
+/// (6.7B, all optimizer state offloaded: 131.6 GB measured, 150 GB by its estimator): never
+/// more than a quarter under it.
 #[test]
 fn model_states_alone_are_never_under_deepspeeds_own_estimator() {
     for &(p, stage, gpus, placement, ds_gpu, ds_cpu) in DEEPSPEED_ESTIMATOR {
@@ -318,18 +670,9 @@ fn model_states_alone_are_never_under_deepspeeds_own_estimator() {
             parameters: p,
             ranks: gpus,
             gpus_per_pod: gpus,
-            pods: 1,
             sharding: Sharding::Zero(stage),
-            value_bytes: 2.0,
-            activations: Activations::Shape {
-                tokens: 0.0,
-                hidden: 4096.0,
-                layers: 32.0,
-                vocab: 32000.0,
-                checkpointing: false,
-            },
-            pod_memory_limit: None,
-            sub_group_size: None,
+            tokens: Some(0.0),
+            ..job(gpt(4096.0, 32.0), 0.0)
         };
         let est = job.estimate(placement, &h200());
         let floor = if placement == Placement::NoOffload {
@@ -346,7 +689,7 @@ fn model_states_alone_are_never_under_deepspeeds_own_estimator() {
         // DeepSpeed's CPU figure without offload is the model's construction, not state.
         if placement != Placement::NoOffload {
             assert!(
-                est.host_per_pod >= 0.95 * ds_cpu,
+                est.host_per_pod >= 0.75 * ds_cpu,
                 "{p} ZeRO-{stage} {placement}: host {} < DeepSpeed's {}",
                 gib(est.host_per_pod),
                 gib(ds_cpu)
@@ -357,7 +700,7 @@ fn model_states_alone_are_never_under_deepspeeds_own_estimator() {
 
 #[test]
 fn sharding_divides_state_over_the_ranks() {
-    let one = bench_job(8e9, 4096.0, 32.0);
+    let one = job(model("llama-8b"), 2048.0);
     let eight = one.with_ranks(8);
     let c = h200();
     let a = one.estimate(Placement::NoOffload, &c);
@@ -389,34 +732,15 @@ fn sharding_divides_state_over_the_ranks() {
 #[test]
 fn activations_grow_with_tokens_and_shrink_with_checkpointing() {
     let c = h200();
-    let job = bench_job(8e9, 4096.0, 32.0);
-    let base = job.activation_bytes(&c);
-    let twice = JobMemory {
-        activations: Activations::Shape {
-            tokens: 4096.0,
-            hidden: 4096.0,
-            layers: 32.0,
-            vocab: 32000.0,
-            checkpointing: false,
-        },
-        ..job.clone()
-    };
-    assert!((twice.activation_bytes(&c) / base - 2.0).abs() < 1e-9);
+    let j = job(model("llama-8b"), 2048.0);
+    let base = j.activation_bytes(&c);
+    assert!((j.with_tokens(4096.0).activation_bytes(&c) / base - 2.0).abs() < 1e-9);
     let ckpt = JobMemory {
-        activations: Activations::Shape {
-            tokens: 2048.0,
-            hidden: 4096.0,
-            layers: 32.0,
-            vocab: 32000.0,
-            checkpointing: true,
-        },
-        ..job.clone()
+        checkpointing: true,
+        ..j.clone()
     };
-    assert!(ckpt.activation_bytes(&c) < base / 5.0);
-    let unknown = JobMemory {
-        activations: Activations::Margin,
-        ..job
-    };
+    assert!(ckpt.activation_bytes(&c) < base / 3.0);
+    let unknown = JobMemory { tokens: None, ..j };
     assert!((unknown.activation_bytes(&c) - 0.1 * 150_754_820_096.0).abs() < 1.0);
 }
 
@@ -424,19 +748,53 @@ fn activations_grow_with_tokens_and_shrink_with_checkpointing() {
 fn the_smallest_ratio_grows_with_the_model_and_the_pod_limit_bounds_the_host() {
     let c = h200();
     let mut last = 0.0;
-    for p in [8e9, 9e9, 10e9] {
-        let job = bench_job(p, 4096.0, p / (12.0 * 4096.0 * 4096.0));
-        if let Some((r, _)) = job.smallest_ratio(&c, 0.05) {
-            assert!(r >= last, "{p}: {r} < {last}");
+    for layers in [40.0, 44.0, 48.0] {
+        let j = job(gpt(4096.0, layers), 2048.0);
+        if let Some((r, _)) = j.smallest_ratio(&c, 0.05) {
+            assert!(r >= last, "{layers}: {r} < {last}");
             last = r;
         }
     }
+    assert!(last > 0.0);
     // A pod limit below what the host state needs: no ratio fits.
     let limited = JobMemory {
         pod_memory_limit: Some(16 << 30),
         ..bench_job(9_122_865_152.0, 4096.0, 44.0)
     };
     assert!(limited.smallest_ratio(&c, 0.05).is_none());
+}
+
+#[test]
+fn the_budget_is_the_gpu_less_its_context_and_fragmentation() {
+    let budget = h200().gpu_budget();
+    // 136.2 GiB: above the 135.9 GiB allocated that trained, below the 136.9 GiB that ran out.
+    assert!(
+        budget > 145_934_119_936.0 && budget < 146_853_287_936.0,
+        "{}",
+        gib(budget)
+    );
+    let tiny = ClassMemory {
+        gpu_bytes: 1 << 30,
+        ..h200()
+    };
+    assert_eq!(tiny.gpu_budget(), 0.0);
+}
+
+#[test]
+fn a_choice_close_to_the_limit_says_what_would_widen_the_headroom() {
+    let j = job(model("llama-8b"), 2048.0);
+    let est = j.estimate(Placement::NoOffload, &h200());
+    let note = j
+        .close_to_limit(&est, &h200())
+        .expect("0.3 GiB left is close");
+    assert!(
+        note.contains("activation checkpointing") && note.contains("second GPU"),
+        "{note}"
+    );
+    let small = job(model("llama-3b"), 2048.0);
+    let est = small.estimate(Placement::NoOffload, &h200());
+    assert!(small.close_to_limit(&est, &h200()).is_none());
+    assert!(small.describe(&est, &h200()).contains("headroom"));
 }
 
 #[test]
@@ -447,11 +805,12 @@ fn figures_never_overflow_or_go_negative() {
         ..h200()
     };
     for p in [1.0, 1e15] {
-        let job = JobMemory {
+        let j = JobMemory {
+            parameters: p,
             ranks: u64::MAX,
             gpus_per_pod: u64::MAX,
             pods: u64::MAX,
-            ..bench_job(p, 1e6, 1e5)
+            ..job(gpt(1e6, 1e5), 1e12)
         };
         for placement in [
             Placement::NoOffload,
@@ -459,7 +818,7 @@ fn figures_never_overflow_or_go_negative() {
             Placement::Optimizer,
             Placement::OptimizerAndParams,
         ] {
-            let e = job.estimate(placement, &c);
+            let (e, _) = j.estimate_checked(placement, &c);
             for v in [e.gpu, e.host_per_pod] {
                 assert!(v.is_finite() && v >= 0.0, "{p} {placement}: {v}");
             }
@@ -475,22 +834,21 @@ fn the_operator_sub_group_size_is_about_a_hundredth_of_the_shard() {
     assert_eq!(operator_sub_group_size(9.1e9, 1), 91_000_000);
     assert_eq!(operator_sub_group_size(1e8, 1), 10_000_000);
     assert_eq!(operator_sub_group_size(1e12, 1), 1_000_000_000);
-    assert!((typical_width(8e9) - 4400.0).abs() < 100.0);
 }
 
-/// What the decision records for a partial ratio it writes — the GPU checked with the share
-/// that could stay there, the host with the share that could leave — against what those
-/// rendered configurations measured on the H200 (docs/benchmarks/raw/2026-12-01-h200/
+/// What the decision records for a partial ratio it wrote (its sub-groups walked) against what
+/// those rendered configurations measured on the H200 (docs/benchmarks/raw/2026-12-01-h200/
 /// call{2,3}-memory.jsonl): never under, never a quarter over.
 #[test]
-fn the_ratio_written_is_checked_with_its_granularity() {
-    for (run, p, h, l, ratio, gpu, host) in [
+fn the_ratio_written_is_checked_with_its_sub_groups() {
+    for (run, p, h, l, ratio, group, gpu, host) in [
         (
             "1b 0.05",
             1_138_241_536.0,
             2048.0,
             20.0,
             0.05,
+            12e6,
             23_193_328_640.0,
             8_896_479_232.0,
         ),
@@ -500,6 +858,7 @@ fn the_ratio_written_is_checked_with_its_granularity() {
             3072.0,
             32.0,
             0.05,
+            39e6,
             72_886_848_512.0,
             21_096_005_632.0,
         ),
@@ -509,6 +868,7 @@ fn the_ratio_written_is_checked_with_its_granularity() {
             4096.0,
             32.0,
             0.06,
+            68e6,
             124_536_460_288.0,
             36_471_554_048.0,
         ),
@@ -518,13 +878,16 @@ fn the_ratio_written_is_checked_with_its_granularity() {
             4096.0,
             44.0,
             0.35,
+            92e6,
             127_491_998_720.0,
             96_132_104_192.0,
         ),
     ] {
-        let (est, fit) =
-            bench_job(p, h, l).estimate_checked(Placement::PartialOptimizer(ratio), &h200());
-        assert!(fit.ok(), "{run}");
+        let j = JobMemory {
+            sub_group_size: Some(group),
+            ..bench_job(p, h, l)
+        };
+        let (est, _) = j.estimate_checked(Placement::PartialOptimizer(ratio), &h200());
         for (what, e, m) in [("GPU", est.gpu, gpu), ("host", est.host_per_pod, host)] {
             assert!(
                 e >= m && e <= 1.25 * m,

@@ -58,7 +58,7 @@ fn auto_ratio_is_the_smallest_share_that_fits_and_says_whether_the_cpu_keeps_up(
         why.starts_with(&format!("{}: the smallest share", res.ratio)),
         "the reason gives the value written: {why}"
     );
-    assert!(why.contains("GiB per GPU"), "{why}");
+    assert!(why.contains("each GPU can hold"), "{why}");
     // H200 reading: 1.2e9 params/s CPU, 3e14 FLOP/s GPU, 2048 tokens: the CPU updates about
     // 0.3% of the state within backward, far below the share written.
     assert!(why.contains("the CPU is the bottleneck"), "{why}");

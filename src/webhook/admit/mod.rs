@@ -11,7 +11,7 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use serde_json::Value;
 
-use crate::decision::{Resolution, UserConfig};
+use crate::decision::{ModelConfigError, ModelShape, Resolution, UserConfig};
 pub use crate::view::{AdmissionView, MemoryView, StoreView};
 
 pub use profile::validate_profile;
@@ -26,12 +26,18 @@ pub struct Review<'a> {
     pub view: &'a dyn AdmissionView,
     /// The TrainingJob's DeepSpeed config, when read.
     pub config: Option<UserConfig>,
+    /// The model `config.json` the object references, as read (`Ok(None)`: none).
+    pub model_config: Result<Option<ModelShape>, ModelConfigError>,
 }
 
 impl<'a> Review<'a> {
     /// A review against `view` with no config read.
     pub fn new(view: &'a dyn AdmissionView) -> Self {
-        Review { view, config: None }
+        Review {
+            view,
+            config: None,
+            model_config: Ok(None),
+        }
     }
 }
 

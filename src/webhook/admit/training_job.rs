@@ -13,7 +13,12 @@ use offload_api::names;
 
 /// The decision the controller will make for this job, from this review's view and config.
 fn decided(tj: &TrainingJob, review: &Review) -> Result<Resolution, Unresolved> {
-    decide(tj, Ok(review.config.as_ref()), review.view)
+    decide(
+        tj,
+        Ok(review.config.as_ref()),
+        review.model_config.as_ref().map(Option::as_ref),
+        review.view,
+    )
 }
 
 /// Validating TrainingJob: statically wrong requests are denied with what to change; problems

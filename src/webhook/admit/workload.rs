@@ -53,6 +53,13 @@ fn resolve_for_object(
     request.gpu_claim_entries = claims
         .map(|p| p.claims.into_keys().collect())
         .unwrap_or_default();
+    request.model_config = review.model_config.clone().map_err(|e| {
+        Box::new(Verdict::deny(
+            req,
+            "InvalidModelConfig",
+            format!("offload configuration cannot be resolved: {e}"),
+        ))
+    })?;
     decide_request(requested.as_deref(), &request, review.view).map_err(|e| {
         // The env of a pod template cannot change after creation, so an object that cannot be
         // configured now is refused rather than admitted with the wrong configuration.

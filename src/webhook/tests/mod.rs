@@ -3,6 +3,7 @@
 mod envelope;
 mod hostile;
 mod kinds;
+mod model_config;
 mod profiles;
 mod second_pass;
 mod training_jobs;

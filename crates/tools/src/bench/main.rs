@@ -10,7 +10,8 @@
 //!   burst: time to resolve every job, jobs/s, webhook latency, the operator's CPU, memory and
 //!   API requests per job;
 //! - `kueue`: a burst of TrainingJobs without Kueue and one in a Kueue queue, on a real node
-//!   that runs Kueue: creation → admitted and → running.
+//!   that runs Kueue: creation → admitted and → running;
+//! - `memory`: the memory model beside the peaks the GPU harness measured.
 
 mod admission;
 mod cluster;
@@ -19,6 +20,7 @@ mod controller;
 mod error;
 mod kueue;
 mod measure;
+mod memory;
 mod scale;
 mod webhook;
 
@@ -91,6 +93,21 @@ enum Command {
         #[arg(long, default_value_t = 500)]
         jobs: usize,
     },
+    /// The memory model beside the peaks `hack/gpu/hf-bench.sh` measured (offline).
+    Memory {
+        /// The harness's `memory.jsonl` files.
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// Where the models' `config.json` files are.
+        #[arg(long, default_value = "hack/gpu/models")]
+        models: PathBuf,
+        /// GPU memory of the node (NVML's total; the H200's by default).
+        #[arg(long, default_value_t = 150_754_820_096)]
+        gpu_bytes: u64,
+        /// Host memory a pod can have (125 GiB by default).
+        #[arg(long, default_value_t = 125 << 30)]
+        host_bytes: u64,
+    },
     /// The minimal peer webhook (started by `webhook` as its own process).
     #[command(hide = true)]
     PeerWebhook {
@@ -127,6 +144,19 @@ fn main() -> ExitCode {
         })),
         Command::Kueue { jobs } => rt.block_on(kueue::run(jobs)),
         Command::Admission { nodes, iterations } => admission::run(&nodes, iterations),
+        Command::Memory {
+            runs,
+            models,
+            gpu_bytes,
+            host_bytes,
+        } => memory::run(
+            &runs,
+            &models,
+            &memory::Node {
+                gpu_bytes,
+                host_bytes,
+            },
+        ),
         Command::PeerWebhook { dir, port } => rt.block_on(webhook::peer_webhook(dir, port)),
     };
     match result {

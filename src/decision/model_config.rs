@@ -1,0 +1,295 @@
+//! A model's Hugging Face `config.json` (the file a model card ships; `spec.model.configMapRef`
+//! names a ConfigMap holding it), read for the shape the memory model needs. Every field is
+//! checked: a value that is not a whole number in range, or a shape no model can have, is an
+//! error that names the field.
+
+use serde_json::{Map, Value};
+
+use super::shape::{Block, Experts, ModelShape};
+
+/// The key of the model's config in its ConfigMap, unless `spec.model.configMapRef.key` names
+/// another (`kubectl create configmap NAME --from-file=config.json`).
+pub const MODEL_CONFIG_KEY: &str = "config.json";
+
+/// `model_type`s whose blocks are GPT-style (LayerNorm, plain MLP); every other type is read as
+/// Llama-style (RMSNorm, gated MLP), the shape of current decoders.
+const PLAIN_BLOCKS: &[&str] = &[
+    "gpt2",
+    "gpt_neox",
+    "gptj",
+    "gpt_neo",
+    "gpt_bigcode",
+    "codegen",
+    "opt",
+    "bloom",
+    "falcon",
+    "mpt",
+    "phi",
+    "starcoder2",
+];
+
+/// `model_type`s whose configs tie the embeddings unless they say otherwise.
+const TIED_BY_DEFAULT: &[&str] = &[
+    "gpt2",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "falcon",
+    "opt",
+    "bloom",
+    "mpt",
+    "gpt_neo",
+];
+
+/// `model_type`s with biases on the query, key and value projections.
+const ATTENTION_BIAS: &[&str] = &["qwen2", "qwen2_moe", "qwen2_vl"];
+
+/// Why a model config cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ModelConfigError {
+    /// The referenced ConfigMap does not exist.
+    #[error("ConfigMap {name:?} ({origin}) does not exist in namespace {namespace:?}")]
+    MissingConfigMap {
+        /// ConfigMap name.
+        name: String,
+        /// Namespace.
+        namespace: String,
+        /// What names it: `spec.model.configMapRef` or the annotation.
+        origin: &'static str,
+    },
+    /// The ConfigMap lacks the key.
+    #[error("ConfigMap {name:?} has no key {key:?} (spec.model.configMapRef.key)")]
+    MissingKey {
+        /// ConfigMap name.
+        name: String,
+        /// The key.
+        key: String,
+    },
+    /// The ConfigMap was not handed to `offload-operator explain`.
+    #[error(
+        "ConfigMap {name:?} (spec.model.configMapRef) was not given (--model-config) and is not in the cluster"
+    )]
+    NotGiven {
+        /// ConfigMap name.
+        name: String,
+    },
+    /// The ConfigMap could not be read (the API server did not answer in time).
+    #[error("ConfigMap {name:?} (the model's config.json) could not be read: {detail}")]
+    Unreadable {
+        /// ConfigMap name.
+        name: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The text is not a usable model config.
+    #[error("{source_name}: {detail}")]
+    Invalid {
+        /// Where it came from (`ConfigMap "m" key "config.json"`).
+        source_name: String,
+        /// What is wrong, naming the field.
+        detail: String,
+    },
+}
+
+/// Reads a `config.json`; `source` names where it came from, for messages.
+pub fn parse(text: &str, source: &str) -> Result<ModelShape, ModelConfigError> {
+    let invalid = |detail: String| ModelConfigError::Invalid {
+        source_name: source.to_string(),
+        detail,
+    };
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| invalid(format!("is not JSON ({e}): give the model's config.json")))?;
+    let Value::Object(top) = value else {
+        return Err(invalid(
+            "is not a JSON object: give the model's config.json".into(),
+        ));
+    };
+    // Multimodal configs keep the language model's shape under `text_config`.
+    let cfg = match top.get("text_config") {
+        Some(Value::Object(text)) if !top.contains_key("hidden_size") => text,
+        _ => &top,
+    };
+    shape_of(cfg, &top).map_err(invalid)
+}
+
+/// A whole number field: its value where present, `None` where absent or `null`.
+fn whole(cfg: &Map<String, Value>, key: &str, max: u64) -> Result<Option<f64>, String> {
+    match cfg.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => {
+            let n = v
+                .as_u64()
+                .ok_or_else(|| format!("{key} is {v}, not a whole number"))?;
+            if n == 0 || n > max {
+                return Err(format!("{key} {n} is out of range: from 1 to {max}"));
+            }
+            #[allow(clippy::cast_precision_loss)]
+            Ok(Some(n as f64))
+        }
+    }
+}
+
+/// The first of `keys` that is present.
+fn first(cfg: &Map<String, Value>, keys: &[&str], max: u64) -> Result<Option<f64>, String> {
+    for key in keys {
+        if let Some(v) = whole(cfg, key, max)? {
+            return Ok(Some(v));
+        }
+    }
+    Ok(None)
+}
+
+fn required(cfg: &Map<String, Value>, keys: &[&str], max: u64) -> Result<f64, String> {
+    first(cfg, keys, max)?.ok_or_else(|| format!("has no {} (the model's shape needs it)", keys[0]))
+}
+
+fn boolean(cfg: &Map<String, Value>, key: &str) -> Result<Option<bool>, String> {
+    match cfg.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(v) => Err(format!("{key} is {v}, not true or false")),
+    }
+}
+
+fn shape_of(cfg: &Map<String, Value>, top: &Map<String, Value>) -> Result<ModelShape, String> {
+    let model_type = cfg
+        .get("model_type")
+        .or_else(|| top.get("model_type"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let block = if PLAIN_BLOCKS.contains(&model_type) {
+        Block::Plain
+    } else {
+        Block::Gated
+    };
+    let hidden = required(cfg, &["hidden_size", "n_embd", "d_model"], 1_000_000)?;
+    let layers = required(
+        cfg,
+        &["num_hidden_layers", "n_layer", "num_layers"],
+        100_000,
+    )?;
+    let heads = required(cfg, &["num_attention_heads", "n_head"], 100_000)?;
+    let intermediate = match (
+        first(
+            cfg,
+            &["intermediate_size", "n_inner", "ffn_dim"],
+            10_000_000,
+        )?,
+        block,
+    ) {
+        (Some(f), _) => f,
+        (None, Block::Plain) => 4.0 * hidden,
+        (None, Block::Gated) => {
+            return Err("has no intermediate_size (the MLP's size)".into());
+        }
+    };
+    let kv_heads = match first(cfg, &["num_key_value_heads", "num_kv_heads"], 100_000)? {
+        Some(kv) => kv,
+        None if boolean(cfg, "multi_query")? == Some(true) => 1.0,
+        None => heads,
+    };
+    if kv_heads > heads {
+        return Err(format!(
+            "num_key_value_heads {kv_heads} is more than num_attention_heads {heads}"
+        ));
+    }
+    if heads % kv_heads != 0.0 {
+        return Err(format!(
+            "num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+        ));
+    }
+    let head_dim = match whole(cfg, "head_dim", 100_000)? {
+        Some(d) => d,
+        None if hidden % heads == 0.0 => hidden / heads,
+        None => {
+            return Err(format!(
+                "hidden_size {hidden} is not a multiple of num_attention_heads {heads} and there is no head_dim"
+            ));
+        }
+    };
+    let vocab = required(cfg, &["vocab_size", "padded_vocab_size"], 100_000_000)?;
+    let tied = boolean(cfg, "tie_word_embeddings")?
+        .or(boolean(top, "tie_word_embeddings")?)
+        .unwrap_or(TIED_BY_DEFAULT.contains(&model_type));
+    let attention_bias = boolean(cfg, "attention_bias")?
+        .unwrap_or(ATTENTION_BIAS.contains(&model_type) || block == Block::Plain);
+    let positions = if model_type == "gpt2" || model_type == "opt" {
+        first(cfg, &["n_positions", "max_position_embeddings"], 10_000_000)?.unwrap_or(0.0)
+    } else {
+        0.0
+    };
+    let experts = experts(cfg, intermediate, layers)?;
+    Ok(ModelShape {
+        block,
+        hidden,
+        layers,
+        intermediate,
+        heads,
+        kv_heads,
+        head_dim,
+        vocab,
+        tied,
+        attention_bias,
+        positions,
+        experts,
+        known: true,
+    })
+}
+
+fn experts(
+    cfg: &Map<String, Value>,
+    intermediate: f64,
+    layers: f64,
+) -> Result<Option<Experts>, String> {
+    let Some(count) = first(
+        cfg,
+        &["num_local_experts", "num_experts", "n_routed_experts"],
+        1_000_000,
+    )?
+    else {
+        return Ok(None);
+    };
+    let per_token = first(cfg, &["num_experts_per_tok", "moe_top_k"], 1_000_000)?
+        .ok_or("has experts but no num_experts_per_tok")?;
+    if per_token > count {
+        return Err(format!(
+            "num_experts_per_tok {per_token} is more than the {count} experts"
+        ));
+    }
+    let expert_size = whole(cfg, "moe_intermediate_size", 10_000_000)?.unwrap_or(intermediate);
+    let (shared, shared_intermediate) = match (
+        whole(cfg, "n_shared_experts", 1_000_000)?,
+        whole(cfg, "shared_expert_intermediate_size", 10_000_000)?,
+    ) {
+        (Some(n), _) => (n, expert_size),
+        (None, Some(size)) => (1.0, size),
+        (None, None) => (0.0, 0.0),
+    };
+    let dense_layers = match cfg.get("first_k_dense_replace") {
+        None | Some(Value::Null) => 0.0,
+        Some(v) => {
+            let n = v
+                .as_u64()
+                .ok_or_else(|| format!("first_k_dense_replace is {v}, not a whole number"))?;
+            #[allow(clippy::cast_precision_loss)]
+            let n = n as f64;
+            if n > layers {
+                return Err(format!(
+                    "first_k_dense_replace {n} is more than the {layers} layers"
+                ));
+            }
+            n
+        }
+    };
+    Ok(Some(Experts {
+        count,
+        per_token,
+        intermediate: expert_size,
+        shared,
+        shared_intermediate,
+        dense_layers,
+    }))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,372 @@
+//! The model as built: the shape a model card (or its `config.json`) gives — width, layers, MLP
+//! size, attention and key/value heads, vocabulary, tied embeddings, experts — and what follows
+//! from it: the exact parameter count, the bytes autograd keeps per token for backward, and the
+//! parameter tensors in the order DeepSpeed groups them.
+//!
+//! The per-token terms count the tensors the blocks of Hugging Face `transformers` save for
+//! backward with SDPA (fused) attention in 16-bit, and were checked on an H200 by counting the
+//! saved tensors of a real training step (`hack/gpu/hf_step.py`): within 0.01 % for Llama,
+//! Mistral, Qwen2 and Mixtral, 0.2 % for GPT-NeoX (`docs/benchmarks/memory-h200.md`).
+//! - Llama-style block (RMSNorm computed in fp32, gated MLP such as SwiGLU, grouped-query
+//!   attention): each norm keeps its fp32 input, the normalised value and its output (8 bytes
+//!   per unit of width); attention keeps the rotated queries and keys, the values, the output and
+//!   the log-sum-exp (4 bytes per query and per key/value unit, 4 per head); the gated MLP keeps
+//!   the gate and up projections, the activation and the product (8 bytes per MLP unit). A
+//!   mixture-of-experts layer keeps that per expert each token is routed to, plus the routing.
+//! - GPT-style block (LayerNorm, plain MLP such as GELU): 20 bytes per unit of width and 4 per
+//!   MLP unit (the bench's own GPT decoder keeps 18; GPT-NeoX 20).
+//! - The logits: the loss keeps the fp32 log-softmax (4 bytes per token per vocabulary entry) and
+//!   its backward holds two more fp32 copies at once (8 more): 12 in all at the step's peak.
+
+use std::fmt;
+
+/// Bytes per token per vocabulary entry at the loss's peak: the fp32 log-softmax kept for
+/// backward, and the two fp32 gradients its backward holds at once.
+pub const LOGIT_PEAK_BYTES: f64 = 12.0;
+/// Vocabulary assumed when nothing names one (current LLMs: 32k to 256k).
+pub const DEFAULT_VOCAB: f64 = 128_000.0;
+
+/// How each transformer block is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Block {
+    /// RMSNorm (computed in fp32) and a gated MLP: Llama, Mistral, Qwen, Gemma, Mixtral, DeepSeek.
+    Gated,
+    /// LayerNorm and a plain MLP: GPT-2, GPT-NeoX, GPT-J, OPT, Falcon, BLOOM.
+    Plain,
+}
+
+impl fmt::Display for Block {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Block::Gated => "Llama-style (RMSNorm, gated MLP)",
+            Block::Plain => "GPT-style (LayerNorm, plain MLP)",
+        })
+    }
+}
+
+/// Mixture of experts in the MLP.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Experts {
+    /// Routed experts per MoE layer.
+    pub count: f64,
+    /// Experts each token is routed to.
+    pub per_token: f64,
+    /// MLP size of one routed expert.
+    pub intermediate: f64,
+    /// Shared experts every token goes through (DeepSeek, Qwen-MoE).
+    pub shared: f64,
+    /// MLP size of one shared expert.
+    pub shared_intermediate: f64,
+    /// Leading layers with a dense MLP instead (DeepSeek's `first_k_dense_replace`).
+    pub dense_layers: f64,
+}
+
+/// The model's shape.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ModelShape {
+    /// Block kind.
+    pub block: Block,
+    /// Width (hidden size).
+    pub hidden: f64,
+    /// Transformer layers.
+    pub layers: f64,
+    /// MLP size of a dense layer.
+    pub intermediate: f64,
+    /// Attention (query) heads.
+    pub heads: f64,
+    /// Key/value heads (grouped-query attention; `heads` without it).
+    pub kv_heads: f64,
+    /// Width of one head.
+    pub head_dim: f64,
+    /// Vocabulary size.
+    pub vocab: f64,
+    /// Input and output embeddings share one matrix.
+    pub tied: bool,
+    /// Biases on the query, key and value projections (Qwen2).
+    pub attention_bias: bool,
+    /// Learned position embeddings (GPT-2: `n_positions`), 0 with rotary positions.
+    pub positions: f64,
+    /// Experts, for a mixture-of-experts model.
+    pub experts: Option<Experts>,
+    /// The shape was given (a `config.json` or the hints), not derived from a parameter count.
+    pub known: bool,
+}
+
+impl ModelShape {
+    /// A typical Llama-style decoder of `parameters`: about 128 times wider than deep, an MLP
+    /// of 3.5 × the width (Llama 3), grouped-query attention with 8 key/value heads, and
+    /// `vocab` entries. Only a stand-in: its tensors are not used to size partial offload.
+    pub fn typical(parameters: f64, hidden: Option<f64>, layers: Option<f64>, vocab: f64) -> Self {
+        let hidden = hidden.unwrap_or_else(|| typical_width(parameters));
+        let heads = (hidden / 128.0).round().max(1.0);
+        let mut shape = ModelShape {
+            block: Block::Gated,
+            hidden,
+            layers: 1.0,
+            intermediate: 3.5 * hidden,
+            heads,
+            kv_heads: heads.min(8.0),
+            head_dim: hidden / heads,
+            vocab,
+            tied: false,
+            attention_bias: false,
+            positions: 0.0,
+            experts: None,
+            known: false,
+        };
+        shape.layers = layers.unwrap_or_else(|| {
+            let per_layer = shape.layer_parameters(false).max(1.0);
+            ((parameters - shape.embedding_parameters()) / per_layer)
+                .round()
+                .max(1.0)
+        });
+        shape
+    }
+
+    /// Width of the queries (heads × head width).
+    pub fn query_width(&self) -> f64 {
+        self.heads * self.head_dim
+    }
+
+    /// Width of the keys and of the values.
+    pub fn kv_width(&self) -> f64 {
+        self.kv_heads * self.head_dim
+    }
+
+    fn moe_layers(&self) -> f64 {
+        self.experts
+            .map_or(0.0, |e| (self.layers - e.dense_layers).max(0.0))
+    }
+
+    fn embedding_parameters(&self) -> f64 {
+        let h = self.hidden;
+        let tables = if self.tied { 1.0 } else { 2.0 };
+        let final_norm = match self.block {
+            Block::Gated => h,
+            Block::Plain => 2.0 * h,
+        };
+        tables * self.vocab * h + self.positions * h + final_norm
+    }
+
+    /// The tensors of one layer, in the order Hugging Face registers them.
+    fn layer_tensors(&self, moe: bool, out: &mut Vec<f64>) {
+        let (h, q, kv) = (self.hidden, self.query_width(), self.kv_width());
+        let f = self.intermediate;
+        match self.block {
+            Block::Gated => {
+                out.push(h * q);
+                if self.attention_bias {
+                    out.push(q);
+                }
+                for _ in 0..2 {
+                    out.push(h * kv);
+                    if self.attention_bias {
+                        out.push(kv);
+                    }
+                }
+                out.push(q * h);
+                match (moe, self.experts) {
+                    (true, Some(e)) => {
+                        out.push(e.count * h);
+                        out.push(e.count * 2.0 * e.intermediate * h);
+                        out.push(e.count * h * e.intermediate);
+                        if e.shared > 0.0 {
+                            let fs = e.shared * e.shared_intermediate;
+                            out.extend([h * fs, h * fs, fs * h]);
+                        }
+                    }
+                    _ => out.extend([h * f, h * f, f * h]),
+                }
+                out.extend([h, h]);
+            }
+            Block::Plain => {
+                out.extend([h, h, h, h]);
+                out.extend([h * (q + 2.0 * kv), q + 2.0 * kv, q * h, h]);
+                out.extend([h * f, f, f * h, h]);
+            }
+        }
+    }
+
+    fn layer_parameters(&self, moe: bool) -> f64 {
+        let mut t = Vec::with_capacity(16);
+        self.layer_tensors(moe, &mut t);
+        t.iter().sum()
+    }
+
+    /// Total parameters, exactly as the model builds them.
+    pub fn parameters(&self) -> f64 {
+        let moe = self.moe_layers();
+        let dense = self.layers - moe;
+        self.embedding_parameters()
+            + dense * self.layer_parameters(false)
+            + moe * self.layer_parameters(true)
+    }
+
+    /// The largest single parameter tensor.
+    pub fn largest_tensor(&self) -> f64 {
+        let mut t = Vec::with_capacity(16);
+        self.layer_tensors(self.experts.is_some(), &mut t);
+        self.layer_tensors(false, &mut t);
+        t.into_iter().fold(self.vocab * self.hidden, f64::max)
+    }
+
+    /// Parameters of the largest layer (what ZeRO-3 gathers at once for it).
+    pub fn largest_layer(&self) -> f64 {
+        self.layer_parameters(self.experts.is_some())
+            .max(self.layer_parameters(false))
+    }
+
+    /// The parameter tensors in registration order (embeddings, each layer, final norm, output
+    /// head) — the order DeepSpeed fills its optimizer sub-groups in. `None` when there are more
+    /// than `max` of them (the caller then bounds the grouping instead of walking it).
+    pub fn tensors(&self, max: usize) -> Option<Vec<f64>> {
+        let per_layer = match self.block {
+            Block::Gated => 15,
+            Block::Plain => 12,
+        };
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let layers = self.layers.max(0.0) as usize;
+        if layers.saturating_mul(per_layer).saturating_add(4) > max {
+            return None;
+        }
+        let h = self.hidden;
+        let mut out = Vec::with_capacity(layers * per_layer + 4);
+        out.push(self.vocab * h);
+        if self.positions > 0.0 {
+            out.push(self.positions * h);
+        }
+        let dense = self.experts.map_or(layers, |e| {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let d = e.dense_layers.max(0.0) as usize;
+            d.min(layers)
+        });
+        for i in 0..layers {
+            self.layer_tensors(i >= dense, &mut out);
+        }
+        match self.block {
+            Block::Gated => out.push(h),
+            Block::Plain => out.extend([h, h]),
+        }
+        if !self.tied {
+            out.push(self.vocab * h);
+        }
+        Some(out)
+    }
+
+    /// Bytes one layer keeps for backward per token, in 16-bit.
+    fn layer_saved(&self, moe: bool) -> f64 {
+        let (h, q, kv, heads) = (self.hidden, self.query_width(), self.kv_width(), self.heads);
+        match self.block {
+            Block::Gated => {
+                let mlp = match (moe, self.experts) {
+                    (true, Some(e)) => {
+                        e.per_token * (8.0 * e.intermediate + 4.0 * h)
+                            + 17.0 * e.count
+                            + 8.0 * e.shared * e.shared_intermediate
+                    }
+                    _ => 8.0 * self.intermediate,
+                };
+                16.0 * h + 8.0 + 4.0 * q + 4.0 * kv + 4.0 * heads + mlp
+            }
+            Block::Plain => 20.0 * h + 4.0 * self.intermediate + 4.0 * heads + 272.0,
+        }
+    }
+
+    /// Bytes kept for backward per token at the start of backward, in 16-bit: every layer's
+    /// saved tensors (with activation checkpointing, each layer's input and one layer's saved
+    /// tensors recomputed at a time), the final norm, and the loss's fp32 log-softmax; plus what
+    /// the loss's backward holds on top at the peak.
+    pub fn activation_peak_per_token(&self, checkpointing: bool) -> f64 {
+        let moe = self.moe_layers();
+        let dense = self.layers - moe;
+        let blocks = if checkpointing {
+            2.0 * self.hidden * self.layers
+                + self.layer_saved(moe > 0.0).max(self.layer_saved(false))
+        } else {
+            dense * self.layer_saved(false) + moe * self.layer_saved(true)
+        };
+        let final_norm = match self.block {
+            Block::Gated => 8.0 * self.hidden + 4.0,
+            Block::Plain => 4.0 * self.hidden + 8.0,
+        };
+        blocks + final_norm + 8.0 + LOGIT_PEAK_BYTES * self.vocab
+    }
+
+    /// One line for reasons: `Llama-style (RMSNorm, gated MLP), width 4096 × 32 layers, MLP
+    /// 14336, 32 heads (8 key/value), vocabulary 128256`.
+    pub fn describe(&self) -> String {
+        let experts = self
+            .experts
+            .map(|e| {
+                format!(
+                    ", {} experts ({} per token{})",
+                    e.count,
+                    e.per_token,
+                    if e.shared > 0.0 {
+                        format!(", {} shared", e.shared)
+                    } else {
+                        String::new()
+                    }
+                )
+            })
+            .unwrap_or_default();
+        format!(
+            "{}, width {} × {} layers, MLP {}, {} heads ({} key/value), vocabulary {}{}{experts}",
+            self.block,
+            self.hidden,
+            self.layers,
+            self.intermediate,
+            self.heads,
+            self.kv_heads,
+            self.vocab,
+            if self.tied { " (tied)" } else { "" },
+        )
+    }
+}
+
+/// A typical decoder's width for a parameter count: about 128 times wider than deep, 12 ×
+/// width² parameters per layer.
+pub fn typical_width(parameters: f64) -> f64 {
+    (128.0 * parameters / 12.0).cbrt().max(64.0)
+}
+
+/// DeepSpeed's optimizer sub-groups over `tensors` (each a parameter's numel in the rank's
+/// partition): a group closes once it holds at least `group` parameters, or at the last tensor
+/// (`stage3.py`'s `_create_fp16_sub_groups`).
+pub fn sub_groups(tensors: &[f64], group: f64) -> Vec<f64> {
+    let total: f64 = tensors.iter().sum();
+    if group >= total {
+        return vec![total];
+    }
+    let mut out = Vec::new();
+    let mut current = 0.0;
+    for (i, t) in tensors.iter().enumerate() {
+        current += t;
+        if current >= group || i + 1 == tensors.len() {
+            out.push(current);
+            current = 0.0;
+        }
+    }
+    out
+}
+
+/// The share of parameters whose optimizer state DeepSpeed puts on the host for `ratio`: it
+/// counts sub-groups, not parameters — the last `n − ⌊(1 − ratio)·n⌋` of the `n` groups
+/// (`stage3.py`, "Assign portion of subgroup to cpu").
+pub fn offloaded_share(groups: &[f64], ratio: f64) -> f64 {
+    let total: f64 = groups.iter().sum();
+    if groups.is_empty() || total <= 0.0 {
+        return 0.0;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let n = groups.len() as f64;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let first_on_host = ((1.0 - ratio.clamp(0.0, 1.0)) * n).floor() as usize;
+    groups[first_on_host.min(groups.len())..]
+        .iter()
+        .sum::<f64>()
+        / total
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,139 @@
+//! The shape of the models trained on the H200 (their `config.json`, `hack/gpu/models/`):
+//! parameters counted as Hugging Face builds them, what their blocks keep for backward as
+//! measured, and DeepSpeed's sub-groups as its code forms them.
+
+use super::*;
+use crate::decision::model_config;
+
+/// The configs the GPU runs built their models from.
+pub(crate) const MODELS: &[(&str, &str)] = &[
+    (
+        "qwen-1.5b",
+        include_str!("../../../hack/gpu/models/qwen-1.5b.json"),
+    ),
+    (
+        "llama-3b",
+        include_str!("../../../hack/gpu/models/llama-3b.json"),
+    ),
+    (
+        "mixtral-5b",
+        include_str!("../../../hack/gpu/models/mixtral-5b.json"),
+    ),
+    (
+        "neox-7b",
+        include_str!("../../../hack/gpu/models/neox-7b.json"),
+    ),
+    (
+        "mistral-7b",
+        include_str!("../../../hack/gpu/models/mistral-7b.json"),
+    ),
+    (
+        "qwen-7b",
+        include_str!("../../../hack/gpu/models/qwen-7b.json"),
+    ),
+    (
+        "llama-8b",
+        include_str!("../../../hack/gpu/models/llama-8b.json"),
+    ),
+    (
+        "llama-10b",
+        include_str!("../../../hack/gpu/models/llama-10b.json"),
+    ),
+];
+
+pub(crate) fn model(name: &str) -> ModelShape {
+    let text = MODELS.iter().find(|(n, _)| *n == name).unwrap().1;
+    model_config::parse(text, name).unwrap()
+}
+
+#[test]
+fn parameters_are_counted_exactly_as_the_model_builds_them() {
+    // `sum(p.ds_numel for p in model.parameters())` of each run (call1-memory.jsonl).
+    for (name, params) in [
+        ("qwen-1.5b", 1_543_714_304.0),
+        ("llama-3b", 3_212_749_824.0),
+        ("mixtral-5b", 4_761_913_344.0),
+        ("neox-7b", 6_857_302_016.0),
+        ("mistral-7b", 7_241_732_096.0),
+        ("qwen-7b", 7_615_616_512.0),
+        ("llama-8b", 8_030_261_248.0),
+        ("llama-10b", 10_731_524_096.0),
+    ] {
+        let counted = model(name).parameters();
+        assert_eq!(counted, params, "{name}");
+        let tensors: f64 = model(name).tensors(100_000).unwrap().iter().sum();
+        assert_eq!(tensors, params, "{name}: the tensors add up to the count");
+    }
+}
+
+#[test]
+fn what_the_blocks_keep_for_backward_is_what_was_measured() {
+    // `savedActivationBytes` of the first step (saved_tensors_hooks, unique storages, weights
+    // left out) over the tokens of the phase, against the terms without the loss's transient.
+    for (name, tokens, measured) in [
+        ("qwen-1.5b", 4096.0, 14_408_696_260.0),
+        ("llama-3b", 4096.0, 17_247_453_636.0),
+        ("mixtral-5b", 4096.0, 10_537_091_844.0),
+        ("neox-7b", 4096.0, 20_239_974_916.0),
+        ("mistral-7b", 4096.0, 26_984_137_220.0),
+        ("qwen-7b", 2048.0, 14_230_856_140.0),
+        ("llama-8b", 2048.0, 14_281_122_316.0),
+        ("llama-10b", 2048.0, 20_073_718_540.0),
+    ] {
+        let m = model(name);
+        let saved = tokens * (m.activation_peak_per_token(false) - 8.0 * m.vocab);
+        let err = saved / measured - 1.0;
+        assert!(
+            err.abs() < 0.002,
+            "{name}: {saved} against {measured} ({err:+.4})"
+        );
+    }
+}
+
+#[test]
+fn deepspeed_offloads_whole_sub_groups_the_last_ones() {
+    // Worked out from each model's parameter list with stage3.py's rules (hack/gpu/*.py).
+    for (name, ratio, group, share) in [
+        ("mistral-7b", 0.05, 7.3e7, 0.0644),
+        ("mistral-7b", 0.14, 7.3e7, 0.1548),
+        ("mistral-7b", 0.3, 7.3e7, 0.3054),
+        ("llama-10b", 0.45, 1.08e8, 0.4594),
+        ("qwen-1.5b", 0.05, 1.6e7, 0.0303),
+    ] {
+        let groups = sub_groups(&model(name).tensors(100_000).unwrap(), group);
+        let got = offloaded_share(&groups, ratio);
+        assert!(
+            (got - share).abs() < 0.0005,
+            "{name} {ratio}: {got} against {share}"
+        );
+    }
+    assert_eq!(offloaded_share(&[], 0.5), 0.0);
+    assert_eq!(offloaded_share(&[10.0, 10.0], 0.0), 0.0);
+    assert_eq!(offloaded_share(&[10.0, 10.0], 1.0), 1.0);
+    assert_eq!(sub_groups(&[5.0, 5.0], 100.0), vec![10.0]);
+}
+
+#[test]
+fn grouped_query_attention_and_gated_mlps_keep_more_than_the_width_alone_says() {
+    let gqa = model("llama-8b");
+    let mha = ModelShape {
+        kv_heads: gqa.heads,
+        ..gqa
+    };
+    assert!(mha.activation_peak_per_token(false) > gqa.activation_peak_per_token(false));
+    assert!(mha.parameters() > gqa.parameters());
+    let checkpointed = gqa.activation_peak_per_token(true);
+    assert!(checkpointed < gqa.activation_peak_per_token(false) / 3.0);
+    assert!(checkpointed > 12.0 * gqa.vocab, "the logits stay");
+}
+
+#[test]
+fn a_typical_shape_matches_its_parameter_count() {
+    for p in [1e9, 8e9, 70e9, 405e9] {
+        let t = ModelShape::typical(p, None, None, DEFAULT_VOCAB);
+        assert!(!t.known);
+        let err = t.parameters() / p - 1.0;
+        assert!(err.abs() < 0.1, "{p}: {} ({err:+.3})", t.parameters());
+    }
+    assert!((typical_width(8e9) - 4400.0).abs() < 100.0);
+}
