@@ -175,7 +175,11 @@ impl Resolution {
             } else {
                 OverlapSetting::Disabled
             },
-            offload_ratio: RatioSetting::Fixed(self.ratio),
+            offload_ratio: if self.mode == OffloadMode::Disabled {
+                RatioSetting::None
+            } else {
+                RatioSetting::Fixed(self.ratio)
+            },
             pin_memory: if self.pin_memory {
                 Switch::Enabled
             } else {

@@ -159,7 +159,7 @@ impl Context<'_> {
                 Some((1.0, Source::Profile))
             }
             (RatioSetting::Fixed(r), source) => Some((r, source)),
-            (RatioSetting::Auto, _) => None,
+            (RatioSetting::Auto | RatioSetting::None, _) => None,
         }
     }
 

@@ -19,17 +19,19 @@ pub(super) fn decide(
     placement: &Placement,
 ) -> Result<(f64, String), ResolveError> {
     if placement.mode == OffloadMode::Disabled {
-        return Ok((
-            1.0,
-            "1: offload is disabled, the ratio has no effect".to_string(),
-        ));
+        return Ok((0.0, "None: nothing is offloaded".to_string()));
     }
     let support = partial_ratio_support(job, facts);
-    let (requested, source) = effective(
+    let (requested, source) = match effective(
         job.offload.offload_ratio,
         profile.offload_ratio,
         RatioSetting::Auto,
-    );
+    ) {
+        // `None` goes only with mode Disabled (the schema's rule); anywhere else it asks for
+        // nothing in particular.
+        (RatioSetting::None, source) => (RatioSetting::Auto, source),
+        other => other,
+    };
     if let RatioSetting::Fixed(r) = requested
         && !RatioSetting::is_valid_ratio(r)
     {
@@ -46,7 +48,7 @@ pub(super) fn decide(
                 r,
                 format!("{r}: set by {source}; {}{}", choice.figures, cpu(r)),
             ),
-            (Memory::PartialOptimizer(r), RatioSetting::Auto) => (
+            (Memory::PartialOptimizer(r), RatioSetting::Auto | RatioSetting::None) => (
                 r,
                 format!(
                     "{r}: the smallest share of optimizer state whose offload fits ({}){}",
@@ -82,7 +84,7 @@ pub(super) fn decide(
             ),
         },
         RatioSetting::Fixed(r) => (r, format!("{r}: set by {source}")),
-        RatioSetting::Auto => match job.model {
+        RatioSetting::Auto | RatioSetting::None => match job.model {
             None => (
                 1.0,
                 "1: Auto without model hints offloads all optimizer state (set spec.model.parameters to offload only what does not fit)"

@@ -75,11 +75,10 @@ fn a_training_job_is_explained_with_every_artefact_and_its_candidates() {
         ]
     );
     assert!(e.candidates.iter().all(|c| c.memory.is_none()));
+    // Nothing offloaded, and the user's config has no offload section: none is added.
     let none = &e.candidates[1];
-    assert_eq!(
-        none.deepspeed_config.as_ref().unwrap()["zero_optimization"]["offload_optimizer"]["device"],
-        "none"
-    );
+    let zero = &none.deepspeed_config.as_ref().unwrap()["zero_optimization"];
+    assert!(zero.get("offload_optimizer").is_none(), "{zero}");
     let zen = e.candidates.last().unwrap();
     assert!(!zen.same_semantics && zen.refused.is_none());
     assert!(zen.deepspeed_config.as_ref().unwrap()["zero_optimization"]["zenflow"].is_object());
@@ -322,5 +321,9 @@ fn a_model_config_file_sizes_the_job_and_unchecked_host_memory_is_said() {
     // not checked, and the reason says so instead of passing any figure silently.
     let mode = e.reasons.iter().find(|r| r.field == "mode").unwrap();
     assert!(mode.message.contains("not checked"), "{}", mode.message);
-    assert!(mode.message.contains("8.03B parameters"), "{}", mode.message);
+    assert!(
+        mode.message.contains("8.03B parameters"),
+        "{}",
+        mode.message
+    );
 }

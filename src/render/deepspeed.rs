@@ -185,6 +185,11 @@ fn write_offload_optimizer(
     res: &Resolution,
     plan: &DeepSpeedPlan,
 ) -> Result<(), DeepSpeedConfigError> {
+    // Nothing offloaded and no section of the user's: nothing to say (DeepSpeed's default is
+    // no offload); a section the user wrote gets device none.
+    if res.mode == OffloadMode::Disabled && !zero.contains_key("offload_optimizer") {
+        return Ok(());
+    }
     let optimizer_keys = accepted_offload_optimizer_keys(&plan.version, plan.stage);
     let opt = section(
         zero,

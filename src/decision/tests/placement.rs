@@ -2,7 +2,7 @@
 
 use super::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
-use offload_api::api::{ModeSetting, NodeClass, OffloadMode};
+use offload_api::api::{ModeSetting, NodeClass, OffloadMode, RatioSetting};
 
 // ---- node classes and mode -------------------------------------------------------------------
 
@@ -220,7 +220,9 @@ fn disabled_needs_no_node_class() {
     assert_eq!(res.mode, OffloadMode::Disabled);
     assert_eq!(res.node_class, None);
     assert!(!res.overlap && !res.pin_memory);
-    assert_eq!(res.ratio, 1.0);
+    // Nothing offloaded reads as nothing offloaded: ratio 0, `None` in the spec.
+    assert_eq!(res.ratio, 0.0);
+    assert_eq!(res.concrete_spec().offload_ratio, RatioSetting::None);
     assert!(!ds_plan(&res).super_offload);
 }
 

@@ -217,7 +217,13 @@ proptest! {
                     prop_assert!(res.reasons.iter().any(|r| r.field == field && !r.message.is_empty()),
                         "no reason for {:?}: {:?}", field, res.reasons);
                 }
-                prop_assert!(RatioSetting::is_valid_ratio(res.ratio));
+                // Nothing offloaded is ratio 0; anything offloaded a share in (0, 1].
+                let consistent = if res.mode == OffloadMode::Disabled {
+                    res.ratio == 0.0 && res.concrete_spec().offload_ratio == RatioSetting::None
+                } else {
+                    RatioSetting::is_valid_ratio(res.ratio)
+                };
+                prop_assert!(consistent, "ratio {} with mode {}", res.ratio, res.mode);
             }
             Err(err) => prop_assert!(err.to_string().contains(':'), "{}", err),
         }
@@ -234,6 +240,11 @@ proptest! {
             let doc = crate::render::deepspeed::render_section(&res, plan);
             let zero = &doc["zero_optimization"];
             let accepted = crate::render::deepspeed::accepted_offload_optimizer_keys(&plan.version, plan.stage);
+            // Nothing offloaded, and the user wrote no section: none is added.
+            if res.mode == OffloadMode::Disabled {
+                prop_assert!(zero.get("offload_optimizer").is_none(), "{}", doc);
+                return Ok(());
+            }
             for key in zero["offload_optimizer"].as_object().unwrap().keys() {
                 prop_assert!(accepted.contains(key.as_str()), "{} not accepted by {} stage {}", key, plan.version, plan.stage);
             }

@@ -112,10 +112,11 @@ impl fmt::Display for NodeClass {
     }
 }
 
-/// Share of optimizer state to offload: `Auto` or a number in (0, 1].
+/// Share of optimizer state to offload: `Auto`, a number in (0, 1], or `None` where nothing is
+/// offloaded (what the operator writes for a job it decides `Disabled`).
 ///
-/// In the API it is a string: `Auto` or a decimal such as `"0.9"` (quoted in YAML). Reading
-/// also accepts a bare number, for configuration files.
+/// In the API it is a string: `Auto`, `None` or a decimal such as `"0.9"` (quoted in YAML).
+/// Reading also accepts a bare number, for configuration files.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub enum RatioSetting {
     /// Let the operator pick the share the CPU can update within the GPU's backward time.
@@ -123,14 +124,16 @@ pub enum RatioSetting {
     Auto,
     /// A fixed share in (0, 1].
     Fixed(f64),
+    /// Nothing offloaded (only with mode `Disabled`).
+    None,
 }
 
 impl RatioSetting {
     /// The CEL rule the CRD schema uses to check a ratio value.
     pub const CEL_RULE: &'static str =
-        "self == 'Auto' || (double(self) > 0.0 && double(self) <= 1.0)";
-    /// The pattern the CRD schema uses: `Auto` or a plain decimal.
-    pub const PATTERN: &'static str = r"^(Auto|[0-9]*\.?[0-9]+)$";
+        "self == 'Auto' || self == 'None' || (double(self) > 0.0 && double(self) <= 1.0)";
+    /// The pattern the CRD schema uses: `Auto`, `None` or a plain decimal.
+    pub const PATTERN: &'static str = r"^(Auto|None|[0-9]*\.?[0-9]+)$";
 
     /// Whether a fixed value lies in (0, 1].
     pub fn is_valid_ratio(value: f64) -> bool {
@@ -143,6 +146,7 @@ impl fmt::Display for RatioSetting {
         match self {
             RatioSetting::Auto => f.write_str("Auto"),
             RatioSetting::Fixed(v) => write!(f, "{v}"),
+            RatioSetting::None => f.write_str("None"),
         }
     }
 }
@@ -168,10 +172,11 @@ impl<'de> Deserialize<'de> for RatioSetting {
                 "offloadRatio {v} is out of range: use a number greater than 0 and at most 1, or Auto"
             ))),
             Raw::Text(t) if t == "Auto" => Ok(RatioSetting::Auto),
+            Raw::Text(t) if t == "None" => Ok(RatioSetting::None),
             Raw::Text(t) => match t.parse::<f64>() {
                 Ok(v) if RatioSetting::is_valid_ratio(v) => Ok(RatioSetting::Fixed(v)),
                 _ => Err(serde::de::Error::custom(format!(
-                    "offloadRatio {t:?} is not valid: use Auto or a number greater than 0 and at most 1"
+                    "offloadRatio {t:?} is not valid: use Auto, None (nothing offloaded, with mode Disabled) or a number greater than 0 and at most 1"
                 ))),
             },
         }
@@ -190,13 +195,13 @@ impl JsonSchema for RatioSetting {
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         // A structural schema cannot say "the string Auto or a number" (only int-or-string is
         // special-cased, and CEL cannot type an untyped field), so the ratio is a string
-        // holding `Auto` or a decimal; the pattern and the CEL rule check it.
+        // holding `Auto`, `None` or a decimal; the pattern and the CEL rule check it.
         schemars::json_schema!({
             "type": "string",
             "pattern": RatioSetting::PATTERN,
             "x-kubernetes-validations": [{
                 "rule": RatioSetting::CEL_RULE,
-                "message": "offloadRatio must be Auto or a number greater than 0 and at most 1, written as a string (e.g. \"0.9\")"
+                "message": "offloadRatio must be Auto, None (nothing offloaded, with mode Disabled) or a number greater than 0 and at most 1, written as a string (e.g. \"0.9\")"
             }]
         })
     }

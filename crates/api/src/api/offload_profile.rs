@@ -52,6 +52,9 @@ fn default_node_class_order() -> Vec<NodeClass> {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.offloadRatio) || self.offloadRatio != 'None' || (has(self.mode) && self.mode == 'Disabled')", "message": "offloadRatio None means nothing is offloaded: it goes only with mode Disabled"}
+]))]
 pub struct OffloadProfileSpec {
     /// Offload mode for jobs that leave theirs `Auto`. `Auto` picks `UnifiedMemory` on
     /// hardware-coherent nodes and `CPUCopy` on every other GPU node.

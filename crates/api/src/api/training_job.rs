@@ -139,6 +139,9 @@ pub enum Framework {
 /// Offload settings of a job. Each `Auto` defers to the profile, then to the hardware.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.offloadRatio) || self.offloadRatio != 'None' || (has(self.mode) && self.mode == 'Disabled')", "message": "offloadRatio None means nothing is offloaded: it goes only with mode Disabled"}
+]))]
 pub struct OffloadSpec {
     /// `Auto`, `UnifiedMemory`, `CPUCopy` or `Disabled`.
     #[serde(default)]
@@ -146,7 +149,8 @@ pub struct OffloadSpec {
     /// `Auto`, `Enabled` or `Disabled`.
     #[serde(default)]
     pub overlap: OverlapSetting,
-    /// `Auto` or a number greater than 0 and at most 1.
+    /// `Auto`, a number greater than 0 and at most 1, or `None` (nothing offloaded; with mode
+    /// `Disabled`).
     #[serde(default)]
     pub offload_ratio: RatioSetting,
     /// `Auto`, `Enabled` or `Disabled`: pin host buffers.
@@ -383,7 +387,7 @@ pub struct OffloadDecisionStatus {
     pub mode: OffloadMode,
     /// Whether overlap is on.
     pub overlap: bool,
-    /// Offload ratio in (0, 1].
+    /// Share of the optimizer state offloaded: in (0, 1], 0 when nothing is offloaded.
     pub offload_ratio: f64,
     /// Whether host buffers are pinned.
     pub pin_memory: bool,
