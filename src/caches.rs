@@ -108,11 +108,18 @@ pub(crate) fn strip_for_cache<K: Resource>(obj: &mut K) {
     }
 }
 
-/// Keeps of a Node only what the decision reads: metadata (labels, the agent's annotations) and
-/// `status.allocatable`. The images a kubelet lists, its conditions and addresses are most of
-/// a Node's size and change with every status report.
+/// Keeps of a Node only what the decision reads: metadata (labels, the agent's annotations),
+/// `spec.taints` (which pods may land there) and `status.allocatable`. The images a kubelet
+/// lists, its conditions and addresses are most of a Node's size and change with every status
+/// report.
 pub(crate) fn slim_node(node: &mut Node) {
-    node.spec = None;
+    node.spec = node
+        .spec
+        .take()
+        .map(|spec| k8s_openapi::api::core::v1::NodeSpec {
+            taints: spec.taints,
+            ..Default::default()
+        });
     if let Some(status) = node.status.take() {
         node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
             allocatable: status.allocatable,

@@ -74,6 +74,19 @@ pub enum ResolveError {
         /// Profile name.
         profile: String,
     },
+    /// The pod template's own constraints leave out every node the profile may use (or every
+    /// node of the class the job asks for).
+    #[error(
+        "{detail}: no node the profile {profile:?} may use{class} is left for the pods; change the pod template's nodeSelector, affinity or tolerations, or add nodes it matches"
+    )]
+    TemplateLeavesNoNodes {
+        /// Profile name.
+        profile: String,
+        /// ` of class Coherent`, when one class was asked for.
+        class: String,
+        /// What the constraints leave out, node by node.
+        detail: String,
+    },
     /// UnifiedMemory asked for where no coherent node exists.
     #[error(
         "mode UnifiedMemory needs a hardware-coherent node (ATS over NVLink-C2C, e.g. GH200) but none of the {discrete} reported node(s) matching OffloadProfile {profile:?} is one: set spec.offload.mode to Auto or CPUCopy, or add coherent nodes"
@@ -156,6 +169,7 @@ impl ResolveError {
             ResolveError::InvalidSelector { .. } => "InvalidProfileSelector",
             ResolveError::NoReportedNodes { .. } => "NoReportedNodes",
             ResolveError::NoCoherentNodes { .. } => "NoCoherentNodes",
+            ResolveError::TemplateLeavesNoNodes { .. } => "TemplateLeavesNoNodes",
             ResolveError::CopyOnCoherentNotAllowed { .. } => "CopyOnCoherentNotAllowed",
             ResolveError::InvalidResources { .. } => "InvalidResources",
             ResolveError::InvalidSpec { .. } => "InvalidSpec",
@@ -177,6 +191,7 @@ impl ResolveError {
             ResolveError::InvalidSelector { .. }
                 | ResolveError::NoReportedNodes { .. }
                 | ResolveError::NoCoherentNodes { .. }
+                | ResolveError::TemplateLeavesNoNodes { .. }
                 | ResolveError::CopyOnCoherentNotAllowed { .. }
                 | ResolveError::InsufficientGpus { .. }
                 | ResolveError::DoesNotFit { .. }

@@ -10,6 +10,7 @@
 //! and what fits ([`placement`], [`fit`]) → [`overlap`] → [`pinning`] → offload [`ratio`] → the
 //! framework's keys ([`framework`]).
 
+mod constraints;
 mod entry;
 mod error;
 mod fit;
@@ -29,6 +30,7 @@ use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
+pub use constraints::PodConstraints;
 pub use entry::{ClusterView, Unresolved, check_training_job, decide, decide_request};
 pub use error::ResolveError;
 pub use framework::{
@@ -115,7 +117,7 @@ pub struct Resolution {
     pub mode: OffloadMode,
     /// Overlap on or off.
     pub overlap: bool,
-    /// Offload ratio in (0, 1].
+    /// Offload ratio: in (0, 1], 0 when nothing is offloaded.
     pub ratio: f64,
     /// Pin host buffers.
     pub pin_memory: bool,
@@ -144,6 +146,21 @@ pub struct Resolution {
     pub exclude_nodes: Vec<String>,
     /// The pod's DRA claim entries whose devices are GPUs: the start-up guard shares them.
     pub gpu_claim_entries: Vec<String>,
+    /// The memory request the training container gets, where the decision counts on more host
+    /// memory than it requests.
+    pub memory_request: Option<MemoryRequest>,
+}
+
+/// The host memory the decision counts on, written as the training container's memory request
+/// where the user's is lower or absent, so the scheduler and quota systems see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryRequest {
+    /// The training container's index in the pod template.
+    pub container: usize,
+    /// The request, bytes (a whole number of MiB).
+    pub bytes: u64,
+    /// The user's request it replaces, where there was one.
+    pub raised_from: Option<u64>,
 }
 
 /// Most nodes a claim-pinned job's affinity lists as excluded; with more, the job is pinned
@@ -260,7 +277,8 @@ pub fn resolve_offload(
     // the agent's labels instead.
     let exclude_nodes = disagreeing_nodes(job, nodes);
     let by_claims = job.gpu_claims.is_some() && exclude_nodes.len() <= MAX_EXCLUDED_NODES;
-    let candidates = placement::Candidates::select(nodes, profile_name, profile, by_claims)?;
+    let candidates =
+        placement::Candidates::select(nodes, profile_name, profile, by_claims, &job.constraints)?;
     let placement = placement::choose(
         &placement::Context {
             job,
@@ -272,6 +290,10 @@ pub fn resolve_offload(
         &candidates,
     )?;
     reasons.add(Field::Mode, &placement.mode_why);
+    let memory_request = memory_request(job, placement.memory.as_ref());
+    if let Some(why) = memory_request.map(|r| memory_request_reason(job, &r)) {
+        reasons.add(Field::Mode, why);
+    }
     reasons.add(Field::NodeClass, &placement.class_why);
 
     let (overlap, overlap_efficiency, why) = overlap::decide(job, profile, &placement);
@@ -328,7 +350,41 @@ pub fn resolve_offload(
         gpu_claims,
         exclude_nodes,
         gpu_claim_entries: job.gpu_claim_entries.clone(),
+        memory_request,
     })
+}
+
+/// The training container's memory request where the chosen placement's host estimate is more
+/// than the user requests (rounded up to MiB); never lower than the user's.
+fn memory_request(job: &JobRequest, choice: Option<&fit::MemoryChoice>) -> Option<MemoryRequest> {
+    const MIB: u64 = 1 << 20;
+    let (container, requested) = job.training_container?;
+    let bytes = memory::bytes(choice?.estimate.host_per_pod)
+        .div_ceil(MIB)
+        .saturating_mul(MIB);
+    (requested.is_none_or(|r| r < bytes)).then_some(MemoryRequest {
+        container,
+        bytes,
+        raised_from: requested,
+    })
+}
+
+fn memory_request_reason(job: &JobRequest, r: &MemoryRequest) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let gib = |b: u64| memory::gib(b as f64);
+    let from = match r.raised_from {
+        Some(was) => format!("raised from {}", gib(was)),
+        None => "it requested none".to_string(),
+    };
+    let limit = job
+        .pod_memory_limit
+        .map(|l| format!(", within its limit of {}", gib(l)))
+        .unwrap_or_default();
+    format!(
+        "host memory: the training container (the pod template's container {}) requests {} ({from}){limit}: what this configuration counts on, so the scheduler and quota systems (Kueue) see it",
+        r.container,
+        gib(r.bytes)
+    )
 }
 
 /// A fixed partial ratio the framework cannot write is refused, saying what to change.
@@ -410,8 +466,13 @@ pub fn estimate_placement(
     let Some(jm) = fit::job_memory(job, &facts)? else {
         return Ok(None);
     };
-    let candidates =
-        placement::Candidates::select(nodes, profile_name, profile, job.gpu_claims.is_some())?;
+    let candidates = placement::Candidates::select(
+        nodes,
+        profile_name,
+        profile,
+        job.gpu_claims.is_some(),
+        &job.constraints,
+    )?;
     let Some(cm) = fit::class_memory(candidates.of(class), job) else {
         return Ok(None);
     };

@@ -7,6 +7,7 @@ use kube::core::{Selector, SelectorExt};
 use crate::index::{NodeIndex, NodeInfo};
 use offload_api::api::{ModeSetting, NodeClass, OffloadMode, OffloadProfileSpec, RatioSetting};
 
+use super::PodConstraints;
 use super::error::ResolveError;
 use super::fit::{self, Allowed, MemoryChoice};
 use super::framework::FrameworkFacts;
@@ -29,10 +30,13 @@ impl ClassNodes<'_> {
     }
 }
 
-/// The nodes a profile may use, by class.
+/// The nodes a profile may use, by class, that the pod template lets its pods land on.
 pub(super) struct Candidates<'a> {
     coherent: ClassNodes<'a>,
     discrete: ClassNodes<'a>,
+    /// What the template's constraints left out of each class (coherent, discrete), in a
+    /// sentence; `None` where they left out nothing.
+    left_out: [Option<String>; 2],
 }
 
 impl<'a> Candidates<'a> {
@@ -44,6 +48,7 @@ impl<'a> Candidates<'a> {
         profile_name: &str,
         profile: &OffloadProfileSpec,
         by_claims: bool,
+        constraints: &PodConstraints,
     ) -> Result<Self, ResolveError> {
         let invalid = |detail: String| ResolveError::InvalidSelector {
             profile: profile_name.to_string(),
@@ -56,18 +61,55 @@ impl<'a> Candidates<'a> {
             }
             None => None,
         };
-        let class = |class: NodeClass| ClassNodes {
-            class,
-            nodes: index
+        let profile_nodes = |class: NodeClass| -> Vec<&'a NodeInfo> {
+            index
                 .class(class)
                 .filter(|n| selector.as_ref().is_none_or(|s| s.matches(&n.labels)))
                 .filter(|n| by_claims || n.witness() != crate::index::Witness::DriverOnly)
-                .collect(),
+                .collect()
         };
-        Ok(Candidates {
-            coherent: class(NodeClass::Coherent),
-            discrete: class(NodeClass::Discrete),
-        })
+        // Every node is checked, also for a template with no constraints: its taints may keep
+        // the pods off.
+        let class = |class: NodeClass| -> (ClassNodes<'a>, Option<String>) {
+            let all = profile_nodes(class);
+            let left_out = constraints.left_out(all.iter().copied());
+            let nodes = all
+                .into_iter()
+                .filter(|n| constraints.excludes(n).is_none())
+                .collect();
+            (ClassNodes { class, nodes }, left_out)
+        };
+        let (coherent, coherent_out) = class(NodeClass::Coherent);
+        let (discrete, discrete_out) = class(NodeClass::Discrete);
+        let candidates = Candidates {
+            coherent,
+            discrete,
+            left_out: [coherent_out, discrete_out],
+        };
+        if candidates.is_empty()
+            && let Some(detail) = candidates.left_out_sentence()
+        {
+            return Err(ResolveError::TemplateLeavesNoNodes {
+                profile: profile_name.to_string(),
+                class: String::new(),
+                detail,
+            });
+        }
+        Ok(candidates)
+    }
+
+    /// What the template left out of every class, in one sentence.
+    fn left_out_sentence(&self) -> Option<String> {
+        let parts: Vec<&str> = self.left_out.iter().flatten().map(String::as_str).collect();
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
+
+    /// What the template left out of `class`.
+    pub(super) fn left_out(&self, class: NodeClass) -> Option<&str> {
+        match class {
+            NodeClass::Coherent => self.left_out[0].as_deref(),
+            NodeClass::Discrete => self.left_out[1].as_deref(),
+        }
     }
 
     pub(super) fn of(&self, class: NodeClass) -> &ClassNodes<'a> {
@@ -192,6 +234,13 @@ pub(super) fn choose<'c, 'a>(
         ModeSetting::Disabled => disabled(cx, candidates, source),
         ModeSetting::UnifiedMemory => {
             if coherent.nodes.is_empty() {
+                if let Some(detail) = candidates.left_out(NodeClass::Coherent) {
+                    return Err(ResolveError::TemplateLeavesNoNodes {
+                        profile: cx.profile_name.to_string(),
+                        class: " of class Coherent (mode UnifiedMemory)".into(),
+                        detail: detail.to_string(),
+                    });
+                }
                 if candidates.is_empty() {
                     return Err(no_nodes());
                 }

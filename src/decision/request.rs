@@ -26,12 +26,19 @@ pub struct JobRequest {
     pub model: Option<ModelHints>,
     /// The model's shape from its `config.json`, where the job references one and it was read.
     pub model_config: Option<super::shape::ModelShape>,
+    /// Where the pod template lets its pods run (its nodeSelector, required node affinity and
+    /// tolerations): they narrow the candidate nodes.
+    pub constraints: super::PodConstraints,
     /// Number of pods.
     pub pods: u32,
     /// GPUs each pod asks for (at least 1).
     pub gpus_per_pod: u32,
-    /// The pod's memory limit, when every container states one (bytes).
+    /// The pod's memory limit, when every container states one, or the training container's
+    /// own where lower (bytes).
     pub pod_memory_limit: Option<u64>,
+    /// The training container (index in the pod template) and its memory request as written:
+    /// the decision raises the request to the host memory it counts on.
+    pub training_container: Option<(usize, Option<u64>)>,
     /// What the user's framework config says that sizes memory.
     pub config: ConfigFacts,
     /// Whether a job no node class holds at once is refused now (a TrainingJob: the controller
@@ -59,9 +66,11 @@ impl Default for JobRequest {
             deepspeed: DeepSpeedRequest::default(),
             model: None,
             model_config: None,
+            constraints: super::PodConstraints::default(),
             pods: 1,
             gpus_per_pod: 1,
             pod_memory_limit: None,
+            training_container: None,
             config: ConfigFacts::default(),
             hold_for_capacity: true,
             gpu_claims: None,
@@ -92,8 +101,14 @@ pub struct DeepSpeedRequest {
 pub struct PodResources {
     /// `nvidia.com/gpu` over the containers (limits, else requests): 0 when none asks.
     pub gpus: u64,
-    /// The sum of the containers' memory limits, when every container has one.
+    /// The sum of the containers' memory limits, when every container has one; or the training
+    /// container's own limit, where that is lower.
     pub memory_limit: Option<u64>,
+    /// The training container: the first that asks for GPUs (or for DRA claims), else the
+    /// first. Its memory request is what the host memory the decision counts on is written to.
+    pub training_container: Option<usize>,
+    /// The training container's memory request as the user wrote it.
+    pub training_memory_request: Option<u64>,
 }
 
 impl PodResources {
@@ -105,7 +120,22 @@ impl PodResources {
         };
         let mut gpus: u64 = 0;
         let mut memory: Option<u64> = Some(0);
-        for c in &spec.containers {
+        let training = spec
+            .containers
+            .iter()
+            .position(|c| {
+                let r = c.resources.as_ref();
+                r.and_then(|r| r.limits.as_ref())
+                    .is_some_and(|l| l.contains_key(names::GPU_RESOURCE))
+                    || r.and_then(|r| r.requests.as_ref())
+                        .is_some_and(|l| l.contains_key(names::GPU_RESOURCE))
+                    || r.and_then(|r| r.claims.as_ref())
+                        .is_some_and(|c| !c.is_empty())
+            })
+            .or((!spec.containers.is_empty()).then_some(0));
+        let mut training_request = None;
+        let mut training_limit = None;
+        for (i, c) in spec.containers.iter().enumerate() {
             let resources = c.resources.as_ref();
             let limits = resources.and_then(|r| r.limits.as_ref());
             let requests = resources.and_then(|r| r.requests.as_ref());
@@ -127,17 +157,31 @@ impl PodResources {
                     }
                 })?;
             }
-            memory = match (memory, limits.and_then(|l| l.get("memory"))) {
-                (Some(total), Some(q)) => {
-                    let b = quantity::bytes(q).map_err(|e| bad("limits.memory", e))?;
-                    Some(total.saturating_add(b))
-                }
+            let limit = limits
+                .and_then(|l| l.get("memory"))
+                .map(|q| quantity::bytes(q).map_err(|e| bad("limits.memory", e)))
+                .transpose()?;
+            memory = match (memory, limit) {
+                (Some(total), Some(b)) => Some(total.saturating_add(b)),
                 _ => None,
             };
+            if Some(i) == training {
+                training_limit = limit;
+                training_request = requests
+                    .and_then(|r| r.get("memory"))
+                    .map(|q| quantity::bytes(q).map_err(|e| bad("requests.memory", e)))
+                    .transpose()?;
+            }
         }
+        let pod_limit = memory.filter(|_| !spec.containers.is_empty());
         Ok(PodResources {
             gpus,
-            memory_limit: memory.filter(|_| !spec.containers.is_empty()),
+            memory_limit: match (pod_limit, training_limit) {
+                (Some(p), Some(t)) => Some(p.min(t)),
+                (p, t) => p.or(t),
+            },
+            training_container: training,
+            training_memory_request: training_request,
         })
     }
 
@@ -212,9 +256,13 @@ impl JobRequest {
             deepspeed,
             model: spec.model.clone(),
             model_config: model_config.copied(),
+            constraints: super::PodConstraints::of(spec.template.spec.as_ref()),
             pods: u32::try_from(spec.replicas.max(1)).unwrap_or(1),
             gpus_per_pod: resources.gpus_per_pod(),
             pod_memory_limit: resources.memory_limit,
+            training_container: resources
+                .training_container
+                .map(|i| (i, resources.training_memory_request)),
             config: config.map(|c| c.facts).unwrap_or_default(),
             hold_for_capacity: true,
             gpu_claim_entries: gpu_claims
@@ -289,9 +337,13 @@ impl JobRequest {
                 deepspeed: DeepSpeedRequest::default(),
                 model,
                 model_config: None,
+                constraints: super::PodConstraints::default(),
                 pods,
                 gpus_per_pod: resources.gpus_per_pod(),
                 pod_memory_limit: resources.memory_limit,
+                training_container: resources
+                    .training_container
+                    .map(|i| (i, resources.training_memory_request)),
                 config: ConfigFacts::default(),
                 hold_for_capacity: false,
                 gpu_claims: None,

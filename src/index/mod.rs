@@ -14,7 +14,9 @@ use kube::runtime::reflector::Store;
 
 use crate::dra::api::ResourceSlice;
 
-pub use node::{Allocatable, MAX_NODE_TEXT, NodeInfo, Standing, Witness, bounded, bounded_to};
+pub use node::{
+    Allocatable, MAX_NODE_TEXT, NodeInfo, NodeTaint, Standing, Witness, bounded, bounded_to,
+};
 
 use offload_api::api::NodeClass;
 
@@ -101,6 +103,21 @@ pub fn node_info(node: &Node) -> NodeInfo {
             .unwrap_or(&BTreeMap::new()),
     )
     .with_allocatable(Allocatable::of(node))
+    .with_taints(
+        node.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .map(|t| {
+                t.iter()
+                    .map(|t| NodeTaint {
+                        key: t.key.clone(),
+                        value: t.value.clone(),
+                        effect: t.effect.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    )
 }
 
 /// The node index of the Node cache, rebuilt only when the cache changed.

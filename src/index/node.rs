@@ -101,12 +101,25 @@ pub struct NodeInfo {
     pub observed: Option<Result<ObservedSummary, ObservedError>>,
     /// What the kubelet says pods may use on the node.
     pub allocatable: Allocatable,
+    /// The node's taints (`spec.taints`): which pods may land there.
+    pub taints: Vec<NodeTaint>,
     /// What the GPU driver's ResourceSlices say about the node's GPUs (DRA), where it publishes
     /// any.
     pub driver: Option<DriverWitness>,
     standing: Standing,
     overlap_conflict: Option<String>,
     witness: Witness,
+}
+
+/// A taint of a node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeTaint {
+    /// Taint key.
+    pub key: String,
+    /// Taint value, if any.
+    pub value: Option<String>,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
+    pub effect: String,
 }
 
 /// Who vouches for a node's class.
@@ -153,6 +166,7 @@ impl NodeInfo {
             report,
             observed: None,
             allocatable: Allocatable::default(),
+            taints: Vec::new(),
             driver: None,
             standing,
             overlap_conflict,
@@ -173,6 +187,12 @@ impl NodeInfo {
     /// The same view with the node's allocatable resources.
     pub fn with_allocatable(mut self, allocatable: Allocatable) -> Self {
         self.allocatable = allocatable;
+        self
+    }
+
+    /// The same view with the node's taints.
+    pub fn with_taints(mut self, taints: Vec<NodeTaint>) -> Self {
+        self.taints = taints;
         self
     }
 

@@ -326,10 +326,35 @@ pub fn apply_to_pod_spec(
         });
     }
     merge_affinity(spec, &node_requirements(res));
+    raise_memory_request(spec, res);
+}
+
+/// Writes the host memory the decision counts on as the training container's memory request,
+/// where the user's is lower or absent; a user's request is never lowered and no limit is
+/// added. Written in MiB (`117000Mi`), the unit kubectl shows.
+fn raise_memory_request(spec: &mut PodSpec, res: &Resolution) {
+    let Some(r) = res.memory_request else {
+        return;
+    };
+    let Some(container) = spec.containers.get_mut(r.container) else {
+        return;
+    };
+    let resources = container
+        .resources
+        .get_or_insert_with(ResourceRequirements::default);
+    let requests = resources.requests.get_or_insert_with(BTreeMap::new);
+    let current = requests
+        .get("memory")
+        .and_then(|q| offload_api::quantity::bytes(q).ok());
+    if current.is_none_or(|c| c < r.bytes) {
+        requests.insert("memory".into(), Quantity(format!("{}Mi", r.bytes >> 20)));
+    }
 }
 
 /// ANDs `reqs` into every required node-selector term of the pod (adding one term when there is
-/// none). Requirements already present are not added twice.
+/// none). Requirements already present are not added twice. A term of the user's with neither
+/// expressions nor fields matches no node (as kube-scheduler reads it) and is left so: adding
+/// the class's requirements to it would widen the template instead of narrowing it.
 fn merge_affinity(spec: &mut PodSpec, reqs: &[NodeSelectorRequirement]) {
     if reqs.is_empty() {
         return;
@@ -343,12 +368,18 @@ fn merge_affinity(spec: &mut PodSpec, reqs: &[NodeSelectorRequirement]) {
         .get_or_insert_with(|| NodeSelector {
             node_selector_terms: Vec::new(),
         });
-    if required.node_selector_terms.is_empty() {
+    let created = required.node_selector_terms.is_empty();
+    if created {
         required
             .node_selector_terms
             .push(NodeSelectorTerm::default());
     }
     for term in &mut required.node_selector_terms {
+        let matches_nothing = term.match_expressions.as_ref().is_none_or(Vec::is_empty)
+            && term.match_fields.as_ref().is_none_or(Vec::is_empty);
+        if matches_nothing && !created {
+            continue;
+        }
         let exprs = term.match_expressions.get_or_insert_with(Vec::new);
         for req in reqs {
             if !exprs.contains(req) {

@@ -321,7 +321,17 @@ fn pod_template_gets_env_mount_and_affinity_once() {
         2,
         "the user's terms are kept, each ANDed with the class"
     );
-    for term in terms {
+    // The user's empty term matches no node (as kube-scheduler reads it) and stays so: the
+    // class's requirements would widen it.
+    assert!(
+        terms[1]
+            .match_expressions
+            .as_ref()
+            .is_none_or(Vec::is_empty),
+        "{:?}",
+        terms[1]
+    );
+    for term in &terms[..1] {
         let exprs = term.match_expressions.as_ref().unwrap();
         assert!(
             exprs
@@ -511,5 +521,55 @@ fn hostile_deepspeed_configs_get_a_clear_error_and_never_a_panic() {
     ] {
         let err = merge_config(&user, &res, &plan).unwrap_err().to_string();
         assert!(err.contains(want), "{case}: {err}");
+    }
+}
+
+#[test]
+fn the_host_memory_counted_on_becomes_the_training_containers_request() {
+    let mut res = resolved(Framework::DeepSpeed, Some("0.19.8"), fixtures::H200_READING);
+    res.memory_request = Some(crate::decision::MemoryRequest {
+        container: 1,
+        bytes: 117_000 << 20,
+        raised_from: None,
+    });
+    let container = |name: &str, request: Option<&str>| Container {
+        name: name.into(),
+        resources: request.map(|r| ResourceRequirements {
+            requests: Some([("memory".to_string(), Quantity(r.into()))].into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut spec = PodSpec {
+        containers: vec![container("sidecar", Some("1Gi")), container("train", None)],
+        ..Default::default()
+    };
+    apply_to_pod_spec(&mut spec, &res, None, &RenderOptions::default());
+    let requests =
+        |spec: &PodSpec, i: usize| spec.containers[i].resources.clone().unwrap_or_default();
+    assert_eq!(
+        requests(&spec, 1).requests.unwrap()["memory"],
+        Quantity("117000Mi".into())
+    );
+    assert!(requests(&spec, 1).limits.is_none(), "no limit is added");
+    assert_eq!(
+        requests(&spec, 0).requests.unwrap()["memory"],
+        Quantity("1Gi".into()),
+        "other containers untouched"
+    );
+    // Idempotent; and a user's larger request, in any unit, is never lowered.
+    let once = spec.clone();
+    apply_to_pod_spec(&mut spec, &res, None, &RenderOptions::default());
+    assert_eq!(spec, once);
+    for larger in ["0.5Ti", "1e12", "200Gi"] {
+        let mut spec = PodSpec {
+            containers: vec![container("sidecar", None), container("train", Some(larger))],
+            ..Default::default()
+        };
+        apply_to_pod_spec(&mut spec, &res, None, &RenderOptions::default());
+        assert_eq!(
+            requests(&spec, 1).requests.unwrap()["memory"],
+            Quantity(larger.into())
+        );
     }
 }

@@ -391,3 +391,87 @@ fn the_shape_alone_counts_the_parameters() {
         res.summary()
     );
 }
+
+#[test]
+fn the_host_memory_counted_on_is_requested_never_lowered() {
+    // The 10.7B's 41 % share counts on about 117 GiB of host memory per pod.
+    let mut job = trained("llama-10b", 2048);
+    job.training_container = Some((0, None));
+    let res = resolve(&job, &[with_host(h200("h"), H200_HOST)]).unwrap();
+    let r = res.memory_request.expect("a request is written");
+    assert_eq!(r.container, 0);
+    assert_eq!(r.bytes % (1 << 20), 0, "whole MiB");
+    assert!(r.bytes >= res.memory.as_ref().unwrap().host_bytes_per_pod);
+    assert!(
+        reason(&res, Field::Mode).contains("requests"),
+        "{}",
+        res.summary()
+    );
+    // A user's larger request stays: nothing written.
+    job.training_container = Some((0, Some(200 << 30)));
+    assert_eq!(
+        resolve(&job, &[with_host(h200("h"), H200_HOST)])
+            .unwrap()
+            .memory_request,
+        None
+    );
+    // A smaller one is raised, and says from what.
+    job.training_container = Some((0, Some(16 << 30)));
+    let res = resolve(&job, &[with_host(h200("h"), H200_HOST)]).unwrap();
+    assert_eq!(res.memory_request.unwrap().raised_from, Some(16 << 30));
+    assert!(
+        res.summary().contains("raised from 16.0 GiB"),
+        "{}",
+        res.summary()
+    );
+    // A limit below what the configuration needs stays a refusal with the figures.
+    job.pod_memory_limit = Some(64 << 30);
+    let err = resolve(&job, &[with_host(h200("h"), H200_HOST)]).unwrap_err();
+    assert!(err.to_string().contains("pod limit 64.0 GiB"), "{err}");
+}
+
+#[test]
+fn the_training_container_and_its_memory_are_read_in_any_unit() {
+    use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let container = |name: &str, gpu: bool, request: Option<&str>, limit: Option<&str>| Container {
+        name: name.into(),
+        resources: Some(ResourceRequirements {
+            requests: request.map(|r| [("memory".to_string(), Quantity(r.into()))].into()),
+            limits: Some(
+                limit
+                    .map(|l| ("memory".to_string(), Quantity(l.into())))
+                    .into_iter()
+                    .chain(gpu.then(|| ("nvidia.com/gpu".to_string(), Quantity("1".into()))))
+                    .collect(),
+            ),
+            claims: None,
+        }),
+        ..Default::default()
+    };
+    let spec = PodSpec {
+        containers: vec![
+            container("sidecar", false, Some("1Gi"), None),
+            container("train", true, Some("1e3Mi"), Some("0.5Ti")),
+        ],
+        ..Default::default()
+    };
+    let r = PodResources::of(Some(&spec)).unwrap();
+    assert_eq!(
+        r.training_container,
+        Some(1),
+        "the container that asks for GPUs"
+    );
+    assert_eq!(r.training_memory_request, Some(1000 << 20));
+    assert_eq!(
+        r.memory_limit,
+        Some(1 << 39),
+        "the training container's own limit"
+    );
+    let bad = PodSpec {
+        containers: vec![container("train", true, Some("lots"), None)],
+        ..Default::default()
+    };
+    let err = PodResources::of(Some(&bad)).unwrap_err().to_string();
+    assert!(err.contains("container \"train\" requests.memory"), "{err}");
+}

@@ -249,3 +249,99 @@ fn profile_selector_narrows_the_candidates() {
     let err = resolve_offload(&deepspeed("0.19.8"), "train", &p, &idx(&nodes)).unwrap_err();
     assert_eq!(err.category(), "InvalidProfileSelector");
 }
+
+fn gpu_tainted(n: NodeInfo) -> NodeInfo {
+    n.with_taints(vec![crate::index::NodeTaint {
+        key: "nvidia.com/gpu".into(),
+        value: Some("present".into()),
+        effect: "NoSchedule".into(),
+    }])
+}
+
+fn labelled(n: NodeInfo) -> NodeInfo {
+    // What the agent publishes: the memory model label.
+    let uma = n
+        .parsed_report()
+        .map(|r| r.memory_model == offload_api::report::NodeMemoryModel::Coherent);
+    let mut n = n;
+    n.labels
+        .insert(names_uma().into(), uma.unwrap_or(false).to_string());
+    n
+}
+
+fn names_uma() -> &'static str {
+    offload_api::names::LABEL_UMA
+}
+
+#[test]
+fn the_templates_node_selector_narrows_the_classes_before_one_is_chosen() {
+    let nodes = [labelled(gh200("gh-a")), labelled(h200("h-a"))];
+    // Coherent comes first in the profile's order; a template that asks for discrete nodes
+    // gets them.
+    assert_eq!(
+        resolve(&deepspeed("0.19.8"), &nodes).unwrap().mode,
+        OffloadMode::UnifiedMemory
+    );
+    let mut job = deepspeed("0.19.8");
+    job.constraints.node_selector = [(names_uma().to_string(), "false".to_string())].into();
+    let res = resolve(&job, &nodes).unwrap();
+    assert_eq!(res.mode, OffloadMode::CpuCopy, "{}", res.summary());
+    assert_eq!(res.node_class, Some(NodeClass::Discrete));
+    // Required affinity NotIn [true] says the same.
+    let mut job = deepspeed("0.19.8");
+    job.constraints.required_terms = Some(vec![k8s_openapi::api::core::v1::NodeSelectorTerm {
+        match_expressions: Some(vec![k8s_openapi::api::core::v1::NodeSelectorRequirement {
+            key: names_uma().into(),
+            operator: "NotIn".into(),
+            values: Some(vec!["true".into()]),
+        }]),
+        match_fields: None,
+    }]);
+    assert_eq!(
+        resolve(&job, &nodes).unwrap().node_class,
+        Some(NodeClass::Discrete)
+    );
+}
+
+#[test]
+fn a_template_that_leaves_no_node_is_held_with_what_it_leaves_out() {
+    let nodes = [gpu_tainted(gh200("gh-a")), gpu_tainted(h200("h-a"))];
+    let err = resolve(&deepspeed("0.19.8"), &nodes).unwrap_err();
+    assert_eq!(err.category(), "TemplateLeavesNoNodes");
+    assert!(err.depends_on_cluster());
+    let msg = err.to_string();
+    assert!(
+        msg.contains("gh-a (its taint nvidia.com/gpu=present:NoSchedule is not tolerated)"),
+        "{msg}"
+    );
+    assert!(msg.contains("no tolerations"), "{msg}");
+    // Tolerating it, both classes are there again.
+    let mut job = deepspeed("0.19.8");
+    job.constraints.tolerations = vec![k8s_openapi::api::core::v1::Toleration {
+        key: Some("nvidia.com/gpu".into()),
+        operator: Some("Exists".into()),
+        ..Default::default()
+    }];
+    assert_eq!(
+        resolve(&job, &nodes).unwrap().mode,
+        OffloadMode::UnifiedMemory
+    );
+    // Only the coherent node tainted: an untolerating job goes to the discrete one.
+    let nodes = [gpu_tainted(gh200("gh-a")), h200("h-a")];
+    assert_eq!(
+        resolve(&deepspeed("0.19.8"), &nodes).unwrap().node_class,
+        Some(NodeClass::Discrete)
+    );
+    // A selector key no node has: held, naming the key.
+    let mut job = deepspeed("0.19.8");
+    job.constraints.node_selector = [("pool".to_string(), "a".to_string())].into();
+    let msg = resolve(&job, &[h200("h-a")]).unwrap_err().to_string();
+    assert!(msg.contains("it has no label pool"), "{msg}");
+    // UnifiedMemory asked for where the template leaves out the coherent nodes.
+    let mut job = deepspeed("0.19.8");
+    job.offload.mode = ModeSetting::UnifiedMemory;
+    job.constraints.node_selector = [(names_uma().to_string(), "false".to_string())].into();
+    let err = resolve(&job, &[labelled(gh200("gh-a")), labelled(h200("h-a"))]).unwrap_err();
+    assert_eq!(err.category(), "TemplateLeavesNoNodes");
+    assert!(err.to_string().contains("of class Coherent"), "{err}");
+}

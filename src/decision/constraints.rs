@@ -1,0 +1,209 @@
+//! Where the pod template lets its pods run: its `nodeSelector`, its required node affinity and
+//! its tolerations, read the way kube-scheduler reads them. They narrow the candidate nodes
+//! before any node class is chosen, so the decision never picks a class the pods cannot land
+//! on, and the affinity the operator adds never contradicts the template's.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, PodSpec, Toleration};
+
+use crate::index::{NodeInfo, NodeTaint};
+
+/// The template's placement constraints.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodConstraints {
+    /// `spec.nodeSelector`: every label must match.
+    pub node_selector: BTreeMap<String, String>,
+    /// `requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms`: at least one term
+    /// must match (`None`: no required affinity).
+    pub required_terms: Option<Vec<NodeSelectorTerm>>,
+    /// `spec.tolerations`.
+    pub tolerations: Vec<Toleration>,
+}
+
+/// Most excluded nodes a message names; the rest are counted.
+const NAMED: usize = 4;
+
+impl PodConstraints {
+    /// The constraints of a pod spec.
+    pub fn of(spec: Option<&PodSpec>) -> PodConstraints {
+        let Some(spec) = spec else {
+            return PodConstraints::default();
+        };
+        PodConstraints {
+            node_selector: spec.node_selector.clone().unwrap_or_default(),
+            required_terms: spec
+                .affinity
+                .as_ref()
+                .and_then(|a| a.node_affinity.as_ref())
+                .and_then(|n| {
+                    n.required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                })
+                .map(|r| r.node_selector_terms.clone()),
+            tolerations: spec.tolerations.clone().unwrap_or_default(),
+        }
+    }
+
+    /// Why the pods could not land on `node`, or `None` where they can.
+    pub fn excludes(&self, node: &NodeInfo) -> Option<String> {
+        for (key, value) in &self.node_selector {
+            match node.labels.get(key) {
+                Some(v) if v == value => {}
+                Some(v) => {
+                    return Some(format!(
+                        "its label {key} is {v:?}, the nodeSelector asks for {value:?}"
+                    ));
+                }
+                None => {
+                    return Some(format!(
+                        "it has no label {key} (the nodeSelector asks for {value:?})"
+                    ));
+                }
+            }
+        }
+        if let Some(terms) = &self.required_terms
+            && !terms.iter().any(|t| term_matches(t, node))
+        {
+            return Some("no term of the required node affinity matches its labels".into());
+        }
+        node.taints
+            .iter()
+            .find(|t| blocks(t) && !self.tolerations.iter().any(|tol| tolerates(tol, t)))
+            .map(|t| {
+                format!(
+                    "its taint {}{}:{} is not tolerated",
+                    t.key,
+                    t.value
+                        .as_deref()
+                        .map(|v| format!("={v}"))
+                        .unwrap_or_default(),
+                    t.effect
+                )
+            })
+    }
+
+    /// The constraints in a phrase, for messages: `nodeSelector {offload.dev/uma=false}, no
+    /// tolerations`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.node_selector.is_empty() {
+            let pairs: Vec<String> = self
+                .node_selector
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            parts.push(format!("nodeSelector {{{}}}", pairs.join(", ")));
+        }
+        if let Some(terms) = &self.required_terms {
+            parts.push(format!(
+                "required node affinity ({} term{})",
+                terms.len(),
+                if terms.len() == 1 { "" } else { "s" }
+            ));
+        }
+        parts.push(if self.tolerations.is_empty() {
+            "no tolerations".to_string()
+        } else {
+            format!("{} toleration(s)", self.tolerations.len())
+        });
+        parts.join(", ")
+    }
+
+    /// What the constraints leave out of `nodes`, in a sentence (`None`: nothing).
+    pub fn left_out<'a>(&self, nodes: impl Iterator<Item = &'a NodeInfo>) -> Option<String> {
+        let mut named = Vec::new();
+        let mut count = 0usize;
+        for n in nodes {
+            if let Some(why) = self.excludes(n) {
+                count += 1;
+                if named.len() < NAMED {
+                    named.push(format!("{} ({why})", n.name));
+                }
+            }
+        }
+        (count > 0).then(|| {
+            let more = count - named.len();
+            format!(
+                "the pod template's constraints ({}) leave out {count} node(s): {}{}",
+                self.describe(),
+                named.join("; "),
+                if more > 0 {
+                    format!("; and {more} more")
+                } else {
+                    String::new()
+                }
+            )
+        })
+    }
+}
+
+/// Only these effects keep a pod off a node.
+fn blocks(t: &NodeTaint) -> bool {
+    t.effect == "NoSchedule" || t.effect == "NoExecute"
+}
+
+/// Kubernetes' toleration rule: the key matches (an empty key with `Exists` matches every
+/// key), the value matches under `Equal` (the default), and the effect matches or is empty.
+fn tolerates(tol: &Toleration, taint: &NodeTaint) -> bool {
+    let exists = tol.operator.as_deref() == Some("Exists");
+    let key = tol.key.as_deref().unwrap_or_default();
+    if key.is_empty() && !exists {
+        return false;
+    }
+    if !key.is_empty() && key != taint.key {
+        return false;
+    }
+    let value_ok = exists
+        || tol.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default();
+    let effect_ok = tol
+        .effect
+        .as_deref()
+        .is_none_or(|e| e.is_empty() || e == taint.effect);
+    value_ok && effect_ok
+}
+
+/// A node selector term: every expression and field requirement holds. An empty term matches
+/// nothing (as kube-scheduler reads it).
+fn term_matches(term: &NodeSelectorTerm, node: &NodeInfo) -> bool {
+    let exprs = term.match_expressions.as_deref().unwrap_or_default();
+    let fields = term.match_fields.as_deref().unwrap_or_default();
+    if exprs.is_empty() && fields.is_empty() {
+        return false;
+    }
+    exprs
+        .iter()
+        .all(|r| requirement_matches(r, node.labels.get(&r.key).map(String::as_str)))
+        && fields
+            .iter()
+            .all(|r| r.key == "metadata.name" && requirement_matches(r, Some(node.name.as_str())))
+}
+
+fn requirement_matches(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
+    let values = r.values.as_deref().unwrap_or_default();
+    let number = |s: &str| s.parse::<i64>().ok();
+    match r.operator.as_str() {
+        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
+        "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" | "Lt" => match (
+            value.and_then(number),
+            values.first().and_then(|x| number(x)),
+        ) {
+            (Some(v), Some(bound)) if values.len() == 1 => {
+                if r.operator == "Gt" {
+                    v > bound
+                } else {
+                    v < bound
+                }
+            }
+            _ => false,
+        },
+        // An operator the API server would not have stored: matches nothing.
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests;

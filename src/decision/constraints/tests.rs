@@ -1,0 +1,197 @@
+//! The template's constraints as kube-scheduler reads them.
+
+use super::*;
+use k8s_openapi::api::core::v1::{Affinity, NodeAffinity, NodeSelector};
+
+fn node(name: &str, labels: &[(&str, &str)], taints: &[(&str, Option<&str>, &str)]) -> NodeInfo {
+    NodeInfo::new(
+        name,
+        labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        None,
+    )
+    .with_taints(
+        taints
+            .iter()
+            .map(|(k, v, e)| NodeTaint {
+                key: k.to_string(),
+                value: v.map(str::to_string),
+                effect: e.to_string(),
+            })
+            .collect(),
+    )
+}
+
+fn req(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {
+    NodeSelectorRequirement {
+        key: key.into(),
+        operator: op.into(),
+        values: (!values.is_empty()).then(|| values.iter().map(|v| v.to_string()).collect()),
+    }
+}
+
+fn with_terms(terms: Vec<Vec<NodeSelectorRequirement>>) -> PodConstraints {
+    PodConstraints::of(Some(&PodSpec {
+        affinity: Some(Affinity {
+            node_affinity: Some(NodeAffinity {
+                required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                    node_selector_terms: terms
+                        .into_iter()
+                        .map(|e| NodeSelectorTerm {
+                            match_expressions: Some(e),
+                            match_fields: None,
+                        })
+                        .collect(),
+                }),
+                preferred_during_scheduling_ignored_during_execution: None,
+            }),
+            ..Affinity::default()
+        }),
+        ..PodSpec::default()
+    }))
+}
+
+fn toleration(key: &str, op: &str, value: Option<&str>, effect: Option<&str>) -> Toleration {
+    Toleration {
+        key: (!key.is_empty()).then(|| key.to_string()),
+        operator: Some(op.into()),
+        value: value.map(str::to_string),
+        effect: effect.map(str::to_string),
+        toleration_seconds: None,
+    }
+}
+
+#[test]
+fn a_node_selector_needs_every_label() {
+    let c = PodConstraints {
+        node_selector: BTreeMap::from([("offload.dev/uma".into(), "false".into())]),
+        ..PodConstraints::default()
+    };
+    assert!(
+        c.excludes(&node("h", &[("offload.dev/uma", "false")], &[]))
+            .is_none()
+    );
+    let why = c
+        .excludes(&node("gh", &[("offload.dev/uma", "true")], &[]))
+        .unwrap();
+    assert!(why.contains("offload.dev/uma is \"true\""), "{why}");
+    let why = c.excludes(&node("bare", &[], &[])).unwrap();
+    assert!(why.contains("has no label offload.dev/uma"), "{why}");
+}
+
+#[test]
+fn required_affinity_terms_are_ored_and_their_expressions_anded() {
+    let c = with_terms(vec![
+        vec![
+            req("pool", "In", &["a", "b"]),
+            req("zone", "NotIn", &["z9"]),
+        ],
+        vec![req("gpu-count", "Gt", &["4"])],
+    ]);
+    assert!(
+        c.excludes(&node("a", &[("pool", "a"), ("zone", "z1")], &[]))
+            .is_none()
+    );
+    assert!(
+        c.excludes(&node("a9", &[("pool", "a"), ("zone", "z9")], &[]))
+            .is_some()
+    );
+    assert!(
+        c.excludes(&node("big", &[("gpu-count", "8")], &[]))
+            .is_none()
+    );
+    assert!(
+        c.excludes(&node("small", &[("gpu-count", "2")], &[]))
+            .is_some()
+    );
+    assert!(
+        c.excludes(&node("nan", &[("gpu-count", "eight")], &[]))
+            .is_some()
+    );
+    let exists = with_terms(vec![vec![
+        req("pool", "Exists", &[]),
+        req("spot", "DoesNotExist", &[]),
+    ]]);
+    assert!(exists.excludes(&node("p", &[("pool", "x")], &[])).is_none());
+    assert!(
+        exists
+            .excludes(&node("s", &[("pool", "x"), ("spot", "1")], &[]))
+            .is_some()
+    );
+    // An empty term matches nothing; so does an operator the API server would not store.
+    assert!(
+        with_terms(vec![vec![]])
+            .excludes(&node("any", &[], &[]))
+            .is_some()
+    );
+    assert!(
+        with_terms(vec![vec![req("pool", "Like", &["a"])]])
+            .excludes(&node("p", &[("pool", "a")], &[]))
+            .is_some()
+    );
+}
+
+#[test]
+fn taints_keep_pods_off_unless_tolerated() {
+    let gpu = node(
+        "g",
+        &[],
+        &[("nvidia.com/gpu", Some("present"), "NoSchedule")],
+    );
+    let soft = node("s", &[], &[("spot", None, "PreferNoSchedule")]);
+    let none = PodConstraints::default();
+    let why = none.excludes(&gpu).unwrap();
+    assert!(
+        why.contains("taint nvidia.com/gpu=present:NoSchedule is not tolerated"),
+        "{why}"
+    );
+    assert!(
+        none.excludes(&soft).is_none(),
+        "PreferNoSchedule keeps no pod off"
+    );
+    for (tol, ok) in [
+        (
+            toleration("nvidia.com/gpu", "Exists", None, Some("NoSchedule")),
+            true,
+        ),
+        (toleration("nvidia.com/gpu", "Exists", None, None), true),
+        (
+            toleration("nvidia.com/gpu", "Equal", Some("present"), None),
+            true,
+        ),
+        (
+            toleration("nvidia.com/gpu", "Equal", Some("absent"), None),
+            false,
+        ),
+        (
+            toleration("nvidia.com/gpu", "Exists", None, Some("NoExecute")),
+            false,
+        ),
+        (toleration("", "Exists", None, None), true),
+        // An empty key with Equal tolerates nothing (the API refuses it on a Pod).
+        (toleration("", "Equal", Some("present"), None), false),
+    ] {
+        let c = PodConstraints {
+            tolerations: vec![tol.clone()],
+            ..PodConstraints::default()
+        };
+        assert_eq!(c.excludes(&gpu).is_none(), ok, "{tol:?}");
+    }
+}
+
+#[test]
+fn what_is_left_out_is_named_node_by_node_and_bounded() {
+    let c = PodConstraints {
+        node_selector: BTreeMap::from([("pool".into(), "a".into())]),
+        ..PodConstraints::default()
+    };
+    let nodes: Vec<NodeInfo> = (0..10)
+        .map(|i| node(&format!("n{i}"), &[("pool", "b")], &[]))
+        .collect();
+    let msg = c.left_out(nodes.iter()).unwrap();
+    assert!(msg.starts_with("the pod template's constraints (nodeSelector {pool=a}, no tolerations) leave out 10 node(s): n0 (its label pool is \"b\""), "{msg}");
+    assert!(msg.ends_with("; and 6 more"), "{msg}");
+    assert!(c.left_out(std::iter::empty()).is_none());
+}
