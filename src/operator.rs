@@ -127,6 +127,10 @@ pub async fn run(
                 ),
                 metrics: metrics.clone(),
                 configs: crate::webhook::ConfigSource::Api(client.clone()),
+                events: Some(crate::webhook::events::EventSink::start(
+                    client.clone(),
+                    "offload-operator-webhook",
+                )),
             };
             let (_rotator, bound, serve) =
                 crate::webhook::serve(client.clone(), wh, state, stop.clone()).await?;

@@ -58,6 +58,7 @@ fn app() -> axum::Router {
         )),
         metrics: Metrics::new(&mut registry),
         configs: Default::default(),
+        events: None,
     })
 }
 

@@ -143,6 +143,10 @@ async fn setup() -> (&'static DevCluster, Client, &'static Served) {
                     view: Arc::new(StoreView::new(&caches)),
                     metrics,
                     configs: offload_operator::webhook::ConfigSource::Api(client.clone()),
+                    events: Some(offload_operator::webhook::events::EventSink::start(
+                        client.clone(),
+                        "offload-operator-test",
+                    )),
                 };
                 let options = WebhookOptions {
                     addr: format!("127.0.0.1:{port}").parse().unwrap(),
@@ -269,9 +273,31 @@ async fn labelled_pods_and_jobs_are_stored_configured_and_others_untouched() {
         .create(&PostParams::default(), &job)
         .await
         .unwrap();
+    let annotations = stored.metadata.annotations.clone().unwrap_or_default();
+    let uid = stored.metadata.uid.clone().unwrap();
     let template = stored.spec.unwrap().template.spec.unwrap();
     assert!(env_names(&template).contains(&"OFFLOAD_MODE".to_string()));
     assert!(template.affinity.is_some());
+    // Its owner sees why: every reason in an annotation, and an Event on the Job itself.
+    let reasons = &annotations["offload.dev/reasons"];
+    assert!(
+        reasons.lines().any(|l| l.starts_with("mode: ")) && reasons.contains("\nnodeClass: "),
+        "{reasons}"
+    );
+    let note = wait_list(
+        Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), &ns),
+        kube::runtime::watcher::Config::default().fields(&format!(
+            "involvedObject.uid={uid},reason=OffloadConfigured"
+        )),
+        "an OffloadConfigured Event on Job train",
+        Duration::from_secs(60),
+        |events| events.first().and_then(|e| e.message.clone()),
+    )
+    .await;
+    assert!(
+        note.starts_with("mode=CPUCopy") && note.contains("offload.dev/reasons"),
+        "{note}"
+    );
 }
 
 #[tokio::test]

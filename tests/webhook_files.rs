@@ -45,6 +45,7 @@ async fn file_certificates_are_served_and_reloaded_without_a_restart() {
         view: Arc::new(StoreView::from_stores(profiles, nodes)),
         metrics: Metrics::new(&mut registry),
         configs: Default::default(),
+        events: None,
     };
     let options = WebhookOptions {
         addr: "127.0.0.1:0".parse().unwrap(),

@@ -138,9 +138,14 @@ impl PodConstraints {
     }
 }
 
-/// Only these effects keep a pod off a node.
+/// Only these effects keep a pod off a node, and only taints of policy: the ones Kubernetes
+/// itself sets from a node's conditions (`node.kubernetes.io/not-ready`, `…/unreachable`,
+/// `…/memory-pressure`, `…/unschedulable` when cordoned, …) say the node is away for now, not
+/// that the job may not run there — kube-scheduler waits for them to clear, and a decision made
+/// once for the job's lifetime must not move it to another class for a node restarting.
 fn blocks(t: &NodeTaint) -> bool {
-    t.effect == "NoSchedule" || t.effect == "NoExecute"
+    (t.effect == "NoSchedule" || t.effect == "NoExecute")
+        && !t.key.starts_with("node.kubernetes.io/")
 }
 
 /// Kubernetes' toleration rule: the key matches (an empty key with `Exists` matches every

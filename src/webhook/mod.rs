@@ -5,6 +5,7 @@
 //! `allowed: false`, the request uid kept, and a message that names the field to change.
 
 pub mod admit;
+pub mod events;
 pub mod kinds;
 pub mod tls;
 
@@ -73,6 +74,8 @@ pub struct WebhookState {
     /// Where the DeepSpeed ConfigMap a TrainingJob under review references is read from (the
     /// ZeRO stage it states decides what the job can take).
     pub configs: ConfigSource,
+    /// Where Events on configured objects of other kinds go (`None`: none are written).
+    pub events: Option<events::EventSink>,
 }
 
 /// Where the webhook reads the DeepSpeed configs that TrainingJobs reference.
@@ -355,6 +358,29 @@ async fn handle(
             Verdict::internal_error(&req, &what)
         }
     };
+    if let (Some(sink), Some(res)) = (state.events.as_ref(), verdict.resolution.as_ref())
+        && req.operation == kube::core::admission::Operation::Create
+        && !req.dry_run
+        && !req.name.is_empty()
+    {
+        sink.send(events::Pending {
+            gvk: kube::core::GroupVersionKind::gvk(
+                &req.kind.group,
+                &req.kind.version,
+                &req.kind.kind,
+            ),
+            plural: req.resource.resource.clone(),
+            namespace: req.namespace.clone().unwrap_or_else(|| "default".into()),
+            name: req.name.clone(),
+            reason: "OffloadConfigured",
+            note: format!(
+                "{}; {} (every reason in annotation {})",
+                render::resolved_summary(res),
+                res.summary(),
+                offload_api::names::ANNOTATION_REASONS
+            ),
+        });
+    }
     if let Some(reason) = verdict.denied {
         state
             .metrics

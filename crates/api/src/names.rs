@@ -110,6 +110,9 @@ pub const ANNOTATION_MODEL_CONFIG: &str = "offload.dev/model-config";
 /// Annotation on other job kinds and Pods: `true` where the training code recomputes
 /// activations in backward.
 pub const ANNOTATION_ACTIVATION_CHECKPOINTING: &str = "offload.dev/activation-checkpointing";
+/// Annotation the webhook writes on configured objects of other kinds and Pods: every reason
+/// of the decision, one `field: reason` a line, as a TrainingJob's `status.offload.reasons`.
+pub const ANNOTATION_REASONS: &str = "offload.dev/reasons";
 /// Kueue's label naming the LocalQueue a job is submitted to: a TrainingJob carrying it gets a
 /// workload Job carrying it, created suspended, which Kueue admits.
 pub const KUEUE_QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";

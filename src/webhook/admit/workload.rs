@@ -79,6 +79,28 @@ fn labelled(obj: &Value) -> bool {
         .is_some()
 }
 
+/// Most bytes of the reasons annotation (the API server allows 256 KiB for all annotations).
+const MAX_REASONS_BYTES: usize = 16 * 1024;
+
+/// The decision's reasons, one `field: reason` a line, bounded.
+pub fn reasons_text(res: &Resolution) -> String {
+    let mut text = res
+        .reasons
+        .iter()
+        .map(|r| format!("{}: {}", r.field.as_str(), r.message))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if text.len() > MAX_REASONS_BYTES {
+        let mut cut = MAX_REASONS_BYTES;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push('…');
+    }
+    text
+}
+
 fn annotate_resolved(obj: &mut Value, res: &Resolution) {
     let summary = render::resolved_summary(res);
     if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -89,6 +111,10 @@ fn annotate_resolved(obj: &mut Value, res: &Resolution) {
             a.insert(
                 names::ANNOTATION_RESOLVED.to_string(),
                 Value::String(summary),
+            );
+            a.insert(
+                names::ANNOTATION_REASONS.to_string(),
+                Value::String(reasons_text(res)),
             );
         }
     }

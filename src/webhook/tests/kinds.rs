@@ -62,6 +62,23 @@ async fn batch_jobs_are_configured_once() {
             .unwrap()
             .contains("mode=UnifiedMemory")
     );
+    // Every reason, one a line, as a TrainingJob's status has them.
+    let reasons = out["metadata"]["annotations"][names::ANNOTATION_REASONS]
+        .as_str()
+        .unwrap();
+    for field in [
+        "mode: ",
+        "nodeClass: ",
+        "overlap: ",
+        "offloadRatio: ",
+        "pinMemory: ",
+        "framework: ",
+    ] {
+        assert!(
+            reasons.lines().any(|l| l.starts_with(field)),
+            "{field}: {reasons}"
+        );
+    }
     let again = admit(
         coherent_cluster(),
         paths::MUTATE_WORKLOAD,
@@ -459,6 +476,7 @@ async fn pods_with_gpu_claims_are_sized_by_them() {
         view: Arc::new(view),
         metrics: Metrics::new(&mut registry),
         configs: ConfigSource::Memory(BTreeMap::new()),
+        events: None,
     });
     let pod = |template: &str| {
         let mut meta = opted_meta("p");

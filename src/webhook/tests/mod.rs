@@ -59,6 +59,7 @@ pub(super) fn app_full(
         view: Arc::new(view),
         metrics: Metrics::new(&mut registry),
         configs: ConfigSource::Memory(configs),
+        events: None,
     })
 }
 
