@@ -40,6 +40,27 @@ impl<'de, K: DeserializeOwned> Deserialize<'de> for Guarded<K> {
     }
 }
 
+/// Reads `value` as `T`; an error names the field it happened at, as the API server's schema
+/// errors do (`spec.model.layers: invalid type: string "32", expected i64`).
+pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, String> {
+    serde_path_to_error::deserialize(value).map_err(|e| at_path(e.path(), e.inner()))
+}
+
+/// [`from_value`] for JSON text.
+pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, String> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| at_path(e.path(), e.inner()))
+}
+
+fn at_path(path: &serde_path_to_error::Path, e: &serde_json::Error) -> String {
+    let path = path.to_string();
+    if path.is_empty() || path == "." {
+        e.to_string()
+    } else {
+        format!("{path}: {e}")
+    }
+}
+
 /// Reads `text` as `K`, or as an [`InvalidObject`] naming what it can.
 #[expect(
     clippy::result_large_err,
@@ -61,7 +82,10 @@ fn read<K: DeserializeOwned>(text: &str) -> Result<K, InvalidObject> {
             "the object is nested more than 128 levels deep, deeper than the operator reads ({first})"
         )
     } else {
-        first.to_string()
+        // Read again to name the field (only on this error path).
+        from_str::<K>(text)
+            .err()
+            .unwrap_or_else(|| first.to_string())
     };
     // Only the metadata that names and tracks the object (managed fields are skipped with
     // everything else).

@@ -90,7 +90,17 @@ async fn crds_are_served_and_their_schema_is_enforced() {
         "apiVersion: offload.dev/v1alpha1\nkind: OffloadProfile\nmetadata: {{name: bad-ratio-{ns}}}\nspec: {{offloadRatio: \"1.5\"}}\n"
     ));
     assert!(
-        err.contains("offloadRatio must be Auto or a number greater than 0 and at most 1"),
+        err.contains("offloadRatio must be Auto, None (nothing offloaded, with mode Disabled) or a number greater than 0 and at most 1"),
+        "{err}"
+    );
+    // None is what the operator writes for a job with nothing offloaded: only with Disabled.
+    let err = reject(format!(
+        "apiVersion: offload.dev/v1alpha1\nkind: OffloadProfile\nmetadata: {{name: none-ratio-{ns}}}\nspec: {{mode: Auto, offloadRatio: \"None\"}}\n"
+    ));
+    assert!(
+        err.contains(
+            "offloadRatio None means nothing is offloaded: it goes only with mode Disabled"
+        ),
         "{err}"
     );
     let err = reject(format!(

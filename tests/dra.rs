@@ -208,7 +208,7 @@ async fn five_nodes_as_agent_and_driver_describe_them(client: &kube::Client, ns:
     // 300 GPUs with an addressing mode no driver writes: not believed, and nothing else moves.
     let bad = StandInGpu {
         addressing_mode: Some("QUANTUM".into()),
-        product: "NVIDIA GH200 480GB".into(),
+        ..StandInGpu::gh200()
     };
     dra::publish(client, &node("bad"), &vec![bad; 300])
         .await
@@ -357,4 +357,99 @@ async fn the_profile_names_the_disagreeing_node(profiles: &Api<OffloadProfile>, 
         "{}",
         ready.message
     );
+}
+
+/// On a cluster of mixed 80 GB and 141 GB GPUs of one class, a job that fits a 141 GB GPU
+/// without offload, and an 80 GB one only with offload, is decided without offload and its
+/// claims select GPUs by memory: the scheduler allocates only the large GPUs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_are_sized_by_memory_on_mixed_gpus() {
+    let cluster = cluster(ClusterOptions::full());
+    let client = client(cluster).await;
+    operator(cluster);
+    let ns = namespace(&client, "dramem").await;
+    let node = |suffix: &str| format!("{ns}-{suffix}");
+    dra::device_class(&client).await.unwrap();
+    let nodes: Api<Node> = Api::all(client.clone());
+    for (n, gpu) in [("h100", StandInGpu::h100()), ("h200", StandInGpu::h200())] {
+        nodes
+            .create(&PostParams::default(), &dra_node(&node(n), None, &ns))
+            .await
+            .unwrap();
+        dra::publish(&client, &node(n), &vec![gpu; 2])
+            .await
+            .unwrap();
+    }
+    Api::<OffloadProfile>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &pool_profile(&format!("{ns}-any"), &ns, json!({})),
+        )
+        .await
+        .unwrap();
+    gpu_template(&client, &ns, "one-gpu", 1).await;
+    // Mistral-7B's shape at 2048 tokens: 122 GiB without offload.
+    let mut job = claiming_job("mistral", &format!("{ns}-any"), "one-gpu");
+    job.spec.model = Some(
+        serde_json::from_value(json!({
+            "architecture": "Llama", "hiddenSize": 4096, "layers": 32, "intermediateSize": 14336,
+            "attentionHeads": 32, "keyValueHeads": 8, "vocabSize": 32000, "tokensPerStep": 2048
+        }))
+        .unwrap(),
+    );
+    let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    tjs.create(&PostParams::default(), &job).await.unwrap();
+    let resolved = wait_for_condition(&tjs, "mistral", "WorkloadCreated", "True").await;
+    let decision = resolved.status.unwrap().offload.unwrap();
+    assert_eq!(serde_json::to_value(decision.mode).unwrap(), "Disabled");
+    let reasons = serde_json::to_string(&decision.reasons).unwrap();
+    assert!(reasons.contains("select GPUs by memory"), "{reasons}");
+    let pinned = templates(&client, &ns).get("mistral-gpus").await.unwrap();
+    let selectors = pinned.data["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(
+        selectors.iter().any(|s| s["cel"]["expression"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("memory.compareTo")),
+        "{selectors:?}"
+    );
+    let (on, pools) = allocation(&client, &ns, "mistral").await;
+    assert_eq!(on, node("h200"), "only a large enough GPU is allocated");
+    assert!(pools.iter().all(|p| *p == on));
+    // A second such job takes the other 141 GB GPU; a third waits: the 80 GB GPUs are never
+    // allocated to it.
+    for name in ["mistral-2", "mistral-3"] {
+        let mut j = job.clone();
+        j.metadata.name = Some(name.into());
+        tjs.create(&PostParams::default(), &j).await.unwrap();
+    }
+    let (on, _) = allocation(&client, &ns, "mistral-2").await;
+    assert_eq!(on, node("h200"));
+    let pending = wait_list(
+        Api::<Pod>::namespaced(client.clone(), &ns),
+        kube::runtime::watcher::Config::default()
+            .labels(&format!("{}=mistral-3", names::LABEL_TRAINING_JOB)),
+        "the third job's pod unschedulable",
+        WAIT,
+        |pods| {
+            pods.iter()
+                .find(|p| {
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| {
+                            c.iter().any(|c| {
+                                c.type_ == "PodScheduled"
+                                    && c.reason.as_deref() == Some("Unschedulable")
+                            })
+                        })
+                })
+                .map(|p| Pod::clone(p))
+        },
+    )
+    .await;
+    assert!(pending.spec.as_ref().unwrap().node_name.is_none());
 }

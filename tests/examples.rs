@@ -52,6 +52,7 @@ fn mixed_cluster() -> NodeIndex {
         n.with_allocatable(Allocatable {
             memory: Some(480 << 30),
             gpus: Some(1),
+            cpus: None,
         })
     };
     NodeIndex::new(vec![

@@ -229,7 +229,12 @@ fn decision_engine() {
                             }
                         }
                     }
-                    assert!(res.ratio > 0.0 && res.ratio <= 1.0, "{}", res.ratio);
+                    // A share in (0, 1], or 0 where nothing is offloaded.
+                    if res.mode == offload_api::api::OffloadMode::Disabled {
+                        assert_eq!(res.ratio, 0.0);
+                    } else {
+                        assert!(res.ratio > 0.0 && res.ratio <= 1.0, "{}", res.ratio);
+                    }
                 }
             },
         );
@@ -310,6 +315,7 @@ fn observation_summaries() {
                     .with_allocatable(offload_operator::index::Allocatable {
                         memory: None,
                         gpus: Some(2),
+                        cpus: None,
                     });
                 let index = NodeIndex::new(vec![node]);
                 let observed = offload_operator::controller::overlap_observed::gather(

@@ -376,6 +376,51 @@ async fn a_coherent_job_is_admitted_to_the_coherent_flavor(s: &Teams<'_>) -> Pod
         Some("team-a"),
         "the queue label reaches the workload Job"
     );
+    // The host memory the decision counts on is the container's request, and Kueue's Workload
+    // asks its quota for it.
+    let request = job
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0]
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("memory"))
+        .cloned()
+        .expect("the memory the decision counts on is requested");
+    let workloads: serde_json::Value = serde_json::from_str(&kubectl(
+        s.cluster,
+        &[
+            "--namespace",
+            &s.ns,
+            "get",
+            "workloads.kueue.x-k8s.io",
+            "-o",
+            "json",
+        ],
+    ))
+    .unwrap();
+    let workload = workloads["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| {
+            w["metadata"]["ownerReferences"]
+                .as_array()
+                .is_some_and(|o| o.iter().any(|r| r["name"] == "coherent-1"))
+        })
+        .unwrap_or_else(|| panic!("no Workload owned by coherent-1: {workloads}"));
+    assert_eq!(
+        workload["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"]["requests"]
+            ["memory"],
+        json!(request.0),
+        "Kueue sees the raised request: {workload}"
+    );
     let pod = running_pod(&s.client, &s.ns, "coherent-1").await;
     assert_eq!(node_of(&pod), "gh200-k");
     assert_eq!(

@@ -267,6 +267,7 @@ mod tests {
             .with_allocatable(crate::index::Allocatable {
                 memory: None,
                 gpus: Some(1),
+                cpus: None,
             }),
         ]);
         let only_on_b = |pod: &str, node: &str| pod == "job-0" && node == "b";
@@ -275,6 +276,34 @@ mod tests {
         assert_eq!(o.nodes.len(), 1);
         let nowhere = |_: &str, _: &str| false;
         assert!(gather(&index, "ns", "job", NOW.parse().unwrap(), &nowhere).is_none());
+    }
+
+    /// Found by an independent tester: an observation of 1e308 CPU cores was used (only "finite
+    /// and not negative" was checked); the node's own CPUs bound it.
+    #[test]
+    fn cpu_no_node_has_is_not_believed() {
+        let index = NodeIndex::new(vec![
+            node(
+                "a",
+                "2026-11-30T20:01:00Z",
+                vec![pod("ns", "job", 1, 0.5, Some(1e308))],
+            )
+            .with_allocatable(crate::index::Allocatable {
+                memory: None,
+                gpus: Some(8),
+                cpus: Some(72),
+            }),
+        ]);
+        let node = index.nodes().next().unwrap();
+        let err = node
+            .observed
+            .as_ref()
+            .unwrap()
+            .as_ref()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("more than the node's 72"), "{err}");
+        assert!(gather(&index, "ns", "job", NOW.parse().unwrap(), &anywhere).is_none());
     }
 
     #[test]

@@ -260,9 +260,17 @@ pub fn pin_claims(
     res: &Resolution,
     template: &dyn Fn(&str) -> Option<std::sync::Arc<ResourceClaimTemplate>>,
 ) -> Result<(), BuildError> {
-    let (Some(pinning), Some(class)) = (&res.gpu_claims, res.node_class) else {
+    let Some(pinning) = &res.gpu_claims else {
         return Ok(());
     };
+    let min_gpu_memory = res
+        .memory
+        .as_ref()
+        .map(|m| crate::decision::memory::gpu_memory_for(m.gpu_bytes as f64));
+    // Nothing to pin: any class, and no memory the GPUs must have.
+    if res.node_class.is_none() && min_gpu_memory.is_none() {
+        return Ok(());
+    }
     let Owned {
         name,
         namespace,
@@ -287,7 +295,10 @@ pub fn pin_claims(
             &namespace,
             owner.clone(),
             labels.clone(),
-            class,
+            claims::Pin {
+                class: res.node_class,
+                min_gpu_memory,
+            },
             &pinning.dra,
         ));
         for claim in pod.resource_claims.iter_mut().flatten() {

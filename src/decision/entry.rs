@@ -45,6 +45,10 @@ pub enum Unresolved {
     Config(ConfigError),
     /// The model's `config.json` cannot be read or describes no model.
     ModelConfig(ModelConfigError),
+    /// The API server refused the operator's write of the decision into `spec.offload` (an
+    /// admission webhook denied it, or the stored object breaks its schema): the job waits for
+    /// its spec to change.
+    SpecRefused(String),
 }
 
 impl Unresolved {
@@ -55,6 +59,7 @@ impl Unresolved {
             Unresolved::ProfileNotFound(_) => "ProfileNotFound",
             Unresolved::Config(_) => "InvalidDeepSpeedConfig",
             Unresolved::ModelConfig(_) => "InvalidModelConfig",
+            Unresolved::SpecRefused(_) => "SpecPatchRefused",
         }
     }
 
@@ -65,6 +70,9 @@ impl Unresolved {
             Unresolved::ProfileNotFound(e) => e.to_string(),
             Unresolved::Config(e) => e.to_string(),
             Unresolved::ModelConfig(e) => e.to_string(),
+            Unresolved::SpecRefused(why) => format!(
+                "the API server refused the decision's write into spec.offload ({why}): change the TrainingJob so it is accepted (it is tried again when its spec changes)"
+            ),
         }
     }
 
@@ -77,6 +85,7 @@ impl Unresolved {
             Unresolved::ProfileNotFound(_) | Unresolved::Config(_) | Unresolved::ModelConfig(_) => {
                 true
             }
+            Unresolved::SpecRefused(_) => false,
         }
     }
 }
@@ -101,6 +110,19 @@ pub fn check_training_job(tj: &TrainingJob) -> Result<(), ResolveError> {
             "{e}: it names the job's headless Service and, with the replica index, its pods' hostnames"
         ),
     })?;
+    if let Some(queue) = tj
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(offload_api::names::KUEUE_QUEUE_LABEL))
+    {
+        offload_api::validation::object_name(queue).map_err(|e| ResolveError::InvalidSpec {
+            field: "metadata.labels[kueue.x-k8s.io/queue-name]",
+            detail: format!(
+                "{e}: it must name a Kueue LocalQueue, and Kueue's own webhook refuses any other name"
+            ),
+        })?;
+    }
     if let Some(path) = tj
         .spec
         .deepspeed

@@ -61,9 +61,87 @@ pub(super) enum PartialRatio {
     No(String),
 }
 
+/// The `spec.model` fields and the annotations that carry them on other kinds.
+const HINT_ANNOTATIONS: &[(&str, &str)] = &[
+    (
+        "spec.model.parameters",
+        offload_api::names::ANNOTATION_MODEL_PARAMETERS,
+    ),
+    (
+        "spec.model.tokensPerStep",
+        offload_api::names::ANNOTATION_TOKENS_PER_STEP,
+    ),
+    (
+        "spec.model.hiddenSize",
+        offload_api::names::ANNOTATION_HIDDEN_SIZE,
+    ),
+    ("spec.model.layers", offload_api::names::ANNOTATION_LAYERS),
+    (
+        "spec.model.intermediateSize",
+        offload_api::names::ANNOTATION_INTERMEDIATE_SIZE,
+    ),
+    (
+        "spec.model.attentionHeads",
+        offload_api::names::ANNOTATION_ATTENTION_HEADS,
+    ),
+    (
+        "spec.model.keyValueHeads",
+        offload_api::names::ANNOTATION_KEY_VALUE_HEADS,
+    ),
+    (
+        "spec.model.headDim",
+        offload_api::names::ANNOTATION_HEAD_DIM,
+    ),
+    (
+        "spec.model.vocabSize",
+        offload_api::names::ANNOTATION_VOCAB_SIZE,
+    ),
+    (
+        "spec.model.experts.perToken",
+        offload_api::names::ANNOTATION_EXPERTS_PER_TOKEN,
+    ),
+    (
+        "spec.model.experts.count",
+        offload_api::names::ANNOTATION_EXPERTS,
+    ),
+    (
+        "spec.model.experts.shared",
+        offload_api::names::ANNOTATION_SHARED_EXPERTS,
+    ),
+    (
+        "spec.model.experts.intermediateSize",
+        offload_api::names::ANNOTATION_EXPERT_INTERMEDIATE_SIZE,
+    ),
+    (
+        "spec.model.architecture",
+        offload_api::names::ANNOTATION_ARCHITECTURE,
+    ),
+    (
+        "spec.model.configMapRef",
+        offload_api::names::ANNOTATION_MODEL_CONFIG,
+    ),
+    ("spec.model", "the model annotations"),
+];
+
 /// The memory model of a job, or `None` without model hints. Hints that cannot be true are an
-/// error.
+/// error that names where they came from: the `spec.model` field, or the annotation.
 pub(super) fn job_memory(
+    job: &JobRequest,
+    facts: &FrameworkFacts,
+) -> Result<Option<JobMemory>, ResolveError> {
+    job_memory_of(job, facts).map_err(|e| match e {
+        ResolveError::InvalidModelHints { detail } if job.hints_from_annotations => {
+            let mut detail = detail;
+            for (field, annotation) in HINT_ANNOTATIONS {
+                detail = detail.replace(field, &format!("annotation {annotation}"));
+            }
+            ResolveError::InvalidModelHints { detail }
+        }
+        other => other,
+    })
+}
+
+fn job_memory_of(
     job: &JobRequest,
     facts: &FrameworkFacts,
 ) -> Result<Option<JobMemory>, ResolveError> {
@@ -208,7 +286,7 @@ fn model_shape(
             let per_token = field("experts.perToken", Some(e.per_token), 1_000_000)?.unwrap_or(1.0);
             if per_token > count {
                 return Err(bad(format!(
-                    "spec.model.experts.perToken {per_token} is more than experts.count {count}"
+                    "spec.model.experts.perToken {per_token} is more than spec.model.experts.count {count}"
                 )));
             }
             let shared = match e.shared {
@@ -237,7 +315,7 @@ fn model_shape(
     });
     if kv_heads > heads || heads % kv_heads != 0.0 {
         return Err(bad(format!(
-            "spec.model.keyValueHeads {kv_heads} must divide attentionHeads {heads}"
+            "spec.model.keyValueHeads {kv_heads} must divide spec.model.attentionHeads {heads}"
         )));
     }
     let intermediate_known = intermediate.is_some() || block == Block::Plain;
@@ -287,6 +365,81 @@ pub(super) fn pod_capacity(class: &ClassNodes, gpus_per_pod: u32) -> u64 {
         .iter()
         .map(|n| u64::from(n.gpu_count()) / per)
         .fold(0u64, u64::saturating_add)
+}
+
+/// How fast a placement runs, for comparing choices (lower is faster), in [`fastest`]'s order.
+fn speed_rank(p: Placement) -> (u8, u32) {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let hundredths = |r: f64| (r * 100.0).round() as u32;
+    match p {
+        Placement::NoOffload => (0, 0),
+        Placement::PartialOptimizer(r) if r <= PARTIAL_BEFORE_PARAMS_UP_TO => (1, hundredths(r)),
+        Placement::OptimizerAndParams => (2, 0),
+        Placement::PartialOptimizer(r) => (3, hundredths(r)),
+        Placement::Optimizer => (4, 0),
+    }
+}
+
+/// The fastest placement that fits on `class` for a job whose GPUs come through DRA claims:
+/// its claims can select GPUs by memory, so each size of GPU the class has is tried with the
+/// nodes that have at least that much (when they hold the job), and the fastest choice wins —
+/// the widest set of nodes where two are as fast. Device-plugin GPUs cannot be chosen by size:
+/// the class's smallest GPU sizes the job.
+pub(super) fn fastest_by_gpu_size(
+    jm: &JobMemory,
+    class: &ClassNodes,
+    job: &JobRequest,
+    allowed: &Allowed,
+    holds: &dyn Fn(&ClassNodes) -> bool,
+) -> Option<(ClassMemory, Result<MemoryChoice, Tried>)> {
+    let widest = class_memory(class, job)?;
+    let first = fastest(jm, &widest, allowed);
+    if job.gpu_claims.is_none() {
+        return Some((widest, first));
+    }
+    let mut sizes: Vec<u64> = class.nodes.iter().filter_map(|n| n.gpu_memory()).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let mut best = (widest, first);
+    for size in sizes.into_iter().skip(1) {
+        let tier = ClassNodes {
+            class: class.class,
+            nodes: class
+                .nodes
+                .iter()
+                .copied()
+                .filter(|n| n.gpu_memory().is_some_and(|m| m >= size))
+                .collect(),
+        };
+        if !holds(&tier) {
+            break;
+        }
+        let Some(cm) = class_memory(&tier, job) else {
+            continue;
+        };
+        if let Ok(mut choice) = fastest(jm, &cm, allowed) {
+            let better = match &best.1 {
+                Ok(b) => speed_rank(choice.placement) < speed_rank(b.placement),
+                Err(_) => true,
+            };
+            if better {
+                choice.figures.push_str(&format!(
+                    "; on the GPUs of {} or more only ({} of the class's {} nodes): the job's DRA claims select GPUs by memory",
+                    gib(as_f64(size)),
+                    tier.nodes.len(),
+                    class.nodes.len()
+                ));
+                best = (cm, Ok(choice));
+            }
+        }
+    }
+    Some(best)
+}
+
+fn as_f64(n: u64) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let v = n as f64;
+    v
 }
 
 /// The class's memory figures for the job: its smallest GPU, and the least host memory a pod

@@ -573,6 +573,13 @@ impl JobMemory {
     }
 }
 
+/// The memory a GPU must have for an estimate of `estimate` bytes to fit it: the inverse of
+/// [`ClassMemory::gpu_budget`], rounded up to MiB (what a DRA claim's selector asks for).
+pub fn gpu_memory_for(estimate: f64) -> u64 {
+    let total = (estimate.max(0.0) + CONTEXT_RESERVE_BYTES) / (1.0 - FRAGMENTATION_SHARE);
+    bytes(total).div_ceil(1 << 20).saturating_mul(1 << 20)
+}
+
 /// The sub-group size the operator writes with a partial ratio where the user's config has
 /// none: about a hundredth of the rank's shard (so the offloaded share lands within a few
 /// hundredths of the ratio), between 10⁷ and 10⁹ parameters.

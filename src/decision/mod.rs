@@ -444,6 +444,24 @@ fn claim_pinning(
                     }
                 ),
             );
+            if placement.memory.is_some() {
+                reasons.add(
+                    Field::NodeClass,
+                    "the copies also select GPUs by memory capacity: at least what this configuration needs on each",
+                );
+            }
+            (Some(pinning.clone()), exclude_nodes)
+        }
+        // Any class will do, but the GPUs must hold the configuration: the copies select by
+        // memory alone.
+        (None, Some(pinning)) if by_claims && placement.memory.is_some() => {
+            reasons.add(
+                Field::NodeClass,
+                format!(
+                    "GPUs from DRA claims ({}): each claim's template is copied with a selector on the device's memory capacity, so the scheduler allocates only GPUs this configuration fits on",
+                    pinning.claims.keys().cloned().collect::<Vec<_>>().join(", "),
+                ),
+            );
             (Some(pinning.clone()), exclude_nodes)
         }
         _ => (None, Vec::new()),

@@ -320,11 +320,13 @@ fn explicit<'c, 'a>(
     let memory = match cx.memory {
         None => None,
         Some(jm) => {
-            let Some(cm) = fit::class_memory(class, cx.job) else {
+            let allowed = cx.allowed(class.class, false, true);
+            let Some((cm, outcome)) =
+                fit::fastest_by_gpu_size(jm, class, cx.job, &allowed, &|t| holds(t, cx.job))
+            else {
                 return Err(no_gpu_memory(class));
             };
-            let allowed = cx.allowed(class.class, false, true);
-            match fit::fastest(jm, &cm, &allowed) {
+            match outcome {
                 Ok(choice) => Some(choice),
                 Err(tried) => {
                     let setting = match cx.fixed_ratio() {
@@ -507,12 +509,14 @@ fn auto_by_memory<'c, 'a>(
     }
     let mut results: Vec<(&ClassNodes, Result<MemoryChoice, String>)> = Vec::new();
     for class in &holding {
-        let Some(cm) = fit::class_memory(class, cx.job) else {
+        let allowed = cx.allowed(class.class, true, true);
+        let Some((cm, outcome)) =
+            fit::fastest_by_gpu_size(jm, class, cx.job, &allowed, &|t| holds(t, cx.job))
+        else {
             results.push((class, Err(no_gpu_memory(class).to_string())));
             continue;
         };
-        let allowed = cx.allowed(class.class, true, true);
-        let outcome = fit::fastest(jm, &cm, &allowed).map_err(|tried| {
+        let outcome = outcome.map_err(|tried| {
             format!(
                 "on {} nodes {}; {}",
                 class.class,

@@ -26,6 +26,9 @@ pub struct JobRequest {
     pub model: Option<ModelHints>,
     /// The model's shape from its `config.json`, where the job references one and it was read.
     pub model_config: Option<super::shape::ModelShape>,
+    /// The model hints came from annotations (another kind), not `spec.model`: messages name
+    /// the annotations.
+    pub hints_from_annotations: bool,
     /// Where the pod template lets its pods run (its nodeSelector, required node affinity and
     /// tolerations): they narrow the candidate nodes.
     pub constraints: super::PodConstraints,
@@ -66,6 +69,7 @@ impl Default for JobRequest {
             deepspeed: DeepSpeedRequest::default(),
             model: None,
             model_config: None,
+            hints_from_annotations: false,
             constraints: super::PodConstraints::default(),
             pods: 1,
             gpus_per_pod: 1,
@@ -256,6 +260,7 @@ impl JobRequest {
             deepspeed,
             model: spec.model.clone(),
             model_config: model_config.copied(),
+            hints_from_annotations: false,
             constraints: super::PodConstraints::of(spec.template.spec.as_ref()),
             pods: u32::try_from(spec.replicas.max(1)).unwrap_or(1),
             gpus_per_pod: resources.gpus_per_pod(),
@@ -335,6 +340,7 @@ impl JobRequest {
                     version: get(names::ANNOTATION_FRAMEWORK_VERSION).map(str::to_string),
                 },
                 deepspeed: DeepSpeedRequest::default(),
+                hints_from_annotations: model.is_some(),
                 model,
                 model_config: None,
                 constraints: super::PodConstraints::default(),

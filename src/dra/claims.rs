@@ -225,24 +225,50 @@ pub fn class_selector(class: NodeClass, driver: &str) -> String {
     }
 }
 
+/// The CEL expression a GPU request gets where the decision needs `bytes` of memory on each
+/// GPU: the device's `memory` capacity at least that (NVIDIA's driver publishes it as a
+/// quantity under its own domain). A device without the capacity is not chosen.
+pub fn memory_selector(bytes: u64, driver: &str) -> String {
+    let capacity = format!("device.capacity[\"{driver}\"]");
+    format!("\"memory\" in {capacity} && {capacity}.memory.compareTo(quantity(\"{bytes}\")) >= 0")
+}
+
 /// Name of the operator's copy of `template` for job `job`.
 pub fn pinned_name(job: &str, claim: &str) -> String {
     format!("{job}-{claim}")
 }
 
+/// Where a copied claim template's GPU requests are pinned: the node class, and the memory each
+/// GPU must have for the decision's configuration to fit (where it was sized).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pin {
+    /// The class (`None`: any).
+    pub class: Option<NodeClass>,
+    /// Bytes of memory each allocated GPU must have.
+    pub min_gpu_memory: Option<u64>,
+}
+
 /// A copy of `template` named `name` in `namespace` (owned by `owner`) whose GPU requests all
-/// carry the selector of `class`, beside whatever selectors they have.
+/// carry the selector of the pin's class (and, where the decision was sized, of the GPU memory
+/// it needs), beside whatever selectors they have.
 pub fn pinned_template(
     template: &ResourceClaimTemplate,
     name: &str,
     namespace: &str,
     owner: OwnerReference,
     labels: BTreeMap<String, String>,
-    class: NodeClass,
+    pin: Pin,
     opts: &DraOptions,
 ) -> ResourceClaimTemplate {
     let mut spec = template.spec.clone();
-    let selector = json!({"cel": {"expression": class_selector(class, &opts.driver)}});
+    let mut added: Vec<Value> = pin
+        .class
+        .map(|c| json!({"cel": {"expression": class_selector(c, &opts.driver)}}))
+        .into_iter()
+        .collect();
+    if let Some(bytes) = pin.min_gpu_memory {
+        added.push(json!({"cel": {"expression": memory_selector(bytes, &opts.driver)}}));
+    }
     let is_gpu = |r: &Value| {
         r.get("deviceClassName")
             .and_then(Value::as_str)
@@ -254,7 +280,7 @@ pub fn pinned_template(
                 .entry("selectors")
                 .or_insert_with(|| Value::Array(Vec::new()));
             if let Some(list) = selectors.as_array_mut() {
-                list.push(selector.clone());
+                list.extend(added.iter().cloned());
             }
         }
     };

@@ -40,6 +40,9 @@ pub struct DriverWitness {
     pub unreadable_modes: u64,
     /// What could not be read, each with the device it concerns.
     pub problems: Vec<String>,
+    /// A figure no GPU can have (memory beyond any GPU of its product): the slices are not
+    /// believed.
+    pub impossible: Option<String>,
 }
 
 /// The driver's word on a node's addressing mode.
@@ -157,6 +160,14 @@ pub fn witnesses(
         }
     }
     for w in out.values_mut() {
+        if let Some(why) = w.impossible.take() {
+            *w = DriverWitness {
+                driver: driver.to_string(),
+                problems: vec![format!("{why}: not believed")],
+                ..DriverWitness::default()
+            };
+            continue;
+        }
         if w.gpus > MAX_DEVICES_PER_NODE {
             let gpus = w.gpus;
             *w = DriverWitness {
@@ -220,8 +231,19 @@ fn add_device(w: &mut DriverWitness, device: &Device, driver: &str) {
         w.products.insert(bounded(p));
     }
     if let Some(c) = device.capacity.get("memory") {
+        let product = attribute(device, driver, "productName")
+            .and_then(|a| a.string.as_deref())
+            .unwrap_or_default();
         match offload_api::quantity::bytes(&c.value) {
-            Ok(b) if b > 0 => w.gpu_memory = Some(w.gpu_memory.map_or(b, |m| m.min(b))),
+            Ok(b) if b > 0 => {
+                if let Some(why) = offload_api::report::impossible_gpu_memory(product, b) {
+                    w.impossible.get_or_insert(format!(
+                        "device {name}: memory capacity {} is {why}",
+                        bounded(&c.value.0)
+                    ));
+                }
+                w.gpu_memory = Some(w.gpu_memory.map_or(b, |m| m.min(b)));
+            }
             _ => note(
                 w,
                 format!(

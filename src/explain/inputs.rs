@@ -147,9 +147,13 @@ pub fn profiles_from_files(
             ExplainError::Manifest(format!("reading profile {}: {e}", path.display()))
         })?;
         for doc in read_manifests(&text)? {
-            let p: offload_api::api::OffloadProfile = serde_json::from_value(doc).map_err(|e| {
-                ExplainError::Manifest(format!("{}: not an OffloadProfile: {e}", path.display()))
-            })?;
+            let p: offload_api::api::OffloadProfile =
+                crate::guard::from_value(doc).map_err(|e| {
+                    ExplainError::Manifest(format!(
+                        "{}: not an OffloadProfile: {e}",
+                        path.display()
+                    ))
+                })?;
             let name = p.metadata.name.clone().unwrap_or_default();
             out.insert(name, p.spec);
         }
@@ -174,7 +178,7 @@ pub fn claim_templates_from_files(
             ExplainError::Manifest(format!("reading claim template {}: {e}", path.display()))
         })?;
         for doc in read_manifests(&text)? {
-            let t: ResourceClaimTemplate = serde_json::from_value(doc).map_err(|e| {
+            let t: ResourceClaimTemplate = crate::guard::from_value(doc).map_err(|e| {
                 ExplainError::Manifest(format!(
                     "{}: not a ResourceClaimTemplate: {e}",
                     path.display()

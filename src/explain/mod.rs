@@ -194,7 +194,7 @@ pub fn explain(
         .and_then(Value::as_str)
         .ok_or_else(|| ExplainError::Manifest("the manifest has no kind".into()))?;
     if kind == "TrainingJob" {
-        let mut tj: TrainingJob = serde_json::from_value(manifest.clone()).map_err(|e| {
+        let mut tj: TrainingJob = crate::guard::from_value(manifest.clone()).map_err(|e| {
             ExplainError::Manifest(format!("the TrainingJob does not match its schema: {e}"))
         })?;
         tj.metadata

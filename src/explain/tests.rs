@@ -111,6 +111,7 @@ fn candidates_show_the_memory_estimate_of_every_placement() {
             .with_allocatable(crate::index::Allocatable {
                 memory: Some(125 << 30),
                 gpus: Some(1),
+                cpus: None,
             }),
         ])),
         ..i.view

@@ -68,7 +68,12 @@ pub struct Allocatable {
     pub memory: Option<u64>,
     /// `nvidia.com/gpu` devices.
     pub gpus: Option<u64>,
+    /// CPUs, whole cores (rounded up).
+    pub cpus: Option<u64>,
 }
+
+/// Most host memory a node may state (64 TiB: the largest machines have 24–48 TB).
+pub const MAX_HOST_MEMORY: u64 = 1 << 46;
 
 impl Allocatable {
     /// From a Node's `status.allocatable`; a quantity that does not read counts as absent.
@@ -83,7 +88,16 @@ impl Allocatable {
             gpus: alloc
                 .get(names::GPU_RESOURCE)
                 .and_then(|q| offload_api::quantity::device_count(q).ok()),
+            cpus: alloc.get("cpu").and_then(|q| cpu_cores(&q.0)),
         }
+    }
+}
+
+/// A CPU quantity (`72`, `71500m`) in whole cores, rounded up; `None` where it does not read.
+fn cpu_cores(q: &str) -> Option<u64> {
+    match q.strip_suffix('m') {
+        Some(milli) => milli.parse::<u64>().ok().map(|m| m.div_ceil(1000)),
+        None => q.parse::<u64>().ok(),
     }
 }
 
@@ -184,9 +198,31 @@ impl NodeInfo {
         NodeInfo::new(name, offload_api::labels::published(&report), Some(checked))
     }
 
-    /// The same view with the node's allocatable resources.
+    /// The same view with the node's allocatable resources. Host memory no node has sets the
+    /// node aside with the reason, as an unreadable report does; an observation of a pod using
+    /// more CPUs than the node has is not believed.
     pub fn with_allocatable(mut self, allocatable: Allocatable) -> Self {
         self.allocatable = allocatable;
+        if let Some(m) = allocatable.memory.filter(|m| *m > MAX_HOST_MEMORY) {
+            self.allocatable.memory = None;
+            if matches!(self.standing, Standing::Candidate { .. }) {
+                self.standing = Standing::Ignored(format!(
+                    "its allocatable memory of {m} bytes is more than any node has (at most {} TiB)",
+                    MAX_HOST_MEMORY >> 40
+                ));
+            }
+        }
+        if let (Some(cpus), Some(Ok(observed))) = (allocatable.cpus, self.observed.as_ref())
+            && let Some(p) = observed
+                .pods
+                .iter()
+                .find(|p| p.cpu_cores.is_some_and(|c| c > cpus as f64))
+        {
+            self.observed = Some(Err(ObservedError::Impossible(format!(
+                "pod {}/{} used {:?} CPU cores, more than the node's {cpus}",
+                p.namespace, p.name, p.cpu_cores
+            ))));
+        }
         self
     }
 
@@ -209,6 +245,15 @@ impl NodeInfo {
                     self.standing = Standing::Candidate { model, class };
                     self.witness = Witness::DriverOnly;
                 }
+            }
+            // The driver's slices are here but set aside, and no agent has reported: say why,
+            // rather than blame a missing agent.
+            (Standing::NotReported, None) if !witness.problems.is_empty() => {
+                self.standing = Standing::Ignored(format!(
+                    "GPU driver {}'s ResourceSlices for it are set aside: {}",
+                    bounded(&witness.driver),
+                    witness.problems.join("; ")
+                ));
             }
             (Standing::Candidate { model, .. }, _) => {
                 let agent_ats = *model == NodeMemoryModel::Coherent;

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 mod check;
 pub use check::{
     CPU_UPDATE_RATES, GPU_FLOPS, MAX_GPU_MEMORY, MAX_GPUS, MAX_REPORT_BYTES, MIN_GPU_MEMORY,
-    ReportError,
+    ReportError, gpu_memory_bound, impossible_gpu_memory,
 };
 
 /// Version of the report's JSON schema this code writes. Bump on any change; readers accept

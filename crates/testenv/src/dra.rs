@@ -20,6 +20,8 @@ pub struct StandInGpu {
     pub addressing_mode: Option<String>,
     /// Product name.
     pub product: String,
+    /// The `memory` capacity (a quantity).
+    pub memory: String,
 }
 
 impl StandInGpu {
@@ -28,6 +30,7 @@ impl StandInGpu {
         StandInGpu {
             addressing_mode: Some("ATS".into()),
             product: "NVIDIA GH200 480GB".into(),
+            memory: "97871Mi".into(),
         }
     }
 
@@ -36,6 +39,16 @@ impl StandInGpu {
         StandInGpu {
             addressing_mode: Some("None".into()),
             product: "NVIDIA H200".into(),
+            memory: "143771Mi".into(),
+        }
+    }
+
+    /// A PCIe H100 of 80 GB: no ATS, less memory.
+    pub fn h100() -> Self {
+        StandInGpu {
+            addressing_mode: Some("None".into()),
+            product: "NVIDIA H100 80GB HBM3".into(),
+            memory: "81559Mi".into(),
         }
     }
 }
@@ -65,7 +78,7 @@ pub fn slice(node: &str, index: usize, count: usize, first: usize, gpus: &[Stand
                 attributes["addressingMode"] = json!({"string": mode});
             }
             json!({"name": format!("gpu-{minor}"), "attributes": attributes,
-                   "capacity": {"memory": {"value": "97871Mi"}}})
+                   "capacity": {"memory": {"value": g.memory}}})
         })
         .collect();
     json!({

@@ -171,7 +171,15 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
         return Ok(Action::await_change());
     };
 
-    let generation = write_spec(tj, ctx, &res).await?;
+    let generation = match write_spec(tj, ctx, &res).await? {
+        Ok(generation) => generation,
+        Err(refused) => {
+            // Retrying the same write gets the same answer: the job waits for its spec to
+            // change (a new generation is a new reconcile).
+            record_unresolved(tj, ctx, &Unresolved::SpecRefused(refused)).await?;
+            return Ok(Action::await_change());
+        }
+    };
 
     let (mut status, first_resolution) = resolved_status(tj, ctx, &res, generation);
     if let Some(action) = apply_workload(tj, ctx, &built, &mut status).await? {
@@ -195,12 +203,14 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
 }
 
 /// Patches the concrete values into `spec.offload` before any pod can exist (server-side apply,
-/// the operator's field manager); the generation the write produced (the status records it).
+/// the operator's field manager); the generation the write produced (the status records it),
+/// or why the API server refused it for good (an admission denial, an invalid object: the same
+/// write would be refused again).
 async fn write_spec(
     tj: &TrainingJob,
     ctx: &Context,
     res: &crate::decision::Resolution,
-) -> Result<Option<i64>, Error> {
+) -> Result<Result<Option<i64>, String>, Error> {
     let name = tj.name_any();
     let api: Api<TrainingJob> =
         Api::namespaced(ctx.client.clone(), &tj.namespace().unwrap_or_default());
@@ -212,17 +222,23 @@ async fn write_spec(
             "kind": TrainingJob::kind(&()),
             "spec": {"offload": concrete},
         });
-        let patched = api
+        let patched = match api
             .patch(
                 &name,
                 &PatchParams::apply(names::OPERATOR_MANAGER).force(),
                 &Patch::Apply(&patch),
             )
             .await
-            .map_err(kube_err("patching spec.offload"))?;
+        {
+            Ok(p) => p,
+            Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
+                return Ok(Err(crate::index::bounded(&e.message)));
+            }
+            Err(e) => return Err(kube_err("patching spec.offload")(e)),
+        };
         generation = patched.metadata.generation;
     }
-    Ok(generation)
+    Ok(Ok(generation))
 }
 
 /// The status of a job just resolved at `generation` (its decision, `OffloadResolved=True`),

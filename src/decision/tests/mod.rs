@@ -162,5 +162,6 @@ pub(super) fn with_host(n: NodeInfo, bytes: u64) -> NodeInfo {
     n.with_allocatable(crate::index::Allocatable {
         memory: Some(bytes),
         gpus: None,
+        cpus: None,
     })
 }

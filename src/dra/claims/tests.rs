@@ -144,9 +144,12 @@ fn the_pinned_copy_adds_the_class_selector_to_gpu_requests_only() {
         &original,
         &pinned_name("j", "gpus"),
         "ml",
-        owner,
+        owner.clone(),
         BTreeMap::new(),
-        NodeClass::Coherent,
+        Pin {
+            class: Some(NodeClass::Coherent),
+            min_gpu_memory: None,
+        },
         &opts,
     );
     let requests = &pinned.spec.spec["devices"]["requests"];
@@ -170,4 +173,27 @@ fn the_pinned_copy_adds_the_class_selector_to_gpu_requests_only() {
     );
     assert_eq!(pinned.metadata.name.as_deref(), Some("j-gpus"));
     assert!(class_selector(NodeClass::Discrete, "gpu.nvidia.com").starts_with("!("));
+
+    // Sized by memory: each GPU request also selects devices with enough memory capacity.
+    let sized = pinned_template(
+        &original,
+        &pinned_name("j", "gpus"),
+        "ml",
+        owner,
+        BTreeMap::new(),
+        Pin {
+            class: Some(NodeClass::Discrete),
+            min_gpu_memory: Some(100 << 30),
+        },
+        &opts,
+    );
+    let gpu = sized.spec.spec["devices"]["requests"][0]["exactly"]["selectors"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(gpu.len(), 3);
+    assert_eq!(
+        gpu[2]["cel"]["expression"],
+        "\"memory\" in device.capacity[\"gpu.nvidia.com\"] && device.capacity[\"gpu.nvidia.com\"].memory.compareTo(quantity(\"107374182400\")) >= 0"
+    );
 }

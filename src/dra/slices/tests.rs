@@ -127,3 +127,39 @@ fn what_does_not_read_is_set_aside_and_changes_nothing_else() {
     assert_eq!(w["good"].says(), DriverSays::All(AddressingMode::Ats));
     assert_eq!(w.len(), 4);
 }
+
+#[test]
+fn memory_no_gpu_has_is_not_believed() {
+    let with_memory = |node: &str, value: &str| {
+        let mut s = slice(node, 1, &[Some("ATS"); 2]);
+        if let Ok(s) = Arc::make_mut(&mut s).0.as_mut() {
+            s.spec.devices[1].capacity.insert(
+                "memory".into(),
+                super::super::api::DeviceCapacity {
+                    value: k8s_openapi::apimachinery::pkg::api::resource::Quantity(value.into()),
+                },
+            );
+        }
+        s
+    };
+    let w = witnesses(
+        &[
+            with_memory("peta", "1000000000000000"),
+            with_memory("exa", "1Ei"),
+            with_memory("fine", "97871Mi"),
+        ],
+        "gpu.nvidia.com",
+    );
+    for node in ["peta", "exa"] {
+        assert_eq!(w[node].gpus, 0, "{node}: the slices are set aside");
+        assert_eq!(w[node].gpu_memory, None);
+        let why = &w[node].problems[0];
+        assert!(
+            why.contains("device gpu-1: memory capacity")
+                && why.contains("more than a GH200 has")
+                && why.ends_with("not believed"),
+            "{why}"
+        );
+    }
+    assert_eq!(w["fine"].gpus, 2);
+}

@@ -108,7 +108,7 @@ fn object<T: serde::de::DeserializeOwned>(
         .as_ref()
         .ok_or_else(|| format!("the request carries no {what}"))?;
     let value = serde_json::to_value(obj).map_err(|e| format!("the {what} cannot be read: {e}"))?;
-    serde_json::from_value(value).map_err(|e| format!("the {what} is invalid: {e}"))
+    crate::guard::from_value(value).map_err(|e| format!("the {what} is invalid: {e}"))
 }
 
 fn old_object<T: serde::de::DeserializeOwned>(req: &AdmissionRequest<DynamicObject>) -> Option<T> {

@@ -450,6 +450,7 @@ async fn pods_with_gpu_claims_are_sized_by_them() {
             .with_allocatable(crate::index::Allocatable {
                 memory: Some(1 << 40),
                 gpus: None,
+                cpus: None,
             })
             .with_driver(driver),
     ];

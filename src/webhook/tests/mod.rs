@@ -6,6 +6,7 @@ mod kinds;
 mod model_config;
 mod profiles;
 mod second_pass;
+mod third_pass;
 mod training_jobs;
 
 // The cluster view is an in-memory set of profiles and recorded nodes.

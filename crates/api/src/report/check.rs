@@ -8,8 +8,62 @@ use super::*;
 pub const MAX_GPUS: usize = 64;
 /// Least memory a listed GPU may have (1 GiB).
 pub const MIN_GPU_MEMORY: u64 = 1 << 30;
-/// Most memory a listed GPU may have (64 TiB, far above any GPU).
-pub const MAX_GPU_MEMORY: u64 = 1 << 46;
+/// Most memory a GPU may have: 512 GiB, above every GPU made (288 GB is the largest today).
+pub const MAX_GPU_MEMORY: u64 = 1 << 39;
+
+/// The most memory a GPU of this product name can have, bytes, and the family that says so
+/// (`None`: not a known family, only [`MAX_GPU_MEMORY`] bounds it). Each bound is the largest
+/// variant of the family with a little over its NVML total.
+pub fn gpu_memory_bound(product: &str) -> (u64, Option<&'static str>) {
+    const GB: u64 = 1_000_000_000;
+    // Longest names first: "GH200" before "H200", "GB200" before "B200".
+    const FAMILIES: &[(&str, u64)] = &[
+        ("GB300", 300 * GB),
+        ("B300", 300 * GB),
+        ("GB200", 200 * GB),
+        ("B200", 200 * GB),
+        ("GH200", 155 * GB),
+        ("H200", 155 * GB),
+        ("H100", 103 * GB),
+        ("H800", 103 * GB),
+        ("A100", 88 * GB),
+        ("A800", 88 * GB),
+        ("L40", 52 * GB),
+        ("A40", 52 * GB),
+        ("A10", 26 * GB),
+        ("L4", 26 * GB),
+        ("T4", 17 * GB),
+    ];
+    let upper = product.to_ascii_uppercase();
+    FAMILIES
+        .iter()
+        .find(|(family, _)| {
+            upper
+                .split(|c: char| !c.is_ascii_alphanumeric())
+                .any(|w| w == *family)
+        })
+        .map_or((MAX_GPU_MEMORY, None), |(family, bound)| {
+            (*bound, Some(*family))
+        })
+}
+
+/// Why `bytes` of memory cannot be a GPU of `product`'s, or `None` where it can be.
+pub fn impossible_gpu_memory(product: &str, bytes: u64) -> Option<String> {
+    if bytes < MIN_GPU_MEMORY {
+        return Some(format!("{bytes} bytes of memory, less than any GPU has"));
+    }
+    let (bound, family) = gpu_memory_bound(product);
+    (bytes > bound).then(|| match family {
+        Some(f) => format!(
+            "{bytes} bytes of memory, more than a {f} has (at most {:.0} GB)",
+            bound as f64 / 1e9
+        ),
+        None => format!(
+            "{bytes} bytes of memory, more than any GPU has (at most {} GiB)",
+            bound >> 30
+        ),
+    })
+}
 /// CPU optimizer update rates a self-test can measure, parameters per second (a slow core to
 /// far beyond any node).
 pub const CPU_UPDATE_RATES: std::ops::RangeInclusive<f64> = 1e3..=1e13;
@@ -100,11 +154,8 @@ impl NodeReport {
             if !seen_uuid.insert(g.uuid.as_str()) || !seen_index.insert(g.index) {
                 return impossible(format!("GPU {} (index {}) listed twice", g.uuid, g.index));
             }
-            if !(MIN_GPU_MEMORY..=MAX_GPU_MEMORY).contains(&g.memory_total_bytes) {
-                return impossible(format!(
-                    "GPU {} has {} bytes of memory, which no GPU has",
-                    g.uuid, g.memory_total_bytes
-                ));
+            if let Some(why) = impossible_gpu_memory(&g.name, g.memory_total_bytes) {
+                return impossible(format!("GPU {} ({}) reports {why}", g.uuid, g.name));
             }
         }
         if self.generated_at.parse::<jiff::Timestamp>().is_err() {

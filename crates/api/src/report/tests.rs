@@ -97,7 +97,7 @@ fn bad_reports_get_specific_errors() {
 fn impossible_reports_are_refused_with_the_field_named() {
     let base: serde_json::Value = serde_json::from_str(H200_READING).unwrap();
     type Edit = fn(&mut serde_json::Value);
-    let cases: [(&str, Edit); 14] = [
+    let cases: [(&str, Edit); 16] = [
         ("efficiency 2", |r| r["selftest"]["efficiency"] = 2.0.into()),
         ("threshold -0.5", |r| {
             r["selftest"]["threshold"] = (-0.5).into()
@@ -140,11 +140,20 @@ fn impossible_reports_are_refused_with_the_field_named() {
         ("generatedAt \"yesterday\"", |r| {
             r["generatedAt"] = "yesterday".into()
         }),
-        ("bytes of memory, which no GPU has", |r| {
+        ("reports 0 bytes of memory, less than any GPU has", |r| {
             r["gpus"][0]["memoryTotalBytes"] = 0.into()
         }),
-        ("bytes of memory, which no GPU has", |r| {
+        ("more than a H200 has (at most 155 GB)", |r| {
             r["gpus"][0]["memoryTotalBytes"] = u64::MAX.into()
+        }),
+        // 70 TB: under the old 64 TiB cap, far over what an H200 (or any GPU) has.
+        (
+            "reports 70000000000000 bytes of memory, more than a H200 has",
+            |r| r["gpus"][0]["memoryTotalBytes"] = 70_000_000_000_000u64.into(),
+        ),
+        ("more than any GPU has (at most 512 GiB)", |r| {
+            r["gpus"][0]["name"] = "Acme Accelerator 9000".into();
+            r["gpus"][0]["memoryTotalBytes"] = 700_000_000_000u64.into()
         }),
     ];
     for (expected, edit) in cases {
