@@ -392,3 +392,83 @@ async fn a_job_nested_deeper_than_the_json_limit_is_reconciled_like_any_other() 
     .expect("no workload Job for the deep TrainingJob")
     .unwrap();
 }
+
+/// Found by an independent tester: a TrainingJob whose `spec.offload` write the API server
+/// refuses (there, the operator's own webhook refused a job nested too deep, stored while it
+/// failed open) was retried every 5 s for ever with no status and no Event. Here a
+/// ValidatingAdmissionPolicy refuses the write: the job is held with the API server's reason,
+/// an Event says it, and a change to its spec tries again.
+#[tokio::test]
+async fn a_decision_the_api_server_refuses_to_store_holds_the_job_until_its_spec_changes() {
+    let (cluster, client, ns) = setup("refused").await;
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    add_profile(&client, &ns).await;
+    let policy = format!("refuse-offload-{ns}");
+    let manifests = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+         "metadata": {"name": policy},
+         "spec": {"failurePolicy": "Fail",
+                  "matchConstraints": {"resourceRules": [{"apiGroups": ["offload.dev"], "apiVersions": ["v1alpha1"],
+                      "operations": ["UPDATE"], "resources": ["trainingjobs"]}]},
+                  "validations": [{"expression": "!has(object.metadata.labels) || !('refuse' in object.metadata.labels) || object.spec.offload == oldObject.spec.offload",
+                                   "message": "this job's spec.offload may not change (test policy)"}]}},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+         "metadata": {"name": policy},
+         "spec": {"policyName": policy, "validationActions": ["Deny"],
+                  "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}}}
+    ]});
+    let (ok, _, err) = kubectl_result(cluster, &["apply", "-f", "-"], Some(&manifests.to_string()));
+    assert!(ok, "{err}");
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    // The policy is enforced once the API server has loaded it: probe with a dry-run update.
+    let mut probe = training_job("probe", &ns, json!({"name": "Generic"}), json!({}));
+    probe.metadata.labels = Some([("refuse".to_string(), "yes".to_string())].into());
+    api.create(&PostParams::default(), &probe).await.unwrap();
+    poll("the test policy enforced", WAIT, || {
+        let api = api.clone();
+        async move {
+            let patch = json!({"spec": {"offload": {"mode": "Disabled"}}});
+            let params = PatchParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            api.patch("probe", &params, &Patch::Merge(&patch))
+                .await
+                .err()
+                .map(|_| ())
+        }
+    })
+    .await;
+    let mut tj = training_job("held", &ns, json!({"name": "Generic"}), json!({}));
+    tj.metadata.labels = Some([("refuse".to_string(), "yes".to_string())].into());
+    api.create(&PostParams::default(), &tj).await.unwrap();
+    let cond = condition_when(&api, "held", "OffloadResolved", "False").await;
+    assert_eq!(cond.reason, "SpecPatchRefused", "{}", cond.message);
+    assert!(
+        cond.message
+            .contains("this job's spec.offload may not change (test policy)"),
+        "{}",
+        cond.message
+    );
+    assert!(
+        cond.message.contains("tried again when its spec changes"),
+        "{}",
+        cond.message
+    );
+    let events = wait_list(
+        Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), &ns),
+        watcher::Config::default().fields("involvedObject.name=held,reason=SpecPatchRefused"),
+        "a SpecPatchRefused Event on TrainingJob held",
+        WAIT,
+        |events| events.first().and_then(|e| e.message.clone()),
+    )
+    .await;
+    assert!(events.contains("test policy"), "{events}");
+    // A change to the job (here: the label that the policy keys on) is a new try, which the
+    // API server accepts.
+    let unlabel = json!({"metadata": {"labels": {"refuse": null}}, "spec": {"backoffLimit": 1}});
+    api.patch("held", &PatchParams::default(), &Patch::Merge(&unlabel))
+        .await
+        .unwrap();
+    wait_for_condition(&api, "held", "WorkloadCreated", "True").await;
+}

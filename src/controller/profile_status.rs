@@ -15,8 +15,11 @@ use offload_api::api::{NodeCounts, OffloadProfile, OffloadProfileStatus};
 use offload_api::names;
 use offload_api::report::{NodeMemoryModel, OverlapVerdict};
 
+/// Ignored nodes a profile's status names, each with its reason; the rest are counted.
+const NAMED_IGNORED: usize = 3;
+
 /// Counts the reported nodes a profile's selector matches, and the nodes it ignores with the
-/// first reason. `Err` carries the selector error.
+/// first few reasons. `Err` carries the selector error.
 pub fn count_nodes(
     profile: &OffloadProfile,
     nodes: &NodeIndex,
@@ -26,14 +29,16 @@ pub fn count_nodes(
         None => None,
     };
     let mut counts = NodeCounts::default();
-    let mut first_ignored = None;
+    let mut named: Vec<String> = Vec::new();
     for node in nodes.nodes() {
         if selector.as_ref().is_some_and(|s| !s.matches(&node.labels)) {
             continue;
         }
         if let Some(why) = node.ignored_because() {
             counts.ignored += 1;
-            first_ignored.get_or_insert_with(|| format!("node {} is ignored: {why}", node.name));
+            if named.len() < NAMED_IGNORED {
+                named.push(format!("node {} is ignored: {why}", node.name));
+            }
             continue;
         }
         let Some(model) = node.memory_model() else {
@@ -51,6 +56,7 @@ pub fn count_nodes(
             OverlapVerdict::Untested => {}
         }
     }
+    let first_ignored = (!named.is_empty()).then(|| named.join("; "));
     Ok((counts, first_ignored))
 }
 

@@ -232,7 +232,7 @@ async fn write_spec(
         {
             Ok(p) => p,
             Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
-                return Ok(Err(crate::index::bounded(&e.message)));
+                return Ok(Err(crate::index::bounded_to(&e.message, 1024)));
             }
             Err(e) => return Err(kube_err("patching spec.offload")(e)),
         };
