@@ -472,3 +472,169 @@ async fn a_decision_the_api_server_refuses_to_store_holds_the_job_until_its_spec
         .unwrap();
     wait_for_condition(&api, "held", "WorkloadCreated", "True").await;
 }
+
+/// A one-pod job of Mistral-7B's shape at `tokens` per step, whose pods kwok ends as a
+/// training process that runs out of memory does (`offload.dev/kwok-out-of-memory`: `GPU` when
+/// run without offload, `Host` when run with copy offload, `Other` for a failure that is not
+/// memory): a stand-in for the training process, named as such.
+fn oom_job(name: &str, profile: &str, oom: &str, layers: i64, tokens: i64) -> TrainingJob {
+    let mut tj = training_job(
+        name,
+        profile,
+        json!({"name": "DeepSpeed", "version": "0.19.8"}),
+        json!({"replicas": 1, "backoffLimit": 0, "model": {"architecture": "Llama", "hiddenSize": 4096,
+            "layers": layers, "intermediateSize": 14336, "attentionHeads": 32, "keyValueHeads": 8,
+            "vocabSize": 32000, "tokensPerStep": tokens}}),
+    );
+    tj.spec.template.metadata = Some(
+        serde_json::from_value(json!({"annotations": {"offload.dev/kwok-out-of-memory": oom}}))
+            .unwrap(),
+    );
+    tj
+}
+
+#[tokio::test]
+async fn a_job_that_runs_out_of_gpu_memory_is_decided_again_once_and_runs() {
+    let (_cluster, client, ns) = setup("cudaoom").await;
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    add_profile(&client, &ns).await;
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &oom_job("mistral", &ns, "GPU", 32, 4096),
+    )
+    .await
+    .unwrap();
+    // Without offload (135 of 136 GiB by the model), its pod runs out of GPU memory; the job is
+    // decided again with the evidence, and its new workload offloads and keeps running.
+    let recovered = wait_for_condition(&api, "mistral", "MemoryRecovery", "True").await;
+    let status = recovered.status.clone().unwrap();
+    assert_eq!(status.memory_failures.len(), 1);
+    let f = &status.memory_failures[0];
+    assert_eq!(f.kind, offload_api::api::MemoryKind::Gpu);
+    assert!(
+        f.configuration.starts_with("mode=Disabled"),
+        "{}",
+        f.configuration
+    );
+    assert!(f.message.contains("CUDA out of memory"), "{}", f.message);
+    assert!(f.estimate_bytes.is_some() && f.budget_bytes.is_some());
+    let running = wait_list(
+        api.clone(),
+        watcher::Config::default().fields("metadata.name=mistral"),
+        "mistral running with its second configuration",
+        WAIT,
+        |jobs| {
+            let tj = jobs.first()?;
+            let s = tj.status.as_ref()?;
+            (s.phase == Some(offload_api::api::JobPhase::Running)
+                && tj.spec.offload.mode == offload_api::api::ModeSetting::CpuCopy)
+                .then(|| TrainingJob::clone(tj))
+        },
+    )
+    .await;
+    let decision = running.status.unwrap().offload.unwrap();
+    assert!(decision.offload_ratio > 0.1, "{}", decision.offload_ratio);
+    let events = wait_list(
+        Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), &ns),
+        watcher::Config::default().fields("involvedObject.name=mistral,reason=OutOfMemory"),
+        "an OutOfMemory Event on mistral",
+        WAIT,
+        |events| events.first().and_then(|e| e.message.clone()),
+    )
+    .await;
+    assert!(
+        events.contains("ran out of GPU memory with mode=Disabled"),
+        "{events}"
+    );
+}
+
+#[tokio::test]
+async fn recovery_is_bounded_and_only_for_memory() {
+    let (_cluster, client, ns) = setup("oombound").await;
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    Api::<OffloadProfile>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &pool_profile(&ns, &ns, json!({"maxMemoryRetries": 0})),
+        )
+        .await
+        .unwrap();
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    // maxMemoryRetries 0: the failure is recorded, nothing is decided again.
+    api.create(
+        &PostParams::default(),
+        &oom_job("bounded", &ns, "GPU", 32, 4096),
+    )
+    .await
+    .unwrap();
+    let cond = condition_when(&api, "bounded", "MemoryRecovery", "False").await;
+    assert_eq!(cond.reason, "RetriesExhausted", "{}", cond.message);
+    let tj = api.get("bounded").await.unwrap();
+    assert_eq!(
+        tj.spec.offload.mode,
+        offload_api::api::ModeSetting::Disabled,
+        "never re-decided"
+    );
+    // A pod that fails for any other reason: the job fails as written, never re-decided.
+    api.create(
+        &PostParams::default(),
+        &oom_job("buggy", &ns, "Other", 32, 4096),
+    )
+    .await
+    .unwrap();
+    let failed = wait_list(
+        api.clone(),
+        watcher::Config::default().fields("metadata.name=buggy"),
+        "buggy Failed",
+        WAIT,
+        |jobs| {
+            let tj = jobs.first()?;
+            (tj.status.as_ref()?.phase == Some(offload_api::api::JobPhase::Failed))
+                .then(|| TrainingJob::clone(tj))
+        },
+    )
+    .await;
+    let status = failed.status.unwrap();
+    assert!(status.memory_failures.is_empty());
+    assert!(
+        !status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "MemoryRecovery")
+    );
+}
+
+#[tokio::test]
+async fn a_job_oom_killed_on_the_host_is_decided_again_with_its_host_figures_raised() {
+    let (_cluster, client, ns) = setup("hostoom").await;
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    add_profile(&client, &ns).await;
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    // The 10.7B: 41 % of its optimizer state offloaded by copy; its pod is OOMKilled. Raised past
+    // the 512 GiB the node gave it, no share fits the host: held with the figures.
+    api.create(
+        &PostParams::default(),
+        &oom_job("big", &ns, "Host", 48, 2048),
+    )
+    .await
+    .unwrap();
+    wait_for_condition(&api, "big", "MemoryRecovery", "True").await;
+    let cond = condition_when(&api, "big", "OffloadResolved", "False").await;
+    assert_eq!(cond.reason, "InsufficientMemory", "{}", cond.message);
+    let tj = api.get("big").await.unwrap();
+    let status = tj.status.unwrap();
+    assert_eq!(
+        status.memory_failures[0].kind,
+        offload_api::api::MemoryKind::Host
+    );
+    assert!(
+        status.memory_failures[0].message.contains("OOMKilled"),
+        "{}",
+        status.memory_failures[0].message
+    );
+    assert!(
+        status.workload.is_none(),
+        "the workload that ran out is gone"
+    );
+}

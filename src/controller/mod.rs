@@ -339,9 +339,14 @@ where
         observation_changes(caches.nodes.subscribe(), caches.nodes.store().clone()),
         move |node| training_job::jobs_for_observation(&job_ctx_observed, &node),
     )
-    // A workload pod whose start-up guard ended: record what it found.
+    // A workload pod whose start-up guard ended, or whose training container ran out of
+    // memory: record what it found.
     .watches_stream(pod_changes, |pod| {
-        training_job::guard_outcome(&pod)?;
+        if training_job::guard_outcome(&pod).is_none()
+            && training_job::recovery::memory_failure(&pod).is_none()
+        {
+            return None;
+        }
         let name = pod.labels().get(names::LABEL_TRAINING_JOB)?.clone();
         Some(ObjectRef::new(&name).within(&pod.namespace().unwrap_or_default()))
     })

@@ -202,6 +202,8 @@ mod tests {
             overlap_efficiency: None,
             super_offload,
             reasons: vec![],
+            estimate: None,
+            requested: None,
         }
     }
 

@@ -7,7 +7,10 @@
 //!   view of its workload) or held;
 //! - the **workload** ([`names::WORKLOAD_STATUS_MANAGER`]): `phase`, `workload`, `observed`,
 //!   the `WorkloadCreated`, `Admitted`, `NodeVerified` and `OverlapObserved` conditions;
-//!   written as the Job runs.
+//!   written as the Job runs;
+//! - the **memory evidence** ([`names::MEMORY_STATUS_MANAGER`]): `memoryFailures` and the
+//!   `MemoryRecovery` condition; written when a configuration runs out of memory, kept across
+//!   the job's later decisions.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Resource;
@@ -50,6 +53,17 @@ pub async fn apply_decision(
     let value =
         serde_json::to_value(status).map_err(|e| Error::Serialize("TrainingJob status", e))?;
     apply(api, name, names::OPERATOR_MANAGER, value).await
+}
+
+/// Writes the memory evidence: every failure so far, and the `MemoryRecovery` condition.
+pub async fn apply_memory(
+    api: &Api<TrainingJob>,
+    name: &str,
+    failures: &[offload_api::api::MemoryFailure],
+    condition: &Condition,
+) -> Result<(), Error> {
+    let value = json!({"memoryFailures": failures, "conditions": [condition]});
+    apply(api, name, names::MEMORY_STATUS_MANAGER, value).await
 }
 
 /// The workload part of a TrainingJob's status. The workload writer owns every field here, so

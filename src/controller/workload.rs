@@ -389,5 +389,15 @@ pub fn decision_status(res: &Resolution) -> OffloadDecisionStatus {
                 message: r.message.clone(),
             })
             .collect(),
+        estimate: res.memory.as_ref().map(|m| {
+            let i = |b: u64| i64::try_from(b).unwrap_or(i64::MAX);
+            offload_api::api::MemoryEstimateStatus {
+                gpu_bytes: i(m.gpu_bytes),
+                gpu_budget_bytes: i(m.gpu_budget_bytes),
+                host_bytes: i(m.host_bytes_per_pod),
+                host_budget_bytes: m.host_budget_bytes.map(i),
+            }
+        }),
+        requested: Some(res.requested.clone()),
     }
 }

@@ -222,6 +222,7 @@ fn job_memory_of(
         },
         pod_memory_limit: job.pod_memory_limit,
         sub_group_size: job.config.sub_group_size.map(|g| g as f64),
+        corrections: super::memory::Corrections::from_failures(&job.memory_failures),
     }))
 }
 

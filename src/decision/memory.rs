@@ -150,6 +150,58 @@ pub struct JobMemory {
     /// default, or with a partial ratio the one the operator writes
     /// ([`operator_sub_group_size`]).
     pub sub_group_size: Option<f64>,
+    /// What the job's own failures taught: every GPU and host figure is multiplied by these
+    /// (1 without evidence).
+    pub corrections: Corrections,
+}
+
+/// Multipliers on the estimates, from configurations of the job that ran out of memory.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Corrections {
+    /// On every GPU figure.
+    pub gpu: f64,
+    /// On every host figure.
+    pub host: f64,
+}
+
+impl Default for Corrections {
+    fn default() -> Self {
+        Corrections {
+            gpu: 1.0,
+            host: 1.0,
+        }
+    }
+}
+
+/// Margin over what a failed configuration had when its estimate is raised past it (the VPA
+/// bumps host memory by 20 % after an OOM; a GPU figure is known more closely).
+pub const GPU_FAILURE_MARGIN: f64 = 1.05;
+/// Host: at least this much more after an out-of-memory kill.
+pub const HOST_FAILURE_MARGIN: f64 = 1.2;
+
+impl Corrections {
+    /// From the failures, oldest first: each failed configuration needed more than it had, so
+    /// the figures are raised until its estimate is past that (by the margin). Each recorded
+    /// estimate was made with the corrections of the failures before it, so they compound.
+    pub fn from_failures(failures: &[offload_api::api::MemoryFailure]) -> Corrections {
+        use offload_api::api::MemoryKind;
+        let mut c = Corrections::default();
+        for f in failures {
+            #[allow(clippy::cast_precision_loss)]
+            let past = match (f.estimate_bytes, f.budget_bytes) {
+                (Some(e), Some(b)) if e > 0 && b > 0 => (b as f64 / e as f64).max(1.0),
+                _ => 1.0,
+            };
+            match f.kind {
+                MemoryKind::Gpu => c.gpu = (c.gpu * past * GPU_FAILURE_MARGIN).min(1e3),
+                MemoryKind::Host => {
+                    c.host =
+                        (c.host * (past * GPU_FAILURE_MARGIN).max(HOST_FAILURE_MARGIN)).min(1e3);
+                }
+            }
+        }
+        c
+    }
 }
 
 /// What one node class offers a job: its smallest GPU, and the least host memory one of the
@@ -374,8 +426,10 @@ impl JobMemory {
         };
         Estimate {
             placement,
-            gpu,
-            host_per_pod: self.host_per_rank(placement, r) * as_f64(self.gpus_per_pod.max(1)),
+            gpu: gpu * self.corrections.gpu,
+            host_per_pod: self.host_per_rank(placement, r)
+                * as_f64(self.gpus_per_pod.max(1))
+                * self.corrections.host,
             activations: act,
             offloaded_share: matches!(placement, Placement::PartialOptimizer(_)).then_some(r),
         }

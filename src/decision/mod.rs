@@ -149,6 +149,10 @@ pub struct Resolution {
     /// The memory request the training container gets, where the decision counts on more host
     /// memory than it requests.
     pub memory_request: Option<MemoryRequest>,
+    /// The request this was decided from (`spec.offload` as the user asked).
+    pub requested: OffloadSpec,
+    /// The training container's index in the pod template, where the pod has containers.
+    pub training_container: Option<usize>,
 }
 
 /// The host memory the decision counts on, written as the training container's memory request
@@ -351,6 +355,8 @@ pub fn resolve_offload(
         exclude_nodes,
         gpu_claim_entries: job.gpu_claim_entries.clone(),
         memory_request,
+        requested: job.offload.clone(),
+        training_container: job.training_container.map(|(i, _)| i),
     })
 }
 

@@ -29,6 +29,9 @@ pub struct JobRequest {
     /// The model hints came from annotations (another kind), not `spec.model`: messages name
     /// the annotations.
     pub hints_from_annotations: bool,
+    /// Configurations of this job that ran out of memory, oldest first (a TrainingJob's
+    /// `status.memoryFailures`): each raises the estimates past what failed.
+    pub memory_failures: Vec<offload_api::api::MemoryFailure>,
     /// Where the pod template lets its pods run (its nodeSelector, required node affinity and
     /// tolerations): they narrow the candidate nodes.
     pub constraints: super::PodConstraints,
@@ -70,6 +73,7 @@ impl Default for JobRequest {
             model: None,
             model_config: None,
             hints_from_annotations: false,
+            memory_failures: Vec::new(),
             constraints: super::PodConstraints::default(),
             pods: 1,
             gpus_per_pod: 1,
@@ -253,7 +257,9 @@ impl JobRequest {
         let ds = spec.deepspeed.clone().unwrap_or_default();
         let mut deepspeed = DeepSpeedRequest::from_spec(&ds, config.and_then(|c| c.stage));
         deepspeed.zenflow_in_config = config.is_some_and(|c| c.zenflow);
-        let offload = super::AdmittedRequest::original(tj).unwrap_or_else(|| spec.offload.clone());
+        let offload = super::AdmittedRequest::original(tj)
+            .or_else(|| recorded_request(tj))
+            .unwrap_or_else(|| spec.offload.clone());
         Ok(JobRequest {
             offload,
             framework: spec.framework.clone(),
@@ -261,6 +267,11 @@ impl JobRequest {
             model: spec.model.clone(),
             model_config: model_config.copied(),
             hints_from_annotations: false,
+            memory_failures: tj
+                .status
+                .as_ref()
+                .map(|s| s.memory_failures.clone())
+                .unwrap_or_default(),
             constraints: super::PodConstraints::of(spec.template.spec.as_ref()),
             pods: u32::try_from(spec.replicas.max(1)).unwrap_or(1),
             gpus_per_pod: resources.gpus_per_pod(),
@@ -341,6 +352,7 @@ impl JobRequest {
                 },
                 deepspeed: DeepSpeedRequest::default(),
                 hints_from_annotations: model.is_some(),
+                memory_failures: Vec::new(),
                 model,
                 model_config: None,
                 constraints: super::PodConstraints::default(),
@@ -500,6 +512,34 @@ fn model_annotations(
         experts,
         activation_checkpointing: flag(names::ANNOTATION_ACTIVATION_CHECKPOINTING)?,
     }))
+}
+
+/// The request a TrainingJob's recorded decision was made from, as long as `spec.offload` still
+/// holds that decision's concrete values (the operator wrote them); `None` once the user changed
+/// it, or where nothing was recorded.
+fn recorded_request(tj: &TrainingJob) -> Option<OffloadSpec> {
+    use offload_api::api::{OffloadMode, Switch};
+    let d = tj.status.as_ref()?.offload.as_ref()?;
+    let requested = d.requested.clone()?;
+    let concrete = OffloadSpec {
+        mode: d.mode.as_setting(),
+        overlap: if d.overlap {
+            OverlapSetting::Enabled
+        } else {
+            OverlapSetting::Disabled
+        },
+        offload_ratio: if d.mode == OffloadMode::Disabled {
+            RatioSetting::None
+        } else {
+            RatioSetting::Fixed(d.offload_ratio)
+        },
+        pin_memory: if d.pin_memory {
+            Switch::Enabled
+        } else {
+            Switch::Disabled
+        },
+    };
+    (tj.spec.offload == concrete).then_some(requested)
 }
 
 impl DeepSpeedRequest {

@@ -327,6 +327,15 @@ pub fn apply_to_pod_spec(
     }
     merge_affinity(spec, &node_requirements(res));
     raise_memory_request(spec, res);
+    // A training process that dies of CUDA out-of-memory leaves its last log lines as its
+    // termination message, which is how the operator tells (and recovers from) it.
+    if let Some(c) = res
+        .training_container
+        .and_then(|i| spec.containers.get_mut(i))
+        && c.termination_message_policy.is_none()
+    {
+        c.termination_message_policy = Some("FallbackToLogsOnError".into());
+    }
 }
 
 /// Writes the host memory the decision counts on as the training container's memory request,

@@ -156,6 +156,9 @@ pub const OPERATOR_MANAGER: &str = "offload-operator";
 /// `workload`, `WorkloadCreated`). Kept apart from [`OPERATOR_MANAGER`] so that writing one part
 /// can never drop fields of the other, even from a stale copy of the object.
 pub const WORKLOAD_STATUS_MANAGER: &str = "offload-operator-workload";
+/// Field manager of a TrainingJob's memory evidence (`status.memoryFailures`, the
+/// `MemoryRecovery` condition).
+pub const MEMORY_STATUS_MANAGER: &str = "offload-operator-memory";
 /// Field manager of the agent's server-side applies.
 pub const AGENT_MANAGER: &str = "offload-agent";
 

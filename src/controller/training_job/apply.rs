@@ -150,6 +150,7 @@ pub(super) async fn record_unresolved(
         workload: None,
         observed_generation: generation,
         observed: None,
+        memory_failures: Vec::new(),
         conditions: vec![cond],
     };
     status::apply_decision(&api, &name, &status).await?;

@@ -39,7 +39,17 @@ pub(super) async fn follow_workload(
         name_conflict(tj, ctx, &api, &current).await?;
         return Ok(Action::await_change());
     }
+    // A Job on its way out (recreated after running out of memory): its deletion is the next
+    // change.
+    if super::recovery::deleting(job) {
+        return Ok(Action::await_change());
+    }
     let current = restore_decision(tj, &api, job, current).await?;
+    if let Some(failed) =
+        super::recovery::unrecorded_failure(ctx, tj, job, &current.memory_failures)
+    {
+        return super::recovery::recover(tj, ctx, &current, failed).await;
+    }
     let phase = phase_of(job);
     let workload = workload_ref(&name, &current, job);
     let created = workload_created(&current.conditions, &name, generation);
@@ -470,7 +480,8 @@ pub fn guard_outcome(pod: &Pod) -> Option<GuardOutcome> {
 }
 
 /// Keeps of a workload pod what the controller reads: its metadata, the node it runs on, and
-/// its phase and init containers' states (the start-up guard's outcome).
+/// its phase and its containers' states (the start-up guard's outcome, a training container
+/// that ran out of memory).
 pub fn slim_pod(pod: &mut Pod) {
     let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
     pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
@@ -481,6 +492,7 @@ pub fn slim_pod(pod: &mut Pod) {
         pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
             phase: status.phase,
             init_container_statuses: status.init_container_statuses,
+            container_statuses: status.container_statuses,
             ..Default::default()
         });
     }

@@ -5,6 +5,7 @@
 mod apply;
 mod follow;
 mod kueue;
+pub mod recovery;
 mod triggers;
 
 #[cfg(test)]
@@ -273,6 +274,7 @@ fn resolved_status(
         workload: None,
         observed_generation: generation,
         observed: None,
+        memory_failures: Vec::new(),
         conditions: existing,
     };
     conditions::set(&mut status.conditions, resolved);
@@ -313,6 +315,7 @@ async fn run_without_offload(tj: &TrainingJob, ctx: &Context) -> Result<Action, 
         workload: None,
         observed_generation: tj.metadata.generation,
         observed: None,
+        memory_failures: Vec::new(),
         conditions: existing,
     };
     conditions::set(&mut status.conditions, not_requested);

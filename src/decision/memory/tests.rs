@@ -30,6 +30,7 @@ fn job(shape: ModelShape, tokens: f64) -> JobMemory {
         value_bytes: 2.0,
         pod_memory_limit: None,
         sub_group_size: None,
+        corrections: Corrections::default(),
     }
 }
 

@@ -475,3 +475,59 @@ fn the_training_container_and_its_memory_are_read_in_any_unit() {
     let err = PodResources::of(Some(&bad)).unwrap_err().to_string();
     assert!(err.contains("container \"train\" requests.memory"), "{err}");
 }
+
+fn failure(
+    kind: offload_api::api::MemoryKind,
+    estimate: u64,
+    budget: u64,
+) -> offload_api::api::MemoryFailure {
+    offload_api::api::MemoryFailure {
+        kind,
+        configuration: "mode=Disabled …".into(),
+        estimate_bytes: Some(estimate as i64),
+        budget_bytes: Some(budget as i64),
+        pod: "p".into(),
+        message: "torch.OutOfMemoryError: CUDA out of memory".into(),
+        seen_at: "2026-12-01T00:00:00Z".into(),
+    }
+}
+
+#[test]
+fn a_configuration_that_ran_out_of_memory_is_never_written_again() {
+    use offload_api::api::MemoryKind;
+    // Mistral-7B at 4096 tokens fits without offload by the model (135.1 of 136.2 GiB). Say it
+    // ran out of GPU memory there: the next decision offloads.
+    let nodes = [with_host(h200("h"), H200_HOST)];
+    let first = resolve(&trained("mistral-7b", 4096), &nodes).unwrap();
+    assert_eq!(placement(&first), Some(Placement::NoOffload));
+    let m = first.memory.clone().unwrap();
+    let mut job = trained("mistral-7b", 4096);
+    job.memory_failures = vec![failure(MemoryKind::Gpu, m.gpu_bytes, m.gpu_budget_bytes)];
+    let second = resolve(&job, &nodes).unwrap();
+    let Some(Placement::PartialOptimizer(r)) = placement(&second) else {
+        panic!("{}", second.summary());
+    };
+    assert!(r > 0.1, "{r}");
+    // Each failure compounds: the second configuration running out too moves further.
+    let m2 = second.memory.clone().unwrap();
+    job.memory_failures
+        .push(failure(MemoryKind::Gpu, m2.gpu_bytes, m2.gpu_budget_bytes));
+    let third = resolve(&job, &nodes).unwrap();
+    let Some(Placement::PartialOptimizer(r3)) = placement(&third) else {
+        panic!("{}", third.summary());
+    };
+    assert!(r3 > r, "{r3} after {r}");
+    // A host kill raises the host side: a configuration that needs more host memory than
+    // the node has after +20 % is not written.
+    let mut job = trained("llama-10b", 2048);
+    let first = resolve(&job, &nodes).unwrap();
+    let m = first.memory.clone().unwrap();
+    job.memory_failures = vec![failure(
+        MemoryKind::Host,
+        m.host_bytes_per_pod,
+        m.host_budget_bytes.unwrap(),
+    )];
+    let err = resolve(&job, &nodes).unwrap_err();
+    assert_eq!(err.category(), "InsufficientMemory", "{err}");
+    assert!(err.to_string().contains("host memory too small"), "{err}");
+}

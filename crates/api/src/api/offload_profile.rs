@@ -118,7 +118,21 @@ pub struct OffloadProfileSpec {
     /// asynchronously (a change to the optimisation, measured faster on PCIe GPUs).
     #[serde(default, rename = "allowZenFlow")]
     pub allow_zen_flow: bool,
+
+    /// How many times a TrainingJob whose training pod runs out of GPU or host memory is
+    /// re-decided with that evidence and recreated (its estimate raised past what failed); after
+    /// that it is held with the figures. 0: never.
+    #[serde(default = "default_max_memory_retries")]
+    #[schemars(range(min = 0, max = 10))]
+    pub max_memory_retries: u32,
 }
+
+fn default_max_memory_retries() -> u32 {
+    DEFAULT_MAX_MEMORY_RETRIES
+}
+
+/// Re-decisions after running out of memory, by default.
+pub const DEFAULT_MAX_MEMORY_RETRIES: u32 = 2;
 
 impl Default for OffloadProfileSpec {
     fn default() -> Self {
@@ -134,6 +148,7 @@ impl Default for OffloadProfileSpec {
             allow_cpu_copy_on_coherent_nodes: false,
             startup_guard: true,
             allow_zen_flow: false,
+            max_memory_retries: DEFAULT_MAX_MEMORY_RETRIES,
         }
     }
 }

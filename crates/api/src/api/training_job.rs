@@ -354,12 +354,53 @@ pub struct TrainingJobStatus {
     /// until an agent has observed one of its pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed: Option<ObservedOverlap>,
+    /// Out-of-memory failures of the job's earlier configurations, oldest first: the evidence
+    /// its later decisions were made with (at most the profile's `maxMemoryRetries` + 1).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 11))]
+    pub memory_failures: Vec<MemoryFailure>,
     /// Conditions: `OffloadResolved`, `WorkloadCreated`, `Admitted` (for a job in a Kueue queue:
     /// whether Kueue let its workload run), `NodeVerified` (the start-up guard),
-    /// `OverlapObserved` (whether a job with overlap on keeps its GPUs busy).
+    /// `OverlapObserved` (whether a job with overlap on keeps its GPUs busy), `MemoryRecovery`
+    /// (whether a configuration that ran out of memory was replaced).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+/// Which memory ran out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum MemoryKind {
+    /// A GPU's (`CUDA out of memory`).
+    #[serde(rename = "GPU")]
+    Gpu,
+    /// The host's (the container was `OOMKilled`).
+    Host,
+}
+
+/// One configuration of the job that ran out of memory, and the figures it was decided with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryFailure {
+    /// Which memory ran out.
+    pub kind: MemoryKind,
+    /// The configuration that ran out (`mode=CPUCopy overlap=false ratio=0.2 …`).
+    pub configuration: String,
+    /// What the decision estimated that configuration needs of that memory, bytes (per GPU, or
+    /// per pod on the host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate_bytes: Option<i64>,
+    /// What it had of that memory, bytes: what the GPU can hold, or the pod's limit or share
+    /// of the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_bytes: Option<i64>,
+    /// The pod that failed.
+    pub pod: String,
+    /// What the pod said (its termination message, bounded).
+    #[schemars(length(max = 1024))]
+    pub message: String,
+    /// When it was seen (RFC 3339).
+    pub seen_at: String,
 }
 
 /// Lifecycle phase of a TrainingJob.
@@ -405,6 +446,29 @@ pub struct OffloadDecisionStatus {
     /// One reason per choice, in the order they were made.
     #[serde(default)]
     pub reasons: Vec<DecisionReason>,
+    /// What the memory model estimated for the configuration written, where it sized the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<MemoryEstimateStatus>,
+    /// The request the decision was made from (`spec.offload` before the operator wrote its
+    /// concrete values): a later decision of the same job (after it ran out of memory) starts
+    /// from it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested: Option<OffloadSpec>,
+}
+
+/// The memory model's figures for the configuration written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryEstimateStatus {
+    /// Bytes per GPU.
+    pub gpu_bytes: i64,
+    /// What each GPU can hold of it (its memory less the CUDA context and fragmentation).
+    pub gpu_budget_bytes: i64,
+    /// Bytes of host memory per pod.
+    pub host_bytes: i64,
+    /// Host memory a pod can have (its limit or its share of the node), where known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_budget_bytes: Option<i64>,
 }
 
 /// Why one setting got its value.

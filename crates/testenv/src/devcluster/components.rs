@@ -226,6 +226,12 @@ impl DevCluster {
         fs::write(&complete, include_str!("../../kwok/pod-complete.yaml"))
             .map_err(io_err("writing kwok's pod-complete stage"))?;
         configs.push(format!("--config={}", complete.display()));
+        // Pods annotated offload.dev/kwok-out-of-memory end as a training process that ran out of
+        // GPU or host memory does (a stand-in: no process is behind them).
+        let oom = self.root.join("kwok-pod-out-of-memory.yaml");
+        fs::write(&oom, include_str!("../../kwok/pod-out-of-memory.yaml"))
+            .map_err(io_err("writing kwok's out-of-memory stages"))?;
+        configs.push(format!("--config={}", oom.display()));
         let port = free_port()?;
         let mut args = vec![
             format!("--kubeconfig={}", self.kubeconfig.display()),

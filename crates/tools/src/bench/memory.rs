@@ -161,6 +161,7 @@ pub fn run(runs: &[PathBuf], models: &Path, node: &Node) -> Result<(), BenchErro
                     value_bytes: 2.0,
                     pod_memory_limit: None,
                     sub_group_size: group,
+                    corrections: Default::default(),
                 };
                 let (est, fit) = job.estimate_checked(placement, &class);
                 let f = |k: &str| phase.get(k).and_then(Value::as_f64);
