@@ -123,6 +123,11 @@ pub(crate) fn slim_node(node: &mut Node) {
     if let Some(status) = node.status.take() {
         node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
             allocatable: status.allocatable,
+            // Only the node's memory: what an observed pod's host memory is bounded by.
+            capacity: status.capacity.map(|mut c| {
+                c.retain(|k, _| k == "memory");
+                c
+            }),
             ..Default::default()
         });
     }
@@ -204,6 +209,9 @@ pub struct Caches {
     pub claim_templates: Cache<Guarded<ResourceClaimTemplate>>,
     /// The DRA options the caches were built with (`None`: DRA off).
     pub dra: Option<DraOptions>,
+    /// What runs taught the memory model, where the operator learns (set after
+    /// [`Caches::new`]; watched by the operator's run).
+    pub learned: Option<crate::learned::LearnedStore>,
 }
 
 impl Caches {
@@ -282,6 +290,7 @@ impl Caches {
         };
         (
             Caches {
+                learned: None,
                 profiles,
                 nodes,
                 jobs,

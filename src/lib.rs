@@ -26,6 +26,7 @@ pub mod dra;
 pub mod explain;
 pub mod guard;
 pub mod index;
+pub mod learned;
 pub mod metrics;
 pub mod operator;
 pub mod render;

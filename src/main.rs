@@ -100,6 +100,12 @@ struct ExplainArgs {
     /// The GPU driver's ResourceSlices (manifest files, offline): its word on each node.
     #[arg(long = "resource-slices")]
     resource_slices: Vec<PathBuf>,
+    /// A run of the job as the agent observed it (`offload-agent observe -- COMMAND`'s JSON, or
+    /// a node's `offload.dev/observed` summary); repeat for several runs, in order. The decision
+    /// shown is the one the operator makes after them: what each run used is learned, and a run
+    /// that ran out of memory is recorded as the controller records it.
+    #[arg(long = "observed")]
+    observed: Vec<PathBuf>,
     /// The agent image, to show the start-up guard as the operator would add it.
     #[arg(long, env = "OFFLOAD_AGENT_IMAGE")]
     agent_image: Option<String>,
@@ -244,7 +250,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
     let render = offload_operator::render::RenderOptions {
         guard_image: args.agent_image.clone().filter(|i| !i.is_empty()),
     };
-    let inputs = if args.node_reports.is_empty() {
+    let mut inputs = if args.node_reports.is_empty() {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -271,8 +277,42 @@ fn explain(args: &ExplainArgs) -> ExitCode {
             }
         }
     };
+    let mut runs = Vec::new();
+    for path in &args.observed {
+        match std::fs::read_to_string(path) {
+            Ok(text) => runs.push((path.display().to_string(), text)),
+            Err(e) => {
+                eprintln!("error: {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        }
+    }
     let mut out = Vec::new();
     for m in &manifests {
+        if !runs.is_empty() {
+            let job = m
+                .pointer("/metadata/name")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default();
+            let mut evidence = Vec::new();
+            for (source, text) in &runs {
+                match explain::read_evidence(source, text, job) {
+                    Ok(e) => evidence.push(e),
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return ExitCode::from(2);
+                    }
+                }
+            }
+            match explain::explain_observed(m, &mut inputs, &evidence) {
+                Ok(e) => out.push(e),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            }
+            continue;
+        }
         match explain::explain(m, &inputs, args.candidates) {
             Ok(e) => out.push(e),
             Err(e) => {
@@ -411,6 +451,7 @@ fn run(args: RunArgs) -> ExitCode {
         );
         let options = RunOptions {
             admin_addr: args.admin_addr,
+            learned_namespace: Some(args.namespace.clone()),
             leader_election: args.leader_election.then(|| LeaderElection {
                 namespace: args.namespace.clone(),
                 lease_name: args.lease_name.clone(),

@@ -29,6 +29,9 @@ pub struct RunOptions {
     /// Dynamic Resource Allocation: the GPU driver whose ResourceSlices and the DeviceClasses
     /// whose claims the operator reads (`None`: DRA off).
     pub dra: Option<crate::dra::DraOptions>,
+    /// The namespace whose ConfigMap keeps what runs taught the memory model (the operator's
+    /// own; `None`: nothing is learned or used).
+    pub learned_namespace: Option<String>,
 }
 
 /// Where the leader-election Lease lives.
@@ -109,11 +112,23 @@ pub async fn run(
         }
     };
 
-    let (caches, drive_caches) = Caches::new(&client, metrics.clone(), options.dra.as_ref());
-    let drive_caches = async {
+    let (mut caches, drive_caches) = Caches::new(&client, metrics.clone(), options.dra.as_ref());
+    caches.learned = options
+        .learned_namespace
+        .as_deref()
+        .map(crate::learned::LearnedStore::new);
+    let learned = caches.learned.clone();
+    let watch_client = client.clone();
+    let watch_stop = stop.clone();
+    let drive_caches = async move {
+        let learned = async {
+            if let Some(store) = learned {
+                store.watch(watch_client, watch_stop.clone()).await;
+            }
+        };
         tokio::select! {
-            () = drive_caches => {},
-            () = stop.cancelled() => {},
+            ((), ()) = futures::future::join(drive_caches, learned) => {},
+            () = watch_stop.cancelled() => {},
         }
     };
 
@@ -278,6 +293,14 @@ async fn lead_and_control(
             }
         }
     };
-    let ((), outcome) = tokio::join!(controllers, stop);
+    // The leader writes what it learned; every replica reads it (see `run`).
+    let writes = async {
+        if let Some(store) = caches.learned.clone() {
+            store
+                .write_batches(client.clone(), controllers_shutdown.clone())
+                .await;
+        }
+    };
+    let ((), outcome, ()) = tokio::join!(controllers, stop, writes);
     outcome
 }

@@ -98,6 +98,8 @@ pub struct StoreView {
     pub claim_templates: Option<Store<Guarded<ResourceClaimTemplate>>>,
     /// DRA's driver and GPU DeviceClasses (`None`: off).
     pub dra: Option<DraOptions>,
+    /// What runs taught the memory model (`None`: nothing is learned).
+    pub learned: Option<crate::learned::LearnedStore>,
 }
 
 impl StoreView {
@@ -116,6 +118,7 @@ impl StoreView {
             render: RenderOptions::default(),
             claim_templates: Some(caches.claim_templates.store().clone()),
             dra: caches.dra.clone(),
+            learned: caches.learned.clone(),
         }
     }
 
@@ -128,6 +131,7 @@ impl StoreView {
             render: RenderOptions::default(),
             claim_templates: None,
             dra: None,
+            learned: None,
         }
     }
 }
@@ -153,6 +157,12 @@ impl ClusterView for StoreView {
             .as_ref()?
             .get(&ObjectRef::new(name).within(namespace))?;
         guard.0.as_ref().ok().map(|t| Arc::new(t.clone()))
+    }
+
+    fn learned(&self) -> Option<crate::decision::LearnedView> {
+        self.learned
+            .as_ref()
+            .map(crate::learned::LearnedStore::view)
     }
 }
 
@@ -187,6 +197,8 @@ pub struct MemoryView {
     pub dra: Option<DraOptions>,
     /// ResourceClaimTemplates by namespace and name.
     pub claim_templates: BTreeMap<(String, String), Arc<ResourceClaimTemplate>>,
+    /// What runs taught the memory model, where given.
+    pub learned: Option<crate::decision::LearnedView>,
 }
 
 impl MemoryView {
@@ -217,6 +229,10 @@ impl ClusterView for MemoryView {
         self.claim_templates
             .get(&(namespace.to_string(), name.to_string()))
             .cloned()
+    }
+
+    fn learned(&self) -> Option<crate::decision::LearnedView> {
+        self.learned.clone()
     }
 }
 

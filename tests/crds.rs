@@ -102,7 +102,15 @@ fn printer_columns_are_the_documented_ones() {
     };
     assert_eq!(
         columns("OffloadProfile"),
-        ["MODE", "OVERLAP", "UMA-NODES", "NODES", "JOBS", "AGE"]
+        [
+            "MODE",
+            "OVERLAP",
+            "UMA-NODES",
+            "NODES",
+            "JOBS",
+            "LEARNED",
+            "AGE"
+        ]
     );
     assert_eq!(
         columns("TrainingJob"),
@@ -113,6 +121,7 @@ fn printer_columns_are_the_documented_ones() {
             "RESOLUTION",
             "PHASE",
             "GPU-BUSY",
+            "GPU-MEM",
             "AGE"
         ]
     );

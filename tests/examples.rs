@@ -53,6 +53,7 @@ fn mixed_cluster() -> NodeIndex {
             memory: Some(480 << 30),
             gpus: Some(1),
             cpus: None,
+            ..Default::default()
         })
     };
     NodeIndex::new(vec![

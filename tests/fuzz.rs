@@ -316,6 +316,7 @@ fn observation_summaries() {
                         memory: None,
                         gpus: Some(2),
                         cpus: None,
+                        ..Default::default()
                     });
                 let index = NodeIndex::new(vec![node]);
                 let observed = offload_operator::controller::overlap_observed::gather(

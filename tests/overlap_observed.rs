@@ -14,7 +14,9 @@ use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use offload_api::api::{OffloadProfile, TrainingJob};
 use offload_api::names;
-use offload_api::observed::{BusySource, OBSERVED_SCHEMA_VERSION, ObservedSummary, PodObservation};
+use offload_api::observed::{
+    BusySource, HostMemorySource, OBSERVED_SCHEMA_VERSION, ObservedSummary, PodObservation,
+};
 use offload_testenv::devcluster::{ClusterOptions, free_port};
 use offload_testenv::fixtures;
 use serde_json::json;
@@ -27,6 +29,20 @@ fn deepspeed() -> serde_json::Value {
 
 /// The recorded summary of one node: each (pod, job, busy, cpu cores) one pod with one GPU.
 fn summary(node: &str, ns: &str, pods: &[(&str, &str, f64, f64)]) -> String {
+    summary_with_memory(node, ns, pods, None)
+}
+
+/// The H200's memory as NVML reads it (the recorded report's).
+const H200_BYTES: u64 = 150_754_820_096;
+
+/// The same, each pod's GPU at `gpu_peak` bytes at its highest (of an H200) and its host memory
+/// at 40 GiB, where given.
+fn summary_with_memory(
+    node: &str,
+    ns: &str,
+    pods: &[(&str, &str, f64, f64)],
+    gpu_peak: Option<u64>,
+) -> String {
     ObservedSummary {
         schema_version: OBSERVED_SCHEMA_VERSION,
         node: node.into(),
@@ -44,6 +60,11 @@ fn summary(node: &str, ns: &str, pods: &[(&str, &str, f64, f64)]) -> String {
                 gpu_busy: *busy,
                 samples: 600,
                 cpu_cores: Some(*cpu),
+                gpu_memory_peak_bytes: gpu_peak,
+                gpu_memory_total_bytes: gpu_peak.map(|_| H200_BYTES),
+                process_gpu_memory_peak_bytes: None,
+                host_memory_peak_bytes: gpu_peak.map(|_| 40 << 30),
+                host_memory_source: gpu_peak.map(|_| HostMemorySource::CgroupPeak),
             })
             .collect(),
     }
@@ -153,12 +174,19 @@ async fn observations_reach_status_condition_event_metrics_and_kubectl() {
         .filter(|(_, at)| *at == node)
         .map(|(p, _)| p.clone())
         .collect();
+    // Its GPU at 137 GiB of the H200's 140.4 at its highest: within 3 % of the limit.
     let mut seen: Vec<(&str, &str, f64, f64)> = vec![(&first_pod, "overlapped", 0.58, 3.5)];
     if let Some(p) = serial_here.first() {
         seen.push((p, "serial", 0.3, 2.0));
     }
-    annotate(&client, &node, &summary(&node, &ns, &seen)).await;
+    annotate(
+        &client,
+        &node,
+        &summary_with_memory(&node, &ns, &seen, Some(137 << 30)),
+    )
+    .await;
     flagged_on_the_first_node(&api, &node).await;
+    near_its_gpus_memory(&client, &api, &ns).await;
 
     // The job without overlap gets its figures, and no verdict: there is nothing to overlap.
     if serial_here.is_empty() {
@@ -261,6 +289,51 @@ async fn flagged_on_the_first_node(api: &Api<TrainingJob>, node: &str) {
     assert_eq!(observed.nodes[0].node, node);
 }
 
+/// The job's GPU peak beside its estimate, the `GPUMemoryHeadroom` condition False and a
+/// Warning Event.
+async fn near_its_gpus_memory(client: &Client, api: &Api<TrainingJob>, ns: &str) {
+    let near = wait_for_condition(api, "overlapped", "GPUMemoryHeadroom", "False").await;
+    let status = near.status.unwrap();
+    let cond = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "GPUMemoryHeadroom")
+        .unwrap();
+    assert_eq!(cond.reason, "NearGPUMemoryLimit");
+    assert!(
+        cond.message
+            .starts_with("GPU memory peaked at 137.0 GiB of the GPU's 140.4 GiB (97.6 %) with "),
+        "{}",
+        cond.message
+    );
+    let memory = status.observed.unwrap().memory.unwrap();
+    assert_eq!(memory.gpu_peak_bytes, Some(137 << 30));
+    assert_eq!(memory.host_peak_bytes, Some(40 << 30));
+    assert_eq!(memory.windows, 1);
+    let estimate = status.offload.unwrap().estimate;
+    assert_eq!(
+        memory.gpu_estimate_bytes.is_some(),
+        estimate.is_some(),
+        "the estimate beside the peak where the decision sized the job"
+    );
+    assert!(memory.gpu.starts_with("137.0"), "{}", memory.gpu);
+    poll(
+        "the NearGPUMemoryLimit Event",
+        Duration::from_secs(60),
+        || {
+            let events: Api<Event> = Api::namespaced(client.clone(), ns);
+            async move {
+                let list = events.list(&ListParams::default()).await.ok()?.items;
+                list.into_iter().find(|e| {
+                    e.reason.as_deref() == Some("NearGPUMemoryLimit")
+                        && e.type_.as_deref() == Some("Warning")
+                })
+            }
+        },
+    )
+    .await;
+}
+
 /// The job without overlap gets its figures, and no verdict: there is nothing to overlap.
 async fn the_serial_job_has_figures_and_no_verdict(api: &Api<TrainingJob>) {
     let serial = wait_list(
@@ -323,8 +396,10 @@ async fn metrics_and_kubectl_show_it(
     let table = kubectl(cluster, &["get", "tj", "-n", ns]);
     let header = table.lines().next().unwrap();
     assert!(header.contains("GPU-BUSY"), "{table}");
+    assert!(header.contains("GPU-MEM"), "{table}");
     let row = table.lines().find(|l| l.starts_with("overlapped")).unwrap();
     assert!(row.contains("0.96"), "{table}");
+    assert!(row.contains("137.0/") || row.contains("137.0Gi"), "{table}");
 }
 
 /// The next window: the job now overlaps, across both nodes (weighted by GPUs).
@@ -334,16 +409,58 @@ async fn overlapping_on_both_nodes(
     ns: &str,
     [(node, first_pod), (other, second_pod)]: [(&str, &str); 2],
 ) {
+    // A forged window on the other node: its pod used more host memory than the node has
+    // (512 GiB). Not believed: the next figures are the first node's alone.
+    let forged = summary_with_memory(
+        other,
+        ns,
+        &[(second_pod, "overlapped", 0.01, 2.0)],
+        Some(1 << 30),
+    )
+    .replace(&(40u64 << 30).to_string(), &(600u64 << 30).to_string());
+    annotate(client, other, &forged).await;
     annotate(
         client,
         node,
-        &summary(node, ns, &[(first_pod, "overlapped", 0.94, 3.0)]),
+        &summary_with_memory(
+            node,
+            ns,
+            &[(first_pod, "overlapped", 0.94, 3.0)],
+            Some(100 << 30),
+        ),
     )
     .await;
+    let first_alone = wait_list(
+        api.clone(),
+        kube::runtime::watcher::Config::default().fields("metadata.name=overlapped"),
+        "the first node's next window",
+        Duration::from_secs(60),
+        |tjs| {
+            tjs.first()
+                .and_then(|t| t.status.clone())
+                .and_then(|s| s.observed)
+                .filter(|o| o.gpu_busy == 0.94)
+        },
+    )
+    .await;
+    assert_eq!(first_alone.gpus, 1, "the forged window is not counted");
+    let memory = first_alone.memory.unwrap();
+    assert_eq!(
+        memory.gpu_peak_bytes,
+        Some(137 << 30),
+        "the highest of the configuration is kept"
+    );
+    assert_eq!(memory.host_peak_bytes, Some(40 << 30));
+    assert_eq!(memory.windows, 2);
     annotate(
         client,
         other,
-        &summary(other, ns, &[(second_pod, "overlapped", 0.98, 2.0)]),
+        &summary_with_memory(
+            other,
+            ns,
+            &[(second_pod, "overlapped", 0.98, 2.0)],
+            Some(100 << 30),
+        ),
     )
     .await;
     let recovered = wait_list(

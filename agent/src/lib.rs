@@ -5,6 +5,7 @@
 
 pub mod assemble;
 pub mod attribution;
+pub mod observe_run;
 pub mod probe;
 pub mod publish;
 pub mod selftest;

@@ -36,8 +36,10 @@ enum Command {
     /// Publish labels and the report on this node, re-run on an interval and on demand.
     Run(RunArgs),
     /// Measure how busy the GPUs are over a window (GPM activity counters where the GPUs have
-    /// them, else NVML's utilization sampled) and print each GPU's busy fraction (no cluster
-    /// access).
+    /// them, else NVML's utilization sampled) and print each GPU's busy fraction and memory (no
+    /// cluster access). With a COMMAND after `--`: run it and observe its GPUs for its whole
+    /// life, and print the run (its GPU and host memory peaks, how it ended, its last output
+    /// lines) for `offload-operator explain --observed`.
     Observe {
         /// Window, seconds.
         #[arg(long, default_value_t = 8.0)]
@@ -51,6 +53,12 @@ enum Command {
         /// Sample NVML's utilization even where GPM activity counters exist.
         #[arg(long)]
         sampled: bool,
+        /// Write the JSON here instead of standard output.
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+        /// The command to run and observe (its output goes to standard error).
+        #[arg(last = true)]
+        command: Vec<String>,
     },
     /// The start-up guard of a configured training pod (its init container): check, inside the
     /// pod's GPU allocation, that the node is what the configuration assumes; exit 1 with what
@@ -260,9 +268,11 @@ fn main() -> ExitCode {
             interval_ms,
             gpus,
             sampled,
+            out,
+            command,
         } => {
             use offload_agent::utilization::{NvmlUtilization, UtilizationSource};
-            let source = if sampled {
+            let source = if sampled || !command.is_empty() {
                 NvmlUtilization::sampling_only()
             } else {
                 NvmlUtilization::new()
@@ -271,13 +281,29 @@ fn main() -> ExitCode {
                 Ok(s) => s,
                 Err(e) => return failure(e),
             };
-            match source.over_window(
-                &gpus,
-                Duration::from_secs_f64(seconds.clamp(0.0, 3600.0)),
-                Duration::from_millis(interval_ms.max(1)),
-            ) {
-                Ok(obs) => print_json(&obs, false),
-                Err(e) => failure(e),
+            let interval = Duration::from_millis(interval_ms.max(1));
+            let json = if command.is_empty() {
+                source
+                    .over_window(
+                        &gpus,
+                        Duration::from_secs_f64(seconds.clamp(0.0, 3600.0)),
+                        interval,
+                    )
+                    .and_then(|o| serde_json::to_string_pretty(&o).map_err(|e| e.to_string()))
+            } else {
+                offload_agent::observe_run::observe_command(&source, &gpus, interval, &command)
+                    .and_then(|o| serde_json::to_string_pretty(&o).map_err(|e| e.to_string()))
+            };
+            match (json, out) {
+                (Err(e), _) => failure(e),
+                (Ok(j), None) => {
+                    println!("{j}");
+                    ExitCode::SUCCESS
+                }
+                (Ok(j), Some(path)) => match std::fs::write(&path, j + "\n") {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => failure(format!("cannot write {}: {e}", path.display())),
+                },
             }
         }
         Command::Cleanup { node_name, .. } => {

@@ -1,7 +1,8 @@
 //! Observing what the GPUs of running jobs do: NVML's device utilization (the share of time a
 //! kernel ran), sampled over a window. The busy fraction of a GPU whose job overlaps its CPU
 //! optimizer work is close to 1; a job that serialises the two leaves its GPU idle for the CPU
-//! part of every step.
+//! part of every step. The GPUs' memory in use is sampled over the same window: its high-water
+//! mark is what the job really needed.
 
 use std::time::{Duration, Instant};
 
@@ -11,6 +12,13 @@ use serde::Serialize;
 pub trait UtilizationSource {
     /// Percent per GPU index, for the GPUs asked (all when empty).
     fn utilization(&self, devices: &[u32]) -> Result<Vec<(u32, u32)>, String>;
+
+    /// Each GPU's memory now, for the GPUs asked (all when empty); none where the source cannot
+    /// say (the default).
+    fn memory(&self, devices: &[u32]) -> Result<Vec<MemorySample>, String> {
+        let _ = devices;
+        Ok(Vec::new())
+    }
 
     /// Each GPU's busy fraction over a whole window (each says how it was measured). By default the
     /// mean of [`UtilizationSource::utilization`] samples taken every `interval`; a source
@@ -82,6 +90,7 @@ impl NvmlUtilization {
         &self,
         devices: &[u32],
         window: Duration,
+        interval: Duration,
     ) -> Result<Option<Vec<GpuObservation>>, String> {
         use nvml_wrapper::enums::gpm::GpmMetricId;
         let mut first = Vec::new();
@@ -98,7 +107,18 @@ impl NvmlUtilization {
                 Err(_) => return Ok(None),
             }
         }
-        std::thread::sleep(window);
+        // The counters measure the window by themselves; memory is sampled while it passes.
+        let mut memory = MemoryPeaks::default();
+        let start = Instant::now();
+        loop {
+            memory.sample(self, devices);
+            let left = window.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            std::thread::sleep(interval.min(left).max(Duration::from_millis(1)));
+        }
+        let mut memory = memory.finish();
         first
             .into_iter()
             .map(|(i, d, s1)| {
@@ -126,6 +146,7 @@ impl NvmlUtilization {
                     busy_fraction: (value / 100.0).clamp(0.0, 1.0),
                     samples: 2,
                     method: Method::GpmGraphics,
+                    memory: memory.remove(&i),
                 })
             })
             .collect::<Result<Vec<_>, String>>()
@@ -159,6 +180,7 @@ impl NvmlUtilization {
 pub struct RecordedUtilization {
     gpus: Vec<RecordedGpu>,
     next: std::sync::atomic::AtomicUsize,
+    next_memory: std::sync::atomic::AtomicUsize,
 }
 
 /// The file a [`RecordedUtilization`] is read from.
@@ -181,6 +203,13 @@ pub struct RecordedGpu {
     pub uuid: String,
     /// NVML device utilization samples, percent.
     pub percent: Vec<u32>,
+    /// NVML device memory in use, bytes, sampled as the percents were (none: the recording
+    /// says nothing of memory).
+    #[serde(default)]
+    pub memory_used_bytes: Vec<u64>,
+    /// The GPU's memory, bytes; given with `memoryUsedBytes`.
+    #[serde(default)]
+    pub memory_total_bytes: Option<u64>,
 }
 
 /// Most samples per GPU a trace may hold.
@@ -217,10 +246,35 @@ impl RecordedUtilization {
             if let Some(bad) = g.percent.iter().find(|&&p| p > 100) {
                 return Err(format!("GPU {}: sample {bad} is not a percent", g.uuid));
             }
+            match (g.memory_used_bytes.is_empty(), g.memory_total_bytes) {
+                (true, None) => {}
+                (false, Some(total)) if total > 0 => {
+                    if g.memory_used_bytes.len() > MAX_TRACE_SAMPLES {
+                        return Err(format!(
+                            "GPU {} has {} memory samples; at most {MAX_TRACE_SAMPLES}",
+                            g.uuid,
+                            g.memory_used_bytes.len()
+                        ));
+                    }
+                    if let Some(bad) = g.memory_used_bytes.iter().find(|&&b| b > total) {
+                        return Err(format!(
+                            "GPU {}: {bad} bytes in use is more than its {total}",
+                            g.uuid
+                        ));
+                    }
+                }
+                _ => {
+                    return Err(format!(
+                        "GPU {}: memoryUsedBytes and a memoryTotalBytes above 0 go together",
+                        g.uuid
+                    ));
+                }
+            }
         }
         Ok(RecordedUtilization {
             gpus: trace.gpus,
             next: std::sync::atomic::AtomicUsize::new(0),
+            next_memory: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -239,6 +293,34 @@ impl RecordedUtilization {
 }
 
 impl UtilizationSource for RecordedUtilization {
+    fn memory(&self, devices: &[u32]) -> Result<Vec<MemorySample>, String> {
+        let at = self
+            .next_memory
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let all: Vec<u32> = if devices.is_empty() {
+            (0..self.gpus.len())
+                .filter_map(|i| u32::try_from(i).ok())
+                .collect()
+        } else {
+            devices.to_vec()
+        };
+        Ok(all
+            .into_iter()
+            .filter_map(|i| {
+                let g = self.gpus.get(i as usize)?;
+                let total = g.memory_total_bytes?;
+                let n = g.memory_used_bytes.len();
+                let used = *g.memory_used_bytes.get(at.checked_rem(n)?)?;
+                Some(MemorySample {
+                    index: i,
+                    used,
+                    total,
+                    processes: Vec::new(),
+                })
+            })
+            .collect())
+    }
+
     fn utilization(&self, devices: &[u32]) -> Result<Vec<(u32, u32)>, String> {
         let at = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let pick = |i: u32| -> Option<(u32, u32)> {
@@ -277,7 +359,7 @@ impl UtilizationSource for NvmlUtilization {
     ) -> Result<Vec<GpuObservation>, String> {
         if self.prefer_gpm {
             let all = self.indices(devices)?;
-            if let Some(gpus) = self.gpm_window(&all, window)? {
+            if let Some(gpus) = self.gpm_window(&all, window, interval)? {
                 return Ok(gpus);
             }
         }
@@ -299,6 +381,103 @@ impl UtilizationSource for NvmlUtilization {
             })
             .collect()
     }
+
+    fn memory(&self, devices: &[u32]) -> Result<Vec<MemorySample>, String> {
+        use nvml_wrapper::enums::device::UsedGpuMemory;
+        let all = self.indices(devices)?;
+        all.into_iter()
+            .map(|i| {
+                let d = self
+                    .nvml
+                    .device_by_index(i)
+                    .map_err(|e| format!("GPU {i}: {e}"))?;
+                let m = d
+                    .memory_info()
+                    .map_err(|e| format!("GPU {i}: memory: {e}"))?;
+                // Per-process figures where the driver keeps them (not under MIG or some vGPU
+                // setups); the device figure stands without them.
+                let processes = d
+                    .running_compute_processes()
+                    .map(|ps| {
+                        ps.into_iter()
+                            .filter_map(|p| match p.used_gpu_memory {
+                                UsedGpuMemory::Used(b) if p.pid != 0 => Some((p.pid, b)),
+                                _ => None,
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Ok(MemorySample {
+                    index: i,
+                    used: m.used,
+                    total: m.total,
+                    processes,
+                })
+            })
+            .collect()
+    }
+}
+
+/// One GPU's memory at one instant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemorySample {
+    /// NVML index.
+    pub index: u32,
+    /// Bytes in use on the device (every process, and the driver's own).
+    pub used: u64,
+    /// The device's memory, bytes.
+    pub total: u64,
+    /// Bytes each compute process holds, by PID (as NVML sees PIDs: the host's), where NVML
+    /// gives them.
+    pub processes: Vec<(u32, u64)>,
+}
+
+/// One GPU's memory over a window.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuMemoryPeak {
+    /// Highest bytes in use on the device in any sample.
+    pub used: u64,
+    /// The device's memory, bytes.
+    pub total: u64,
+    /// Highest bytes each process held, by PID.
+    pub processes: std::collections::BTreeMap<u32, u64>,
+    /// Samples behind it.
+    pub samples: u32,
+}
+
+/// High-water marks of memory samples, per GPU. Figures no GPU can have (used above the total,
+/// a total of 0) are left out, so one bad read cannot stand for the window.
+#[derive(Debug, Default)]
+pub struct MemoryPeaks(std::collections::BTreeMap<u32, GpuMemoryPeak>);
+
+impl MemoryPeaks {
+    /// Takes one sample of `devices` from `source`; a failed sample is skipped.
+    pub fn sample<S: UtilizationSource + ?Sized>(&mut self, source: &S, devices: &[u32]) {
+        let Ok(samples) = source.memory(devices) else {
+            return;
+        };
+        for m in samples {
+            if m.total == 0 || m.used > m.total {
+                continue;
+            }
+            let peak = self.0.entry(m.index).or_default();
+            peak.used = peak.used.max(m.used);
+            peak.total = m.total;
+            peak.samples = peak.samples.saturating_add(1);
+            for (pid, bytes) in m.processes {
+                if bytes <= m.total {
+                    let p = peak.processes.entry(pid).or_default();
+                    *p = (*p).max(bytes);
+                }
+            }
+        }
+    }
+
+    /// The peaks, by GPU index.
+    pub fn finish(self) -> std::collections::BTreeMap<u32, GpuMemoryPeak> {
+        self.0
+    }
 }
 
 /// One GPU's observation over a window.
@@ -313,6 +492,8 @@ pub struct GpuObservation {
     pub samples: u32,
     /// How it was measured.
     pub method: Method,
+    /// Its memory over the window, where the source says.
+    pub memory: Option<GpuMemoryPeak>,
 }
 
 /// Samples every `interval` for `window` and averages per GPU. Samples that fail are skipped;
@@ -325,8 +506,10 @@ pub fn observe<S: UtilizationSource + ?Sized>(
 ) -> Result<Vec<GpuObservation>, String> {
     let start = Instant::now();
     let mut sums: std::collections::BTreeMap<u32, (u64, u32)> = Default::default();
+    let mut memory = MemoryPeaks::default();
     let mut last_error = None;
     loop {
+        memory.sample(source, devices);
         match source.utilization(devices) {
             Ok(v) => {
                 for (i, pct) in v {
@@ -345,6 +528,7 @@ pub fn observe<S: UtilizationSource + ?Sized>(
     if sums.is_empty() {
         return Err(last_error.unwrap_or_else(|| "no GPU to observe".into()));
     }
+    let mut memory = memory.finish();
     Ok(sums
         .into_iter()
         .map(|(index, (sum, n))| GpuObservation {
@@ -353,6 +537,7 @@ pub fn observe<S: UtilizationSource + ?Sized>(
             busy_fraction: sum as f64 / (100.0 * f64::from(n.max(1))),
             samples: n,
             method: Method::Sampled,
+            memory: memory.remove(&index),
         })
         .collect())
 }
@@ -420,6 +605,31 @@ mod tests {
     }
 
     #[test]
+    fn a_recorded_traces_memory_gives_the_windows_high_water_mark() {
+        let trace: UtilizationTrace = serde_json::from_value(serde_json::json!({
+            "recorded": "test", "intervalMs": 100,
+            "gpus": [
+                {"uuid": "GPU-a", "percent": [100], "memoryUsedBytes": [10, 70, 40],
+                 "memoryTotalBytes": 100},
+                {"uuid": "GPU-b", "percent": [30]}
+            ]
+        }))
+        .unwrap();
+        let source = RecordedUtilization::new(trace).unwrap();
+        let o = observe(
+            &source,
+            &[0, 1],
+            Duration::from_millis(20),
+            Duration::from_millis(1),
+        )
+        .unwrap();
+        let a = o[0].memory.as_ref().expect("GPU-a has memory samples");
+        assert_eq!((a.used, a.total), (70, 100));
+        assert!(a.samples >= 3, "{a:?}");
+        assert!(o[1].memory.is_none(), "GPU-b's recording has none");
+    }
+
+    #[test]
     fn a_recorded_trace_replays_per_gpu_and_bad_ones_are_refused() {
         let trace: UtilizationTrace = serde_json::from_value(serde_json::json!({
             "recorded": "test", "intervalMs": 100,
@@ -451,6 +661,23 @@ mod tests {
                 serde_json::json!({"recorded": "", "intervalMs": 1,
                     "gpus": [{"uuid": "GPU-a", "percent": [101]}]}),
                 "not a percent",
+            ),
+        ] {
+            let trace: UtilizationTrace = serde_json::from_value(bad).unwrap();
+            let err = RecordedUtilization::new(trace).unwrap_err();
+            assert!(err.contains(why), "{err}");
+        }
+        for (bad, why) in [
+            (
+                serde_json::json!({"recorded": "", "intervalMs": 1,
+                    "gpus": [{"uuid": "GPU-a", "percent": [1], "memoryUsedBytes": [5]}]}),
+                "go together",
+            ),
+            (
+                serde_json::json!({"recorded": "", "intervalMs": 1,
+                    "gpus": [{"uuid": "GPU-a", "percent": [1], "memoryUsedBytes": [11],
+                              "memoryTotalBytes": 10}]}),
+                "more than its 10",
             ),
         ] {
             let trace: UtilizationTrace = serde_json::from_value(bad).unwrap();

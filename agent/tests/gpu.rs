@@ -134,4 +134,11 @@ fn windows_are_measured_with_gpm_counters_on_hopper_and_sampled_elsewhere() {
         .unwrap();
     assert_eq!(sampled[0].method, Method::Sampled);
     assert!(sampled[0].samples >= 5, "{sampled:?}");
+    // Memory is sampled through either window: the device's size as NVML reads it.
+    for g in [&counters[0], &sampled[0]] {
+        let m = g.memory.as_ref().expect("NVML reads the GPU's memory");
+        let total = reading.gpus[0].memory_total_bytes;
+        assert_eq!(m.total, total, "{m:?}");
+        assert!(m.used <= m.total && m.samples >= 1, "{m:?}");
+    }
 }

@@ -9,7 +9,7 @@ pub(crate) mod conditions;
 pub mod overlap_observed;
 mod profile_status;
 pub mod status;
-mod training_job;
+pub mod training_job;
 
 pub use training_job::{Unresolved, reconcile_job, slim_pod};
 pub mod workload;

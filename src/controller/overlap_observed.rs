@@ -1,10 +1,11 @@
-//! A running job's observed GPU-busy fraction: gathered from the node agents' summaries on the
-//! nodes its pods run on, and judged against its profile's threshold when overlap is on.
+//! A running job's observed GPU-busy fraction and memory: gathered from the node agents'
+//! summaries on the nodes its pods run on; the busy fraction judged against its profile's
+//! threshold when overlap is on, the GPU memory against the GPU's size.
 
 use std::time::Duration;
 
 use crate::index::NodeIndex;
-use offload_api::api::{NodeObservation, ObservedOverlap, OffloadDecisionStatus};
+use offload_api::api::{NodeObservation, ObservedMemory, ObservedOverlap, OffloadDecisionStatus};
 
 /// Observations older than this are not counted: the agent publishes every minute, so a
 /// summary this old comes from an agent that stopped, or from pods that are gone.
@@ -15,6 +16,31 @@ pub const MAX_LISTED_NODES: usize = 512;
 
 /// Condition type: whether a job with overlap on keeps its GPUs busy.
 pub const OVERLAP_OBSERVED: &str = "OverlapObserved";
+
+/// Condition type: whether the job's GPUs keep room to spare (False: it ran within
+/// [`NEAR_LIMIT_SHARE`] of a GPU's memory).
+pub const GPU_MEMORY_HEADROOM: &str = "GPUMemoryHeadroom";
+
+/// A job whose GPU peak comes this close to the GPU's memory runs near its limit: a longer
+/// sequence, another framework version or a fragmented allocator tips it over.
+pub const NEAR_LIMIT_SHARE: f64 = 0.03;
+
+/// The highest of two figures where either is known.
+fn highest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    a.max(b)
+}
+
+/// The smallest of two figures where either is known.
+fn smallest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn as_i64(b: Option<u64>) -> Option<i64> {
+    b.map(|b| i64::try_from(b).unwrap_or(i64::MAX))
+}
 
 /// The job's figures from every fresh summary that lists its pods; `None` when no agent has
 /// observed any of them. A node's summary counts only where it names that node and only for
@@ -31,6 +57,7 @@ pub fn gather(
     let mut per_node = Vec::new();
     let (mut busy_gpus, mut gpus, mut cpu, mut window) = (0.0f64, 0usize, None::<f64>, 0.0f64);
     let mut oldest: Option<jiff::Timestamp> = None;
+    let mut memory = ObservedMemory::default();
     for node in nodes.nodes() {
         let Some(summary) = node.parsed_observed().filter(|s| s.node == node.name) else {
             continue;
@@ -58,6 +85,16 @@ pub fn gather(
             let weight = held as f64;
             n_busy += pod.gpu_busy * weight;
             n_gpus += held;
+            memory.gpu_peak_bytes =
+                highest(memory.gpu_peak_bytes, as_i64(pod.gpu_memory_peak_bytes));
+            memory.process_gpu_peak_bytes = highest(
+                memory.process_gpu_peak_bytes,
+                as_i64(pod.process_gpu_memory_peak_bytes),
+            );
+            memory.gpu_total_bytes =
+                smallest(memory.gpu_total_bytes, as_i64(pod.gpu_memory_total_bytes));
+            memory.host_peak_bytes =
+                highest(memory.host_peak_bytes, as_i64(pod.host_memory_peak_bytes));
             if let Some(c) = pod.cpu_cores {
                 n_cpu = Some(n_cpu.unwrap_or(0.0) + c);
             }
@@ -83,6 +120,9 @@ pub fn gather(
     }
     let oldest = oldest?;
     per_node.truncate(MAX_LISTED_NODES);
+    let seen = memory.gpu_peak_bytes.is_some() || memory.host_peak_bytes.is_some();
+    memory.since = oldest.to_string();
+    memory.windows = 1;
     #[allow(clippy::cast_precision_loss)]
     Some(ObservedOverlap {
         gpu_busy: round3(busy_gpus / gpus as f64),
@@ -91,7 +131,83 @@ pub fn gather(
         observed_at: oldest.to_string(),
         window_seconds: window,
         nodes: per_node,
+        memory: seen.then_some(memory),
     })
+}
+
+/// The configuration's memory so far: the fresh window's figures (from [`gather`]) with the
+/// estimate of the configuration the job runs, and, while that configuration is the one already
+/// recorded, the highest of both (a new window counted once).
+pub fn merge_memory(
+    recorded: Option<&ObservedMemory>,
+    fresh: &ObservedMemory,
+    new_window: bool,
+    configuration: &str,
+    decision: &OffloadDecisionStatus,
+) -> ObservedMemory {
+    let mut m = fresh.clone();
+    m.configuration = configuration.to_string();
+    if let Some(r) = recorded.filter(|r| r.configuration == configuration) {
+        m.gpu_peak_bytes = highest(r.gpu_peak_bytes, m.gpu_peak_bytes);
+        m.process_gpu_peak_bytes = highest(r.process_gpu_peak_bytes, m.process_gpu_peak_bytes);
+        m.gpu_total_bytes = smallest(r.gpu_total_bytes, m.gpu_total_bytes);
+        m.host_peak_bytes = highest(r.host_peak_bytes, m.host_peak_bytes);
+        m.since.clone_from(&r.since);
+        m.windows = r.windows.saturating_add(i32::from(new_window));
+    }
+    let estimate = decision.estimate.as_ref();
+    #[allow(clippy::cast_possible_truncation)]
+    let context = crate::decision::memory::CONTEXT_RESERVE_BYTES as i64;
+    m.gpu_estimate_bytes = estimate.map(|e| e.gpu_bytes.saturating_add(context));
+    m.host_estimate_bytes = estimate.map(|e| e.host_bytes);
+    #[allow(clippy::cast_precision_loss)]
+    let gib = |b: i64| b as f64 / f64::from(1u32 << 30);
+    m.gpu = match (m.gpu_peak_bytes, m.gpu_estimate_bytes) {
+        (Some(p), Some(e)) => format!("{:.1}/{:.1}Gi", gib(p), gib(e)),
+        (Some(p), None) => format!("{:.1}Gi", gib(p)),
+        (None, _) => String::new(),
+    };
+    m
+}
+
+/// Whether the job's GPUs keep room: `Some((ok, reason, message))` once a GPU peak and the
+/// GPU's size are known.
+pub fn judge_memory(m: &ObservedMemory) -> Option<(bool, &'static str, String)> {
+    let (peak, total) = (m.gpu_peak_bytes?, m.gpu_total_bytes.filter(|t| *t > 0)?);
+    #[allow(clippy::cast_precision_loss)]
+    let (p, t) = (peak as f64, total as f64);
+    let gib = |b: f64| crate::decision::memory::gib(b);
+    let share = p / t;
+    let estimate = m.gpu_estimate_bytes.map_or(String::new(), |e| {
+        #[allow(clippy::cast_precision_loss)]
+        let e = e as f64;
+        format!("; the decision estimated {} with the CUDA context", gib(e))
+    });
+    if share >= 1.0 - NEAR_LIMIT_SHARE {
+        Some((
+            false,
+            "NearGPUMemoryLimit",
+            format!(
+                "GPU memory peaked at {} of the GPU's {} ({:.1} %) with {}{estimate}: within {:.0} % of the limit, a longer sequence or another framework version can run it out of memory",
+                gib(p),
+                gib(t),
+                share * 100.0,
+                m.configuration,
+                NEAR_LIMIT_SHARE * 100.0
+            ),
+        ))
+    } else {
+        Some((
+            true,
+            "Headroom",
+            format!(
+                "GPU memory peaked at {} of the GPU's {} ({:.1} %){estimate}",
+                gib(p),
+                gib(t),
+                share * 100.0
+            ),
+        ))
+    }
 }
 
 fn round3(x: f64) -> f64 {
@@ -188,6 +304,11 @@ mod tests {
             gpu_busy: busy,
             samples: 600,
             cpu_cores: cpu,
+            gpu_memory_peak_bytes: None,
+            gpu_memory_total_bytes: None,
+            process_gpu_memory_peak_bytes: None,
+            host_memory_peak_bytes: None,
+            host_memory_source: None,
         }
     }
 
@@ -199,6 +320,7 @@ mod tests {
             pin_memory: true,
             node_class: None,
             profile: "default".into(),
+            placement: None,
             overlap_efficiency: None,
             super_offload,
             reasons: vec![],
@@ -270,6 +392,7 @@ mod tests {
                 memory: None,
                 gpus: Some(1),
                 cpus: None,
+                ..Default::default()
             }),
         ]);
         let only_on_b = |pod: &str, node: &str| pod == "job-0" && node == "b";
@@ -294,6 +417,7 @@ mod tests {
                 memory: None,
                 gpus: Some(8),
                 cpus: Some(72),
+                ..Default::default()
             }),
         ]);
         let node = index.nodes().next().unwrap();
@@ -335,5 +459,132 @@ mod tests {
             judge(&decision(true, false), &o, 0.0).is_none(),
             "threshold 0 turns it off"
         );
+    }
+
+    fn with_memory(mut p: PodObservation, gpu: u64, total: u64, host: u64) -> PodObservation {
+        p.gpu_memory_peak_bytes = Some(gpu);
+        p.gpu_memory_total_bytes = Some(total);
+        p.host_memory_peak_bytes = Some(host);
+        p.host_memory_source = Some(offload_api::observed::HostMemorySource::CgroupPeak);
+        p
+    }
+
+    #[test]
+    fn memory_is_the_highest_of_the_configuration_beside_its_estimate() {
+        let gib = 1u64 << 30;
+        let mut second = with_memory(
+            pod("ns", "job", 1, 0.9, None),
+            70 * gib,
+            140 * gib,
+            30 * gib,
+        );
+        second.name = "job-1".into();
+        second.gpus = vec!["GPU-x".into()];
+        let index = NodeIndex::new(vec![node(
+            "a",
+            "2026-11-30T20:01:00Z",
+            vec![
+                with_memory(pod("ns", "job", 1, 0.9, None), 60 * gib, 80 * gib, 50 * gib),
+                second,
+            ],
+        )]);
+        let o = gather(&index, "ns", "job", NOW.parse().unwrap(), &anywhere).unwrap();
+        let fresh = o.memory.unwrap();
+        assert_eq!(fresh.gpu_peak_bytes, Some(70 << 30), "the busiest GPU");
+        assert_eq!(fresh.gpu_total_bytes, Some(80 << 30), "the smallest GPU");
+        assert_eq!(fresh.host_peak_bytes, Some(50 << 30), "the largest pod");
+        let mut d = decision(true, false);
+        d.estimate = Some(offload_api::api::MemoryEstimateStatus {
+            gpu_bytes: 64 << 30,
+            gpu_budget_bytes: 76 << 30,
+            host_bytes: 40 << 30,
+            host_budget_bytes: None,
+            ..Default::default()
+        });
+        let m = merge_memory(None, &fresh, true, "mode=CPUCopy", &d);
+        assert_eq!(m.gpu, "70.0/65.4Gi", "the estimate with the CUDA context");
+        assert_eq!(m.windows, 1);
+        // A lower window of the same configuration keeps the highest; another starts over.
+        let mut lower = fresh.clone();
+        lower.gpu_peak_bytes = Some(10 << 30);
+        lower.since = "later".into();
+        let kept = merge_memory(Some(&m), &lower, true, "mode=CPUCopy", &d);
+        assert_eq!(kept.gpu_peak_bytes, Some(70 << 30));
+        assert_eq!((kept.windows, kept.since.as_str()), (2, m.since.as_str()));
+        let again = merge_memory(Some(&kept), &lower, false, "mode=CPUCopy", &d);
+        assert_eq!(again.windows, 2, "the same window counts once");
+        let other = merge_memory(Some(&kept), &lower, true, "mode=Disabled", &d);
+        assert_eq!((other.gpu_peak_bytes, other.windows), (Some(10 << 30), 1));
+
+        let (ok, reason, msg) = judge_memory(&m).unwrap();
+        assert!(ok && reason == "Headroom", "{msg}");
+        let mut near = m.clone();
+        near.gpu_peak_bytes = Some(78 << 30);
+        let (ok, reason, msg) = judge_memory(&near).unwrap();
+        assert!(!ok && reason == "NearGPUMemoryLimit", "{msg}");
+        assert!(
+            msg.starts_with(
+                "GPU memory peaked at 78.0 GiB of the GPU's 80.0 GiB (97.5 %) with mode=CPUCopy"
+            ),
+            "{msg}"
+        );
+        let unknown = ObservedMemory::default();
+        assert!(judge_memory(&unknown).is_none());
+    }
+
+    /// A node's summary stating more host memory than the node has, or GPUs larger than its
+    /// own, is not believed.
+    #[test]
+    fn memory_no_node_has_is_not_believed() {
+        let gib = 1u64 << 30;
+        let host = node(
+            "a",
+            "2026-11-30T20:01:00Z",
+            vec![with_memory(
+                pod("ns", "job", 1, 0.5, None),
+                gib,
+                80 * gib,
+                600 * gib,
+            )],
+        )
+        .with_allocatable(crate::index::Allocatable {
+            memory: Some(500 * gib),
+            memory_capacity: Some(512 * gib),
+            ..Default::default()
+        });
+        let err = host
+            .observed
+            .as_ref()
+            .unwrap()
+            .as_ref()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("more than the node's 549755813888"), "{err}");
+        let report: offload_api::report::NodeReport =
+            offload_api::report::NodeReport::parse(offload_testenv::fixtures::H200_READING)
+                .unwrap();
+        let mut gpu = crate::index::NodeInfo::from_report("b", &report);
+        gpu.observed = Some(Ok(ObservedSummary {
+            schema_version: OBSERVED_SCHEMA_VERSION,
+            node: "b".into(),
+            observed_at: "2026-11-30T20:01:00Z".into(),
+            window_seconds: 60.0,
+            source: BusySource::RecordedTrace,
+            pods: vec![with_memory(
+                pod("ns", "job", 1, 0.5, None),
+                gib,
+                200 * gib,
+                gib,
+            )],
+        }));
+        let gpu = gpu.with_allocatable(crate::index::Allocatable::default());
+        let err = gpu
+            .observed
+            .as_ref()
+            .unwrap()
+            .as_ref()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("more than the node's largest"), "{err}");
     }
 }

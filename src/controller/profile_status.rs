@@ -133,10 +133,19 @@ pub async fn reconcile(profile: Arc<OffloadProfile>, ctx: Arc<Context>) -> Resul
             ),
         ),
     };
+    let learned = ctx.view.learned.as_ref().and_then(|store| {
+        let (shapes, runs) = store.summary(&name);
+        (shapes > 0).then(|| offload_api::api::LearnedSummary {
+            shapes: i32::try_from(shapes).unwrap_or(i32::MAX),
+            runs: i32::try_from(runs).unwrap_or(i32::MAX),
+            summary: format!("{shapes} shapes / {runs} runs"),
+        })
+    });
     let mut status = OffloadProfileStatus {
         nodes: counts,
         jobs: i32::try_from(jobs).unwrap_or(i32::MAX),
         observed_generation: generation,
+        learned,
         conditions: existing.conditions.clone(),
     };
     conditions::set(&mut status.conditions, ready);
@@ -155,5 +164,12 @@ pub async fn reconcile(profile: Arc<OffloadProfile>, ctx: Arc<Context>) -> Resul
             .await
             .map_err(kube_err("writing OffloadProfile status"))?;
     }
+    // What was learned changes without a profile or node event: look again now and then.
+    if ctx.view.learned.is_some() {
+        return Ok(Action::requeue(LEARNED_RECHECK));
+    }
     Ok(Action::await_change())
 }
+
+/// How often a profile's status looks again at what was learned.
+const LEARNED_RECHECK: std::time::Duration = std::time::Duration::from_secs(30);

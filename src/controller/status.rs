@@ -81,6 +81,8 @@ pub struct WorkloadPart<'a> {
     pub observed: Option<&'a ObservedOverlap>,
     /// `OverlapObserved`, for a job with overlap on that has been observed.
     pub overlap: Option<&'a Condition>,
+    /// `GPUMemoryHeadroom`, once a GPU memory peak has been observed.
+    pub headroom: Option<&'a Condition>,
     /// `Admitted`, for a job in a Kueue queue.
     pub admitted: Option<&'a Condition>,
 }
@@ -94,6 +96,7 @@ pub async fn apply_workload(
     let conditions: Vec<&Condition> = std::iter::once(part.created)
         .chain(part.guard)
         .chain(part.overlap)
+        .chain(part.headroom)
         .chain(part.admitted)
         .collect();
     let mut value = json!({"phase": part.phase, "conditions": conditions});

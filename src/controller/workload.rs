@@ -369,6 +369,18 @@ fn rendezvous_env(name: &str, replicas: i32) -> Vec<EnvVar> {
     ]
 }
 
+/// A placement in the status's words.
+pub fn state_placement(p: crate::decision::memory::Placement) -> offload_api::api::StatePlacement {
+    use crate::decision::memory::Placement;
+    use offload_api::api::StatePlacement;
+    match p {
+        Placement::NoOffload => StatePlacement::NoOffload,
+        Placement::PartialOptimizer(_) => StatePlacement::PartialOptimizer,
+        Placement::Optimizer => StatePlacement::Optimizer,
+        Placement::OptimizerAndParams => StatePlacement::OptimizerAndParams,
+    }
+}
+
 /// The record of a decision, as the TrainingJob's `status.offload` holds it and the workload
 /// Job's [`names::ANNOTATION_DECISION`] keeps it.
 pub fn decision_status(res: &Resolution) -> OffloadDecisionStatus {
@@ -381,6 +393,7 @@ pub fn decision_status(res: &Resolution) -> OffloadDecisionStatus {
         profile: res.profile.clone(),
         overlap_efficiency: res.overlap_efficiency,
         super_offload: res.super_offload(),
+        placement: Some(state_placement(res.placement)),
         reasons: res
             .reasons
             .iter()
@@ -396,6 +409,15 @@ pub fn decision_status(res: &Resolution) -> OffloadDecisionStatus {
                 gpu_budget_bytes: i(m.gpu_budget_bytes),
                 host_bytes: i(m.host_bytes_per_pod),
                 host_budget_bytes: m.host_budget_bytes.map(i),
+                gpu_structural_bytes: Some(i(m.gpu_structural_bytes)),
+                shape: Some(m.shape.clone()),
+                learned: (!m.learned.is_neutral()).then(|| {
+                    offload_api::api::LearnedFactorsStatus {
+                        activations: (m.learned.activations * 1000.0).round() / 1000.0,
+                        host: (m.learned.host * 1000.0).round() / 1000.0,
+                        runs: i32::try_from(m.learned.runs).unwrap_or(i32::MAX),
+                    }
+                }),
             }
         }),
         requested: Some(res.requested.clone()),

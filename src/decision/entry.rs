@@ -32,6 +32,10 @@ pub trait ClusterView: Send + Sync {
     fn claim_template(&self, _namespace: &str, _name: &str) -> Option<Arc<ResourceClaimTemplate>> {
         None
     }
+    /// What runs taught the memory model, where the view holds it.
+    fn learned(&self) -> Option<super::request::LearnedView> {
+        None
+    }
 }
 
 /// Why a job has no decision; each carries the condition reason and message.
@@ -150,13 +154,35 @@ pub fn decide(
         .map_err(Unresolved::ProfileNotFound)?;
     let config = config.map_err(|e| Unresolved::Config(e.clone()))?;
     let model = model.map_err(|e| Unresolved::ModelConfig(e.clone()))?;
-    let request = JobRequest::for_training_job(tj, config, model, view)?;
+    let mut request = JobRequest::for_training_job(tj, config, model, view)?;
+    request.learned = view.learned().filter(|_| profile.spec.learn_memory);
     Ok(resolve_offload(
         &request,
         &profile.name,
         &profile.spec,
         &view.nodes(),
     )?)
+}
+
+/// What a run of `tj`'s configuration teaches (see [`super::lesson::lesson`]), with the profile
+/// it is learned under; `None` where the profile does not learn or the run teaches nothing.
+pub fn lesson_of(
+    tj: &TrainingJob,
+    config: Result<Option<&UserConfig>, &ConfigError>,
+    model: Result<Option<&ModelShape>, &ModelConfigError>,
+    view: &dyn ClusterView,
+    observed: &super::lesson::Observed,
+) -> Result<Option<(String, super::lesson::Lesson)>, Unresolved> {
+    check_training_job(tj)?;
+    let profile = select_profile(requested_profile(tj), |name| view.profile(name))
+        .map_err(Unresolved::ProfileNotFound)?;
+    if !profile.spec.learn_memory {
+        return Ok(None);
+    }
+    let config = config.map_err(|e| Unresolved::Config(e.clone()))?;
+    let model = model.map_err(|e| Unresolved::ModelConfig(e.clone()))?;
+    let request = JobRequest::for_training_job(tj, config, model, view)?;
+    Ok(super::lesson::lesson(&request, observed)?.map(|l| (profile.name, l)))
 }
 
 /// Decides another kind's request (see [`JobRequest::from_annotations`]) against `view`, with
@@ -168,6 +194,17 @@ pub fn decide_request(
 ) -> Result<Resolution, Unresolved> {
     let profile = select_profile(requested, |name| view.profile(name))
         .map_err(Unresolved::ProfileNotFound)?;
+    let with_learned;
+    let request = match view.learned().filter(|_| profile.spec.learn_memory) {
+        Some(learned) => {
+            with_learned = JobRequest {
+                learned: Some(learned),
+                ..request.clone()
+            };
+            &with_learned
+        }
+        None => request,
+    };
     Ok(resolve_offload(
         request,
         &profile.name,

@@ -128,8 +128,32 @@ const HINT_ANNOTATIONS: &[(&str, &str)] = &[
 pub(super) fn job_memory(
     job: &JobRequest,
     facts: &FrameworkFacts,
+    profile: &str,
 ) -> Result<Option<JobMemory>, ResolveError> {
-    job_memory_of(job, facts).map_err(|e| match e {
+    let mut jm = match unlearned_memory(job, facts)? {
+        Some(jm) => jm,
+        None => match inferred_memory(job, facts, profile)? {
+            Some(jm) => jm,
+            None => return Ok(None),
+        },
+    };
+    if let Some(view) = job.learned.as_ref() {
+        for class in [NodeClass::Coherent, NodeClass::Discrete] {
+            if let Some(f) = view.memory.factors(profile, class, &jm.shape_key, view.now) {
+                jm.learned.insert(class, f);
+            }
+        }
+    }
+    Ok(Some(jm))
+}
+
+/// The memory model of a job from its hints alone (nothing learned applied), its shape key set;
+/// `None` without hints.
+pub(super) fn unlearned_memory(
+    job: &JobRequest,
+    facts: &FrameworkFacts,
+) -> Result<Option<JobMemory>, ResolveError> {
+    let jm = job_memory_of(job, facts).map_err(|e| match e {
         ResolveError::InvalidModelHints { detail } if job.hints_from_annotations => {
             let mut detail = detail;
             for (field, annotation) in HINT_ANNOTATIONS {
@@ -138,7 +162,87 @@ pub(super) fn job_memory(
             ResolveError::InvalidModelHints { detail }
         }
         other => other,
-    })
+    })?;
+    Ok(jm.map(|mut jm| {
+        jm.shape_key = shape_key(job, &jm, facts);
+        jm
+    }))
+}
+
+/// A job without hints sized as if it had `parameters` (a typical decoder of that size, the
+/// step's activations unknown), keyed by the job's identity.
+pub(super) fn sized_as(
+    job: &JobRequest,
+    facts: &FrameworkFacts,
+    parameters: f64,
+) -> Option<JobMemory> {
+    let identity = job.identity.as_deref()?;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let count =
+        offload_api::quantity::ParameterCount::new(parameters.ceil().max(1.0) as u64).ok()?;
+    let sized = JobRequest {
+        model: Some(ModelHints {
+            parameters: Some(count),
+            ..ModelHints::default()
+        }),
+        model_config: None,
+        hints_from_annotations: false,
+        ..job.clone()
+    };
+    let mut jm = job_memory_of(&sized, facts).ok()??;
+    jm.shape_key = identity_key(job, facts, identity);
+    jm.inferred = true;
+    Some(jm)
+}
+
+/// For a job without hints whose earlier runs were observed: the model of the size their peaks
+/// show.
+fn inferred_memory(
+    job: &JobRequest,
+    facts: &FrameworkFacts,
+    profile: &str,
+) -> Result<Option<JobMemory>, ResolveError> {
+    let (Some(identity), Some(view)) = (job.identity.as_deref(), job.learned.as_ref()) else {
+        return Ok(None);
+    };
+    let key = identity_key(job, facts, identity);
+    let parameters = [NodeClass::Coherent, NodeClass::Discrete]
+        .into_iter()
+        .filter_map(|c| view.memory.factors(profile, c, &key, view.now))
+        .filter_map(|f| f.parameters)
+        .reduce(f64::max);
+    Ok(parameters.and_then(|p| sized_as(job, facts, p)))
+}
+
+/// The key what is learned of a job without hints is kept under: its identity, framework,
+/// sharding and precision.
+pub(super) fn identity_key(job: &JobRequest, facts: &FrameworkFacts, identity: &str) -> String {
+    use sha2::Digest;
+    let text = format!(
+        "id1|{:?}|stage {}|{:?}|{identity}",
+        job.framework.name, facts.stage, job.config.precision
+    );
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// The key what was learned about a job is kept under: a digest of what sizes its memory apart
+/// from where its state is placed (the framework and its sharding, the precision, the model's
+/// parameters and shape, the tokens per micro-batch, checkpointing). Stable across releases.
+fn shape_key(job: &JobRequest, jm: &JobMemory, facts: &FrameworkFacts) -> String {
+    use sha2::Digest;
+    let text = format!(
+        "v1|{:?}|stage {}|{}|{:.0}|{}|{:?}|{}",
+        job.framework.name,
+        facts.stage,
+        jm.value_bytes,
+        jm.parameters,
+        jm.shape.describe(),
+        jm.tokens,
+        jm.checkpointing
+    );
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
 fn job_memory_of(
@@ -223,6 +327,9 @@ fn job_memory_of(
         pod_memory_limit: job.pod_memory_limit,
         sub_group_size: job.config.sub_group_size.map(|g| g as f64),
         corrections: super::memory::Corrections::from_failures(&job.memory_failures),
+        shape_key: String::new(),
+        learned: std::collections::BTreeMap::new(),
+        inferred: false,
     }))
 }
 
@@ -479,6 +586,7 @@ pub(super) fn class_memory(class: &ClassNodes, job: &JobRequest) -> Option<Class
         gpu_node: gpu_node.to_string(),
         host_per_pod,
         host_node,
+        class: Some(class.class),
     })
 }
 

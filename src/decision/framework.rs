@@ -153,6 +153,8 @@ pub(super) struct MemoryPlan {
     pub(super) placement: Option<Placement>,
     /// The sub-group size to write with a partial ratio.
     pub(super) sub_group_size: Option<u64>,
+    /// `placement` is a rung of `unknownSize: TryFastest`, not what the model sized.
+    pub(super) rung: bool,
 }
 
 /// How the framework realises the configuration, with the reasons (one or two sentences).
@@ -432,6 +434,20 @@ fn offload_params(
     match (ds.offload_params, mode, memory.placement) {
         (_, OffloadMode::Disabled, _) => false,
         (Some(asked), _, _) => asked,
+        (None, _, Some(Placement::OptimizerAndParams)) if memory.rung => {
+            say(
+                why,
+                "offload_param on: the job ran out of GPU memory with the optimizer state offloaded, so parameters go too (unknownSize TryFastest)",
+            );
+            true
+        }
+        (None, _, Some(Placement::Optimizer)) if memory.rung => {
+            say(
+                why,
+                "offload_param off: unknownSize TryFastest offloads the optimizer state before the parameters",
+            );
+            false
+        }
         (None, _, Some(Placement::OptimizerAndParams)) => {
             say(
                 why,

@@ -153,6 +153,13 @@ pub struct JobMemory {
     /// What the job's own failures taught: every GPU and host figure is multiplied by these
     /// (1 without evidence).
     pub corrections: Corrections,
+    /// The job's shape as what was learned is keyed by ([`JobMemory::shape_key`]).
+    pub shape_key: String,
+    /// What runs of this shape taught, per node class (none: the model's figures stand).
+    pub learned:
+        std::collections::BTreeMap<offload_api::api::NodeClass, super::learned::LearnedFactors>,
+    /// Sized from observed runs of the job (it gives no hints), not from hints.
+    pub inferred: bool,
 }
 
 /// Multipliers on the estimates, from configurations of the job that ran out of memory.
@@ -190,6 +197,9 @@ impl Corrections {
             #[allow(clippy::cast_precision_loss)]
             let past = match (f.estimate_bytes, f.budget_bytes) {
                 (Some(e), Some(b)) if e > 0 && b > 0 => (b as f64 / e as f64).max(1.0),
+                // Not sized when it failed (a job without hints on its offload ladder): there
+                // is no estimate to raise; the ladder, or the size its runs show, moves on.
+                (None, _) => continue,
                 _ => 1.0,
             };
             match f.kind {
@@ -218,6 +228,8 @@ pub struct ClassMemory {
     pub host_per_pod: Option<u64>,
     /// Where that share is, for reasons: `h200-0: 125.0 GiB allocatable for 1 pod`.
     pub host_node: String,
+    /// The class, where the figures are a class's (what was learned is per class).
+    pub class: Option<offload_api::api::NodeClass>,
 }
 
 impl ClassMemory {
@@ -238,8 +250,13 @@ pub struct Estimate {
     pub gpu: f64,
     /// Bytes of host memory per pod.
     pub host_per_pod: f64,
-    /// Bytes per GPU that are activations (for advice).
+    /// Bytes per GPU that are activations (for advice), as the model counts them.
     pub activations: f64,
+    /// Bytes per GPU the estimate has without any activations: the part the model counts
+    /// exactly (what was learned never changes it).
+    pub structural: f64,
+    /// What was learned for this shape on the class, in effect in these figures.
+    pub learned: super::learned::LearnedFactors,
     /// The share of the optimizer state DeepSpeed really puts on the host (for a partial ratio:
     /// its whole sub-groups), where known.
     pub offloaded_share: Option<f64>,
@@ -398,7 +415,8 @@ impl JobMemory {
         let kept = 1.0 - r;
         // fp32 gradients the optimizer needs in mixed precision.
         let f = if self.mixed() { 4.0 } else { 0.0 };
-        let gpu = match (self.sharding, placement) {
+        let learned = self.learned_on(class);
+        let gpu_with = |act: f64| match (self.sharding, placement) {
             (Sharding::Zero(3), Placement::NoOffload) => {
                 (b + b + o) * s + c + gathered + act.max((b + 4.0) * self.largest_group())
             }
@@ -426,13 +444,24 @@ impl JobMemory {
         };
         Estimate {
             placement,
-            gpu: gpu * self.corrections.gpu,
+            gpu: gpu_with(act * learned.activations) * self.corrections.gpu,
             host_per_pod: self.host_per_rank(placement, r)
                 * as_f64(self.gpus_per_pod.max(1))
-                * self.corrections.host,
+                * self.corrections.host
+                * learned.host,
             activations: act,
+            structural: gpu_with(0.0) * self.corrections.gpu,
+            learned,
             offloaded_share: matches!(placement, Placement::PartialOptimizer(_)).then_some(r),
         }
+    }
+
+    /// What was learned for this job's shape on `class`'s node class.
+    pub fn learned_on(&self, class: &ClassMemory) -> super::learned::LearnedFactors {
+        class
+            .class
+            .and_then(|c| self.learned.get(&c).copied())
+            .unwrap_or_default()
     }
 
     /// Host memory of one rank's process with `r` of its optimizer state offloaded.
@@ -591,8 +620,34 @@ impl JobMemory {
             .filter(|s| matches!(est.placement, Placement::PartialOptimizer(r) if (r - s).abs() > 0.005))
             .map(|s| format!(" (DeepSpeed's sub-groups put {:.0}% on the host)", s * 100.0))
             .unwrap_or_default();
+        let learned = match class.class {
+            Some(c) if !est.learned.is_neutral() => {
+                let mut plain = self.clone();
+                plain.learned.clear();
+                let alone = plain.estimate_checked(est.placement, class).0.gpu;
+                let tried = if alone > class.gpu_budget() && est.gpu <= class.gpu_budget() {
+                    ": without it the model would not have tried this placement"
+                } else {
+                    ""
+                };
+                format!(
+                    " ({}; the model alone counts {} per GPU{tried})",
+                    est.learned.describe(c),
+                    gib(alone)
+                )
+            }
+            _ => String::new(),
+        };
+        let learned = if self.inferred {
+            format!(
+                "{learned} (the job gives no model hints: sized as {:.2}B parameters from the peaks of its observed runs)",
+                self.parameters / 1e9
+            )
+        } else {
+            learned
+        };
         format!(
-            "needs about {} of the {} each GPU can hold on {}, {room}{share}, and {host}",
+            "needs about {} of the {} each GPU can hold on {}, {room}{share}, and {host}{learned}",
             gib(est.gpu),
             gib(class.gpu_budget()),
             class.gpu_node

@@ -15,6 +15,8 @@ mod entry;
 mod error;
 mod fit;
 mod framework;
+pub mod learned;
+pub mod lesson;
 pub mod memory;
 pub mod model_config;
 mod overlap;
@@ -31,13 +33,13 @@ use std::fmt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 pub use constraints::PodConstraints;
-pub use entry::{ClusterView, Unresolved, check_training_job, decide, decide_request};
+pub use entry::{ClusterView, Unresolved, check_training_job, decide, decide_request, lesson_of};
 pub use error::ResolveError;
 pub use framework::{
     DeepSpeedPlan, FrameworkPlan, FsdpPlan, ZENFLOW_TOPK_RATIO, ZENFLOW_UPDATE_INTERVAL,
 };
 pub use model_config::{MODEL_CONFIG_KEY, ModelConfigError};
-pub use request::{AdmittedRequest, DeepSpeedRequest, JobRequest, PodResources};
+pub use request::{AdmittedRequest, DeepSpeedRequest, JobRequest, LearnedView, PodResources};
 pub use selection::{
     ProfileNotFound, SelectedProfile, builtin_default_profile, explicit_offload, opted_in,
     profile_name, profile_name_for, requested_profile, select_profile,
@@ -151,6 +153,8 @@ pub struct Resolution {
     pub memory_request: Option<MemoryRequest>,
     /// The request this was decided from (`spec.offload` as the user asked).
     pub requested: OffloadSpec,
+    /// Where the configuration puts the training state.
+    pub placement: memory::Placement,
     /// The training container's index in the pod template, where the pod has containers.
     pub training_container: Option<usize>,
 }
@@ -184,6 +188,27 @@ pub struct MemoryEstimate {
     pub host_bytes_per_pod: u64,
     /// Host memory one pod can have, where the nodes state it.
     pub host_budget_bytes: Option<u64>,
+    /// Of `gpu_bytes`, the part without activations (counted exactly).
+    pub gpu_structural_bytes: u64,
+    /// The job's shape key.
+    pub shape: String,
+    /// What was learned for the shape on the class, in effect in these figures.
+    pub learned: learned::LearnedFactors,
+}
+
+impl MemoryEstimate {
+    fn of(jm: &memory::JobMemory, est: &memory::Estimate, cm: &memory::ClassMemory) -> Self {
+        MemoryEstimate {
+            placement: est.placement,
+            gpu_bytes: memory::bytes(est.gpu),
+            gpu_budget_bytes: memory::bytes(cm.gpu_budget()),
+            host_bytes_per_pod: memory::bytes(est.host_per_pod),
+            host_budget_bytes: cm.host_per_pod,
+            gpu_structural_bytes: memory::bytes(est.structural),
+            shape: jm.shape_key.clone(),
+            learned: est.learned,
+        }
+    }
 }
 
 impl Resolution {
@@ -273,7 +298,7 @@ pub fn resolve_offload(
 ) -> Result<Resolution, ResolveError> {
     let facts = framework::check(job)?;
     partial_ratio_supported(job, &facts)?;
-    let memory = fit::job_memory(job, &facts)?;
+    let memory = fit::job_memory(job, &facts, profile_name)?;
     let mut reasons = Reasons::default();
 
     // Nodes whose agent and GPU driver disagree: a claim-pinned job's affinity excludes them
@@ -310,7 +335,12 @@ pub fn resolve_offload(
     reasons.add(Field::OffloadRatio, why);
 
     let memory_plan = framework::MemoryPlan {
-        placement: placement.memory.as_ref().map(|c| c.placement),
+        placement: placement
+            .memory
+            .as_ref()
+            .map(|c| c.placement)
+            .or(placement.rung),
+        rung: placement.memory.is_none() && placement.rung.is_some(),
         sub_group_size: match (&memory, job.config.sub_group_size) {
             (Some(jm), None) => Some(memory::operator_sub_group_size(jm.parameters, jm.ranks)),
             _ => None,
@@ -331,6 +361,7 @@ pub fn resolve_offload(
     }
     let (gpu_claims, exclude_nodes) =
         claim_pinning(job, &placement, by_claims, exclude_nodes, &mut reasons);
+    let state = state_placement(placement.mode, ratio, &framework, memory_plan.placement);
 
     Ok(Resolution {
         profile: profile_name.to_string(),
@@ -344,20 +375,42 @@ pub fn resolve_offload(
         framework,
         reasons: reasons.0,
         startup_guard: profile.startup_guard,
-        memory: placement.memory.as_ref().map(|c| MemoryEstimate {
-            placement: c.placement,
-            gpu_bytes: memory::bytes(c.estimate.gpu),
-            gpu_budget_bytes: memory::bytes(c.class.gpu_budget()),
-            host_bytes_per_pod: memory::bytes(c.estimate.host_per_pod),
-            host_budget_bytes: c.class.host_per_pod,
-        }),
+        memory: match (placement.memory.as_ref(), memory.as_ref()) {
+            (Some(c), Some(jm)) => Some(MemoryEstimate::of(jm, &c.estimate, &c.class)),
+            _ => None,
+        },
         gpu_claims,
         exclude_nodes,
         gpu_claim_entries: job.gpu_claim_entries.clone(),
+        placement: state,
         memory_request,
         requested: job.offload.clone(),
         training_container: job.training_container.map(|(i, _)| i),
     })
+}
+
+/// Where the configuration puts the training state: what the model placed (or the rung), else
+/// what the mode, the ratio and the framework's keys say.
+fn state_placement(
+    mode: OffloadMode,
+    ratio: f64,
+    framework: &FrameworkPlan,
+    placed: Option<memory::Placement>,
+) -> memory::Placement {
+    if let Some(p) = placed {
+        return p;
+    }
+    let params = match framework {
+        FrameworkPlan::DeepSpeed(d) => d.offload_params,
+        FrameworkPlan::Fsdp(f) => f.offload_params,
+        FrameworkPlan::Generic => false,
+    };
+    match mode {
+        OffloadMode::Disabled => memory::Placement::NoOffload,
+        _ if params => memory::Placement::OptimizerAndParams,
+        _ if ratio < 1.0 => memory::Placement::PartialOptimizer(ratio),
+        _ => memory::Placement::Optimizer,
+    }
 }
 
 /// The training container's memory request where the chosen placement's host estimate is more
@@ -487,7 +540,7 @@ pub fn estimate_placement(
     placement: memory::Placement,
 ) -> Result<Option<(MemoryEstimate, bool)>, ResolveError> {
     let facts = framework::check(job)?;
-    let Some(jm) = fit::job_memory(job, &facts)? else {
+    let Some(jm) = fit::job_memory(job, &facts, profile_name)? else {
         return Ok(None);
     };
     let candidates = placement::Candidates::select(
@@ -501,16 +554,7 @@ pub fn estimate_placement(
         return Ok(None);
     };
     let (est, fits) = jm.estimate_checked(placement, &cm);
-    Ok(Some((
-        MemoryEstimate {
-            placement,
-            gpu_bytes: memory::bytes(est.gpu),
-            gpu_budget_bytes: memory::bytes(cm.gpu_budget()),
-            host_bytes_per_pod: memory::bytes(est.host_per_pod),
-            host_budget_bytes: cm.host_per_pod,
-        },
-        fits.ok(),
-    )))
+    Ok(Some((MemoryEstimate::of(&jm, &est, &cm), fits.ok())))
 }
 
 /// Whether a memory model may host a configuration made for a class: the invariant the

@@ -5,7 +5,9 @@
 use kube::core::{Selector, SelectorExt};
 
 use crate::index::{NodeIndex, NodeInfo};
-use offload_api::api::{ModeSetting, NodeClass, OffloadMode, OffloadProfileSpec, RatioSetting};
+use offload_api::api::{
+    ModeSetting, NodeClass, OffloadMode, OffloadProfileSpec, RatioSetting, UnknownSize,
+};
 
 use super::PodConstraints;
 use super::error::ResolveError;
@@ -153,6 +155,9 @@ pub(super) struct Placement<'c, 'a> {
     pub(super) class_why: String,
     /// What the memory model chose, where the job gives model hints.
     pub(super) memory: Option<MemoryChoice>,
+    /// For a job without hints on `unknownSize: TryFastest`: the rung of the offload ladder it
+    /// is put on.
+    pub(super) rung: Option<Memory>,
 }
 
 impl Placement<'_, '_> {
@@ -298,6 +303,9 @@ pub(super) fn choose<'c, 'a>(
                 return Err(no_nodes());
             }
             match cx.memory {
+                None if cx.profile.unknown_size == UnknownSize::TryFastest => {
+                    try_fastest(cx, &classes, source)
+                }
                 None => auto_by_class(cx, &classes, source),
                 Some(jm) => auto_by_memory(cx, jm, &classes, source),
             }
@@ -355,6 +363,7 @@ fn explicit<'c, 'a>(
         mode_why,
         class_why: capacity_message(class, cx.job),
         memory,
+        rung: None,
     })
 }
 
@@ -385,6 +394,7 @@ fn disabled<'c, 'a>(
                 "no node class required: without offload the configuration fits any GPU node"
                     .to_string(),
             memory: None,
+            rung: None,
         });
     };
     let classes = candidates.ordered(cx.profile);
@@ -439,7 +449,67 @@ fn disabled<'c, 'a>(
             )
         },
         memory: Some(choice.clone()),
+        rung: None,
     })
+}
+
+/// `mode: Auto` without model hints on `unknownSize: TryFastest`: the rung of the offload
+/// ladder (no offload; all optimizer state; optimizer state and parameters where the framework
+/// can offload them) that the job's GPU out-of-memory failures have reached — one rung per
+/// failure, from the fastest.
+fn try_fastest<'c, 'a>(
+    cx: &Context,
+    classes: &[&'c ClassNodes<'a>],
+    source: Source,
+) -> Result<Placement<'c, 'a>, ResolveError> {
+    let mut ladder = vec![Memory::NoOffload, Memory::Optimizer];
+    let params = match cx.job.framework.name {
+        offload_api::api::Framework::DeepSpeed => cx.facts.stage == 3,
+        offload_api::api::Framework::Fsdp => true,
+        offload_api::api::Framework::Generic => false,
+    };
+    if params {
+        ladder.push(Memory::OptimizerAndParams);
+    }
+    let failed = cx
+        .job
+        .memory_failures
+        .iter()
+        .filter(|f| f.kind == offload_api::api::MemoryKind::Gpu)
+        .count();
+    let at = failed.min(ladder.len() - 1);
+    let rung = ladder[at];
+    let said = match failed {
+        0 => "starts without offload, the fastest configuration".to_string(),
+        n => format!(
+            "ran out of GPU memory {n} time(s), so it is on rung {} of {}: {rung}",
+            at + 1,
+            ladder.len()
+        ),
+    };
+    let why = format!(
+        "Auto (from {source}) without model hints, and profile {:?} has unknownSize TryFastest: the job {said}; each time it runs out of GPU memory it is decided again one rung further (no offload, the optimizer state, then parameters too); set spec.model.parameters to size it instead",
+        cx.profile_name
+    );
+    if rung == Memory::NoOffload {
+        return Ok(Placement {
+            mode: OffloadMode::Disabled,
+            chosen: None,
+            mode_why: why,
+            class_why:
+                "no node class required: without offload the configuration fits any GPU node"
+                    .to_string(),
+            memory: None,
+            rung: Some(rung),
+        });
+    }
+    let mut placed = auto_by_class(cx, classes, source)?;
+    placed.mode_why = format!(
+        "{why}; {}",
+        offload_mode(placed.class().unwrap_or(NodeClass::Discrete)).1
+    );
+    placed.rung = Some(rung);
+    Ok(placed)
 }
 
 /// `mode: Auto` without model hints: the first class in the profile's order that holds the
@@ -487,6 +557,7 @@ fn auto_by_class<'c, 'a>(
         ),
         class_why: format!("{class_why}; {}", capacity_message(pick, cx.job)),
         memory: None,
+        rung: None,
     })
 }
 
@@ -558,6 +629,7 @@ fn auto_by_memory<'c, 'a>(
                 )
             },
             memory: choice,
+            rung: None,
         });
     }
     let Some((pick, choice)) = results
@@ -596,6 +668,7 @@ fn auto_by_memory<'c, 'a>(
         ),
         class_why,
         memory: Some(choice),
+        rung: None,
     })
 }
 

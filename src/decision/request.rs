@@ -13,6 +13,16 @@ use offload_api::api::{
 use offload_api::names;
 use offload_api::quantity::{self, MAX_GPUS, ParameterCount};
 
+/// What runs taught, as the caller holds it, and the time its lessons are aged to (part of the
+/// input, so a decision stays a function of what it is given).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LearnedView {
+    /// The lessons.
+    pub memory: std::sync::Arc<super::learned::LearnedMemory>,
+    /// Now.
+    pub now: jiff::Timestamp,
+}
+
 /// What a job asks for.
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobRequest {
@@ -32,6 +42,12 @@ pub struct JobRequest {
     /// Configurations of this job that ran out of memory, oldest first (a TrainingJob's
     /// `status.memoryFailures`): each raises the estimates past what failed.
     pub memory_failures: Vec<offload_api::api::MemoryFailure>,
+    /// What runs of jobs taught the memory model, where the caller holds it.
+    pub learned: Option<LearnedView>,
+    /// Who the job is, for what is learned of a job without model hints: a re-run of the same
+    /// TrainingJob (its namespace, name and pod template) is decided from its earlier runs'
+    /// peaks. `None` for other kinds.
+    pub identity: Option<String>,
     /// Where the pod template lets its pods run (its nodeSelector, required node affinity and
     /// tolerations): they narrow the candidate nodes.
     pub constraints: super::PodConstraints,
@@ -74,6 +90,8 @@ impl Default for JobRequest {
             model_config: None,
             hints_from_annotations: false,
             memory_failures: Vec::new(),
+            learned: None,
+            identity: None,
             constraints: super::PodConstraints::default(),
             pods: 1,
             gpus_per_pod: 1,
@@ -239,6 +257,27 @@ impl PodResources {
     }
 }
 
+/// A TrainingJob's identity for what is learned without model hints: its namespace and name, and
+/// a digest of what it runs (framework, DeepSpeed settings, replicas, pod template).
+pub fn identity(tj: &TrainingJob) -> String {
+    use sha2::Digest;
+    let spec = &tj.spec;
+    let text = serde_json::json!({
+        "framework": spec.framework,
+        "deepspeed": spec.deepspeed,
+        "replicas": spec.replicas,
+        "template": spec.template,
+    })
+    .to_string();
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    let short: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}/{}@{short}",
+        tj.metadata.namespace.as_deref().unwrap_or_default(),
+        tj.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
 impl JobRequest {
     /// The request of a TrainingJob, with the user's DeepSpeed config where one was read.
     /// Where the webhook resolved `Auto` at creation and the spec still holds what it wrote,
@@ -267,6 +306,8 @@ impl JobRequest {
             model: spec.model.clone(),
             model_config: model_config.copied(),
             hints_from_annotations: false,
+            learned: None,
+            identity: Some(identity(tj)),
             memory_failures: tj
                 .status
                 .as_ref()
@@ -353,6 +394,8 @@ impl JobRequest {
                 deepspeed: DeepSpeedRequest::default(),
                 hints_from_annotations: model.is_some(),
                 memory_failures: Vec::new(),
+                learned: None,
+                identity: None,
                 model,
                 model_config: None,
                 constraints: super::PodConstraints::default(),

@@ -11,6 +11,7 @@
 
 mod candidates;
 mod inputs;
+mod observed;
 mod text;
 
 use k8s_openapi::api::core::v1::{Container, EnvVar, NodeAffinity};
@@ -31,6 +32,7 @@ pub use inputs::{
     model_configs_from_files, node_from_report, profiles_from_files, read_manifests,
     slices_from_files, with_node_memory, with_slices,
 };
+pub use observed::{Evidence, LoopStep, Outcome, explain_after, read_evidence};
 pub use text::to_text;
 
 /// A manifest that cannot be explained.
@@ -138,6 +140,10 @@ pub struct Explanation {
     /// For a running job with overlap on: the `OverlapObserved` condition's verdict.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overlap_observed: Option<String>,
+    /// With `--observed`: each run's evidence and what it taught, in order; the decision is the
+    /// one made after them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub closed_loop: Vec<LoopStep>,
 }
 
 impl Explanation {
@@ -159,6 +165,7 @@ impl Explanation {
             candidates: Vec::new(),
             observed: None,
             overlap_observed: None,
+            closed_loop: Vec::new(),
         }
     }
 
@@ -208,6 +215,29 @@ pub fn explain(
     } else {
         explain_object(manifest, inputs)
     }
+}
+
+/// Explains a TrainingJob manifest after the runs of `evidence` (see [`explain_after`]).
+pub fn explain_observed(
+    manifest: &Value,
+    inputs: &mut Inputs,
+    evidence: &[Evidence],
+) -> Result<Explanation, ExplainError> {
+    if manifest.get("kind").and_then(Value::as_str) != Some("TrainingJob") {
+        return Err(ExplainError::Manifest(
+            "--observed explains a TrainingJob: the operator re-decides only those".into(),
+        ));
+    }
+    let mut tj: TrainingJob = crate::guard::from_value(manifest.clone()).map_err(|e| {
+        ExplainError::Manifest(format!("the TrainingJob does not match its schema: {e}"))
+    })?;
+    tj.metadata
+        .namespace
+        .get_or_insert_with(|| "default".into());
+    tj.metadata
+        .uid
+        .get_or_insert_with(|| "00000000-0000-0000-0000-000000000000".into());
+    Ok(explain_after(&tj, inputs, evidence))
 }
 
 fn full_name(ns: Option<&str>, name: Option<&str>) -> String {

@@ -112,6 +112,7 @@ fn candidates_show_the_memory_estimate_of_every_placement() {
                 memory: Some(125 << 30),
                 gpus: Some(1),
                 cpus: None,
+                ..Default::default()
             }),
         ])),
         ..i.view
@@ -326,5 +327,88 @@ fn a_model_config_file_sizes_the_job_and_unchecked_host_memory_is_said() {
         mode.message.contains("8.03B parameters"),
         "{}",
         mode.message
+    );
+}
+
+/// The runs the agent recorded on the H200 (`docs/benchmarks/closed-loop-h200.md`).
+fn recorded_run(name: &str) -> String {
+    std::fs::read_to_string(format!(
+        "{}/docs/benchmarks/raw/2026-12-01-h200-loop/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+fn with_node_memory(mut i: Inputs) -> Inputs {
+    let nodes: Vec<NodeInfo> = i
+        .view
+        .nodes
+        .nodes()
+        .map(|n| {
+            n.clone().with_allocatable(crate::index::Allocatable {
+                memory: Some(125 << 30),
+                ..Default::default()
+            })
+        })
+        .collect();
+    i.view.nodes = std::sync::Arc::new(crate::index::NodeIndex::new(nodes));
+    i
+}
+
+#[test]
+fn recorded_runs_give_the_next_decision_offline() {
+    // A job without hints, everything offloaded first, observed on the H200: sized from its
+    // peaks, the next decision offloads nothing.
+    let manifests = read_manifests(JOB).unwrap();
+    let mut i = with_node_memory(inputs(&[("h200", fixtures::H200_READING)]));
+    let first = explain(&manifests[0], &i, false).unwrap();
+    assert_eq!(first.decision.as_ref().unwrap().mode, "CPUCopy");
+    let run = read_evidence("run-1", &recorded_run("qwen-safe-run-1.json"), "j").unwrap();
+    assert_eq!(run.outcome, Outcome::Ran);
+    let next = explain_observed(&manifests[0], &mut i, std::slice::from_ref(&run)).unwrap();
+    assert_eq!(
+        next.decision.as_ref().unwrap().mode,
+        "Disabled",
+        "{}",
+        next.message
+    );
+    assert!(
+        next.closed_loop[0]
+            .lesson
+            .as_deref()
+            .unwrap()
+            .contains("1.62B parameters")
+    );
+    assert!(to_text(&next).contains("next decision, after 1 run(s)"));
+    // A run that ran out of GPU memory is told apart from one that ran; one that failed for
+    // another reason teaches nothing.
+    let oom = read_evidence("run-1", &recorded_run("llama-fast-run-1.json"), "j").unwrap();
+    assert!(matches!(
+        &oom.outcome,
+        Outcome::OutOfMemory(offload_api::api::MemoryKind::Gpu, _)
+    ));
+    let mut other: serde_json::Value =
+        serde_json::from_str(&recorded_run("llama-fast-run-1.json")).unwrap();
+    other["message"] = "ValueError: bad batch".into();
+    let failed = read_evidence("x", &other.to_string(), "j").unwrap();
+    assert!(matches!(failed.outcome, Outcome::Failed(_)));
+    let mut i = with_node_memory(inputs(&[("h200", fixtures::H200_READING)]));
+    let after = explain_observed(&manifests[0], &mut i, &[failed]).unwrap();
+    assert!(
+        after.closed_loop[0].lesson.is_none()
+            && after.closed_loop[0].outcome.contains("teaches nothing")
+    );
+    assert_eq!(after.decision.as_ref().unwrap().mode, "CPUCopy");
+    // Garbage and impossible figures are refused with what is wrong.
+    assert!(
+        read_evidence("g", "{not json", "j")
+            .unwrap_err()
+            .contains("neither an observed run")
+    );
+    other["pod"]["gpuMemoryPeakBytes"] = (200u64 << 30).into();
+    assert!(
+        read_evidence("x", &other.to_string(), "j")
+            .unwrap_err()
+            .contains("more than its GPU")
     );
 }

@@ -30,11 +30,33 @@ fn memory_line(m: &CandidateMemory) -> String {
 /// The human-readable form.
 pub fn to_text(e: &Explanation) -> String {
     let mut s = String::new();
+    loop_section(&mut s, e);
     decision_section(&mut s, e);
     observed_section(&mut s, e);
     pod_section(&mut s, e);
     config_section(&mut s, e);
     s
+}
+
+/// With `--observed`: each run and what it taught.
+fn loop_section(s: &mut String, e: &Explanation) {
+    use std::fmt::Write as _;
+    for (i, step) in e.closed_loop.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "run {} ({}): {} {}",
+            i + 1,
+            step.source,
+            step.configuration,
+            step.outcome
+        );
+        if let Some(l) = &step.lesson {
+            let _ = writeln!(s, "  learned: {l}");
+        }
+    }
+    if !e.closed_loop.is_empty() {
+        let _ = writeln!(s, "next decision, after {} run(s):", e.closed_loop.len());
+    }
 }
 
 /// The job, its decision (or why there is none) and the memory estimate.

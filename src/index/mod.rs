@@ -59,6 +59,14 @@ impl NodeIndex {
         self.nodes.iter().map(|n| n.as_ref())
     }
 
+    /// The node named `name`.
+    pub fn by_name(&self, name: &str) -> Option<&NodeInfo> {
+        self.nodes
+            .binary_search_by(|n| n.name.as_str().cmp(name))
+            .ok()
+            .map(|i| self.nodes[i].as_ref())
+    }
+
     /// The node at `position` of [`NodeIndex::nodes`].
     pub fn get(&self, position: usize) -> Option<&NodeInfo> {
         self.nodes.get(position).map(|n| n.as_ref())

@@ -70,6 +70,8 @@ pub struct Allocatable {
     pub gpus: Option<u64>,
     /// CPUs, whole cores (rounded up).
     pub cpus: Option<u64>,
+    /// The node's memory (`status.capacity`), bytes: what no pod on it can exceed.
+    pub memory_capacity: Option<u64>,
 }
 
 /// Most host memory a node may state (64 TiB: the largest machines have 24–48 TB).
@@ -89,6 +91,12 @@ impl Allocatable {
                 .get(names::GPU_RESOURCE)
                 .and_then(|q| offload_api::quantity::device_count(q).ok()),
             cpus: alloc.get("cpu").and_then(|q| cpu_cores(&q.0)),
+            memory_capacity: node
+                .status
+                .as_ref()
+                .and_then(|s| s.capacity.as_ref())
+                .and_then(|c| c.get("memory"))
+                .and_then(|q| offload_api::quantity::bytes(q).ok()),
         }
     }
 }
@@ -223,7 +231,46 @@ impl NodeInfo {
                 p.namespace, p.name, p.cpu_cores
             ))));
         }
+        self.bound_observed_memory();
         self
+    }
+
+    /// An observation of more host memory than the node has, or of a GPU larger than the
+    /// node's largest, is not believed (the whole summary is set aside, as for CPU).
+    fn bound_observed_memory(&mut self) {
+        let Some(Ok(observed)) = self.observed.as_ref() else {
+            return;
+        };
+        let (gpu, host) = observed.largest_memory();
+        let node_memory = self.allocatable.memory_capacity.or(self.allocatable.memory);
+        let largest_gpu = self
+            .parsed_report()
+            .and_then(|r| r.gpus.iter().map(|g| g.memory_total_bytes).max())
+            .or_else(|| self.driver.as_ref().and_then(|w| w.gpu_memory));
+        let why = if let (Some(p), Some(limit)) = (host, node_memory)
+            && p.host_memory_peak_bytes.is_some_and(|b| b > limit)
+        {
+            Some(format!(
+                "pod {}/{} used {} bytes of host memory, more than the node's {limit}",
+                p.namespace,
+                p.name,
+                p.host_memory_peak_bytes.unwrap_or_default()
+            ))
+        } else if let (Some(p), Some(limit)) = (gpu, largest_gpu)
+            && p.gpu_memory_total_bytes.is_some_and(|b| b > limit)
+        {
+            Some(format!(
+                "pod {}/{} has GPUs of {} bytes, more than the node's largest ({limit})",
+                p.namespace,
+                p.name,
+                p.gpu_memory_total_bytes.unwrap_or_default()
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            self.observed = Some(Err(ObservedError::Impossible(why)));
+        }
     }
 
     /// The same view with the node's taints.

@@ -115,6 +115,42 @@ pub(super) async fn the_agent_observes_a_configured_pod_on_the_real_node(
     );
     assert!(observed_pod.cpu_cores.unwrap() <= 1.2, "{observed_pod:?}");
 
+    // Host memory from the pod's real memory cgroup: a process in it touches 64 MiB once.
+    allocate_in_memory_cgroup_of(cluster, &pod, 64 << 20);
+    let with_memory = poll(
+        "the agent's summary with the pod's host memory",
+        WAIT,
+        || {
+            let nodes = nodes.clone();
+            let ns = ns.clone();
+            async move {
+                let node = nodes.get(REAL_NODE).await.ok()?;
+                let text = node
+                    .metadata
+                    .annotations?
+                    .get(names::ANNOTATION_OBSERVED)?
+                    .clone();
+                let summary = ObservedSummary::parse(&text).ok()?;
+                let pod = summary.pods.into_iter().find(|p| p.namespace == ns)?;
+                (pod.host_memory_peak_bytes? >= 64 << 20).then_some(pod)
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "host memory: {:?} ({:?})",
+        with_memory.host_memory_peak_bytes, with_memory.host_memory_source
+    );
+    assert_eq!(
+        with_memory.host_memory_source,
+        Some(offload_api::observed::HostMemorySource::CgroupMaxUsage),
+        "this machine's cgroup v1 keeps the high-water mark"
+    );
+    figures.add(format!(
+        "observation: a pod's host memory peak from its real cgroup: {} MiB",
+        with_memory.host_memory_peak_bytes.unwrap_or_default() >> 20
+    ));
+
     the_job_shows_it(cluster, &tjs, &ns, expected).await;
 
     // The job gone and the spinner stopped: the next window clears the node's summary.
@@ -282,6 +318,31 @@ fn spin_in_cgroup_of(cluster: &DevCluster, pod: &Pod) -> Spinner {
     spinner
 }
 
+/// Runs a process in the pod's memory cgroup (v1 hierarchy) that touches `bytes` once and
+/// exits: the cgroup's high-water mark then holds at least that much.
+fn allocate_in_memory_cgroup_of(cluster: &DevCluster, pod: &Pod, bytes: u64) {
+    use std::io::Write;
+    let uid = pod.metadata.uid.clone().unwrap();
+    let dir = find_pod_cgroup(
+        &std::path::Path::new("/sys/fs/cgroup/memory").join(cluster.node_cgroup().unwrap()),
+        &uid,
+    )
+    .unwrap_or_else(|| panic!("no memory cgroup for pod {uid}"));
+    // It waits for a line, so it is in the cgroup before it allocates (v1 charges memory to
+    // the cgroup a process was in when it touched it).
+    let mut child = std::process::Command::new("sh")
+        .args([
+            "-c",
+            &format!("read go; dd if=/dev/zero of=/dev/null bs={bytes} count=1 2>/dev/null"),
+        ])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::fs::write(dir.join("cgroup.procs"), child.id().to_string()).unwrap();
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
 /// The job's story: status.observed, the OverlapObserved condition, the Event when flagged, the
 /// GPU-BUSY column.
 async fn the_job_shows_it(cluster: &DevCluster, tjs: &Api<TrainingJob>, ns: &str, expected: f64) {
@@ -289,12 +350,14 @@ async fn the_job_shows_it(cluster: &DevCluster, tjs: &Api<TrainingJob>, ns: &str
     let status = wait_list(
         tjs.clone(),
         watcher::Config::default().fields("metadata.name=observed"),
-        "status.observed and OverlapObserved on the job",
+        "status.observed (with the host memory peak) and OverlapObserved on the job",
         WAIT,
         |jobs| {
             let v = serde_json::to_value(&*jobs.first()?.clone()).ok()?;
             let status = v.get("status")?.clone();
             status.pointer("/observed/gpuBusy")?;
+            (status.pointer("/observed/memory/hostPeakBytes")?.as_i64()? >= 64 << 20)
+                .then_some(())?;
             status
                 .get("conditions")?
                 .as_array()?

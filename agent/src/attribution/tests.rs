@@ -217,3 +217,179 @@ fn cgroup_v1_below_a_kubelet_cgroup_root_is_found_and_read() {
     std::fs::create_dir_all(acct.join(format!("a/b/c/kubepods/pod{deep_uid}"))).unwrap();
     assert_eq!(pod_cgroup(root.path(), deep_uid), None);
 }
+
+#[test]
+fn host_memory_is_read_from_the_kernels_high_water_mark_in_both_versions() {
+    let root = tempfile::tempdir().unwrap();
+    let uid = "5e1f2a3b-0000-4c4c-8d8d-000000000003";
+    // v1: the memory hierarchy has its own copy of the pod's cgroup.
+    let memory = root.path().join("memory");
+    std::fs::create_dir_all(&memory).unwrap();
+    std::fs::write(memory.join("memory.usage_in_bytes"), "1\n").unwrap();
+    let pod = memory.join(format!("node-cg/kubepods/burstable/pod{uid}"));
+    std::fs::create_dir_all(pod.join("container-a")).unwrap();
+    std::fs::write(pod.join("memory.max_usage_in_bytes"), "8589934592\n").unwrap();
+    std::fs::write(pod.join("memory.usage_in_bytes"), "4294967296\n").unwrap();
+    std::fs::write(pod.join("cgroup.procs"), "").unwrap();
+    std::fs::write(pod.join("container-a/cgroup.procs"), "41\n0\n42\n").unwrap();
+    assert_eq!(pod_memory_cgroup(root.path(), uid), Some(pod.clone()));
+    assert_eq!(
+        host_memory_peak(&pod),
+        Some((8_589_934_592, HostMemorySource::CgroupMaxUsage))
+    );
+    assert_eq!(host_memory_current(&pod), Some(4_294_967_296));
+    assert_eq!(
+        pod_pids(&pod).into_iter().collect::<Vec<_>>(),
+        [41, 42],
+        "a process outside the agent's PID namespace reads as 0 and is left out"
+    );
+
+    // v2: one tree; memory.peak where the kernel has it (5.19 and later).
+    let v2 = tempfile::tempdir().unwrap();
+    std::fs::write(v2.path().join("cgroup.controllers"), "cpu memory\n").unwrap();
+    let pod = v2.path().join(format!("kubepods/pod{uid}"));
+    std::fs::create_dir_all(&pod).unwrap();
+    std::fs::write(pod.join("memory.current"), "1000\n").unwrap();
+    assert_eq!(host_memory_peak(&pod), None, "an older kernel: no peak");
+    std::fs::write(pod.join("memory.peak"), "2000\n").unwrap();
+    assert_eq!(
+        host_memory_peak(&pod),
+        Some((2000, HostMemorySource::CgroupPeak))
+    );
+    assert_eq!(
+        pod_memory_cgroup(v2.path(), uid),
+        pod_cgroup(v2.path(), uid)
+    );
+    std::fs::write(pod.join("memory.peak"), "not a number\n").unwrap();
+    assert_eq!(host_memory_peak(&pod), None);
+}
+
+/// A stand-in for NVML on two GPUs that are not here: utilization and memory in use, with the
+/// compute processes NVML would list.
+struct TwoGpus;
+
+impl UtilizationSource for TwoGpus {
+    fn utilization(&self, devices: &[u32]) -> Result<Vec<(u32, u32)>, String> {
+        Ok(devices.iter().map(|&i| (i, 50)).collect())
+    }
+
+    fn memory(&self, devices: &[u32]) -> Result<Vec<crate::utilization::MemorySample>, String> {
+        Ok(devices
+            .iter()
+            .map(|&i| crate::utilization::MemorySample {
+                index: i,
+                used: (60 + u64::from(i)) << 30,
+                total: 140 << 30,
+                // PID 42 is the pod's; 7 is someone else's on the same GPU.
+                processes: vec![(42, (59 + u64::from(i)) << 30), (7, 1 << 30)],
+            })
+            .collect())
+    }
+}
+
+#[test]
+fn a_pods_memory_is_its_busiest_gpus_and_its_own_processes() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("cgroup.controllers"), "cpu memory\n").unwrap();
+    let dir = root.path().join("kubepods/podu");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("cgroup.procs"), "42\n").unwrap();
+    std::fs::write(dir.join("memory.current"), "3000\n").unwrap();
+    let pod = ObservedPod {
+        namespace: "ml".into(),
+        name: "train-0".into(),
+        training_job: Some("train".into()),
+        devices: vec!["GPU-0".into(), "GPU-1".into()],
+        cgroup: Some(dir.clone()),
+        memory_cgroup: Some(dir.clone()),
+    };
+    let resolve = |id: &str| id.strip_prefix("GPU-")?.parse().ok();
+    let summary = summarize(
+        "n",
+        std::slice::from_ref(&pod),
+        &TwoGpus,
+        &resolve,
+        Duration::from_millis(30),
+        Duration::from_millis(5),
+        BusySource::RecordedTrace,
+    )
+    .unwrap();
+    let p = &summary.pods[0];
+    assert_eq!(p.gpu_memory_peak_bytes, Some(61 << 30), "the busier GPU");
+    assert_eq!(p.gpu_memory_total_bytes, Some(140 << 30));
+    assert_eq!(
+        p.process_gpu_memory_peak_bytes,
+        Some(60 << 30),
+        "PID 42 only"
+    );
+    // No memory.peak in this cgroup: sampled.
+    assert_eq!(p.host_memory_peak_bytes, Some(3000));
+    assert_eq!(p.host_memory_source, Some(HostMemorySource::SampledCurrent));
+    summary.check().unwrap();
+
+    // A process the agent cannot see: no per-process figure, the device's stands.
+    let mut unseen = pod.clone();
+    unseen.cgroup = None;
+    unseen.memory_cgroup = None;
+    let summary = summarize(
+        "n",
+        &[unseen],
+        &TwoGpus,
+        &resolve,
+        Duration::ZERO,
+        Duration::ZERO,
+        BusySource::RecordedTrace,
+    )
+    .unwrap();
+    let p = &summary.pods[0];
+    assert_eq!(p.process_gpu_memory_peak_bytes, None);
+    assert_eq!(p.gpu_memory_peak_bytes, Some(61 << 30));
+    assert_eq!(p.host_memory_peak_bytes, None);
+}
+
+/// A source whose memory reads cannot be true (more in use than the GPU has, a GPU of no
+/// bytes): those samples are left out rather than reported.
+struct Broken;
+
+impl UtilizationSource for Broken {
+    fn utilization(&self, devices: &[u32]) -> Result<Vec<(u32, u32)>, String> {
+        Ok(devices.iter().map(|&i| (i, 50)).collect())
+    }
+
+    fn memory(&self, devices: &[u32]) -> Result<Vec<crate::utilization::MemorySample>, String> {
+        Ok(devices
+            .iter()
+            .map(|&i| crate::utilization::MemorySample {
+                index: i,
+                used: if i == 0 { u64::MAX } else { 5 },
+                total: if i == 0 { 10 } else { 0 },
+                processes: vec![],
+            })
+            .collect())
+    }
+}
+
+#[test]
+fn memory_reads_no_gpu_can_have_are_left_out() {
+    let pod = ObservedPod {
+        namespace: "ml".into(),
+        name: "train-0".into(),
+        training_job: None,
+        devices: vec!["GPU-0".into(), "GPU-1".into()],
+        cgroup: None,
+        memory_cgroup: None,
+    };
+    let resolve = |id: &str| id.strip_prefix("GPU-")?.parse().ok();
+    let summary = summarize(
+        "n",
+        &[pod],
+        &Broken,
+        &resolve,
+        Duration::ZERO,
+        Duration::ZERO,
+        BusySource::RecordedTrace,
+    )
+    .unwrap();
+    assert_eq!(summary.pods[0].gpu_memory_peak_bytes, None);
+    summary.check().unwrap();
+}

@@ -4,7 +4,8 @@
 //!
 //! One summary per node and window: for every configured pod on the node, which GPUs it holds
 //! (from the kubelet's pod-resources API), how busy they were (NVML, sampled over the window),
-//! and how much CPU the pod used (its cgroup). Bounded: at most [`MAX_PODS`] pods and
+//! how much of their memory was in use (NVML, the device's and, where NVML gives it, the pod's
+//! own processes'), and how much CPU and host memory the pod used (its cgroup). Bounded: at most [`MAX_PODS`] pods and
 //! [`MAX_OBSERVED_BYTES`] bytes, so no node can bloat what the operator reads.
 
 use serde::{Deserialize, Serialize};
@@ -78,7 +79,121 @@ pub struct PodObservation {
     /// CPU the pod used over the window, in cores (from its cgroup); absent when unreadable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_cores: Option<f64>,
+    /// GPU memory in use on the busiest of the pod's GPUs at its highest over the window, bytes:
+    /// NVML's device used memory, sampled (PyTorch's caching allocator keeps what it reserved,
+    /// so the sampled high-water mark is the job's). Absent where NVML did not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_peak_bytes: Option<u64>,
+    /// Memory of the smallest of the pod's GPUs, bytes (NVML's total); present with
+    /// `gpuMemoryPeakBytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_total_bytes: Option<u64>,
+    /// The same peak counting only the pod's own processes (NVML's per-process accounting,
+    /// matched to the pod's cgroup); absent where NVML gives no per-process figure or the
+    /// agent cannot see the processes (it runs outside the host's PID namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_gpu_memory_peak_bytes: Option<u64>,
+    /// The pod's host memory at its highest, bytes, from its cgroup (see `hostMemorySource`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_memory_peak_bytes: Option<u64>,
+    /// How `hostMemoryPeakBytes` was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_memory_source: Option<HostMemorySource>,
 }
+
+/// Where a pod's host memory peak came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostMemorySource {
+    /// cgroup v2 `memory.peak`: the pod's high-water mark since its cgroup was made.
+    CgroupPeak,
+    /// cgroup v1 `memory.max_usage_in_bytes`: the same, in the v1 memory hierarchy.
+    CgroupMaxUsage,
+    /// The largest of `memory.current` (v2) or `memory.usage_in_bytes` (v1) sampled over the
+    /// window, where the kernel keeps no high-water mark: a peak between samples is missed.
+    SampledCurrent,
+    /// The kernel's peak resident set of the observed command's largest process (`ru_maxrss`
+    /// of its children, `offload-agent observe -- COMMAND`).
+    ProcessPeakRss,
+}
+
+/// Most characters of an observed run's message (its output's last lines) kept.
+pub const MAX_RUN_MESSAGE: usize = 1024;
+
+/// One run of a training command, as `offload-agent observe -- COMMAND` saw it: its GPUs'
+/// figures over its whole life and how it ended. `offload-operator explain --observed` reads
+/// it to show what the next decision of the same job would be.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObservedRun {
+    /// [`OBSERVED_SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// The command that ran.
+    pub command: Vec<String>,
+    /// How long it ran, seconds.
+    pub seconds: f64,
+    /// Its exit status; absent when a signal ended it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The signal that ended it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// The last lines it printed (at most [`MAX_RUN_MESSAGE`] characters): where PyTorch says
+    /// `CUDA out of memory`, as a pod's termination message would.
+    pub message: String,
+    /// Its GPUs and host memory over the run, as a pod's are over a window.
+    pub pod: PodObservation,
+}
+
+impl ObservedRun {
+    /// Parses an observed run: size first, then version, then fields, then figures.
+    pub fn parse(json: &str) -> Result<ObservedRun, ObservedError> {
+        if json.len() > MAX_OBSERVED_BYTES {
+            return Err(ObservedError::TooLarge { bytes: json.len() });
+        }
+        let value: serde_json::Value =
+            serde_json::from_str(json).map_err(|e| ObservedError::Malformed(e.to_string()))?;
+        match value
+            .get("schemaVersion")
+            .and_then(serde_json::Value::as_u64)
+        {
+            Some(v) if v == u64::from(OBSERVED_SCHEMA_VERSION) => {}
+            Some(found) => return Err(ObservedError::UnsupportedVersion { found }),
+            None => {
+                return Err(ObservedError::Malformed(
+                    "schemaVersion is missing or not a number".into(),
+                ));
+            }
+        }
+        let run: ObservedRun =
+            serde_json::from_value(value).map_err(|e| ObservedError::Malformed(e.to_string()))?;
+        let impossible = |m: String| Err(ObservedError::Impossible(m));
+        if !(run.seconds.is_finite() && run.seconds >= 0.0) {
+            return impossible(format!("a run of {} s", run.seconds));
+        }
+        if run.message.chars().count() > MAX_RUN_MESSAGE {
+            return impossible(format!(
+                "a message of more than {MAX_RUN_MESSAGE} characters"
+            ));
+        }
+        if run.pod.samples == 0 || !(0.0..=1.0).contains(&run.pod.gpu_busy) {
+            return impossible(format!(
+                "busy fraction {} from {} samples",
+                run.pod.gpu_busy, run.pod.samples
+            ));
+        }
+        check_memory(&run.pod)?;
+        Ok(run)
+    }
+
+    /// Whether it ended well.
+    pub fn succeeded(&self) -> bool {
+        self.exit_code == Some(0)
+    }
+}
+
+/// Most host memory a pod's observation may state (64 TiB, as for a node's).
+pub const MAX_HOST_MEMORY: u64 = 1 << 46;
 
 /// A summary that could not be read.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -198,8 +313,24 @@ impl ObservedSummary {
             if pod.gpus.is_empty() {
                 return impossible(format!("pod {}/{} holds no GPU", pod.namespace, pod.name));
             }
+            check_memory(pod)?;
         }
         Ok(())
+    }
+
+    /// The largest GPU memory and host memory any pod of the summary states: what the node's
+    /// own figures must bound.
+    pub fn largest_memory(&self) -> (Option<&PodObservation>, Option<&PodObservation>) {
+        (
+            self.pods
+                .iter()
+                .filter(|p| p.gpu_memory_total_bytes.is_some())
+                .max_by_key(|p| p.gpu_memory_total_bytes),
+            self.pods
+                .iter()
+                .filter(|p| p.host_memory_peak_bytes.is_some())
+                .max_by_key(|p| p.host_memory_peak_bytes),
+        )
     }
 
     /// The annotation value.
@@ -224,6 +355,61 @@ impl ObservedSummary {
     }
 }
 
+/// A pod's memory figures as no agent writes them: a GPU peak without the GPU's size or above
+/// it, a GPU larger than any ([`crate::report::MAX_GPU_MEMORY`]), a per-process peak above the
+/// device's, host memory beyond [`MAX_HOST_MEMORY`] or without its source.
+fn check_memory(pod: &PodObservation) -> Result<(), ObservedError> {
+    let who = || format!("pod {}/{}", pod.namespace, pod.name);
+    let impossible = |m: String| Err(ObservedError::Impossible(m));
+    match (pod.gpu_memory_peak_bytes, pod.gpu_memory_total_bytes) {
+        (None, None) => {}
+        (Some(peak), Some(total)) => {
+            if total == 0 || total > crate::report::MAX_GPU_MEMORY {
+                return impossible(format!(
+                    "{} has GPUs of {total} bytes (a GPU has at most {} GiB)",
+                    who(),
+                    crate::report::MAX_GPU_MEMORY >> 30
+                ));
+            }
+            if peak > total {
+                return impossible(format!(
+                    "{} used {peak} bytes of GPU memory, more than its GPU's {total}",
+                    who()
+                ));
+            }
+        }
+        _ => {
+            return impossible(format!(
+                "{} states a GPU memory peak without its GPU's size, or the size without a peak",
+                who()
+            ));
+        }
+    }
+    if let Some(process) = pod.process_gpu_memory_peak_bytes
+        && pod
+            .gpu_memory_peak_bytes
+            .is_none_or(|device| process > device)
+    {
+        return impossible(format!(
+            "{}'s processes used {process} bytes of GPU memory, more than the device had in use ({:?})",
+            who(),
+            pod.gpu_memory_peak_bytes
+        ));
+    }
+    match (pod.host_memory_peak_bytes, pod.host_memory_source) {
+        (Some(peak), Some(_)) if peak > MAX_HOST_MEMORY => impossible(format!(
+            "{} used {peak} bytes of host memory (a node has at most {} TiB)",
+            who(),
+            MAX_HOST_MEMORY >> 40
+        )),
+        (Some(_), None) | (None, Some(_)) => impossible(format!(
+            "{} states a host memory peak without its source, or a source without the peak",
+            who()
+        )),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,6 +429,11 @@ mod tests {
                 gpu_busy: 0.58,
                 samples: 600,
                 cpu_cores: Some(3.5),
+                gpu_memory_peak_bytes: Some(60 << 30),
+                gpu_memory_total_bytes: Some(150_754_820_096),
+                process_gpu_memory_peak_bytes: Some(59 << 30),
+                host_memory_peak_bytes: Some(90 << 30),
+                host_memory_source: Some(HostMemorySource::CgroupMaxUsage),
             }],
         }
     }
@@ -298,7 +489,26 @@ mod tests {
         let mut second = shared_gpu.pods[0].clone();
         second.name = "job-1".into();
         shared_gpu.pods.push(second);
+        let mut gpu_over = summary();
+        gpu_over.pods[0].gpu_memory_peak_bytes = Some(151 << 30);
+        let mut gpu_huge = summary();
+        gpu_huge.pods[0].gpu_memory_total_bytes = Some(u64::MAX);
+        gpu_huge.pods[0].gpu_memory_peak_bytes = Some(u64::MAX);
+        let mut gpu_half = summary();
+        gpu_half.pods[0].gpu_memory_total_bytes = None;
+        let mut process_over = summary();
+        process_over.pods[0].process_gpu_memory_peak_bytes = Some(61 << 30);
+        let mut host_huge = summary();
+        host_huge.pods[0].host_memory_peak_bytes = Some(1 << 50);
+        let mut host_unsourced = summary();
+        host_unsourced.pods[0].host_memory_source = None;
         for bad in [
+            gpu_over,
+            gpu_huge,
+            gpu_half,
+            process_over,
+            host_huge,
+            host_unsourced,
             busy,
             window,
             cpu,

@@ -135,6 +135,7 @@ async fn operator_out_of_cluster(
             check_interval: Duration::from_secs(3600),
         }),
         dra: Some(Default::default()),
+        learned_namespace: Some(NAMESPACE.into()),
     };
     let op_client = client.clone();
     let token = shutdown.clone();

@@ -57,10 +57,18 @@ pub(super) async fn follow_workload(
     let guard_unchanged = guard
         .as_ref()
         .is_none_or(|g| conditions::unchanged(&current.conditions, g));
-    let (observed, overlap) = observe(tj, ctx, &current, generation);
-    let overlap_unchanged = overlap
-        .as_ref()
-        .is_none_or(|c| conditions::unchanged(&current.conditions, c));
+    let (observed, overlap, headroom) = observe(tj, ctx, &current, generation);
+    // A new window of the job's peaks is a lesson for later decisions of its shape.
+    if let (Some(o), Some(d)) = (observed.as_ref(), current.offload.as_ref())
+        && current.observed.as_ref().map(|p| &p.memory) != Some(&o.memory)
+        && let Some(obs) = super::learn::observed(ctx, d, o, None)
+    {
+        super::learn::learn(tj, ctx, &obs).await;
+    }
+    let overlap_unchanged = [&overlap, &headroom].iter().all(|c| {
+        c.as_ref()
+            .is_none_or(|c| conditions::unchanged(&current.conditions, c))
+    });
     let queued = tj.labels().contains_key(names::KUEUE_QUEUE_LABEL) && phase == JobPhase::Queued;
     let kueue_says = if queued {
         super::kueue::waiting_reason(&ctx.client, job).await
@@ -100,6 +108,7 @@ pub(super) async fn follow_workload(
         guard: guard.as_ref(),
         observed: observed.as_ref(),
         overlap: overlap.as_ref(),
+        headroom: headroom.as_ref(),
         admitted: admitted.as_ref(),
     };
     status::apply_workload(&api, &name, &part).await?;
@@ -108,7 +117,7 @@ pub(super) async fn follow_workload(
         tj,
         &current.conditions,
         admitted.as_ref(),
-        overlap.as_ref(),
+        [overlap.as_ref(), headroom.as_ref()],
         guard.as_ref().filter(|_| !guard_unchanged),
     )
     .await;
@@ -142,6 +151,7 @@ async fn name_conflict(
             guard: None,
             observed: None,
             overlap: None,
+            headroom: None,
             admitted: None,
         };
         status::apply_workload(api, &name, &part).await?;
@@ -186,7 +196,7 @@ async fn announce(
     tj: &TrainingJob,
     previous: &[Condition],
     admitted: Option<&Condition>,
-    overlap: Option<&Condition>,
+    observed: [Option<&Condition>; 2],
     guard: Option<&Condition>,
 ) {
     // Kueue suspending an admitted job again (preemption, eviction) is worth an Event.
@@ -196,12 +206,15 @@ async fn announce(
     if was_admitted && let Some(c) = admitted.filter(|c| c.status == "False") {
         publish(ctx, tj, EventType::Normal, "Suspended", &c.message).await;
     }
-    // An Event when the flag goes up, not every time the figure in its message moves.
-    let was_flagged = previous
-        .iter()
-        .any(|c| c.type_ == overlap_observed::OVERLAP_OBSERVED && c.status == "False");
-    if !was_flagged && let Some(c) = overlap.filter(|c| c.status == "False") {
-        publish(ctx, tj, EventType::Warning, "GPUsIdle", &c.message).await;
+    // An Event when a flag goes up (GPUs idle with overlap on, a GPU near its memory), not
+    // every time the figure in its message moves.
+    for c in observed.into_iter().flatten() {
+        let was_flagged = previous
+            .iter()
+            .any(|p| p.type_ == c.type_ && p.status == "False");
+        if !was_flagged && c.status == "False" {
+            publish(ctx, tj, EventType::Warning, &c.reason, &c.message).await;
+        }
     }
     if let Some(g) = guard.filter(|g| g.status == "False") {
         publish(
@@ -267,28 +280,63 @@ fn admission(
     ))
 }
 
-/// The job's observed GPU-busy figures (fresh ones from the agents' summaries, else the last
-/// recorded), and the `OverlapObserved` condition where there is something to judge (else the
-/// one recorded, which this writer owns and must repeat). Sets the job's metrics.
+/// The job's observed figures (fresh ones from the agents' summaries, else the last recorded),
+/// with the memory its configuration used so far; the `OverlapObserved` condition where there
+/// is something to judge, and `GPUMemoryHeadroom` once a GPU peak is known (else the ones
+/// recorded, which this writer owns and must repeat). Sets the job's metrics.
 fn observe(
     tj: &TrainingJob,
     ctx: &Context,
     current: &TrainingJobStatus,
     generation: Option<i64>,
-) -> (Option<ObservedOverlap>, Option<Condition>) {
+) -> (
+    Option<ObservedOverlap>,
+    Option<Condition>,
+    Option<Condition>,
+) {
     let ns = tj.namespace().unwrap_or_default();
     let name = tj.name_any();
     let bound = |pod: &str, node: &str| ctx.pod_on(&ns, pod, node);
-    let observed =
-        overlap_observed::gather(&ctx.nodes(), &ns, &name, jiff::Timestamp::now(), &bound)
-            .or_else(|| current.observed.clone());
-    let recorded = current
-        .conditions
-        .iter()
-        .find(|c| c.type_ == overlap_observed::OVERLAP_OBSERVED)
-        .cloned();
-    let (Some(o), Some(decision)) = (observed.as_ref(), current.offload.as_ref()) else {
-        return (observed, recorded);
+    let recorded_of = |kind: &str| current.conditions.iter().find(|c| c.type_ == kind).cloned();
+    let fresh = overlap_observed::gather(&ctx.nodes(), &ns, &name, jiff::Timestamp::now(), &bound);
+    let decision = current.offload.as_ref();
+    let observed = match (fresh, decision) {
+        (Some(mut o), Some(d)) => {
+            let previous = current.observed.as_ref();
+            let new_window = previous.is_none_or(|p| p.observed_at != o.observed_at);
+            let recorded = previous.and_then(|p| p.memory.as_ref());
+            o.memory = match o.memory.as_ref() {
+                Some(m) => Some(overlap_observed::merge_memory(
+                    recorded,
+                    m,
+                    new_window,
+                    &super::recovery::configuration(d),
+                    d,
+                )),
+                None => recorded.cloned(),
+            };
+            Some(o)
+        }
+        (fresh, _) => fresh.or_else(|| current.observed.clone()),
+    };
+    let headroom = observed
+        .as_ref()
+        .and_then(|o| o.memory.as_ref())
+        .and_then(overlap_observed::judge_memory)
+        .map(|(ok, reason, message)| {
+            conditions::condition(
+                &current.conditions,
+                overlap_observed::GPU_MEMORY_HEADROOM,
+                ok,
+                reason,
+                message,
+                generation,
+            )
+        })
+        .or_else(|| recorded_of(overlap_observed::GPU_MEMORY_HEADROOM));
+    let recorded = recorded_of(overlap_observed::OVERLAP_OBSERVED);
+    let (Some(o), Some(decision)) = (observed.as_ref(), decision) else {
+        return (observed, recorded, headroom);
     };
     let labels = JobLabels {
         namespace: ns,
@@ -303,7 +351,7 @@ fn observe(
     ctx.metrics
         .set_job(&labels, o.gpu_busy, verdict.as_ref().map(|(ok, ..)| !ok));
     let Some((ok, reason, message)) = verdict else {
-        return (observed, recorded);
+        return (observed, recorded, headroom);
     };
     let cond = conditions::condition(
         &current.conditions,
@@ -313,7 +361,7 @@ fn observe(
         message,
         generation,
     );
-    (observed, Some(cond))
+    (observed, Some(cond), headroom)
 }
 
 /// Where the status lost its decision (the operator or the API server died between creating

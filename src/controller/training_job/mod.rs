@@ -5,6 +5,7 @@
 mod apply;
 mod follow;
 mod kueue;
+mod learn;
 pub mod recovery;
 mod triggers;
 
@@ -332,7 +333,7 @@ async fn run_without_offload(tj: &TrainingJob, ctx: &Context) -> Result<Action, 
 
 /// Reads the model's `config.json` ConfigMap, if referenced (`spec.model.configMapRef`): its
 /// shape, or what is wrong with it (an API error is the reconcile's to retry).
-async fn read_model_config(
+pub(super) async fn read_model_config(
     tj: &TrainingJob,
     ctx: &Context,
 ) -> Result<Result<Option<ModelShape>, ModelConfigError>, Error> {
@@ -369,7 +370,7 @@ async fn read_model_config(
 
 /// Reads the user's DeepSpeed ConfigMap, if referenced: the parsed config, or what is wrong
 /// with it (an API error is the reconcile's to retry).
-async fn read_deepspeed_config(
+pub(super) async fn read_deepspeed_config(
     tj: &TrainingJob,
     ctx: &Context,
 ) -> Result<Result<Option<UserConfig>, ConfigError>, Error> {

@@ -34,6 +34,11 @@ const GPU_OOM_TEXT: &[&str] = &[
     "cudaErrorMemoryAllocation",
 ];
 
+/// Whether a failed process's last words are a GPU allocation failing.
+pub fn says_gpu_out_of_memory(message: &str) -> bool {
+    GPU_OOM_TEXT.iter().any(|t| message.contains(t))
+}
+
 /// Most characters of a pod's message kept as evidence.
 const MAX_MESSAGE: usize = 1024;
 
@@ -73,7 +78,7 @@ pub fn memory_failure(pod: &Pod) -> Option<(MemoryKind, String)> {
                 crate::index::bounded_to(&said, MAX_MESSAGE),
             ));
         }
-        (terminated.exit_code != 0 && GPU_OOM_TEXT.iter().any(|t| message.contains(t))).then(|| {
+        (terminated.exit_code != 0 && says_gpu_out_of_memory(&message)).then(|| {
             (
                 MemoryKind::Gpu,
                 crate::index::bounded_to(&message, MAX_MESSAGE),
@@ -106,7 +111,7 @@ pub(super) fn unrecorded_failure(
 }
 
 /// The configuration a decision wrote, in the annotation's words.
-fn configuration(d: &OffloadDecisionStatus) -> String {
+pub fn configuration(d: &OffloadDecisionStatus) -> String {
     format!(
         "mode={} overlap={} ratio={} pinMemory={} nodeClass={} profile={}",
         d.mode,
@@ -136,7 +141,7 @@ pub(super) async fn recover(
         .map_or(offload_api::api::DEFAULT_MAX_MEMORY_RETRIES, |p| {
             p.max_memory_retries
         });
-    let estimate = decision.and_then(|d| d.estimate);
+    let estimate = decision.and_then(|d| d.estimate.clone());
     let (estimate_bytes, budget_bytes) = match (kind, estimate) {
         (MemoryKind::Gpu, Some(e)) => (Some(e.gpu_bytes), Some(e.gpu_budget_bytes)),
         (MemoryKind::Host, Some(e)) => (Some(e.host_bytes), e.host_budget_bytes),
@@ -151,6 +156,12 @@ pub(super) async fn recover(
         message: message.clone(),
         seen_at: jiff::Timestamp::now().to_string(),
     };
+    // What ran out is a lesson for the shape too: it needed more than it had.
+    if let (Some(d), Some(o)) = (decision, current.observed.as_ref())
+        && let Some(obs) = super::learn::observed(ctx, d, o, Some(kind))
+    {
+        super::learn::learn(tj, ctx, &obs).await;
+    }
     let mut failures = current.memory_failures.clone();
     failures.push(failure);
     let n = failures.len();
@@ -224,6 +235,7 @@ pub(super) async fn recover(
         guard: None,
         observed: None,
         overlap: None,
+        headroom: None,
         admitted: None,
     };
     status::apply_workload(&api, &name, &part).await?;

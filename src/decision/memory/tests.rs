@@ -14,6 +14,7 @@ fn h200() -> ClassMemory {
         gpu_node: "h200-0".into(),
         host_per_pod: Some(134_217_728_000),
         host_node: "h200-0: 125.0 GiB allocatable for 1 pod".into(),
+        class: None,
     }
 }
 
@@ -31,6 +32,9 @@ fn job(shape: ModelShape, tokens: f64) -> JobMemory {
         pod_memory_limit: None,
         sub_group_size: None,
         corrections: Corrections::default(),
+        shape_key: String::new(),
+        learned: Default::default(),
+        inferred: false,
     }
 }
 

@@ -2,6 +2,7 @@
 //! module per step.
 
 mod framework;
+mod learning;
 mod memory;
 mod overlap;
 mod placement;
@@ -163,5 +164,6 @@ pub(super) fn with_host(n: NodeInfo, bytes: u64) -> NodeInfo {
         memory: Some(bytes),
         gpus: None,
         cpus: None,
+        ..Default::default()
     })
 }

@@ -451,6 +451,7 @@ async fn pods_with_gpu_claims_are_sized_by_them() {
                 memory: Some(1 << 40),
                 gpus: None,
                 cpus: None,
+                ..Default::default()
             })
             .with_driver(driver),
     ];

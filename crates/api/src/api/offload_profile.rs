@@ -49,6 +49,7 @@ fn default_node_class_order() -> Vec<NodeClass> {
     printcolumn = r#"{"name":"UMA-Nodes","type":"integer","jsonPath":".status.nodes.coherent"}"#,
     printcolumn = r#"{"name":"Nodes","type":"integer","jsonPath":".status.nodes.total"}"#,
     printcolumn = r#"{"name":"Jobs","type":"integer","jsonPath":".status.jobs"}"#,
+    printcolumn = r#"{"name":"Learned","type":"string","description":"Job shapes whose memory the operator learned from observed runs, and the runs behind them","jsonPath":".status.learned.summary"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -125,6 +126,32 @@ pub struct OffloadProfileSpec {
     #[serde(default = "default_max_memory_retries")]
     #[schemars(range(min = 0, max = 10))]
     pub max_memory_retries: u32,
+
+    /// Whether this profile's decisions learn from what jobs really used (the observed GPU and
+    /// host peaks of a configuration that ran, and out-of-memory failures) and use it for later
+    /// jobs of the same shape on the same node class. `false`: the model's figures alone, and
+    /// nothing is learned. What was learned is kept in the ConfigMap
+    /// `offload-operator-learned` of the operator's namespace; delete it to forget everything.
+    #[serde(default = "default_true")]
+    pub learn_memory: bool,
+
+    /// How a job with no model hints (no size the memory model can work from) starts.
+    /// `Safest` (the default): every offload on (optimizer state and parameters), which runs
+    /// whatever the model's size but is the slowest. `TryFastest`: without offload first, then
+    /// one step more offload each time it runs out of memory (bounded by `maxMemoryRetries`);
+    /// a re-run of the same job starts where the last one ran.
+    #[serde(default)]
+    pub unknown_size: UnknownSize,
+}
+
+/// How a job the memory model cannot size starts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum UnknownSize {
+    /// Every offload on: it runs whatever the size; the slowest.
+    #[default]
+    Safest,
+    /// No offload first, more offload after each out-of-memory failure.
+    TryFastest,
 }
 
 fn default_max_memory_retries() -> u32 {
@@ -149,6 +176,8 @@ impl Default for OffloadProfileSpec {
             startup_guard: true,
             allow_zen_flow: false,
             max_memory_retries: DEFAULT_MAX_MEMORY_RETRIES,
+            learn_memory: true,
+            unknown_size: UnknownSize::Safest,
         }
     }
 }
@@ -166,10 +195,25 @@ pub struct OffloadProfileStatus {
     /// `metadata.generation` the status was computed for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// What this profile's decisions learned from observed runs; absent while nothing is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learned: Option<LearnedSummary>,
     /// Conditions: `Ready` says whether any job could resolve with this profile now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+/// What a profile's decisions learned.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LearnedSummary {
+    /// Job shapes (per node class) with something learned.
+    pub shapes: i32,
+    /// Runs behind them.
+    pub runs: i32,
+    /// `3 shapes / 7 runs`, for `kubectl get offloadprofiles`.
+    pub summary: String,
 }
 
 /// Node counts of a profile, by memory model and overlap result.

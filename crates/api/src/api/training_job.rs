@@ -33,6 +33,7 @@ fn default_replicas() -> i32 {
     printcolumn = r#"{"name":"Resolution","type":"string","description":"Why the offload configuration is (or is not) resolved: the OffloadResolved condition's reason","jsonPath":".status.conditions[?(@.type==\"OffloadResolved\")].reason"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"GPU-Busy","type":"number","description":"Mean busy fraction of the job's GPUs, as the node agents observed them","jsonPath":".status.observed.gpuBusy"}"#,
+    printcolumn = r#"{"name":"GPU-Mem","type":"string","description":"Highest GPU memory in use on one of the job's GPUs since its configuration started, beside what the decision estimated (GiB, with the CUDA context)","jsonPath":".status.observed.memory.gpu"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -443,6 +444,10 @@ pub struct OffloadDecisionStatus {
     /// Whether DeepSpeed SuperOffload is on.
     #[serde(default)]
     pub super_offload: bool,
+    /// Where the training state was placed: what the memory model sized, or for a job without
+    /// model hints the rung it was put on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<StatePlacement>,
     /// One reason per choice, in the order they were made.
     #[serde(default)]
     pub reasons: Vec<DecisionReason>,
@@ -456,8 +461,21 @@ pub struct OffloadDecisionStatus {
     pub requested: Option<OffloadSpec>,
 }
 
-/// The memory model's figures for the configuration written.
+/// Where a configuration puts the training state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum StatePlacement {
+    /// Everything on the GPUs.
+    NoOffload,
+    /// A share of the optimizer state (`offloadRatio`) on the host.
+    PartialOptimizer,
+    /// All optimizer state on the host, parameters on the GPUs.
+    Optimizer,
+    /// Optimizer state and parameters on the host.
+    OptimizerAndParams,
+}
+
+/// The memory model's figures for the configuration written.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MemoryEstimateStatus {
     /// Bytes per GPU.
@@ -469,6 +487,31 @@ pub struct MemoryEstimateStatus {
     /// Host memory a pod can have (its limit or its share of the node), where known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_budget_bytes: Option<i64>,
+    /// Of `gpuBytes`, the part without activations: what the model counts exactly (parameters,
+    /// gradients, optimizer state, buffers), bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_structural_bytes: Option<i64>,
+    /// The job's shape as what the operator learns is keyed by (a digest of the framework, its
+    /// sharding, the precision, the model and its batch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub shape: Option<String>,
+    /// What runs of the same shape taught, in effect in these figures; absent where nothing was
+    /// learned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learned: Option<LearnedFactorsStatus>,
+}
+
+/// Factors learned from runs of a job shape, as a decision applied them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LearnedFactorsStatus {
+    /// On the activation part of the GPU estimate.
+    pub activations: f64,
+    /// On the host estimate.
+    pub host: f64,
+    /// Runs behind them.
+    pub runs: i32,
 }
 
 /// Why one setting got its value.
@@ -503,6 +546,46 @@ pub struct ObservedOverlap {
     #[serde(default)]
     #[schemars(length(max = 512))]
     pub nodes: Vec<NodeObservation>,
+    /// The memory the job's configuration was observed to use: the highest since it started
+    /// (kept across windows while the configuration is the same), beside the estimate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<ObservedMemory>,
+}
+
+/// The memory a configuration of the job was observed to use, at its highest.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedMemory {
+    /// The configuration it ran with (in the words of `memoryFailures`).
+    pub configuration: String,
+    /// Highest GPU memory in use on any one of the job's GPUs (NVML's device figure: the
+    /// job's allocations, its CUDA context and anything else on the GPU), bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_peak_bytes: Option<i64>,
+    /// The same counting only the job's own processes, where NVML gave it, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_gpu_peak_bytes: Option<i64>,
+    /// Memory of the job's smallest observed GPU, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_total_bytes: Option<i64>,
+    /// What the decision estimated a GPU holds, with the CUDA context's reserve (what the device
+    /// figure counts), bytes; absent where the decision did not size the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_estimate_bytes: Option<i64>,
+    /// Highest host memory of any one of the job's pods (its cgroup), bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_peak_bytes: Option<i64>,
+    /// What the decision estimated a pod holds in host memory, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_estimate_bytes: Option<i64>,
+    /// The GPU peak beside the estimate, for `kubectl get` (`61.2/64.0Gi`; `61.2Gi` without an
+    /// estimate).
+    #[serde(default)]
+    pub gpu: String,
+    /// End of the first window that observed the configuration (RFC 3339).
+    pub since: String,
+    /// Windows that went into these figures.
+    pub windows: i32,
 }
 
 /// One node's share of a job, as its agent observed it.

@@ -326,6 +326,7 @@ pub fn operator_options() -> offload_operator::operator::RunOptions {
         controller: Default::default(),
         webhook: None,
         dra: Some(Default::default()),
+        learned_namespace: Some("default".into()),
     }
 }
 

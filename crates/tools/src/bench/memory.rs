@@ -85,6 +85,7 @@ pub fn run(runs: &[PathBuf], models: &Path, node: &Node) -> Result<(), BenchErro
         gpu_node: "the GPU".into(),
         host_per_pod: Some(node.host_bytes),
         host_node: "the node".into(),
+        class: None,
     };
     println!(
         "GPU budget: {} GiB of {} GiB; host: {} GiB\n",
@@ -162,6 +163,9 @@ pub fn run(runs: &[PathBuf], models: &Path, node: &Node) -> Result<(), BenchErro
                     pod_memory_limit: None,
                     sub_group_size: group,
                     corrections: Default::default(),
+                    shape_key: String::new(),
+                    learned: Default::default(),
+                    inferred: false,
                 };
                 let (est, fit) = job.estimate_checked(placement, &class);
                 let f = |k: &str| phase.get(k).and_then(Value::as_f64);

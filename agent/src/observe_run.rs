@@ -1,0 +1,202 @@
+//! Observing one run of a training command from start to end (`offload-agent observe --
+//! COMMAND`): the same NVML sampling as a pod's window, for the command's whole life, with its
+//! host memory peak (the kernel's `ru_maxrss` of its children), how it ended and its last output
+//! lines (where PyTorch says `CUDA out of memory`). The result is what `offload-operator explain
+//! --observed` reads.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use offload_api::observed::{
+    HostMemorySource, MAX_RUN_MESSAGE, OBSERVED_SCHEMA_VERSION, ObservedRun, PodObservation,
+};
+
+use crate::utilization::{MemoryPeaks, UtilizationSource};
+
+/// Output lines kept for the message.
+const KEPT_LINES: usize = 40;
+
+/// Copies `from` to `to` line by line, keeping the last lines in `kept`.
+fn tee(
+    from: impl Read + Send + 'static,
+    mut to: impl Write + Send + 'static,
+    kept: Arc<Mutex<VecDeque<String>>>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(from);
+        let mut line = Vec::new();
+        while let Ok(n) = reader.read_until(b'\n', &mut line) {
+            if n == 0 {
+                break;
+            }
+            let _ = to.write_all(&line);
+            let text = String::from_utf8_lossy(&line).trim_end().to_string();
+            if let Ok(mut k) = kept.lock() {
+                if k.len() == KEPT_LINES {
+                    k.pop_front();
+                }
+                k.push_back(text);
+            }
+            line.clear();
+        }
+    })
+}
+
+/// The largest resident set of the waited-for children, bytes.
+fn children_peak_rss() -> Option<u64> {
+    // SAFETY: getrusage writes into the zeroed struct it is given and reads nothing else.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a rusage for the duration of the call.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &raw mut usage) };
+    (rc == 0 && usage.ru_maxrss > 0)
+        .then(|| u64::try_from(usage.ru_maxrss).ok())
+        .flatten()
+        .map(|kib| kib.saturating_mul(1024))
+}
+
+/// Runs `command` and observes `devices` (all when empty) every `interval` until it ends.
+pub fn observe_command<S: UtilizationSource + ?Sized>(
+    source: &S,
+    devices: &[u32],
+    interval: Duration,
+    command: &[String],
+) -> Result<ObservedRun, String> {
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| "no command to run".to_string())?;
+    let started = Instant::now();
+    let mut child = Command::new(program)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    let kept = Arc::new(Mutex::new(VecDeque::new()));
+    let mut copies = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        copies.push(tee(out, std::io::stderr(), kept.clone()));
+    }
+    if let Some(err) = child.stderr.take() {
+        copies.push(tee(err, std::io::stderr(), kept.clone()));
+    }
+    let pid = child.id();
+    let mut memory = MemoryPeaks::default();
+    let (mut busy, mut samples) = (0u64, 0u32);
+    let status = loop {
+        memory.sample(source, devices);
+        if let Ok(v) = source.utilization(devices) {
+            for (_, pct) in v {
+                busy += u64::from(pct.min(100));
+                samples = samples.saturating_add(1);
+            }
+        }
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => std::thread::sleep(interval),
+            Err(e) => return Err(format!("waiting for {program}: {e}")),
+        }
+    };
+    for c in copies {
+        let _ = c.join();
+    }
+    let peaks = memory.finish();
+    let message = kept
+        .lock()
+        .map(|k| k.iter().cloned().collect::<Vec<_>>().join("\n"))
+        .unwrap_or_default();
+    let skip = message.chars().count().saturating_sub(MAX_RUN_MESSAGE);
+    let host = children_peak_rss();
+    let gpu_peak = peaks.values().map(|p| p.used).max();
+    let gpu_total = peaks.values().map(|p| p.total).min();
+    let process = peaks
+        .values()
+        .filter_map(|p| p.processes.get(&pid).copied())
+        .max();
+    Ok(ObservedRun {
+        schema_version: OBSERVED_SCHEMA_VERSION,
+        command: command.to_vec(),
+        seconds: started.elapsed().as_secs_f64(),
+        exit_code: status.code(),
+        signal: status.signal(),
+        message: message.chars().skip(skip).collect(),
+        pod: PodObservation {
+            namespace: "local".into(),
+            name: "run".into(),
+            training_job: None,
+            gpus: peaks.keys().map(u32::to_string).collect(),
+            #[allow(clippy::cast_precision_loss)]
+            gpu_busy: if samples == 0 {
+                0.0
+            } else {
+                busy as f64 / (100.0 * f64::from(samples))
+            },
+            samples: samples.max(1),
+            cpu_cores: None,
+            gpu_memory_peak_bytes: gpu_peak.filter(|_| gpu_total.is_some()),
+            gpu_memory_total_bytes: gpu_total.filter(|_| gpu_peak.is_some()),
+            process_gpu_memory_peak_bytes: process,
+            host_memory_peak_bytes: host,
+            host_memory_source: host.map(|_| HostMemorySource::ProcessPeakRss),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+    use crate::utilization::MemorySample;
+
+    /// A recorded GPU (a stand-in for one that is not here): busy 50 %, memory climbing by 1 GiB
+    /// a sample up to 10 GiB of 80.
+    struct Recorded(Cell<u64>);
+
+    impl UtilizationSource for Recorded {
+        fn utilization(&self, _: &[u32]) -> Result<Vec<(u32, u32)>, String> {
+            Ok(vec![(0, 50)])
+        }
+        fn memory(&self, _: &[u32]) -> Result<Vec<MemorySample>, String> {
+            let n = (self.0.get() + 1).min(10);
+            self.0.set(n);
+            Ok(vec![MemorySample {
+                index: 0,
+                used: n << 30,
+                total: 80 << 30,
+                processes: Vec::new(),
+            }])
+        }
+    }
+
+    #[test]
+    fn a_run_is_observed_to_its_end_with_its_exit_peaks_and_last_lines() {
+        let gpu = Recorded(Cell::new(0));
+        let cmd = ["sh", "-c", "x=$(head -c 64000000 /dev/zero | tr '\\0' a); for i in 1 2 3; do echo line $i; sleep 0.05; done; echo 'torch.OutOfMemoryError: CUDA out of memory.' >&2; exit 3"]
+            .map(String::from);
+        let run = observe_command(&gpu, &[], Duration::from_millis(5), &cmd).unwrap();
+        assert_eq!(run.exit_code, Some(3));
+        assert!(
+            run.message.contains("line 3") && run.message.ends_with("CUDA out of memory."),
+            "{}",
+            run.message
+        );
+        assert!(run.pod.gpu_memory_peak_bytes.unwrap() >= 2 << 30);
+        assert_eq!(run.pod.gpu_memory_total_bytes, Some(80 << 30));
+        assert!((run.pod.gpu_busy - 0.5).abs() < 1e-9);
+        // The shell holds the 64 MB it reads: the host peak sees it.
+        assert!(
+            run.pod.host_memory_peak_bytes.unwrap() >= 60_000_000,
+            "{:?}",
+            run.pod
+        );
+        // What it writes, the operator reads back.
+        let json = serde_json::to_string(&run).unwrap();
+        assert_eq!(ObservedRun::parse(&json).unwrap(), run);
+        assert!(observe_command(&gpu, &[], Duration::ZERO, &[]).is_err());
+        assert!(observe_command(&gpu, &[], Duration::ZERO, &["/no/such".into()]).is_err());
+    }
+}

@@ -1,0 +1,113 @@
+//! Learning from what a TrainingJob's configuration used: each new window of its observed
+//! peaks (and each out-of-memory failure) is a lesson for later decisions of the same shape on
+//! the same node class ([`crate::decision::lesson`]), kept by the operator's
+//! [`crate::learned::LearnedStore`]. A lesson that cannot be drawn changes nothing.
+
+use kube::ResourceExt;
+use offload_api::api::{
+    MemoryKind, NodeClass, ObservedOverlap, OffloadDecisionStatus, StatePlacement, TrainingJob,
+};
+
+use crate::controller::Context;
+use crate::decision::lesson::Observed;
+use crate::decision::memory::Placement;
+
+/// The placement a recorded decision wrote.
+fn placement(d: &OffloadDecisionStatus) -> Option<Placement> {
+    Some(match d.placement? {
+        StatePlacement::NoOffload => Placement::NoOffload,
+        StatePlacement::PartialOptimizer => Placement::PartialOptimizer(d.offload_ratio),
+        StatePlacement::Optimizer => Placement::Optimizer,
+        StatePlacement::OptimizerAndParams => Placement::OptimizerAndParams,
+    })
+}
+
+/// The class the job ran on: the decision's, else the class of a node it was observed on.
+fn class(
+    ctx: &Context,
+    d: &OffloadDecisionStatus,
+    observed: &ObservedOverlap,
+) -> Option<NodeClass> {
+    d.node_class.or_else(|| {
+        let nodes = ctx.nodes();
+        observed.nodes.iter().find_map(|n| {
+            nodes
+                .by_name(&n.node)
+                .and_then(crate::index::NodeInfo::class)
+        })
+    })
+}
+
+/// What the job's configuration was observed to use (or ran out of), as a lesson's input.
+pub(super) fn observed(
+    ctx: &Context,
+    d: &OffloadDecisionStatus,
+    observed: &ObservedOverlap,
+    failed: Option<MemoryKind>,
+) -> Option<Observed> {
+    let m = observed.memory.as_ref()?;
+    if m.configuration != super::recovery::configuration(d) {
+        return None;
+    }
+    let as_u64 = |v: Option<i64>| v.and_then(|b| u64::try_from(b).ok());
+    let gpu_bytes = as_u64(m.gpu_total_bytes)?;
+    Some(Observed {
+        placement: placement(d)?,
+        class: class(ctx, d, observed)?,
+        gpu_bytes,
+        gpu_peak: match failed {
+            // It needed at least all of it.
+            Some(MemoryKind::Gpu) => Some(gpu_bytes),
+            _ => as_u64(m.gpu_peak_bytes),
+        },
+        host_peak: as_u64(m.host_peak_bytes),
+        failed,
+    })
+}
+
+/// Draws the lesson of `obs` for `tj` and records it (used by decisions at once, written with
+/// the store's next batch).
+pub(super) async fn learn(tj: &TrainingJob, ctx: &Context, obs: &Observed) {
+    let Some(store) = ctx.view.learned.as_ref() else {
+        return;
+    };
+    let (config, model) = match (
+        super::read_deepspeed_config(tj, ctx).await,
+        super::read_model_config(tj, ctx).await,
+    ) {
+        (Ok(c), Ok(m)) => (c, m),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::debug!(job = %tj.name_any(), error = %e, "not learned: its configs could not be read");
+            return;
+        }
+    };
+    let lesson = crate::decision::lesson_of(
+        tj,
+        config.as_ref().map(Option::as_ref),
+        model.as_ref().map(Option::as_ref),
+        &ctx.view,
+        obs,
+    );
+    let (profile, lesson) = match lesson {
+        Ok(Some(pair)) => pair,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::debug!(job = %tj.name_any(), reason = %e.message(), "not learned");
+            return;
+        }
+    };
+    let who = format!(
+        "{}/{}/{}",
+        tj.namespace().unwrap_or_default(),
+        tj.name_any(),
+        tj.metadata.uid.as_deref().unwrap_or_default()
+    );
+    let run = lesson.run(&who, obs.failed.is_some(), jiff::Timestamp::now());
+    match store.record(&profile, obs.class, &lesson.shape, &lesson.described, run) {
+        Ok(true) => {
+            tracing::info!(job = %who, class = %obs.class, lesson = %lesson.sentence, "learned")
+        }
+        Ok(false) => {}
+        Err(e) => tracing::warn!(job = %who, error = %e, "lesson refused"),
+    }
+}

@@ -1,0 +1,529 @@
+//! What runs taught the memory model: for each job shape on each node class (under a profile),
+//! the ratio of what its runs were observed to need to what the model estimated, kept as two
+//! factors that later decisions of the same shape multiply the model's figures by.
+//!
+//! - **Activations.** The model counts parameters, gradients and optimizer state exactly; what
+//!   it cannot know exactly is the rest of the GPU peak (activations as the framework keeps
+//!   them, workspaces, a custom layer). A run's factor is what its GPU peak left for that part
+//!   over what the model put there, so it carries over to the job's other placements: the same
+//!   batch keeps the same activations whether the optimizer state is offloaded or not.
+//! - **Host.** The observed host peak over the estimate of the placement that ran; on the host
+//!   the model's error scales with what is offloaded, so it is applied as a ratio.
+//!
+//! Bounded as the Vertical Pod Autoscaler bounds its recommendations: a run's lesson fades with
+//! age (its factor moves half-way back to 1 every [`HALF_LIFE_DAYS`], gone after
+//! [`MAX_AGE_DAYS`]); growing takes one run (the largest counts, with [`GROWTH_MARGIN`]), but
+//! shrinking takes two: a single run below the estimate moves the factor half-way, so one
+//! outlier cannot halve a margin; no factor goes below [`MIN_ACTIVATIONS`] (the model's
+//! structural part, exact, is never cut) or above [`MAX_FACTOR`]. A run that failed for memory
+//! counts as one that needed more than it had.
+
+use serde::{Deserialize, Serialize};
+
+use offload_api::api::NodeClass;
+
+/// Version of the stored JSON this code writes and reads.
+pub const LEARNED_SCHEMA_VERSION: u32 = 1;
+/// Most entries kept (shape × class × profile); the least recently updated go first.
+pub const MAX_ENTRIES: usize = 1000;
+/// Most runs kept per entry; the oldest go first.
+pub const MAX_RUNS: usize = 8;
+/// Most bytes of stored JSON read (a ConfigMap holds at most 1 MiB).
+pub const MAX_LEARNED_BYTES: usize = 900 * 1024;
+/// A run's lesson moves half-way back to 1 in this many days.
+pub const HALF_LIFE_DAYS: f64 = 14.0;
+/// Runs older than this are forgotten.
+pub const MAX_AGE_DAYS: f64 = 90.0;
+/// Margin on a factor learned from runs above the estimate (the VPA adds 15 % to requests; GPU
+/// peaks are measured more closely).
+pub const GROWTH_MARGIN: f64 = 0.05;
+/// Lowest activation factor: the model's structural figures stay, and at least this share of
+/// its activations.
+pub const MIN_ACTIVATIONS: f64 = 0.25;
+/// Lowest host factor.
+pub const MIN_HOST: f64 = 0.5;
+/// Highest factor of either kind.
+pub const MAX_FACTOR: f64 = 16.0;
+
+/// The factors a decision applies for one shape on one class.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LearnedFactors {
+    /// On the activation part of every GPU estimate.
+    pub activations: f64,
+    /// On every host estimate.
+    pub host: f64,
+    /// Runs behind them.
+    pub runs: u32,
+    /// For a job without model hints, the model size its runs' peaks show (the largest).
+    pub parameters: Option<f64>,
+}
+
+impl Default for LearnedFactors {
+    fn default() -> Self {
+        LearnedFactors {
+            activations: 1.0,
+            host: 1.0,
+            runs: 0,
+            parameters: None,
+        }
+    }
+}
+
+impl LearnedFactors {
+    /// Whether they change anything.
+    pub fn is_neutral(&self) -> bool {
+        self.runs == 0 || ((self.activations - 1.0).abs() < 1e-9 && (self.host - 1.0).abs() < 1e-9)
+    }
+
+    /// One sentence for reasons.
+    pub fn describe(&self, class: NodeClass) -> String {
+        match self.parameters {
+            Some(p) => format!(
+                "learned from {} observed run(s) of this job on {class} nodes: about {:.2}B parameters, activations ×{:.2}, host ×{:.2}",
+                self.runs,
+                p / 1e9,
+                self.activations,
+                self.host
+            ),
+            None => format!(
+                "learned from {} run(s) of this job shape on {class} nodes: activations ×{:.2}, host ×{:.2}",
+                self.runs, self.activations, self.host
+            ),
+        }
+    }
+}
+
+/// One run's lesson.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Run {
+    /// The job the run was (`namespace/name/uid`): a job's later windows update its own run.
+    pub job: String,
+    /// Its activation factor (what the run needed over the model's activations).
+    pub activations: f64,
+    /// Its host factor, where its host peak was observed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<f64>,
+    /// It ran out of memory (its factors are what it had, a lower bound of what it needed).
+    #[serde(default)]
+    pub failed: bool,
+    /// For a job without model hints: the model size its peaks show (an upper bound).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<f64>,
+    /// When it was last observed (RFC 3339).
+    pub at: String,
+}
+
+/// What was learned for one shape on one class under one profile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Entry {
+    /// The profile whose decisions use it.
+    pub profile: String,
+    /// The node class.
+    pub class: NodeClass,
+    /// The shape's key ([`crate::decision::memory::JobMemory::shape_key`]).
+    pub shape: String,
+    /// The shape in words, for people reading the store.
+    pub described: String,
+    /// Its runs, oldest first.
+    pub runs: Vec<Run>,
+}
+
+/// Everything learned: the stored document.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LearnedMemory {
+    /// [`LEARNED_SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// The entries, least recently updated first.
+    pub entries: Vec<Entry>,
+}
+
+impl Default for LearnedMemory {
+    fn default() -> Self {
+        LearnedMemory {
+            schema_version: LEARNED_SCHEMA_VERSION,
+            entries: Vec::new(),
+        }
+    }
+}
+
+/// A stored document that could not be read.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LearnedError {
+    /// Larger than [`MAX_LEARNED_BYTES`].
+    #[error("learned memory is {0} bytes, more than the {MAX_LEARNED_BYTES} read")]
+    TooLarge(usize),
+    /// Not JSON of this schema.
+    #[error("learned memory is not valid JSON for schema version {LEARNED_SCHEMA_VERSION}: {0}")]
+    Malformed(String),
+    /// Figures that cannot be a lesson.
+    #[error("learned memory cannot be true: {0}")]
+    Impossible(String),
+}
+
+/// A factor a run may carry: finite and within the bounds.
+fn plausible(f: f64, min: f64) -> bool {
+    f.is_finite() && (min..=MAX_FACTOR).contains(&f)
+}
+
+impl Run {
+    /// Rejects a lesson no observation gives.
+    pub fn check(&self) -> Result<(), LearnedError> {
+        if !plausible(self.activations, MIN_ACTIVATIONS) {
+            return Err(LearnedError::Impossible(format!(
+                "run of {} has activation factor {} (from {MIN_ACTIVATIONS} to {MAX_FACTOR})",
+                self.job, self.activations
+            )));
+        }
+        if let Some(h) = self.host
+            && !plausible(h, MIN_HOST)
+        {
+            return Err(LearnedError::Impossible(format!(
+                "run of {} has host factor {h} (from {MIN_HOST} to {MAX_FACTOR})",
+                self.job
+            )));
+        }
+        #[allow(clippy::cast_precision_loss)]
+        if let Some(p) = self.parameters
+            && !(p.is_finite() && (1.0..=offload_api::quantity::MAX_PARAMETERS as f64).contains(&p))
+        {
+            return Err(LearnedError::Impossible(format!(
+                "run of {} shows {p} parameters",
+                self.job
+            )));
+        }
+        if self.at.parse::<jiff::Timestamp>().is_err() {
+            return Err(LearnedError::Impossible(format!(
+                "run of {} has time {:?}",
+                self.job, self.at
+            )));
+        }
+        if self.job.len() > 512 {
+            return Err(LearnedError::Impossible("a job name over 512 bytes".into()));
+        }
+        Ok(())
+    }
+
+    fn age_days(&self, now: jiff::Timestamp) -> f64 {
+        self.at
+            .parse::<jiff::Timestamp>()
+            .map_or(f64::INFINITY, |at| {
+                now.duration_since(at).as_secs_f64().max(0.0) / 86_400.0
+            })
+    }
+}
+
+/// The factor runs give: each faded toward 1 by its age; the largest with a margin where any ran
+/// above the estimate; where all ran below, the largest of them, or half-way to it from one run.
+fn combine(faded: &[f64], min: f64) -> Option<f64> {
+    let largest = faded.iter().copied().reduce(f64::max)?;
+    let f = if largest >= 1.0 {
+        largest * (1.0 + GROWTH_MARGIN)
+    } else if faded.len() == 1 {
+        f64::midpoint(1.0, largest)
+    } else {
+        largest
+    };
+    Some(f.clamp(min, MAX_FACTOR))
+}
+
+impl LearnedMemory {
+    /// Reads the stored document: size, then fields, then every figure.
+    pub fn parse(json: &str) -> Result<LearnedMemory, LearnedError> {
+        if json.len() > MAX_LEARNED_BYTES {
+            return Err(LearnedError::TooLarge(json.len()));
+        }
+        let doc: LearnedMemory =
+            serde_json::from_str(json).map_err(|e| LearnedError::Malformed(e.to_string()))?;
+        if doc.schema_version != LEARNED_SCHEMA_VERSION {
+            return Err(LearnedError::Malformed(format!(
+                "schema version {} (this operator reads {LEARNED_SCHEMA_VERSION})",
+                doc.schema_version
+            )));
+        }
+        if doc.entries.len() > MAX_ENTRIES {
+            return Err(LearnedError::Impossible(format!(
+                "{} entries, more than {MAX_ENTRIES}",
+                doc.entries.len()
+            )));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for e in &doc.entries {
+            if !seen.insert((e.profile.as_str(), e.class, e.shape.as_str())) {
+                return Err(LearnedError::Impossible(format!(
+                    "shape {} on {} nodes of profile {} listed twice",
+                    e.shape, e.class, e.profile
+                )));
+            }
+            if e.runs.len() > MAX_RUNS {
+                return Err(LearnedError::Impossible(format!(
+                    "shape {} has {} runs, more than {MAX_RUNS}",
+                    e.shape,
+                    e.runs.len()
+                )));
+            }
+            for r in &e.runs {
+                r.check()?;
+            }
+        }
+        Ok(doc)
+    }
+
+    /// The stored document.
+    pub fn to_json(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string(self)
+    }
+
+    /// The factors for `shape` on `class` under `profile` now; `None` where nothing (still
+    /// remembered) was learned.
+    pub fn factors(
+        &self,
+        profile: &str,
+        class: NodeClass,
+        shape: &str,
+        now: jiff::Timestamp,
+    ) -> Option<LearnedFactors> {
+        let e = self
+            .entries
+            .iter()
+            .find(|e| e.profile == profile && e.class == class && e.shape == shape)?;
+        let fresh: Vec<&Run> = e
+            .runs
+            .iter()
+            .filter(|r| r.age_days(now) <= MAX_AGE_DAYS)
+            .collect();
+        let fade =
+            |f: f64, r: &Run| 1.0 + (f - 1.0) * 0.5f64.powf(r.age_days(now) / HALF_LIFE_DAYS);
+        let activations: Vec<f64> = fresh.iter().map(|r| fade(r.activations, r)).collect();
+        let host: Vec<f64> = fresh
+            .iter()
+            .filter_map(|r| r.host.map(|h| fade(h, r)))
+            .collect();
+        Some(LearnedFactors {
+            activations: combine(&activations, MIN_ACTIVATIONS)?,
+            host: combine(&host, MIN_HOST).unwrap_or(1.0),
+            runs: u32::try_from(fresh.len()).unwrap_or(u32::MAX),
+            parameters: fresh.iter().filter_map(|r| r.parameters).reduce(f64::max),
+        })
+    }
+
+    /// Records a run (replacing the same job's earlier one), keeping the bounds; whether the
+    /// store changed enough to be written (a new run, a factor moved by more than 1 %, a
+    /// failure).
+    #[allow(clippy::too_many_arguments)]
+    pub fn record(
+        &mut self,
+        profile: &str,
+        class: NodeClass,
+        shape: &str,
+        described: &str,
+        run: Run,
+    ) -> Result<bool, LearnedError> {
+        run.check()?;
+        let at = self
+            .entries
+            .iter()
+            .position(|e| e.profile == profile && e.class == class && e.shape == shape);
+        let mut entry = match at {
+            Some(i) => self.entries.remove(i),
+            None => Entry {
+                profile: profile.to_string(),
+                class,
+                shape: shape.to_string(),
+                described: described.chars().take(200).collect(),
+                runs: Vec::new(),
+            },
+        };
+        let changed = match entry.runs.iter().position(|r| r.job == run.job) {
+            Some(i) => {
+                let old = entry.runs.remove(i);
+                let moved = |a: f64, b: f64| (a - b).abs() > 0.01 * b.abs().max(1e-9);
+                let changed = moved(old.activations, run.activations)
+                    || match (old.host, run.host) {
+                        (Some(a), Some(b)) => moved(a, b),
+                        (a, b) => a.is_some() != b.is_some(),
+                    }
+                    || old.failed != run.failed;
+                // The same job's figures only rise over its run: keep the higher.
+                let merged = Run {
+                    activations: old.activations.max(run.activations),
+                    host: match (old.host, run.host) {
+                        (Some(a), Some(b)) => Some(a.max(b)),
+                        (a, b) => a.or(b),
+                    },
+                    failed: old.failed || run.failed,
+                    parameters: match (old.parameters, run.parameters) {
+                        (Some(a), Some(b)) => Some(a.max(b)),
+                        (a, b) => a.or(b),
+                    },
+                    ..run
+                };
+                entry.runs.push(merged);
+                changed
+            }
+            None => {
+                entry.runs.push(run);
+                true
+            }
+        };
+        if entry.runs.len() > MAX_RUNS {
+            entry.runs.remove(0);
+        }
+        self.entries.push(entry);
+        if self.entries.len() > MAX_ENTRIES {
+            self.entries.remove(0);
+        }
+        Ok(changed)
+    }
+
+    /// Shapes and runs learned under `profile`.
+    pub fn summary(&self, profile: &str) -> (usize, usize) {
+        let mine = self.entries.iter().filter(|e| e.profile == profile);
+        let shapes = mine.clone().count();
+        let runs = mine.map(|e| e.runs.len()).sum();
+        (shapes, runs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: &str = "2026-12-01T12:00:00Z";
+
+    fn now() -> jiff::Timestamp {
+        NOW.parse().unwrap()
+    }
+
+    fn run(job: &str, a: f64, h: Option<f64>, at: &str) -> Run {
+        Run {
+            job: job.into(),
+            activations: a,
+            host: h,
+            failed: false,
+            parameters: None,
+            at: at.into(),
+        }
+    }
+
+    fn store(runs: Vec<Run>) -> LearnedMemory {
+        let mut s = LearnedMemory::default();
+        for r in runs {
+            s.record("p", NodeClass::Discrete, "k", "8B", r).unwrap();
+        }
+        s
+    }
+
+    #[test]
+    fn one_run_below_goes_half_way_and_two_go_all_the_way() {
+        let one = store(vec![run("a", 0.4, Some(0.8), NOW)]);
+        let f = one.factors("p", NodeClass::Discrete, "k", now()).unwrap();
+        assert!((f.activations - 0.7).abs() < 1e-9, "{f:?}");
+        assert!((f.host - 0.9).abs() < 1e-9, "{f:?}");
+        let two = store(vec![run("a", 0.4, None, NOW), run("b", 0.45, None, NOW)]);
+        let f = two.factors("p", NodeClass::Discrete, "k", now()).unwrap();
+        assert!(
+            (f.activations - 0.45).abs() < 1e-9,
+            "the larger of the two: {f:?}"
+        );
+        assert_eq!(f.host, 1.0, "no host figure: unchanged");
+        assert_eq!(f.runs, 2);
+        assert!(
+            two.factors("p", NodeClass::Coherent, "k", now()).is_none(),
+            "another class learned nothing"
+        );
+        assert!(two.factors("q", NodeClass::Discrete, "k", now()).is_none());
+    }
+
+    #[test]
+    fn one_run_above_grows_it_with_a_margin_and_age_fades_it() {
+        let s = store(vec![run("a", 0.5, None, NOW), run("b", 1.5, None, NOW)]);
+        let f = s.factors("p", NodeClass::Discrete, "k", now()).unwrap();
+        assert!((f.activations - 1.575).abs() < 1e-9, "{f:?}");
+        // Two half-lives later the lesson is a quarter as strong; after 90 days it is gone.
+        let later: jiff::Timestamp = "2026-12-29T12:00:00Z".parse().unwrap();
+        let f = s.factors("p", NodeClass::Discrete, "k", later).unwrap();
+        assert!((f.activations - 1.125 * 1.05).abs() < 1e-9, "{f:?}");
+        let gone: jiff::Timestamp = "2027-04-01T12:00:00Z".parse().unwrap();
+        assert!(s.factors("p", NodeClass::Discrete, "k", gone).is_none());
+    }
+
+    #[test]
+    fn a_jobs_later_windows_update_its_own_run_and_only_rise() {
+        let mut s = store(vec![run("a", 0.5, Some(1.0), NOW)]);
+        assert!(
+            !s.record(
+                "p",
+                NodeClass::Discrete,
+                "k",
+                "8B",
+                run("a", 0.502, Some(1.0), NOW)
+            )
+            .unwrap(),
+            "under 1 %: not worth a write"
+        );
+        assert!(
+            s.record(
+                "p",
+                NodeClass::Discrete,
+                "k",
+                "8B",
+                run("a", 0.6, Some(0.9), NOW)
+            )
+            .unwrap()
+        );
+        assert_eq!(s.entries[0].runs.len(), 1);
+        assert_eq!(s.entries[0].runs[0].activations, 0.6);
+        assert_eq!(s.entries[0].runs[0].host, Some(1.0), "the higher is kept");
+        for i in 0..20 {
+            s.record(
+                "p",
+                NodeClass::Discrete,
+                "k",
+                "8B",
+                run(&format!("j{i}"), 1.0, None, NOW),
+            )
+            .unwrap();
+        }
+        assert_eq!(s.entries[0].runs.len(), MAX_RUNS);
+    }
+
+    #[test]
+    fn bad_lessons_and_documents_are_refused() {
+        let mut s = LearnedMemory::default();
+        for bad in [
+            run("a", f64::NAN, None, NOW),
+            run("a", 0.01, None, NOW),
+            run("a", 1e9, None, NOW),
+            run("a", 1.0, Some(-1.0), NOW),
+            run("a", 1.0, None, "yesterday"),
+        ] {
+            assert!(
+                s.record("p", NodeClass::Discrete, "k", "8B", bad.clone())
+                    .is_err(),
+                "{bad:?}"
+            );
+        }
+        assert!(s.entries.is_empty(), "nothing recorded");
+        let good = store(vec![run("a", 0.5, None, NOW)]).to_json().unwrap();
+        assert!(LearnedMemory::parse(&good).is_ok());
+        for (text, want) in [
+            ("not json".to_string(), "not valid JSON"),
+            (
+                good.replace("\"schemaVersion\":1", "\"schemaVersion\":9"),
+                "schema version 9",
+            ),
+            (good.replace("0.5", "1e300"), "activation factor"),
+            ("x".repeat(MAX_LEARNED_BYTES + 1), "bytes, more than"),
+        ] {
+            let err = LearnedMemory::parse(&text).unwrap_err().to_string();
+            assert!(err.contains(want), "{err} should say {want}");
+        }
+        let mut twice: LearnedMemory = serde_json::from_str(&good).unwrap();
+        twice.entries.push(twice.entries[0].clone());
+        let err = LearnedMemory::parse(&twice.to_json().unwrap()).unwrap_err();
+        assert!(err.to_string().contains("listed twice"), "{err}");
+    }
+}

@@ -1,0 +1,241 @@
+//! What one run teaches: the observed peaks of a configuration that ran (or ran out of memory)
+//! against the memory model of the same job, as the factors [`super::learned`] keeps.
+//!
+//! The model is solved for what it could not know, with everything it counts exactly held:
+//! the activation factor is the smallest that makes the model's GPU figure for the placement
+//! that ran reach the observed peak; the host factor is the observed host peak over the model's.
+//! For a job without model hints the model's size is solved for first — from the host peak
+//! where the run offloaded (its state is there, counted per parameter), else from the GPU peak
+//! with the fewest activations — so that later runs of the same job are sized from it; both
+//! solutions are upper bounds of the size, never under it.
+
+use offload_api::api::{MemoryKind, NodeClass};
+use offload_api::quantity::MAX_PARAMETERS;
+
+use super::error::ResolveError;
+use super::fit;
+use super::framework;
+use super::learned::{self, LearnedFactors, LearnedMemory, Run};
+use super::memory::{CONTEXT_RESERVE_BYTES, ClassMemory, JobMemory, Placement};
+use super::request::JobRequest;
+
+/// The host model's fit is at most this much over the measured peaks (whole offload): a size
+/// solved from a host peak is taken at the peak raised by it, an upper bound.
+const HOST_FIT_OVER: f64 = 1.05;
+
+/// What a run of one configuration was observed to use.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observed {
+    /// Where the configuration put the training state.
+    pub placement: Placement,
+    /// The node class it ran on.
+    pub class: NodeClass,
+    /// Memory of each of its GPUs, bytes.
+    pub gpu_bytes: u64,
+    /// The highest device memory in use on its GPUs (NVML's, with the CUDA context), bytes.
+    pub gpu_peak: Option<u64>,
+    /// The highest host memory of a pod, bytes.
+    pub host_peak: Option<u64>,
+    /// It ran out of this memory.
+    pub failed: Option<MemoryKind>,
+}
+
+/// A run's lesson, to be recorded under `shape`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lesson {
+    /// The shape key (for a job without hints, its identity's).
+    pub shape: String,
+    /// The shape in words.
+    pub described: String,
+    /// What its activations were over the model's (1: as estimated).
+    pub activations: f64,
+    /// Its host peak over the model's, where observed.
+    pub host: Option<f64>,
+    /// For a job without hints, the size its peaks show.
+    pub parameters: Option<f64>,
+    /// The lesson in a sentence.
+    pub sentence: String,
+}
+
+impl Lesson {
+    /// The run to record for `job` (`namespace/name/uid`) at `at`.
+    pub fn run(&self, job: &str, failed: bool, at: jiff::Timestamp) -> Run {
+        Run {
+            job: job.to_string(),
+            activations: self.activations,
+            host: self.host,
+            failed,
+            parameters: self.parameters,
+            at: at.to_string(),
+        }
+    }
+
+    /// Records the run in `store` under `profile` on `class`; whether it changed.
+    pub fn record(
+        &self,
+        store: &mut LearnedMemory,
+        profile: &str,
+        class: NodeClass,
+        run: Run,
+    ) -> Result<bool, learned::LearnedError> {
+        store.record(profile, class, &self.shape, &self.described, run)
+    }
+}
+
+/// The smallest `x` in `[lo, hi]` with `f(x) >= target` for an `f` that does not fall (`hi` when
+/// none reaches it); searched in log space.
+fn solve(lo: f64, hi: f64, target: f64, f: impl Fn(f64) -> f64) -> f64 {
+    if f(lo) >= target {
+        return lo;
+    }
+    if f(hi) < target {
+        return hi;
+    }
+    let (mut a, mut b) = (lo.ln(), hi.ln());
+    for _ in 0..60 {
+        let m = f64::midpoint(a, b);
+        if f(m.exp()) >= target {
+            b = m;
+        } else {
+            a = m;
+        }
+    }
+    b.exp()
+}
+
+/// The GPU figure of `placement` for `jm` on `cm` with `activations` as the learned factor.
+fn gpu_with(jm: &JobMemory, cm: &ClassMemory, placement: Placement, activations: f64) -> f64 {
+    let mut jm = jm.clone();
+    if let Some(class) = cm.class {
+        jm.learned.insert(
+            class,
+            LearnedFactors {
+                activations,
+                runs: 1,
+                ..LearnedFactors::default()
+            },
+        );
+    }
+    jm.estimate_checked(placement, cm).0.gpu
+}
+
+/// What the run of `job` observed in `obs` teaches; `None` where it teaches nothing (no GPU
+/// peak, or a job without hints that has no identity to learn under).
+pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, ResolveError> {
+    let facts = framework::check(job)?;
+    let job = JobRequest {
+        memory_failures: Vec::new(),
+        learned: None,
+        ..job.clone()
+    };
+    let Some(gpu_peak) = obs.gpu_peak.filter(|p| *p > 0 && *p <= obs.gpu_bytes) else {
+        return Ok(None);
+    };
+    let cm = ClassMemory {
+        gpu_bytes: obs.gpu_bytes,
+        gpu_node: String::new(),
+        host_per_pod: None,
+        host_node: String::new(),
+        class: Some(obs.class),
+    };
+    #[allow(clippy::cast_precision_loss)]
+    let mut needed = (gpu_peak as f64 - CONTEXT_RESERVE_BYTES).max(0.0);
+    if obs.failed == Some(MemoryKind::Gpu) {
+        // It needed more than it could have.
+        needed = needed.max(cm.gpu_budget());
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let host_peak = obs.host_peak.map(|h| h as f64).filter(|h| *h > 0.0);
+    let (jm, parameters) = match fit::unlearned_memory(&job, &facts)? {
+        Some(jm) => (jm, None),
+        None => {
+            // Only a run that ran shows a size: one that ran out of memory shows only that
+            // it needed more (the ladder, or the failure's record, moves it on).
+            if job.identity.is_none() || obs.failed.is_some() {
+                return Ok(None);
+            }
+            #[allow(clippy::cast_precision_loss)]
+            let max = MAX_PARAMETERS as f64;
+            let Some(probe) = fit::sized_as(&job, &facts, 1e9) else {
+                return Ok(None);
+            };
+            let sized = |p: f64| JobMemory {
+                parameters: p,
+                ..probe.clone()
+            };
+            let p = match host_peak {
+                Some(h) if obs.placement != Placement::NoOffload => {
+                    solve(1e6, max, h * HOST_FIT_OVER, |p| {
+                        sized(p).estimate_checked(obs.placement, &cm).0.host_per_pod
+                    })
+                }
+                _ => solve(1e6, max, needed, |p| {
+                    gpu_with(&sized(p), &cm, obs.placement, learned::MIN_ACTIVATIONS)
+                }),
+            };
+            let Some(jm) = fit::sized_as(&job, &facts, p) else {
+                return Ok(None);
+            };
+            let parameters = jm.parameters;
+            (jm, Some(parameters))
+        }
+    };
+    let activations = solve(learned::MIN_ACTIVATIONS, learned::MAX_FACTOR, needed, |a| {
+        gpu_with(&jm, &cm, obs.placement, a)
+    });
+    let est = jm.estimate_checked(obs.placement, &cm).0;
+    let host = host_peak
+        .filter(|_| est.host_per_pod > 0.0)
+        .map(|h| h / est.host_per_pod)
+        .map(|h| {
+            // Killed for host memory: it needed more than it got, at least a VPA bump more.
+            if obs.failed == Some(MemoryKind::Host) {
+                h.max(1.2)
+            } else {
+                h
+            }
+            .clamp(learned::MIN_HOST, learned::MAX_FACTOR)
+        });
+    let described = if jm.inferred {
+        format!(
+            "{} (no model hints; {:.2}B parameters by its peaks)",
+            job.identity.as_deref().unwrap_or_default(),
+            jm.parameters / 1e9
+        )
+    } else {
+        jm.shape.describe()
+    };
+    #[allow(clippy::cast_precision_loss)]
+    let sentence = format!(
+        "{} with {} peaked at {} of GPU memory (the model estimated {} with the CUDA context){}: activations ×{activations:.2}{}{}",
+        if obs.failed.is_some() {
+            "ran out of memory"
+        } else {
+            "ran"
+        },
+        obs.placement,
+        super::memory::gib(gpu_peak as f64),
+        super::memory::gib(est.gpu + CONTEXT_RESERVE_BYTES),
+        match host_peak {
+            Some(h) => format!(
+                " and {} of host memory (estimated {})",
+                super::memory::gib(h),
+                super::memory::gib(est.host_per_pod)
+            ),
+            None => String::new(),
+        },
+        host.map_or(String::new(), |h| format!(", host ×{h:.2}")),
+        parameters.map_or(String::new(), |p| format!(
+            "; without model hints, its peaks show at most {:.2}B parameters",
+            p / 1e9
+        )),
+    );
+    Ok(Some(Lesson {
+        shape: jm.shape_key.clone(),
+        described,
+        activations,
+        host,
+        parameters,
+        sentence,
+    }))
+}

@@ -1,0 +1,295 @@
+//! `explain --observed FILE`: the evidence of runs, offline. Each file is a run of the job as
+//! the agent saw it (`offload-agent observe -- COMMAND`, or a node's `offload.dev/observed`
+//! summary holding the job's pods); in order, each is taken as a run of the configuration
+//! decided at that point. A run that ran teaches the memory model what it used; one that ran out
+//! of GPU or host memory is recorded as the controller records it (`status.memoryFailures`) and
+//! teaches that it needed more. The decision shown is the one the operator makes next.
+
+use std::sync::Arc;
+
+use offload_api::api::{MemoryFailure, MemoryKind, NodeClass, TrainingJob, TrainingJobStatus};
+use offload_api::observed::{ObservedRun, ObservedSummary, PodObservation};
+use serde::Serialize;
+
+use super::{Explanation, Inputs, decided, explain_training_job};
+use crate::controller::training_job::recovery::{configuration, says_gpu_out_of_memory};
+use crate::controller::workload::decision_status;
+use crate::decision::lesson::Observed;
+use crate::decision::{LearnedView, lesson_of};
+
+/// How an observed run ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// It ran (or is still running).
+    Ran,
+    /// It ran out of this memory, saying this.
+    OutOfMemory(MemoryKind, String),
+    /// It failed for another reason: it teaches nothing.
+    Failed(String),
+}
+
+/// One run's evidence: the pod's figures and how it ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Evidence {
+    /// Where it came from (the file).
+    pub source: String,
+    /// Its figures.
+    pub pod: PodObservation,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+
+/// One step of the loop, as `explain` shows it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LoopStep {
+    /// The evidence's file.
+    pub source: String,
+    /// The configuration it ran.
+    pub configuration: String,
+    /// How it ended.
+    pub outcome: String,
+    /// What it taught, where anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lesson: Option<String>,
+}
+
+/// Reads one file of evidence: an observed run, or a node's observed summary (the pods of the
+/// TrainingJob `job`, their highest figures).
+pub fn read_evidence(source: &str, text: &str, job: &str) -> Result<Evidence, String> {
+    let is_run = serde_json::from_str::<serde_json::Value>(text)
+        .is_ok_and(|v| v.get("command").is_some() && v.get("pod").is_some());
+    if is_run {
+        let run = ObservedRun::parse(text).map_err(|e| format!("{source}: {e}"))?;
+        let outcome = if run.succeeded() {
+            Outcome::Ran
+        } else if says_gpu_out_of_memory(&run.message) {
+            Outcome::OutOfMemory(MemoryKind::Gpu, run.message.clone())
+        } else if run.signal == Some(libc_sigkill()) || run.exit_code == Some(137) {
+            Outcome::OutOfMemory(
+                MemoryKind::Host,
+                format!(
+                    "killed (SIGKILL), as the kernel's OOM killer kills: taken as host memory{}",
+                    if run.message.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; it said: {}", last_line(&run.message))
+                    }
+                ),
+            )
+        } else {
+            Outcome::Failed(format!(
+                "{}: {}",
+                run.exit_code.map_or_else(
+                    || format!("signal {}", run.signal.unwrap_or_default()),
+                    |c| format!("exit {c}")
+                ),
+                last_line(&run.message)
+            ))
+        };
+        return Ok(Evidence {
+            source: source.to_string(),
+            pod: run.pod,
+            outcome,
+        });
+    }
+    let summary = ObservedSummary::parse(text).map_err(|e| {
+        format!("{source}: neither an observed run (offload-agent observe -- COMMAND) nor a node's observed summary: {e}")
+    })?;
+    let mut pods = summary
+        .pods
+        .iter()
+        .filter(|p| p.training_job.as_deref() == Some(job))
+        .peekable();
+    if pods.peek().is_none() {
+        return Err(format!(
+            "{source}: the node's observed summary holds no pod of TrainingJob {job}"
+        ));
+    }
+    let mut merged: Option<PodObservation> = None;
+    for p in pods {
+        merged = Some(match merged {
+            None => p.clone(),
+            Some(m) => PodObservation {
+                gpu_memory_peak_bytes: m.gpu_memory_peak_bytes.max(p.gpu_memory_peak_bytes),
+                host_memory_peak_bytes: m.host_memory_peak_bytes.max(p.host_memory_peak_bytes),
+                gpu_memory_total_bytes: match (m.gpu_memory_total_bytes, p.gpu_memory_total_bytes) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                },
+                ..m
+            },
+        });
+    }
+    Ok(Evidence {
+        source: source.to_string(),
+        pod: merged.ok_or_else(|| format!("{source}: no pod"))?,
+        outcome: Outcome::Ran,
+    })
+}
+
+fn libc_sigkill() -> i32 {
+    9
+}
+
+/// The line that says the GPU ran out (PyTorch's error), else the last line.
+fn oom_line(message: &str) -> String {
+    message
+        .lines()
+        .rev()
+        .find(|l| says_gpu_out_of_memory(l))
+        .map_or_else(
+            || last_line(message),
+            |l| {
+                let at = [
+                    "OutOfMemoryError",
+                    "CUDA out of memory",
+                    "CUBLAS_STATUS_ALLOC_FAILED",
+                ]
+                .iter()
+                .filter_map(|t| l.find(t))
+                .min()
+                .unwrap_or(0);
+                l[at..].chars().take(300).collect()
+            },
+        )
+}
+
+fn last_line(message: &str) -> String {
+    message
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default()
+        .chars()
+        .take(300)
+        .collect()
+}
+
+/// The class a decision without a node class ran on: the only class of the nodes, else
+/// discrete.
+fn ran_on(class: Option<NodeClass>, inputs: &Inputs) -> NodeClass {
+    class.unwrap_or_else(|| {
+        let nodes = crate::decision::ClusterView::nodes(&inputs.view);
+        let coherent = nodes.class(NodeClass::Coherent).next().is_some();
+        let discrete = nodes.class(NodeClass::Discrete).next().is_some();
+        if coherent && !discrete {
+            NodeClass::Coherent
+        } else {
+            NodeClass::Discrete
+        }
+    })
+}
+
+/// Explains `tj` after the runs of `evidence`, in order.
+pub fn explain_after(tj: &TrainingJob, inputs: &mut Inputs, evidence: &[Evidence]) -> Explanation {
+    let mut tj = tj.clone();
+    let mut store = inputs
+        .view
+        .learned
+        .as_ref()
+        .map(|l| (*l.memory).clone())
+        .unwrap_or_default();
+    let now = jiff::Timestamp::now();
+    let mut steps = Vec::new();
+    for (i, ev) in evidence.iter().enumerate() {
+        let res = match decided(&tj, inputs) {
+            Ok((res, _)) => res,
+            Err(_) => break,
+        };
+        let status = decision_status(&res);
+        let config = configuration(&status);
+        let failed = match &ev.outcome {
+            Outcome::OutOfMemory(kind, _) => Some(*kind),
+            _ => None,
+        };
+        let (outcome, teaches) = match &ev.outcome {
+            Outcome::Ran => ("ran".to_string(), true),
+            Outcome::OutOfMemory(kind, message) => (
+                format!(
+                    "ran out of {} memory: {}",
+                    match kind {
+                        MemoryKind::Gpu => "GPU",
+                        MemoryKind::Host => "host",
+                    },
+                    oom_line(message)
+                ),
+                true,
+            ),
+            Outcome::Failed(why) => (
+                format!(
+                    "failed for another reason ({why}): it teaches nothing and is not re-decided"
+                ),
+                false,
+            ),
+        };
+        let mut lesson_said = None;
+        if teaches {
+            let observed = Observed {
+                placement: res.placement,
+                class: ran_on(res.node_class, inputs),
+                gpu_bytes: ev.pod.gpu_memory_total_bytes.unwrap_or_default(),
+                gpu_peak: ev.pod.gpu_memory_peak_bytes,
+                host_peak: ev.pod.host_memory_peak_bytes,
+                failed,
+            };
+            let config_of = inputs.user_config(&tj);
+            let model = inputs.model_config(&tj);
+            if let Ok(Some((profile, lesson))) = lesson_of(
+                &tj,
+                config_of.as_ref().map(Option::as_ref),
+                model.as_ref().map(Option::as_ref),
+                &inputs.view,
+                &observed,
+            ) {
+                let run = lesson.run(
+                    &format!(
+                        "{}/{}/observed-{i}",
+                        tj.metadata.namespace.as_deref().unwrap_or_default(),
+                        tj.metadata.name.as_deref().unwrap_or_default()
+                    ),
+                    failed.is_some(),
+                    now,
+                );
+                match lesson.record(&mut store, &profile, observed.class, run) {
+                    Ok(_) => lesson_said = Some(lesson.sentence.clone()),
+                    Err(e) => lesson_said = Some(format!("not learned: {e}")),
+                }
+                inputs.view.learned = Some(LearnedView {
+                    memory: Arc::new(store.clone()),
+                    now,
+                });
+            }
+        }
+        if let Some(kind) = failed {
+            let estimate = status.estimate.as_ref();
+            let (estimate_bytes, budget_bytes) = match (kind, estimate) {
+                (MemoryKind::Gpu, Some(e)) => (Some(e.gpu_bytes), Some(e.gpu_budget_bytes)),
+                (MemoryKind::Host, Some(e)) => (Some(e.host_bytes), e.host_budget_bytes),
+                (_, None) => (None, None),
+            };
+            let st = tj.status.get_or_insert_with(TrainingJobStatus::default);
+            st.memory_failures.push(MemoryFailure {
+                kind,
+                configuration: config.clone(),
+                estimate_bytes,
+                budget_bytes,
+                pod: format!("observed-{i}"),
+                message: oom_line(match &ev.outcome {
+                    Outcome::OutOfMemory(_, m) => m,
+                    _ => "",
+                }),
+                seen_at: now.to_string(),
+            });
+        }
+        steps.push(LoopStep {
+            source: ev.source.clone(),
+            configuration: config,
+            outcome,
+            lesson: lesson_said,
+        });
+    }
+    let mut out = explain_training_job(&tj, inputs, false);
+    out.closed_loop = steps;
+    out
+}
