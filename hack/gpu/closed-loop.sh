@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The closed loop on the GPU node, end to end with the real agent and operator binaries
+# (docs/benchmarks/closed-loop-h200.md):
+#   1. this node's report from the agent's own NVML code (`offload-agent probe`);
+#   2. per case, the operator's decision for a TrainingJob that gives no model hints
+#      (`offload-operator explain` against that report, with the case's profile), its DeepSpeed
+#      JSON as the pods would get it;
+#   3. that configuration trained (hack/gpu/hf_step.py) under `offload-agent observe -- …`,
+#      whose JSON (the GPU and host peaks, how the run ended, its last lines) is the evidence;
+#   4. `explain --observed` with every run so far gives the next decision; repeated until a
+#      decision repeats one that trained, or the case's runs are spent.
+# Usage: hack/gpu/closed-loop.sh OPERATOR AGENT OUT DEADLINE_S CASE...
+# A CASE is NAME:PROFILE:MODEL:PHASES[:MAX_RUNS] — the job hack/gpu/loop/job-NAME.yaml, the
+# profile hack/gpu/loop/profile-PROFILE.yaml, the model hack/gpu/models/MODEL.json trained with
+# PHASES (micro-batch x sequence).
+set -uo pipefail
+ops=$1 agent=$2 out=$3 deadline=$4
+shift 4
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+start=$SECONDS
+mkdir -p "$out"
+log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$out/loop.txt"; }
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site "$root"/.whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
+  TORCH_EXTENSIONS_DIR=/tmp/torch-ext NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+mkdir -p /tmp/torch-ext
+[[ -f $root/.gpucache/ext.tgz ]] && tar xzf "$root/.gpucache/ext.tgz" -C /tmp/torch-ext
+
+node=$out/node-report.json
+[[ -s $node ]] || "$agent" probe >"$node" 2>>"$out/agent.log"
+log "node report: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["node"], r["memoryModel"], [g["name"] + " " + str(g["memoryTotalBytes"]) for g in r["gpus"]])' "$node")"
+hostmem=$(awk '/MemTotal/ {printf "%d", $2 / 1048576}' /proc/meminfo)Gi
+
+for case in "$@"; do
+  IFS=: read -r name profile model phases max <<<"$case"
+  max=${max:-3}
+  observed=()
+  previous=""
+  for k in $(seq 1 "$max"); do
+    if ((SECONDS - start > deadline)); then
+      log "$name: deadline reached before run $k"
+      break
+    fi
+    decision=$out/$name-decision-$k.json
+    "$ops" explain -f "$here/loop/job-$name.yaml" --node-report "h200=$node" --node-memory "h200=$hostmem" \
+      --profile "$here/loop/profile-$profile.yaml" --deepspeed-config "loop-ds=$here/loop/ds.json" \
+      "${observed[@]}" -o json >"$decision" 2>>"$out/explain.log"
+    "$ops" explain -f "$here/loop/job-$name.yaml" --node-report "h200=$node" --node-memory "h200=$hostmem" \
+      --profile "$here/loop/profile-$profile.yaml" --deepspeed-config "loop-ds=$here/loop/ds.json" \
+      "${observed[@]}" >"$out/$name-decision-$k.txt" 2>&1
+    summary=$(python3 - "$decision" "$out/$name-ds-$k.json" <<'EOF'
+import json, sys
+e = json.load(open(sys.argv[1]))
+json.dump(e["deepspeedConfig"], open(sys.argv[2], "w"))
+d = e["decision"]
+z = e["deepspeedConfig"]["zero_optimization"]
+opt = z.get("offload_optimizer", {})
+par = z.get("offload_param", {})
+print("mode=%s ratio=%s offload_optimizer=%s%s offload_param=%s" % (
+    d["mode"], d["ratio"], opt.get("device", "none"),
+    ("(ratio %s)" % opt["ratio"]) if "ratio" in opt else "", par.get("device", "none")))
+EOF
+)
+    log "$name decision $k: $summary"
+    if [[ $summary == "$previous" ]]; then
+      log "$name: decision $k repeats the configuration that trained in run $((k - 1)): the loop is done"
+      break
+    fi
+    run=$out/$name-run-$k.json
+    "$agent" observe --interval-ms 100 --out "$run" -- \
+      python3 "$here/hf_step.py" --config "$out/$name-ds-$k.json" --model "$here/models/$model.json" \
+      --phases "$phases" --steps 6 --label "$name run $k" 2>"$out/$name-run-$k.log"
+    grep '^{' "$out/$name-run-$k.log" | tail -1 >"$out/$name-step-$k.json"
+    log "$name run $k: $(python3 - "$run" "$out/$name-step-$k.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+p = r["pod"]
+try:
+    s = json.load(open(sys.argv[2]))
+except Exception:
+    s = {}
+g = lambda b: "%.1f GiB" % (b / 2**30) if isinstance(b, (int, float)) else "-"
+print("exit %s after %.0f s; NVML GPU peak %s of %s, host peak %s (%s); step median %s ms; torch peak allocated %s" % (
+    r.get("exitCode", "signal %s" % r.get("signal")), r["seconds"], g(p.get("gpuMemoryPeakBytes")),
+    g(p.get("gpuMemoryTotalBytes")), g(p.get("hostMemoryPeakBytes")), p.get("hostMemorySource"),
+    s.get("medianMs", "-"), g(s.get("peakGpuBytes"))))
+EOF
+)"
+    observed+=(--observed "$run")
+    ok=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("exitCode"))' "$run")
+    previous=""
+    [[ $ok == 0 ]] && previous=$summary
+  done
+done
+tar czf "$out/ext.tgz" -C /tmp/torch-ext . 2>/dev/null
+# Everything but the built ops in one file (what comes back from the node is counted by files).
+tar czf "$out.tgz" --exclude ext.tgz -C "$out" .
+exit 0
