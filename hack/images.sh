@@ -4,7 +4,8 @@
 #   offload-operator  one static binary (static C runtime), non-root, no shell
 #   offload-agent     the agent and the glibc runtime it loads NVML and CUDA with (from
 #                     Debian's libc6 and libgcc-s1 packages), non-root, no shell
-#   offload-pause     the pod sandbox image of the local real node (Kubernetes' pause.c)
+#   offload-pause     the pod sandbox image of the local real node (Kubernetes' pause.c), with
+#                     a stand-in for a training process (images/pause/standin.c)
 # Each is written as an OCI archive to target/images/<name>.tar. Builds are reproducible: every
 # timestamp is 0 and nothing but the sources and the pinned packages goes in, so the same
 # commit gives the same image IDs.
@@ -136,6 +137,9 @@ stage offload-pause
 pause_src=$(cd hack/k8s/kube && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
 gcc -Os -Wall -Werror -static -DVERSION=v3.10-offload -o "$ctx/offload-pause/pause" "$pause_src"
 strip "$ctx/offload-pause/pause"
+# Beside it, a stand-in for a training process (the node has no GPU): the recovery tests' pods.
+gcc -Os -Wall -Werror -static -o "$ctx/offload-pause/standin" images/pause/standin.c
+strip "$ctx/offload-pause/standin"
 
 for name in offload-operator offload-agent offload-pause; do
   dir=${name#offload-}

@@ -13,8 +13,11 @@ use offload_testenv::support;
 mod failover;
 #[path = "deploy/overlap_observed.rs"]
 mod overlap_observed;
+#[path = "deploy/recovery.rs"]
+mod recovery;
 use failover::failover_admits_everything_and_resolves_every_job_once;
 use overlap_observed::the_agent_observes_a_configured_pod_on_the_real_node;
+use recovery::out_of_memory_on_the_real_node_is_recovered;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -179,6 +182,7 @@ async fn the_chart_runs_on_a_real_node_fails_over_and_uninstalls_cleanly() {
     the_start_up_guard_stops_a_pod_on_the_wrong_node(&cluster, &client, &agent, &mut figures).await;
     failover_admits_everything_and_resolves_every_job_once(&cluster, &client, &mut figures).await;
     the_agent_observes_a_configured_pod_on_the_real_node(&cluster, &client, &mut figures).await;
+    out_of_memory_on_the_real_node_is_recovered(&cluster, &client).await;
     uninstall_leaves_nothing_behind(&cluster, &client).await;
 
     eprintln!("\n--- figures ---");

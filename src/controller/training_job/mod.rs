@@ -142,6 +142,26 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
     if let Some(job) = existing {
         return follow_workload(tj, ctx, &job).await;
     }
+    // No Job, but the copy says it had one: its Job was deleted to be recreated (after running
+    // out of memory), and the copy may be from before the failure was recorded. The decision
+    // must see every failure, so the job is read again.
+    let fresh;
+    let tj = if tj.status.as_ref().is_some_and(|s| s.workload.is_some()) {
+        let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &ns);
+        match api
+            .get_opt(&name)
+            .await
+            .map_err(kube_err("reading the TrainingJob again"))?
+        {
+            Some(t) => {
+                fresh = t;
+                &fresh
+            }
+            None => return Ok(Action::await_change()),
+        }
+    } else {
+        tj
+    };
 
     if !opted_in(tj) {
         return run_without_offload(tj, ctx).await;
