@@ -638,3 +638,129 @@ async fn a_job_oom_killed_on_the_host_is_decided_again_with_its_host_figures_rai
         "the workload that ran out is gone"
     );
 }
+
+/// A pod as the kubelet leaves it when its training container dies of CUDA out of memory.
+fn failed_status(message: &str) -> serde_json::Value {
+    json!({"status": {"phase": "Failed", "containerStatuses": [{
+        "name": "train", "image": "train:1", "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": message}}}]}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_kinds_that_run_out_of_memory_get_an_event_and_a_note_and_are_not_recreated() {
+    let (cluster, client, ns) = setup("otheroom").await;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    // An opted-in batch Job (suspended: its pods are made here) whose template the webhook
+    // labelled as configured, and its pod that ran out of GPU memory.
+    let job: Job = serde_json::from_value(json!({
+        "metadata": {"name": "batch", "labels": {names::PROFILE_ANNOTATION: "auto"}},
+        "spec": {"suspend": true, "template": {
+            "metadata": {"labels": {names::LABEL_CONFIGURED: "true"}},
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "train", "image": "train:1"}]}}}
+    }))
+    .unwrap();
+    let job = jobs.create(&PostParams::default(), &job).await.unwrap();
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "batch-0", "labels": {names::LABEL_CONFIGURED: "true"},
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "batch",
+                "uid": job.metadata.uid.clone().unwrap(), "controller": true}]},
+        "spec": {"containers": [{"name": "train", "image": "train:1",
+            "env": [{"name": "OFFLOAD_MODE", "value": "disabled"}]}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    pods.patch_status(
+        "batch-0",
+        &PatchParams::default(),
+        &Patch::Merge(failed_status(
+            "Traceback\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+        )),
+    )
+    .await
+    .unwrap();
+    let note = wait_list(
+        jobs.clone(),
+        watcher::Config::default().fields("metadata.name=batch"),
+        "the Job annotated with what ran out",
+        WAIT,
+        |jobs| {
+            jobs.first()?
+                .metadata
+                .annotations
+                .as_ref()?
+                .get(names::ANNOTATION_OUT_OF_MEMORY)
+                .cloned()
+        },
+    )
+    .await;
+    assert!(
+        note.starts_with("pod batch-0 ran out of GPU memory with OFFLOAD_MODE=disabled")
+            && note.contains("Only TrainingJobs are decided again"),
+        "{note}"
+    );
+    let events = poll("the OutOfMemory Events", WAIT, || async {
+        let e = events_with_reason(cluster, &ns, "OutOfMemory");
+        (e.lines().count() >= 2).then_some(e)
+    })
+    .await;
+    assert!(!events.is_empty());
+    // Not recreated: the pod and the Job are as they were (the Job still suspended).
+    let job = jobs.get("batch").await.unwrap();
+    assert_eq!(job.spec.unwrap().suspend, Some(true));
+    assert!(pods.get("batch-0").await.is_ok());
+    // A pod that failed for another reason is left alone.
+    let mut other = pod.clone();
+    other.metadata.name = Some("batch-1".into());
+    pods.create(&PostParams::default(), &other).await.unwrap();
+    pods.patch_status(
+        "batch-1",
+        &PatchParams::default(),
+        &Patch::Merge(failed_status("ValueError: bad batch")),
+    )
+    .await
+    .unwrap();
+    // The first pod's Events are there; the second's never come (checked after a pod whose
+    // failure is announced: a third pod, out of memory, is announced after the second's turn).
+    let mut third = pod.clone();
+    third.metadata.name = Some("batch-2".into());
+    pods.create(&PostParams::default(), &third).await.unwrap();
+    pods.patch_status(
+        "batch-2",
+        &PatchParams::default(),
+        &Patch::Merge(failed_status("CUDA out of memory")),
+    )
+    .await
+    .unwrap();
+    poll("the third pod's Event", WAIT, || async {
+        let e = kubectl(
+            cluster,
+            &[
+                "get",
+                "events",
+                "-n",
+                &ns,
+                "--field-selector",
+                "reason=OutOfMemory,involvedObject.name=batch-2",
+                "-o",
+                "name",
+            ],
+        );
+        (!e.trim().is_empty()).then_some(())
+    })
+    .await;
+    let second = kubectl(
+        cluster,
+        &[
+            "get",
+            "events",
+            "-n",
+            &ns,
+            "--field-selector",
+            "reason=OutOfMemory,involvedObject.name=batch-1",
+            "-o",
+            "name",
+        ],
+    );
+    assert!(second.trim().is_empty(), "{second}");
+}

@@ -6,6 +6,7 @@
 
 mod changes;
 pub(crate) mod conditions;
+pub mod other_kinds;
 pub mod overlap_observed;
 mod profile_status;
 pub mod status;
@@ -251,10 +252,12 @@ pub async fn run(
         pod_changes,
         &shutdown,
     );
+    let others = other_kinds::watch(ctx.clone(), shutdown.clone());
     let profiles = profile_controller(caches, ctx, config, &shutdown);
     tokio::join!(
         Box::pin(log_outcomes(jobs, "TrainingJob", metrics.clone())),
         Box::pin(log_outcomes(profiles, "OffloadProfile", metrics)),
+        Box::pin(others),
     );
 }
 

@@ -76,6 +76,13 @@ pub fn apply_template(
     let mut template: PodTemplateSpec = serde_json::from_value(slot.clone())
         .map_err(|e| err(format!("not a pod template: {e}")))?;
     render::apply_to_pod_template(&mut template, res, None, opts);
+    // Its pods say they were configured (the operator watches them for out-of-memory).
+    template
+        .metadata
+        .get_or_insert_with(Default::default)
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(names::LABEL_CONFIGURED.to_string(), "true".to_string());
     *slot = serde_json::to_value(&template).map_err(|e| err(e.to_string()))?;
     Ok(())
 }

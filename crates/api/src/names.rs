@@ -136,6 +136,15 @@ pub const ANNOTATION_OBSERVED: &str = "offload.dev/observed";
 /// recording the decision (a crash, an outage) is restored from it.
 pub const ANNOTATION_DECISION: &str = "offload.dev/decision";
 
+/// Annotation the operator writes on an opted-in batch Job whose pod ran out of memory: what
+/// failed, with which configuration (other kinds are not recreated; JobSets, PyTorchJobs and
+/// TrainJobs get the Event only).
+pub const ANNOTATION_OUT_OF_MEMORY: &str = "offload.dev/out-of-memory";
+
+/// Label the webhook puts on the pod templates it configures (batch Job, JobSet, PyTorchJob,
+/// TrainJob): their pods are watched for out-of-memory failures.
+pub const LABEL_CONFIGURED: &str = "offload.dev/configured";
+
 /// Label on every object and pod of a TrainingJob's workload: the TrainingJob's name.
 pub const LABEL_TRAINING_JOB: &str = "offload.dev/training-job";
 
