@@ -14,6 +14,7 @@
 //! - `memory`: the memory model beside the peaks the GPU harness measured.
 
 mod admission;
+mod closed_loop;
 mod cluster;
 mod control_plane;
 mod controller;
@@ -87,6 +88,16 @@ enum Command {
         #[arg(long, default_value_t = 5000)]
         batch_jobs: usize,
     },
+    /// What the closed loop costs: observations from thousands of simulated GPU nodes, learned
+    /// by the release operator.
+    ClosedLoop {
+        /// Simulated GPU nodes, one TrainingJob on each.
+        #[arg(long, default_value_t = 2000)]
+        nodes: usize,
+        /// Rounds of observations (one window from every node each).
+        #[arg(long, default_value_t = 2)]
+        rounds: u64,
+    },
     /// A burst of TrainingJobs without Kueue, then one in a Kueue queue (needs root).
     Kueue {
         /// TrainingJobs in each burst.
@@ -127,6 +138,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::ControlPlane { runs } => rt.block_on(control_plane::run(runs)),
         Command::Controller { jobs } => rt.block_on(controller::run(jobs)),
+        Command::ClosedLoop { nodes, rounds } => rt.block_on(closed_loop::run(nodes, rounds)),
         Command::Webhook {
             seconds,
             pods,

@@ -42,16 +42,26 @@ pub struct Sizes {
 
 const NAMESPACE: &str = "scale";
 
+/// The class prefix of node `i` of [`nodes`], with its fixture.
+const CLASSES: [(&str, &str); 3] = [
+    ("gh200", fixtures::GH200_REFERENCE),
+    ("hmm", fixtures::HMM_UNPINNED),
+    ("h200", fixtures::H200_READING),
+];
+
+/// The names [`nodes`] gives `count` nodes, in order.
+pub(super) fn node_names(count: usize) -> Vec<String> {
+    (0..count)
+        .map(|i| format!("{}-{i:05}", CLASSES[i % CLASSES.len()].0))
+        .collect()
+}
+
 /// Creates the nodes and publishes each one's report with the agent's code; returns the
 /// seconds it took.
-async fn nodes(client: &kube::Client, count: usize) -> Result<f64> {
+pub(super) async fn nodes(client: &kube::Client, count: usize) -> Result<f64> {
     let start = Instant::now();
     let api: Api<Node> = Api::all(client.clone());
-    let classes = [
-        ("gh200", fixtures::GH200_REFERENCE),
-        ("hmm", fixtures::HMM_UNPINNED),
-        ("h200", fixtures::H200_READING),
-    ];
+    let classes = CLASSES;
     let results: Vec<Result<()>> = futures::stream::iter(0..count)
         .map(|i| {
             let api = api.clone();
@@ -78,7 +88,9 @@ async fn nodes(client: &kube::Client, count: usize) -> Result<f64> {
 }
 
 /// The API server's request counter, summed by (resource, verb).
-async fn request_counts(client: &kube::Client) -> Result<BTreeMap<(String, String), f64>> {
+pub(super) async fn request_counts(
+    client: &kube::Client,
+) -> Result<BTreeMap<(String, String), f64>> {
     let req = http::Request::get("/metrics").body(Vec::new())?;
     let text = client.request_text(req).await?;
     let mut out = BTreeMap::new();
