@@ -136,17 +136,15 @@ async fn announce(ctx: &Context, pod: &Pod, kind: MemoryKind, message: &str) {
             ..ObjectReference::default()
         });
     let note = note(pod, kind, message, owner.as_ref());
-    let event = Event {
+    let event = || Event {
         type_: EventType::Warning,
         reason: "OutOfMemory".into(),
-        note: Some(note.chars().take(1000).collect()),
+        note: Some(note.clone()),
         action: "Observe".into(),
         secondary: None,
     };
     for reference in std::iter::once(pod.object_ref(&())).chain(owner.clone()) {
-        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
-            tracing::warn!(error = %e, "could not publish an Event");
-        }
+        super::training_job::apply::publish_to(ctx, &reference, event()).await;
     }
     if let Some(o) = owner.filter(|o| {
         o.kind.as_deref() == Some("Job") && o.api_version.as_deref() == Some("batch/v1")

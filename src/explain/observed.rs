@@ -12,7 +12,9 @@ use offload_api::observed::{ObservedRun, ObservedSummary, PodObservation};
 use serde::Serialize;
 
 use super::{Explanation, Inputs, decided, explain_training_job};
-use crate::controller::training_job::recovery::{configuration, says_gpu_out_of_memory};
+use crate::controller::training_job::recovery::{
+    GPU_OOM_TEXT, configuration, says_gpu_out_of_memory,
+};
 use crate::controller::workload::decision_status;
 use crate::decision::lesson::Observed;
 use crate::decision::{LearnedView, lesson_of};
@@ -65,7 +67,7 @@ pub fn read_evidence(source: &str, text: &str, job: &str) -> Result<Evidence, St
             Outcome::Ran
         } else if says_gpu_out_of_memory(&run.message) {
             Outcome::OutOfMemory(MemoryKind::Gpu, run.message.clone())
-        } else if run.signal == Some(libc_sigkill()) || run.exit_code == Some(137) {
+        } else if run.signal == Some(SIGKILL) || run.exit_code == Some(137) {
             Outcome::OutOfMemory(
                 MemoryKind::Host,
                 format!(
@@ -128,9 +130,8 @@ pub fn read_evidence(source: &str, text: &str, job: &str) -> Result<Evidence, St
     })
 }
 
-fn libc_sigkill() -> i32 {
-    9
-}
+/// The signal the kernel's OOM killer sends.
+const SIGKILL: i32 = 9;
 
 /// The line that says the GPU ran out (PyTorch's error), else the last line.
 fn oom_line(message: &str) -> String {
@@ -141,15 +142,11 @@ fn oom_line(message: &str) -> String {
         .map_or_else(
             || last_line(message),
             |l| {
-                let at = [
-                    "OutOfMemoryError",
-                    "CUDA out of memory",
-                    "CUBLAS_STATUS_ALLOC_FAILED",
-                ]
-                .iter()
-                .filter_map(|t| l.find(t))
-                .min()
-                .unwrap_or(0);
+                let at = GPU_OOM_TEXT
+                    .iter()
+                    .filter_map(|t| l.find(t))
+                    .min()
+                    .unwrap_or(0);
                 l[at..].chars().take(300).collect()
             },
         )

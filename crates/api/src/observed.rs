@@ -117,6 +117,26 @@ pub enum HostMemorySource {
     ProcessPeakRss,
 }
 
+/// A document the agent writes, read as far as its size and schema version: the JSON, bounded
+/// by [`MAX_OBSERVED_BYTES`], of [`OBSERVED_SCHEMA_VERSION`].
+fn versioned(json: &str) -> Result<serde_json::Value, ObservedError> {
+    if json.len() > MAX_OBSERVED_BYTES {
+        return Err(ObservedError::TooLarge { bytes: json.len() });
+    }
+    let value: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| ObservedError::Malformed(e.to_string()))?;
+    match value
+        .get("schemaVersion")
+        .and_then(serde_json::Value::as_u64)
+    {
+        Some(v) if v == u64::from(OBSERVED_SCHEMA_VERSION) => Ok(value),
+        Some(found) => Err(ObservedError::UnsupportedVersion { found }),
+        None => Err(ObservedError::Malformed(
+            "schemaVersion is missing or not a number".into(),
+        )),
+    }
+}
+
 /// Most characters of an observed run's message (its output's last lines) kept.
 pub const MAX_RUN_MESSAGE: usize = 1024;
 
@@ -148,23 +168,7 @@ pub struct ObservedRun {
 impl ObservedRun {
     /// Parses an observed run: size first, then version, then fields, then figures.
     pub fn parse(json: &str) -> Result<ObservedRun, ObservedError> {
-        if json.len() > MAX_OBSERVED_BYTES {
-            return Err(ObservedError::TooLarge { bytes: json.len() });
-        }
-        let value: serde_json::Value =
-            serde_json::from_str(json).map_err(|e| ObservedError::Malformed(e.to_string()))?;
-        match value
-            .get("schemaVersion")
-            .and_then(serde_json::Value::as_u64)
-        {
-            Some(v) if v == u64::from(OBSERVED_SCHEMA_VERSION) => {}
-            Some(found) => return Err(ObservedError::UnsupportedVersion { found }),
-            None => {
-                return Err(ObservedError::Malformed(
-                    "schemaVersion is missing or not a number".into(),
-                ));
-            }
-        }
+        let value = versioned(json)?;
         let run: ObservedRun =
             serde_json::from_value(value).map_err(|e| ObservedError::Malformed(e.to_string()))?;
         let impossible = |m: String| Err(ObservedError::Impossible(m));
@@ -223,23 +227,7 @@ pub enum ObservedError {
 impl ObservedSummary {
     /// Parses the annotation value: size first, then version, then fields, then figures.
     pub fn parse(json: &str) -> Result<ObservedSummary, ObservedError> {
-        if json.len() > MAX_OBSERVED_BYTES {
-            return Err(ObservedError::TooLarge { bytes: json.len() });
-        }
-        let value: serde_json::Value =
-            serde_json::from_str(json).map_err(|e| ObservedError::Malformed(e.to_string()))?;
-        match value
-            .get("schemaVersion")
-            .and_then(serde_json::Value::as_u64)
-        {
-            Some(v) if v == u64::from(OBSERVED_SCHEMA_VERSION) => {}
-            Some(found) => return Err(ObservedError::UnsupportedVersion { found }),
-            None => {
-                return Err(ObservedError::Malformed(
-                    "schemaVersion is missing or not a number".into(),
-                ));
-            }
-        }
+        let value = versioned(json)?;
         let summary: ObservedSummary =
             serde_json::from_value(value).map_err(|e| ObservedError::Malformed(e.to_string()))?;
         summary.check()?;

@@ -243,7 +243,7 @@ pub(super) async fn publish(
     publish_to(ctx, &tj.object_ref(&()), event).await;
 }
 
-pub(super) async fn publish_to(
+pub(crate) async fn publish_to(
     ctx: &Context,
     reference: &k8s_openapi::api::core::v1::ObjectReference,
     mut event: Event,

@@ -2,7 +2,7 @@
 //! decides; [`apply`] writes the workload and the status, [`follow`] keeps the status in step
 //! with a running workload, [`triggers`] maps changes of other objects to the jobs they concern.
 
-mod apply;
+pub(crate) mod apply;
 mod follow;
 mod kueue;
 mod learn;

@@ -26,7 +26,7 @@ use offload_api::names;
 pub const MEMORY_RECOVERY: &str = "MemoryRecovery";
 
 /// What PyTorch and CUDA libraries print when a GPU allocation fails.
-const GPU_OOM_TEXT: &[&str] = &[
+pub const GPU_OOM_TEXT: &[&str] = &[
     "CUDA out of memory",
     "OutOfMemoryError",
     "CUBLAS_STATUS_ALLOC_FAILED",

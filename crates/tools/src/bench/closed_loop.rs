@@ -14,22 +14,19 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use offload_api::api::{OffloadProfile, TrainingJob};
 use offload_api::names;
 use offload_api::observed::{
     BusySource, HostMemorySource, OBSERVED_SCHEMA_VERSION, ObservedSummary, PodObservation,
 };
-use offload_api::report::NodeReport;
-use offload_testenv::devcluster::{ClusterOptions, DevCluster};
-use offload_testenv::fixtures;
 use serde_json::json;
 
-use super::cluster::{apply_crds, spawn_operator, wait_ready, watch_workloads};
+use super::cluster::{spawn_operator, wait_ready, watch_workloads};
 use super::error::{BenchError, Result};
 use super::measure::{cpu_seconds, machine, proc_status};
-use super::scale::{node_names, nodes, request_counts};
+use super::scale::{gpu_bytes_of, kwok_cluster, node_names, nodes, request_counts};
 
 const NAMESPACE: &str = "loop";
 const GIB: u64 = 1 << 30;
@@ -54,25 +51,10 @@ fn pod(i: usize, node: &str) -> Result<Pod> {
     }))?)
 }
 
-/// GPU memory of the class's GPU (its fixture's report).
-fn gpu_bytes(node: &str) -> u64 {
-    let fixture = if node.starts_with("gh200") {
-        fixtures::GH200_REFERENCE
-    } else if node.starts_with("hmm") {
-        fixtures::HMM_UNPINNED
-    } else {
-        fixtures::H200_READING
-    };
-    NodeReport::parse(fixture)
-        .ok()
-        .and_then(|r| r.gpus.first().map(|g| g.memory_total_bytes))
-        .unwrap_or(80 * GIB)
-}
-
 /// Node `node`'s window of round `round`: its job's pod at a third of its GPU, rising a GiB a
 /// round, and 20 GiB of host memory.
 fn window(node: &str, i: usize, round: u64) -> Result<String> {
-    let total = gpu_bytes(node);
+    let total = gpu_bytes_of(node).unwrap_or(80 * GIB);
     Ok(ObservedSummary {
         schema_version: OBSERVED_SCHEMA_VERSION,
         node: node.into(),
@@ -120,19 +102,7 @@ pub async fn run(count: usize, rounds: u64) -> Result<()> {
         "# closed loop: {count} simulated GPU nodes, one TrainingJob without hints on each, {rounds} rounds of observations from every node ({})",
         machine()
     );
-    let cluster = DevCluster::start(ClusterOptions {
-        kwok: true,
-        ..ClusterOptions::default()
-    })
-    .await?;
-    let client = cluster.client().await?;
-    apply_crds(&client).await?;
-    for ns in ["offload-system", NAMESPACE] {
-        let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &obj)
-            .await?;
-    }
+    let (cluster, client) = kwok_cluster(NAMESPACE).await?;
     // No controller-manager here to make the namespace's default ServiceAccount the pods name.
     let sa: k8s_openapi::api::core::v1::ServiceAccount =
         serde_json::from_value(json!({"metadata": {"name": "default"}}))?;

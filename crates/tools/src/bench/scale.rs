@@ -49,6 +49,27 @@ const CLASSES: [(&str, &str); 3] = [
     ("h200", fixtures::H200_READING),
 ];
 
+/// GPU memory of a node named by [`node_names`] (its class's fixture), each fixture read once.
+pub(super) fn gpu_bytes_of(node: &str) -> Option<u64> {
+    static TOTALS: std::sync::OnceLock<Vec<(&'static str, Option<u64>)>> =
+        std::sync::OnceLock::new();
+    let totals = TOTALS.get_or_init(|| {
+        CLASSES
+            .iter()
+            .map(|(class, fixture)| {
+                let total = NodeReport::parse(fixture)
+                    .ok()
+                    .and_then(|r| r.gpus.first().map(|g| g.memory_total_bytes));
+                (*class, total)
+            })
+            .collect()
+    });
+    totals
+        .iter()
+        .find(|(class, _)| node.starts_with(&format!("{class}-")))
+        .and_then(|(_, total)| *total)
+}
+
 /// The names [`nodes`] gives `count` nodes, in order.
 pub(super) fn node_names(count: usize) -> Vec<String> {
     (0..count)
@@ -131,6 +152,25 @@ fn training_job(i: usize) -> Result<TrainingJob> {
     }))?)
 }
 
+/// A control plane with kwok, the CRDs applied and namespaces `offload-system` and
+/// `namespace`.
+pub(super) async fn kwok_cluster(namespace: &str) -> Result<(DevCluster, kube::Client)> {
+    let cluster = DevCluster::start(ClusterOptions {
+        kwok: true,
+        ..ClusterOptions::default()
+    })
+    .await?;
+    let client = cluster.client().await?;
+    apply_crds(&client).await?;
+    for ns in ["offload-system", namespace] {
+        let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &obj)
+            .await?;
+    }
+    Ok((cluster, client))
+}
+
 /// Runs the benchmark.
 pub async fn run(sizes: Sizes) -> Result<()> {
     let Sizes {
@@ -142,19 +182,7 @@ pub async fn run(sizes: Sizes) -> Result<()> {
         "# scale: {node_count} simulated GPU nodes, {jobs} TrainingJobs and {batch_jobs} opted-in batch Jobs in one burst ({})",
         machine()
     );
-    let cluster = DevCluster::start(ClusterOptions {
-        kwok: true,
-        ..ClusterOptions::default()
-    })
-    .await?;
-    let client = cluster.client().await?;
-    apply_crds(&client).await?;
-    for ns in ["offload-system", NAMESPACE] {
-        let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &obj)
-            .await?;
-    }
+    let (cluster, client) = kwok_cluster(NAMESPACE).await?;
     let took = nodes(&client, node_count).await?;
     println!(
         "\n{node_count} nodes created and their reports published (agent code, 32 at a time) in {took:.1} s"
