@@ -304,7 +304,8 @@ impl Caches {
         )
     }
 
-    /// Waits until every cache has listed once; `false` if a cache's feed is gone.
+    /// Waits until every cache has listed once (and what runs taught has been read, where the
+    /// operator learns); `false` if a cache's feed is gone.
     pub async fn wait_synced(&self) -> bool {
         self.profiles.store().wait_until_ready().await.is_ok()
             && self.nodes.store().wait_until_ready().await.is_ok()
@@ -317,6 +318,10 @@ impl Caches {
                 .wait_until_ready()
                 .await
                 .is_ok()
+            && match &self.learned {
+                Some(store) => store.wait_synced().await,
+                None => true,
+            }
     }
 }
 

@@ -56,6 +56,9 @@ struct State {
 pub struct LearnedStore {
     namespace: String,
     state: Arc<Mutex<State>>,
+    /// Whether the stored document (or its absence) has been read once: before that, a
+    /// decision would not know what earlier runs taught.
+    synced: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 /// Most lessons waiting for a write; more are dropped (a later window records them again).
@@ -67,7 +70,15 @@ impl LearnedStore {
         LearnedStore {
             namespace: namespace.into(),
             state: Arc::default(),
+            synced: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
+    }
+
+    /// Waits until the stored document has been read once ([`LearnedStore::watch`]); `false`
+    /// where the store was dropped first.
+    pub async fn wait_synced(&self) -> bool {
+        let mut synced = self.synced.subscribe();
+        synced.wait_for(|s| *s).await.is_ok()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -150,24 +161,46 @@ impl LearnedStore {
         let api: Api<ConfigMap> = Api::namespaced(client, &self.namespace);
         let config = watcher::Config::default().fields(&format!("metadata.name={CONFIG_MAP}"));
         let mut events = watcher::watcher(api, config).boxed();
+        // Whether the ConfigMap was there when last seen, and whether the list being read (at
+        // start, or again after a lost watch) holds it: one that was there and is missing from
+        // a fresh list was deleted while nobody watched. (One never written yet is not a
+        // delete: lessons waiting for their first write stay.)
+        let (mut present, mut listed) = (false, false);
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
                 event = events.next() => match event {
-                    Some(Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm))) => {
+                    Some(Ok(watcher::Event::Apply(cm))) => {
+                        present = true;
+                        self.stored(Some(&cm));
+                    }
+                    Some(Ok(watcher::Event::InitApply(cm))) => {
+                        (present, listed) = (true, true);
                         self.stored(Some(&cm));
                     }
                     Some(Ok(watcher::Event::Delete(_))) => {
-                        // Forgotten: lessons recorded before the delete go too.
-                        self.lock().pending.clear();
-                        self.stored(None);
+                        present = false;
+                        self.forget();
                     }
-                    Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => {}
+                    Some(Ok(watcher::Event::Init)) => listed = false,
+                    Some(Ok(watcher::Event::InitDone)) => {
+                        if present && !listed {
+                            present = false;
+                            self.forget();
+                        }
+                        self.synced.send_replace(true);
+                    }
                     Some(Err(e)) => tracing::debug!(error = %e, "watching the learned ConfigMap"),
                     None => return,
                 },
             }
         }
+    }
+
+    /// The ConfigMap is gone: lessons recorded before the delete go too.
+    fn forget(&self) {
+        self.lock().pending.clear();
+        self.stored(None);
     }
 
     /// Writes recorded lessons every [`FLUSH_EVERY`] until `stop` (the leader), and once more
@@ -254,6 +287,7 @@ impl LearnedStore {
     pub fn fixed(memory: LearnedMemory) -> Self {
         let store = LearnedStore::new("");
         store.lock().memory = Arc::new(memory);
+        store.synced.send_replace(true);
         store
     }
 }

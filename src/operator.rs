@@ -67,6 +67,10 @@ pub enum RunError {
     /// The webhook could not start.
     #[error("webhook: {0}")]
     Webhook(#[from] crate::webhook::tls::TlsError),
+    /// A cache's feed ended before it had been read once (nothing is decided from half a
+    /// cluster).
+    #[error("{0}")]
+    CachesUnsynced(&'static str),
     /// Leadership was lost; the process exits so a fresh start re-joins the election.
     #[error("lost the leader lease {0}; exiting so another replica takes over cleanly")]
     LostLease(String),
@@ -259,6 +263,18 @@ async fn lead_and_control(
         lease_state = Some((channel, task, le.lease_name.clone()));
     }
 
+    // No decision before every cache (and what runs taught) has been read once: a job decided
+    // from a half-read cluster would be written a configuration its next reconcile takes back.
+    tokio::select! {
+        synced = caches.wait_synced() => {
+            if !synced {
+                return Err(RunError::CachesUnsynced(
+                    "a cache's feed ended before it was read once; nothing was decided",
+                ));
+            }
+        }
+        () = shutdown.cancelled() => return Ok(()),
+    }
     let controllers_shutdown = shutdown.child_token();
     let controllers = Box::pin(controller::run(
         client.clone(),
