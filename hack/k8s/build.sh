@@ -6,7 +6,8 @@
 # Usage: hack/k8s/build.sh                  # builds what is missing, prints the bin directory last
 #        hack/k8s/build.sh --print-dir        # prints the bin directory without building
 #        hack/k8s/build.sh node               # the real node's binaries (kubelet, kube-proxy,
-#                                             # containerd, its shim, ctr, CNI plugins)
+#                                             # containerd, its shim, ctr, CNI plugins, and the
+#                                             # stand-in for NVIDIA's DRA kubelet plugin)
 #        hack/k8s/build.sh node --print-dir
 #        hack/k8s/build.sh jobkinds           # upstream CRDs and examples of JobSet, Kubeflow
 #                                             # Trainer and the Training Operator (no build)
@@ -179,6 +180,15 @@ if [[ $what == node ]]; then
   build containerd containerd github.com/containerd/containerd/v2/cmd/containerd "$ctr_ldflags"
   build containerd-shim-runc-v2 containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 "$ctr_ldflags"
   build ctr containerd github.com/containerd/containerd/v2/cmd/ctr "$ctr_ldflags"
+  # The stand-in for NVIDIA's DRA kubelet plugin (our source, on the pinned
+  # k8s.io/dynamic-resource-allocation): rebuilt whenever its source changes.
+  standin_src="$here/kube/gpu-dra-standin/main.go"
+  standin_sum=$(cat "$standin_src" "$here/kube/go.mod" | sha256sum | cut -c1-16)
+  if [[ "$(cat "$bin_dir/gpu-dra-standin.source" 2>/dev/null)" != "$standin_sum" ]]; then
+    rm -f "$bin_dir/gpu-dra-standin"
+  fi
+  build gpu-dra-standin kube ./gpu-dra-standin
+  echo "$standin_sum" >"$bin_dir/gpu-dra-standin.source"
   mkdir -p "$bin_dir/cni"
   for plugin in ipam/host-local main/bridge main/loopback meta/portmap; do
     build "cni/$(basename "$plugin")" cni "github.com/containernetworking/plugins/plugins/$plugin"

@@ -133,3 +133,118 @@ pub async fn device_class(client: &kube::Client) -> Result<(), kube::Error> {
         .await?;
     Ok(())
 }
+
+/// What the kubelet-plugin stand-in publishes and how it behaves.
+#[derive(Clone, Debug)]
+pub struct PluginOptions {
+    /// GPUs on the node.
+    pub gpus: usize,
+    /// What each GPU is.
+    pub gpu: StandInGpu,
+    /// Never answer a prepare call (a test kills the plugin there).
+    pub hang_on_prepare: bool,
+}
+
+impl Default for PluginOptions {
+    fn default() -> Self {
+        PluginOptions {
+            gpus: 2,
+            gpu: StandInGpu::h200(),
+            hang_on_prepare: false,
+        }
+    }
+}
+
+/// The stand-in for the kubelet plugin of NVIDIA's DRA driver on the real node
+/// (`hack/k8s/kube/gpu-dra-standin`, built by `hack/k8s/build.sh node` on the pinned
+/// `k8s.io/dynamic-resource-allocation` helper the driver uses): it registers with the real
+/// kubelet, publishes the node's ResourceSlice and prepares claims as CDI spec files. Killed
+/// when dropped; it lives in the node's cgroup, so even a crashed test leaves nothing running.
+pub struct KubeletPlugin {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl KubeletPlugin {
+    /// Starts the stand-in on the cluster's real node; its log goes to `<cluster>/<name>.log`.
+    pub fn start(
+        cluster: &crate::devcluster::DevCluster,
+        name: &str,
+        opts: &PluginOptions,
+    ) -> Result<KubeletPlugin, String> {
+        let (Some(bins), Some(kubelet), Some(cdi), Some(cgroup)) = (
+            cluster.node_bin_dir(),
+            cluster.kubelet_dir(),
+            cluster.cdi_dir(),
+            cluster.node_cgroup(),
+        ) else {
+            return Err("the kubelet plugin needs the cluster's real node".into());
+        };
+        let log = cluster.root().join(format!("{name}.log"));
+        let out = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let mut cmd = std::process::Command::new(bins.join("gpu-dra-standin"));
+        cmd.arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))
+            .arg(format!("--node-name={}", crate::devcluster::REAL_NODE))
+            .arg(format!("--kubelet-root={}", kubelet.display()))
+            .arg(format!("--cdi-dir={}", cdi.display()))
+            .arg(format!("--gpus={}", opts.gpus))
+            .arg(format!("--product={}", opts.gpu.product))
+            .arg(format!("--memory={}", opts.gpu.memory))
+            .arg(format!(
+                "--addressing-mode={}",
+                opts.gpu.addressing_mode.as_deref().unwrap_or_default()
+            ))
+            .arg(format!("--hang-on-prepare={}", opts.hang_on_prepare))
+            .stdout(out)
+            .stderr(err);
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", bins.join("gpu-dra-standin").display()))?;
+        let plugin = KubeletPlugin { child, log };
+        crate::devcluster::node::adopt(cgroup, plugin.child.id()).map_err(|e| e.to_string())?;
+        Ok(plugin)
+    }
+
+    /// Everything the plugin logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The first log line containing every one of `words`, once there is one (the log is read
+    /// again every 50 ms); an error with the whole log after `timeout`, or once the plugin has
+    /// exited without writing it.
+    pub async fn wait_for_line(
+        &mut self,
+        words: &[&str],
+        timeout: std::time::Duration,
+    ) -> Result<String, String> {
+        let start = std::time::Instant::now();
+        loop {
+            let log = self.log();
+            if let Some(line) = log.lines().find(|l| words.iter().all(|w| l.contains(w))) {
+                return Ok(line.to_string());
+            }
+            let exited = self.child.try_wait().ok().flatten();
+            if exited.is_some() || start.elapsed() > timeout {
+                return Err(format!(
+                    "no line with {words:?} from the kubelet plugin ({}); its log:\n{log}",
+                    exited.map_or_else(|| format!("within {timeout:?}"), |s| s.to_string())
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Kills the plugin at once (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for KubeletPlugin {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -405,6 +405,18 @@ impl DevCluster {
         self.node.as_ref().map(|n| n.footprint.dir.join("kubelet"))
     }
 
+    /// Where the real node's containerd reads CDI spec files (a DRA plugin writes them there);
+    /// `None` without a real node.
+    pub fn cdi_dir(&self) -> Option<PathBuf> {
+        self.node.as_ref().map(|n| node::cdi_dir(&n.footprint.dir))
+    }
+
+    /// The real node's binaries (kubelet, containerd, the DRA plugin stand-in); `None` without
+    /// a real node.
+    pub fn node_bin_dir(&self) -> Option<&Path> {
+        self.node.as_ref().map(|n| n.bin_dir.as_path())
+    }
+
     /// The real node's cgroup (its kubelet's `--cgroup-root`, in every v1 hierarchy under
     /// `/sys/fs/cgroup`); `None` without a real node.
     pub fn node_cgroup(&self) -> Option<&str> {

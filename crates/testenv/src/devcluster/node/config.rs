@@ -10,7 +10,8 @@ use super::*;
 
 /// containerd's configuration (version 3, containerd 2.x): everything under `dir`, the CRI
 /// plugin with the pinned sandbox image, runc (and the same runc under the handler name
-/// `nvidia`, as the NVIDIA container toolkit registers it on GPU nodes), the CNI plugins.
+/// `nvidia`, as the NVIDIA container toolkit registers it on GPU nodes), the CNI plugins, CDI
+/// spec files from [`cdi_dir`].
 pub(crate) fn containerd_config(
     dir: &Path,
     bin_dir: &Path,
@@ -61,6 +62,9 @@ temp = '{tmp}'
     tolerate_missing_hugetlb_controller = true
     disable_hugetlb_controller = true
     netns_mounts_under_state_dir = true
+    # DRA drivers' kubelet plugins hand devices to containers as CDI spec files here.
+    enable_cdi = true
+    cdi_spec_dirs = ['{cdi}']
     [plugins.'io.containerd.cri.v1.runtime'.containerd]
       default_runtime_name = 'runc'
 {runc_runtime}
@@ -78,7 +82,13 @@ temp = '{tmp}'
         nvidia_runtime = runtime("nvidia"),
         cni_bin = bin_dir.join("cni").display(),
         cni_conf = d("cni/net.d"),
+        cdi = cdi_dir(dir).display(),
     )
+}
+
+/// Where containerd reads CDI spec files (a DRA plugin writes them).
+pub(crate) fn cdi_dir(dir: &Path) -> PathBuf {
+    dir.join("cdi")
 }
 
 /// containerd's socket.
@@ -207,6 +217,7 @@ pub(crate) fn make_dirs(dir: &Path) -> io::Result<()> {
         "kubelet",
         "kubelet-certs",
         "pod-logs",
+        "cdi",
     ] {
         fs::create_dir_all(dir.join(sub))?;
     }
