@@ -8,27 +8,27 @@
 //!   reason for every choice, and the one rule that picks a job's profile;
 //! - [`render`]: turns a resolution into env vars, framework config and node affinity;
 //! - [`controller`]: the TrainingJob and OffloadProfile controllers;
-//! - [`view`]: the cluster as the decision's callers see it (caches or memory);
+//! - [`cluster`]: the cluster as the decision's callers see it: the shared caches, the views
+//!   over them (or over memory), what runs taught, and the tolerant reader that keeps one
+//!   unreadable object from stopping a watch;
 //! - [`webhook`]: the admission endpoints, job kinds and serving certificates;
-//! - [`caches`], [`operator`], [`admin`], [`metrics`], [`certs`]: the process around them.
+//! - [`dra`]: what a GPU driver's ResourceSlices say, and the claims pinned to a decision;
+//! - [`explain`]: `offload-operator explain`, the decision offline or against a cluster;
+//! - [`operator`]: the process that runs all of it (caches, webhook, leader election,
+//!   controllers), and [`process`]: what is around it (the admin server, metrics, the
+//!   certificate authority, the installation check and clean-up).
 //!
 //! The API types, names, node report and version gates live in the `offload-api` crate; this crate
 //! and its callers name them by that crate's paths alone.
 #![deny(missing_docs)]
 
-pub mod admin;
-pub mod caches;
-pub mod certs;
-pub mod check;
+pub mod cluster;
 pub mod controller;
 pub mod decision;
 pub mod dra;
 pub mod explain;
-pub mod guard;
 pub mod index;
-pub mod learned;
-pub mod metrics;
 pub mod operator;
+pub mod process;
 pub mod render;
-pub mod view;
 pub mod webhook;

@@ -11,7 +11,6 @@ use offload_operator::operator::{self, LeaderElection, RunOptions};
 use offload_operator::webhook::tls::{FileCerts, ManagedCerts};
 use offload_operator::webhook::{CertMode, WebhookOptions};
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
 /// The offload operator: controller and admission webhook.
 #[derive(Parser)]
@@ -178,30 +177,39 @@ struct RunArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Crd { out_dir } => match write_crds(out_dir) {
+    if let Command::Crd { out_dir } = cli.command {
+        return match write_crds(out_dir) {
             Ok(()) => ExitCode::SUCCESS,
             Err(err) => {
                 eprintln!("error: {err}");
                 ExitCode::FAILURE
             }
-        },
-        Command::Run(args) => run(*args),
-        Command::Check { profile, namespace } => check(&profile, &namespace),
-        Command::Explain(args) => explain(&args),
+        };
+    }
+    // The process's one runtime, for every command that talks to a cluster.
+    let workers = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+    let runtime = offload_process::runtime(workers);
+    match cli.command {
+        Command::Crd { .. } => ExitCode::SUCCESS,
+        Command::Run(args) => run(&runtime, *args),
+        Command::Check { profile, namespace } => check(&runtime, &profile, &namespace),
+        Command::Explain(args) => explain(&runtime, &args),
         Command::Cleanup {
             namespace,
             webhook_secret,
             lease_name,
             deployment,
             selector,
-        } => cleanup(&offload_operator::check::Cleanup {
-            namespace,
-            secret: webhook_secret,
-            lease: lease_name,
-            deployment: (!deployment.is_empty()).then_some(deployment),
-            selector,
-        }),
+        } => cleanup(
+            &runtime,
+            &offload_operator::process::installation::Cleanup {
+                namespace,
+                secret: webhook_secret,
+                lease: lease_name,
+                deployment: (!deployment.is_empty()).then_some(deployment),
+                selector,
+            },
+        ),
     }
 }
 
@@ -219,12 +227,11 @@ fn instance_suffix() -> String {
     format!("{:08x}", nanos ^ std::process::id().rotate_left(16))
 }
 
-fn cleanup(what: &offload_operator::check::Cleanup) -> ExitCode {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("start-up: tokio runtime");
-    match runtime.block_on(offload_operator::check::remove_runtime_objects(what)) {
+fn cleanup(
+    runtime: &tokio::runtime::Runtime,
+    what: &offload_operator::process::installation::Cleanup,
+) -> ExitCode {
+    match runtime.block_on(offload_operator::process::installation::remove_runtime_objects(what)) {
         Ok(lines) => {
             for line in lines {
                 println!("{line}");
@@ -238,7 +245,7 @@ fn cleanup(what: &offload_operator::check::Cleanup) -> ExitCode {
     }
 }
 
-fn explain(args: &ExplainArgs) -> ExitCode {
+fn explain(runtime: &tokio::runtime::Runtime, args: &ExplainArgs) -> ExitCode {
     use offload_operator::explain;
     let manifests = match read_manifests(args) {
         Ok(m) => m,
@@ -251,10 +258,6 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         guard_image: args.agent_image.clone().filter(|i| !i.is_empty()),
     };
     let mut inputs = if args.node_reports.is_empty() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("start-up: tokio runtime");
         let loaded = runtime.block_on(async {
             let client = kube::Client::try_default().await?;
             explain::inputs_from_cluster(&client, &manifests, render).await
@@ -384,11 +387,11 @@ fn offline_inputs(
     });
     nodes.and_then(|nodes| {
         Ok(explain::Inputs {
-            view: offload_operator::view::MemoryView {
+            view: offload_operator::cluster::view::MemoryView {
                 render,
                 claim_templates: explain::claim_templates_from_files(&args.claim_templates)?,
                 dra: Some(dra),
-                ..offload_operator::view::MemoryView::new(
+                ..offload_operator::cluster::view::MemoryView::new(
                     nodes,
                     explain::profiles_from_files(&args.profiles)?,
                 )
@@ -399,12 +402,10 @@ fn offline_inputs(
     })
 }
 
-fn check(profile: &str, namespace: &str) -> ExitCode {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("start-up: tokio runtime");
-    match runtime.block_on(offload_operator::check::installation(profile, namespace)) {
+fn check(runtime: &tokio::runtime::Runtime, profile: &str, namespace: &str) -> ExitCode {
+    match runtime.block_on(offload_operator::process::installation::installation(
+        profile, namespace,
+    )) {
         Ok(lines) => {
             for line in lines {
                 println!("ok: {line}");
@@ -418,17 +419,13 @@ fn check(profile: &str, namespace: &str) -> ExitCode {
     }
 }
 
-fn run(args: RunArgs) -> ExitCode {
+fn run(runtime: &tokio::runtime::Runtime, args: RunArgs) -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,kube=warn".into()),
         )
         .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("start-up: tokio runtime");
     runtime.block_on(async move {
         let client = match kube::Client::try_default().await {
             Ok(c) => c,
@@ -437,13 +434,7 @@ fn run(args: RunArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let shutdown = CancellationToken::new();
-        let signal_token = shutdown.clone();
-        tokio::spawn(async move {
-            wait_for_signal().await;
-            tracing::info!("shutting down");
-            signal_token.cancel();
-        });
+        let shutdown = offload_process::shutdown_on_signal();
         let identity = format!(
             "{}_{}",
             args.identity.as_deref().unwrap_or("offload-operator"),
@@ -519,28 +510,13 @@ fn webhook_options(args: &RunArgs) -> Result<Option<WebhookOptions>, String> {
     }))
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {},
-                _ = tokio::signal::ctrl_c() => {},
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
 fn write_crds(out_dir: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
-    for crd in offload_api::api::crds() {
-        let yaml = offload_api::api::crd_yaml(&crd)?;
+    for crd in offload_api::v1alpha1::crds() {
+        let yaml = offload_api::v1alpha1::crd_yaml(&crd)?;
         match &out_dir {
             Some(dir) => {
                 std::fs::create_dir_all(dir)?;
-                let path = dir.join(offload_api::api::crd_file_name(&crd));
+                let path = dir.join(offload_api::v1alpha1::crd_file_name(&crd));
                 std::fs::write(&path, yaml)?;
                 eprintln!("wrote {}", path.display());
             }

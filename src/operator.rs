@@ -10,10 +10,10 @@ use kube_lease_manager::LeaseManagerBuilder;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{self, AdminState};
-use crate::caches::Caches;
+use crate::cluster::caches::Caches;
 use crate::controller::{self, ControllerOptions};
-use crate::metrics::Metrics;
+use crate::process::admin::{self, AdminState};
+use crate::process::metrics::Metrics;
 
 /// How the operator runs.
 #[derive(Clone, Debug)]
@@ -120,7 +120,7 @@ pub async fn run(
     caches.learned = options
         .learned_namespace
         .as_deref()
-        .map(crate::learned::LearnedStore::new);
+        .map(crate::cluster::learned::LearnedStore::new);
     let learned = caches.learned.clone();
     let watch_client = client.clone();
     let watch_stop = stop.clone();

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, PostParams};
-use offload_api::api::{OffloadProfile, TrainingJob};
 use offload_api::names;
+use offload_api::v1alpha1::{OffloadProfile, TrainingJob};
 use offload_operator::operator::{self, RunOptions};
 use offload_operator::webhook::tls::ManagedCerts;
 use offload_operator::webhook::{CertMode, WebhookOptions};

@@ -7,8 +7,8 @@ use offload_testenv::support;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
-use offload_api::api::TrainingJob;
 use offload_api::names;
+use offload_api::v1alpha1::TrainingJob;
 use offload_testenv::fixtures;
 use serde_json::json;
 use support::controller::*;
@@ -88,7 +88,7 @@ async fn the_templates_constraints_choose_the_class_and_the_pods_land_there() {
         let resolved = wait_for_condition(&api, name, "WorkloadCreated", "True").await;
         assert_eq!(
             resolved.spec.offload.mode,
-            offload_api::api::ModeSetting::CpuCopy,
+            offload_api::v1alpha1::ModeSetting::CpuCopy,
             "{name}"
         );
         let on = pods_of(&client, &ns, name, &format!("{name}'s pod bound"), |pods| {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
-use offload_api::api::{ModeSetting, OffloadProfile, RatioSetting, TrainingJob};
+use offload_api::v1alpha1::{ModeSetting, OffloadProfile, RatioSetting, TrainingJob};
 use offload_testenv::devcluster::ClusterOptions;
 use support::*;
 
@@ -237,7 +237,7 @@ fn header(table: &str) -> Vec<String> {
 /// What `kubectl get` shows for `kind`: its name, then the generated CRD's printer columns
 /// (`tests/crds.rs` holds those to the documented list).
 fn columns(kind: &str) -> Vec<String> {
-    let crds = offload_api::api::crds();
+    let crds = offload_api::v1alpha1::crds();
     let crd = crds.iter().find(|c| c.spec.names.kind == kind).unwrap();
     let printed = crd.spec.versions[0]
         .additional_printer_columns

@@ -13,10 +13,10 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
 use kube::runtime::watcher;
-use offload_api::api::{
+use offload_api::names;
+use offload_api::v1alpha1::{
     JobPhase, ModeSetting, NodeClass, OffloadMode, OffloadProfile, TrainingJob,
 };
-use offload_api::names;
 use offload_testenv::fixtures;
 use serde_json::json;
 use support::controller::*;
@@ -511,7 +511,7 @@ async fn a_job_that_runs_out_of_gpu_memory_is_decided_again_once_and_runs() {
     let status = recovered.status.clone().unwrap();
     assert_eq!(status.memory_failures.len(), 1);
     let f = &status.memory_failures[0];
-    assert_eq!(f.kind, offload_api::api::MemoryKind::Gpu);
+    assert_eq!(f.kind, offload_api::v1alpha1::MemoryKind::Gpu);
     assert!(
         f.configuration.starts_with("mode=Disabled"),
         "{}",
@@ -527,8 +527,8 @@ async fn a_job_that_runs_out_of_gpu_memory_is_decided_again_once_and_runs() {
         |jobs| {
             let tj = jobs.first()?;
             let s = tj.status.as_ref()?;
-            (s.phase == Some(offload_api::api::JobPhase::Running)
-                && tj.spec.offload.mode == offload_api::api::ModeSetting::CpuCopy)
+            (s.phase == Some(offload_api::v1alpha1::JobPhase::Running)
+                && tj.spec.offload.mode == offload_api::v1alpha1::ModeSetting::CpuCopy)
                 .then(|| TrainingJob::clone(tj))
         },
     )
@@ -573,7 +573,7 @@ async fn recovery_is_bounded_and_only_for_memory() {
     let tj = api.get("bounded").await.unwrap();
     assert_eq!(
         tj.spec.offload.mode,
-        offload_api::api::ModeSetting::Disabled,
+        offload_api::v1alpha1::ModeSetting::Disabled,
         "never re-decided"
     );
     // A pod that fails for any other reason: the job fails as written, never re-decided.
@@ -590,7 +590,7 @@ async fn recovery_is_bounded_and_only_for_memory() {
         WAIT,
         |jobs| {
             let tj = jobs.first()?;
-            (tj.status.as_ref()?.phase == Some(offload_api::api::JobPhase::Failed))
+            (tj.status.as_ref()?.phase == Some(offload_api::v1alpha1::JobPhase::Failed))
                 .then(|| TrainingJob::clone(tj))
         },
     )
@@ -626,7 +626,7 @@ async fn a_job_oom_killed_on_the_host_is_decided_again_with_its_host_figures_rai
     let status = tj.status.unwrap();
     assert_eq!(
         status.memory_failures[0].kind,
-        offload_api::api::MemoryKind::Host
+        offload_api::v1alpha1::MemoryKind::Host
     );
     assert!(
         status.memory_failures[0].message.contains("OOMKilled"),

@@ -9,7 +9,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::watcher;
-use offload_api::api::TrainingJob;
+use offload_api::v1alpha1::TrainingJob;
 use offload_testenv::devcluster::{ClusterOptions, free_port};
 use offload_testenv::fixtures;
 use serde_json::json;

@@ -5,7 +5,7 @@ use offload_testenv::support;
 
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, PostParams};
-use offload_api::api::{ModeSetting, TrainingJob};
+use offload_api::v1alpha1::{ModeSetting, TrainingJob};
 use offload_testenv::fixtures;
 use serde_json::json;
 use support::controller::*;
@@ -75,9 +75,12 @@ async fn a_stale_copy_never_drops_the_recorded_decision() {
 
     // The reconcile a stale cache would run: it finds the workload and follows it.
     let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = offload_operator::metrics::Metrics::new(&mut registry);
-    let (caches, _not_driven) =
-        offload_operator::caches::Caches::new(&client, metrics.clone(), Some(&Default::default()));
+    let metrics = offload_operator::process::metrics::Metrics::new(&mut registry);
+    let (caches, _not_driven) = offload_operator::cluster::caches::Caches::new(
+        &client,
+        metrics.clone(),
+        Some(&Default::default()),
+    );
     let ctx = offload_operator::controller::Context::new(client.clone(), &caches, metrics, "test");
     offload_operator::controller::reconcile_job(&stale, &ctx)
         .await

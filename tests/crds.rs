@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use offload_api::api::{crd_file_name, crd_yaml, crds};
+use offload_api::v1alpha1::{crd_file_name, crd_yaml, crds};
 
 #[test]
 fn committed_crds_match_the_code() {

@@ -21,8 +21,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
-use offload_api::api::{OffloadProfile, TrainingJob};
 use offload_api::names;
+use offload_api::v1alpha1::{OffloadProfile, TrainingJob};
 use offload_testenv::deploy;
 use offload_testenv::devcluster::node::images;
 use offload_testenv::devcluster::{ClusterOptions, DevCluster, REAL_NODE};
@@ -103,9 +103,8 @@ fn claim_of(pod: &Pod) -> Option<String> {
 
 /// What the agent's own read of the kubelet's pod-resources API attributes to `pod`.
 async fn agent_sees(cluster: &DevCluster, ns: &str, pod: &str) -> Option<Vec<String>> {
-    use offload_agent::attribution::{
-        DRA_DRIVER, GPU_RESOURCE, devices_by_pod, list_pod_resources,
-    };
+    use offload_agent::attribution::{devices_by_pod, list_pod_resources};
+    use offload_agent::devices::{DRA_DRIVER, GPU_RESOURCE};
     let socket = cluster
         .kubelet_dir()
         .unwrap()

@@ -2,14 +2,14 @@
 
 use std::path::Path;
 
-use offload_api::api::{
-    ModeSetting, NodeClass, OffloadMode, OffloadProfile, RatioSetting, TrainingJob,
-};
 use offload_api::names;
 use offload_api::report::NodeReport;
+use offload_api::v1alpha1::{
+    ModeSetting, NodeClass, OffloadMode, OffloadProfile, RatioSetting, TrainingJob,
+};
+use offload_operator::cluster::view::MemoryView;
 use offload_operator::decision::{JobRequest, UserConfig, model_config, resolve_offload};
 use offload_operator::index::{Allocatable, NodeIndex, NodeInfo};
-use offload_operator::view::MemoryView;
 use offload_testenv::fixtures;
 
 fn read<T: serde::de::DeserializeOwned>(file: &str) -> T {

@@ -9,16 +9,16 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::Request;
-use offload_api::api::{
+use offload_api::quantity::ParameterCount;
+use offload_api::report::NodeReport;
+use offload_api::v1alpha1::{
     Framework, FrameworkSpec, ModeSetting, ModelHints, OffloadProfileSpec, OffloadSpec,
     OverlapSetting, RatioSetting, Switch,
 };
-use offload_api::quantity::ParameterCount;
-use offload_api::report::NodeReport;
+use offload_operator::cluster::view::MemoryView;
 use offload_operator::decision::{DeepSpeedRequest, JobRequest, class_admits, resolve_offload};
 use offload_operator::index::{NodeIndex, NodeInfo};
-use offload_operator::metrics::Metrics;
-use offload_operator::view::MemoryView;
+use offload_operator::process::metrics::Metrics;
 use offload_operator::webhook::{WebhookState, paths, router};
 use offload_testenv::fixtures;
 use serde_json::{Value, json};
@@ -230,7 +230,7 @@ fn decision_engine() {
                         }
                     }
                     // A share in (0, 1], or 0 where nothing is offloaded.
-                    if res.mode == offload_api::api::OffloadMode::Disabled {
+                    if res.mode == offload_api::v1alpha1::OffloadMode::Disabled {
                         assert_eq!(res.ratio, 0.0);
                     } else {
                         assert!(res.ratio > 0.0 && res.ratio <= 1.0, "{}", res.ratio);

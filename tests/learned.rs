@@ -12,11 +12,11 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use offload_api::api::{OffloadProfile, StatePlacement, TrainingJob};
 use offload_api::names;
 use offload_api::observed::{
     BusySource, HostMemorySource, OBSERVED_SCHEMA_VERSION, ObservedSummary, PodObservation,
 };
+use offload_api::v1alpha1::{OffloadProfile, StatePlacement, TrainingJob};
 use offload_testenv::devcluster::ClusterOptions;
 use offload_testenv::fixtures;
 use serde_json::json;

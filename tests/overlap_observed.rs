@@ -12,11 +12,11 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use offload_api::api::{OffloadProfile, TrainingJob};
 use offload_api::names;
 use offload_api::observed::{
     BusySource, HostMemorySource, OBSERVED_SCHEMA_VERSION, ObservedSummary, PodObservation,
 };
+use offload_api::v1alpha1::{OffloadProfile, TrainingJob};
 use offload_testenv::devcluster::{ClusterOptions, free_port};
 use offload_testenv::fixtures;
 use serde_json::json;

@@ -13,9 +13,9 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::Client;
 use kube::api::{Api, PostParams};
-use offload_api::api::OffloadProfile;
-use offload_operator::caches::Caches;
-use offload_operator::metrics::Metrics;
+use offload_api::v1alpha1::OffloadProfile;
+use offload_operator::cluster::caches::Caches;
+use offload_operator::process::metrics::Metrics;
 use offload_operator::webhook::admit::StoreView;
 use offload_operator::webhook::tls::ManagedCerts;
 use offload_operator::webhook::{self, CertMode, Rotator, WebhookOptions, WebhookState, paths};
@@ -422,8 +422,8 @@ async fn a_certificate_rotation_mid_stream_fails_no_admission() {
 async fn a_large_training_job_can_be_updated_through_the_webhook() {
     let (_cluster, client, _served) = setup().await;
     let ns = namespace(&client, "large").await;
-    let api: Api<offload_api::api::TrainingJob> = Api::namespaced(client.clone(), &ns);
-    let tj: offload_api::api::TrainingJob = serde_json::from_value(json!({
+    let api: Api<offload_api::v1alpha1::TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let tj: offload_api::v1alpha1::TrainingJob = serde_json::from_value(json!({
         "apiVersion": "offload.dev/v1alpha1", "kind": "TrainingJob",
         "metadata": {"name": "large"},
         "spec": {"framework": {"name": "Generic"},

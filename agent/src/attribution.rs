@@ -28,17 +28,6 @@ use crate::utilization::{Method, UtilizationSource};
 /// Where the kubelet serves the pod-resources API.
 pub const POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 
-/// The extended resource GPUs are requested as.
-pub const GPU_RESOURCE: &str = names::GPU_RESOURCE;
-
-/// The DRA driver whose allocated devices are GPUs by default: NVIDIA's (`run --dra-driver`).
-pub const DRA_DRIVER: &str = "gpu.nvidia.com";
-
-/// The minor number in a device name NVIDIA's DRA driver gives a whole GPU (`gpu-3`).
-pub fn dra_minor(device: &str) -> Option<u32> {
-    device.strip_prefix("gpu-")?.parse().ok()
-}
-
 /// Field manager of the observation annotation: apart from the report's, so publishing one
 /// never releases the other.
 pub const OBSERVER_MANAGER: &str = "offload-agent-observer";

@@ -5,9 +5,10 @@
 
 pub mod assemble;
 pub mod attribution;
+pub mod daemon;
+pub mod devices;
 pub mod observe_run;
 pub mod probe;
-pub mod publish;
 pub mod selftest;
 pub mod utilization;
 pub mod verify;

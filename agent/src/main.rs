@@ -1,7 +1,7 @@
 //! `offload-agent`: the node agent. Reads NVML, classifies the node's memory model, runs the
 //! overlap self-test and publishes labels and a report on its own Node.
 
-use offload_agent::{assemble, probe, publish};
+use offload_agent::{assemble, daemon, probe};
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -170,7 +170,7 @@ struct RunArgs {
     observe_window: Duration,
     /// The DRA driver whose devices the kubelet lists for pods count as GPUs (NVIDIA's
     /// `gpu-<minor>` devices); empty: only `nvidia.com/gpu` device-plugin GPUs.
-    #[arg(long, default_value = offload_agent::attribution::DRA_DRIVER)]
+    #[arg(long, default_value = offload_agent::devices::DRA_DRIVER)]
     dra_driver: String,
     /// The kubelet's pod-resources socket (which pod holds which GPU).
     #[arg(long, default_value = offload_agent::attribution::POD_RESOURCES_SOCKET)]
@@ -244,7 +244,7 @@ fn main() -> ExitCode {
                 },
                 None => None,
             };
-            let cfg = publish::LoopConfig {
+            let cfg = daemon::LoopConfig {
                 node: args.node_name.clone(),
                 interval: args.interval,
                 addr: args.addr,
@@ -252,7 +252,7 @@ fn main() -> ExitCode {
                 options: args.test.options(),
                 replay: args.replay.clone(),
                 once: args.once,
-                observe: (!args.observe_window.is_zero()).then(|| publish::ObserveConfig {
+                observe: (!args.observe_window.is_zero()).then(|| daemon::ObserveConfig {
                     window: args.observe_window,
                     pod_resources: args.pod_resources_socket.clone(),
                     cgroup_root: args.cgroup_root.clone(),
@@ -260,7 +260,7 @@ fn main() -> ExitCode {
                     recorded,
                 }),
             };
-            with_client(|client, shutdown| publish::run_loop(client, cfg, shutdown))
+            with_client(|client, shutdown| daemon::run_loop(client, cfg, shutdown))
         }
         Command::Verify(args) => verify(&args),
         Command::Observe {
@@ -308,7 +308,7 @@ fn main() -> ExitCode {
         }
         Command::Cleanup { node_name, .. } => {
             with_client(
-                |client, _| async move { publish::cleanup(&client, node_name.as_deref()).await },
+                |client, _| async move { daemon::cleanup(&client, node_name.as_deref()).await },
             )
         }
     }
@@ -319,9 +319,9 @@ fn main() -> ExitCode {
 fn with_client<F, Fut>(work: F) -> ExitCode
 where
     F: FnOnce(kube::Client, CancellationToken) -> Fut,
-    Fut: std::future::Future<Output = Result<(), publish::AgentError>>,
+    Fut: std::future::Future<Output = Result<(), daemon::AgentError>>,
 {
-    runtime().block_on(async move {
+    offload_process::runtime(2).block_on(async move {
         let client = match kube::Client::try_default().await {
             Ok(c) => c,
             Err(e) => {
@@ -329,17 +329,7 @@ where
                 return ExitCode::FAILURE;
             }
         };
-        let shutdown = CancellationToken::new();
-        let on_signal = shutdown.clone();
-        let signals = async move {
-            wait_for_signal().await;
-            tracing::info!("shutting down");
-            on_signal.cancel();
-        };
-        let outcome = tokio::select! {
-            outcome = work(client, shutdown.clone()) => outcome,
-            () = async { signals.await; std::future::pending::<()>().await } => Ok(()),
-        };
+        let outcome = work(client, offload_process::shutdown_on_signal()).await;
         match outcome {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => failure(e),
@@ -347,32 +337,9 @@ where
     })
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {},
-                _ = tokio::signal::ctrl_c() => {},
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("start-up: tokio runtime")
-}
-
 fn verify(args: &VerifyArgs) -> ExitCode {
     use offload_agent::verify::{Expected, PIN_PROBE_BYTES};
-    use offload_api::api::{NodeClass, OffloadMode};
+    use offload_api::v1alpha1::{NodeClass, OffloadMode};
     let expected = Expected {
         mode: match args.mode.as_str() {
             "unified-memory" => OffloadMode::UnifiedMemory,

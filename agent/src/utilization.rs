@@ -158,7 +158,7 @@ impl NvmlUtilization {
     /// The NVML index of a device the kubelet assigned (NVIDIA's device plugin names GPUs by
     /// UUID); `None` for an ID NVML does not know.
     pub fn index_of(&self, device_id: &str) -> Option<u32> {
-        if let Some(minor) = crate::attribution::dra_minor(device_id) {
+        if let Some(minor) = crate::devices::dra_minor(device_id) {
             // A DRA device (`gpu-<minor>`): the GPU with that minor number.
             let count = self.nvml.device_count().ok()?;
             return (0..count).find(|&i| {
@@ -282,7 +282,7 @@ impl RecordedUtilization {
     /// A DRA device name (`gpu-<minor>`) stands for the trace's GPU at that position (the
     /// trace is a stand-in: its GPUs have no minor numbers).
     pub fn index_of(&self, device_id: &str) -> Option<u32> {
-        if let Some(minor) = crate::attribution::dra_minor(device_id) {
+        if let Some(minor) = crate::devices::dra_minor(device_id) {
             return (usize::try_from(minor).ok()? < self.gpus.len()).then_some(minor);
         }
         self.gpus

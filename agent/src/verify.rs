@@ -5,8 +5,8 @@
 //! changed since the node was labelled (a driver change, a stale label), pinned host memory that
 //! the pod cannot get, or no driver at all.
 
-use offload_api::api::{NodeClass, OffloadMode};
 use offload_api::report::{AddressingMode, GpuReport, NodeMemoryModel};
+use offload_api::v1alpha1::{NodeClass, OffloadMode};
 
 use crate::probe::NvmlSource;
 

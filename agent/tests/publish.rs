@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use offload_agent::probe::{NvmlSource, RealNvml, RecordedNvml};
-use offload_agent::{assemble, publish};
-use offload_api::api::{OffloadMode, OffloadProfileSpec};
+use offload_agent::{assemble, daemon};
 use offload_api::names;
 use offload_api::report::NodeReport;
+use offload_api::v1alpha1::{OffloadMode, OffloadProfileSpec};
 use offload_operator::decision::{JobRequest, resolve_offload};
 use offload_operator::index::{NodeIndex, NodeInfo};
 use offload_testenv::devcluster::ClusterOptions;
@@ -59,7 +59,7 @@ async fn a_published_report_is_what_the_decision_reads_and_cleanup_removes_only_
     let source = RecordedNvml::from_report(fixtures::GH200_REFERENCE).unwrap();
     let recorded = NodeReport::parse(fixtures::GH200_REFERENCE).unwrap();
     let report = assemble::assemble(&name, source.read(), recorded.selftest.clone());
-    publish::publish(&client, &report).await.unwrap();
+    daemon::publish(&client, &report).await.unwrap();
 
     let stored = nodes.get(&name).await.unwrap();
     let info = view(&stored);
@@ -89,8 +89,8 @@ async fn a_published_report_is_what_the_decision_reads_and_cleanup_removes_only_
     assert!(res.overlap);
 
     // Publishing again (a re-run) converges; cleanup removes our keys and nothing else.
-    publish::publish(&client, &report).await.unwrap();
-    publish::remove(&client, &name).await.unwrap();
+    daemon::publish(&client, &report).await.unwrap();
+    daemon::remove(&client, &name).await.unwrap();
     let after = nodes.get(&name).await.unwrap();
     offload_testenv::support::assert_agent_left_nothing_on(&after);
     assert_eq!(
@@ -111,7 +111,7 @@ async fn this_machine_is_reported_truthfully_whatever_it_has() {
         .unwrap();
     // The real NVML: on a machine without a driver the report says so and labels are safe.
     let report = assemble::build(&name, &RealNvml, &Default::default(), Default::default());
-    publish::publish(&client, &report).await.unwrap();
+    daemon::publish(&client, &report).await.unwrap();
     let stored = nodes.get(&name).await.unwrap();
     let info = view(&stored);
     assert_eq!(info.parsed_report(), Some(&report));
@@ -246,9 +246,7 @@ async fn observations_of_configured_pods_are_published_and_cleared() {
     attribution::publish_observed(&client, &summary)
         .await
         .unwrap();
-    offload_agent::publish::remove(&client, &node)
-        .await
-        .unwrap();
+    offload_agent::daemon::remove(&client, &node).await.unwrap();
     let after = Api::<Node>::all(client.clone()).get(&node).await.unwrap();
     assert!(
         !after

@@ -9,17 +9,17 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::guard::Guarded;
-use offload_api::api::{OffloadProfile, TrainingJob};
+use crate::cluster::tolerant::Tolerant;
 use offload_api::names;
+use offload_api::v1alpha1::{OffloadProfile, TrainingJob};
 
 /// TrainingJob changes other than status: a new job, a new generation (spec), labels,
 /// annotations, deletion. The controller's own status writes are left out, so a reconcile does
 /// not trigger the next one.
 pub(super) fn spec_changes(
-    jobs: impl Stream<Item = Arc<Guarded<TrainingJob>>>,
-    store: Store<Guarded<TrainingJob>>,
-) -> impl Stream<Item = Arc<Guarded<TrainingJob>>> {
+    jobs: impl Stream<Item = Arc<Tolerant<TrainingJob>>>,
+    store: Store<Tolerant<TrainingJob>>,
+) -> impl Stream<Item = Arc<Tolerant<TrainingJob>>> {
     use kube::Resource;
     use std::hash::{Hash, Hasher};
     let mut seen: std::collections::HashMap<(String, String), u64> =
@@ -54,8 +54,8 @@ pub(super) fn spec_changes(
 /// first decision, a re-decision under another profile) or that was deleted: the profile(s)
 /// whose job count that changes.
 pub(super) fn decision_profile_changes(
-    jobs: impl Stream<Item = Arc<Guarded<TrainingJob>>>,
-    store: Store<Guarded<TrainingJob>>,
+    jobs: impl Stream<Item = Arc<Tolerant<TrainingJob>>>,
+    store: Store<Tolerant<TrainingJob>>,
 ) -> impl Stream<Item = ObjectRef<OffloadProfile>> {
     use kube::Resource;
     let mut seen: std::collections::HashMap<(String, String), String> =

@@ -18,7 +18,7 @@ pub mod workload;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::guard::Guarded;
+use crate::cluster::tolerant::Tolerant;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
@@ -31,12 +31,12 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::caches::Caches;
+use crate::cluster::caches::Caches;
 use crate::index::NodeIndex;
-use crate::metrics::{ErrorLabels, Metrics};
+use crate::process::metrics::{ErrorLabels, Metrics};
 use changes::{decision_profile_changes, metadata_changes, observation_changes, spec_changes};
-use offload_api::api::{OffloadProfile, TrainingJob};
 use offload_api::names;
+use offload_api::v1alpha1::{OffloadProfile, TrainingJob};
 
 /// Shared state of the controllers, built once when they start.
 pub struct Context {
@@ -49,9 +49,9 @@ pub struct Context {
     /// OffloadProfiles, from the shared cache.
     pub profiles: Store<OffloadProfile>,
     /// The decision's view of the cluster (profiles and nodes), shared with the webhook's.
-    pub view: crate::view::StoreView,
+    pub view: crate::cluster::view::StoreView,
     /// TrainingJobs, from the shared cache.
-    pub jobs: Store<Guarded<TrainingJob>>,
+    pub jobs: Store<Tolerant<TrainingJob>>,
     /// What the operator writes beside the decision (the start-up guard's image).
     pub render: crate::render::RenderOptions,
     /// The workload Jobs (the leader's own watch of them, labelled with their TrainingJob);
@@ -78,7 +78,7 @@ impl Context {
             recorder,
             metrics,
             profiles: caches.profiles.store().clone(),
-            view: crate::view::StoreView::new(caches),
+            view: crate::cluster::view::StoreView::new(caches),
             jobs: caches.jobs.store().clone(),
             render: crate::render::RenderOptions::default(),
             workloads: None,
@@ -292,7 +292,7 @@ where
         .default_backoff()
         .modify(move |obj: &mut K| {
             slim(obj);
-            crate::caches::strip_for_cache(obj);
+            crate::cluster::caches::strip_for_cache(obj);
         }),
     )
     .touched_objects();
@@ -308,7 +308,7 @@ fn job_controller<W, P>(
     workload_changes: W,
     pod_changes: P,
     shutdown: &CancellationToken,
-) -> impl Stream<Item = Outcome<Guarded<TrainingJob>>> + use<W, P>
+) -> impl Stream<Item = Outcome<Tolerant<TrainingJob>>> + use<W, P>
 where
     W: Stream<Item = Result<Job, watcher::Error>> + Send + 'static,
     P: Stream<Item = Result<Pod, watcher::Error>> + Send + 'static,
@@ -397,7 +397,7 @@ where
     .graceful_shutdown_on(shutdown.clone().cancelled_owned())
     .run(
         training_job::reconcile,
-        error_policy::<Guarded<TrainingJob>>("TrainingJob"),
+        error_policy::<Tolerant<TrainingJob>>("TrainingJob"),
         ctx.clone(),
     )
 }

@@ -16,8 +16,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
-use offload_api::api::MemoryKind;
 use offload_api::names;
+use offload_api::v1alpha1::MemoryKind;
 use tokio_util::sync::CancellationToken;
 
 use super::Context;

@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use crate::index::NodeIndex;
-use offload_api::api::{NodeObservation, ObservedMemory, ObservedOverlap, OffloadDecisionStatus};
+use offload_api::v1alpha1::{
+    NodeObservation, ObservedMemory, ObservedOverlap, OffloadDecisionStatus,
+};
 
 /// Observations older than this are not counted: the agent publishes every minute, so a
 /// summary this old comes from an agent that stopped, or from pods that are gone.
@@ -263,11 +265,11 @@ mod tests {
 
     use super::*;
     use crate::index::NodeInfo;
-    use offload_api::api::OffloadMode;
     use offload_api::names;
     use offload_api::observed::{
         BusySource, OBSERVED_SCHEMA_VERSION, ObservedSummary, PodObservation,
     };
+    use offload_api::v1alpha1::OffloadMode;
 
     /// Every pod is bound where its summary says.
     fn anywhere(_: &str, _: &str) -> bool {
@@ -494,7 +496,7 @@ mod tests {
         assert_eq!(fresh.gpu_total_bytes, Some(80 << 30), "the smallest GPU");
         assert_eq!(fresh.host_peak_bytes, Some(50 << 30), "the largest pod");
         let mut d = decision(true, false);
-        d.estimate = Some(offload_api::api::MemoryEstimateStatus {
+        d.estimate = Some(offload_api::v1alpha1::MemoryEstimateStatus {
             gpu_bytes: 64 << 30,
             gpu_budget_bytes: 76 << 30,
             host_bytes: 40 << 30,

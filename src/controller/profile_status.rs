@@ -11,9 +11,9 @@ use serde_json::json;
 use super::conditions::{self, READY};
 use super::{Context, Error, kube_err};
 use crate::index::NodeIndex;
-use offload_api::api::{NodeCounts, OffloadProfile, OffloadProfileStatus};
 use offload_api::names;
 use offload_api::report::{NodeMemoryModel, OverlapVerdict};
+use offload_api::v1alpha1::{NodeCounts, OffloadProfile, OffloadProfileStatus};
 
 /// Ignored nodes a profile's status names, each with its reason; the rest are counted.
 const NAMED_IGNORED: usize = 3;
@@ -135,7 +135,7 @@ pub async fn reconcile(profile: Arc<OffloadProfile>, ctx: Arc<Context>) -> Resul
     };
     let learned = ctx.view.learned.as_ref().and_then(|store| {
         let (shapes, runs) = store.summary(&name);
-        (shapes > 0).then(|| offload_api::api::LearnedSummary {
+        (shapes > 0).then(|| offload_api::v1alpha1::LearnedSummary {
             shapes: i32::try_from(shapes).unwrap_or(i32::MAX),
             runs: i32::try_from(runs).unwrap_or(i32::MAX),
             summary: format!("{shapes} shapes / {runs} runs"),

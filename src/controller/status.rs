@@ -18,8 +18,10 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use super::{Error, kube_err};
-use offload_api::api::{JobPhase, ObservedOverlap, TrainingJob, TrainingJobStatus, WorkloadRef};
 use offload_api::names;
+use offload_api::v1alpha1::{
+    JobPhase, ObservedOverlap, TrainingJob, TrainingJobStatus, WorkloadRef,
+};
 
 async fn apply(
     api: &Api<TrainingJob>,
@@ -59,7 +61,7 @@ pub async fn apply_decision(
 pub async fn apply_memory(
     api: &Api<TrainingJob>,
     name: &str,
-    failures: &[offload_api::api::MemoryFailure],
+    failures: &[offload_api::v1alpha1::MemoryFailure],
     condition: &Condition,
 ) -> Result<(), Error> {
     let value = json!({"memoryFailures": failures, "conditions": [condition]});

@@ -17,8 +17,8 @@ use crate::dra::api::ResourceClaimTemplate;
 use crate::dra::claims;
 use crate::render::deepspeed::{self, DeepSpeedConfigError};
 use crate::render::{self, ConfigMount};
-use offload_api::api::{DecisionReason, OffloadDecisionStatus, TrainingJob};
 use offload_api::names;
+use offload_api::v1alpha1::{DecisionReason, OffloadDecisionStatus, TrainingJob};
 
 /// Port of the rendezvous Service (torch.distributed default).
 pub const RENDEZVOUS_PORT: i32 = 29500;
@@ -370,9 +370,11 @@ fn rendezvous_env(name: &str, replicas: i32) -> Vec<EnvVar> {
 }
 
 /// A placement in the status's words.
-pub fn state_placement(p: crate::decision::memory::Placement) -> offload_api::api::StatePlacement {
+pub fn state_placement(
+    p: crate::decision::memory::Placement,
+) -> offload_api::v1alpha1::StatePlacement {
     use crate::decision::memory::Placement;
-    use offload_api::api::StatePlacement;
+    use offload_api::v1alpha1::StatePlacement;
     match p {
         Placement::NoOffload => StatePlacement::NoOffload,
         Placement::PartialOptimizer(_) => StatePlacement::PartialOptimizer,
@@ -404,7 +406,7 @@ pub fn decision_status(res: &Resolution) -> OffloadDecisionStatus {
             .collect(),
         estimate: res.memory.as_ref().map(|m| {
             let i = |b: u64| i64::try_from(b).unwrap_or(i64::MAX);
-            offload_api::api::MemoryEstimateStatus {
+            offload_api::v1alpha1::MemoryEstimateStatus {
                 gpu_bytes: i(m.gpu_bytes),
                 gpu_budget_bytes: i(m.gpu_budget_bytes),
                 host_bytes: i(m.host_bytes_per_pod),
@@ -412,7 +414,7 @@ pub fn decision_status(res: &Resolution) -> OffloadDecisionStatus {
                 gpu_structural_bytes: Some(i(m.gpu_structural_bytes)),
                 shape: Some(m.shape.clone()),
                 learned: (!m.learned.is_neutral()).then(|| {
-                    offload_api::api::LearnedFactorsStatus {
+                    offload_api::v1alpha1::LearnedFactorsStatus {
                         activations: (m.learned.activations * 1000.0).round() / 1000.0,
                         host: (m.learned.host * 1000.0).round() / 1000.0,
                         runs: i32::try_from(m.learned.runs).unwrap_or(i32::MAX),

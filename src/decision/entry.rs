@@ -14,7 +14,7 @@ use super::{Resolution, ResolveError, resolve_offload};
 use crate::dra::DraOptions;
 use crate::dra::api::ResourceClaimTemplate;
 use crate::index::NodeIndex;
-use offload_api::api::{OffloadProfileSpec, TrainingJob};
+use offload_api::v1alpha1::{OffloadProfileSpec, TrainingJob};
 
 /// The cluster state a decision is made against: the profiles and the node index, from the
 /// operator's caches, or from files for `explain`.

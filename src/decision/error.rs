@@ -1,6 +1,6 @@
 //! Why a job cannot be resolved now. Every message says what to change.
 
-use offload_api::api::Framework;
+use offload_api::v1alpha1::Framework;
 use offload_api::version::VersionError;
 
 /// Why a job cannot be resolved now. Every message says what to change.

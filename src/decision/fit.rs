@@ -15,8 +15,8 @@ use super::request::JobRequest;
 use super::shape::{self, Block, Experts, ModelShape};
 use super::user_config::Precision;
 use super::{MIN_AUTO_RATIO, ResolveError};
-use offload_api::api::{Framework, ModelArchitecture, ModelHints, NodeClass};
 use offload_api::quantity::MAX_PARAMETERS;
+use offload_api::v1alpha1::{Framework, ModelArchitecture, ModelHints, NodeClass};
 
 /// Largest data-parallel size the advice looks at.
 const MAX_ADVISED_RANKS: u64 = 4096;

@@ -1,7 +1,7 @@
 //! The framework step: what the declared framework and version can take, and how each one
 //! turns the decided configuration into its own keys.
 
-use offload_api::api::{Framework, NodeClass, OffloadMode};
+use offload_api::v1alpha1::{Framework, NodeClass, OffloadMode};
 use offload_api::version::{self, FrameworkVersion};
 
 use super::DEFAULT_ZERO_STAGE;

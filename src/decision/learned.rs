@@ -20,7 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use offload_api::api::NodeClass;
+use offload_api::v1alpha1::NodeClass;
 
 /// Version of the stored JSON this code writes and reads.
 pub const LEARNED_SCHEMA_VERSION: u32 = 1;

@@ -9,8 +9,8 @@
 //! with the fewest activations — so that later runs of the same job are sized from it; both
 //! solutions are upper bounds of the size, never under it.
 
-use offload_api::api::{MemoryKind, NodeClass};
 use offload_api::quantity::MAX_PARAMETERS;
+use offload_api::v1alpha1::{MemoryKind, NodeClass};
 
 use super::error::ResolveError;
 use super::fit;

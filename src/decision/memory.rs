@@ -156,8 +156,10 @@ pub struct JobMemory {
     /// The job's shape as what was learned is keyed by ([`JobMemory::shape_key`]).
     pub shape_key: String,
     /// What runs of this shape taught, per node class (none: the model's figures stand).
-    pub learned:
-        std::collections::BTreeMap<offload_api::api::NodeClass, super::learned::LearnedFactors>,
+    pub learned: std::collections::BTreeMap<
+        offload_api::v1alpha1::NodeClass,
+        super::learned::LearnedFactors,
+    >,
     /// Sized from observed runs of the job (it gives no hints), not from hints.
     pub inferred: bool,
 }
@@ -190,8 +192,8 @@ impl Corrections {
     /// From the failures, oldest first: each failed configuration needed more than it had, so
     /// the figures are raised until its estimate is past that (by the margin). Each recorded
     /// estimate was made with the corrections of the failures before it, so they compound.
-    pub fn from_failures(failures: &[offload_api::api::MemoryFailure]) -> Corrections {
-        use offload_api::api::MemoryKind;
+    pub fn from_failures(failures: &[offload_api::v1alpha1::MemoryFailure]) -> Corrections {
+        use offload_api::v1alpha1::MemoryKind;
         let mut c = Corrections::default();
         for f in failures {
             #[allow(clippy::cast_precision_loss)]
@@ -229,7 +231,7 @@ pub struct ClassMemory {
     /// Where that share is, for reasons: `h200-0: 125.0 GiB allocatable for 1 pod`.
     pub host_node: String,
     /// The class, where the figures are a class's (what was learned is per class).
-    pub class: Option<offload_api::api::NodeClass>,
+    pub class: Option<offload_api::v1alpha1::NodeClass>,
 }
 
 impl ClassMemory {

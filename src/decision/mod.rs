@@ -48,10 +48,10 @@ pub use shape::ModelShape;
 pub use user_config::{ConfigError, ConfigFacts, Precision, UserConfig};
 
 use crate::index::NodeIndex;
-use offload_api::api::{
+use offload_api::report::NodeMemoryModel;
+use offload_api::v1alpha1::{
     NodeClass, OffloadMode, OffloadProfileSpec, OffloadSpec, OverlapSetting, RatioSetting, Switch,
 };
-use offload_api::report::NodeMemoryModel;
 
 /// Default ZeRO stage when neither the job nor the user's DeepSpeed JSON names one.
 pub const DEFAULT_ZERO_STAGE: u8 = 3;

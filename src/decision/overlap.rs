@@ -2,8 +2,8 @@
 //! profile's minimum, unless the job or profile says otherwise.
 
 use crate::index::NodeInfo;
-use offload_api::api::{OffloadMode, OffloadProfileSpec, OverlapSetting};
 use offload_api::report::OverlapVerdict;
+use offload_api::v1alpha1::{OffloadMode, OffloadProfileSpec, OverlapSetting};
 
 use super::effective;
 use super::placement::Placement;

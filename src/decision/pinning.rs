@@ -1,8 +1,8 @@
 //! The pinned-memory step: the job's or profile's wish, turned off where the agent could not
 //! pin host memory (unless the job insists).
 
-use crate::index::bounded;
-use offload_api::api::{OffloadMode, OffloadProfileSpec, Switch};
+use offload_api::text::bounded;
+use offload_api::v1alpha1::{OffloadMode, OffloadProfileSpec, Switch};
 
 use super::Source;
 use super::placement::Placement;

@@ -5,7 +5,7 @@
 use kube::core::{Selector, SelectorExt};
 
 use crate::index::{NodeIndex, NodeInfo};
-use offload_api::api::{
+use offload_api::v1alpha1::{
     ModeSetting, NodeClass, OffloadMode, OffloadProfileSpec, RatioSetting, UnknownSize,
 };
 
@@ -464,9 +464,9 @@ fn try_fastest<'c, 'a>(
 ) -> Result<Placement<'c, 'a>, ResolveError> {
     let mut ladder = vec![Memory::NoOffload, Memory::Optimizer];
     let params = match cx.job.framework.name {
-        offload_api::api::Framework::DeepSpeed => cx.facts.stage == 3,
-        offload_api::api::Framework::Fsdp => true,
-        offload_api::api::Framework::Generic => false,
+        offload_api::v1alpha1::Framework::DeepSpeed => cx.facts.stage == 3,
+        offload_api::v1alpha1::Framework::Fsdp => true,
+        offload_api::v1alpha1::Framework::Generic => false,
     };
     if params {
         ladder.push(Memory::OptimizerAndParams);
@@ -475,7 +475,7 @@ fn try_fastest<'c, 'a>(
         .job
         .memory_failures
         .iter()
-        .filter(|f| f.kind == offload_api::api::MemoryKind::Gpu)
+        .filter(|f| f.kind == offload_api::v1alpha1::MemoryKind::Gpu)
         .count();
     let at = failed.min(ladder.len() - 1);
     let rung = ladder[at];

@@ -2,7 +2,7 @@
 //! fits where the job gives model hints, fixed by the job or profile, or 1 — and whether the
 //! CPU keeps up with it (from the node report's rates and the step's tokens).
 
-use offload_api::api::{ModelHints, OffloadMode, OffloadProfileSpec, RatioSetting};
+use offload_api::v1alpha1::{ModelHints, OffloadMode, OffloadProfileSpec, RatioSetting};
 
 use super::error::ResolveError;
 use super::framework::{FrameworkFacts, partial_ratio_support};

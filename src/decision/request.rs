@@ -6,12 +6,12 @@ use serde_json::Value;
 
 use super::error::ResolveError;
 use super::user_config::{ConfigFacts, UserConfig};
-use offload_api::api::{
+use offload_api::names;
+use offload_api::quantity::{self, MAX_GPUS, ParameterCount};
+use offload_api::v1alpha1::{
     DeepSpeedSpec, Framework, FrameworkSpec, ModeSetting, ModelHints, OffloadSpec, OverlapSetting,
     RatioSetting, TrainingJob,
 };
-use offload_api::names;
-use offload_api::quantity::{self, MAX_GPUS, ParameterCount};
 
 /// What runs taught, as the caller holds it, and the time its lessons are aged to (part of the
 /// input, so a decision stays a function of what it is given).
@@ -41,7 +41,7 @@ pub struct JobRequest {
     pub hints_from_annotations: bool,
     /// Configurations of this job that ran out of memory, oldest first (a TrainingJob's
     /// `status.memoryFailures`): each raises the estimates past what failed.
-    pub memory_failures: Vec<offload_api::api::MemoryFailure>,
+    pub memory_failures: Vec<offload_api::v1alpha1::MemoryFailure>,
     /// What runs of jobs taught the memory model, where the caller holds it.
     pub learned: Option<LearnedView>,
     /// Who the job is, for what is learned of a job without model hints: a re-run of the same
@@ -431,7 +431,7 @@ impl JobRequest {
 fn model_annotations(
     annotations: &serde_json::Map<String, Value>,
 ) -> Result<Option<ModelHints>, String> {
-    use offload_api::api::{ExpertHints, ModelArchitecture};
+    use offload_api::v1alpha1::{ExpertHints, ModelArchitecture};
     let get = |key: &str| -> Option<&str> { annotations.get(key).and_then(Value::as_str) };
     let shape_keys = [
         names::ANNOTATION_TOKENS_PER_STEP,
@@ -475,7 +475,7 @@ fn model_annotations(
     let config_map_ref = config
         .map(|name| {
             offload_api::validation::object_name(name)
-                .map(|()| offload_api::api::ConfigMapKeyRef {
+                .map(|()| offload_api::v1alpha1::ConfigMapKeyRef {
                     name: name.to_string(),
                     key: None,
                 })
@@ -561,7 +561,7 @@ fn model_annotations(
 /// holds that decision's concrete values (the operator wrote them); `None` once the user changed
 /// it, or where nothing was recorded.
 fn recorded_request(tj: &TrainingJob) -> Option<OffloadSpec> {
-    use offload_api::api::{OffloadMode, Switch};
+    use offload_api::v1alpha1::{OffloadMode, Switch};
     let d = tj.status.as_ref()?.offload.as_ref()?;
     let requested = d.requested.clone()?;
     let concrete = OffloadSpec {

@@ -2,10 +2,10 @@
 
 use kube::ResourceExt;
 
-use offload_api::api::{
+use offload_api::names;
+use offload_api::v1alpha1::{
     ModeSetting, OffloadProfileSpec, OverlapSetting, RatioSetting, Switch, TrainingJob,
 };
-use offload_api::names;
 
 /// Whether a TrainingJob opted in: it names a profile, or sets an offload field explicitly.
 pub fn opted_in(tj: &TrainingJob) -> bool {

@@ -13,9 +13,9 @@ use serde_json::{Value, json};
 
 use super::DraOptions;
 use super::api::{ResourceClaimTemplate, ResourceClaimTemplateSpec};
-use crate::index::bounded;
-use offload_api::api::NodeClass;
 use offload_api::quantity::MAX_GPUS;
+use offload_api::text::bounded;
+use offload_api::v1alpha1::NodeClass;
 
 /// Why a pod's claims cannot be sized.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -9,11 +9,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::guard::Guarded;
+use crate::cluster::tolerant::Tolerant;
 
 use super::api::{Device, ResourceSlice};
-use crate::index::bounded;
 use offload_api::report::{AddressingMode, NodeMemoryModel};
+use offload_api::text::bounded;
 
 /// Most devices of one driver counted on one node: past this the slices are not believed
 /// (a node has at most a few dozen GPUs; the API allows 128 devices a slice, any number of
@@ -123,7 +123,7 @@ fn attribute<'d>(
 /// slices have different generations only the newest generation counts (the driver is
 /// replacing the older).
 pub fn witnesses(
-    slices: &[Arc<Guarded<ResourceSlice>>],
+    slices: &[Arc<Tolerant<ResourceSlice>>],
     driver: &str,
 ) -> BTreeMap<String, DriverWitness> {
     // Newest generation per (node, pool).

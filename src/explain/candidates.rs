@@ -15,7 +15,7 @@ use crate::decision::{
     ClusterView, FrameworkPlan, JobRequest, MemoryEstimate, Resolution, estimate_placement,
     profile_name_for,
 };
-use offload_api::api::{
+use offload_api::v1alpha1::{
     Framework, ModeSetting, NodeClass, OffloadMode, RatioSetting, Switch, TrainingJob,
     TrainingJobSpec,
 };
@@ -273,7 +273,7 @@ struct Knob {
     get: fn(&Resolution) -> bool,
 }
 
-fn ds_spec(spec: &mut TrainingJobSpec) -> &mut offload_api::api::DeepSpeedSpec {
+fn ds_spec(spec: &mut TrainingJobSpec) -> &mut offload_api::v1alpha1::DeepSpeedSpec {
     spec.deepspeed.get_or_insert_with(Default::default)
 }
 

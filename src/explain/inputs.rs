@@ -7,13 +7,13 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::ExplainError;
+use crate::cluster::tolerant::Tolerant;
+use crate::cluster::view::MemoryView;
 use crate::decision::{ConfigError, MODEL_CONFIG_KEY, ModelConfigError, ModelShape, UserConfig};
 use crate::dra::api::{ResourceClaimTemplate, ResourceSlice};
-use crate::guard::Guarded;
 use crate::index::NodeIndex;
 use crate::render::{RenderOptions, deepspeed};
-use crate::view::MemoryView;
-use offload_api::api::OffloadProfileSpec;
+use offload_api::v1alpha1::OffloadProfileSpec;
 
 /// What a decision is made from: the cluster, held in memory, and the DeepSpeed configs by
 /// ConfigMap name (the text of the key the job names) for jobs that reference one.
@@ -31,7 +31,7 @@ impl Inputs {
     /// its ConfigMap).
     pub fn user_config(
         &self,
-        tj: &offload_api::api::TrainingJob,
+        tj: &offload_api::v1alpha1::TrainingJob,
     ) -> Result<Option<UserConfig>, ConfigError> {
         let Some(r) = tj
             .spec
@@ -55,7 +55,7 @@ impl Inputs {
     /// reads from its ConfigMap).
     pub fn model_config(
         &self,
-        tj: &offload_api::api::TrainingJob,
+        tj: &offload_api::v1alpha1::TrainingJob,
     ) -> Result<Option<ModelShape>, ModelConfigError> {
         let Some(r) = tj
             .spec
@@ -147,8 +147,8 @@ pub fn profiles_from_files(
             ExplainError::Manifest(format!("reading profile {}: {e}", path.display()))
         })?;
         for doc in read_manifests(&text)? {
-            let p: offload_api::api::OffloadProfile =
-                crate::guard::from_value(doc).map_err(|e| {
+            let p: offload_api::v1alpha1::OffloadProfile =
+                crate::cluster::tolerant::from_value(doc).map_err(|e| {
                     ExplainError::Manifest(format!(
                         "{}: not an OffloadProfile: {e}",
                         path.display()
@@ -178,12 +178,13 @@ pub fn claim_templates_from_files(
             ExplainError::Manifest(format!("reading claim template {}: {e}", path.display()))
         })?;
         for doc in read_manifests(&text)? {
-            let t: ResourceClaimTemplate = crate::guard::from_value(doc).map_err(|e| {
-                ExplainError::Manifest(format!(
-                    "{}: not a ResourceClaimTemplate: {e}",
-                    path.display()
-                ))
-            })?;
+            let t: ResourceClaimTemplate =
+                crate::cluster::tolerant::from_value(doc).map_err(|e| {
+                    ExplainError::Manifest(format!(
+                        "{}: not a ResourceClaimTemplate: {e}",
+                        path.display()
+                    ))
+                })?;
             let ns = t
                 .metadata
                 .namespace
@@ -201,14 +202,14 @@ pub fn claim_templates_from_files(
 /// ResourceSlices (DRA) from manifest files, as the caches hold them.
 pub fn slices_from_files(
     paths: &[std::path::PathBuf],
-) -> Result<Vec<Arc<Guarded<ResourceSlice>>>, ExplainError> {
+) -> Result<Vec<Arc<Tolerant<ResourceSlice>>>, ExplainError> {
     let mut out = Vec::new();
     for path in paths {
         let text = std::fs::read_to_string(path).map_err(|e| {
             ExplainError::Manifest(format!("reading ResourceSlices {}: {e}", path.display()))
         })?;
         for doc in read_manifests(&text)? {
-            let s: Guarded<ResourceSlice> = serde_json::from_value(doc).map_err(|e| {
+            let s: Tolerant<ResourceSlice> = serde_json::from_value(doc).map_err(|e| {
                 ExplainError::Manifest(format!("{}: not a ResourceSlice: {e}", path.display()))
             })?;
             out.push(Arc::new(s));
@@ -221,7 +222,7 @@ pub fn slices_from_files(
 /// added.
 pub fn with_slices(
     mut nodes: Vec<crate::index::NodeInfo>,
-    slices: &[Arc<Guarded<ResourceSlice>>],
+    slices: &[Arc<Tolerant<ResourceSlice>>],
     driver: &str,
 ) -> Vec<crate::index::NodeInfo> {
     let mut witnesses = crate::dra::slices::witnesses(slices, driver);
@@ -275,7 +276,7 @@ pub async fn inputs_from_cluster(
 ) -> Result<Inputs, kube::Error> {
     use k8s_openapi::api::core::v1::{ConfigMap, Node};
     use kube::api::{Api, ListParams};
-    let profiles = Api::<offload_api::api::OffloadProfile>::all(client.clone())
+    let profiles = Api::<offload_api::v1alpha1::OffloadProfile>::all(client.clone())
         .list(&ListParams::default())
         .await?
         .items
@@ -297,8 +298,8 @@ pub async fn inputs_from_cluster(
             other => other.map(Some),
         }
     }
-    let slices: Vec<Arc<Guarded<ResourceSlice>>> = ignore_absent(
-        Api::<Guarded<ResourceSlice>>::all(client.clone())
+    let slices: Vec<Arc<Tolerant<ResourceSlice>>> = ignore_absent(
+        Api::<Tolerant<ResourceSlice>>::all(client.clone())
             .list(&ListParams::default().fields(&format!("spec.driver={}", dra.driver)))
             .await,
     )?

@@ -24,7 +24,7 @@ use crate::controller::workload::{Workload, build_workload};
 use crate::decision::{MemoryEstimate, Resolution, decide, opted_in};
 use crate::render::{self, deepspeed};
 use crate::webhook::admit::{self, Review};
-use offload_api::api::TrainingJob;
+use offload_api::v1alpha1::TrainingJob;
 
 pub use candidates::{Candidate, CandidateMemory};
 pub use inputs::{
@@ -136,7 +136,7 @@ pub struct Explanation {
     pub candidates: Vec<Candidate>,
     /// For a running job read from the cluster: what its GPUs were observed doing.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub observed: Option<offload_api::api::ObservedOverlap>,
+    pub observed: Option<offload_api::v1alpha1::ObservedOverlap>,
     /// For a running job with overlap on: the `OverlapObserved` condition's verdict.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overlap_observed: Option<String>,
@@ -201,9 +201,10 @@ pub fn explain(
         .and_then(Value::as_str)
         .ok_or_else(|| ExplainError::Manifest("the manifest has no kind".into()))?;
     if kind == "TrainingJob" {
-        let mut tj: TrainingJob = crate::guard::from_value(manifest.clone()).map_err(|e| {
-            ExplainError::Manifest(format!("the TrainingJob does not match its schema: {e}"))
-        })?;
+        let mut tj: TrainingJob =
+            crate::cluster::tolerant::from_value(manifest.clone()).map_err(|e| {
+                ExplainError::Manifest(format!("the TrainingJob does not match its schema: {e}"))
+            })?;
         tj.metadata
             .namespace
             .get_or_insert_with(|| "default".into());
@@ -228,9 +229,10 @@ pub fn explain_observed(
             "--observed explains a TrainingJob: the operator re-decides only those".into(),
         ));
     }
-    let mut tj: TrainingJob = crate::guard::from_value(manifest.clone()).map_err(|e| {
-        ExplainError::Manifest(format!("the TrainingJob does not match its schema: {e}"))
-    })?;
+    let mut tj: TrainingJob =
+        crate::cluster::tolerant::from_value(manifest.clone()).map_err(|e| {
+            ExplainError::Manifest(format!("the TrainingJob does not match its schema: {e}"))
+        })?;
     tj.metadata
         .namespace
         .get_or_insert_with(|| "default".into());

@@ -7,8 +7,8 @@
 
 use std::sync::Arc;
 
-use offload_api::api::{MemoryFailure, MemoryKind, NodeClass, TrainingJob, TrainingJobStatus};
 use offload_api::observed::{ObservedRun, ObservedSummary, PodObservation};
+use offload_api::v1alpha1::{MemoryFailure, MemoryKind, NodeClass, TrainingJob, TrainingJobStatus};
 use serde::Serialize;
 
 use super::{Explanation, Inputs, decided, explain_training_job};

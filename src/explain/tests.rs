@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 use offload_testenv::fixtures;
 
 use super::*;
+use crate::cluster::view::MemoryView;
 use crate::index::NodeInfo;
 use crate::render::RenderOptions;
-use crate::view::MemoryView;
 use offload_api::report::NodeReport;
 
 fn inputs(reports: &[(&str, &str)]) -> Inputs {
@@ -385,7 +385,7 @@ fn recorded_runs_give_the_next_decision_offline() {
     let oom = read_evidence("run-1", &recorded_run("llama-fast-run-1.json"), "j").unwrap();
     assert!(matches!(
         &oom.outcome,
-        Outcome::OutOfMemory(offload_api::api::MemoryKind::Gpu, _)
+        Outcome::OutOfMemory(offload_api::v1alpha1::MemoryKind::Gpu, _)
     ));
     let mut other: serde_json::Value =
         serde_json::from_str(&recorded_run("llama-fast-run-1.json")).unwrap();

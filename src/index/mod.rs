@@ -7,18 +7,16 @@ mod node;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use crate::guard::Guarded;
+use crate::cluster::tolerant::Tolerant;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 
 use crate::dra::api::ResourceSlice;
 
-pub use node::{
-    Allocatable, MAX_NODE_TEXT, NodeInfo, NodeTaint, Standing, Witness, bounded, bounded_to,
-};
+pub use node::{Allocatable, NodeInfo, NodeTaint, Standing, Witness};
 
-use offload_api::api::NodeClass;
+use offload_api::v1alpha1::NodeClass;
 
 /// Every known node, sorted by name, with the candidates of each class listed apart so a
 /// decision looks only at the class it considers.
@@ -135,14 +133,14 @@ pub fn node_info(node: &Node) -> NodeInfo {
 /// index. On a change only the nodes whose resourceVersion moved are parsed again.
 pub struct NodeViews {
     store: Store<Node>,
-    slices: Option<(Store<Guarded<ResourceSlice>>, String)>,
+    slices: Option<(Store<Tolerant<ResourceSlice>>, String)>,
     snapshot: Mutex<Snapshot>,
 }
 
 #[derive(Default)]
 struct Snapshot {
     objects: Vec<Arc<Node>>,
-    slices: Vec<Arc<Guarded<ResourceSlice>>>,
+    slices: Vec<Arc<Tolerant<ResourceSlice>>>,
     index: Option<Arc<NodeIndex>>,
     /// Parsed views by name, with the resourceVersion they were parsed at.
     parsed: HashMap<String, (String, Arc<NodeInfo>)>,
@@ -161,7 +159,7 @@ impl NodeViews {
     /// Views that also read `driver`'s ResourceSlices from `slices` (DRA's second witness).
     pub fn with_slices(
         store: Store<Node>,
-        slices: Store<Guarded<ResourceSlice>>,
+        slices: Store<Tolerant<ResourceSlice>>,
         driver: String,
     ) -> Self {
         NodeViews {

@@ -7,41 +7,14 @@
 use std::collections::BTreeMap;
 
 use crate::dra::slices::{DriverSays, DriverWitness};
-use offload_api::api::NodeClass;
 use offload_api::labels::{LabelValue, NodeLabels};
 use offload_api::names;
 use offload_api::observed::{ObservedError, ObservedSummary};
 use offload_api::report::{
     AddressingMode, NodeMemoryModel, NodeReport, OverlapVerdict, ReportError,
 };
-
-/// Longest piece of agent-written text (an error from the node) copied into a decision's
-/// reasons; the rest is cut, so a node cannot bloat every job's status.
-pub const MAX_NODE_TEXT: usize = 200;
-
-/// Cuts `text` to at most [`MAX_NODE_TEXT`] characters, marking the cut, with control
-/// characters (escape, bell, …) and bidirectional overrides replaced by `�`: text a node wrote
-/// reaches conditions and terminals, and must not steer either.
-pub fn bounded(text: &str) -> String {
-    bounded_to(text, MAX_NODE_TEXT)
-}
-
-/// [`bounded`] with another limit, for text of other writers (Kueue's messages).
-pub fn bounded_to(text: &str, max: usize) -> String {
-    let safe = |c: char| {
-        let bidi = matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}');
-        if c.is_control() || bidi {
-            '\u{FFFD}'
-        } else {
-            c
-        }
-    };
-    let mut cut: String = text.chars().take(max).map(safe).collect();
-    if text.chars().count() > max {
-        cut.push('…');
-    }
-    cut
-}
+use offload_api::text::bounded;
+use offload_api::v1alpha1::NodeClass;
 
 /// Whether a node can take offloaded jobs, and as which class.
 #[derive(Clone, Debug, PartialEq)]

@@ -122,20 +122,6 @@ fn unusable_publications_are_ignored_with_a_reason() {
     assert_eq!(plain.standing(), &Standing::NotReported);
 }
 
-#[test]
-fn text_from_a_node_is_bounded() {
-    let long = "x".repeat(200_000);
-    let cut = bounded(&long);
-    assert_eq!(cut.chars().count(), MAX_NODE_TEXT + 1);
-    assert_eq!(bounded("short"), "short");
-    // Found by an independent tester: escape, bell and a right-to-left override copied from a
-    // node's report into profile conditions.
-    assert_eq!(
-        bounded("ok\u{1b}[31mred\u{7}\u{202e}evil"),
-        "ok\u{FFFD}[31mred\u{FFFD}\u{FFFD}evil"
-    );
-}
-
 /// The views hand every caller the same index until a node changes, and see changes and
 /// deletions at once.
 #[test]

@@ -10,7 +10,7 @@ use serde_json::{Map, Value, json};
 use crate::decision::{
     DeepSpeedPlan, Resolution, SUPER_OFFLOAD_CPU_SHARE, ZENFLOW_TOPK_RATIO, ZENFLOW_UPDATE_INTERVAL,
 };
-use offload_api::api::OffloadMode;
+use offload_api::v1alpha1::OffloadMode;
 use offload_api::version::{FrameworkVersion, deepspeed};
 
 /// File name of the rendered config inside its mount.

@@ -18,9 +18,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::decision::{FrameworkPlan, Resolution};
-use offload_api::api::OffloadMode;
 use offload_api::labels::class_requirements;
 use offload_api::names;
+use offload_api::v1alpha1::OffloadMode;
 
 /// Name of the volume that carries the rendered framework config.
 pub const CONFIG_VOLUME: &str = "offload-config";

@@ -15,8 +15,8 @@ use super::deepspeed::{
 use super::*;
 use crate::decision::{DeepSpeedRequest, JobRequest, resolve_offload};
 use crate::index::{NodeIndex, NodeInfo};
-use offload_api::api::{Framework, FrameworkSpec, OffloadProfileSpec, OffloadSpec};
 use offload_api::report::NodeReport;
+use offload_api::v1alpha1::{Framework, FrameworkSpec, OffloadProfileSpec, OffloadSpec};
 use offload_testenv::fixtures;
 
 fn node(name: &str, fixture: &str) -> NodeInfo {
@@ -367,7 +367,7 @@ fn pod_template_gets_env_mount_and_affinity_once() {
 #[test]
 fn disabled_offload_adds_no_affinity_but_the_profile_selector_still_binds() {
     let mut j = job(Framework::Generic, None);
-    j.offload.mode = offload_api::api::ModeSetting::Disabled;
+    j.offload.mode = offload_api::v1alpha1::ModeSetting::Disabled;
     let mut p = OffloadProfileSpec::default();
     let res = resolve_offload(&j, "off", &p, &NodeIndex::default()).unwrap();
     assert!(node_affinity(&res).is_none());

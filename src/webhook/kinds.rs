@@ -21,7 +21,7 @@ pub struct KindError {
     pub detail: String,
 }
 
-pub use crate::view::{ApiFeatures, TrainJobApi};
+pub use crate::cluster::view::{ApiFeatures, TrainJobApi};
 pub use offload_api::names::TRAINJOB_CRD;
 
 /// A workload kind the webhook knows.

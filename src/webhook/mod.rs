@@ -28,9 +28,9 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::{AdmissionLabels, DenialLabels, Metrics};
+use crate::cluster::view::AdmissionView;
+use crate::process::metrics::{AdmissionLabels, DenialLabels, Metrics};
 use crate::render;
-use crate::view::AdmissionView;
 use admit::{Review, Verdict};
 
 /// How long the webhook waits for a request's whole body, and for its headers: the API server

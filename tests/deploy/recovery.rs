@@ -7,7 +7,7 @@
 
 use super::*;
 use k8s_openapi::api::core::v1::Container;
-use offload_api::api::{JobPhase, MemoryKind, StatePlacement};
+use offload_api::v1alpha1::{JobPhase, MemoryKind, StatePlacement};
 use support::controller::condition_when;
 
 fn standin_job(

@@ -1,4 +1,5 @@
 use super::*;
+use crate::devices::{DRA_DRIVER, GPU_RESOURCE, dra_minor};
 
 #[test]
 fn devices_are_joined_per_pod_for_the_gpu_resource_only() {

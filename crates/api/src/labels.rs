@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::api::NodeClass;
 use crate::names;
 use crate::report::{AddressingMode, NodeMemoryModel, NodeReport, OverlapVerdict};
+use crate::v1alpha1::NodeClass;
 
 /// The agent's four labels on a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

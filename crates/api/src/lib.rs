@@ -1,6 +1,6 @@
 //! The `offload.dev` API shared by the operator and the node agent.
 //!
-//! - [`api`]: the `offload.dev/v1alpha1` CRD types (`TrainingJob`, `OffloadProfile`) and the
+//! - [`v1alpha1`]: the `offload.dev/v1alpha1` CRD types (`TrainingJob`, `OffloadProfile`) and the
 //!   CRDs generated from them;
 //! - [`names`]: every label, annotation, env var and field-manager name another component
 //!   relies on;
@@ -10,15 +10,17 @@
 //! - [`observed`]: the agent's summary of what the GPUs of configured pods did, per window;
 //! - [`version`]: framework versions and the feature gates that depend on them;
 //! - [`quantity`]: Kubernetes quantities and model sizes read as numbers, without overflow;
-//! - [`validation`]: Kubernetes' rules for names, label selectors and mount paths.
+//! - [`validation`]: Kubernetes' rules for names, label selectors and mount paths;
+//! - [`text`]: text other writers wrote, made safe to show in a status or a terminal.
 #![deny(missing_docs)]
 
-pub mod api;
 pub mod duration;
 pub mod labels;
 pub mod names;
 pub mod observed;
 pub mod quantity;
 pub mod report;
+pub mod text;
+pub mod v1alpha1;
 pub mod validation;
 pub mod version;

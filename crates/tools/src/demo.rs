@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams, PostParams};
-use offload_api::api::TrainingJob;
+use offload_api::v1alpha1::TrainingJob;
 use offload_operator::operator::{self, RunOptions};
 use offload_operator::webhook::tls::ManagedCerts;
 use offload_operator::webhook::{CertMode, WebhookOptions};

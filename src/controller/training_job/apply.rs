@@ -17,11 +17,11 @@ use super::Unresolved;
 use crate::controller::conditions::{self, OFFLOAD_RESOLVED, WORKLOAD_CREATED};
 use crate::controller::workload::Workload;
 use crate::controller::{Context, Error, kube_err, status};
-use crate::metrics::DecisionLabels;
-use offload_api::api::{
+use crate::process::metrics::DecisionLabels;
+use offload_api::names;
+use offload_api::v1alpha1::{
     JobPhase, NodeClass, OffloadMode, TrainingJob, TrainingJobStatus, WorkloadRef,
 };
-use offload_api::names;
 
 /// Whether an API error will repeat until something changes (the job, the cluster's limits,
 /// RBAC), as opposed to a conflict, throttling or an outage that a retry fixes.

@@ -12,13 +12,13 @@ use super::apply::{publish, workload_created};
 use crate::controller::conditions::{self, OFFLOAD_RESOLVED, WORKLOAD_CREATED};
 use crate::controller::overlap_observed;
 use crate::controller::{Context, Error, kube_err, status};
-use crate::metrics::JobLabels;
+use crate::process::metrics::JobLabels;
 use crate::render;
-use offload_api::api::{
+use offload_api::names;
+use offload_api::v1alpha1::{
     DEFAULT_MIN_OBSERVED_GPU_BUSY, JobPhase, ObservedOverlap, OffloadDecisionStatus, TrainingJob,
     TrainingJobStatus, WorkloadRef,
 };
-use offload_api::names;
 
 /// Keeps phase and the workload reference in step with the Job; never touches the decision.
 pub(super) async fn follow_workload(

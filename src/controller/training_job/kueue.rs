@@ -55,7 +55,7 @@ pub(super) fn reason_of(workload: &serde_json::Value) -> Option<String> {
         })
     };
     let message = find("Evicted", "True").or_else(|| find("QuotaReserved", "False"))?;
-    Some(crate::index::bounded_to(message, 512))
+    Some(offload_api::text::bounded_to(message, 512))
 }
 
 #[cfg(test)]

@@ -1,10 +1,10 @@
 //! Learning from what a TrainingJob's configuration used: each new window of its observed
 //! peaks (and each out-of-memory failure) is a lesson for later decisions of the same shape on
 //! the same node class ([`crate::decision::lesson`]), kept by the operator's
-//! [`crate::learned::LearnedStore`]. A lesson that cannot be drawn changes nothing.
+//! [`crate::cluster::learned::LearnedStore`]. A lesson that cannot be drawn changes nothing.
 
 use kube::ResourceExt;
-use offload_api::api::{
+use offload_api::v1alpha1::{
     MemoryKind, NodeClass, ObservedOverlap, OffloadDecisionStatus, StatePlacement, TrainingJob,
 };
 

@@ -14,7 +14,7 @@ mod tests;
 
 use std::sync::Arc;
 
-use crate::guard::Guarded;
+use crate::cluster::tolerant::Tolerant;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
@@ -29,10 +29,10 @@ use super::{Context, Error, kube_err};
 use crate::decision::{
     ConfigError, MODEL_CONFIG_KEY, ModelConfigError, ModelShape, UserConfig, decide, opted_in,
 };
-use crate::metrics::DecisionLabels;
+use crate::process::metrics::DecisionLabels;
 use crate::render::{self, deepspeed};
-use offload_api::api::{ConfigMapKeyRef, JobPhase, TrainingJob, TrainingJobStatus};
 use offload_api::names;
+use offload_api::v1alpha1::{ConfigMapKeyRef, JobPhase, TrainingJob, TrainingJobStatus};
 
 use apply::{
     apply_workload, class_label, existing_conditions, mode_label, publish, publish_to,
@@ -49,7 +49,7 @@ pub use crate::decision::Unresolved;
 
 /// Reconciles one TrainingJob; one that does not deserialize is reported and skipped.
 pub async fn reconcile(
-    guard: Arc<Guarded<TrainingJob>>,
+    guard: Arc<Tolerant<TrainingJob>>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_timer("TrainingJob");
@@ -62,7 +62,7 @@ pub async fn reconcile(
     }
 }
 
-async fn report_invalid(ctx: &Context, invalid: &crate::guard::InvalidObject) {
+async fn report_invalid(ctx: &Context, invalid: &crate::cluster::tolerant::InvalidObject) {
     let meta = &invalid.metadata;
     tracing::warn!(
         namespace = meta.namespace.as_deref().unwrap_or_default(),
@@ -72,7 +72,7 @@ async fn report_invalid(ctx: &Context, invalid: &crate::guard::InvalidObject) {
     );
     ctx.metrics
         .reconcile_errors
-        .get_or_create(&crate::metrics::ErrorLabels {
+        .get_or_create(&crate::process::metrics::ErrorLabels {
             kind: "TrainingJob",
             category: "InvalidObject",
         })
@@ -254,7 +254,7 @@ async fn write_spec(
         {
             Ok(p) => p,
             Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
-                return Ok(Err(crate::index::bounded_to(&e.message, 1024)));
+                return Ok(Err(offload_api::text::bounded_to(&e.message, 1024)));
             }
             Err(e) => return Err(kube_err("patching spec.offload")(e)),
         };

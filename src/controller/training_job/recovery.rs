@@ -17,10 +17,10 @@ use super::apply::publish;
 use crate::controller::conditions::{self, WORKLOAD_CREATED};
 use crate::controller::{Context, Error, kube_err, status};
 use crate::decision::memory::gib;
-use offload_api::api::{
+use offload_api::names;
+use offload_api::v1alpha1::{
     JobPhase, MemoryFailure, MemoryKind, OffloadDecisionStatus, TrainingJob, TrainingJobStatus,
 };
-use offload_api::names;
 
 /// The condition saying whether a configuration that ran out of memory was replaced.
 pub const MEMORY_RECOVERY: &str = "MemoryRecovery";
@@ -75,13 +75,13 @@ pub fn memory_failure(pod: &Pod) -> Option<(MemoryKind, String)> {
             };
             return Some((
                 MemoryKind::Host,
-                crate::index::bounded_to(&said, MAX_MESSAGE),
+                offload_api::text::bounded_to(&said, MAX_MESSAGE),
             ));
         }
         (terminated.exit_code != 0 && says_gpu_out_of_memory(&message)).then(|| {
             (
                 MemoryKind::Gpu,
-                crate::index::bounded_to(&message, MAX_MESSAGE),
+                offload_api::text::bounded_to(&message, MAX_MESSAGE),
             )
         })
     })
@@ -138,7 +138,7 @@ pub(super) async fn recover(
     let decision = current.offload.as_ref();
     let max = decision
         .and_then(|d| crate::decision::ClusterView::profile(&ctx.view, &d.profile))
-        .map_or(offload_api::api::DEFAULT_MAX_MEMORY_RETRIES, |p| {
+        .map_or(offload_api::v1alpha1::DEFAULT_MAX_MEMORY_RETRIES, |p| {
             p.max_memory_retries
         });
     let estimate = decision.and_then(|d| d.estimate.clone());

@@ -17,8 +17,8 @@ use serde_json::{Value, json};
 
 use super::reconcile_job;
 use crate::controller::Context;
-use crate::metrics::Metrics;
-use offload_api::api::{JobPhase, ModeSetting, OffloadProfile, TrainingJob};
+use crate::process::metrics::Metrics;
+use offload_api::v1alpha1::{JobPhase, ModeSetting, OffloadProfile, TrainingJob};
 use offload_testenv::fixtures;
 use offload_testenv::support::controller::training_job;
 use offload_testenv::support::{pool_profile, reported_node};
@@ -148,7 +148,7 @@ fn context(
         ),
         client,
         metrics: Metrics::new(&mut registry),
-        view: crate::view::StoreView::from_stores(profiles.clone(), store(nodes)),
+        view: crate::cluster::view::StoreView::from_stores(profiles.clone(), store(nodes)),
         profiles,
         jobs: store(Vec::new()),
         render: Default::default(),

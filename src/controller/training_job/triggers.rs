@@ -1,15 +1,15 @@
 //! Which unresolved jobs a change of a profile, a node or a ConfigMap concerns.
 
-use crate::guard::Guarded;
+use crate::cluster::tolerant::Tolerant;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::controller::Context;
 use crate::decision::{opted_in, profile_name_for};
-use offload_api::api::{ConfigMapKeyRef, TrainingJob};
 use offload_api::names;
 use offload_api::observed::ObservedSummary;
+use offload_api::v1alpha1::{ConfigMapKeyRef, TrainingJob};
 
 /// Whether the job still waits for its workload.
 pub(super) fn unresolved(tj: &TrainingJob) -> bool {
@@ -25,7 +25,7 @@ pub(super) fn unresolved(tj: &TrainingJob) -> bool {
 fn waiting_jobs(
     ctx: &Context,
     keep: impl Fn(&TrainingJob) -> bool,
-) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
+) -> Vec<ObjectRef<Tolerant<TrainingJob>>> {
     ctx.jobs
         .state()
         .iter()
@@ -35,18 +35,18 @@ fn waiting_jobs(
         .collect()
 }
 
-fn job_ref(tj: &TrainingJob) -> ObjectRef<Guarded<TrainingJob>> {
+fn job_ref(tj: &TrainingJob) -> ObjectRef<Tolerant<TrainingJob>> {
     ObjectRef::new(&tj.name_any()).within(&tj.namespace().unwrap_or_default())
 }
 
 /// Unresolved jobs that name a profile, for re-triggering when it changes.
-pub fn jobs_for_profile(ctx: &Context, profile: &str) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
+pub fn jobs_for_profile(ctx: &Context, profile: &str) -> Vec<ObjectRef<Tolerant<TrainingJob>>> {
     waiting_jobs(ctx, |tj| opted_in(tj) && profile_name_for(tj) == profile)
 }
 
 /// Unresolved jobs whose profile could use a node (its selector matches, or it has none, or the
 /// profile does not exist yet), for re-triggering when the node's labels or report change.
-pub fn jobs_for_node(ctx: &Context, node: &Node) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
+pub fn jobs_for_node(ctx: &Context, node: &Node) -> Vec<ObjectRef<Tolerant<TrainingJob>>> {
     let labels = node.metadata.labels.clone().unwrap_or_default();
     waiting_jobs(ctx, |tj| {
         if !opted_in(tj) {
@@ -64,7 +64,7 @@ pub fn jobs_for_node(ctx: &Context, node: &Node) -> Vec<ObjectRef<Guarded<Traini
 
 /// The jobs a node's new observation lists (each pod's `offload.dev/training-job`), for
 /// recording it in their status; also forgets the metrics of jobs that are gone.
-pub fn jobs_for_observation(ctx: &Context, node: &Node) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
+pub fn jobs_for_observation(ctx: &Context, node: &Node) -> Vec<ObjectRef<Tolerant<TrainingJob>>> {
     ctx.metrics
         .retain_jobs(|ns, name| ctx.jobs.get(&ObjectRef::new(name).within(ns)).is_some());
     let Some(summary) = node
@@ -95,7 +95,7 @@ pub fn jobs_for_config_map(
     ctx: &Context,
     namespace: &str,
     name: &str,
-) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
+) -> Vec<ObjectRef<Tolerant<TrainingJob>>> {
     waiting_jobs(ctx, |tj| {
         let named = |r: Option<&ConfigMapKeyRef>| r.is_some_and(|r| r.name == name);
         tj.metadata.namespace.as_deref() == Some(namespace)
@@ -119,7 +119,7 @@ pub fn jobs_for_claim_template(
     ctx: &Context,
     namespace: &str,
     name: &str,
-) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
+) -> Vec<ObjectRef<Tolerant<TrainingJob>>> {
     waiting_jobs(ctx, |tj| {
         opted_in(tj)
             && tj.metadata.namespace.as_deref() == Some(namespace)
@@ -139,6 +139,6 @@ pub fn jobs_for_claim_template(
 
 /// Unresolved opted-in jobs, for re-triggering when the GPU driver's ResourceSlices of a node
 /// change (a node it classes may take them now).
-pub fn jobs_for_slices(ctx: &Context) -> Vec<ObjectRef<Guarded<TrainingJob>>> {
+pub fn jobs_for_slices(ctx: &Context) -> Vec<ObjectRef<Tolerant<TrainingJob>>> {
     waiting_jobs(ctx, opted_in)
 }

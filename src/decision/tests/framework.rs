@@ -1,7 +1,7 @@
 //! Framework versions, FSDP and Generic.
 
 use super::*;
-use offload_api::api::{ModeSetting, OffloadMode};
+use offload_api::v1alpha1::{ModeSetting, OffloadMode};
 
 // ---- framework versions ----------------------------------------------------------------------
 

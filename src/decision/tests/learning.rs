@@ -8,7 +8,7 @@ use super::*;
 use crate::decision::learned::LearnedMemory;
 use crate::decision::lesson::{Observed, lesson};
 use crate::decision::memory::Placement;
-use offload_api::api::{MemoryFailure, MemoryKind, NodeClass, OffloadMode, UnknownSize};
+use offload_api::v1alpha1::{MemoryFailure, MemoryKind, NodeClass, OffloadMode, UnknownSize};
 
 const H200_HOST: u64 = 125 << 30;
 const GIB: u64 = 1 << 30;

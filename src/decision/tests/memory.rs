@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::decision::memory::Placement;
-use offload_api::api::{ModeSetting, NodeClass, OffloadMode, RatioSetting};
+use offload_api::v1alpha1::{ModeSetting, NodeClass, OffloadMode, RatioSetting};
 
 /// 125 GiB, the lent H200 host.
 const H200_HOST: u64 = 125 << 30;
@@ -183,8 +183,8 @@ fn hints_that_cannot_be_true_are_refused() {
     let mut job = deepspeed("0.19.8");
     for (edit, expect) in [
         (
-            (|h: &mut offload_api::api::ModelHints| h.tokens_per_step = Some(0))
-                as fn(&mut offload_api::api::ModelHints),
+            (|h: &mut offload_api::v1alpha1::ModelHints| h.tokens_per_step = Some(0))
+                as fn(&mut offload_api::v1alpha1::ModelHints),
             "tokensPerStep 0",
         ),
         (|h| h.tokens_per_step = Some(i64::MAX), "tokensPerStep"),
@@ -205,7 +205,7 @@ fn hints_that_cannot_be_true_are_refused() {
 #[test]
 fn without_the_steps_tokens_a_margin_of_gpu_memory_is_kept() {
     let mut job = deepspeed("0.19.8");
-    job.model = Some(offload_api::api::ModelHints::parameters(
+    job.model = Some(offload_api::v1alpha1::ModelHints::parameters(
         offload_api::quantity::ParameterCount::new(3_821_770_752).unwrap(),
     ));
     let res = resolve(&job, &[h200("h")]).unwrap();
@@ -216,9 +216,9 @@ fn without_the_steps_tokens_a_margin_of_gpu_memory_is_kept() {
 /// `spec.model.configMapRef` gives it) at `tokens` per step.
 fn trained(model: &str, tokens: i64) -> JobRequest {
     let mut job = deepspeed("0.19.8");
-    job.model = Some(offload_api::api::ModelHints {
+    job.model = Some(offload_api::v1alpha1::ModelHints {
         tokens_per_step: Some(tokens),
-        config_map_ref: Some(offload_api::api::ConfigMapKeyRef {
+        config_map_ref: Some(offload_api::v1alpha1::ConfigMapKeyRef {
             name: model.into(),
             key: None,
         }),
@@ -368,7 +368,7 @@ fn the_model_s_shape_and_its_parameter_count_must_agree() {
 #[test]
 fn the_shape_alone_counts_the_parameters() {
     let mut job = deepspeed("0.19.8");
-    job.model = Some(offload_api::api::ModelHints {
+    job.model = Some(offload_api::v1alpha1::ModelHints {
         hidden_size: Some(4096),
         layers: Some(32),
         intermediate_size: Some(14336),
@@ -477,11 +477,11 @@ fn the_training_container_and_its_memory_are_read_in_any_unit() {
 }
 
 fn failure(
-    kind: offload_api::api::MemoryKind,
+    kind: offload_api::v1alpha1::MemoryKind,
     estimate: u64,
     budget: u64,
-) -> offload_api::api::MemoryFailure {
-    offload_api::api::MemoryFailure {
+) -> offload_api::v1alpha1::MemoryFailure {
+    offload_api::v1alpha1::MemoryFailure {
         kind,
         configuration: "mode=Disabled …".into(),
         estimate_bytes: Some(estimate as i64),
@@ -494,7 +494,7 @@ fn failure(
 
 #[test]
 fn a_configuration_that_ran_out_of_memory_is_never_written_again() {
-    use offload_api::api::MemoryKind;
+    use offload_api::v1alpha1::MemoryKind;
     // Mistral-7B at 4096 tokens fits without offload by the model (135.1 of 136.2 GiB). Say it
     // ran out of GPU memory there: the next decision offloads.
     let nodes = [with_host(h200("h"), H200_HOST)];

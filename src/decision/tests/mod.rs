@@ -12,9 +12,9 @@ mod ratio;
 use std::collections::BTreeMap;
 
 use crate::index::{NodeIndex, NodeInfo};
-use offload_api::api::{Framework, FrameworkSpec, OffloadProfileSpec};
 use offload_api::names;
 use offload_api::report::NodeReport;
+use offload_api::v1alpha1::{Framework, FrameworkSpec, OffloadProfileSpec};
 use offload_testenv::fixtures;
 
 use super::*;
@@ -134,10 +134,10 @@ pub(super) fn ds_plan(res: &Resolution) -> &DeepSpeedPlan {
 }
 
 /// Model hints of `parameters` total parameters and `tokens` per step.
-pub(super) fn hints(parameters: u64, tokens: i64) -> offload_api::api::ModelHints {
-    offload_api::api::ModelHints {
+pub(super) fn hints(parameters: u64, tokens: i64) -> offload_api::v1alpha1::ModelHints {
+    offload_api::v1alpha1::ModelHints {
         tokens_per_step: Some(tokens),
-        ..offload_api::api::ModelHints::parameters(
+        ..offload_api::v1alpha1::ModelHints::parameters(
             offload_api::quantity::ParameterCount::new(parameters).expect("a valid count"),
         )
     }
@@ -149,8 +149,8 @@ pub(super) fn bench_hints(
     parameters: u64,
     tokens: i64,
     layers: i64,
-) -> offload_api::api::ModelHints {
-    offload_api::api::ModelHints {
+) -> offload_api::v1alpha1::ModelHints {
+    offload_api::v1alpha1::ModelHints {
         hidden_size: Some(4096),
         layers: Some(layers),
         vocab_size: Some(32000),

@@ -2,7 +2,7 @@
 
 use super::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
-use offload_api::api::{ModeSetting, NodeClass, OffloadMode, RatioSetting};
+use offload_api::v1alpha1::{ModeSetting, NodeClass, OffloadMode, RatioSetting};
 
 // ---- node classes and mode -------------------------------------------------------------------
 

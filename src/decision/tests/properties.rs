@@ -1,7 +1,7 @@
 //! Properties that hold for any job, profile and set of nodes.
 
 use super::*;
-use offload_api::api::{ModeSetting, NodeClass, OffloadMode, RatioSetting};
+use offload_api::v1alpha1::{ModeSetting, NodeClass, OffloadMode, RatioSetting};
 use proptest::prelude::*;
 
 // ---- properties ------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 //! The offload ratio, fixed or sized from the node report and model hints.
 
 use super::*;
-use offload_api::api::RatioSetting;
+use offload_api::v1alpha1::RatioSetting;
 
 // ---- ratio -----------------------------------------------------------------------------------
 
@@ -108,7 +108,7 @@ fn a_ratio_out_of_range_is_refused_whatever_path_it_came_by() {
     // not trust its caller.
     for r in [1.024, 0.0, -0.5, f64::NAN, f64::INFINITY] {
         let mut job = deepspeed("0.19.8");
-        job.offload.offload_ratio = offload_api::api::RatioSetting::Fixed(r);
+        job.offload.offload_ratio = offload_api::v1alpha1::RatioSetting::Fixed(r);
         let err = resolve(&job, &[h200("h")]).unwrap_err();
         assert_eq!(err.category(), "InvalidOffloadRatio", "{r}: {err}");
     }

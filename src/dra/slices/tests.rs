@@ -4,7 +4,7 @@ use serde_json::json;
 /// A slice as NVIDIA's DRA driver publishes one for a node (the shape of its
 /// `cmd/gpu-kubelet-plugin/deviceinfo.go`): `gpu-<minor>` devices with `type`, `uuid`,
 /// `productName`, `addressingMode` and a `memory` capacity.
-fn slice(node: &str, generation: i64, modes: &[Option<&str>]) -> Arc<Guarded<ResourceSlice>> {
+fn slice(node: &str, generation: i64, modes: &[Option<&str>]) -> Arc<Tolerant<ResourceSlice>> {
     let devices: Vec<serde_json::Value> = modes
         .iter()
         .enumerate()
@@ -96,7 +96,7 @@ fn what_does_not_read_is_set_aside_and_changes_nothing_else() {
     // A slice with 300 devices: more than any node has.
     let huge = slice("huge", 1, &[Some("ATS"); 300]);
     // One that does not deserialize at all.
-    let garbage: Arc<Guarded<ResourceSlice>> = Arc::new(
+    let garbage: Arc<Tolerant<ResourceSlice>> = Arc::new(
         serde_json::from_value(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "metadata": {"name": "garbage"}, "spec": {"driver": 7}

@@ -11,8 +11,8 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use serde_json::Value;
 
+pub use crate::cluster::view::{AdmissionView, MemoryView, StoreView};
 use crate::decision::{ModelConfigError, ModelShape, Resolution, UserConfig};
-pub use crate::view::{AdmissionView, MemoryView, StoreView};
 
 pub use profile::validate_profile;
 pub use training_job::{mutate_training_job, validate_training_job};
@@ -80,7 +80,7 @@ impl Verdict {
             "InternalError",
             format!(
                 "the operator could not decide on this object (an internal error, please report it): {}",
-                crate::index::bounded(what)
+                offload_api::text::bounded(what)
             ),
         )
     }
@@ -108,7 +108,7 @@ fn object<T: serde::de::DeserializeOwned>(
         .as_ref()
         .ok_or_else(|| format!("the request carries no {what}"))?;
     let value = serde_json::to_value(obj).map_err(|e| format!("the {what} cannot be read: {e}"))?;
-    crate::guard::from_value(value).map_err(|e| format!("the {what} is invalid: {e}"))
+    crate::cluster::tolerant::from_value(value).map_err(|e| format!("the {what} is invalid: {e}"))
 }
 
 fn old_object<T: serde::de::DeserializeOwned>(req: &AdmissionRequest<DynamicObject>) -> Option<T> {

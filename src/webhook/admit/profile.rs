@@ -4,7 +4,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use kube::core::{DynamicObject, Selector, SelectorExt};
 
 use super::{Review, Verdict, object, with_warnings};
-use offload_api::api::{ModeSetting, NodeClass, OffloadProfile};
+use offload_api::v1alpha1::{ModeSetting, NodeClass, OffloadProfile};
 
 /// Validating OffloadProfile: a selector that is not a valid selector is denied; one that
 /// matches no reported node is admitted with a warning.

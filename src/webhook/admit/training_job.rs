@@ -8,8 +8,8 @@ use super::{Review, Verdict, object, old_object, patch_response, with_warnings};
 use crate::decision::{
     AdmittedRequest, Resolution, Unresolved, check_training_job, decide, opted_in,
 };
-use offload_api::api::TrainingJob;
 use offload_api::names;
+use offload_api::v1alpha1::TrainingJob;
 
 /// The decision the controller will make for this job, from this review's view and config.
 fn decided(tj: &TrainingJob, review: &Review) -> Result<Resolution, Unresolved> {

@@ -23,12 +23,12 @@ use tower::ServiceExt;
 
 use super::kinds::ApiFeatures;
 use super::{ConfigSource, WebhookState, paths, router};
+use crate::cluster::view::MemoryView;
 use crate::index::NodeInfo;
-use crate::metrics::Metrics;
-use crate::view::MemoryView;
-use offload_api::api::OffloadProfileSpec;
+use crate::process::metrics::Metrics;
 use offload_api::names;
 use offload_api::report::NodeReport;
+use offload_api::v1alpha1::OffloadProfileSpec;
 use offload_testenv::fixtures;
 
 pub(super) fn node(name: &str, fixture: &str) -> NodeInfo {

@@ -9,8 +9,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
-use offload_api::api::{OffloadProfile, TrainingJob};
 use offload_api::names;
+use offload_api::v1alpha1::{OffloadProfile, TrainingJob};
 use offload_operator::render::deepspeed::CONFIG_FILE_NAME;
 use serde_json::json;
 

@@ -109,7 +109,7 @@ pub async fn namespace(client: &Client, prefix: &str) -> String {
 /// Applies the generated CRDs (server-side apply) and waits until each is Established.
 pub async fn apply_crds(client: &Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in offload_api::api::crds() {
+    for crd in offload_api::v1alpha1::crds() {
         let name = crd.metadata.name.clone().unwrap();
         api.patch(
             &name,
@@ -378,7 +378,7 @@ pub fn pool_profile(
     name: &str,
     pool: &str,
     extra: serde_json::Value,
-) -> offload_api::api::OffloadProfile {
+) -> offload_api::v1alpha1::OffloadProfile {
     let mut spec = serde_json::json!({
         "nodeSelector": {"matchLabels": {"offload.dev/test-pool": pool}}
     });
@@ -422,7 +422,7 @@ pub fn assert_agent_left_nothing_on(node: &Node) {
 }
 
 /// Whether the TrainingJob reports `WorkloadCreated=True`.
-pub fn has_workload(tj: &offload_api::api::TrainingJob) -> bool {
+pub fn has_workload(tj: &offload_api::v1alpha1::TrainingJob) -> bool {
     tj.status.as_ref().is_some_and(|s| {
         s.conditions
             .iter()
@@ -432,7 +432,7 @@ pub fn has_workload(tj: &offload_api::api::TrainingJob) -> bool {
 
 /// Waits until `api` lists exactly `count` TrainingJobs and every one has its workload.
 pub async fn every_job_has_its_workload(
-    api: &Api<offload_api::api::TrainingJob>,
+    api: &Api<offload_api::v1alpha1::TrainingJob>,
     count: usize,
     what: &str,
     timeout: Duration,

@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview};
-use offload_api::api::OffloadProfileSpec;
 use offload_api::report::NodeReport;
+use offload_api::v1alpha1::OffloadProfileSpec;
+use offload_operator::cluster::view::MemoryView;
 use offload_operator::index::NodeInfo;
-use offload_operator::view::MemoryView;
 use offload_operator::webhook::admit::{self, Review, Verdict};
 use offload_testenv::fixtures;
 use serde_json::json;

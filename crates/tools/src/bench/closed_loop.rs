@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use offload_api::api::{OffloadProfile, TrainingJob};
 use offload_api::names;
 use offload_api::observed::{
     BusySource, HostMemorySource, OBSERVED_SCHEMA_VERSION, ObservedSummary, PodObservation,
 };
+use offload_api::v1alpha1::{OffloadProfile, TrainingJob};
 use serde_json::json;
 
 use super::cluster::{spawn_operator, wait_ready, watch_workloads};

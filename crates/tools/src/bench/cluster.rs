@@ -9,8 +9,8 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
-use offload_api::api::OffloadProfile;
 use offload_api::report::NodeReport;
+use offload_api::v1alpha1::OffloadProfile;
 use offload_testenv::devcluster::{DevCluster, free_port, repo_root};
 use offload_testenv::fixtures;
 use serde_json::json;
@@ -34,7 +34,7 @@ pub fn reported_node(name: &str, fixture: &str) -> Result<Node> {
 /// Applies the CRDs and waits until they are served.
 pub async fn apply_crds(client: &kube::Client) -> Result<()> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in offload_api::api::crds() {
+    for crd in offload_api::v1alpha1::crds() {
         let name = crd.metadata.name.clone().unwrap_or_default();
         api.patch(
             &name,

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kube::api::{Api, PostParams};
-use offload_api::api::TrainingJob;
+use offload_api::v1alpha1::TrainingJob;
 use offload_testenv::devcluster::{ClusterOptions, DevCluster};
 use serde_json::json;
 

@@ -15,9 +15,9 @@ use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::api::{Api, ListParams, PostParams};
-use offload_api::api::{OffloadProfile, TrainingJob};
 use offload_api::names;
 use offload_api::report::NodeReport;
+use offload_api::v1alpha1::{OffloadProfile, TrainingJob};
 use offload_testenv::devcluster::{ClusterOptions, DevCluster};
 use offload_testenv::fixtures;
 use offload_testenv::support::kwok_node;
@@ -95,7 +95,7 @@ pub(super) async fn nodes(client: &kube::Client, count: usize) -> Result<f64> {
                 let mut report = NodeReport::parse(fixture)
                     .map_err(|e| BenchError::unexpected(format!("fixture: {e}")))?;
                 report.node = name;
-                offload_agent::publish::publish(&client, &report)
+                offload_agent::daemon::publish(&client, &report)
                     .await
                     .map_err(|e| BenchError::unexpected(e.to_string()))?;
                 Ok(())

@@ -1,5 +1,10 @@
-//! Publishing: labels and the report annotation on this agent's own Node, by server-side apply
-//! with field manager `offload-agent`, so it owns exactly its keys and never touches others'.
+//! The agent's daemon (`offload-agent run`): the loop that measures and publishes, the loop that
+//! observes configured pods, and the HTTP server beside them (`/metrics`, `/healthz`, a
+//! re-test on demand).
+//!
+//! Publishing writes labels and the report annotation on this agent's own Node, by server-side
+//! apply with field manager `offload-agent`, so it owns exactly its keys and never touches
+//! others'.
 
 use backon::BackoffBuilder as _;
 use std::net::SocketAddr;
@@ -398,7 +403,7 @@ async fn observe_loop(
                     .await?;
             let assigned = attribution::devices_by_pod(
                 &listed,
-                attribution::GPU_RESOURCE,
+                crate::devices::GPU_RESOURCE,
                 observe.dra_driver.as_deref(),
             );
             let pods = if assigned.is_empty() {

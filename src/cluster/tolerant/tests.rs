@@ -2,7 +2,7 @@ use kube::core::{DeserializeGuard, ObjectList, WatchEvent};
 use serde_json::json;
 
 use super::*;
-use offload_api::api::TrainingJob;
+use offload_api::v1alpha1::TrainingJob;
 
 /// `{"a":{"a":…1…}}`, `levels` objects deep.
 fn nested(levels: usize) -> String {
@@ -36,7 +36,7 @@ fn a_deep_object_no_longer_fails_the_whole_list() {
     // Before: kube's guard buffers every object under serde_json's depth limit, so the list
     // as a whole does not read and the controller sees no TrainingJob at all.
     assert!(serde_json::from_str::<ObjectList<DeserializeGuard<TrainingJob>>>(&body).is_err());
-    let read: ObjectList<Guarded<TrainingJob>> = serde_json::from_str(&body).unwrap();
+    let read: ObjectList<Tolerant<TrainingJob>> = serde_json::from_str(&body).unwrap();
     let names: Vec<_> = read.items.iter().map(|g| g.meta().name.clone()).collect();
     assert_eq!(
         names,
@@ -60,7 +60,7 @@ fn deep_managed_fields_are_dropped_and_the_object_read() {
         ),
         1,
     );
-    let g: Guarded<TrainingJob> = serde_json::from_str(&text).unwrap();
+    let g: Tolerant<TrainingJob> = serde_json::from_str(&text).unwrap();
     let tj = g.ok().expect("read without its managed fields");
     assert_eq!(tj.meta().name.as_deref(), Some("managed"));
     assert!(tj.meta().managed_fields.is_none());
@@ -70,7 +70,7 @@ fn deep_managed_fields_are_dropped_and_the_object_read() {
 fn an_object_that_cannot_be_read_is_named_with_the_reason() {
     // Deep in a typed field (labels are strings) and wrong types: not readable as a job.
     let wrong_type = job("typed", None).replacen(r#""template":"#, r#""template":5,"x":"#, 1);
-    let g: Guarded<TrainingJob> = serde_json::from_str(&wrong_type).unwrap();
+    let g: Tolerant<TrainingJob> = serde_json::from_str(&wrong_type).unwrap();
     let invalid = g.0.as_ref().unwrap_err();
     assert_eq!(invalid.metadata.name.as_deref(), Some("typed"));
     assert_eq!(invalid.metadata.namespace.as_deref(), Some("ml"));
@@ -80,7 +80,7 @@ fn an_object_that_cannot_be_read_is_named_with_the_reason() {
 
     // A kind with a free-form field (here any object): nesting past serde_json's limit there
     // is named as such, and the object's name still read.
-    let deep: Guarded<kube::api::DynamicObject> =
+    let deep: Tolerant<kube::api::DynamicObject> =
         serde_json::from_str(&job("free", Some(&nested(200)))).unwrap();
     let invalid = deep.0.unwrap_err();
     assert!(
@@ -97,7 +97,7 @@ fn watch_events_carry_deep_objects_too() {
         r#"{{"type":"ADDED","object":{}}}"#,
         job("watched", Some(&nested(250)))
     );
-    let event: WatchEvent<Guarded<TrainingJob>> = serde_json::from_str(&line).unwrap();
+    let event: WatchEvent<Tolerant<TrainingJob>> = serde_json::from_str(&line).unwrap();
     let WatchEvent::Added(g) = event else {
         panic!("not an ADDED event");
     };
@@ -107,9 +107,9 @@ fn watch_events_carry_deep_objects_too() {
 #[test]
 fn values_read_the_same_as_text() {
     let value: serde_json::Value = serde_json::from_str(&job("v", None)).unwrap();
-    let g: Guarded<TrainingJob> = serde_json::from_value(value).unwrap();
+    let g: Tolerant<TrainingJob> = serde_json::from_value(value).unwrap();
     assert_eq!(g.ok().unwrap().meta().name.as_deref(), Some("v"));
     // Not an object at all: no name, a reason.
-    let g: Guarded<TrainingJob> = serde_json::from_str("[1,2]").unwrap();
+    let g: Tolerant<TrainingJob> = serde_json::from_str("[1,2]").unwrap();
     assert!(g.0.unwrap_err().metadata.name.is_none());
 }

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::decision::LearnedView;
 use crate::decision::learned::{LearnedMemory, Run};
-use offload_api::api::NodeClass;
+use offload_api::v1alpha1::NodeClass;
 
 /// The ConfigMap the lessons are kept in.
 pub const CONFIG_MAP: &str = "offload-operator-learned";

@@ -4,8 +4,8 @@
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
-use offload_api::api::{OffloadProfile, TrainingJob};
 use offload_api::names;
+use offload_api::v1alpha1::{OffloadProfile, TrainingJob};
 
 /// An installation check failed.
 #[derive(Debug, thiserror::Error)]

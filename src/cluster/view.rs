@@ -10,14 +10,14 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::caches::Caches;
+use crate::cluster::caches::Caches;
+use crate::cluster::tolerant::Tolerant;
 use crate::decision::ClusterView;
 use crate::dra::DraOptions;
 use crate::dra::api::ResourceClaimTemplate;
-use crate::guard::Guarded;
 use crate::index::{NodeIndex, NodeInfo, NodeViews};
 use crate::render::RenderOptions;
-use offload_api::api::{OffloadProfile, OffloadProfileSpec};
+use offload_api::v1alpha1::{OffloadProfile, OffloadProfileSpec};
 
 /// What the webhook needs beside the decision's view: the installed APIs of other job kinds
 /// and what the operator writes beside the decision.
@@ -95,11 +95,11 @@ pub struct StoreView {
     /// What the operator writes beside the decision.
     pub render: RenderOptions,
     /// ResourceClaimTemplates (DRA), when DRA is on.
-    pub claim_templates: Option<Store<Guarded<ResourceClaimTemplate>>>,
+    pub claim_templates: Option<Store<Tolerant<ResourceClaimTemplate>>>,
     /// DRA's driver and GPU DeviceClasses (`None`: off).
     pub dra: Option<DraOptions>,
     /// What runs taught the memory model (`None`: nothing is learned).
-    pub learned: Option<crate::learned::LearnedStore>,
+    pub learned: Option<crate::cluster::learned::LearnedStore>,
 }
 
 impl StoreView {
@@ -162,7 +162,7 @@ impl ClusterView for StoreView {
     fn learned(&self) -> Option<crate::decision::LearnedView> {
         self.learned
             .as_ref()
-            .map(crate::learned::LearnedStore::view)
+            .map(crate::cluster::learned::LearnedStore::view)
     }
 }
 

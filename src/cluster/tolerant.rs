@@ -4,7 +4,7 @@
 //! that buffering is bounded by serde_json's recursion limit (128 levels, counted from the list
 //! response): one TrainingJob whose free-form pod template nests deeper — which the API server
 //! stores, as its own limit is far higher — made every list of TrainingJobs fail, so the
-//! controller saw none of them. [`Guarded`] captures each object as raw JSON first (serde_json
+//! controller saw none of them. [`Tolerant`] captures each object as raw JSON first (serde_json
 //! skips a value without recursing), then reads the type from that text on its own; an object
 //! that does not read becomes an [`InvalidObject`] with its name, and the others are read as
 //! usual.
@@ -21,22 +21,22 @@ use serde_json::value::RawValue;
 
 /// An object of kind `K`, or what is known of one that could not be read as `K`.
 #[derive(Debug, Clone)]
-pub struct Guarded<K>(pub Result<K, InvalidObject>);
+pub struct Tolerant<K>(pub Result<K, InvalidObject>);
 
-impl<K> Guarded<K> {
+impl<K> Tolerant<K> {
     /// The object, when it was read.
     pub fn ok(&self) -> Option<&K> {
         self.0.as_ref().ok()
     }
 }
 
-impl<'de, K: DeserializeOwned> Deserialize<'de> for Guarded<K> {
+impl<'de, K: DeserializeOwned> Deserialize<'de> for Tolerant<K> {
     fn deserialize<D>(deserializer: D) -> Result<Self, D::Error>
     where
         D: serde::Deserializer<'de>,
     {
         let raw = Box::<RawValue>::deserialize(deserializer)?;
-        Ok(Guarded(read(raw.get())))
+        Ok(Tolerant(read(raw.get())))
     }
 }
 
@@ -64,7 +64,7 @@ fn at_path(path: &serde_path_to_error::Path, e: &serde_json::Error) -> String {
 /// Reads `text` as `K`, or as an [`InvalidObject`] naming what it can.
 #[expect(
     clippy::result_large_err,
-    reason = "the shape of `Guarded`, which mirrors kube's guard"
+    reason = "the shape of `Tolerant`, which mirrors kube's guard"
 )]
 fn read<K: DeserializeOwned>(text: &str) -> Result<K, InvalidObject> {
     let first = match serde_json::from_str::<K>(text) {
@@ -149,7 +149,7 @@ impl From<NamedMeta> for ObjectMeta {
     }
 }
 
-impl<K: Resource> Resource for Guarded<K> {
+impl<K: Resource> Resource for Tolerant<K> {
     type DynamicType = K::DynamicType;
     type Scope = K::Scope;
 

@@ -20,7 +20,7 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::guard::Guarded;
+use crate::cluster::tolerant::Tolerant;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -33,8 +33,8 @@ use tokio::sync::broadcast;
 use crate::dra::DraOptions;
 use crate::dra::api::{ResourceClaimTemplate, ResourceSlice};
 use crate::index::NodeViews;
-use crate::metrics::{KindLabels, Metrics};
-use offload_api::api::{OffloadProfile, TrainingJob};
+use crate::process::metrics::{KindLabels, Metrics};
+use offload_api::v1alpha1::{OffloadProfile, TrainingJob};
 
 /// How many changes a subscriber may fall behind before it is handed the whole cache again.
 const SUBSCRIBER_BUFFER: usize = 1024;
@@ -193,9 +193,9 @@ pub struct Caches {
     pub profiles: Cache<OffloadProfile>,
     /// Nodes: metadata and allocatable resources ([`slim_node`]).
     pub nodes: Cache<Node>,
-    /// TrainingJobs, each wrapped in a [`Guarded`] so one object that does not
+    /// TrainingJobs, each wrapped in a [`Tolerant`] so one object that does not
     /// deserialize is carried as an error and skipped instead of stalling the watch.
-    pub jobs: Cache<Guarded<TrainingJob>>,
+    pub jobs: Cache<Tolerant<TrainingJob>>,
     /// The decision's view of the Node cache, parsed once per node change.
     pub node_views: Arc<NodeViews>,
     /// The Kubeflow Trainer TrainJob CRD (empty when not installed): which field the installed
@@ -204,14 +204,14 @@ pub struct Caches {
     pub trainjob_crd: Cache<CustomResourceDefinition>,
     /// The GPU driver's ResourceSlices (DRA), by the driver's name (a field selector); empty
     /// where DRA is off or the cluster does not serve `resource.k8s.io/v1`.
-    pub slices: Cache<Guarded<ResourceSlice>>,
+    pub slices: Cache<Tolerant<ResourceSlice>>,
     /// ResourceClaimTemplates of every namespace: what a pod's DRA claims request.
-    pub claim_templates: Cache<Guarded<ResourceClaimTemplate>>,
+    pub claim_templates: Cache<Tolerant<ResourceClaimTemplate>>,
     /// The DRA options the caches were built with (`None`: DRA off).
     pub dra: Option<DraOptions>,
     /// What runs taught the memory model, where the operator learns (set after
     /// [`Caches::new`]; watched by the operator's run).
-    pub learned: Option<crate::learned::LearnedStore>,
+    pub learned: Option<crate::cluster::learned::LearnedStore>,
 }
 
 impl Caches {
@@ -239,7 +239,7 @@ impl Caches {
             slim_node,
         );
         let (jobs, drive_jobs) = cache(
-            watcher(Api::<Guarded<TrainingJob>>::all(client.clone()), config()).default_backoff(),
+            watcher(Api::<Tolerant<TrainingJob>>::all(client.clone()), config()).default_backoff(),
             "TrainingJob",
             metrics.clone(),
             keep,
@@ -259,13 +259,13 @@ impl Caches {
         );
         let slice_config = dra.map(|d| config().fields(&format!("spec.driver={}", d.driver)));
         let (slices, drive_slices) = cache(
-            served_or_empty::<Guarded<ResourceSlice>>(client, slice_config),
+            served_or_empty::<Tolerant<ResourceSlice>>(client, slice_config),
             "ResourceSlice",
             metrics.clone(),
             keep,
         );
         let (claim_templates, drive_templates) = cache(
-            served_or_empty::<Guarded<ResourceClaimTemplate>>(client, dra.map(|_| config())),
+            served_or_empty::<Tolerant<ResourceClaimTemplate>>(client, dra.map(|_| config())),
             "ResourceClaimTemplate",
             metrics.clone(),
             keep,

@@ -1,0 +1,46 @@
+//! What the operator's and the agent's processes do around their work: one tokio runtime per
+//! process, and SIGTERM (what the kubelet sends) or Ctrl-C to stop it.
+#![deny(missing_docs)]
+
+use tokio_util::sync::CancellationToken;
+
+/// The process's runtime: multi-threaded with `workers` threads (at least 1), timers and I/O on.
+///
+/// # Panics
+/// When the operating system refuses the runtime's threads or its I/O driver (start-up only).
+pub fn runtime(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers.max(1))
+        .enable_all()
+        .build()
+        .expect("start-up: tokio runtime")
+}
+
+/// Returns once SIGTERM or Ctrl-C arrives (only Ctrl-C where SIGTERM cannot be watched).
+pub async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = tokio::signal::ctrl_c() => {},
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// A token cancelled when SIGTERM or Ctrl-C arrives (logged as "shutting down"); the watch runs
+/// on the current runtime until then.
+pub fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let on_signal = token.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        on_signal.cancel();
+    });
+    token
+}
