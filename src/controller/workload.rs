@@ -12,10 +12,11 @@ use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 use serde_json::Value;
 
+use crate::decision::DeepSpeedConfigError;
 use crate::decision::{FrameworkPlan, Resolution};
 use crate::dra::api::ResourceClaimTemplate;
 use crate::dra::claims;
-use crate::render::deepspeed::{self, DeepSpeedConfigError};
+use crate::render::deepspeed;
 use crate::render::{self, ConfigMount};
 use offload_api::names;
 use offload_api::v1alpha1::{DecisionReason, OffloadDecisionStatus, TrainingJob};

@@ -6,15 +6,16 @@
 //! [`PARTIAL_BEFORE_PARAMS_UP_TO`]; optimizer state and parameters (ZeRO-3 copy offload, FSDP);
 //! a larger partial share; all optimizer state.
 
+use super::ResolveError;
+use super::candidates::ClassNodes;
 use super::framework::{FrameworkFacts, partial_ratio_support};
 use super::memory::{
     ClassMemory, Estimate, Fit, JobMemory, PARTIAL_BEFORE_PARAMS_UP_TO, Placement, Sharding, gib,
 };
-use super::placement::ClassNodes;
 use super::request::JobRequest;
+use super::settings::MIN_AUTO_RATIO;
 use super::shape::{self, Block, Experts, ModelShape};
 use super::user_config::Precision;
-use super::{MIN_AUTO_RATIO, ResolveError};
 use offload_api::quantity::MAX_PARAMETERS;
 use offload_api::v1alpha1::{Framework, ModelArchitecture, ModelHints, NodeClass};
 

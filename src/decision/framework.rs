@@ -4,10 +4,10 @@
 use offload_api::v1alpha1::{Framework, NodeClass, OffloadMode};
 use offload_api::version::{self, FrameworkVersion};
 
-use super::DEFAULT_ZERO_STAGE;
 use super::error::ResolveError;
 use super::memory::Placement;
 use super::request::{DeepSpeedRequest, JobRequest};
+use super::settings::DEFAULT_ZERO_STAGE;
 
 /// How the framework receives the configuration.
 #[derive(Clone, Debug, PartialEq)]

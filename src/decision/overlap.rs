@@ -5,9 +5,9 @@ use crate::index::NodeInfo;
 use offload_api::report::OverlapVerdict;
 use offload_api::v1alpha1::{OffloadMode, OffloadProfileSpec, OverlapSetting};
 
-use super::effective;
-use super::placement::Placement;
+use super::placement::ModeAndClass;
 use super::request::JobRequest;
+use super::settings::effective;
 
 /// The lowest measured efficiency among nodes, or what stops overlap being trusted.
 #[derive(Default)]
@@ -68,7 +68,7 @@ impl Measured {
 pub(super) fn decide(
     job: &JobRequest,
     profile: &OffloadProfileSpec,
-    placement: &Placement,
+    placement: &ModeAndClass,
 ) -> (bool, Option<f64>, String) {
     let (requested, source) = effective(job.offload.overlap, profile.overlap, OverlapSetting::Auto);
     let measured = placement

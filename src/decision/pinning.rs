@@ -4,15 +4,15 @@
 use offload_api::text::bounded;
 use offload_api::v1alpha1::{OffloadMode, OffloadProfileSpec, Switch};
 
-use super::Source;
-use super::placement::Placement;
+use super::placement::ModeAndClass;
 use super::request::JobRequest;
+use super::settings::Source;
 
 /// Pin host buffers or not, and why.
 pub(super) fn decide(
     job: &JobRequest,
     profile: &OffloadProfileSpec,
-    placement: &Placement,
+    placement: &ModeAndClass,
 ) -> (bool, String) {
     if placement.mode == OffloadMode::Disabled {
         return (false, "off: offload is disabled".to_string());

@@ -1,153 +1,24 @@
-//! The placement step: which nodes a profile may use, and which mode and node class the job
-//! gets on them — from the memory model where the job gives model hints ([`super::fit`]), and
+//! The placement step: which mode and node class the job gets on the nodes a profile may use
+//! ([`super::candidates`]) — from the memory model where the job gives model hints ([`super::fit`]), and
 //! only on a class that holds all of the job's pods at once.
 
-use kube::core::{Selector, SelectorExt};
-
-use crate::index::{NodeIndex, NodeInfo};
 use offload_api::v1alpha1::{
     ModeSetting, NodeClass, OffloadMode, OffloadProfileSpec, RatioSetting, UnknownSize,
 };
 
-use super::PodConstraints;
+use super::candidates::{Candidates, ClassNodes};
 use super::error::ResolveError;
 use super::fit::{self, Allowed, MemoryChoice};
 use super::framework::FrameworkFacts;
-use super::memory::{JobMemory, Placement as Memory};
+use super::memory::{JobMemory, Placement};
 use super::request::JobRequest;
-use super::{Source, effective};
+use super::settings::{Source, effective};
 
 mod capacity;
 use capacity::{capacity_message, holds, insufficient, shown_nodes};
 
-/// The candidate nodes of one class that match the profile, sorted by name.
-pub(super) struct ClassNodes<'a> {
-    pub(super) class: NodeClass,
-    pub(super) nodes: Vec<&'a NodeInfo>,
-}
-
-impl ClassNodes<'_> {
-    pub(super) fn gpus(&self) -> u64 {
-        self.nodes.iter().map(|n| u64::from(n.gpu_count())).sum()
-    }
-}
-
-/// The nodes a profile may use, by class, that the pod template lets its pods land on.
-pub(super) struct Candidates<'a> {
-    coherent: ClassNodes<'a>,
-    discrete: ClassNodes<'a>,
-    /// What the template's constraints left out of each class (coherent, discrete), in a
-    /// sentence; `None` where they left out nothing.
-    left_out: [Option<String>; 2],
-}
-
-impl<'a> Candidates<'a> {
-    /// The candidates of each class that the profile's selector matches.
-    /// Nodes classed by the GPU driver alone (no agent report, so no labels to pin pods by)
-    /// count only for a job pinned through its DRA claims (`by_claims`).
-    pub(super) fn select(
-        index: &'a NodeIndex,
-        profile_name: &str,
-        profile: &OffloadProfileSpec,
-        by_claims: bool,
-        constraints: &PodConstraints,
-    ) -> Result<Self, ResolveError> {
-        let invalid = |detail: String| ResolveError::InvalidSelector {
-            profile: profile_name.to_string(),
-            detail,
-        };
-        let selector = match &profile.node_selector {
-            Some(sel) => {
-                offload_api::validation::label_selector(sel).map_err(invalid)?;
-                Some(Selector::try_from(sel.clone()).map_err(|e| invalid(e.to_string()))?)
-            }
-            None => None,
-        };
-        let profile_nodes = |class: NodeClass| -> Vec<&'a NodeInfo> {
-            index
-                .class(class)
-                .filter(|n| selector.as_ref().is_none_or(|s| s.matches(&n.labels)))
-                .filter(|n| by_claims || n.witness() != crate::index::Witness::DriverOnly)
-                .collect()
-        };
-        // Every node is checked, also for a template with no constraints: its taints may keep
-        // the pods off.
-        let class = |class: NodeClass| -> (ClassNodes<'a>, Option<String>) {
-            let all = profile_nodes(class);
-            let left_out = constraints.left_out(all.iter().copied());
-            let nodes = all
-                .into_iter()
-                .filter(|n| constraints.excludes(n).is_none())
-                .collect();
-            (ClassNodes { class, nodes }, left_out)
-        };
-        let (coherent, coherent_out) = class(NodeClass::Coherent);
-        let (discrete, discrete_out) = class(NodeClass::Discrete);
-        let candidates = Candidates {
-            coherent,
-            discrete,
-            left_out: [coherent_out, discrete_out],
-        };
-        if candidates.is_empty()
-            && let Some(detail) = candidates.left_out_sentence()
-        {
-            return Err(ResolveError::TemplateLeavesNoNodes {
-                profile: profile_name.to_string(),
-                class: String::new(),
-                detail,
-            });
-        }
-        Ok(candidates)
-    }
-
-    /// What the template left out of every class, in one sentence.
-    fn left_out_sentence(&self) -> Option<String> {
-        let parts: Vec<&str> = self.left_out.iter().flatten().map(String::as_str).collect();
-        (!parts.is_empty()).then(|| parts.join("; "))
-    }
-
-    /// What the template left out of `class`.
-    pub(super) fn left_out(&self, class: NodeClass) -> Option<&str> {
-        match class {
-            NodeClass::Coherent => self.left_out[0].as_deref(),
-            NodeClass::Discrete => self.left_out[1].as_deref(),
-        }
-    }
-
-    pub(super) fn of(&self, class: NodeClass) -> &ClassNodes<'a> {
-        match class {
-            NodeClass::Coherent => &self.coherent,
-            NodeClass::Discrete => &self.discrete,
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.coherent.nodes.is_empty() && self.discrete.nodes.is_empty()
-    }
-
-    /// The classes with nodes, in the profile's order.
-    fn ordered(&self, profile: &OffloadProfileSpec) -> Vec<&ClassNodes<'a>> {
-        let order = if profile.node_class_order.is_empty() {
-            vec![NodeClass::Coherent, NodeClass::Discrete]
-        } else {
-            profile.node_class_order.clone()
-        };
-        let mut out: Vec<&ClassNodes> = Vec::new();
-        for c in order
-            .iter()
-            .chain(&[NodeClass::Coherent, NodeClass::Discrete])
-        {
-            let nodes = self.of(*c);
-            if !nodes.nodes.is_empty() && !out.iter().any(|o| o.class == *c) {
-                out.push(nodes);
-            }
-        }
-        out
-    }
-}
-
 /// The mode and the nodes it was chosen for, with a reason for each.
-pub(super) struct Placement<'c, 'a> {
+pub(super) struct ModeAndClass<'c, 'a> {
     pub(super) mode: OffloadMode,
     /// The class's nodes; `None` when offload is disabled and any GPU node will do.
     pub(super) chosen: Option<&'c ClassNodes<'a>>,
@@ -157,10 +28,10 @@ pub(super) struct Placement<'c, 'a> {
     pub(super) memory: Option<MemoryChoice>,
     /// For a job without hints on `unknownSize: TryFastest`: the rung of the offload ladder it
     /// is put on.
-    pub(super) rung: Option<Memory>,
+    pub(super) rung: Option<Placement>,
 }
 
-impl Placement<'_, '_> {
+impl ModeAndClass<'_, '_> {
     pub(super) fn class(&self) -> Option<NodeClass> {
         self.chosen.map(|c| c.class)
     }
@@ -226,7 +97,7 @@ impl Context<'_> {
 pub(super) fn choose<'c, 'a>(
     cx: &Context,
     candidates: &'c Candidates<'a>,
-) -> Result<Placement<'c, 'a>, ResolveError> {
+) -> Result<ModeAndClass<'c, 'a>, ResolveError> {
     let job = cx.job;
     let profile = cx.profile;
     let coherent = &candidates.coherent;
@@ -321,7 +192,7 @@ fn explicit<'c, 'a>(
     mode: OffloadMode,
     mode_why: String,
     setting: String,
-) -> Result<Placement<'c, 'a>, ResolveError> {
+) -> Result<ModeAndClass<'c, 'a>, ResolveError> {
     if !holds(class, cx.job) {
         return Err(insufficient(cx.job, &[class]));
     }
@@ -357,7 +228,7 @@ fn explicit<'c, 'a>(
             }
         }
     };
-    Ok(Placement {
+    Ok(ModeAndClass {
         mode,
         chosen: Some(class),
         mode_why,
@@ -383,10 +254,10 @@ fn disabled<'c, 'a>(
     cx: &Context,
     candidates: &'c Candidates<'a>,
     source: Source,
-) -> Result<Placement<'c, 'a>, ResolveError> {
+) -> Result<ModeAndClass<'c, 'a>, ResolveError> {
     let mode_why = format!("offload disabled by {source}");
     let Some(jm) = cx.memory else {
-        return Ok(Placement {
+        return Ok(ModeAndClass {
             mode: OffloadMode::Disabled,
             chosen: None,
             mode_why,
@@ -435,7 +306,7 @@ fn disabled<'c, 'a>(
         });
     };
     let everywhere = fitting.len() == classes.len();
-    Ok(Placement {
+    Ok(ModeAndClass {
         mode: OffloadMode::Disabled,
         chosen: (!everywhere).then_some(*first),
         mode_why: format!("{mode_why}; {}", choice.figures),
@@ -461,15 +332,15 @@ fn try_fastest<'c, 'a>(
     cx: &Context,
     classes: &[&'c ClassNodes<'a>],
     source: Source,
-) -> Result<Placement<'c, 'a>, ResolveError> {
-    let mut ladder = vec![Memory::NoOffload, Memory::Optimizer];
+) -> Result<ModeAndClass<'c, 'a>, ResolveError> {
+    let mut ladder = vec![Placement::NoOffload, Placement::Optimizer];
     let params = match cx.job.framework.name {
         offload_api::v1alpha1::Framework::DeepSpeed => cx.facts.stage == 3,
         offload_api::v1alpha1::Framework::Fsdp => true,
         offload_api::v1alpha1::Framework::Generic => false,
     };
     if params {
-        ladder.push(Memory::OptimizerAndParams);
+        ladder.push(Placement::OptimizerAndParams);
     }
     let failed = cx
         .job
@@ -491,8 +362,8 @@ fn try_fastest<'c, 'a>(
         "Auto (from {source}) without model hints, and profile {:?} has unknownSize TryFastest: the job {said}; each time it runs out of GPU memory it is decided again one rung further (no offload, the optimizer state, then parameters too); set spec.model.parameters to size it instead",
         cx.profile_name
     );
-    if rung == Memory::NoOffload {
-        return Ok(Placement {
+    if rung == Placement::NoOffload {
+        return Ok(ModeAndClass {
             mode: OffloadMode::Disabled,
             chosen: None,
             mode_why: why,
@@ -518,7 +389,7 @@ fn auto_by_class<'c, 'a>(
     cx: &Context,
     classes: &[&'c ClassNodes<'a>],
     source: Source,
-) -> Result<Placement<'c, 'a>, ResolveError> {
+) -> Result<ModeAndClass<'c, 'a>, ResolveError> {
     let first = classes[0];
     let fits_now =
         |c: &ClassNodes| fit::pod_capacity(c, cx.job.gpus_per_pod) >= u64::from(cx.job.pods.max(1));
@@ -549,7 +420,7 @@ fn auto_by_class<'c, 'a>(
             cx.job.gpu_demand()
         )
     };
-    Ok(Placement {
+    Ok(ModeAndClass {
         mode,
         chosen: Some(pick),
         mode_why: format!(
@@ -569,7 +440,7 @@ fn auto_by_memory<'c, 'a>(
     jm: &JobMemory,
     classes: &[&'c ClassNodes<'a>],
     source: Source,
-) -> Result<Placement<'c, 'a>, ResolveError> {
+) -> Result<ModeAndClass<'c, 'a>, ResolveError> {
     let holding: Vec<&ClassNodes> = classes
         .iter()
         .copied()
@@ -599,7 +470,7 @@ fn auto_by_memory<'c, 'a>(
     }
     let without: Vec<&ClassNodes> = results
         .iter()
-        .filter(|(_, r)| matches!(r, Ok(c) if c.placement == Memory::NoOffload))
+        .filter(|(_, r)| matches!(r, Ok(c) if c.placement == Placement::NoOffload))
         .map(|(c, _)| *c)
         .collect();
     if let Some(first) = without.first() {
@@ -613,7 +484,7 @@ fn auto_by_memory<'c, 'a>(
             .as_ref()
             .map(|c| c.figures.clone())
             .unwrap_or_default();
-        return Ok(Placement {
+        return Ok(ModeAndClass {
             mode: OffloadMode::Disabled,
             chosen: (!everywhere).then_some(*first),
             mode_why: format!(
@@ -658,7 +529,7 @@ fn auto_by_memory<'c, 'a>(
     } else {
         format!("{}; {}", earlier.join(", "), capacity_message(pick, cx.job))
     };
-    Ok(Placement {
+    Ok(ModeAndClass {
         mode,
         chosen: Some(pick),
         mode_why: format!(
@@ -676,7 +547,7 @@ fn auto_by_memory<'c, 'a>(
 fn no_offload_figures(jm: &JobMemory, cx: &Context, class: &ClassNodes) -> String {
     match fit::class_memory(class, cx.job) {
         Some(cm) => {
-            let (est, _) = jm.estimate_checked(Memory::NoOffload, &cm);
+            let (est, _) = jm.estimate_checked(Placement::NoOffload, &cm);
             format!(
                 "it needs about {} per GPU, more than the {} usable on {}",
                 super::memory::gib(est.gpu),

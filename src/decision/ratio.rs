@@ -4,19 +4,20 @@
 
 use offload_api::v1alpha1::{ModelHints, OffloadMode, OffloadProfileSpec, RatioSetting};
 
+use super::candidates::ClassNodes;
 use super::error::ResolveError;
 use super::framework::{FrameworkFacts, partial_ratio_support};
-use super::memory::Placement as Memory;
-use super::placement::{ClassNodes, Placement};
+use super::memory::Placement;
+use super::placement::ModeAndClass;
 use super::request::JobRequest;
-use super::{Source, effective};
+use super::settings::{Source, effective};
 
 /// The ratio and why.
 pub(super) fn decide(
     job: &JobRequest,
     profile: &OffloadProfileSpec,
     facts: &FrameworkFacts,
-    placement: &Placement,
+    placement: &ModeAndClass,
 ) -> Result<(f64, String), ResolveError> {
     if placement.mode == OffloadMode::Disabled {
         return Ok((0.0, "None: nothing is offloaded".to_string()));
@@ -44,11 +45,11 @@ pub(super) fn decide(
     // What the memory model placed decides where it placed anything.
     if let Some(choice) = &placement.memory {
         return Ok(match (choice.placement, requested) {
-            (Memory::PartialOptimizer(r), RatioSetting::Fixed(_)) => (
+            (Placement::PartialOptimizer(r), RatioSetting::Fixed(_)) => (
                 r,
                 format!("{r}: set by {source}; {}{}", choice.figures, cpu(r)),
             ),
-            (Memory::PartialOptimizer(r), RatioSetting::Auto | RatioSetting::None) => (
+            (Placement::PartialOptimizer(r), RatioSetting::Auto | RatioSetting::None) => (
                 r,
                 format!(
                     "{r}: the smallest share of optimizer state whose offload fits ({}){}",
@@ -56,7 +57,7 @@ pub(super) fn decide(
                     cpu(r)
                 ),
             ),
-            (Memory::Optimizer | Memory::OptimizerAndParams, _) => (
+            (Placement::Optimizer | Placement::OptimizerAndParams, _) => (
                 1.0,
                 format!(
                     "1: all optimizer state offloaded ({}){}",
@@ -64,7 +65,7 @@ pub(super) fn decide(
                     cpu(1.0)
                 ),
             ),
-            (Memory::NoOffload, _) => (1.0, "1: nothing is offloaded".to_string()),
+            (Placement::NoOffload, _) => (1.0, "1: nothing is offloaded".to_string()),
         });
     }
     Ok(match requested {

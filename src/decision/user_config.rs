@@ -3,8 +3,6 @@
 
 use serde_json::Value;
 
-use crate::render::deepspeed::{self, DeepSpeedConfigError};
-
 /// Numeric precision of the training state, as the config sets it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Precision {
@@ -83,6 +81,67 @@ pub enum ConfigError {
     },
 }
 
+/// A DeepSpeed config the operator cannot read or merge into.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DeepSpeedConfigError {
+    /// Not JSON at all.
+    #[error("the DeepSpeed config is not valid JSON: {0}")]
+    NotJson(String),
+    /// JSON, but some part is not an object where DeepSpeed expects one.
+    #[error("the DeepSpeed config's {path} must be a JSON object")]
+    NotAnObject {
+        /// JSON path of the offending value.
+        path: &'static str,
+    },
+    /// `zero_optimization.stage` is not an integer from 0 to 3.
+    #[error(
+        "the DeepSpeed config's zero_optimization.stage must be an integer from 0 to 3, found {0}"
+    )]
+    BadStage(String),
+    /// The user's section has a key the declared version rejects.
+    #[error(
+        "the DeepSpeed config's zero_optimization.{section} has key {key:?}, which DeepSpeed {version} does not accept (its parser forbids unknown keys): remove it or declare a newer framework.version"
+    )]
+    KeyNotAccepted {
+        /// `offload_optimizer` or `offload_param`.
+        section: &'static str,
+        /// The key.
+        key: String,
+        /// The declared version.
+        version: String,
+    },
+}
+
+/// Parses the user's DeepSpeed JSON and returns its `zero_optimization.stage`, if stated.
+pub fn stage_of(config: &Value) -> Result<Option<u8>, DeepSpeedConfigError> {
+    let Some(root) = config.as_object() else {
+        return Err(DeepSpeedConfigError::NotAnObject { path: "top level" });
+    };
+    let Some(zero) = root.get("zero_optimization") else {
+        return Ok(None);
+    };
+    let Some(zero) = zero.as_object() else {
+        return Err(DeepSpeedConfigError::NotAnObject {
+            path: "zero_optimization",
+        });
+    };
+    match zero.get("stage") {
+        None => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(s @ 0..=3) => Ok(Some(s as u8)),
+            _ => Err(DeepSpeedConfigError::BadStage(v.to_string())),
+        },
+    }
+}
+
+/// Parses a DeepSpeed JSON document.
+pub fn parse_config(text: &str) -> Result<Value, DeepSpeedConfigError> {
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| DeepSpeedConfigError::NotJson(e.to_string()))?;
+    stage_of(&value)?;
+    Ok(value)
+}
+
 fn positive(v: Option<&Value>) -> Option<u64> {
     v.and_then(Value::as_u64).filter(|n| *n >= 1)
 }
@@ -94,8 +153,8 @@ impl UserConfig {
             source_name: source.to_string(),
             error,
         };
-        let json = deepspeed::parse_config(text).map_err(invalid)?;
-        let stage = deepspeed::stage_of(&json).map_err(invalid)?;
+        let json = parse_config(text).map_err(invalid)?;
+        let stage = stage_of(&json).map_err(invalid)?;
         let enabled = |key: &str| {
             json.get(key)
                 .and_then(|s| s.get("enabled"))

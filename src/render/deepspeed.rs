@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 
 use serde_json::{Map, Value, json};
 
+use crate::decision::DeepSpeedConfigError;
 use crate::decision::{
     DeepSpeedPlan, Resolution, SUPER_OFFLOAD_CPU_SHARE, ZENFLOW_TOPK_RATIO, ZENFLOW_UPDATE_INTERVAL,
 };
@@ -17,37 +18,6 @@ use offload_api::version::{FrameworkVersion, deepspeed};
 pub const CONFIG_FILE_NAME: &str = "ds_config.json";
 /// Default mount directory of the rendered config.
 pub const DEFAULT_MOUNT_PATH: &str = "/etc/offload";
-
-/// A DeepSpeed config the operator cannot merge into.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum DeepSpeedConfigError {
-    /// Not JSON at all.
-    #[error("the DeepSpeed config is not valid JSON: {0}")]
-    NotJson(String),
-    /// JSON, but some part is not an object where DeepSpeed expects one.
-    #[error("the DeepSpeed config's {path} must be a JSON object")]
-    NotAnObject {
-        /// JSON path of the offending value.
-        path: &'static str,
-    },
-    /// `zero_optimization.stage` is not an integer from 0 to 3.
-    #[error(
-        "the DeepSpeed config's zero_optimization.stage must be an integer from 0 to 3, found {0}"
-    )]
-    BadStage(String),
-    /// The user's section has a key the declared version rejects.
-    #[error(
-        "the DeepSpeed config's zero_optimization.{section} has key {key:?}, which DeepSpeed {version} does not accept (its parser forbids unknown keys): remove it or declare a newer framework.version"
-    )]
-    KeyNotAccepted {
-        /// `offload_optimizer` or `offload_param`.
-        section: &'static str,
-        /// The key.
-        key: String,
-        /// The declared version.
-        version: String,
-    },
-}
 
 /// Keys of `zero_optimization.offload_optimizer` that `version` accepts at `stage`.
 pub fn accepted_offload_optimizer_keys(
@@ -100,36 +70,6 @@ fn device(res: &Resolution) -> &'static str {
         OffloadMode::Disabled => "none",
         OffloadMode::UnifiedMemory | OffloadMode::CpuCopy => "cpu",
     }
-}
-
-/// Parses the user's DeepSpeed JSON and returns its `zero_optimization.stage`, if stated.
-pub fn stage_of(config: &Value) -> Result<Option<u8>, DeepSpeedConfigError> {
-    let Some(root) = config.as_object() else {
-        return Err(DeepSpeedConfigError::NotAnObject { path: "top level" });
-    };
-    let Some(zero) = root.get("zero_optimization") else {
-        return Ok(None);
-    };
-    let Some(zero) = zero.as_object() else {
-        return Err(DeepSpeedConfigError::NotAnObject {
-            path: "zero_optimization",
-        });
-    };
-    match zero.get("stage") {
-        None => Ok(None),
-        Some(v) => match v.as_u64() {
-            Some(s @ 0..=3) => Ok(Some(s as u8)),
-            _ => Err(DeepSpeedConfigError::BadStage(v.to_string())),
-        },
-    }
-}
-
-/// Parses a DeepSpeed JSON document.
-pub fn parse_config(text: &str) -> Result<Value, DeepSpeedConfigError> {
-    let value: Value =
-        serde_json::from_str(text).map_err(|e| DeepSpeedConfigError::NotJson(e.to_string()))?;
-    stage_of(&value)?;
-    Ok(value)
 }
 
 /// Merges the offload section into the user's DeepSpeed JSON. Only the keys the operator owns

@@ -9,11 +9,11 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::json;
 
-use super::deepspeed::{
-    DeepSpeedConfigError, merge_config, parse_config, render_section, stage_of,
-};
+use super::deepspeed::{merge_config, render_section};
 use super::*;
-use crate::decision::{DeepSpeedRequest, JobRequest, resolve_offload};
+use crate::decision::{
+    DeepSpeedConfigError, DeepSpeedRequest, JobRequest, parse_config, resolve_offload, stage_of,
+};
 use crate::index::{NodeIndex, NodeInfo};
 use offload_api::report::NodeReport;
 use offload_api::v1alpha1::{Framework, FrameworkSpec, OffloadProfileSpec, OffloadSpec};

@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 use crate::index::{NodeIndex, NodeInfo};
 use offload_api::names;
 use offload_api::report::NodeReport;
-use offload_api::v1alpha1::{Framework, FrameworkSpec, OffloadProfileSpec};
+use offload_api::v1alpha1::{
+    Framework, FrameworkSpec, OffloadMode, OffloadProfileSpec, OffloadSpec, OverlapSetting, Switch,
+};
 use offload_testenv::fixtures;
 
 use super::*;

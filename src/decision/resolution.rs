@@ -1,0 +1,200 @@
+//! What a decision gives back: the configuration ([`Resolution`]), a reason for every setting
+//! ([`Reason`], by [`Field`]), the memory request it counts on ([`MemoryRequest`]) and the
+//! memory model's figures ([`MemoryEstimate`]).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use offload_api::v1alpha1::{
+    NodeClass, OffloadMode, OffloadSpec, OverlapSetting, RatioSetting, Switch,
+};
+
+use super::framework::FrameworkPlan;
+use super::{learned, memory};
+
+/// The setting a reason explains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Field {
+    /// The offload mode.
+    Mode,
+    /// The node class the pods are pinned to.
+    NodeClass,
+    /// Overlap on or off.
+    Overlap,
+    /// The offload ratio.
+    OffloadRatio,
+    /// Pinned host memory.
+    PinMemory,
+    /// How the framework realises the configuration.
+    Framework,
+}
+
+impl Field {
+    /// Every field; a resolution carries at least one reason for each.
+    pub const ALL: [Field; 6] = [
+        Field::Mode,
+        Field::NodeClass,
+        Field::Overlap,
+        Field::OffloadRatio,
+        Field::PinMemory,
+        Field::Framework,
+    ];
+
+    /// The spec field name, as shown in status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Field::Mode => "mode",
+            Field::NodeClass => "nodeClass",
+            Field::Overlap => "overlap",
+            Field::OffloadRatio => "offloadRatio",
+            Field::PinMemory => "pinMemory",
+            Field::Framework => "framework",
+        }
+    }
+}
+
+/// Why one setting has its value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reason {
+    /// The setting explained.
+    pub field: Field,
+    /// A sentence a person can act on.
+    pub message: String,
+}
+
+/// A resolved, concrete offload configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resolution {
+    /// Profile used.
+    pub profile: String,
+    /// Concrete mode.
+    pub mode: OffloadMode,
+    /// Overlap on or off.
+    pub overlap: bool,
+    /// Offload ratio: in (0, 1], 0 when nothing is offloaded.
+    pub ratio: f64,
+    /// Pin host buffers.
+    pub pin_memory: bool,
+    /// Node class the pods must land on; `None` when offload is disabled.
+    pub node_class: Option<NodeClass>,
+    /// The profile's node selector, also binding scheduling.
+    pub node_selector: Option<LabelSelector>,
+    /// Lowest overlap efficiency measured on the chosen nodes.
+    pub overlap_efficiency: Option<f64>,
+    /// Framework rendering plan.
+    pub framework: FrameworkPlan,
+    /// One or more reasons per [`Field`], in decision order.
+    pub reasons: Vec<Reason>,
+    /// Whether the pods get the start-up guard (the profile's `startupGuard`).
+    pub startup_guard: bool,
+    /// What the memory model estimated for the placement written, where the job gives model
+    /// hints.
+    pub memory: Option<MemoryEstimate>,
+    /// The job's GPU claims (entry → ResourceClaimTemplate) through which it is pinned to the
+    /// node class: each gets a copy of its template selecting only the class's GPUs, and the
+    /// pods get no class labels in their node affinity (nodes classed by the GPU driver alone
+    /// carry none). Empty: the pods are pinned by the agent's labels.
+    pub gpu_claims: Option<crate::dra::claims::ClaimPinning>,
+    /// Nodes whose two witnesses (agent and GPU driver) disagree, kept out of a claim-pinned
+    /// job's node affinity: its claims' selectors see only the driver's word.
+    pub exclude_nodes: Vec<String>,
+    /// The pod's DRA claim entries whose devices are GPUs: the start-up guard shares them.
+    pub gpu_claim_entries: Vec<String>,
+    /// The memory request the training container gets, where the decision counts on more host
+    /// memory than it requests.
+    pub memory_request: Option<MemoryRequest>,
+    /// The request this was decided from (`spec.offload` as the user asked).
+    pub requested: OffloadSpec,
+    /// Where the configuration puts the training state.
+    pub placement: memory::Placement,
+    /// The training container's index in the pod template, where the pod has containers.
+    pub training_container: Option<usize>,
+}
+
+/// The host memory the decision counts on, written as the training container's memory request
+/// where the user's is lower or absent, so the scheduler and quota systems see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryRequest {
+    /// The training container's index in the pod template.
+    pub container: usize,
+    /// The request, bytes (a whole number of MiB).
+    pub bytes: u64,
+    /// The user's request it replaces, where there was one.
+    pub raised_from: Option<u64>,
+}
+
+/// The memory model's figures for the placement a resolution writes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryEstimate {
+    /// Where the training state is placed.
+    pub placement: memory::Placement,
+    /// Bytes per GPU.
+    pub gpu_bytes: u64,
+    /// Bytes of GPU memory the estimate may use on the class's smallest GPU.
+    pub gpu_budget_bytes: u64,
+    /// Bytes of host memory per pod.
+    pub host_bytes_per_pod: u64,
+    /// Host memory one pod can have, where the nodes state it.
+    pub host_budget_bytes: Option<u64>,
+    /// Of `gpu_bytes`, the part without activations (counted exactly).
+    pub gpu_structural_bytes: u64,
+    /// The job's shape key.
+    pub shape: String,
+    /// What was learned for the shape on the class, in effect in these figures.
+    pub learned: learned::LearnedFactors,
+}
+
+impl MemoryEstimate {
+    pub(super) fn of(
+        jm: &memory::JobMemory,
+        est: &memory::Estimate,
+        cm: &memory::ClassMemory,
+    ) -> Self {
+        MemoryEstimate {
+            placement: est.placement,
+            gpu_bytes: memory::bytes(est.gpu),
+            gpu_budget_bytes: memory::bytes(cm.gpu_budget()),
+            host_bytes_per_pod: memory::bytes(est.host_per_pod),
+            host_budget_bytes: cm.host_per_pod,
+            gpu_structural_bytes: memory::bytes(est.structural),
+            shape: jm.shape_key.clone(),
+            learned: est.learned,
+        }
+    }
+}
+
+impl Resolution {
+    /// The job's `spec.offload` with every `Auto` replaced by the concrete value.
+    pub fn concrete_spec(&self) -> OffloadSpec {
+        OffloadSpec {
+            mode: self.mode.as_setting(),
+            overlap: if self.overlap {
+                OverlapSetting::Enabled
+            } else {
+                OverlapSetting::Disabled
+            },
+            offload_ratio: if self.mode == OffloadMode::Disabled {
+                RatioSetting::None
+            } else {
+                RatioSetting::Fixed(self.ratio)
+            },
+            pin_memory: if self.pin_memory {
+                Switch::Enabled
+            } else {
+                Switch::Disabled
+            },
+        }
+    }
+
+    /// Whether DeepSpeed SuperOffload is on.
+    pub fn super_offload(&self) -> bool {
+        matches!(&self.framework, FrameworkPlan::DeepSpeed(p) if p.super_offload)
+    }
+
+    /// The reasons joined into one paragraph, for Events.
+    pub fn summary(&self) -> String {
+        self.reasons
+            .iter()
+            .map(|r| format!("{}: {}", r.field.as_str(), r.message))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}

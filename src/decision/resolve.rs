@@ -1,0 +1,304 @@
+//! [`resolve_offload`]: the decision's steps in order, each giving its value and its reason.
+
+use crate::index::NodeIndex;
+use offload_api::report::NodeMemoryModel;
+use offload_api::v1alpha1::{NodeClass, OffloadMode, OffloadProfileSpec, RatioSetting};
+
+use super::error::ResolveError;
+use super::framework::FrameworkPlan;
+use super::request::JobRequest;
+use super::resolution::{Field, MemoryEstimate, MemoryRequest, Reason, Resolution};
+use super::settings::MAX_EXCLUDED_NODES;
+use super::{candidates, fit, framework, memory, overlap, pinning, placement, ratio};
+
+#[derive(Default)]
+struct Reasons(Vec<Reason>);
+
+impl Reasons {
+    fn add(&mut self, field: Field, message: impl Into<String>) {
+        self.0.push(Reason {
+            field,
+            message: message.into(),
+        });
+    }
+}
+
+/// Resolves a job's offload configuration.
+///
+/// `profile_name` and `profile` are the profile the job uses (see [`select_profile`]); `nodes`
+/// is every node the caller knows (nodes that are not candidates are skipped).
+pub fn resolve_offload(
+    job: &JobRequest,
+    profile_name: &str,
+    profile: &OffloadProfileSpec,
+    nodes: &NodeIndex,
+) -> Result<Resolution, ResolveError> {
+    let facts = framework::check(job)?;
+    partial_ratio_supported(job, &facts)?;
+    let memory = fit::job_memory(job, &facts, profile_name)?;
+    let mut reasons = Reasons::default();
+
+    // Nodes whose agent and GPU driver disagree: a claim-pinned job's affinity excludes them
+    // by name (its claims' selectors see only the driver's word); past a bound it is pinned by
+    // the agent's labels instead.
+    let exclude_nodes = disagreeing_nodes(job, nodes);
+    let by_claims = job.gpu_claims.is_some() && exclude_nodes.len() <= MAX_EXCLUDED_NODES;
+    let candidates =
+        candidates::Candidates::select(nodes, profile_name, profile, by_claims, &job.constraints)?;
+    let placement = placement::choose(
+        &placement::Context {
+            job,
+            facts: &facts,
+            memory: memory.as_ref(),
+            profile_name,
+            profile,
+        },
+        &candidates,
+    )?;
+    reasons.add(Field::Mode, &placement.mode_why);
+    let memory_request = memory_request(job, placement.memory.as_ref());
+    if let Some(why) = memory_request.map(|r| memory_request_reason(job, &r)) {
+        reasons.add(Field::Mode, why);
+    }
+    reasons.add(Field::NodeClass, &placement.class_why);
+
+    let (overlap, overlap_efficiency, why) = overlap::decide(job, profile, &placement);
+    reasons.add(Field::Overlap, why);
+
+    let (pin_memory, why) = pinning::decide(job, profile, &placement);
+    reasons.add(Field::PinMemory, why);
+
+    let (ratio, why) = ratio::decide(job, profile, &facts, &placement)?;
+    reasons.add(Field::OffloadRatio, why);
+
+    let memory_plan = framework::MemoryPlan {
+        placement: placement
+            .memory
+            .as_ref()
+            .map(|c| c.placement)
+            .or(placement.rung),
+        rung: placement.memory.is_none() && placement.rung.is_some(),
+        sub_group_size: match (&memory, job.config.sub_group_size) {
+            (Some(jm), None) => Some(memory::operator_sub_group_size(jm.parameters, jm.ranks)),
+            _ => None,
+        },
+    };
+    let (framework, whys) = framework::plan(
+        job,
+        &facts,
+        placement.mode,
+        overlap,
+        ratio,
+        placement.class(),
+        profile.allow_zen_flow,
+        memory_plan,
+    );
+    for why in whys {
+        reasons.add(Field::Framework, why);
+    }
+    let (gpu_claims, exclude_nodes) =
+        claim_pinning(job, &placement, by_claims, exclude_nodes, &mut reasons);
+    let state = state_placement(placement.mode, ratio, &framework, memory_plan.placement);
+
+    Ok(Resolution {
+        profile: profile_name.to_string(),
+        mode: placement.mode,
+        overlap,
+        ratio,
+        pin_memory,
+        node_class: placement.class(),
+        node_selector: profile.node_selector.clone(),
+        overlap_efficiency,
+        framework,
+        reasons: reasons.0,
+        startup_guard: profile.startup_guard,
+        memory: match (placement.memory.as_ref(), memory.as_ref()) {
+            (Some(c), Some(jm)) => Some(MemoryEstimate::of(jm, &c.estimate, &c.class)),
+            _ => None,
+        },
+        gpu_claims,
+        exclude_nodes,
+        gpu_claim_entries: job.gpu_claim_entries.clone(),
+        placement: state,
+        memory_request,
+        requested: job.offload.clone(),
+        training_container: job.training_container.map(|(i, _)| i),
+    })
+}
+
+/// Where the configuration puts the training state: what the model placed (or the rung), else
+/// what the mode, the ratio and the framework's keys say.
+fn state_placement(
+    mode: OffloadMode,
+    ratio: f64,
+    framework: &FrameworkPlan,
+    placed: Option<memory::Placement>,
+) -> memory::Placement {
+    if let Some(p) = placed {
+        return p;
+    }
+    let params = match framework {
+        FrameworkPlan::DeepSpeed(d) => d.offload_params,
+        FrameworkPlan::Fsdp(f) => f.offload_params,
+        FrameworkPlan::Generic => false,
+    };
+    match mode {
+        OffloadMode::Disabled => memory::Placement::NoOffload,
+        _ if params => memory::Placement::OptimizerAndParams,
+        _ if ratio < 1.0 => memory::Placement::PartialOptimizer(ratio),
+        _ => memory::Placement::Optimizer,
+    }
+}
+
+/// The training container's memory request where the chosen placement's host estimate is more
+/// than the user requests (rounded up to MiB); never lower than the user's.
+fn memory_request(job: &JobRequest, choice: Option<&fit::MemoryChoice>) -> Option<MemoryRequest> {
+    const MIB: u64 = 1 << 20;
+    let (container, requested) = job.training_container?;
+    let bytes = memory::bytes(choice?.estimate.host_per_pod)
+        .div_ceil(MIB)
+        .saturating_mul(MIB);
+    (requested.is_none_or(|r| r < bytes)).then_some(MemoryRequest {
+        container,
+        bytes,
+        raised_from: requested,
+    })
+}
+
+fn memory_request_reason(job: &JobRequest, r: &MemoryRequest) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let gib = |b: u64| memory::gib(b as f64);
+    let from = match r.raised_from {
+        Some(was) => format!("raised from {}", gib(was)),
+        None => "it requested none".to_string(),
+    };
+    let limit = job
+        .pod_memory_limit
+        .map(|l| format!(", within its limit of {}", gib(l)))
+        .unwrap_or_default();
+    format!(
+        "host memory: the training container (the pod template's container {}) requests {} ({from}){limit}: what this configuration counts on, so the scheduler and quota systems (Kueue) see it",
+        r.container,
+        gib(r.bytes)
+    )
+}
+
+/// A fixed partial ratio the framework cannot write is refused, saying what to change.
+fn partial_ratio_supported(
+    job: &JobRequest,
+    facts: &framework::FrameworkFacts,
+) -> Result<(), ResolveError> {
+    if let (RatioSetting::Fixed(r), Err(why)) = (
+        job.offload.offload_ratio,
+        framework::partial_ratio_support(job, facts),
+    ) && r < 1.0
+    {
+        return Err(ResolveError::FrameworkCannot {
+            problem: format!("spec.offload.offloadRatio {r} needs partial offload, but {why}"),
+            change: "set spec.offload.offloadRatio to 1 or Auto".to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// For a job with GPU claims: the nodes whose agent and GPU driver disagree (its affinity
+/// excludes them by name, as its claims' selectors see only the driver's word).
+fn disagreeing_nodes(job: &JobRequest, nodes: &NodeIndex) -> Vec<String> {
+    if job.gpu_claims.is_none() {
+        return Vec::new();
+    }
+    nodes
+        .nodes()
+        .filter(|n| n.witness() == crate::index::Witness::Disagree)
+        .map(|n| n.name.clone())
+        .collect()
+}
+
+/// The claim pinning written for a claim-pinned job (and the nodes it excludes), with its
+/// reason; none for a job pinned by the agent's labels.
+fn claim_pinning(
+    job: &JobRequest,
+    placement: &placement::ModeAndClass,
+    by_claims: bool,
+    exclude_nodes: Vec<String>,
+    reasons: &mut Reasons,
+) -> (Option<crate::dra::claims::ClaimPinning>, Vec<String>) {
+    match (placement.class(), &job.gpu_claims) {
+        (Some(class), Some(pinning)) if by_claims => {
+            reasons.add(
+                Field::NodeClass,
+                format!(
+                    "GPUs from DRA claims ({}): each claim's template is copied with a selector on the GPU driver's addressingMode attribute, so the scheduler allocates only {class} GPUs{}",
+                    pinning.claims.keys().cloned().collect::<Vec<_>>().join(", "),
+                    if exclude_nodes.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            "; nodes whose agent and driver disagree are excluded: {}",
+                            exclude_nodes.join(", ")
+                        )
+                    }
+                ),
+            );
+            if placement.memory.is_some() {
+                reasons.add(
+                    Field::NodeClass,
+                    "the copies also select GPUs by memory capacity: at least what this configuration needs on each",
+                );
+            }
+            (Some(pinning.clone()), exclude_nodes)
+        }
+        // Any class will do, but the GPUs must hold the configuration: the copies select by
+        // memory alone.
+        (None, Some(pinning)) if by_claims && placement.memory.is_some() => {
+            reasons.add(
+                Field::NodeClass,
+                format!(
+                    "GPUs from DRA claims ({}): each claim's template is copied with a selector on the device's memory capacity, so the scheduler allocates only GPUs this configuration fits on",
+                    pinning.claims.keys().cloned().collect::<Vec<_>>().join(", "),
+                ),
+            );
+            (Some(pinning.clone()), exclude_nodes)
+        }
+        _ => (None, Vec::new()),
+    }
+}
+
+/// The memory model's figures for `placement` of a job on a class's nodes, and whether it
+/// fits there; `None` without model hints or when the class has no node with a report of its
+/// GPUs' memory. For `explain --candidates`, which shows every candidate beside the node's
+/// figures, also those the decision would not write.
+pub fn estimate_placement(
+    job: &JobRequest,
+    profile_name: &str,
+    profile: &OffloadProfileSpec,
+    nodes: &NodeIndex,
+    class: NodeClass,
+    placement: memory::Placement,
+) -> Result<Option<(MemoryEstimate, bool)>, ResolveError> {
+    let facts = framework::check(job)?;
+    let Some(jm) = fit::job_memory(job, &facts, profile_name)? else {
+        return Ok(None);
+    };
+    let candidates = candidates::Candidates::select(
+        nodes,
+        profile_name,
+        profile,
+        job.gpu_claims.is_some(),
+        &job.constraints,
+    )?;
+    let Some(cm) = fit::class_memory(candidates.of(class), job) else {
+        return Ok(None);
+    };
+    let (est, fits) = jm.estimate_checked(placement, &cm);
+    Ok(Some((MemoryEstimate::of(&jm, &est, &cm), fits.ok())))
+}
+
+/// Whether a memory model may host a configuration made for a class: the invariant the
+/// affinity enforces, stated once so tests can check it.
+pub fn class_admits(class: NodeClass, model: NodeMemoryModel) -> bool {
+    match class {
+        NodeClass::Coherent => model == NodeMemoryModel::Coherent,
+        NodeClass::Discrete => matches!(model, NodeMemoryModel::Hmm | NodeMemoryModel::Discrete),
+    }
+}
