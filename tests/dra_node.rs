@@ -32,8 +32,9 @@ use support::controller::wait_for_condition;
 use support::*;
 
 const WAIT: Duration = Duration::from_secs(120);
-/// The kubelet retries a pod whose claims could not be prepared with a growing back-off (10 s,
-/// doubling); its next try after the plugin is back can come minutes later.
+/// The kubelet tries a pod whose sync failed (its claims could not be prepared) again after a
+/// back-off of up to its one-minute resync interval, and it failed several times while no
+/// plugin answered: its next try after the plugin is back can come well over a minute later.
 const KUBELET_RETRY: Duration = Duration::from_secs(330);
 
 fn resource_api(client: &kube::Client, ns: Option<&str>, kind: &str) -> Api<DynamicObject> {
