@@ -11,19 +11,177 @@
 //! - the **memory evidence** ([`names::MEMORY_STATUS_MANAGER`]): `memoryFailures` and the
 //!   `MemoryRecovery` condition; written when a configuration runs out of memory, kept across
 //!   the job's later decisions.
+//!
+//! Every shape of the decision part is built here, by pure functions ([`resolved`],
+//! [`restored`], [`not_requested`], [`held`], with the workload's first view by
+//! [`with_workload`] or [`apply_failed`]), and every part is written here ([`write_decision`],
+//! [`write_workload`], [`write_memory`]): nothing else in the controller builds or writes a
+//! TrainingJob's status.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
+use super::conditions::{self, OFFLOAD_RESOLVED, WORKLOAD_CREATED};
 use super::{Error, kube_err};
 use offload_api::names;
 use offload_api::v1alpha1::{
-    JobPhase, ObservedOverlap, TrainingJob, TrainingJobStatus, WorkloadRef,
+    JobPhase, ObservedOverlap, OffloadDecisionStatus, TrainingJob, TrainingJobStatus, WorkloadRef,
 };
 
-async fn apply(
+/// A pending job's decision part over `conditions`, at `generation`.
+fn pending(
+    offload: Option<OffloadDecisionStatus>,
+    conditions: Vec<Condition>,
+    generation: Option<i64>,
+) -> TrainingJobStatus {
+    TrainingJobStatus {
+        phase: Some(JobPhase::Pending),
+        offload,
+        workload: None,
+        observed_generation: generation,
+        observed: None,
+        memory_failures: Vec::new(),
+        conditions,
+    }
+}
+
+/// A job just resolved at `generation`: its decision and `OffloadResolved=True` with the
+/// decision's `summary`, over the conditions it had; and whether this is its first resolution
+/// (the condition was not already there as it is now).
+pub fn resolved(
+    existing: Vec<Condition>,
+    offload: OffloadDecisionStatus,
+    summary: String,
+    generation: Option<i64>,
+) -> (TrainingJobStatus, bool) {
+    let cond = conditions::condition(
+        &existing,
+        OFFLOAD_RESOLVED,
+        true,
+        "Resolved",
+        summary,
+        generation,
+    );
+    let first = !conditions::unchanged(&existing, &cond);
+    let mut status = pending(Some(offload), existing, generation);
+    conditions::set(&mut status.conditions, cond);
+    (status, first)
+}
+
+/// The decision part restored from the workload Job's record (`OffloadResolved=True` with the
+/// recorded reasons), where the status had lost it; only the fields of that part.
+pub fn restored(
+    existing: &[Condition],
+    offload: OffloadDecisionStatus,
+    generation: Option<i64>,
+) -> TrainingJobStatus {
+    let summary = offload
+        .reasons
+        .iter()
+        .map(|r| format!("{}: {}", r.field, r.message))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let cond = conditions::condition(
+        existing,
+        OFFLOAD_RESOLVED,
+        true,
+        "Resolved",
+        summary,
+        generation,
+    );
+    TrainingJobStatus {
+        offload: Some(offload),
+        observed_generation: generation,
+        conditions: vec![cond],
+        ..TrainingJobStatus::default()
+    }
+}
+
+/// A job that names no profile and sets no offload field: it runs without offload
+/// configuration, and `OffloadResolved=False` (`NotRequested`) says why.
+pub fn not_requested(existing: Vec<Condition>, generation: Option<i64>) -> TrainingJobStatus {
+    let cond = conditions::condition(
+        &existing,
+        OFFLOAD_RESOLVED,
+        false,
+        "NotRequested",
+        format!(
+            "the job names no OffloadProfile (annotation {}) and sets no spec.offload field, so it runs without offload configuration",
+            names::PROFILE_ANNOTATION
+        ),
+        generation,
+    );
+    let mut status = pending(None, existing, generation);
+    conditions::set(&mut status.conditions, cond);
+    status
+}
+
+/// A job held at `generation` (`OffloadResolved=False`, `reason`, `message`): only the
+/// decision part, without a decision; `None` when the status already says exactly that.
+pub fn held(
+    current: &TrainingJobStatus,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+) -> Option<TrainingJobStatus> {
+    let cond = conditions::condition(
+        &current.conditions,
+        OFFLOAD_RESOLVED,
+        false,
+        reason,
+        message,
+        generation,
+    );
+    let same = conditions::unchanged(&current.conditions, &cond)
+        && current.phase == Some(JobPhase::Pending)
+        && current.observed_generation == generation
+        && current.offload.is_none();
+    (!same).then(|| pending(None, vec![cond], generation))
+}
+
+/// `WorkloadCreated=True` for the workload `name`: built the same way at creation and as the
+/// workload is followed.
+pub fn created(existing: &[Condition], name: &str, generation: Option<i64>) -> Condition {
+    conditions::condition(
+        existing,
+        WORKLOAD_CREATED,
+        true,
+        "Created",
+        format!("created Job {name} and Service {name}"),
+        generation,
+    )
+}
+
+/// `status` with its workload created: the workload's objects and `WorkloadCreated=True`.
+pub fn with_workload(status: &mut TrainingJobStatus, workload: WorkloadRef) {
+    let cond = created(
+        &status.conditions,
+        &workload.job,
+        status.observed_generation,
+    );
+    status.workload = Some(workload);
+    conditions::set(&mut status.conditions, cond);
+}
+
+/// `status` with its workload refused (`WorkloadCreated=False`, `ApplyFailed`, `message`); whether
+/// that changes what `existing` says.
+pub fn apply_failed(status: &mut TrainingJobStatus, existing: &[Condition], message: &str) -> bool {
+    let cond = conditions::condition(
+        &status.conditions,
+        WORKLOAD_CREATED,
+        false,
+        "ApplyFailed",
+        message,
+        status.observed_generation,
+    );
+    let changed = !conditions::unchanged(existing, &cond);
+    conditions::set(&mut status.conditions, cond);
+    changed
+}
+
+async fn write(
     api: &Api<TrainingJob>,
     name: &str,
     manager: &str,
@@ -47,25 +205,25 @@ async fn apply(
 /// Writes the decision part. `status` may also carry the workload part (phase, workload,
 /// `WorkloadCreated`) when the decision and the first view of the workload are written in one
 /// request; the workload writer takes those fields over later.
-pub async fn apply_decision(
+pub async fn write_decision(
     api: &Api<TrainingJob>,
     name: &str,
     status: &TrainingJobStatus,
 ) -> Result<(), Error> {
     let value =
         serde_json::to_value(status).map_err(|e| Error::Serialize("TrainingJob status", e))?;
-    apply(api, name, names::OPERATOR_MANAGER, value).await
+    write(api, name, names::OPERATOR_MANAGER, value).await
 }
 
 /// Writes the memory evidence: every failure so far, and the `MemoryRecovery` condition.
-pub async fn apply_memory(
+pub async fn write_memory(
     api: &Api<TrainingJob>,
     name: &str,
     failures: &[offload_api::v1alpha1::MemoryFailure],
     condition: &Condition,
 ) -> Result<(), Error> {
     let value = json!({"memoryFailures": failures, "conditions": [condition]});
-    apply(api, name, names::MEMORY_STATUS_MANAGER, value).await
+    write(api, name, names::MEMORY_STATUS_MANAGER, value).await
 }
 
 /// The workload part of a TrainingJob's status. The workload writer owns every field here, so
@@ -90,7 +248,7 @@ pub struct WorkloadPart<'a> {
 }
 
 /// Writes the workload part only; every other status field is left as it is.
-pub async fn apply_workload(
+pub async fn write_workload(
     api: &Api<TrainingJob>,
     name: &str,
     part: &WorkloadPart<'_>,
@@ -110,5 +268,5 @@ pub async fn apply_workload(
         value["observed"] =
             serde_json::to_value(o).map_err(|e| Error::Serialize("TrainingJob observation", e))?;
     }
-    apply(api, name, names::WORKLOAD_STATUS_MANAGER, value).await
+    write(api, name, names::WORKLOAD_STATUS_MANAGER, value).await
 }

@@ -1,5 +1,7 @@
-//! Writing the workload and the status: server-side apply under the operator's field managers;
-//! refusals that last become conditions.
+//! Creating the workload: its objects by server-side apply under the operator's field manager
+//! ([`create_workload`]); refusals that last become conditions. A job that cannot be decided is
+//! held here ([`record_unresolved`]); the statuses themselves come from
+//! [`crate::controller::status`].
 
 use std::time::Duration;
 
@@ -14,14 +16,11 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::Unresolved;
-use crate::controller::conditions::{self, OFFLOAD_RESOLVED, WORKLOAD_CREATED};
 use crate::controller::workload::Workload;
 use crate::controller::{Context, Error, kube_err, status};
 use crate::process::metrics::DecisionLabels;
 use offload_api::names;
-use offload_api::v1alpha1::{
-    JobPhase, NodeClass, OffloadMode, TrainingJob, TrainingJobStatus, WorkloadRef,
-};
+use offload_api::v1alpha1::{NodeClass, OffloadMode, TrainingJob, TrainingJobStatus, WorkloadRef};
 
 /// Whether an API error will repeat until something changes (the job, the cluster's limits,
 /// RBAC), as opposed to a conflict, throttling or an outage that a retry fixes.
@@ -38,7 +37,7 @@ pub(super) fn lasting(e: &kube::Error) -> Option<String> {
 /// mid-way converges on exactly one of each), then writes `status` with the workload in it.
 /// An apply the API server refuses for a lasting reason is written into `status` as
 /// `WorkloadCreated=False` with the server's message, and an action is returned.
-pub(super) async fn apply_workload(
+pub(super) async fn create_workload(
     tj: &TrainingJob,
     ctx: &Context,
     built: &Workload,
@@ -49,14 +48,14 @@ pub(super) async fn apply_workload(
     let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &ns);
     let applied = async {
         if let Some(cm) = &built.config_map {
-            apply(
+            apply_object(
                 &Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns),
                 cm,
                 "applying the config ConfigMap",
             )
             .await?;
         }
-        apply(
+        apply_object(
             &Api::<Service>::namespaced(ctx.client.clone(), &ns),
             &built.service,
             "applying the rendezvous Service",
@@ -64,14 +63,14 @@ pub(super) async fn apply_workload(
         .await?;
         // The pods' claim templates before the Job whose pods name them.
         for t in &built.claim_templates {
-            apply(
+            apply_object(
                 &Api::<ResourceClaimTemplate>::namespaced(ctx.client.clone(), &ns),
                 t,
                 "applying a pinned ResourceClaimTemplate",
             )
             .await?;
         }
-        apply(
+        apply_object(
             &Api::<Job>::namespaced(ctx.client.clone(), &ns),
             &built.job,
             "applying the workload Job",
@@ -87,34 +86,26 @@ pub(super) async fn apply_workload(
             return Err(err);
         };
         let message = format!("{action} failed: {detail}");
-        let failed = conditions::condition(
-            &status.conditions,
-            WORKLOAD_CREATED,
-            false,
-            "ApplyFailed",
-            &message,
-            status.observed_generation,
-        );
-        if !conditions::unchanged(&existing_conditions(tj), &failed) {
-            conditions::set(&mut status.conditions, failed);
-            status::apply_decision(&api, &name, status).await?;
+        if status::apply_failed(status, &existing_conditions(tj), &message) {
+            status::write_decision(&api, &name, status).await?;
             publish(ctx, tj, EventType::Warning, "ApplyFailed", &message).await;
         }
         // A change of the job re-triggers sooner; otherwise try again now and then (the cause
         // may be outside the job: RBAC, a quota, an admission policy).
         return Ok(Some(Action::requeue(Duration::from_secs(300))));
     }
-    status.workload = Some(WorkloadRef {
-        job: name.clone(),
-        service: name.clone(),
-        config_map: built
-            .config_map
-            .as_ref()
-            .and_then(|c| c.metadata.name.clone()),
-    });
-    let created = workload_created(&status.conditions, &name, status.observed_generation);
-    conditions::set(&mut status.conditions, created);
-    status::apply_decision(&api, &name, status).await?;
+    status::with_workload(
+        status,
+        WorkloadRef {
+            job: name.clone(),
+            service: name.clone(),
+            config_map: built
+                .config_map
+                .as_ref()
+                .and_then(|c| c.metadata.name.clone()),
+        },
+    );
+    status::write_decision(&api, &name, status).await?;
     Ok(None)
 }
 
@@ -127,33 +118,15 @@ pub(super) async fn record_unresolved(
     let api: Api<TrainingJob> =
         Api::namespaced(ctx.client.clone(), &tj.namespace().unwrap_or_default());
     let current = tj.status.clone().unwrap_or_default();
-    let generation = tj.metadata.generation;
-    let cond = conditions::condition(
-        &current.conditions,
-        OFFLOAD_RESOLVED,
-        false,
+    let Some(status) = status::held(
+        &current,
         why.reason(),
         why.message(),
-        generation,
-    );
-    if conditions::unchanged(&current.conditions, &cond)
-        && current.phase == Some(JobPhase::Pending)
-        && current.observed_generation == generation
-        && current.offload.is_none()
-    {
+        tj.metadata.generation,
+    ) else {
         return Ok(());
-    }
-    // Only the decision part: no offload (it is not resolved), the held condition.
-    let status = TrainingJobStatus {
-        phase: Some(JobPhase::Pending),
-        offload: None,
-        workload: None,
-        observed_generation: generation,
-        observed: None,
-        memory_failures: Vec::new(),
-        conditions: vec![cond],
     };
-    status::apply_decision(&api, &name, &status).await?;
+    status::write_decision(&api, &name, &status).await?;
     ctx.metrics
         .decisions
         .get_or_create(&DecisionLabels {
@@ -163,22 +136,6 @@ pub(super) async fn record_unresolved(
         .inc();
     publish(ctx, tj, EventType::Warning, why.reason(), &why.message()).await;
     Ok(())
-}
-
-/// The `WorkloadCreated=True` condition, built the same way by creation and by follow-up.
-pub(super) fn workload_created(
-    existing: &[Condition],
-    name: &str,
-    generation: Option<i64>,
-) -> Condition {
-    conditions::condition(
-        existing,
-        WORKLOAD_CREATED,
-        true,
-        "Created",
-        format!("created Job {name} and Service {name}"),
-        generation,
-    )
 }
 
 pub(super) fn existing_conditions(tj: &TrainingJob) -> Vec<Condition> {
@@ -204,7 +161,11 @@ pub(super) fn class_label(class: Option<NodeClass>) -> &'static str {
     }
 }
 
-pub(super) async fn apply<K>(api: &Api<K>, obj: &K, action: &'static str) -> Result<(), Error>
+pub(super) async fn apply_object<K>(
+    api: &Api<K>,
+    obj: &K,
+    action: &'static str,
+) -> Result<(), Error>
 where
     K: Resource<DynamicType = ()>
         + Clone

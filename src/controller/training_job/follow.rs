@@ -8,8 +8,8 @@ use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
-use super::apply::{publish, workload_created};
-use crate::controller::conditions::{self, OFFLOAD_RESOLVED, WORKLOAD_CREATED};
+use super::apply::publish;
+use crate::controller::conditions::{self, WORKLOAD_CREATED};
 use crate::controller::overlap_observed;
 use crate::controller::{Context, Error, kube_err, status};
 use crate::process::metrics::JobLabels;
@@ -52,7 +52,7 @@ pub(super) async fn follow_workload(
     }
     let phase = phase_of(job);
     let workload = workload_ref(&name, &current, job);
-    let created = workload_created(&current.conditions, &name, generation);
+    let created = status::created(&current.conditions, &name, generation);
     let guard = guard_condition(tj, ctx, job, &current.conditions).await?;
     let guard_unchanged = guard
         .as_ref()
@@ -111,7 +111,7 @@ pub(super) async fn follow_workload(
         headroom: headroom.as_ref(),
         admitted: admitted.as_ref(),
     };
-    status::apply_workload(&api, &name, &part).await?;
+    status::write_workload(&api, &name, &part).await?;
     announce(
         ctx,
         tj,
@@ -154,7 +154,7 @@ async fn name_conflict(
             headroom: None,
             admitted: None,
         };
-        status::apply_workload(api, &name, &part).await?;
+        status::write_workload(api, &name, &part).await?;
         publish(
             ctx,
             tj,
@@ -387,32 +387,15 @@ async fn restore_decision(
             return Ok(current);
         }
     };
-    let summary = record
-        .reasons
-        .iter()
-        .map(|r| format!("{}: {}", r.field, r.message))
-        .collect::<Vec<_>>()
-        .join("; ");
     let generation = tj.metadata.generation;
-    let resolved = conditions::condition(
-        &current.conditions,
-        OFFLOAD_RESOLVED,
-        true,
-        "Resolved",
-        summary,
-        generation,
-    );
-    let decision = TrainingJobStatus {
-        offload: Some(record),
-        observed_generation: generation,
-        conditions: vec![resolved.clone()],
-        ..TrainingJobStatus::default()
-    };
-    status::apply_decision(api, &tj.name_any(), &decision).await?;
+    let decision = status::restored(&current.conditions, record, generation);
+    status::write_decision(api, &tj.name_any(), &decision).await?;
     tracing::info!(job = %tj.name_any(), "decision restored from the workload Job's record");
     current.offload = decision.offload;
     current.observed_generation = generation;
-    conditions::set(&mut current.conditions, resolved);
+    for c in decision.conditions {
+        conditions::set(&mut current.conditions, c);
+    }
     Ok(current)
 }
 

@@ -1,6 +1,8 @@
 //! TrainingJob reconcile: validate → decide → patch → build → apply → status. This module
-//! decides; [`apply`] writes the workload and the status, [`follow`] keeps the status in step
-//! with a running workload, [`triggers`] maps changes of other objects to the jobs they concern.
+//! decides; [`apply`] creates the workload (and holds a job that cannot be decided), [`follow`]
+//! keeps the status in step with a running workload, [`triggers`] maps changes of other objects
+//! to the jobs they concern. Every status they write is built and written by
+//! [`crate::controller::status`].
 
 pub(crate) mod apply;
 mod follow;
@@ -23,7 +25,6 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::conditions::{self, OFFLOAD_RESOLVED};
 use super::workload::{build_workload, decision_status};
 use super::{Context, Error, kube_err};
 use crate::decision::{
@@ -32,10 +33,10 @@ use crate::decision::{
 use crate::process::metrics::DecisionLabels;
 use crate::render::{self, deepspeed};
 use offload_api::names;
-use offload_api::v1alpha1::{ConfigMapKeyRef, JobPhase, TrainingJob, TrainingJobStatus};
+use offload_api::v1alpha1::{ConfigMapKeyRef, TrainingJob, TrainingJobStatus};
 
 use apply::{
-    apply_workload, class_label, existing_conditions, mode_label, publish, publish_to,
+    class_label, create_workload, existing_conditions, mode_label, publish, publish_to,
     record_unresolved,
 };
 use follow::follow_workload;
@@ -204,7 +205,7 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
     };
 
     let (mut status, first_resolution) = resolved_status(tj, ctx, &res, generation);
-    if let Some(action) = apply_workload(tj, ctx, &built, &mut status).await? {
+    if let Some(action) = create_workload(tj, ctx, &built, &mut status).await? {
         // Resolved, but the workload could not be created: say what was decided (the
         // failure has its own Event). When it is created, its one Event says both.
         if first_resolution {
@@ -220,7 +221,7 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
         return Ok(action);
     }
     let summary = render::resolved_summary(&res);
-    workload_created(ctx, tj, format!("created Job {name} with {summary}")).await;
+    announce_created(ctx, tj, format!("created Job {name} with {summary}")).await;
     Ok(Action::await_change())
 }
 
@@ -271,16 +272,6 @@ fn resolved_status(
     res: &crate::decision::Resolution,
     generation: Option<i64>,
 ) -> (TrainingJobStatus, bool) {
-    let existing = existing_conditions(tj);
-    let resolved = conditions::condition(
-        &existing,
-        OFFLOAD_RESOLVED,
-        true,
-        "Resolved",
-        res.summary(),
-        generation,
-    );
-    let first_resolution = !conditions::unchanged(&existing, &resolved);
     ctx.metrics
         .decisions
         .get_or_create(&DecisionLabels {
@@ -288,22 +279,16 @@ fn resolved_status(
             node_class: class_label(res.node_class),
         })
         .inc();
-
-    let mut status = TrainingJobStatus {
-        phase: Some(JobPhase::Pending),
-        offload: Some(decision_status(res)),
-        workload: None,
-        observed_generation: generation,
-        observed: None,
-        memory_failures: Vec::new(),
-        conditions: existing,
-    };
-    conditions::set(&mut status.conditions, resolved);
-    (status, first_resolution)
+    super::status::resolved(
+        existing_conditions(tj),
+        decision_status(res),
+        res.summary(),
+        generation,
+    )
 }
 
 /// The one Event of a workload created.
-async fn workload_created(ctx: &Context, tj: &TrainingJob, message: String) {
+async fn announce_created(ctx: &Context, tj: &TrainingJob, message: String) {
     publish(ctx, tj, EventType::Normal, "WorkloadCreated", &message).await;
 }
 
@@ -318,36 +303,15 @@ async fn run_without_offload(tj: &TrainingJob, ctx: &Context) -> Result<Action, 
     else {
         return Ok(Action::await_change());
     };
-    let existing = existing_conditions(tj);
-    let not_requested = conditions::condition(
-        &existing,
-        OFFLOAD_RESOLVED,
-        false,
-        "NotRequested",
-        format!(
-            "the job names no OffloadProfile (annotation {}) and sets no spec.offload field, so it runs without offload configuration",
-            names::PROFILE_ANNOTATION
-        ),
-        tj.metadata.generation,
-    );
-    let mut status = TrainingJobStatus {
-        phase: Some(JobPhase::Pending),
-        offload: None,
-        workload: None,
-        observed_generation: tj.metadata.generation,
-        observed: None,
-        memory_failures: Vec::new(),
-        conditions: existing,
-    };
-    conditions::set(&mut status.conditions, not_requested);
-    if let Some(action) = apply_workload(tj, ctx, &built, &mut status).await? {
+    let mut status = super::status::not_requested(existing_conditions(tj), tj.metadata.generation);
+    if let Some(action) = create_workload(tj, ctx, &built, &mut status).await? {
         return Ok(action);
     }
     let message = format!(
         "created Job {} without offload configuration (none requested)",
         tj.name_any()
     );
-    workload_created(ctx, tj, message).await;
+    announce_created(ctx, tj, message).await;
     Ok(Action::await_change())
 }
 

@@ -206,7 +206,7 @@ pub(super) async fn recover(
             tj.metadata.generation,
         )
     };
-    status::apply_memory(&api, &name, &failures, &condition).await?;
+    status::write_memory(&api, &name, &failures, &condition).await?;
     publish(
         ctx,
         tj,
@@ -238,7 +238,7 @@ pub(super) async fn recover(
         headroom: None,
         admitted: None,
     };
-    status::apply_workload(&api, &name, &part).await?;
+    status::write_workload(&api, &name, &part).await?;
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
     match jobs.delete(&name, &DeleteParams::foreground()).await {
         Ok(_) => {}
