@@ -4,14 +4,18 @@
 # decisions shown.
 #   hack/demo.sh --keep             leaves it running (prints its KUBECONFIG)
 #   hack/demo.sh --out-of-cluster   runs the operator in the demo process (no real node, no images)
+#   hack/demo.sh --kueue            installs Kueue first (built from its Go module) and shows a
+#                                   queued job waiting for quota, then admitted
 #
 # One build of the workspace (the dev profile, which the test command reuses) while the upstream
 # Go binaries build beside it; the local images are made from that same build.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 in_cluster=true
+kueue=false
 for arg in "$@"; do
   [[ $arg == --out-of-cluster ]] && in_cluster=false
+  [[ $arg == --kueue ]] && kueue=true
 done
 total=3
 $in_cluster || total=2
@@ -31,12 +35,15 @@ if [[ -x $cache/kube-apiserver ]]; then
 else
   upstream="and the workspace beside them (first run: about 15 minutes on 2 cores for both)"
 fi
-step 1 "building the upstream control plane$($in_cluster && echo ' and real node') from their Go modules $upstream"
+step 1 "building the upstream control plane$($in_cluster && echo ' and real node')$($kueue && echo ' and Kueue') from their Go modules $upstream"
 # The Go builds print their own progress, a line every 30 s; cargo prints each crate.
 (
   bash hack/k8s/build.sh >/dev/null
   if $in_cluster; then
     bash hack/k8s/build.sh node >/dev/null
+  fi
+  if $kueue; then
+    bash hack/k8s/build.sh kueue >/dev/null
   fi
 ) &
 upstream_pid=$!

@@ -166,3 +166,88 @@ async fn a_refused_workload_is_a_condition_with_the_servers_message() {
     );
     assert!(status.offload.is_some(), "the decision itself stands");
 }
+
+/// The operator's Events carry the times `kubectl get events` shows and sorts by
+/// (`firstTimestamp`, `lastTimestamp`, `count`), and the same Event repeated on one object is
+/// one Event whose count moves.
+#[tokio::test]
+async fn events_carry_the_time_kubectl_sorts_by_and_repeats_are_counted() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent};
+    use kube::Resource;
+    use offload_operator::process::events::{Event, EventType, Recorder, Reporter};
+
+    let (cluster, client, ns) = setup("events").await;
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let mut tj = training_job("timed", "x", json!({"name": "Generic"}), json!({}));
+    tj.metadata.annotations = None;
+    api.create(&PostParams::default(), &tj).await.unwrap();
+    let events: Api<CoreEvent> = Api::namespaced(client.clone(), &ns);
+    let created = support::poll(
+        "the operator's WorkloadCreated Event",
+        std::time::Duration::from_secs(60),
+        || async {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.involved_object.name.as_deref() == Some("timed")
+                    && e.reason.as_deref() == Some("WorkloadCreated")
+            })
+        },
+    )
+    .await;
+    assert!(created.last_timestamp.is_some() && created.first_timestamp.is_some());
+    assert_eq!(created.count, Some(1));
+    let shown = support::kubectl(
+        cluster,
+        &["-n", &ns, "get", "events", "--sort-by=.lastTimestamp"],
+    );
+    let line = shown
+        .lines()
+        .find(|l| l.contains("WorkloadCreated"))
+        .unwrap_or_else(|| panic!("{shown}"));
+    assert!(
+        !line.contains("<nil>") && !line.contains("<unknown>"),
+        "kubectl shows when it happened: {shown}"
+    );
+
+    // The same Event twice on one object: one Event, counted twice; another note: another Event.
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "target"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "offload-operator".into(),
+            instance: None,
+        },
+    );
+    let event = |note: &str| Event {
+        type_: EventType::Warning,
+        reason: "Repeated".into(),
+        note: Some(note.into()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    let reference = cm.object_ref(&());
+    for note in ["the same", "the same", "another"] {
+        recorder.publish(&event(note), &reference).await.unwrap();
+    }
+    let mine: Vec<CoreEvent> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("Repeated"))
+        .collect();
+    assert_eq!(mine.len(), 2, "{mine:?}");
+    let same = mine
+        .iter()
+        .find(|e| e.message.as_deref() == Some("the same"))
+        .unwrap();
+    assert_eq!(same.count, Some(2));
+    assert!(same.last_timestamp >= same.first_timestamp);
+}

@@ -53,6 +53,22 @@ fn cluster_queue(name: &str, flavors: &[&str]) -> String {
     .to_string()
 }
 
+/// A ClusterQueue that covers GPUs only (as many GPU platforms quota them): one GPU of the
+/// discrete flavor.
+fn gpu_only_cluster_queue(name: &str) -> String {
+    json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+        "metadata": {"name": name},
+        "spec": {
+            "namespaceSelector": {},
+            "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"],
+                                "flavors": [{"name": "offload-discrete", "resources": [
+                                    {"name": "nvidia.com/gpu", "nominalQuota": 1}]}]}]
+        }
+    })
+    .to_string()
+}
+
 fn local_queue(ns: &str, name: &str, cq: &str) -> String {
     json!({
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
@@ -193,6 +209,7 @@ async fn queued_jobs_are_admitted_to_the_flavor_of_their_node_class() {
     the_waiting_job_is_admitted_when_one_finishes(&s, &first_pod).await;
     a_preempted_job_resumes_configured_as_before(&s, low).await;
     an_opted_in_batch_job_is_configured_and_admitted(&s).await;
+    a_gpu_only_queue_admits_a_guarded_job(&s).await;
     jobset_under_kueue(s.cluster, &s.client, &s.ns).await;
 
     let listed = kubectl(
@@ -327,6 +344,8 @@ async fn teams(cluster: &DevCluster, client: kube::Client) -> Teams<'_> {
         cluster_queue("team-b", &["offload-discrete", "offload-coherent"]),
         cluster_queue("team-c", &["offload-discrete"]),
         cluster_queue("team-js", &["offload-discrete", "offload-coherent"]),
+        gpu_only_cluster_queue("team-gpu"),
+        local_queue(&ns, "team-gpu", "team-gpu"),
         local_queue(&ns, "team-js", "team-js"),
         local_queue(&ns, "team-a", "team-a"),
         local_queue(&ns, "team-b", "team-b"),
@@ -481,16 +500,52 @@ async fn jobs_wait_for_their_own_flavor(s: &Teams<'_>) {
         )
         .await
         .unwrap();
-    let waiting = wait_tj(
-        &s.tjs,
-        "coherent-2",
-        "coherent-2 Queued with Kueue's reason",
-        |tj| {
-            tj.and_then(admitted_reason)
+    // How long Kueue's word takes to reach the job: from the first read of the Workload that
+    // carries it to the first read of the TrainingJob that shows it (both read every 100 ms).
+    let workloads: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        s.client.clone(),
+        &s.ns,
+        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "kueue.x-k8s.io",
+            "v1beta2",
+            "Workload",
+        )),
+    );
+    let kueue_said: std::cell::Cell<Option<Instant>> = std::cell::Cell::new(None);
+    let waiting = poll("coherent-2 Queued with Kueue's reason", WAIT, || {
+        let workloads = workloads.clone();
+        let tjs = s.tjs.clone();
+        let said = &kueue_said;
+        async move {
+            if said.get().is_none() {
+                let list = workloads.list(&Default::default()).await.ok()?;
+                let waits = list.items.iter().any(|w| {
+                    w.owner_references().iter().any(|o| o.name == "coherent-2")
+                        && w.data["status"]["conditions"].as_array().is_some_and(|cs| {
+                            cs.iter().any(|c| {
+                                c["type"] == "QuotaReserved"
+                                    && c["status"] == "False"
+                                    && c["message"].as_str().is_some_and(|m| !m.is_empty())
+                            })
+                        })
+                });
+                if waits {
+                    said.set(Some(Instant::now()));
+                }
+            }
+            let tj = tjs.get("coherent-2").await.ok()?;
+            admitted_reason(&tj)
                 .is_some_and(|(s, r, m)| s == "False" && r == "Queued" && m.contains("Kueue:"))
-        },
-    )
+                .then_some(tj)
+        }
+    })
     .await;
+    let delay = kueue_said.get().map_or(0.0, |t| t.elapsed().as_secs_f64());
+    eprintln!("figure: Kueue's reason on the Workload → on the TrainingJob: {delay:.1} s");
+    assert!(
+        delay <= 5.0,
+        "Kueue's reason reached the job {delay:.1} s after Kueue wrote it"
+    );
     let (_, _, message) = admitted_reason(&waiting).unwrap();
     assert!(
         message.contains("offload-discrete doesn't match node affinity"),
@@ -569,10 +624,12 @@ async fn a_preempted_job_resumes_configured_as_before(s: &Teams<'_>, low: Ran) {
     let (low_decision, low_env) = (low.decision, low.env);
     // A high-priority discrete job in team-b preempts the low one: the low one shows it is
     // suspended (not failed), and resumes configured as before once the high one is done.
+    // The high one keeps running until the test lets it finish, so the low one's suspended
+    // state can be watched for as long as it lasts.
     s.tjs
         .create(
             &PostParams::default(),
-            &queued_job("discrete-high", "team-b", "discrete", Some("high"), true),
+            &queued_job("discrete-high", "team-b", "discrete", Some("high"), false),
         )
         .await
         .unwrap();
@@ -590,6 +647,37 @@ async fn a_preempted_job_resumes_configured_as_before(s: &Teams<'_>, low: Ran) {
         suspended.status.as_ref().unwrap().phase,
         Some(JobPhase::Failed)
     );
+    // The state that stays: `Suspended` through the reconciles that follow (Kueue's Workload
+    // changes, the operator's look every 15 s at a waiting job), watched until the condition is
+    // 35 s old — each read must still say Suspended.
+    let held = poll("discrete-low still Suspended 35 s on", WAIT, || async {
+        let tj = s.tjs.get("discrete-low").await.ok()?;
+        let c = tj
+            .status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Admitted")?
+            .clone();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "Suspended"),
+            "the preempted state must stay: {c:?}"
+        );
+        let age = jiff::Timestamp::now().duration_since(c.last_transition_time.0);
+        (age.as_secs() >= 35).then_some(c)
+    })
+    .await;
+    eprintln!("suspended for 35 s: {}", held.message);
+    let high_pod = running_pod(&s.client, &s.ns, "discrete-high").await;
+    Api::<Pod>::namespaced(s.client.clone(), &s.ns)
+        .patch(
+            high_pod.metadata.name.as_deref().unwrap(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {deploy::KWOK_KEEP_RUNNING: null}}})),
+        )
+        .await
+        .unwrap();
     wait_tj(
         &s.tjs,
         "discrete-high",
@@ -663,6 +751,42 @@ async fn an_opted_in_batch_job_is_configured_and_admitted(s: &Teams<'_>) {
         .unwrap()
         .to_string();
     assert!(pod_env.contains("OFFLOAD_MODE"), "{pod_env}");
+}
+
+/// A job whose training container asks for GPUs alone, with the start-up guard on (the chart's
+/// default), in a ClusterQueue that covers only `nvidia.com/gpu`: the guard adds no cpu or
+/// memory to what Kueue counts, so the queue admits it and it runs.
+async fn a_gpu_only_queue_admits_a_guarded_job(s: &Teams<'_>) {
+    let mut tj = queued_job("gpu-only", "team-gpu", "discrete", None, true);
+    // No model hints: the decision raises no memory request either.
+    tj.spec.model = None;
+    create_when_admitted(&s.tjs, &tj, "gpu-only").await;
+    wait_tj(&s.tjs, "gpu-only", "gpu-only admitted and done", |tj| {
+        phase_is(JobPhase::Succeeded)(tj)
+            && tj
+                .and_then(admitted_reason)
+                .is_some_and(|(s, _, _)| s == "True")
+    })
+    .await;
+    let job = s.jobs.get("gpu-only").await.unwrap();
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    let guard = pod
+        .init_containers
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.name == "offload-verify")
+        .expect("the start-up guard is on");
+    let resources = guard.resources.unwrap();
+    let names: Vec<String> = resources
+        .requests
+        .iter()
+        .chain(resources.limits.iter())
+        .flat_map(|m| m.keys().cloned())
+        .collect();
+    assert!(
+        names.iter().all(|n| n == "nvidia.com/gpu"),
+        "the guard asks for nothing but the pod's GPUs: {names:?}"
+    );
 }
 
 /// An opted-in JobSet under Kueue: the operator's webhook configures its templates and Kueue's

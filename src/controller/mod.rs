@@ -19,13 +19,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cluster::tolerant::Tolerant;
+use crate::process::events::{Recorder, Reporter};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -374,6 +374,16 @@ where
                 &cm.name_any(),
             )
         },
+    )
+    // Kueue: what it writes on a queued job's Workload (admitted, waiting, evicted) reaches
+    // the job's Admitted condition at once.
+    .watches_stream_with(
+        training_job::kueue::workload_changes(client),
+        |w| {
+            let (name, ns) = training_job::kueue::job_of_workload(&w)?;
+            Some(ObjectRef::new(&name).within(&ns))
+        },
+        training_job::kueue::workloads(),
     )
     // DRA: a held job whose claim template appears, or a node the GPU driver now
     // describes, is tried again.

@@ -183,7 +183,18 @@ pub const GUARD_CONTAINER: &str = "offload-verify";
 /// The start-up guard's init container for a pod that asks for `gpus` GPUs: the same GPUs as the
 /// pod (the kubelet hands an init container's devices on to the app containers), the expected
 /// mode, class and pinning as arguments. `None` when there is nothing to guard.
-pub fn guard_container(res: &Resolution, gpus: u64, opts: &RenderOptions) -> Option<Container> {
+///
+/// Its cpu and memory requests (and its memory limit) are written only where the pod's own
+/// containers request that resource (`requested`): a pod's request is the larger of its init
+/// containers' and the sum of its containers', so the guard then changes nothing a scheduler or
+/// a quota (Kueue's ClusterQueue) counts, and never adds a resource name a GPU-only quota does
+/// not cover.
+pub fn guard_container(
+    res: &Resolution,
+    gpus: u64,
+    requested: &std::collections::BTreeSet<String>,
+    opts: &RenderOptions,
+) -> Option<Container> {
     let image = opts.guard_image.as_ref()?;
     if !res.startup_guard
         || res.mode == OffloadMode::Disabled
@@ -215,11 +226,15 @@ pub fn guard_container(res: &Resolution, gpus: u64, opts: &RenderOptions) -> Opt
             .collect()
     });
     let mut requests = gpu.clone();
-    requests.insert("cpu".into(), Quantity("50m".into()));
-    requests.insert("memory".into(), Quantity("64Mi".into()));
     let mut limits = gpu;
-    // The pin probe page-locks 64 MiB.
-    limits.insert("memory".into(), Quantity("256Mi".into()));
+    if requested.contains("cpu") {
+        requests.insert("cpu".into(), Quantity("50m".into()));
+    }
+    if requested.contains("memory") {
+        requests.insert("memory".into(), Quantity("64Mi".into()));
+        // The pin probe page-locks 64 MiB.
+        limits.insert("memory".into(), Quantity("256Mi".into()));
+    }
     Some(Container {
         name: GUARD_CONTAINER.to_string(),
         image: Some(image.clone()),
@@ -277,6 +292,27 @@ pub fn apply_to_pod_template(
     apply_to_pod_spec(spec, res, config, opts);
 }
 
+/// The resource names the pod's containers request (a limit alone is a request too), with
+/// memory where the decision raises the training container's request.
+fn requested_names(spec: &PodSpec, res: &Resolution) -> std::collections::BTreeSet<String> {
+    let mut names: std::collections::BTreeSet<String> = spec
+        .containers
+        .iter()
+        .filter_map(|c| c.resources.as_ref())
+        .flat_map(|r| {
+            r.requests
+                .iter()
+                .chain(r.limits.iter())
+                .flat_map(|m| m.keys())
+        })
+        .cloned()
+        .collect();
+    if res.memory_request.is_some() {
+        names.insert("memory".into());
+    }
+    names
+}
+
 /// [`apply_to_pod_template`] on a bare pod spec (for Pods).
 pub fn apply_to_pod_spec(
     spec: &mut PodSpec,
@@ -288,7 +324,9 @@ pub fn apply_to_pod_spec(
     if let Some(inits) = spec.init_containers.as_mut() {
         inits.retain(|c| c.name != GUARD_CONTAINER);
     }
-    if let Some(guard) = guard_container(res, explicit_gpus(spec), opts) {
+    if let Some(guard) =
+        guard_container(res, explicit_gpus(spec), &requested_names(spec, res), opts)
+    {
         spec.init_containers
             .get_or_insert_with(Vec::new)
             .insert(0, guard);

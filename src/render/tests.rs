@@ -461,6 +461,53 @@ fn the_start_up_guard_gets_the_pods_gpus_and_the_expectation_once() {
     assert!(plain.spec.unwrap().init_containers.is_none());
 }
 
+/// The guard adds no resource name the pod's containers do not request: a GPU-only pod's guard
+/// asks for its GPUs alone (a ClusterQueue covering only `nvidia.com/gpu` admits it), and a pod
+/// that requests cpu and memory gets a guard whose small requests its own already cover.
+#[test]
+fn the_start_up_guard_adds_no_resource_the_pod_does_not_request() {
+    let res = resolved(Framework::DeepSpeed, Some("0.19.8"), fixtures::H200_READING);
+    assert!(
+        res.memory_request.is_none(),
+        "a job without hints: no raised request"
+    );
+    let opts = RenderOptions {
+        guard_image: Some("registry/offload-agent:1".into()),
+    };
+    let guard_of = |resources: ResourceRequirements| {
+        let mut t = template();
+        t.spec.as_mut().unwrap().containers[0].resources = Some(resources);
+        apply_to_pod_template(&mut t, &res, None, &opts);
+        let inits = t.spec.unwrap().init_containers.unwrap();
+        inits[0].resources.clone().unwrap()
+    };
+    let keys = |m: &Option<BTreeMap<String, Quantity>>| -> Vec<String> {
+        m.iter().flat_map(|m| m.keys().cloned()).collect()
+    };
+    let gpu_only = guard_of(ResourceRequirements {
+        limits: Some(BTreeMap::from([(
+            "nvidia.com/gpu".to_string(),
+            Quantity("1".into()),
+        )])),
+        ..Default::default()
+    });
+    assert_eq!(keys(&gpu_only.requests), ["nvidia.com/gpu"]);
+    assert_eq!(keys(&gpu_only.limits), ["nvidia.com/gpu"]);
+    let full = guard_of(ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), Quantity("8".into())),
+            ("memory".to_string(), Quantity("64Gi".into())),
+        ])),
+        limits: Some(BTreeMap::from([(
+            "nvidia.com/gpu".to_string(),
+            Quantity("1".into()),
+        )])),
+        ..Default::default()
+    });
+    assert_eq!(keys(&full.requests), ["cpu", "memory", "nvidia.com/gpu"]);
+    assert_eq!(keys(&full.limits), ["memory", "nvidia.com/gpu"]);
+}
+
 #[test]
 fn hostile_deepspeed_configs_get_a_clear_error_and_never_a_panic() {
     let res = resolved(Framework::DeepSpeed, Some("0.19.8"), fixtures::H200_READING);

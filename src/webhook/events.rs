@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
+use crate::process::events::{Event, EventType, Recorder, Reporter};
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::GroupVersionKind;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 
 /// Events waiting to be written.

@@ -8,7 +8,10 @@
 //! `examples/`; and prints the decisions and the configuration that reached the pods.
 //!
 //! `--out-of-cluster` runs the operator in this process instead (no real node, no images:
-//! quicker for development).
+//! quicker for development). `--kueue` installs Kueue first (its controller built from its Go
+//! module, its image imported into the real node, its chart), the operator with its Kueue
+//! flavors, a ClusterQueue and a LocalQueue of one GPU each, and shows a queued job waiting for
+//! quota with Kueue's reason, then admitted once the job before it finishes.
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -36,6 +39,10 @@ struct Cli {
     /// Run the operator in this process instead of as pods on a real node.
     #[arg(long)]
     out_of_cluster: bool,
+    /// Install Kueue first and show a queued job waiting for quota, then admitted (in cluster
+    /// only).
+    #[arg(long, conflicts_with = "out_of_cluster")]
+    kueue: bool,
 }
 
 fn step(msg: &str) {
@@ -148,15 +155,33 @@ async fn demo(cli: Cli) -> Result<(), String> {
     let in_cluster = !cli.out_of_cluster;
     let cluster = start_cluster(in_cluster, started).await?;
     let client = cluster.client().await.map_err(|e| e.to_string())?;
-    let in_process = install(&cluster, &client, in_cluster).await?;
+    let in_process = install(&cluster, &client, in_cluster, cli.kueue).await?;
     apply_examples(&cluster).await?;
     wait_for_decisions(&cluster, &client).await?;
     show_decisions(&cluster, in_cluster)?;
+    if cli.kueue {
+        kueue_story(&cluster, &client).await?;
+    }
     if cli.keep {
         eprintln!(
             "\nThe cluster keeps running: export KUBECONFIG={} ; Ctrl-C to stop and clean up.",
             cluster.kubeconfig.display()
         );
+        eprintln!(
+            "  kubectl and helm: {dir}/kubectl, {dir}/helm (export PATH={dir}:$PATH)",
+            dir = cluster.bin_dir().display()
+        );
+        if let Some(bins) = cluster.node_bin_dir() {
+            eprintln!(
+                "  the real node's containerd: {}/ctr --address {} --namespace k8s.io images ls",
+                bins.display(),
+                cluster
+                    .kubelet_dir()
+                    .and_then(|k| k.parent().map(|d| d.join("containerd/containerd.sock")))
+                    .unwrap_or_default()
+                    .display()
+            );
+        }
         let _ = tokio::signal::ctrl_c().await;
     }
     if let Some(op) = in_process {
@@ -205,6 +230,7 @@ async fn install(
     cluster: &DevCluster,
     client: &kube::Client,
     in_cluster: bool,
+    kueue: bool,
 ) -> Result<Option<InProcess>, String> {
     step(
         "simulated GPU nodes gh200-0, gh200-1 (coherent) and h200-0, h200-1, h200-2 (discrete); offload-agent publishes each one's recorded report (no GPU here)",
@@ -231,14 +257,22 @@ async fn install(
         deploy::prepare_real_node(client)
             .await
             .map_err(|e| e.to_string())?;
-        let took = deploy::helm_install(
-            cluster,
-            &[
+        let mut values = vec![
+            "--set".to_string(),
+            "defaultProfile.create=false".to_string(),
+        ];
+        if kueue {
+            step(
+                "helm install kueue (its controller built from the sigs.k8s.io/kueue module, its image imported into the real node's containerd)",
+            );
+            let took = deploy::install_kueue(cluster).map_err(|e| e.to_string())?;
+            eprintln!("Kueue's controller ready in {:.1} s", took.as_secs_f64());
+            values.extend([
                 "--set".to_string(),
-                "defaultProfile.create=false".to_string(),
-            ],
-        )
-        .map_err(|e| e.to_string())?;
+                "kueue.resourceFlavors.enabled=true".to_string(),
+            ]);
+        }
+        let took = deploy::helm_install(cluster, &values).map_err(|e| e.to_string())?;
         eprintln!("every pod ready in {:.1} s", took.as_secs_f64());
         None
     } else {
@@ -469,6 +503,186 @@ fn show_job(cluster: &DevCluster, job: &str) -> Result<(), String> {
     println!(
         "  node {}",
         kubectl(&["get", "pod", &pod, "-o", "jsonpath={.spec.nodeName}"])?
+    );
+    Ok(())
+}
+
+/// The Kueue part of the demo: a ClusterQueue of one GPU per node class, a LocalQueue, two
+/// jobs for the discrete class: the first is admitted and runs (its kwok pod is told to keep
+/// running), the second waits with Kueue's reason, and is admitted once the first finishes.
+async fn kueue_story(cluster: &DevCluster, client: &kube::Client) -> Result<(), String> {
+    use offload_api::v1alpha1::JobPhase;
+    const NS: &str = "kueue-demo";
+    step(
+        "Kueue: ClusterQueue demo (1 GPU per node class), LocalQueue demo in namespace kueue-demo; two jobs for the pcie-pool profile",
+    );
+    let flavors: Vec<serde_json::Value> = ["offload-discrete", "offload-coherent"]
+        .iter()
+        .map(|f| {
+            json!({"name": f, "resources": [
+                {"name": "cpu", "nominalQuota": 64},
+                {"name": "memory", "nominalQuota": "512Gi"},
+                {"name": "nvidia.com/gpu", "nominalQuota": 1}]})
+        })
+        .collect();
+    let manifests = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+         "metadata": {"name": "demo"},
+         "spec": {"namespaceSelector": {},
+                  "resourceGroups": [{"coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                                      "flavors": flavors}]}},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+         "metadata": {"name": "demo", "namespace": NS}, "spec": {"clusterQueue": "demo"}}
+    ]});
+    let file = cluster.root().join("kueue-demo.json");
+    std::fs::write(&file, manifests.to_string())
+        .map_err(|e| format!("writing {}: {e}", file.display()))?;
+    kubectl(cluster, &["apply", "-f", &file.display().to_string()])?;
+    let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
+    let create = |name: &'static str| {
+        let tjs = tjs.clone();
+        async move {
+            let tj: TrainingJob = serde_json::from_value(deploy::queued_training_job(
+                name,
+                Some("demo"),
+                "pcie-pool",
+                None,
+                false,
+            ))
+            .map_err(|e| e.to_string())?;
+            // The webhooks answer once Kueue's certificates are in place.
+            wait_for(
+                &format!("{name} admitted by the webhooks"),
+                Duration::from_secs(120),
+                || {
+                    let (tjs, tj) = (tjs.clone(), tj.clone());
+                    async move { tjs.create(&PostParams::default(), &tj).await.is_ok() }
+                },
+            )
+            .await
+        }
+    };
+    let admitted = |tj: &TrainingJob| -> Option<(String, String)> {
+        let c = tj
+            .status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Admitted")?;
+        Some((c.status.clone(), c.message.clone()))
+    };
+    let started = Instant::now();
+    create("first").await?;
+    wait_for("first Running", Duration::from_secs(120), || {
+        let tjs = tjs.clone();
+        async move {
+            tjs.get("first")
+                .await
+                .ok()
+                .is_some_and(|t| t.status.as_ref().and_then(|s| s.phase) == Some(JobPhase::Running))
+        }
+    })
+    .await?;
+    eprintln!(
+        "first: admitted and Running in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let queued_at = Instant::now();
+    create("second").await?;
+    wait_for(
+        "second Queued with Kueue's reason",
+        Duration::from_secs(120),
+        || {
+            let tjs = tjs.clone();
+            async move {
+                tjs.get("second")
+                    .await
+                    .ok()
+                    .and_then(|t| admitted(&t))
+                    .is_some_and(|(s, m)| s == "False" && m.contains("Kueue:"))
+            }
+        },
+    )
+    .await?;
+    eprintln!(
+        "second: waiting, with Kueue's reason, {:.1} s after it was created",
+        queued_at.elapsed().as_secs_f64()
+    );
+    println!("\n$ kubectl -n {NS} get trainingjobs,workloads.kueue.x-k8s.io");
+    println!(
+        "{}",
+        kubectl(
+            cluster,
+            &["-n", NS, "get", "trainingjobs,workloads.kueue.x-k8s.io"]
+        )?
+    );
+    println!(
+        "$ kubectl -n {NS} get trainingjob second -o jsonpath='{{.status.conditions[?(@.type==\"Admitted\")].message}}'"
+    );
+    println!(
+        "{}\n",
+        kubectl(
+            cluster,
+            &[
+                "-n",
+                NS,
+                "get",
+                "trainingjob",
+                "second",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Admitted\")].message}"
+            ]
+        )?
+    );
+    // The first job finishes (its kwok pod is let go): the second is admitted.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
+    let list = pods
+        .list(
+            &ListParams::default()
+                .labels(&format!("{}=first", offload_api::names::LABEL_TRAINING_JOB)),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    for pod in list.items {
+        let name = pod.metadata.name.unwrap_or_default();
+        pods.patch(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"annotations": {deploy::KWOK_KEEP_RUNNING: null}}}),
+            ),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    }
+    let released = Instant::now();
+    wait_for(
+        "second admitted once first finished",
+        Duration::from_secs(120),
+        || {
+            let tjs = tjs.clone();
+            async move {
+                tjs.get("second")
+                    .await
+                    .ok()
+                    .and_then(|t| admitted(&t))
+                    .is_some_and(|(s, _)| s == "True")
+            }
+        },
+    )
+    .await?;
+    eprintln!(
+        "second: admitted {:.1} s after first was let finish",
+        released.elapsed().as_secs_f64()
+    );
+    println!("$ kubectl -n {NS} get trainingjobs,workloads.kueue.x-k8s.io");
+    println!(
+        "{}",
+        kubectl(
+            cluster,
+            &["-n", NS, "get", "trainingjobs,workloads.kueue.x-k8s.io"]
+        )?
     );
     Ok(())
 }

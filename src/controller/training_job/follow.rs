@@ -82,7 +82,9 @@ pub(super) async fn follow_workload(
         generation,
         kueue_says.as_deref(),
     );
-    // Kueue's Workload is not watched (Kueue is optional): while the Job waits, look again.
+    // Kueue's Workloads are watched where Kueue was installed when the operator started
+    // (`kueue::workload_changes`); while the Job waits, look again now and then anyway (Kueue
+    // installed later, or Workloads this operator may not watch).
     let next = if queued {
         Action::requeue(QUEUED_RECHECK)
     } else {
@@ -228,13 +230,15 @@ async fn announce(
     }
 }
 
-/// How often a queued job's Workload is read again for Kueue's reason.
+/// How often a queued job's Workload is read again for Kueue's reason where no watch of
+/// Workloads tells the operator of a change.
 const QUEUED_RECHECK: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// For a job in a Kueue queue, whether Kueue has let its workload run: `True` once the Job is
 /// no longer suspended; `False` while it waits (`Queued`) or after Kueue suspended it again
-/// (`Suspended`: preemption or eviction; it resumes with the same configuration). `None`
-/// outside a queue.
+/// (`Suspended`: preemption or eviction; it resumes with the same configuration). `Suspended`
+/// stays until Kueue admits the workload again, however many reconciles come in between.
+/// `None` outside a queue.
 fn admission(
     tj: &TrainingJob,
     job: &Job,
@@ -246,9 +250,10 @@ fn admission(
     let because = kueue_says.map_or_else(String::new, |m| format!("; Kueue: {m}"));
     let suspended = job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false);
     let finished = matches!(phase_of(job), JobPhase::Succeeded | JobPhase::Failed);
-    let was_admitted = existing
-        .iter()
-        .any(|c| c.type_ == conditions::ADMITTED && c.status == "True");
+    // Admitted once before (now, or suspended since): a preempted job stays `Suspended`.
+    let was_admitted = existing.iter().any(|c| {
+        c.type_ == conditions::ADMITTED && (c.status == "True" || c.reason == "Suspended")
+    });
     let (ok, reason, message) = match (suspended && !finished, was_admitted) {
         (false, _) => (
             true,

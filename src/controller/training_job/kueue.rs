@@ -3,22 +3,69 @@
 //! condition, so that the TrainingJob's `Admitted` condition says it too.
 //!
 //! Kueue is optional: where its API is not installed, or the operator may not read Workloads,
-//! the condition keeps its own message.
+//! the condition keeps its own message. Where Kueue is served when the operator starts, its
+//! Workloads are watched ([`workload_changes`]), so what Kueue writes reaches the job's
+//! condition within a reconcile, not on the next timed look.
 
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher;
 
 /// Kueue's label on a Workload: the uid of the Job it stands for.
 const JOB_UID_LABEL: &str = "kueue.x-k8s.io/job-uid";
 
 /// The Workload API this reads (served by Kueue 0.15 and later).
-fn workloads() -> ApiResource {
+pub(crate) fn workloads() -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk(
         "kueue.x-k8s.io",
         "v1beta2",
         "Workload",
     ))
+}
+
+/// Changes of Kueue's Workloads (their metadata: each change moves the resourceVersion), where
+/// Kueue serves its API when the operator starts; an empty stream that never ends where it does
+/// not (Kueue installed later is seen on the timed look, and by the watch after a restart).
+pub(crate) fn workload_changes(
+    client: &kube::Client,
+) -> impl Stream<Item = Result<PartialObjectMeta<DynamicObject>, watcher::Error>> + Send + 'static {
+    let client = client.clone();
+    futures::stream::once(async move {
+        let ar = workloads();
+        let served = match client.list_api_group_resources(&ar.api_version).await {
+            Ok(list) => list.resources.iter().any(|r| r.name == ar.plural),
+            Err(e) => {
+                tracing::info!(api = %ar.api_version, error = %e, "Kueue's Workloads are not served: not watched (queued jobs are looked at every 15 s)");
+                false
+            }
+        };
+        if served {
+            let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client, &ar);
+            watcher(api, watcher::Config::default().any_semantic())
+                .default_backoff()
+                .touched_objects()
+                .boxed()
+        } else {
+            futures::stream::pending().boxed()
+        }
+    })
+    .flatten()
+}
+
+/// The TrainingJob a Workload stands for: Kueue makes the workload Job its owner, and the
+/// workload Job has its TrainingJob's name.
+pub(crate) fn job_of_workload(w: &PartialObjectMeta<DynamicObject>) -> Option<(String, String)> {
+    let owner = w
+        .metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.kind == "Job" && o.api_version == "batch/v1")?;
+    Some((owner.name.clone(), w.namespace()?))
 }
 
 /// Kueue's latest word on why the Job's Workload is not running, if it has one.

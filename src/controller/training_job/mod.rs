@@ -6,7 +6,7 @@
 
 pub(crate) mod apply;
 mod follow;
-mod kueue;
+pub(crate) mod kueue;
 mod learn;
 pub mod recovery;
 mod triggers;

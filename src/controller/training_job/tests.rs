@@ -6,10 +6,10 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use crate::process::events::{Recorder, Reporter};
 use http::{Request, Response, StatusCode};
 use k8s_openapi::api::batch::v1::Job;
 use kube::client::Body;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{reflector, watcher};
 use kube::{Client, Resource};
 use prometheus_client::registry::Registry;

@@ -158,3 +158,50 @@ fn the_phase_is_running_only_once_a_pod_is_ready() {
         serde_json::json!({"ready": 1, "conditions": [{"type": "Complete", "status": "False"}]});
     assert_eq!(phase_of(&job(running, not_yet)), JobPhase::Running);
 }
+
+/// Queued, admitted, preempted: `Suspended` is the state that stays while the Job waits again,
+/// however often it is reconciled, until Kueue admits it once more.
+#[test]
+fn a_preempted_job_stays_suspended_until_admitted_again() {
+    let tj: TrainingJob = serde_json::from_value(serde_json::json!({
+        "apiVersion": "offload.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": "t", "namespace": "ml",
+                     "labels": {names::KUEUE_QUEUE_LABEL: "team-a"}},
+        "spec": {"replicas": 1, "framework": {"name": "DeepSpeed"}, "template": {}}
+    }))
+    .unwrap();
+    let job = |suspend: bool| -> Job {
+        serde_json::from_value(serde_json::json!({"spec": {"suspend": suspend, "template": {}}}))
+            .unwrap()
+    };
+    let step = |existing: &[Condition], suspend: bool, kueue: Option<&str>| -> Vec<Condition> {
+        let c = admission(&tj, &job(suspend), existing, Some(1), kueue).unwrap();
+        let mut list = existing.to_vec();
+        conditions::set(&mut list, c);
+        list
+    };
+    let reason = |list: &[Condition]| -> (String, String) {
+        let c = list
+            .iter()
+            .find(|c| c.type_ == conditions::ADMITTED)
+            .unwrap();
+        (c.status.clone(), c.reason.clone())
+    };
+    let queued = step(&[], true, None);
+    assert_eq!(reason(&queued), ("False".into(), "Queued".into()));
+    let admitted = step(&queued, false, None);
+    assert_eq!(reason(&admitted), ("True".into(), "Admitted".into()));
+    let mut now = step(&admitted, true, Some("Preempted to accommodate a workload"));
+    for _ in 0..5 {
+        assert_eq!(reason(&now), ("False".into(), "Suspended".into()));
+        now = step(&now, true, Some("Preempted to accommodate a workload"));
+    }
+    let again = step(&now, false, None);
+    assert_eq!(reason(&again), ("True".into(), "Admitted".into()));
+    // A job that was never admitted is only queued, however long it waits.
+    let mut waiting = queued;
+    for _ in 0..3 {
+        waiting = step(&waiting, true, Some("insufficient quota"));
+        assert_eq!(reason(&waiting), ("False".into(), "Queued".into()));
+    }
+}
