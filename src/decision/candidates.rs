@@ -1,6 +1,16 @@
 //! The nodes a profile may use, by class: what the profile's selector matches and the pod
 //! template's constraints (node selector, required affinity, tolerations) let the job's pods
 //! land on. The placement step chooses among them; the memory model sizes against them.
+//!
+//! A decision's cost must not grow with the cluster: the selection is worked out once per
+//! index, profile, selector and constraints ([`NodeIndex::memo`]; every job of a burst shares
+//! it), and what the steps need of a class's nodes (its GPUs, its smallest GPU, the lowest
+//! overlap efficiency and the node it was measured on, …) is a [`ClassNodes::fact`], worked
+//! out from the nodes once and then shared by every later decision against the same index.
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use kube::core::{Selector, SelectorExt};
 
@@ -10,16 +20,135 @@ use offload_api::v1alpha1::{NodeClass, OffloadProfileSpec};
 use super::PodConstraints;
 use super::error::ResolveError;
 
+/// Facts about one set of a class's nodes, each worked out once (see [`ClassNodes::fact`]).
+#[derive(Default)]
+struct Facts(Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>);
+
 /// The candidate nodes of one class that match the profile, sorted by name.
+#[derive(Clone)]
 pub(super) struct ClassNodes<'a> {
     pub(super) class: NodeClass,
-    pub(super) nodes: Vec<&'a NodeInfo>,
+    index: &'a NodeIndex,
+    /// Positions in the index's nodes.
+    positions: Arc<[usize]>,
+    facts: Arc<Facts>,
 }
 
-impl ClassNodes<'_> {
-    pub(super) fn gpus(&self) -> u64 {
-        self.nodes.iter().map(|n| u64::from(n.gpu_count())).sum()
+/// The GPUs of a class's nodes: in all, and how many nodes have each count.
+struct GpuCounts {
+    total: u64,
+    /// (GPUs on a node, nodes with that many), by GPUs.
+    by_count: Vec<(u64, u64)>,
+}
+
+impl<'a> ClassNodes<'a> {
+    fn new(class: NodeClass, index: &'a NodeIndex, positions: Vec<usize>) -> Self {
+        ClassNodes {
+            class,
+            index,
+            positions: positions.into(),
+            facts: Arc::default(),
+        }
     }
+
+    /// The nodes, sorted by name.
+    pub(super) fn nodes(&self) -> impl Iterator<Item = &'a NodeInfo> + Clone + '_ {
+        let index = self.index;
+        self.positions.iter().filter_map(move |&p| index.get(p))
+    }
+
+    /// How many nodes.
+    pub(super) fn len(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Whether there are none.
+    pub(super) fn is_empty(&self) -> bool {
+        self.positions.is_empty()
+    }
+
+    /// The nodes of this set that `keep` keeps (a set of its own, whose facts are worked out
+    /// again).
+    pub(super) fn subset(&self, keep: impl Fn(&NodeInfo) -> bool) -> ClassNodes<'a> {
+        let index = self.index;
+        let positions = self
+            .positions
+            .iter()
+            .copied()
+            .filter(|&p| index.get(p).is_some_and(&keep))
+            .collect();
+        ClassNodes::new(self.class, index, positions)
+    }
+
+    /// The fact `T` about these nodes: `build` works it out from them the first time, and
+    /// every later caller (this decision's steps, and later decisions against the same index
+    /// and selection) gets the same one.
+    pub(super) fn fact<T: Send + Sync + 'static>(
+        &self,
+        build: impl FnOnce(&mut dyn Iterator<Item = &'a NodeInfo>) -> T,
+    ) -> Arc<T> {
+        let found = self
+            .facts
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&TypeId::of::<T>())
+            .cloned()
+            .and_then(|f| f.downcast::<T>().ok());
+        if let Some(found) = found {
+            return found;
+        }
+        let built = Arc::new(build(&mut self.nodes()));
+        self.facts
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(TypeId::of::<T>(), built.clone());
+        built
+    }
+
+    fn gpu_counts(&self) -> Arc<GpuCounts> {
+        self.fact(|nodes| {
+            let mut by_count: std::collections::BTreeMap<u64, u64> = Default::default();
+            let mut total = 0u64;
+            for n in nodes {
+                let g = u64::from(n.gpu_count());
+                total = total.saturating_add(g);
+                *by_count.entry(g).or_default() += 1;
+            }
+            GpuCounts {
+                total,
+                by_count: by_count.into_iter().collect(),
+            }
+        })
+    }
+
+    /// GPUs on these nodes in all.
+    pub(super) fn gpus(&self) -> u64 {
+        self.gpu_counts().total
+    }
+
+    /// Pods of `gpus_per_pod` GPUs these nodes hold at once.
+    pub(super) fn pod_capacity(&self, gpus_per_pod: u32) -> u64 {
+        let per = u64::from(gpus_per_pod.max(1));
+        self.gpu_counts()
+            .by_count
+            .iter()
+            .map(|&(g, nodes)| (g / per).saturating_mul(nodes))
+            .fold(0u64, u64::saturating_add)
+    }
+
+    /// The first `n` nodes' names, sorted.
+    pub(super) fn first_names(&self, n: usize) -> Vec<&'a str> {
+        self.nodes().take(n).map(|n| n.name.as_str()).collect()
+    }
+}
+
+/// What [`Candidates::select`] works out once per index, profile, selector and constraints:
+/// each class's positions and facts (coherent, discrete), and what the constraints left out.
+struct Selection {
+    classes: [(Arc<[usize]>, Arc<Facts>); 2],
+    left_out: [Option<String>; 2],
 }
 
 /// The nodes a profile may use, by class, that the pod template lets its pods land on.
@@ -42,41 +171,26 @@ impl<'a> Candidates<'a> {
         by_claims: bool,
         constraints: &PodConstraints,
     ) -> Result<Self, ResolveError> {
-        let invalid = |detail: String| ResolveError::InvalidSelector {
-            profile: profile_name.to_string(),
-            detail,
-        };
-        let selector = match &profile.node_selector {
-            Some(sel) => {
-                offload_api::validation::label_selector(sel).map_err(invalid)?;
-                Some(Selector::try_from(sel.clone()).map_err(|e| invalid(e.to_string()))?)
+        let selector_text = serde_json::to_string(&profile.node_selector).unwrap_or_default();
+        let key = format!(
+            "candidates\u{0}{profile_name}\u{0}{selector_text}\u{0}{by_claims}\u{0}{constraints:?}"
+        );
+        let selection = index.memo(&key, || {
+            Self::work_out(index, profile_name, profile, by_claims, constraints)
+        })?;
+        let class = |i: usize, class: NodeClass| {
+            let (positions, facts) = &selection.classes[i];
+            ClassNodes {
+                class,
+                index,
+                positions: positions.clone(),
+                facts: facts.clone(),
             }
-            None => None,
         };
-        let profile_nodes = |class: NodeClass| -> Vec<&'a NodeInfo> {
-            index
-                .class(class)
-                .filter(|n| selector.as_ref().is_none_or(|s| s.matches(&n.labels)))
-                .filter(|n| by_claims || n.witness() != crate::index::Witness::DriverOnly)
-                .collect()
-        };
-        // Every node is checked, also for a template with no constraints: its taints may keep
-        // the pods off.
-        let class = |class: NodeClass| -> (ClassNodes<'a>, Option<String>) {
-            let all = profile_nodes(class);
-            let left_out = constraints.left_out(all.iter().copied());
-            let nodes = all
-                .into_iter()
-                .filter(|n| constraints.excludes(n).is_none())
-                .collect();
-            (ClassNodes { class, nodes }, left_out)
-        };
-        let (coherent, coherent_out) = class(NodeClass::Coherent);
-        let (discrete, discrete_out) = class(NodeClass::Discrete);
         let candidates = Candidates {
-            coherent,
-            discrete,
-            left_out: [coherent_out, discrete_out],
+            coherent: class(0, NodeClass::Coherent),
+            discrete: class(1, NodeClass::Discrete),
+            left_out: selection.left_out.clone(),
         };
         if candidates.is_empty()
             && let Some(detail) = candidates.left_out_sentence()
@@ -88,6 +202,52 @@ impl<'a> Candidates<'a> {
             });
         }
         Ok(candidates)
+    }
+
+    /// The selection itself: every node of each class checked against the profile's selector
+    /// and the template's constraints (once per index, see [`Candidates::select`]).
+    fn work_out(
+        index: &NodeIndex,
+        profile_name: &str,
+        profile: &OffloadProfileSpec,
+        by_claims: bool,
+        constraints: &PodConstraints,
+    ) -> Result<Selection, ResolveError> {
+        let invalid = |detail: String| ResolveError::InvalidSelector {
+            profile: profile_name.to_string(),
+            detail,
+        };
+        let selector = match &profile.node_selector {
+            Some(sel) => {
+                offload_api::validation::label_selector(sel).map_err(invalid)?;
+                Some(Selector::try_from(sel.clone()).map_err(|e| invalid(e.to_string()))?)
+            }
+            None => None,
+        };
+        // Every node is checked, also for a template with no constraints: its taints may keep
+        // the pods off.
+        let class = |class: NodeClass| -> ((Arc<[usize]>, Arc<Facts>), Option<String>) {
+            let profile_nodes: Vec<(usize, &NodeInfo)> = index
+                .class_positions(class)
+                .iter()
+                .filter_map(|&p| index.get(p).map(|n| (p, n)))
+                .filter(|(_, n)| selector.as_ref().is_none_or(|s| s.matches(&n.labels)))
+                .filter(|(_, n)| by_claims || n.witness() != crate::index::Witness::DriverOnly)
+                .collect();
+            let left_out = constraints.left_out(profile_nodes.iter().map(|(_, n)| *n));
+            let positions: Arc<[usize]> = profile_nodes
+                .into_iter()
+                .filter(|(_, n)| constraints.excludes(n).is_none())
+                .map(|(p, _)| p)
+                .collect();
+            ((positions, Arc::default()), left_out)
+        };
+        let (coherent, coherent_out) = class(NodeClass::Coherent);
+        let (discrete, discrete_out) = class(NodeClass::Discrete);
+        Ok(Selection {
+            classes: [coherent, discrete],
+            left_out: [coherent_out, discrete_out],
+        })
     }
 
     /// What the template left out of every class, in one sentence.
@@ -112,7 +272,7 @@ impl<'a> Candidates<'a> {
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.coherent.nodes.is_empty() && self.discrete.nodes.is_empty()
+        self.coherent.is_empty() && self.discrete.is_empty()
     }
 
     /// The classes with nodes, in the profile's order.
@@ -128,7 +288,7 @@ impl<'a> Candidates<'a> {
             .chain(&[NodeClass::Coherent, NodeClass::Discrete])
         {
             let nodes = self.of(*c);
-            if !nodes.nodes.is_empty() && !out.iter().any(|o| o.class == *c) {
+            if !nodes.is_empty() && !out.iter().any(|o| o.class == *c) {
                 out.push(nodes);
             }
         }

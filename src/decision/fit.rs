@@ -466,14 +466,52 @@ fn model_shape(
     })
 }
 
+/// The sizes of a class's GPUs, smallest first, each once.
+struct GpuSizes {
+    sizes: Vec<u64>,
+}
+
+/// What a class's nodes have of memory: the smallest GPU (the first node by name with it), and
+/// each node's allocatable host memory by its count of GPUs (memory, then name, ascending).
+struct NodeMemory {
+    smallest_gpu: Option<(String, u64)>,
+    host_by_gpus: Vec<(u64, Vec<(u64, String)>)>,
+}
+
+impl NodeMemory {
+    fn of<'a>(nodes: &mut dyn Iterator<Item = &'a crate::index::NodeInfo>) -> NodeMemory {
+        let mut smallest_gpu: Option<(String, u64)> = None;
+        let mut by_gpus: std::collections::BTreeMap<u64, Vec<(u64, String)>> = Default::default();
+        for n in nodes {
+            if let Some(m) = n.gpu_memory()
+                && smallest_gpu.as_ref().is_none_or(|(_, s)| m < *s)
+            {
+                smallest_gpu = Some((n.name.clone(), m));
+            }
+            if let Some(memory) = n.allocatable.memory {
+                by_gpus
+                    .entry(u64::from(n.gpu_count()))
+                    .or_default()
+                    .push((memory, n.name.clone()));
+            }
+        }
+        let host_by_gpus = by_gpus
+            .into_iter()
+            .map(|(g, mut nodes)| {
+                nodes.sort();
+                (g, nodes)
+            })
+            .collect();
+        NodeMemory {
+            smallest_gpu,
+            host_by_gpus,
+        }
+    }
+}
+
 /// Pods of `gpus_per_pod` GPUs the class's nodes hold at once.
 pub(super) fn pod_capacity(class: &ClassNodes, gpus_per_pod: u32) -> u64 {
-    let per = u64::from(gpus_per_pod.max(1));
-    class
-        .nodes
-        .iter()
-        .map(|n| u64::from(n.gpu_count()) / per)
-        .fold(0u64, u64::saturating_add)
+    class.pod_capacity(gpus_per_pod)
 }
 
 /// How fast a placement runs, for comparing choices (lower is faster), in [`fastest`]'s order.
@@ -506,20 +544,17 @@ pub(super) fn fastest_by_gpu_size(
     if job.gpu_claims.is_none() {
         return Some((widest, first));
     }
-    let mut sizes: Vec<u64> = class.nodes.iter().filter_map(|n| n.gpu_memory()).collect();
-    sizes.sort_unstable();
-    sizes.dedup();
+    let sizes = class.fact(|nodes| GpuSizes {
+        sizes: {
+            let mut sizes: Vec<u64> = nodes.filter_map(|n| n.gpu_memory()).collect();
+            sizes.sort_unstable();
+            sizes.dedup();
+            sizes
+        },
+    });
     let mut best = (widest, first);
-    for size in sizes.into_iter().skip(1) {
-        let tier = ClassNodes {
-            class: class.class,
-            nodes: class
-                .nodes
-                .iter()
-                .copied()
-                .filter(|n| n.gpu_memory().is_some_and(|m| m >= size))
-                .collect(),
-        };
+    for &size in sizes.sizes.iter().skip(1) {
+        let tier = class.subset(|n| n.gpu_memory().is_some_and(|m| m >= size));
         if !holds(&tier) {
             break;
         }
@@ -535,8 +570,8 @@ pub(super) fn fastest_by_gpu_size(
                 choice.figures.push_str(&format!(
                     "; on the GPUs of {} or more only ({} of the class's {} nodes): the job's DRA claims select GPUs by memory",
                     gib(as_f64(size)),
-                    tier.nodes.len(),
-                    class.nodes.len()
+                    tier.len(),
+                    class.len()
                 ));
                 best = (cm, Ok(choice));
             }
@@ -554,22 +589,29 @@ fn as_f64(n: u64) -> f64 {
 /// The class's memory figures for the job: its smallest GPU, and the least host memory a pod
 /// of the job gets on any of its nodes. `None` when no node reports its GPUs' memory.
 pub(super) fn class_memory(class: &ClassNodes, job: &JobRequest) -> Option<ClassMemory> {
-    let (gpu_node, gpu_bytes) = class
-        .nodes
-        .iter()
-        .filter_map(|n| n.gpu_memory().map(|m| (n.name.as_str(), m)))
-        .min_by_key(|(_, m)| *m)?;
+    let memory = class.fact(NodeMemory::of);
+    let (gpu_node, gpu_bytes) = memory.smallest_gpu.as_ref()?;
+    let (gpu_node, gpu_bytes) = (gpu_node.as_str(), *gpu_bytes);
     let per = u64::from(job.gpus_per_pod.max(1));
     let pods = u64::from(job.pods.max(1));
-    let host = class
-        .nodes
+    // The least host memory a pod gets: per count of GPUs on a node, the nodes' memory sorted,
+    // so only the few smallest of each count are looked at; the first node by name of those
+    // with the least share, as a walk of every node would find it.
+    let host = memory
+        .host_by_gpus
         .iter()
-        .filter_map(|n| {
-            let memory = n.allocatable.memory?;
-            let sharing = (u64::from(n.gpu_count()) / per).clamp(1, pods);
-            Some((n.name.as_str(), memory, sharing, memory / sharing))
+        .filter_map(|(gpus, nodes)| {
+            let sharing = (*gpus / per).clamp(1, pods);
+            let least = nodes.first()?.0 / sharing;
+            // Every node of this count whose share is that least share (integer division).
+            let bound = least.saturating_add(1).saturating_mul(sharing);
+            nodes
+                .iter()
+                .take_while(|(m, _)| *m < bound)
+                .min_by(|a, b| a.1.cmp(&b.1))
+                .map(|(m, name)| (name.as_str(), *m, sharing, least))
         })
-        .min_by_key(|(_, _, _, share)| *share);
+        .min_by(|a, b| a.3.cmp(&b.3).then_with(|| a.0.cmp(b.0)));
     #[allow(clippy::cast_precision_loss)]
     let (host_per_pod, host_node) = match host {
         Some((name, memory, sharing, share)) => (

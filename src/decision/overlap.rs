@@ -10,7 +10,7 @@ use super::request::JobRequest;
 use super::settings::effective;
 
 /// The lowest measured efficiency among nodes, or what stops overlap being trusted.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub(super) struct Measured {
     pub(super) lowest: Option<(String, f64)>,
     blocker: Option<String>,
@@ -25,7 +25,7 @@ impl Measured {
         }
     }
 
-    fn of(nodes: &[&NodeInfo]) -> Measured {
+    fn of<'a>(nodes: &mut dyn Iterator<Item = &'a NodeInfo>) -> Measured {
         let mut out = Measured::default();
         for node in nodes {
             let efficiency = node.parsed_report().and_then(|r| r.selftest.efficiency);
@@ -73,7 +73,7 @@ pub(super) fn decide(
     let (requested, source) = effective(job.offload.overlap, profile.overlap, OverlapSetting::Auto);
     let measured = placement
         .chosen
-        .map(|c| Measured::of(&c.nodes))
+        .map(|c| (*c.fact(Measured::of)).clone())
         .unwrap_or_default();
     let efficiency = measured.lowest.as_ref().map(|(_, e)| *e);
     if placement.mode == OffloadMode::Disabled {

@@ -22,13 +22,21 @@ pub(super) fn decide(
         Switch::Disabled => (false, Source::Job),
         Switch::Auto => (profile.pin_memory, Source::Profile),
     };
-    let unpinnable = placement.chosen.and_then(|c| {
-        c.nodes.iter().find_map(|n| {
-            n.parsed_report()
-                .filter(|r| !r.selftest.pinned_memory)
-                .map(|r| (n.name.as_str(), r.selftest.pinned_error.as_deref()))
+    // The first chosen node whose agent could not pin memory (a fact of the class's nodes).
+    let unpinnable_fact = placement.chosen.map(|c| {
+        c.fact(|nodes| {
+            for n in nodes {
+                if let Some(r) = n.parsed_report().filter(|r| !r.selftest.pinned_memory) {
+                    return Unpinnable(Some((n.name.clone(), r.selftest.pinned_error.clone())));
+                }
+            }
+            Unpinnable(None)
         })
     });
+    let unpinnable = unpinnable_fact
+        .as_ref()
+        .and_then(|u| u.0.as_ref())
+        .map(|(node, err)| (node.as_str(), err.as_deref()));
     match (wanted, source, unpinnable) {
         (false, _, _) => (false, format!("off: set by {source}")),
         (true, Source::Profile, Some((node, err))) => (
@@ -47,3 +55,6 @@ pub(super) fn decide(
         (true, _, None) => (true, format!("on: set by {source}")),
     }
 }
+
+/// The first node of a class (by name) whose agent could not allocate pinned memory, and why.
+struct Unpinnable(Option<(String, Option<String>)>);

@@ -109,7 +109,7 @@ pub(super) fn choose<'c, 'a>(
     match requested {
         ModeSetting::Disabled => disabled(cx, candidates, source),
         ModeSetting::UnifiedMemory => {
-            if coherent.nodes.is_empty() {
+            if coherent.is_empty() {
                 if let Some(detail) = candidates.left_out(NodeClass::Coherent) {
                     return Err(ResolveError::TemplateLeavesNoNodes {
                         profile: cx.profile_name.to_string(),
@@ -122,7 +122,7 @@ pub(super) fn choose<'c, 'a>(
                 }
                 return Err(ResolveError::NoCoherentNodes {
                     profile: cx.profile_name.to_string(),
-                    discrete: discrete.nodes.len(),
+                    discrete: discrete.len(),
                 });
             }
             explicit(
@@ -131,24 +131,24 @@ pub(super) fn choose<'c, 'a>(
                 OffloadMode::UnifiedMemory,
                 format!(
                     "UnifiedMemory requested by {source}; {} coherent node(s) available",
-                    coherent.nodes.len()
+                    coherent.len()
                 ),
                 format!("mode UnifiedMemory (from {source})"),
             )
         }
         ModeSetting::CpuCopy => {
-            if !discrete.nodes.is_empty() {
+            if !discrete.is_empty() {
                 explicit(
                     cx,
                     discrete,
                     OffloadMode::CpuCopy,
                     format!(
                         "CPUCopy requested by {source}; {} discrete node(s) available",
-                        discrete.nodes.len()
+                        discrete.len()
                     ),
                     format!("mode CPUCopy (from {source})"),
                 )
-            } else if coherent.nodes.is_empty() {
+            } else if coherent.is_empty() {
                 Err(no_nodes())
             } else if profile.allow_cpu_copy_on_coherent_nodes {
                 explicit(
@@ -164,7 +164,7 @@ pub(super) fn choose<'c, 'a>(
             } else {
                 Err(ResolveError::CopyOnCoherentNotAllowed {
                     profile: cx.profile_name.to_string(),
-                    coherent: coherent.nodes.len(),
+                    coherent: coherent.len(),
                 })
             }
         }

@@ -106,27 +106,25 @@ fn cpu_note(model: Option<&ModelHints>, chosen: Option<&ClassNodes>, ratio: f64)
     let Some(tokens) = hints.tokens_per_step else {
         return String::new();
     };
-    let mut worst: Option<(f64, &str)> = None;
-    for node in &class.nodes {
-        let Some(report) = node.parsed_report() else {
-            return String::new();
-        };
-        let (Some(cpu), Some(gpu)) = (report.selftest.cpu_update_rate, report.selftest.gpu_flops)
-        else {
-            return String::new();
-        };
-        if !(cpu > 0.0 && gpu > 0.0) {
-            return String::new();
+    let rates = class.fact(CpuRates::of);
+    #[allow(clippy::cast_precision_loss)]
+    let tokens = tokens as f64;
+    let worst: Option<(f64, &str)> = match &*rates {
+        CpuRates::Unknown => return String::new(),
+        CpuRates::Known {
+            first,
+            slowest: (rate, node),
+        } => {
+            // Backward of a transformer costs about 4 FLOP per parameter per token; the CPU
+            // updates the whole model's optimizer state (all ranks share the node's CPUs).
+            // (4·P·t / gpu) / (P / cpu): the parameter count cancels. The share grows with
+            // cpu/gpu for tokens > 0, so the node of the least cpu/gpu has the least share
+            // (without tokens every share is 0, and the first node is named).
+            let share = 4.0 * tokens * rate;
+            let node = if tokens > 0.0 { node } else { first };
+            share.is_finite().then_some((share, node.as_str()))
         }
-        // Backward of a transformer costs about 4 FLOP per parameter per token; the CPU
-        // updates the whole model's optimizer state (all ranks share the node's CPUs).
-        // (4·P·t / gpu) / (P / cpu): the parameter count cancels.
-        #[allow(clippy::cast_precision_loss)]
-        let share = 4.0 * tokens as f64 * cpu / gpu;
-        if share.is_finite() && worst.is_none_or(|(w, _)| share < w) {
-            worst = Some((share, node.name.as_str()));
-        }
-    }
+    };
     match worst {
         None => String::new(),
         Some((share, _)) if share >= 1.0 => format!(
@@ -141,5 +139,45 @@ fn cpu_note(model: Option<&ModelHints>, chosen: Option<&ClassNodes>, ratio: f64)
             "; on {node}, the slowest chosen node, the CPU can update only {:.0}% of optimizer state within the GPU's backward time, so at {ratio} the CPU is the bottleneck of each step",
             share * 100.0
         ),
+    }
+}
+
+/// What the chosen nodes' reports say of their CPUs' update rate against their GPUs': the node
+/// of the least `cpu_update_rate / gpu_flops` (the first by name of equals) and the first node;
+/// `Unknown` where a node has no readable report, no rates, or rates that are not positive.
+enum CpuRates {
+    Unknown,
+    Known {
+        first: String,
+        slowest: (f64, String),
+    },
+}
+
+impl CpuRates {
+    fn of<'a>(nodes: &mut dyn Iterator<Item = &'a crate::index::NodeInfo>) -> CpuRates {
+        let mut first: Option<String> = None;
+        let mut slowest: Option<(f64, String)> = None;
+        for node in nodes {
+            let Some(report) = node.parsed_report() else {
+                return CpuRates::Unknown;
+            };
+            let (Some(cpu), Some(gpu)) =
+                (report.selftest.cpu_update_rate, report.selftest.gpu_flops)
+            else {
+                return CpuRates::Unknown;
+            };
+            if !(cpu > 0.0 && gpu > 0.0) {
+                return CpuRates::Unknown;
+            }
+            first.get_or_insert_with(|| node.name.clone());
+            let rate = cpu / gpu;
+            if slowest.as_ref().is_none_or(|(w, _)| rate < *w) {
+                slowest = Some((rate, node.name.clone()));
+            }
+        }
+        match (first, slowest) {
+            (Some(first), Some(slowest)) => CpuRates::Known { first, slowest },
+            _ => CpuRates::Unknown,
+        }
     }
 }

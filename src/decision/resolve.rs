@@ -207,11 +207,18 @@ fn disagreeing_nodes(job: &JobRequest, nodes: &NodeIndex) -> Vec<String> {
     if job.gpu_claims.is_none() {
         return Vec::new();
     }
-    nodes
-        .nodes()
-        .filter(|n| n.witness() == crate::index::Witness::Disagree)
-        .map(|n| n.name.clone())
-        .collect()
+    // Worked out once per index (a fact of its nodes, whatever the job).
+    let found: Result<_, std::convert::Infallible> = nodes.memo("disagreeing nodes", || {
+        Ok(nodes
+            .nodes()
+            .filter(|n| n.witness() == crate::index::Witness::Disagree)
+            .map(|n| n.name.clone())
+            .collect::<Vec<String>>())
+    });
+    match found {
+        Ok(names) => names.as_ref().clone(),
+        Err(never) => match never {},
+    }
 }
 
 /// The claim pinning written for a claim-pinned job (and the nodes it excludes), with its

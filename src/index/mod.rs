@@ -27,6 +27,42 @@ pub struct NodeIndex {
     nodes: Vec<Arc<NodeInfo>>,
     coherent: Vec<usize>,
     discrete: Vec<usize>,
+    /// What callers worked out from these nodes ([`NodeIndex::memo`]).
+    memo: Memo,
+}
+
+/// Most entries a [`Memo`] keeps; past it, it starts again empty.
+pub const MAX_MEMO_ENTRIES: usize = 1024;
+
+/// Facts worked out once from an index's nodes and reused by every later caller, as long as
+/// the index lives: an index never changes (a changed node makes a new one), so nothing in it
+/// goes stale. Keyed by what the caller derived the fact from; bounded by [`MAX_MEMO_ENTRIES`].
+/// Not part of the index's identity: a clone starts empty and equality ignores it.
+#[derive(Default)]
+struct Memo {
+    entries: Mutex<HashMap<String, Arc<dyn std::any::Any + Send + Sync>>>,
+    /// How many facts were worked out (not found): what a benchmark or test counts.
+    built: std::sync::atomic::AtomicU64,
+    /// How many times a node was read from the index (its cost, counted).
+    visits: std::sync::atomic::AtomicU64,
+}
+
+impl Clone for Memo {
+    fn clone(&self) -> Self {
+        Memo::default()
+    }
+}
+
+impl PartialEq for Memo {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for Memo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Memo")
+    }
 }
 
 impl NodeIndex {
@@ -54,7 +90,21 @@ impl NodeIndex {
 
     /// Every node, sorted by name.
     pub fn nodes(&self) -> impl ExactSizeIterator<Item = &NodeInfo> + Clone + '_ {
+        self.visited(self.nodes.len());
         self.nodes.iter().map(|n| n.as_ref())
+    }
+
+    fn visited(&self, n: usize) {
+        self.memo.visits.fetch_add(
+            u64::try_from(n).unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// How many nodes callers have read from this index so far ([`NodeIndex::get`] and
+    /// [`NodeIndex::nodes`] count; what a decision's cost is measured by).
+    pub fn visits(&self) -> u64 {
+        self.memo.visits.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The node named `name`.
@@ -67,7 +117,54 @@ impl NodeIndex {
 
     /// The node at `position` of [`NodeIndex::nodes`].
     pub fn get(&self, position: usize) -> Option<&NodeInfo> {
+        self.visited(1);
         self.nodes.get(position).map(|n| n.as_ref())
+    }
+
+    /// The fact `T` under `key`: worked out by `build` the first time it is asked for, then the
+    /// same one for every caller as long as this index lives (see [`Memo`]). `build` runs
+    /// without the memo's lock held. Where two callers race, both build and one result stays.
+    pub fn memo<T, E>(&self, key: &str, build: impl FnOnce() -> Result<T, E>) -> Result<Arc<T>, E>
+    where
+        T: Send + Sync + 'static,
+    {
+        let lock = |m: &Memo| {
+            m.entries
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(key)
+                .cloned()
+        };
+        if let Some(found) = lock(&self.memo).and_then(|a| a.downcast::<T>().ok()) {
+            return Ok(found);
+        }
+        let built = Arc::new(build()?);
+        self.memo
+            .built
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut entries = self
+            .memo
+            .entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if entries.len() >= MAX_MEMO_ENTRIES {
+            entries.clear();
+        }
+        entries.insert(key.to_string(), built.clone());
+        Ok(built)
+    }
+
+    /// How many facts [`NodeIndex::memo`] has worked out for this index (not found in it).
+    pub fn memo_builds(&self) -> u64 {
+        self.memo.built.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Positions (in [`NodeIndex::nodes`]) of the candidates of one class, sorted by name.
+    pub fn class_positions(&self, class: NodeClass) -> &[usize] {
+        match class {
+            NodeClass::Coherent => &self.coherent,
+            NodeClass::Discrete => &self.discrete,
+        }
     }
 
     /// The candidates of one class, sorted by name.
@@ -76,6 +173,7 @@ impl NodeIndex {
             NodeClass::Coherent => &self.coherent,
             NodeClass::Discrete => &self.discrete,
         };
+        self.visited(positions.len());
         positions.iter().map(|&i| self.nodes[i].as_ref())
     }
 

@@ -2,7 +2,6 @@
 
 use super::ClassNodes;
 use crate::decision::error::ResolveError;
-use crate::decision::fit;
 use crate::decision::request::JobRequest;
 
 fn plural(n: u64, one: &str, many: &str) -> String {
@@ -14,16 +13,16 @@ fn plural(n: u64, one: &str, many: &str) -> String {
 }
 
 pub(super) fn shown_nodes(class: &ClassNodes) -> String {
-    let names: Vec<&str> = class.nodes.iter().map(|n| n.name.as_str()).collect();
-    if names.len() > 3 {
-        format!("{}, … ({} nodes)", names[..3].join(", "), names.len())
+    let names = class.first_names(3);
+    if class.len() > 3 {
+        format!("{}, … ({} nodes)", names.join(", "), class.len())
     } else {
         names.join(", ")
     }
 }
 
 pub(super) fn capacity_message(class: &ClassNodes, job: &JobRequest) -> String {
-    let wait = if fit::pod_capacity(class, job.gpus_per_pod) >= u64::from(job.pods.max(1)) {
+    let wait = if class.pod_capacity(job.gpus_per_pod) >= u64::from(job.pods.max(1)) {
         ""
     } else {
         ", so pods wait for capacity"
@@ -40,8 +39,7 @@ pub(super) fn capacity_message(class: &ClassNodes, job: &JobRequest) -> String {
 /// Whether the class holds all of the job's pods at once (or the job's pods may wait for
 /// capacity: see [`JobRequest::hold_for_capacity`]).
 pub(super) fn holds(class: &ClassNodes, job: &JobRequest) -> bool {
-    !job.hold_for_capacity
-        || fit::pod_capacity(class, job.gpus_per_pod) >= u64::from(job.pods.max(1))
+    !job.hold_for_capacity || class.pod_capacity(job.gpus_per_pod) >= u64::from(job.pods.max(1))
 }
 
 /// The error for a job no class can hold at once.
@@ -52,11 +50,7 @@ pub(super) fn insufficient(job: &JobRequest, classes: &[&ClassNodes]) -> Resolve
             format!(
                 "{} holds {} ({})",
                 c.class,
-                plural(
-                    fit::pod_capacity(c, job.gpus_per_pod),
-                    "such pod",
-                    "such pods"
-                ),
+                plural(c.pod_capacity(job.gpus_per_pod), "such pod", "such pods"),
                 plural(c.gpus(), "GPU", "GPUs")
             )
         })

@@ -8,6 +8,7 @@ mod overlap;
 mod placement;
 mod properties;
 mod ratio;
+mod scale;
 
 use std::collections::BTreeMap;
 
