@@ -144,10 +144,13 @@ impl<'a> ClassNodes<'a> {
     }
 }
 
+/// One class's selected nodes (positions in the index) and their facts.
+type ClassSelection = (Arc<[usize]>, Arc<Facts>);
+
 /// What [`Candidates::select`] works out once per index, profile, selector and constraints:
 /// each class's positions and facts (coherent, discrete), and what the constraints left out.
 struct Selection {
-    classes: [(Arc<[usize]>, Arc<Facts>); 2],
+    classes: [ClassSelection; 2],
     left_out: [Option<String>; 2],
 }
 
@@ -226,7 +229,7 @@ impl<'a> Candidates<'a> {
         };
         // Every node is checked, also for a template with no constraints: its taints may keep
         // the pods off.
-        let class = |class: NodeClass| -> ((Arc<[usize]>, Arc<Facts>), Option<String>) {
+        let class = |class: NodeClass| -> (ClassSelection, Option<String>) {
             let profile_nodes: Vec<(usize, &NodeInfo)> = index
                 .class_positions(class)
                 .iter()

@@ -479,7 +479,7 @@ struct NodeMemory {
 }
 
 impl NodeMemory {
-    fn of<'a>(nodes: &mut dyn Iterator<Item = &'a crate::index::NodeInfo>) -> NodeMemory {
+    fn of(nodes: &mut dyn Iterator<Item = &crate::index::NodeInfo>) -> NodeMemory {
         let mut smallest_gpu: Option<(String, u64)> = None;
         let mut by_gpus: std::collections::BTreeMap<u64, Vec<(u64, String)>> = Default::default();
         for n in nodes {

@@ -25,7 +25,7 @@ impl Measured {
         }
     }
 
-    fn of<'a>(nodes: &mut dyn Iterator<Item = &'a NodeInfo>) -> Measured {
+    fn of(nodes: &mut dyn Iterator<Item = &NodeInfo>) -> Measured {
         let mut out = Measured::default();
         for node in nodes {
             let efficiency = node.parsed_report().and_then(|r| r.selftest.efficiency);

@@ -154,7 +154,7 @@ enum CpuRates {
 }
 
 impl CpuRates {
-    fn of<'a>(nodes: &mut dyn Iterator<Item = &'a crate::index::NodeInfo>) -> CpuRates {
+    fn of(nodes: &mut dyn Iterator<Item = &crate::index::NodeInfo>) -> CpuRates {
         let mut first: Option<String> = None;
         let mut slowest: Option<(f64, String)> = None;
         for node in nodes {

@@ -161,14 +161,14 @@ impl Recorder {
 
     fn remember(&self, key: Key, name: String, count: i32, last: Timestamp) {
         let mut seen = self.lock();
-        if seen.len() >= MAX_REMEMBERED && !seen.contains_key(&key) {
-            if let Some(oldest) = seen
+        if seen.len() >= MAX_REMEMBERED
+            && !seen.contains_key(&key)
+            && let Some(oldest) = seen
                 .iter()
                 .min_by_key(|(_, s)| s.last)
                 .map(|(k, _)| k.clone())
-            {
-                seen.remove(&oldest);
-            }
+        {
+            seen.remove(&oldest);
         }
         seen.insert(key, Seen { name, count, last });
     }
