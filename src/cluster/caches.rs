@@ -46,6 +46,9 @@ where
 {
     store: Store<K>,
     changes: broadcast::Sender<Arc<K>>,
+    /// Bumped after each change the store has taken in: a reader that saw the same number
+    /// before has nothing new to look at.
+    generation: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl<K> Clone for Cache<K>
@@ -56,6 +59,7 @@ where
         Cache {
             store: self.store.clone(),
             changes: self.changes.clone(),
+            generation: self.generation.clone(),
         }
     }
 }
@@ -67,6 +71,11 @@ where
     /// The objects as of now.
     pub fn store(&self) -> &Store<K> {
         &self.store
+    }
+
+    /// How many changes the store has taken in (see [`Cache`]'s `generation`).
+    pub fn generation(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.generation.clone()
     }
 
     /// Every object now in the cache, then every change (applied or deleted objects). After
@@ -151,11 +160,19 @@ where
         strip_for_cache(obj);
         slim(obj);
     });
+    let generation: Arc<std::sync::atomic::AtomicU64> = Arc::default();
     let cache = Cache {
         store: store.clone(),
         changes: changes.clone(),
+        generation: generation.clone(),
     };
     let drive = events.reflect(writer).for_each(move |event| {
+        if matches!(
+            event,
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)
+        ) {
+            generation.fetch_add(1, std::sync::atomic::Ordering::Release);
+        }
         match event {
             Ok(watcher::Event::Apply(obj)) => {
                 // Hand out the cache's own Arc: subscribers share it instead of a copy.
@@ -275,8 +292,11 @@ impl Caches {
                 nodes.store().clone(),
                 slices.store().clone(),
                 d.driver.clone(),
-            ),
-            None => NodeViews::new(nodes.store().clone()),
+            )
+            .with_generations(nodes.generation(), Some(slices.generation())),
+            None => {
+                NodeViews::new(nodes.store().clone()).with_generations(nodes.generation(), None)
+            }
         });
         let drive = async move {
             tokio::join!(

@@ -5,6 +5,7 @@
 mod node;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::cluster::tolerant::Tolerant;
@@ -31,8 +32,10 @@ pub struct NodeIndex {
     memo: Memo,
 }
 
-/// Most entries a [`Memo`] keeps; past it, it starts again empty.
-pub const MAX_MEMO_ENTRIES: usize = 1024;
+/// Most entries a [`Memo`] keeps; past it, it starts again empty. An entry (a selection of
+/// candidates) holds a position per selected node: at 20,000 nodes, 256 entries are at most
+/// 40 MiB, and a burst of jobs shares a handful.
+pub const MAX_MEMO_ENTRIES: usize = 256;
 
 /// Facts worked out once from an index's nodes and reused by every later caller, as long as
 /// the index lives: an index never changes (a changed node makes a new one), so nothing in it
@@ -233,10 +236,15 @@ pub struct NodeViews {
     store: Store<Node>,
     slices: Option<(Store<Tolerant<ResourceSlice>>, String)>,
     snapshot: Mutex<Snapshot>,
+    /// How many changes the node (and slice) caches have taken in, where known: while neither
+    /// moved, the index is handed out without looking at a node.
+    generations: Option<(Arc<AtomicU64>, Option<Arc<AtomicU64>>)>,
 }
 
 #[derive(Default)]
 struct Snapshot {
+    /// The caches' generations the index was checked at.
+    generations: Option<(u64, Option<u64>)>,
     objects: Vec<Arc<Node>>,
     slices: Vec<Arc<Tolerant<ResourceSlice>>>,
     index: Option<Arc<NodeIndex>>,
@@ -251,7 +259,21 @@ impl NodeViews {
             store,
             slices: None,
             snapshot: Mutex::default(),
+            generations: None,
         }
+    }
+
+    /// The same views, told of each change the caches take in (`nodes`, and `slices` where
+    /// slices are read): the index is then handed out at once while nothing changed, and a
+    /// change that leaves every node's view as it was (a heartbeat, a status the index does not
+    /// read) keeps the index — and what decisions worked out from it ([`NodeIndex::memo`]).
+    pub fn with_generations(
+        mut self,
+        nodes: Arc<AtomicU64>,
+        slices: Option<Arc<AtomicU64>>,
+    ) -> Self {
+        self.generations = Some((nodes, slices));
+        self
     }
 
     /// Views that also read `driver`'s ResourceSlices from `slices` (DRA's second witness).
@@ -264,23 +286,37 @@ impl NodeViews {
             store,
             slices: Some((slices, driver)),
             snapshot: Mutex::default(),
+            generations: None,
         }
     }
 
     /// The index as of now.
     pub fn get(&self) -> Arc<NodeIndex> {
-        let state = self.store.state();
-        let slices = self
-            .slices
-            .as_ref()
-            .map(|(s, _)| s.state())
-            .unwrap_or_default();
+        // The generations first, then the stores: a change between the two is seen again on
+        // the next call (never a store older than the generation recorded with it).
+        let now = self.generations.as_ref().map(|(n, s)| {
+            (
+                n.load(Ordering::Acquire),
+                s.as_ref().map(|s| s.load(Ordering::Acquire)),
+            )
+        });
         let mut snap = match self.snapshot.lock() {
             Ok(s) => s,
             // A panic while holding the lock leaves a snapshot that is at worst stale; the
             // pointer comparison below rebuilds it.
             Err(poisoned) => poisoned.into_inner(),
         };
+        if let (Some(index), Some(now)) = (&snap.index, now)
+            && snap.generations == Some(now)
+        {
+            return index.clone();
+        }
+        let state = self.store.state();
+        let slices = self
+            .slices
+            .as_ref()
+            .map(|(s, _)| s.state())
+            .unwrap_or_default();
         if let Some(index) = &snap.index
             && snap.objects.len() == state.len()
             && snap
@@ -295,7 +331,9 @@ impl NodeViews {
                 .zip(&slices)
                 .all(|(a, b)| Arc::ptr_eq(a, b))
         {
-            return index.clone();
+            let index = index.clone();
+            snap.generations = now;
+            return index;
         }
         let witnesses = match &self.slices {
             Some((_, driver)) if !slices.is_empty() => {
@@ -334,10 +372,25 @@ impl NodeViews {
                 .collect();
             snap.parsed.retain(|k, _| live.contains(k.as_str()));
         }
-        let index = Arc::new(NodeIndex::shared(out));
+        // Nothing the index holds changed (a heartbeat, a status it does not read): keep it,
+        // and what was worked out from it.
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        let same = snap.index.as_ref().filter(|old| {
+            old.nodes.len() == out.len()
+                && old
+                    .nodes
+                    .iter()
+                    .zip(&out)
+                    .all(|(a, b)| Arc::ptr_eq(a, b) || a == b)
+        });
+        let index = match same {
+            Some(old) => old.clone(),
+            None => Arc::new(NodeIndex::shared(out)),
+        };
         snap.index = Some(index.clone());
         snap.objects = state;
         snap.slices = slices;
+        snap.generations = now;
         index
     }
 }

@@ -184,6 +184,53 @@ fn node_views_share_the_index_until_a_node_changes() {
     assert_eq!(after_delete.get(0).unwrap().name, "gpu-0");
 }
 
+/// Told of each change the cache takes in, the views hand the index out without looking at a
+/// node while nothing changed, keep it (and what was worked out from it) through a change that
+/// leaves every view as it was (a heartbeat), and rebuild it when a view changes.
+#[test]
+fn a_heartbeat_keeps_the_index_and_a_new_report_replaces_it() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let meta = |name: &str, rv: &str, fixture: &str| Node {
+        metadata: kube::core::ObjectMeta {
+            name: Some(name.into()),
+            resource_version: Some(rv.into()),
+            labels: Some(offload_api::labels::published(
+                &offload_api::report::NodeReport::parse(fixture).unwrap(),
+            )),
+            annotations: Some(annotations_of(name, fixture)),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (nodes, mut writer) = reflector::store::<Node>();
+    let generation = Arc::new(AtomicU64::new(0));
+    let apply = |writer: &mut reflector::store::Writer<Node>, node: Node| {
+        writer.apply_watcher_event(&watcher::Event::Apply(node));
+        generation.fetch_add(1, Ordering::Release);
+    };
+    apply(&mut writer, meta("gpu-0", "1", fixtures::H200_READING));
+    let views = NodeViews::new(nodes).with_generations(generation.clone(), None);
+    let first = views.get();
+    let job_visits = first.visits();
+    assert!(Arc::ptr_eq(&first, &views.get()));
+    assert_eq!(
+        first.visits(),
+        job_visits,
+        "nothing read while nothing changed"
+    );
+    // A heartbeat: a new resourceVersion, the same labels and report.
+    apply(&mut writer, meta("gpu-0", "2", fixtures::H200_READING));
+    assert!(
+        Arc::ptr_eq(&first, &views.get()),
+        "a change the index does not read keeps it"
+    );
+    // A new report: a new index.
+    apply(&mut writer, meta("gpu-0", "3", fixtures::GH200_REFERENCE));
+    let changed = views.get();
+    assert!(!Arc::ptr_eq(&first, &changed));
+    assert_eq!(changed.class(NodeClass::Coherent).count(), 1);
+}
+
 /// What a GPU driver's slices would say: `gpus` GPUs, each of `mode` (`None`: no attribute).
 fn driver_says(mode: Option<&'static str>, gpus: u64) -> crate::dra::slices::DriverWitness {
     let mut w = crate::dra::slices::DriverWitness {
