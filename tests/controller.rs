@@ -393,7 +393,7 @@ async fn a_job_nested_deeper_than_the_json_limit_is_reconciled_like_any_other() 
     .unwrap();
 }
 
-/// Found by an independent tester: a TrainingJob whose `spec.offload` write the API server
+/// A hostile input: a TrainingJob whose `spec.offload` write the API server
 /// refuses (there, the operator's own webhook refused a job nested too deep, stored while it
 /// failed open) was retried every 5 s for ever with no status and no Event. Here a
 /// ValidatingAdmissionPolicy refuses the write: the job is held with the API server's reason,

@@ -373,7 +373,7 @@ mod tests {
         assert!(gather(&index, "ns", "absent", NOW.parse().unwrap(), &anywhere).is_none());
     }
 
-    /// Found by an independent tester: any node's summary could speak for any job's pods, and
+    /// A hostile input: any node's summary could speak for any job's pods, and
     /// list more GPUs than the node has.
     #[test]
     fn a_node_speaks_only_for_the_pods_bound_to_it_and_its_own_gpus() {
@@ -405,7 +405,7 @@ mod tests {
         assert!(gather(&index, "ns", "job", NOW.parse().unwrap(), &nowhere).is_none());
     }
 
-    /// Found by an independent tester: an observation of 1e308 CPU cores was used (only "finite
+    /// A hostile input: an observation of 1e308 CPU cores was used (only "finite
     /// and not negative" was checked); the node's own CPUs bound it.
     #[test]
     fn cpu_no_node_has_is_not_believed() {

@@ -463,7 +463,7 @@ mod tests {
         many.pods = vec![many.pods[0].clone(); MAX_PODS + 1];
         let mut none = summary();
         none.pods[0].gpus.clear();
-        // What a hostile or broken node wrote (found by an independent tester): one GPU 2,000
+        // What a hostile or broken node wrote: one GPU 2,000
         // times, the same pod 64 times, a window of 1e308 s, a fraction from no samples.
         let mut one_gpu_many_times = summary();
         one_gpu_many_times.pods[0].gpus = vec!["GPU-0".into(); 2000];

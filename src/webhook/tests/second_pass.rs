@@ -1,4 +1,4 @@
-//! What an independent tester found the first hostile corpus did not cover: a poison-pill GPU
+//! What the first hostile corpus did not cover: a poison-pill GPU
 //! count, names the workload's objects cannot carry, a config mounted over the root, selector
 //! keys the API server refuses, reviews of other versions, objects nested too deep to read.
 //! Each was admitted (or crashed the handler) before the fix.

@@ -119,7 +119,7 @@ fn impossible_reports_are_refused_with_the_field_named() {
             let gpu = r["gpus"][0].clone();
             r["gpus"] = serde_json::Value::Array(vec![gpu; 65]);
         }),
-        // Found by an independent tester: one GPU listed 8 times, rates that give inf×
+        // A hostile input: one GPU listed 8 times, rates that give inf×
         // headroom or NaN %, reports dated "yesterday".
         ("listed twice", |r| {
             let gpu = r["gpus"][0].clone();
