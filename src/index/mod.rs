@@ -236,6 +236,9 @@ pub struct NodeViews {
     store: Store<Node>,
     slices: Option<(Store<Tolerant<ResourceSlice>>, String)>,
     snapshot: Mutex<Snapshot>,
+    /// The last index handed out: what a caller gets while another one is checking or
+    /// rebuilding the snapshot (never waiting behind a scan of every node).
+    published: Mutex<Option<Arc<NodeIndex>>>,
     /// How many changes the node (and slice) caches have taken in, where known: while neither
     /// moved, the index is handed out without looking at a node.
     generations: Option<(Arc<AtomicU64>, Option<Arc<AtomicU64>>)>,
@@ -259,6 +262,7 @@ impl NodeViews {
             store,
             slices: None,
             snapshot: Mutex::default(),
+            published: Mutex::default(),
             generations: None,
         }
     }
@@ -286,6 +290,7 @@ impl NodeViews {
             store,
             slices: Some((slices, driver)),
             snapshot: Mutex::default(),
+            published: Mutex::default(),
             generations: None,
         }
     }
@@ -300,11 +305,27 @@ impl NodeViews {
                 s.as_ref().map(|s| s.load(Ordering::Acquire)),
             )
         });
-        let mut snap = match self.snapshot.lock() {
+        let mut snap = match self.snapshot.try_lock() {
             Ok(s) => s,
+            // Another caller is checking or rebuilding: the last index handed out is at most
+            // that one change old, and the next call sees it.
+            Err(std::sync::TryLockError::WouldBlock) => {
+                let last = self
+                    .published
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
+                match last {
+                    Some(index) => return index,
+                    None => self
+                        .snapshot
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner),
+                }
+            }
             // A panic while holding the lock leaves a snapshot that is at worst stale; the
             // pointer comparison below rebuilds it.
-            Err(poisoned) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
         };
         if let (Some(index), Some(now)) = (&snap.index, now)
             && snap.generations == Some(now)
@@ -391,6 +412,10 @@ impl NodeViews {
         snap.objects = state;
         snap.slices = slices;
         snap.generations = now;
+        *self
+            .published
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(index.clone());
         index
     }
 }
