@@ -572,6 +572,29 @@ async fn kueue_story(cluster: &DevCluster, client: &kube::Client) -> Result<(), 
             .find(|c| c.type_ == "Admitted")?;
         Some((c.status.clone(), c.message.clone()))
     };
+    // Waits until the second job's Admitted condition (status, message) satisfies `holds`.
+    let second_admission = |what: &'static str, holds: fn(&str, &str) -> bool| {
+        let tjs = tjs.clone();
+        wait_for(what, Duration::from_secs(120), move || {
+            let tjs = tjs.clone();
+            async move {
+                tjs.get("second")
+                    .await
+                    .ok()
+                    .and_then(|t| admitted(&t))
+                    .is_some_and(|(s, m)| holds(&s, &m))
+            }
+        })
+    };
+    let show_queue = || -> Result<(), String> {
+        println!("$ kubectl -n {NS} get trainingjobs,workloads.kueue.x-k8s.io");
+        let shown = kubectl(
+            cluster,
+            &["-n", NS, "get", "trainingjobs,workloads.kueue.x-k8s.io"],
+        )?;
+        println!("{shown}");
+        Ok(())
+    };
     let started = Instant::now();
     create("first").await?;
     wait_for("first Running", Duration::from_secs(120), || {
@@ -590,33 +613,16 @@ async fn kueue_story(cluster: &DevCluster, client: &kube::Client) -> Result<(), 
     );
     let queued_at = Instant::now();
     create("second").await?;
-    wait_for(
-        "second Queued with Kueue's reason",
-        Duration::from_secs(120),
-        || {
-            let tjs = tjs.clone();
-            async move {
-                tjs.get("second")
-                    .await
-                    .ok()
-                    .and_then(|t| admitted(&t))
-                    .is_some_and(|(s, m)| s == "False" && m.contains("Kueue:"))
-            }
-        },
-    )
+    second_admission("second Queued with Kueue's reason", |s, m| {
+        s == "False" && m.contains("Kueue:")
+    })
     .await?;
     eprintln!(
         "second: waiting, with Kueue's reason, {:.1} s after it was created",
         queued_at.elapsed().as_secs_f64()
     );
-    println!("\n$ kubectl -n {NS} get trainingjobs,workloads.kueue.x-k8s.io");
-    println!(
-        "{}",
-        kubectl(
-            cluster,
-            &["-n", NS, "get", "trainingjobs,workloads.kueue.x-k8s.io"]
-        )?
-    );
+    println!();
+    show_queue()?;
     println!(
         "$ kubectl -n {NS} get trainingjob second -o jsonpath='{{.status.conditions[?(@.type==\"Admitted\")].message}}'"
     );
@@ -657,33 +663,12 @@ async fn kueue_story(cluster: &DevCluster, client: &kube::Client) -> Result<(), 
         .map_err(|e| e.to_string())?;
     }
     let released = Instant::now();
-    wait_for(
-        "second admitted once first finished",
-        Duration::from_secs(120),
-        || {
-            let tjs = tjs.clone();
-            async move {
-                tjs.get("second")
-                    .await
-                    .ok()
-                    .and_then(|t| admitted(&t))
-                    .is_some_and(|(s, _)| s == "True")
-            }
-        },
-    )
-    .await?;
+    second_admission("second admitted once first finished", |s, _| s == "True").await?;
     eprintln!(
         "second: admitted {:.1} s after first was let finish",
         released.elapsed().as_secs_f64()
     );
-    println!("$ kubectl -n {NS} get trainingjobs,workloads.kueue.x-k8s.io");
-    println!(
-        "{}",
-        kubectl(
-            cluster,
-            &["-n", NS, "get", "trainingjobs,workloads.kueue.x-k8s.io"]
-        )?
-    );
+    show_queue()?;
     Ok(())
 }
 
