@@ -45,6 +45,90 @@ def peak_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def status_bytes():
+    """The kernel's breakdown of this process's memory (/proc/self/status, in bytes): resident
+    anonymous, file and shared pages, and the locked and pinned ones (page-locked buffers)."""
+    keys = ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmLck", "VmPin")
+    out = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in keys:
+                    out[k] = int(v.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+class HostTimeline:
+    """Samples the resident set every 20 ms and keeps, per stage of the run, its largest value:
+    which step of the run the host peak belongs to."""
+
+    def __init__(self):
+        import threading
+
+        self.stage = "start"
+        self.peaks = {}
+        self.stages = []
+        self.stop = False
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop:
+            r = rss_bytes() or 0
+            if r > self.peaks.get(self.stage, 0):
+                self.peaks[self.stage] = r
+            time.sleep(0.02)
+
+    def mark(self, stage):
+        gpu = None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            gpu = {"now": torch.cuda.memory_allocated(), "maxSoFar": torch.cuda.max_memory_allocated()}
+        self.stages.append({"stage": self.stage, "status": status_bytes(), "pinned": pinned_stats(), "gpu": gpu})
+        self.stage = stage
+
+    def report(self):
+        return {"peaks": self.peaks, "ends": self.stages}
+
+
+def pinned_stats():
+    """PyTorch's caching host (pinned) allocator: bytes in use and reserved, where it says."""
+    try:
+        st = torch.cuda.host_memory_stats()
+    except Exception:  # noqa: BLE001 - an older torch has no such call
+        return None
+    return {k: v for k, v in st.items() if "bytes" in k and ("current" in k or "peak" in k)}
+
+
+def deepspeed_layout(engine):
+    """Where DeepSpeed put the fp32 master weights, their gradients and the flat gradient
+    buffer: numel per device, and whether pinned."""
+    opt = getattr(engine, "optimizer", None)
+    out = {}
+    try:
+        groups = getattr(opt, "fp32_partitioned_groups_flat", []) or []
+        per = {}
+        sizes = []
+        for t in groups:
+            dev = t.device.type
+            per.setdefault(dev, 0)
+            per[dev] += t.numel()
+            g = t.grad
+            sizes.append([t.numel(), dev, bool(t.is_pinned()) if dev == "cpu" else False,
+                          g.device.type if g is not None else None,
+                          bool(g.is_pinned()) if g is not None and g.device.type == "cpu" else False])
+        out["fp32NumelByDevice"] = per
+        out["subGroups"] = sizes
+        flat = getattr(opt, "grad_partitions_flat_buffer", None)
+        if flat is not None:
+            out["gradFlat"] = [flat.numel(), flat.device.type, bool(flat.is_pinned()) if flat.device.type == "cpu" else False, flat.element_size()]
+    except Exception as e:  # noqa: BLE001 - reported
+        out["error"] = str(e)[:300]
+    return out
+
+
 class SavedBytes:
     """Counts the bytes autograd keeps for backward: each storage once, parameters left out."""
 
@@ -134,15 +218,21 @@ def main():
         out["allocConf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
         deepspeed.init_distributed(dist_backend="nccl", verbose=False)
         torch.cuda.set_device(0)
+        timeline = HostTimeline()
+        out["hostTimeline"] = timeline.peaks
         t0 = time.perf_counter()
+        timeline.mark("build")
         model, cfg, keep = build(model_cfg, ds_config, a.checkpointing)
         params = list(model.parameters())
         out["params"] = sum(getattr(p, "ds_numel", p.numel()) for p in params)
         largest = max(getattr(p, "ds_numel", p.numel()) for p in params)
         out["largestParam"] = largest
         out["deepspeedEstimate"] = deepspeed_estimate(ds_config, out["params"], largest)
+        timeline.mark("initialize")
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config)
         torch.cuda.synchronize()
+        timeline.mark("after-init")
+        out["layout"] = deepspeed_layout(engine)
         out["initS"] = round(time.perf_counter() - t0, 1)
         out["afterInitGpuBytes"] = torch.cuda.memory_allocated()
         out["afterInitHostRssBytes"] = rss_bytes()
@@ -159,6 +249,8 @@ def main():
             steps, saved = [], None
             for i in range(a.steps):
                 torch.cuda.synchronize()
+                if i < 2:
+                    timeline.mark(f"step{i}-forward-backward")
                 s0 = time.perf_counter()
                 if i == 0:
                     counter = SavedBytes(params)
@@ -169,7 +261,11 @@ def main():
                 else:
                     loss = engine(input_ids=tokens, labels=tokens).loss
                 engine.backward(loss)
+                if i < 2:
+                    timeline.mark(f"step{i}-optimizer")
                 engine.step()
+                if i < 2:
+                    timeline.mark(f"step{i}-after")
                 torch.cuda.synchronize()
                 steps.append((time.perf_counter() - s0) * 1e3)
             window = steps[2:] if len(steps) > 3 else steps
@@ -184,6 +280,8 @@ def main():
                 "hostPeakBytes": peak_rss_bytes(),
                 "loss": float(loss.detach().float().item()),
             })
+        timeline.mark("end")
+        out["hostStages"] = timeline.report()
         last = out["phases"][-1]
         out.update({
             "ok": True,

@@ -21,12 +21,15 @@
 //!   for fp32 gradients of the state that stays, so below about an eighth nothing is saved;
 //! - all optimizer state offloaded: the 16-bit parameters, the bucket, the activations, the
 //!   staging buffer; parameters too: the gathered parameters (at most 10⁹) instead.
-//! - on the host, per process: 1.57 GB and the 16-bit shard; offloading adds, per parameter of
-//!   the shard, 17 bytes (all of it; 21.5 with parameters) and 4.75 GB, or for a partial share
-//!   1.5 bytes, 18.5 per offloaded parameter and 3.25 GB — fitted to the measured peaks (they
-//!   include pinned buffers and the CPU optimizer's state), never under them: within 5 % for
-//!   whole offload, up to 29 % over for partial shares, whose pinned buffers vary with the
-//!   sizes of the sub-groups.
+//! - on the host, per process: 1.57 GB and the 16-bit shard without offload. With optimizer
+//!   state offloaded (a share or all of it), what DeepSpeed allocates, measured stage by stage
+//!   (`JobMemory::zero3_optimizer_on_host`): pinned blocks, each rounded up to a power of two
+//!   by PyTorch's caching host allocator (the flat 16-bit gradient buffer of the whole shard,
+//!   and the fp32 gradient buffer of each offloaded sub-group), the offloaded fp32 master
+//!   weights, and the larger of the start's and the first step's transients (the Adam moments
+//!   are built at the first step). Never under the measured peaks, within 1 % for the Hugging
+//!   Face decoders and 5 % for the bench's GPT decoder; parameters offloaded too: 21.5 bytes
+//!   per parameter and 4.75 GB, fitted (within 6 %).
 //!
 //! What the GPU can hold: its memory less what is never the caching allocator's (the CUDA
 //! context, NCCL, cuBLAS workspaces: 1.4 GiB) and 2 % for the allocator's fragmentation. On the
@@ -72,6 +75,66 @@ const DEFAULT_SUB_GROUP: f64 = 1e9;
 const UNMEASURED_SAFETY: f64 = 1.05;
 /// Host memory of a training process before any offloaded state (CUDA, NCCL, the framework).
 const HOST_BASE_BYTES: f64 = 1.57e9;
+/// What a process's host memory grows by over forward, backward and the CPU optimizer's first
+/// step beside the moments (measured 0.67–0.91 GB, the most for the mixture of experts).
+const STEP_HOST_BYTES: f64 = 1.0e9;
+
+/// The sub-groups of one rank on each side, or a bound where they were not walked.
+#[derive(Clone, Copy, Debug)]
+enum OnHost<'a> {
+    /// Walked: the sub-groups (parameters in each) whose state stays on the GPU, and those on
+    /// the host.
+    Walked {
+        on_gpu: &'a [f64],
+        on_host: &'a [f64],
+    },
+    /// Not walked: `share` of the shard on the host, in sub-groups of at most `group`.
+    Bound { share: f64, group: f64 },
+}
+
+/// The bytes PyTorch's caching host allocator takes for a pinned tensor of `bytes`: the next
+/// power of two (`CachingHostAllocator`'s rounding).
+fn pinned_block(bytes: f64) -> f64 {
+    if bytes <= 0.0 || !bytes.is_finite() {
+        return bytes.max(0.0);
+    }
+    bytes.log2().ceil().exp2().max(bytes)
+}
+
+/// Pinned bytes of the sub-groups' fp32 gradient buffers: per power-of-two size, as many blocks
+/// as sub-groups on the host of that size, and one where only sub-groups on the GPU have it
+/// (theirs are freed to the allocator's cache and reused one after another).
+fn pinned_gradient_blocks(on_gpu: &[f64], on_host: &[f64]) -> f64 {
+    let mut sizes: Vec<(f64, usize, bool)> = Vec::new();
+    let mut count = |n: f64, host: bool| {
+        let block = pinned_block(4.0 * n);
+        match sizes.iter_mut().find(|(b, _, _)| *b == block) {
+            Some(entry) => {
+                if host {
+                    entry.1 += 1;
+                } else {
+                    entry.2 = true;
+                }
+            }
+            None => sizes.push((block, usize::from(host), !host)),
+        }
+    };
+    for &n in on_gpu {
+        count(n, false);
+    }
+    for &n in on_host {
+        count(n, true);
+    }
+    sizes
+        .iter()
+        .map(|&(block, host, gpu)| block * as_f64_usize(host.max(usize::from(gpu))))
+        .sum()
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn as_f64_usize(n: usize) -> f64 {
+    n as f64
+}
 
 /// How a job's training state is placed between GPU and host memory.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -373,17 +436,31 @@ impl JobMemory {
     /// How partial ratios map to the offloaded share for this job: walked over the model's
     /// tensors when its shape is known, else bounded by a sub-group and the largest tensor.
     pub fn partial_shares(&self) -> PartialShares {
-        let ranks = as_f64(self.ranks.max(1));
-        let group = self.group_size(true);
-        if self.shape.known
-            && let Some(tensors) = self.shape.tensors(MAX_TENSORS)
-        {
-            let partitions: Vec<f64> = tensors.iter().map(|t| (t / ranks).ceil()).collect();
-            return PartialShares::Groups(shape::sub_groups(&partitions, group));
+        if let Some(groups) = self.walked_groups(true) {
+            return PartialShares::Groups(groups);
         }
         let shard = self.shard().max(1.0);
-        let largest = self.shape.largest_tensor() / ranks;
-        PartialShares::Within(((group + largest) / shard).min(1.0))
+        PartialShares::Within((self.group_bound(true) / shard).min(1.0))
+    }
+
+    /// DeepSpeed's optimizer sub-groups of one rank's partition (parameters in each), walked
+    /// over the model's tensors when its shape is known; `partial`: with the sub-group size a
+    /// partial ratio is written with.
+    fn walked_groups(&self, partial: bool) -> Option<Vec<f64>> {
+        if !self.shape.known {
+            return None;
+        }
+        let ranks = as_f64(self.ranks.max(1));
+        let tensors = self.shape.tensors(MAX_TENSORS)?;
+        let partitions: Vec<f64> = tensors.iter().map(|t| (t / ranks).ceil()).collect();
+        Some(shape::sub_groups(&partitions, self.group_size(partial)))
+    }
+
+    /// The most parameters one sub-group can hold: it closes at the first tensor that takes it
+    /// to the sub-group size.
+    fn group_bound(&self, partial: bool) -> f64 {
+        let largest = self.shape.largest_tensor() / as_f64(self.ranks.max(1));
+        (self.group_size(partial) + largest).min(self.shard().max(1.0))
     }
 
     /// The largest optimizer sub-group without offload (what the step converts to fp32 at once).
@@ -394,7 +471,13 @@ impl JobMemory {
 
     /// The bytes `placement` needs on each GPU and on the host, with `share` of the optimizer
     /// state on the host for a partial placement (the share DeepSpeed really offloads).
-    fn estimate_with(&self, placement: Placement, share: f64, class: &ClassMemory) -> Estimate {
+    fn estimate_with(
+        &self,
+        placement: Placement,
+        share: f64,
+        groups: Option<&[f64]>,
+        class: &ClassMemory,
+    ) -> Estimate {
         let p = self.parameters;
         let s = self.shard();
         let b = self.value_bytes;
@@ -447,7 +530,7 @@ impl JobMemory {
         Estimate {
             placement,
             gpu: gpu_with(act * learned.activations) * self.corrections.gpu,
-            host_per_pod: self.host_per_rank(placement, r)
+            host_per_pod: self.host_per_rank(placement, r, groups)
                 * as_f64(self.gpus_per_pod.max(1))
                 * self.corrections.host
                 * learned.host,
@@ -466,20 +549,24 @@ impl JobMemory {
             .unwrap_or_default()
     }
 
-    /// Host memory of one rank's process with `r` of its optimizer state offloaded.
-    fn host_per_rank(&self, placement: Placement, r: f64) -> f64 {
+    /// Host memory of one rank's process with `r` of its optimizer state offloaded; `groups`:
+    /// DeepSpeed's sub-groups of the rank's partition where they were walked.
+    fn host_per_rank(&self, placement: Placement, r: f64, groups: Option<&[f64]>) -> f64 {
         let p = self.parameters;
         let s = self.shard();
         let b = self.value_bytes;
         if self.sharding == Sharding::Zero(3) {
             let base = HOST_BASE_BYTES + b * s;
-            return base
-                + match placement {
-                    Placement::NoOffload => 0.0,
-                    Placement::PartialOptimizer(_) => 1.5 * s + 18.5 * r * s + 3.25e9,
-                    Placement::Optimizer => 17.0 * s + 4.75e9,
-                    Placement::OptimizerAndParams => 21.5 * s + 4.75e9,
-                };
+            return match placement {
+                Placement::NoOffload => base,
+                Placement::PartialOptimizer(ratio) => {
+                    self.zero3_optimizer_on_host(self.groups_on_host(groups, ratio, r))
+                }
+                Placement::Optimizer => {
+                    self.zero3_optimizer_on_host(self.groups_on_host(groups, 1.0, 1.0))
+                }
+                Placement::OptimizerAndParams => base + 21.5 * s + 4.75e9,
+            };
         }
         // Without ZeRO-3's partitioned construction each rank builds the whole model on the
         // host first (fp32); DeepSpeed's estimators for the offloaded state, 1.125 × for whole
@@ -499,6 +586,71 @@ impl JobMemory {
         }
     }
 
+    /// The sub-groups whose optimizer state DeepSpeed puts on the host for `ratio` (the last
+    /// `n − ⌊(1 − ratio)·n⌋`), or where they were not walked a bound for `share` of the shard.
+    fn groups_on_host<'a>(&self, groups: Option<&'a [f64]>, ratio: f64, share: f64) -> OnHost<'a> {
+        // A walk whose groups do not add up to the shard (a shape given beside a parameter
+        // count it does not describe) is not trusted for block sizes.
+        let total: f64 = groups.map_or(0.0, |g| g.iter().sum());
+        let s = self.shard();
+        match groups {
+            Some(g) if !g.is_empty() && (total - s).abs() <= 0.01 * s => {
+                #[allow(clippy::cast_precision_loss)]
+                let n = g.len() as f64;
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let first = (((1.0 - ratio.clamp(0.0, 1.0)) * n).floor() as usize).min(g.len());
+                OnHost::Walked {
+                    on_gpu: &g[..first],
+                    on_host: &g[first..],
+                }
+            }
+            _ => OnHost::Bound {
+                share: share.clamp(0.0, 1.0),
+                group: self.group_bound(share < 1.0),
+            },
+        }
+    }
+
+    /// Host memory of one ZeRO-3 rank whose optimizer state is offloaded, as DeepSpeed 0.19.8
+    /// allocates it (`stage3.py`, measured per stage of the run in
+    /// `docs/benchmarks/memory-h200.md`):
+    /// - pinned, through PyTorch's caching host allocator, which rounds every block up to a
+    ///   power of two and keeps freed blocks: the flat 16-bit gradient buffer of the whole
+    ///   shard, and each sub-group's fp32 gradient buffer — kept for the sub-groups on the
+    ///   host; those of the sub-groups on the GPU are pinned, copied and freed one at a time,
+    ///   so one block of each of their sizes stays cached;
+    /// - the fp32 master weights of the offloaded sub-groups (4 bytes a parameter);
+    /// - the larger of two transients: the unpinned copy of the flat gradient buffer at start,
+    ///   and at the first step the Adam moments (8 bytes a parameter, built then), a 16-bit
+    ///   copy of the largest offloaded sub-group and what forward and backward add.
+    fn zero3_optimizer_on_host(&self, on_host: OnHost<'_>) -> f64 {
+        let s = self.shard();
+        let b = self.value_bytes;
+        let flat = pinned_block(b * s);
+        let (groups, offloaded, largest) = match on_host {
+            OnHost::Walked { on_gpu, on_host } => {
+                let blocks = pinned_gradient_blocks(on_gpu, on_host);
+                let offloaded: f64 = on_host.iter().sum();
+                let largest = on_host.iter().copied().fold(0.0, f64::max);
+                (blocks, offloaded, largest)
+            }
+            OnHost::Bound { share, group } => {
+                // A block is less than twice what it holds; one block of the sub-groups on the
+                // GPU stays cached.
+                let offloaded = share * s;
+                let cached = if share < 1.0 { 2.0 * 4.0 * group } else { 0.0 };
+                (
+                    2.0 * 4.0 * offloaded + cached,
+                    offloaded,
+                    group.min(offloaded),
+                )
+            }
+        };
+        let start = b * s;
+        let first_step = STEP_HOST_BYTES + 8.0 * offloaded + b * largest;
+        HOST_BASE_BYTES + flat + groups + 4.0 * offloaded + start.max(first_step)
+    }
+
     /// The bytes `placement` needs on each GPU and on the host (a partial ratio taken as the
     /// share offloaded; [`JobMemory::estimate_checked`] accounts for DeepSpeed's sub-groups).
     pub fn estimate(&self, placement: Placement, class: &ClassMemory) -> Estimate {
@@ -506,7 +658,11 @@ impl JobMemory {
             Placement::PartialOptimizer(r) => r,
             _ => 0.0,
         };
-        self.estimate_with(placement, share, class)
+        let groups = match placement {
+            Placement::Optimizer if self.sharding == Sharding::Zero(3) => self.walked_groups(false),
+            _ => None,
+        };
+        self.estimate_with(placement, share, groups.as_deref(), class)
     }
 
     /// Whether `estimate` fits `class`.
@@ -544,8 +700,12 @@ impl JobMemory {
     ) -> (Estimate, Fit) {
         let placement = Placement::PartialOptimizer(ratio);
         let (gpu_share, host_share) = shares.bounds(ratio);
-        let on_gpu = self.estimate_with(placement, gpu_share, class);
-        let on_host = self.estimate_with(placement, host_share, class);
+        let groups = match shares {
+            PartialShares::Groups(g) => Some(g.as_slice()),
+            PartialShares::Within(_) => None,
+        };
+        let on_gpu = self.estimate_with(placement, gpu_share, groups, class);
+        let on_host = self.estimate_with(placement, host_share, groups, class);
         let est = Estimate {
             host_per_pod: on_host.host_per_pod,
             offloaded_share: matches!(shares, PartialShares::Groups(_)).then_some(gpu_share),

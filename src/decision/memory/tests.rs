@@ -303,6 +303,24 @@ const MEASURED_HF: &[(&str, Run, f64, f64, f64, bool)] = &[
         56_716_750_848.0,
         true,
     ),
+    // Shapes the host model was not fitted on, predicted before they ran
+    // (docs/benchmarks/raw/2026-12-02-h200-check/hf-memory.jsonl).
+    (
+        "qwen-7b",
+        Run::Partial(0.2, 7.6e7),
+        2048.0,
+        126_003_874_816.0,
+        56_073_289_728.0,
+        true,
+    ),
+    (
+        "mixtral-5b",
+        Run::Partial(0.3, 4.8e7),
+        4096.0,
+        74_593_333_760.0,
+        46_527_229_952.0,
+        true,
+    ),
 ];
 
 fn hf_estimate(name: &str, run: Run, tokens: f64) -> (JobMemory, Estimate, Fit) {
@@ -352,13 +370,9 @@ fn host_estimates_are_never_under_the_measured_peak() {
         }
         let (_, est, _) = hf_estimate(name, run, tokens);
         let err = est.host_per_pod / host - 1.0;
-        // Whole offload within 6 %, a partial share within 30 % (pinned buffers per sub-group
-        // vary with the sub-groups' sizes).
-        let max = if matches!(run, Run::Partial(..)) {
-            0.30
-        } else {
-            0.06
-        };
+        // Within 2 %: the pinned blocks, the offloaded state and the larger transient, as
+        // DeepSpeed allocates them (the goal is 10 %).
+        let max = 0.02;
         assert!(
             (0.0..=max).contains(&err),
             "{name} {run:?}: host estimate {} against {} measured ({:+.1}%)",
@@ -553,9 +567,14 @@ const MEASURED_GPT: &[(&str, f64, f64, f64, Placement, f64, f64)] = &[
 fn gpt_estimates_are_never_under_what_was_measured_nor_a_quarter_over() {
     for &(run, p, h, l, placement, gpu, host) in MEASURED_GPT {
         let est = bench_job(p, h, l).estimate(placement, &h200());
-        for (what, e, m) in [("GPU", est.gpu, gpu), ("host", est.host_per_pod, host)] {
+        // The share given as such, its sub-groups not walked: the host's pinned blocks are
+        // bounded (`the_ratio_written_is_checked_with_its_sub_groups` walks them).
+        for (what, e, m, over) in [
+            ("GPU", est.gpu, gpu, 1.25),
+            ("host", est.host_per_pod, host, 1.25),
+        ] {
             assert!(
-                e >= m && e <= 1.25 * m,
+                e >= m && e <= over * m,
                 "{run}: {what} estimate {} against {} measured ({:+.1}%)",
                 gib(e),
                 gib(m),
@@ -887,15 +906,30 @@ fn the_ratio_written_is_checked_with_its_sub_groups() {
             127_491_998_720.0,
             96_132_104_192.0,
         ),
+        // The operator's choice for 9.1B, trained (raw/2026-12-02-h200-check/gpt-memory.jsonl).
+        (
+            "9b 0.23",
+            9_122_865_152.0,
+            4096.0,
+            44.0,
+            0.23,
+            92e6,
+            144_676_389_888.0,
+            76_403_400_704.0,
+        ),
     ] {
         let j = JobMemory {
             sub_group_size: Some(group),
             ..bench_job(p, h, l)
         };
         let (est, _) = j.estimate_checked(Placement::PartialOptimizer(ratio), &h200());
-        for (what, e, m) in [("GPU", est.gpu, gpu), ("host", est.host_per_pod, host)] {
+        // The sub-groups walked: the host within the 10 %.
+        for (what, e, m, over) in [
+            ("GPU", est.gpu, gpu, 1.25),
+            ("host", est.host_per_pod, host, 1.10),
+        ] {
             assert!(
-                e >= m && e <= 1.25 * m,
+                e >= m && e <= over * m,
                 "{run}: {what} estimate {} against {} measured ({:+.1}%)",
                 gib(e),
                 gib(m),
@@ -903,4 +937,70 @@ fn the_ratio_written_is_checked_with_its_sub_groups() {
             );
         }
     }
+}
+
+/// The caching host allocator's blocks: the next power of two, never less than asked.
+#[test]
+fn pinned_blocks_are_the_next_power_of_two() {
+    assert_eq!(pinned_block(0.0), 0.0);
+    assert_eq!(pinned_block(1.0), 1.0);
+    assert_eq!(pinned_block(1_073_741_824.0), 1_073_741_824.0);
+    assert_eq!(pinned_block(1_073_741_825.0), 2_147_483_648.0);
+    // Mistral-7B's 16-bit flat gradient buffer: 14.48 GB in a 17.18 GB block.
+    assert_eq!(pinned_block(2.0 * 7_241_732_096.0), 17_179_869_184.0);
+    assert_eq!(pinned_block(f64::NAN), 0.0);
+    assert_eq!(pinned_block(-5.0), 0.0);
+    assert!(pinned_block(f64::MAX) >= f64::MAX);
+}
+
+/// The pinned bytes of each run on the H200, as PyTorch's host allocator counted them after
+/// `deepspeed.initialize` (`torch.cuda.host_memory_stats()["allocated_bytes.current"]`,
+/// docs/benchmarks/raw/2026-12-02-h200-host/memory.jsonl): the flat gradient buffer and the
+/// sub-groups' gradient blocks as the model walks them: the same bytes (within 0.1 %).
+#[test]
+fn pinned_blocks_match_what_the_host_allocator_held() {
+    for (name, ratio, group, tokens, measured) in [
+        ("mistral-7b", 0.11, 7.3e7, 4096.0, 21_474_836_480.0_f64),
+        ("mistral-7b", 0.3, 7.3e7, 4096.0, 27_917_287_424.0),
+        ("llama-10b", 0.41, 1.08e8, 2048.0, 61_740_154_880.0),
+        ("llama-3b", 1.0, 1e9, 4096.0, 22_548_578_304.0),
+        ("qwen-1.5b", 0.05, 1.6e7, 4096.0, 5_637_177_344.0),
+    ] {
+        let mut j = job(model(name), tokens);
+        j.sub_group_size = Some(group);
+        let groups = j.walked_groups(ratio < 1.0).expect("the shape is known");
+        let OnHost::Walked { on_gpu, on_host } = j.groups_on_host(Some(&groups), ratio, ratio)
+        else {
+            panic!("{name}: the walk adds up to the shard");
+        };
+        let pinned =
+            pinned_block(j.value_bytes * j.shard()) + pinned_gradient_blocks(on_gpu, on_host);
+        let err = pinned / measured - 1.0;
+        assert!(
+            err.abs() <= 0.001,
+            "{name} {ratio}: pinned {} against {} measured ({:+.2}%)",
+            gib(pinned),
+            gib(measured),
+            err * 100.0
+        );
+    }
+}
+
+/// Where the sub-groups on the GPU have a block size none on the host has, one block of it
+/// stays in the allocator's cache; where they share it, the host's blocks reuse it.
+#[test]
+fn gradient_blocks_of_the_gpus_sub_groups_are_cached_once() {
+    let mib = 1_048_576.0;
+    // Two sub-groups of 100 M parameters (400 MB → 512 MiB blocks) on the host, three on the
+    // GPU of the same size: two blocks.
+    assert_eq!(
+        pinned_gradient_blocks(&[1e8, 1e8, 1e8], &[1e8, 1e8]),
+        2.0 * 512.0 * mib
+    );
+    // One sub-group on the GPU of 250 M (1 GB → 1 GiB block) beside them: one more block.
+    assert_eq!(
+        pinned_gradient_blocks(&[2.5e8, 1e8], &[1e8, 1e8]),
+        2.0 * 512.0 * mib + 1024.0 * mib
+    );
+    assert_eq!(pinned_gradient_blocks(&[], &[]), 0.0);
 }
