@@ -39,6 +39,67 @@ use offload_api::v1alpha1::{OffloadProfile, TrainingJob};
 /// How many changes a subscriber may fall behind before it is handed the whole cache again.
 const SUBSCRIBER_BUFFER: usize = 1024;
 
+/// The names of the objects a cache changed since a reader last took them, for a reader that
+/// keeps its own view up to date one object at a time (the node views). Off — nothing kept —
+/// until a reader enables it; names only, so for cluster-scoped kinds.
+#[derive(Debug, Default)]
+pub struct ChangeLog {
+    enabled: std::sync::atomic::AtomicBool,
+    changed: std::sync::Mutex<Changed>,
+}
+
+/// What changed since the last [`ChangeLog::take`].
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Changed {
+    /// Objects applied or deleted, by name.
+    pub names: std::collections::HashSet<String>,
+    /// The whole cache was listed again (a new or resumed watch): every object may differ.
+    pub all: bool,
+}
+
+impl ChangeLog {
+    /// Starts keeping the names; what changed before is seen as everything.
+    pub fn enable(&self) {
+        self.lock().all = true;
+        self.enabled
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether a reader enabled the log.
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Records a change of `name`, or with `None` a new listing of everything.
+    pub fn record(&self, name: Option<&str>) {
+        if !self.enabled() {
+            return;
+        }
+        let mut changed = self.lock();
+        match name {
+            Some(n) if !changed.all => {
+                changed.names.insert(n.to_string());
+            }
+            Some(_) => {}
+            None => {
+                changed.all = true;
+                changed.names.clear();
+            }
+        }
+    }
+
+    /// What changed since the last call, and an empty log.
+    pub fn take(&self) -> Changed {
+        std::mem::take(&mut *self.lock())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Changed> {
+        self.changed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// One kind's cache and its change feed.
 pub struct Cache<K>
 where
@@ -49,6 +110,8 @@ where
     /// Bumped after each change the store has taken in: a reader that saw the same number
     /// before has nothing new to look at.
     generation: Arc<std::sync::atomic::AtomicU64>,
+    /// The names changed, recorded before the generation moves (see [`ChangeLog`]).
+    log: Arc<ChangeLog>,
 }
 
 impl<K> Clone for Cache<K>
@@ -60,6 +123,7 @@ where
             store: self.store.clone(),
             changes: self.changes.clone(),
             generation: self.generation.clone(),
+            log: self.log.clone(),
         }
     }
 }
@@ -76,6 +140,11 @@ where
     /// How many changes the store has taken in (see [`Cache`]'s `generation`).
     pub fn generation(&self) -> Arc<std::sync::atomic::AtomicU64> {
         self.generation.clone()
+    }
+
+    /// The names of the objects changed, once a reader enables it (see [`ChangeLog`]).
+    pub fn change_log(&self) -> Arc<ChangeLog> {
+        self.log.clone()
     }
 
     /// Every object now in the cache, then every change (applied or deleted objects). After
@@ -161,16 +230,28 @@ where
         slim(obj);
     });
     let generation: Arc<std::sync::atomic::AtomicU64> = Arc::default();
+    let log: Arc<ChangeLog> = Arc::default();
     let cache = Cache {
         store: store.clone(),
         changes: changes.clone(),
         generation: generation.clone(),
+        log: log.clone(),
     };
     let drive = events.reflect(writer).for_each(move |event| {
-        if matches!(
-            event,
-            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)
-        ) {
+        // The store has the change already; the name is logged before the generation moves,
+        // so a reader that saw the generation unmoved missed no name.
+        let changed = match &event {
+            Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => {
+                log.record(obj.meta().name.as_deref());
+                true
+            }
+            Ok(watcher::Event::InitDone) => {
+                log.record(None);
+                true
+            }
+            _ => false,
+        };
+        if changed {
             generation.fetch_add(1, std::sync::atomic::Ordering::Release);
         }
         match event {
@@ -293,10 +374,11 @@ impl Caches {
                 slices.store().clone(),
                 d.driver.clone(),
             )
-            .with_generations(nodes.generation(), Some(slices.generation())),
-            None => {
-                NodeViews::new(nodes.store().clone()).with_generations(nodes.generation(), None)
-            }
+            .with_generations(nodes.generation(), Some(slices.generation()))
+            .with_change_log(nodes.change_log()),
+            None => NodeViews::new(nodes.store().clone())
+                .with_generations(nodes.generation(), None)
+                .with_change_log(nodes.change_log()),
         });
         let drive = async move {
             tokio::join!(
@@ -419,6 +501,54 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    /// The drive logs each changed name before the generation moves, nothing until a reader
+    /// enables the log, and a new listing as everything.
+    #[tokio::test]
+    async fn the_change_log_names_what_changed_once_enabled() {
+        use std::sync::atomic::Ordering;
+        let metrics = Metrics::new(&mut prometheus_client::registry::Registry::default());
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let (cache, drive) = super::cache::<Node, _>(rx, "Node", metrics, slim_node);
+        let driver = tokio::spawn(drive);
+        let log = cache.change_log();
+        let generation = cache.generation();
+        let wait_for = |n: u64| {
+            let generation = generation.clone();
+            async move {
+                while generation.load(Ordering::Acquire) < n {
+                    tokio::task::yield_now().await;
+                }
+            }
+        };
+        tx.unbounded_send(Ok(watcher::Event::Apply(node("a", "1"))))
+            .unwrap();
+        wait_for(1).await;
+        assert_eq!(log.take(), Changed::default(), "off: nothing kept");
+
+        log.enable();
+        assert!(log.take().all, "what came before is everything");
+        for (name, rv) in [("a", "2"), ("b", "1"), ("a", "3")] {
+            tx.unbounded_send(Ok(watcher::Event::Apply(node(name, rv))))
+                .unwrap();
+        }
+        tx.unbounded_send(Ok(watcher::Event::Delete(node("c", "4"))))
+            .unwrap();
+        wait_for(5).await;
+        let changed = log.take();
+        assert!(!changed.all);
+        let mut names: Vec<_> = changed.names.into_iter().collect();
+        names.sort();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert_eq!(log.take(), Changed::default());
+
+        for event in [watcher::Event::Init, watcher::Event::InitDone] {
+            tx.unbounded_send(Ok(event)).unwrap();
+        }
+        wait_for(6).await;
+        assert!(log.take().all);
+        driver.abort();
     }
 
     /// A late subscriber (a controller that just won the lease) sees what is already cached,

@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use crate::cluster::tolerant::Tolerant;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::cluster::caches::ChangeLog;
 
 use crate::dra::api::ResourceSlice;
 
@@ -242,6 +244,11 @@ pub struct NodeViews {
     /// How many changes the node (and slice) caches have taken in, where known: while neither
     /// moved, the index is handed out without looking at a node.
     generations: Option<(Arc<AtomicU64>, Option<Arc<AtomicU64>>)>,
+    /// The names of the nodes changed, where the node cache keeps them: a change is then
+    /// taken in by reading those nodes alone, never the whole cache.
+    log: Option<Arc<ChangeLog>>,
+    /// Nodes read from the store so far (a full read reads all of them).
+    reads: AtomicU64,
 }
 
 #[derive(Default)]
@@ -253,6 +260,11 @@ struct Snapshot {
     index: Option<Arc<NodeIndex>>,
     /// Parsed views by name, with the resourceVersion they were parsed at.
     parsed: HashMap<String, (String, Arc<NodeInfo>)>,
+    /// The views the index holds, by name (the driver's word on top): what a change of one
+    /// node is applied to. Kept by a full read, then changed one node at a time.
+    views: BTreeMap<String, Arc<NodeInfo>>,
+    /// The driver's word on each node, as of the last full read.
+    witnesses: BTreeMap<String, crate::dra::slices::DriverWitness>,
 }
 
 impl NodeViews {
@@ -264,6 +276,8 @@ impl NodeViews {
             snapshot: Mutex::default(),
             published: Mutex::default(),
             generations: None,
+            log: None,
+            reads: AtomicU64::new(0),
         }
     }
 
@@ -280,6 +294,16 @@ impl NodeViews {
         self
     }
 
+    /// The same views, told by the node cache which nodes changed (with
+    /// [`NodeViews::with_generations`]): a change is taken in by reading those nodes alone —
+    /// the cost of a heartbeat does not grow with the cluster. A new listing of the nodes, or a
+    /// change of the slices, is read whole.
+    pub fn with_change_log(mut self, log: Arc<ChangeLog>) -> Self {
+        log.enable();
+        self.log = Some(log);
+        self
+    }
+
     /// Views that also read `driver`'s ResourceSlices from `slices` (DRA's second witness).
     pub fn with_slices(
         store: Store<Node>,
@@ -292,7 +316,15 @@ impl NodeViews {
             snapshot: Mutex::default(),
             published: Mutex::default(),
             generations: None,
+            log: None,
+            reads: AtomicU64::new(0),
         }
+    }
+
+    /// How many nodes the views have read from the store so far: what taking in changes costs
+    /// (for tests and benchmarks).
+    pub fn node_reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
     }
 
     /// The index as of now.
@@ -332,7 +364,27 @@ impl NodeViews {
         {
             return index.clone();
         }
+        // The log is taken before the store is read: a change after it is logged again and
+        // moves the generation, so the next call takes it in.
+        let changed = self.log.as_ref().map(|log| log.take());
+        if let (Some(changed), Some(now), Some(seen)) = (&changed, now, snap.generations)
+            && snap.index.is_some()
+            && !changed.all
+            && now.1 == seen.1
+        {
+            let index = self.apply_changes(&mut snap, &changed.names);
+            snap.generations = Some(now);
+            *self
+                .published
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(index.clone());
+            return index;
+        }
         let state = self.store.state();
+        self.reads.fetch_add(
+            u64::try_from(state.len()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
         let slices = self
             .slices
             .as_ref()
@@ -404,10 +456,16 @@ impl NodeViews {
                     .zip(&out)
                     .all(|(a, b)| Arc::ptr_eq(a, b) || a == b)
         });
+        let views: BTreeMap<String, Arc<NodeInfo>> = match self.log {
+            Some(_) => out.iter().map(|v| (v.name.clone(), v.clone())).collect(),
+            None => BTreeMap::new(),
+        };
         let index = match same {
             Some(old) => old.clone(),
             None => Arc::new(NodeIndex::shared(out)),
         };
+        snap.views = views;
+        snap.witnesses = witnesses;
         snap.index = Some(index.clone());
         snap.objects = state;
         snap.slices = slices;
@@ -417,6 +475,54 @@ impl NodeViews {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(index.clone());
         index
+    }
+}
+
+impl NodeViews {
+    /// Takes in the change of the nodes `names` (read from the store, parsed where their
+    /// resourceVersion moved): the same index where no view changed (a heartbeat), else one
+    /// built from the views kept.
+    fn apply_changes(&self, snap: &mut Snapshot, names: &HashSet<String>) -> Arc<NodeIndex> {
+        // The objects of the last full read are no longer what the index holds.
+        snap.objects.clear();
+        let mut changed = false;
+        self.reads.fetch_add(
+            u64::try_from(names.len()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        for name in names {
+            match self.store.get(&ObjectRef::new(name)) {
+                Some(node) => {
+                    let rv = node.metadata.resource_version.clone().unwrap_or_default();
+                    if !rv.is_empty() && snap.parsed.get(name).is_some_and(|(seen, _)| *seen == rv)
+                    {
+                        continue;
+                    }
+                    let info = Arc::new(node_info(&node));
+                    snap.parsed.insert(name.clone(), (rv, info.clone()));
+                    let view = match snap.witnesses.get(name) {
+                        Some(w) => Arc::new(NodeInfo::clone(&info).with_driver(w.clone())),
+                        None => info,
+                    };
+                    if snap.views.get(name).is_none_or(|old| **old != *view) {
+                        snap.views.insert(name.clone(), view);
+                        changed = true;
+                    }
+                }
+                None => {
+                    snap.parsed.remove(name);
+                    changed |= snap.views.remove(name).is_some();
+                }
+            }
+        }
+        match (&snap.index, changed) {
+            (Some(index), false) => index.clone(),
+            _ => {
+                let index = Arc::new(NodeIndex::shared(snap.views.values().cloned().collect()));
+                snap.index = Some(index.clone());
+                index
+            }
+        }
     }
 }
 

@@ -315,3 +315,99 @@ fn the_drivers_word_confirms_contradicts_or_stands_in_for_the_agents() {
         &Standing::NotReported
     );
 }
+
+/// Told by the node cache which nodes changed, the views read only those: a heartbeat, a new
+/// report, a deletion at 2,000 nodes each read one node, and the index they hand out is the
+/// one a full read would build. A new listing of the nodes is read whole.
+#[test]
+fn a_change_is_taken_in_by_reading_the_changed_node_alone() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let node = |name: &str, rv: u64, fixture: &str| Node {
+        metadata: kube::core::ObjectMeta {
+            name: Some(name.into()),
+            resource_version: Some(rv.to_string()),
+            labels: Some(offload_api::labels::published(
+                &offload_api::report::NodeReport::parse(fixture).unwrap(),
+            )),
+            annotations: Some(annotations_of(name, fixture)),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (nodes, mut writer) = reflector::store::<Node>();
+    let generation = Arc::new(AtomicU64::new(0));
+    let log = Arc::new(crate::cluster::caches::ChangeLog::default());
+    // As the cache's drive does it: the store, then the name, then the generation.
+    let apply = |writer: &mut reflector::store::Writer<Node>, event: watcher::Event<Node>| {
+        writer.apply_watcher_event(&event);
+        match &event {
+            watcher::Event::Apply(n) | watcher::Event::Delete(n) => {
+                log.record(n.metadata.name.as_deref());
+            }
+            _ => log.record(None),
+        }
+        generation.fetch_add(1, Ordering::Release);
+    };
+    let views = NodeViews::new(nodes.clone())
+        .with_generations(generation.clone(), None)
+        .with_change_log(log.clone());
+    let name = |i: usize| format!("gpu-{i:05}");
+    for i in 0..2000 {
+        apply(
+            &mut writer,
+            watcher::Event::Apply(node(&name(i), 1, fixtures::H200_READING)),
+        );
+    }
+    let first = views.get();
+    assert_eq!(first.nodes().len(), 2000);
+    assert_eq!(views.node_reads(), 2000, "the first read is whole");
+
+    // A heartbeat of one node: one node read, the same index.
+    apply(
+        &mut writer,
+        watcher::Event::Apply(node(&name(7), 2, fixtures::H200_READING)),
+    );
+    assert!(Arc::ptr_eq(&first, &views.get()));
+    assert_eq!(views.node_reads(), 2001);
+
+    // A new report on one node: one node read, a new index that says so.
+    apply(
+        &mut writer,
+        watcher::Event::Apply(node(&name(9), 3, fixtures::GH200_REFERENCE)),
+    );
+    let changed = views.get();
+    assert_eq!(views.node_reads(), 2002);
+    assert!(!Arc::ptr_eq(&first, &changed));
+    let full = NodeViews::new(nodes.clone()).get();
+    assert_eq!(*changed, *full, "the same index as a full read");
+
+    // A deletion: one node read, the node gone.
+    apply(
+        &mut writer,
+        watcher::Event::Delete(node(&name(3), 4, fixtures::H200_READING)),
+    );
+    let fewer = views.get();
+    assert_eq!(views.node_reads(), 2003);
+    assert_eq!(fewer.nodes().len(), 1999);
+    assert!(fewer.by_name(&name(3)).is_none());
+    assert_eq!(*fewer, *NodeViews::new(nodes.clone()).get());
+
+    // Nothing changed: nothing read.
+    assert!(Arc::ptr_eq(&fewer, &views.get()));
+    assert_eq!(views.node_reads(), 2003);
+
+    // A new listing (a resumed watch): read whole.
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for i in (0..2000).filter(|i| *i != 3) {
+        let fixture = if i == 9 {
+            fixtures::GH200_REFERENCE
+        } else {
+            fixtures::H200_READING
+        };
+        writer.apply_watcher_event(&watcher::Event::InitApply(node(&name(i), 5, fixture)));
+    }
+    apply(&mut writer, watcher::Event::InitDone);
+    let relisted = views.get();
+    assert_eq!(views.node_reads(), 2003 + 1999);
+    assert!(Arc::ptr_eq(&fewer, &relisted), "nothing it holds changed");
+}
