@@ -289,22 +289,36 @@ async fn handle(
         .admission_requests
         .get_or_create(&labels)
         .inc();
-    let envelope: Envelope = match serde_json::from_slice(&body) {
-        Ok(e) => e,
-        Err(e) => return bad_request(format!("the body is not an AdmissionReview: {e}")),
+    let wrong_version = |api_version: &str, kind: &str| {
+        bad_request(format!(
+            "the body is not an AdmissionReview of {REVIEW_VERSION} (apiVersion {api_version:?}, kind {kind:?}): the webhook configurations ask for admissionReviewVersions [v1]"
+        ))
     };
-    if envelope.api_version.as_deref() != Some(REVIEW_VERSION)
-        || envelope.kind.as_deref() != Some("AdmissionReview")
+    // The whole review is read once; only a body it cannot be is read again, as an envelope,
+    // for a specific answer.
+    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice::<
+        AdmissionReview<DynamicObject>,
+    >(&body)
     {
-        return bad_request(format!(
-            "the body is not an AdmissionReview of {REVIEW_VERSION} (apiVersion {:?}, kind {:?}): the webhook configurations ask for admissionReviewVersions [v1]",
-            envelope.api_version.unwrap_or_default(),
-            envelope.kind.unwrap_or_default()
-        ));
-    }
-    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(&body) {
-        Ok(r) => r,
+        Ok(r) => {
+            if r.types.api_version != REVIEW_VERSION || r.types.kind != "AdmissionReview" {
+                return wrong_version(&r.types.api_version, &r.types.kind);
+            }
+            r
+        }
         Err(e) => {
+            let envelope: Envelope = match serde_json::from_slice(&body) {
+                Ok(envelope) => envelope,
+                Err(e) => return bad_request(format!("the body is not an AdmissionReview: {e}")),
+            };
+            if envelope.api_version.as_deref() != Some(REVIEW_VERSION)
+                || envelope.kind.as_deref() != Some("AdmissionReview")
+            {
+                return wrong_version(
+                    envelope.api_version.as_deref().unwrap_or_default(),
+                    envelope.kind.as_deref().unwrap_or_default(),
+                );
+            }
             let Some(request) = envelope.request else {
                 return bad_request(format!("the body is not an AdmissionReview: {e}"));
             };
@@ -496,6 +510,17 @@ pub async fn serve(
     state: WebhookState,
     shutdown: CancellationToken,
 ) -> Result<(Rotator, SocketAddr, impl Future<Output = ()> + Send + use<>), tls::TlsError> {
+    serve_router(client, options, router(state), shutdown).await
+}
+
+/// [`serve`] with another router behind the same TLS, certificates and timeouts (a benchmark's
+/// peer that answers without deciding).
+pub async fn serve_router(
+    client: Client,
+    options: WebhookOptions,
+    app: Router,
+    shutdown: CancellationToken,
+) -> Result<(Rotator, SocketAddr, impl Future<Output = ()> + Send + use<>), tls::TlsError> {
     let first = match &options.certs {
         CertMode::Managed(m) => m.ensure(&client).await?,
         CertMode::Files(f) => f.read()?,
@@ -536,7 +561,7 @@ pub async fn serve(
         .http_builder()
         .http1()
         .header_read_timeout(READ_TIMEOUT);
-    let server = server.serve(router(state).into_make_service());
+    let server = server.serve(app.into_make_service());
     let refresher = rotator.clone();
     let interval = options.check_interval;
     let watcher_client = rotator.client.clone();

@@ -433,6 +433,12 @@ impl DevCluster {
         self.options
     }
 
+    /// The process id of each running component (etcd, kube-apiserver, kwok, …), for
+    /// benchmarks that read their CPU time.
+    pub fn pids(&self) -> BTreeMap<&'static str, u32> {
+        self.procs.iter().map(|p| (p.name, p.child.id())).collect()
+    }
+
     /// Resident memory of each running component, in KiB (from `/proc`), for benchmarks.
     pub fn memory_kib(&self) -> BTreeMap<&'static str, u64> {
         self.procs

@@ -11,7 +11,8 @@
 //!   API requests per job;
 //! - `kueue`: a burst of TrainingJobs without Kueue and one in a Kueue queue, on a real node
 //!   that runs Kueue: creation → admitted and → running;
-//! - `memory`: the memory model beside the peaks the GPU harness measured.
+//! - `memory`: the memory model beside the peaks the GPU harness measured;
+//! - `noop-operator` (hidden): the peer `scale --peer noop` runs instead of the operator.
 
 mod admission;
 mod closed_loop;
@@ -22,6 +23,7 @@ mod error;
 mod kueue;
 mod measure;
 mod memory;
+mod noop;
 mod scale;
 mod webhook;
 
@@ -87,6 +89,10 @@ enum Command {
         /// Opted-in batch Jobs created through the webhook during the burst.
         #[arg(long, default_value_t = 5000)]
         batch_jobs: usize,
+        /// Run the burst against `noop`: a peer that makes the operator's API requests per job
+        /// and answers admissions without deciding anything (what the control plane costs).
+        #[arg(long)]
+        peer: Option<scale::Peer>,
     },
     /// What the closed loop costs: observations from thousands of simulated GPU nodes, learned
     /// by the release operator.
@@ -119,6 +125,19 @@ enum Command {
         #[arg(long, default_value_t = 125 << 30)]
         host_bytes: u64,
     },
+    /// The no-op operator (started by `scale --peer noop` as its own process).
+    #[command(hide = true)]
+    NoopOperator {
+        /// Where the webhook listens (TLS, the operator's managed certificates).
+        #[arg(long)]
+        webhook_addr: std::net::SocketAddr,
+        /// Where `/readyz` and `/metrics` are served.
+        #[arg(long)]
+        admin_addr: std::net::SocketAddr,
+        /// Namespace of the certificates' Secret.
+        #[arg(long, default_value = "offload-system")]
+        namespace: String,
+    },
     /// The minimal peer webhook (started by `webhook` as its own process).
     #[command(hide = true)]
     PeerWebhook {
@@ -149,11 +168,20 @@ fn main() -> ExitCode {
             nodes,
             jobs,
             batch_jobs,
-        } => rt.block_on(scale::run(scale::Sizes {
-            nodes,
-            jobs,
-            batch_jobs,
-        })),
+            peer,
+        } => rt.block_on(scale::run(
+            scale::Sizes {
+                nodes,
+                jobs,
+                batch_jobs,
+            },
+            peer,
+        )),
+        Command::NoopOperator {
+            webhook_addr,
+            admin_addr,
+            namespace,
+        } => rt.block_on(noop::run(webhook_addr, admin_addr, namespace)),
         Command::Kueue { jobs } => rt.block_on(kueue::run(jobs)),
         Command::Admission { nodes, iterations } => admission::run(&nodes, iterations),
         Command::Memory {

@@ -40,6 +40,13 @@ pub struct Sizes {
     pub batch_jobs: usize,
 }
 
+/// What runs against the burst instead of the operator.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Peer {
+    /// `offload-bench noop-operator`: the operator's requests per job, nothing decided.
+    Noop,
+}
+
 const NAMESPACE: &str = "scale";
 
 /// The class prefix of node `i` of [`nodes`], with its fixture.
@@ -172,7 +179,7 @@ pub(super) async fn kwok_cluster(namespace: &str) -> Result<(DevCluster, kube::C
 }
 
 /// Runs the benchmark.
-pub async fn run(sizes: Sizes) -> Result<()> {
+pub async fn run(sizes: Sizes, peer: Option<Peer>) -> Result<()> {
     let Sizes {
         nodes: node_count,
         jobs,
@@ -195,17 +202,25 @@ pub async fn run(sizes: Sizes) -> Result<()> {
         .create(&PostParams::default(), &profile)
         .await?;
     let port = register_webhook(&cluster)?;
-    let (mut op, admin) = spawn_operator(&cluster, Some(port))?;
+    let (mut op, admin) = match peer {
+        None => spawn_operator(&cluster, Some(port))?,
+        Some(Peer::Noop) => spawn_noop(&cluster, port)?,
+    };
+    let what = match peer {
+        None => "operator",
+        Some(Peer::Noop) => "no-op peer (the operator's requests per job, nothing decided)",
+    };
     let pid = op.id();
     let ready_from = Instant::now();
     wait_ready(admin, Duration::from_secs(120)).await?;
     println!(
-        "operator ready (caches of {node_count} nodes synced, webhook serving) in {:.1} s, RSS {:.0} MiB",
+        "{what} ready (caches of {node_count} nodes synced, webhook serving) in {:.1} s, RSS {:.0} MiB",
         ready_from.elapsed().as_secs_f64(),
         mib(proc_status(pid, "VmRSS:").unwrap_or(0))
     );
 
-    let outcome = burst(&client, admin, pid, jobs, batch_jobs).await;
+    let components = cluster.pids();
+    let outcome = burst(&client, admin, pid, &components, jobs, batch_jobs).await;
     let _ = op.kill();
     let _ = op.wait();
     outcome
@@ -216,10 +231,28 @@ fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
+/// Starts `offload-bench noop-operator` (this binary) against `cluster`, its webhook on `port`.
+fn spawn_noop(cluster: &DevCluster, port: u16) -> Result<(std::process::Child, u16)> {
+    let admin = offload_testenv::devcluster::free_port()?;
+    let child = std::process::Command::new(std::env::current_exe()?)
+        .env("KUBECONFIG", &cluster.kubeconfig)
+        .args([
+            "noop-operator",
+            "--webhook-addr",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()?;
+    Ok((child, admin))
+}
+
 async fn burst(
     client: &kube::Client,
     admin: u16,
     pid: u32,
+    components: &BTreeMap<&'static str, u32>,
     jobs: usize,
     batch_jobs: usize,
 ) -> Result<()> {
@@ -230,6 +263,11 @@ async fn burst(
         .await
         .unwrap_or((0.0, 0.0));
     let cpu0 = cpu_seconds(pid).unwrap_or(0.0);
+    let parts0: BTreeMap<&str, f64> = components
+        .iter()
+        .map(|(name, p)| (*name, cpu_seconds(*p).unwrap_or(0.0)))
+        .collect();
+    let own0 = cpu_seconds(std::process::id()).unwrap_or(0.0);
     let start = Instant::now();
 
     let ((tj_errors, tjs), (batch_ms, unconfigured, batch_errors)) = tokio::join!(
@@ -242,6 +280,16 @@ async fn burst(
         .is_ok();
     let all_wall = start.elapsed().as_secs_f64();
     let cpu = cpu_seconds(pid).unwrap_or(0.0) - cpu0;
+    let parts: Vec<(&str, f64)> = components
+        .iter()
+        .map(|(name, p)| {
+            (
+                *name,
+                cpu_seconds(*p).unwrap_or(0.0) - parts0.get(name).copied().unwrap_or(0.0),
+            )
+        })
+        .collect();
+    let own = cpu_seconds(std::process::id()).unwrap_or(0.0) - own0;
     let hwm = proc_status(pid, "VmHWM:").unwrap_or(0);
     let rss = proc_status(pid, "VmRSS:").unwrap_or(0);
     let handler_after = handler_seconds(admin, "mutate-workload")
@@ -299,6 +347,21 @@ async fn burst(
         cpu / all_wall * 100.0,
         mib(hwm),
         mib(rss)
+    );
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    #[allow(clippy::cast_precision_loss)]
+    let capacity = all_wall * cores as f64;
+    let mut shares = vec![("operator (or peer)", cpu)];
+    shares.extend(parts);
+    shares.push(("this bench's clients", own));
+    println!(
+        "\nCPU over the burst ({cores} cores, {capacity:.0} core-seconds in all): {}; {:.0} % of the machine in all",
+        shares
+            .iter()
+            .map(|(n, c)| format!("{n} {c:.1} s ({:.0} %)", c / capacity * 100.0))
+            .collect::<Vec<_>>()
+            .join(", "),
+        shares.iter().map(|(_, c)| c).sum::<f64>() / capacity * 100.0
     );
     requests_table(&before, &after, jobs, batch_jobs);
     Ok(())
