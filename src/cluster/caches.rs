@@ -503,15 +503,23 @@ mod tests {
         v
     }
 
+    type Events =
+        futures::channel::mpsc::UnboundedSender<Result<watcher::Event<Node>, watcher::Error>>;
+
+    /// A Node cache fed from the returned sender, its drive running.
+    fn node_cache() -> (Events, Cache<Node>, tokio::task::JoinHandle<()>) {
+        let metrics = Metrics::new(&mut prometheus_client::registry::Registry::default());
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let (cache, drive) = super::cache::<Node, _>(rx, "Node", metrics, slim_node);
+        (tx, cache, tokio::spawn(drive))
+    }
+
     /// The drive logs each changed name before the generation moves, nothing until a reader
     /// enables the log, and a new listing as everything.
     #[tokio::test]
     async fn the_change_log_names_what_changed_once_enabled() {
         use std::sync::atomic::Ordering;
-        let metrics = Metrics::new(&mut prometheus_client::registry::Registry::default());
-        let (tx, rx) = futures::channel::mpsc::unbounded();
-        let (cache, drive) = super::cache::<Node, _>(rx, "Node", metrics, slim_node);
-        let driver = tokio::spawn(drive);
+        let (tx, cache, driver) = node_cache();
         let log = cache.change_log();
         let generation = cache.generation();
         let wait_for = |n: u64| {
@@ -556,10 +564,7 @@ mod tests {
     /// waits for it.
     #[tokio::test]
     async fn late_and_slow_subscribers_see_every_object() {
-        let metrics = Metrics::new(&mut prometheus_client::registry::Registry::default());
-        let (tx, rx) = futures::channel::mpsc::unbounded();
-        let (cache, drive) = super::cache::<Node, _>(rx, "Node", metrics, slim_node);
-        let driver = tokio::spawn(drive);
+        let (tx, cache, driver) = node_cache();
         for event in [
             watcher::Event::Init,
             watcher::Event::InitApply(node("a", "1")),

@@ -127,13 +127,10 @@ fn pinned_gradient_blocks(on_gpu: &[f64], on_host: &[f64]) -> f64 {
     }
     sizes
         .iter()
-        .map(|&(block, host, gpu)| block * as_f64_usize(host.max(usize::from(gpu))))
+        .map(|&(block, host, gpu)| {
+            block * as_f64(u64::try_from(host.max(usize::from(gpu))).unwrap_or(u64::MAX))
+        })
         .sum()
-}
-
-#[allow(clippy::cast_precision_loss)]
-fn as_f64_usize(n: usize) -> f64 {
-    n as f64
 }
 
 /// How a job's training state is placed between GPU and host memory.
@@ -595,10 +592,7 @@ impl JobMemory {
         let s = self.shard();
         match groups {
             Some(g) if !g.is_empty() && (total - s).abs() <= 0.01 * s => {
-                #[allow(clippy::cast_precision_loss)]
-                let n = g.len() as f64;
-                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-                let first = (((1.0 - ratio.clamp(0.0, 1.0)) * n).floor() as usize).min(g.len());
+                let first = shape::first_on_host(g.len(), ratio);
                 OnHost::Walked {
                     on_gpu: &g[..first],
                     on_host: &g[first..],

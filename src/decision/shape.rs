@@ -358,14 +358,20 @@ pub fn offloaded_share(groups: &[f64], ratio: f64) -> f64 {
     if groups.is_empty() || total <= 0.0 {
         return 0.0;
     }
-    #[allow(clippy::cast_precision_loss)]
-    let n = groups.len() as f64;
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let first_on_host = ((1.0 - ratio.clamp(0.0, 1.0)) * n).floor() as usize;
-    groups[first_on_host.min(groups.len())..]
+    groups[first_on_host(groups.len(), ratio)..]
         .iter()
         .sum::<f64>()
         / total
+}
+
+/// The first of `groups` sub-groups whose optimizer state DeepSpeed puts on the host for
+/// `ratio`: `⌊(1 − ratio)·n⌋`, at most `n`.
+pub fn first_on_host(groups: usize, ratio: f64) -> usize {
+    #[allow(clippy::cast_precision_loss)]
+    let n = groups as f64;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let first = ((1.0 - ratio.clamp(0.0, 1.0)) * n).floor() as usize;
+    first.min(groups)
 }
 
 #[cfg(test)]

@@ -374,10 +374,7 @@ impl NodeViews {
         {
             let index = self.apply_changes(&mut snap, &changed.names);
             snap.generations = Some(now);
-            *self
-                .published
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(index.clone());
+            self.publish(&index);
             return index;
         }
         let state = self.store.state();
@@ -470,11 +467,16 @@ impl NodeViews {
         snap.objects = state;
         snap.slices = slices;
         snap.generations = now;
+        self.publish(&index);
+        index
+    }
+
+    /// Makes `index` what a caller gets while another one holds the snapshot.
+    fn publish(&self, index: &Arc<NodeIndex>) {
         *self
             .published
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(index.clone());
-        index
     }
 }
 

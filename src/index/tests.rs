@@ -184,13 +184,9 @@ fn node_views_share_the_index_until_a_node_changes() {
     assert_eq!(after_delete.get(0).unwrap().name, "gpu-0");
 }
 
-/// Told of each change the cache takes in, the views hand the index out without looking at a
-/// node while nothing changed, keep it (and what was worked out from it) through a change that
-/// leaves every view as it was (a heartbeat), and rebuild it when a view changes.
-#[test]
-fn a_heartbeat_keeps_the_index_and_a_new_report_replaces_it() {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    let meta = |name: &str, rv: &str, fixture: &str| Node {
+/// A Node at resourceVersion `rv` with the labels and report the agent publishes for `fixture`.
+fn reported_node(name: &str, rv: &str, fixture: &str) -> Node {
+    Node {
         metadata: kube::core::ObjectMeta {
             name: Some(name.into()),
             resource_version: Some(rv.into()),
@@ -201,7 +197,16 @@ fn a_heartbeat_keeps_the_index_and_a_new_report_replaces_it() {
             ..Default::default()
         },
         ..Default::default()
-    };
+    }
+}
+
+/// Told of each change the cache takes in, the views hand the index out without looking at a
+/// node while nothing changed, keep it (and what was worked out from it) through a change that
+/// leaves every view as it was (a heartbeat), and rebuild it when a view changes.
+#[test]
+fn a_heartbeat_keeps_the_index_and_a_new_report_replaces_it() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let meta = reported_node;
     let (nodes, mut writer) = reflector::store::<Node>();
     let generation = Arc::new(AtomicU64::new(0));
     let apply = |writer: &mut reflector::store::Writer<Node>, node: Node| {
@@ -322,18 +327,7 @@ fn the_drivers_word_confirms_contradicts_or_stands_in_for_the_agents() {
 #[test]
 fn a_change_is_taken_in_by_reading_the_changed_node_alone() {
     use std::sync::atomic::{AtomicU64, Ordering};
-    let node = |name: &str, rv: u64, fixture: &str| Node {
-        metadata: kube::core::ObjectMeta {
-            name: Some(name.into()),
-            resource_version: Some(rv.to_string()),
-            labels: Some(offload_api::labels::published(
-                &offload_api::report::NodeReport::parse(fixture).unwrap(),
-            )),
-            annotations: Some(annotations_of(name, fixture)),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
+    let node = |name: &str, rv: u64, fixture: &str| reported_node(name, &rv.to_string(), fixture);
     let (nodes, mut writer) = reflector::store::<Node>();
     let generation = Arc::new(AtomicU64::new(0));
     let log = Arc::new(crate::cluster::caches::ChangeLog::default());

@@ -81,7 +81,6 @@ pub async fn run(
     let jobs: Api<TrainingJob> = Api::all(client.clone());
     let controller = async move {
         let stream = watcher(jobs, watcher::Config::default()).default_backoff();
-        let ready = ready.clone();
         let seen = Arc::new(std::sync::Mutex::new(
             std::collections::HashSet::<String>::new(),
         ));
