@@ -19,7 +19,11 @@ Usage: python3 ds_step.py --config ds.json --size small|large [--steps 8] [--lab
 Prints one JSON object: every step's wall time, the median of steps 3-7, the forward+backward
 GPU time of those steps (CUDA events), the peak GPU memory (allocated and reserved), the peak
 host RSS of the process, DeepSpeed's own estimate of the model states for the configuration, and
-the observation. A run that fails (CUDA out of memory) says so; one the host's OOM killer ends
+the observation. For the memory model it also records, stage by stage, where the GPU memory
+goes: what `deepspeed.initialize` left allocated, and for the first two steps the allocation at
+each boundary and the peak inside forward, backward and the optimizer step (the peak counter is
+reset at each boundary; the run's peaks are the largest of all), with the bytes autograd saved
+for backward on the first step (`hf_step.SavedBytes`: unique storages, parameters left out). A run that fails (CUDA out of memory) says so; one the host's OOM killer ends
 prints nothing, which the caller records.
 """
 import argparse
@@ -34,6 +38,9 @@ import traceback
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_step import SavedBytes, deepspeed_layout  # noqa: E402 - beside this file
 
 SIZES = {
     "small": (1024, 20, 16),
@@ -182,8 +189,11 @@ def main():
     ap.add_argument("--label", default="")
     ap.add_argument("--observe", default="")
     ap.add_argument("--observe-seconds", type=float, default=6.0)
+    ap.add_argument("--trace-peak", action="store_true",
+                    help="record the allocator's history over the second step (peak_trace.py)")
     a = ap.parse_args()
     out = {"label": a.label, "size": a.size}
+    peaks = {"allocated": 0, "reserved": 0}
     try:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
@@ -213,26 +223,62 @@ def main():
         engine, _, _, _ = deepspeed.initialize(
             model=model, model_parameters=model.parameters(), config=config
         )
+        torch.cuda.synchronize()
+        out["afterInitGpuBytes"] = torch.cuda.memory_allocated()
+        out["layout"] = deepspeed_layout(engine)
         micro = config.get("train_micro_batch_size_per_gpu", 4)
         tokens = torch.randint(0, VOCAB, (micro, SEQ), device="cuda")
-        steps, fwd_bwd = [], []
+        out["tokens"] = micro * SEQ
+        steps, fwd_bwd, stages = [], [], []
+        params = list(model.parameters())
 
-        def step():
+        def boundary(name, watched):
+            """At a stage's end: the allocation now and the stage's own peak, then a fresh
+            peak counter for the next stage (the run's peaks are kept across resets)."""
+            if not watched:
+                return
             torch.cuda.synchronize()
+            peak, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+            peaks["allocated"] = max(peaks["allocated"], peak)
+            peaks["reserved"] = max(peaks["reserved"], reserved)
+            if name:
+                stages.append({"stage": name, "now": torch.cuda.memory_allocated(), "peak": peak})
+            torch.cuda.reset_peak_memory_stats()
+
+        def step(i=None):
+            watched = i is not None and i < 2
+            torch.cuda.synchronize()
+            boundary(None, watched)
             t0 = time.perf_counter()
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
-            loss = engine(tokens)
+            if i == 0:
+                counter = SavedBytes(params)
+                with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+                    loss = engine(tokens)
+                out["savedActivationBytes"] = counter.total()
+                del counter
+            else:
+                loss = engine(tokens)
+            boundary(f"step{i}-forward", watched)
             engine.backward(loss)
             e.record()
+            boundary(f"step{i}-backward", watched)
             engine.step()
             torch.cuda.synchronize()
+            boundary(f"step{i}-optimizer", watched)
             return loss, (time.perf_counter() - t0) * 1e3, s.elapsed_time(e)
 
-        for _ in range(a.steps):
-            loss, ms, gpu = step()
+        for i in range(a.steps):
+            if a.trace_peak and i == 1:
+                import peak_trace
+                base = peak_trace.start()
+            loss, ms, gpu = step(i)
+            if a.trace_peak and i == 1:
+                out["peakTrace"] = peak_trace.stop(base)
             steps.append(ms)
             fwd_bwd.append(gpu)
+        out["gpuStages"] = stages
         window = steps[2:7] if len(steps) >= 7 else steps
         out.update({
             "ok": True,
@@ -240,9 +286,9 @@ def main():
             "medianMs": round(statistics.median(window), 1),
             "fwdBwdGpuMs": round(statistics.median(fwd_bwd[2:7] or fwd_bwd), 1),
             "loss": float(loss.detach().float().item()),
-            "peakGpuMiB": torch.cuda.max_memory_allocated() >> 20,
-            "peakGpuBytes": torch.cuda.max_memory_allocated(),
-            "peakGpuReservedBytes": torch.cuda.max_memory_reserved(),
+            "peakGpuMiB": max(peaks["allocated"], torch.cuda.max_memory_allocated()) >> 20,
+            "peakGpuBytes": max(peaks["allocated"], torch.cuda.max_memory_allocated()),
+            "peakGpuReservedBytes": max(peaks["reserved"], torch.cuda.max_memory_reserved()),
             "peakHostRssBytes": host_peak_bytes(),
         })
         if a.observe:
@@ -250,8 +296,8 @@ def main():
     except Exception as e:  # noqa: BLE001 - reported, not hidden
         out.update({"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]})
         if torch.cuda.is_available():
-            out["peakGpuBytes"] = torch.cuda.max_memory_allocated()
-            out["peakGpuReservedBytes"] = torch.cuda.max_memory_reserved()
+            out["peakGpuBytes"] = max(peaks["allocated"], torch.cuda.max_memory_allocated())
+            out["peakGpuReservedBytes"] = max(peaks["reserved"], torch.cuda.max_memory_reserved())
         out["peakHostRssBytes"] = host_peak_bytes()
         traceback.print_exc(file=sys.stderr)
     print(json.dumps(out), flush=True)

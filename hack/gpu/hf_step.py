@@ -201,6 +201,8 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--label", default="")
     ap.add_argument("--checkpointing", action="store_true")
+    ap.add_argument("--trace-peak", action="store_true",
+                    help="record the allocator's history over the second step (peak_trace.py)")
     a = ap.parse_args()
     out = {"label": a.label, "model": os.path.basename(a.model)}
     try:
@@ -249,6 +251,10 @@ def main():
             steps, saved = [], None
             for i in range(a.steps):
                 torch.cuda.synchronize()
+                tracing = a.trace_peak and i == 1 and not out.get("peakTrace")
+                if tracing:
+                    import peak_trace
+                    base = peak_trace.start()
                 if i < 2:
                     timeline.mark(f"step{i}-forward-backward")
                 s0 = time.perf_counter()
@@ -267,6 +273,8 @@ def main():
                 if i < 2:
                     timeline.mark(f"step{i}-after")
                 torch.cuda.synchronize()
+                if tracing:
+                    out["peakTrace"] = peak_trace.stop(base)
                 steps.append((time.perf_counter() - s0) * 1e3)
             window = steps[2:] if len(steps) > 3 else steps
             out["phases"].append({

@@ -8,7 +8,8 @@ Each run is `MODEL:PLACEMENT[:PHASES][:OPTIONS]`:
              configuration rendered elsewhere (the operator's)
   PHASES     micro-batch x sequence, comma-separated (default 1x2048)
   OPTIONS    `+` separated: `exp` runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,
-             `ckpt` with activation checkpointing, `steps=N`
+             `ckpt` with activation checkpointing, `steps=N`, `trace` records what is alive
+             at the second step's GPU peak (peak_trace.py)
 bf16, AdamW, ZeRO-3 built inside deepspeed.zero.Init, pinned host memory.
 
 Usage: python3 hf_sweep.py --out DIR [--deadline-s S] RUN...
@@ -68,6 +69,8 @@ def main():
                "--steps", str(steps), "--label", f"{model} {label}"]
         if "ckpt" in options:
             cmd.append("--checkpointing")
+        if "trace" in options:
+            cmd.append("--trace-peak")
         t0 = time.monotonic()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env,

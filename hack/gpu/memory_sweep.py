@@ -11,7 +11,7 @@ Each run is `SIZE:PLACEMENT`, PLACEMENT one of
 or `SIZE:@FILE[#LABEL]` for a configuration rendered elsewhere (the operator's, by
 `hack/gpu/memory-bench.sh render`). bf16, AdamW, micro-batch 4 x 512 tokens, pinned host memory.
 
-Usage: python3 memory_sweep.py --out DIR [--deadline-s S] [--steps N] RUN...
+Usage: python3 memory_sweep.py --out DIR [--deadline-s S] [--steps N] [--trace-peak] RUN...
 Writes DIR/memory.jsonl (one object per run, ds_step.py's plus the exit status; a run the host's
 OOM killer ends is recorded as such) and prints one line per run.
 """
@@ -84,6 +84,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--deadline-s", type=float, default=540)
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--trace-peak", action="store_true",
+                    help="have ds_step.py record what is alive at the second step's GPU peak")
     ap.add_argument("runs", nargs="+")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -105,7 +107,8 @@ def main():
         try:
             proc = subprocess.run(
                 [sys.executable, os.path.join(HERE, "ds_step.py"), "--config", path,
-                 "--size", size, "--steps", str(a.steps), "--label", f"{size} {label}"],
+                 "--size", size, "--steps", str(a.steps), "--label", f"{size} {label}"]
+                + (["--trace-peak"] if a.trace_peak else []),
                 capture_output=True, text=True, timeout=max(10, left - 5),
             )
             rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
