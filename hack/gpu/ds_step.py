@@ -23,8 +23,9 @@ the observation. For the memory model it also records, stage by stage, where the
 goes: what `deepspeed.initialize` left allocated, and for the first two steps the allocation at
 each boundary and the peak inside forward, backward and the optimizer step (the peak counter is
 reset at each boundary; the run's peaks are the largest of all), with the bytes autograd saved
-for backward on the first step (`hf_step.SavedBytes`: unique storages, parameters left out). A run that fails (CUDA out of memory) says so; one the host's OOM killer ends
-prints nothing, which the caller records.
+for backward on the first step (`hf_step.SavedBytes`: unique storages, parameters left out).
+A run that fails (CUDA out of memory) says so; one the host's OOM killer ends prints nothing,
+which the caller records.
 """
 import argparse
 import json

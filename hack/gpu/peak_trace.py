@@ -26,26 +26,37 @@ def where(frames, depth=4):
     return " < ".join(keep) or "?"
 
 
+def _delta(ev, sizes):
+    """How an event moves the allocated total (`sizes`: the live allocations' sizes by address)."""
+    action, addr, size = ev.get("action"), ev.get("addr"), ev.get("size", 0)
+    if action == "alloc":
+        sizes[addr] = size
+        return size
+    if action == "free_completed":
+        return -sizes.pop(addr, size)
+    return 0
+
+
 def stop(base, top=14):
     torch.cuda.synchronize()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     events = (snap.get("device_traces") or [[]])[0]
-    alive, total, best, best_alive = {}, base, base, {}
-    for ev in events:
-        action, addr, size = ev.get("action"), ev.get("addr"), ev.get("size", 0)
-        if action == "alloc":
-            alive[addr] = (size, ev.get("frames"))
-            total += size
-        elif action == "free_completed":
-            if addr in alive:
-                total -= alive.pop(addr)[0]
-            else:
-                total -= size
+    # First pass: where the running total is largest; second: what is alive there.
+    total, best, best_at = base, base, -1
+    sizes = {}
+    for i, ev in enumerate(events):
+        total += _delta(ev, sizes)
         if total > best:
-            best, best_alive = total, dict(alive)
+            best, best_at = total, i
+    alive = {}
+    for ev in events[: best_at + 1]:
+        if ev.get("action") == "alloc":
+            alive[ev.get("addr")] = (ev.get("size", 0), ev.get("frames"))
+        elif ev.get("action") == "free_completed":
+            alive.pop(ev.get("addr"), None)
     groups = {}
-    for size, frames in best_alive.values():
+    for size, frames in alive.values():
         key = where(frames)
         n, b = groups.get(key, (0, 0))
         groups[key] = (n + 1, b + size)
@@ -54,6 +65,6 @@ def stop(base, top=14):
         "baseBytes": base,
         "peakBytes": best,
         "events": len(events),
-        "aliveAtPeakFromStep": sum(s for s, _ in best_alive.values()),
+        "aliveAtPeakFromStep": sum(s for s, _ in alive.values()),
         "groups": [{"where": k, "count": n, "bytes": b} for k, (n, b) in ranked[:top]],
     }
