@@ -47,7 +47,7 @@ spec:
   replicas: 1
   framework: {name: DeepSpeed, version: "0.19.8"}
   deepspeed: {configMapRef: {name: bench-ds}}
-  model: {parameters: $params, tokensPerStep: 2048, architecture: GPT, hiddenSize: $h, layers: $layers, intermediateSize: $((4 * h)), attentionHeads: $((h / 128)), vocabSize: 32000}
+  model: {parameters: $params, tokensPerStep: 2048, architecture: GPT, hiddenSize: $h, layers: $layers, intermediateSize: $((4 * h)), attentionHeads: $((h / 128)), vocabSize: 32000, rotaryEmbeddings: false}
   template:
     spec:
       restartPolicy: Never

@@ -264,10 +264,12 @@ pub fn pin_claims(
     let Some(pinning) = &res.gpu_claims else {
         return Ok(());
     };
-    let min_gpu_memory = res
-        .memory
-        .as_ref()
-        .map(|m| crate::decision::memory::gpu_memory_for(m.gpu_bytes as f64));
+    let min_gpu_memory = res.memory.as_ref().map(|m| {
+        crate::decision::memory::gpu_memory_for(
+            m.gpu_bytes as f64,
+            m.gpu_largest_activation_bytes as f64,
+        )
+    });
     // Nothing to pin: any class, and no memory the GPUs must have.
     if res.node_class.is_none() && min_gpu_memory.is_none() {
         return Ok(());

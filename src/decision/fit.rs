@@ -378,6 +378,15 @@ fn model_shape(
         agree("keyValueHeads", kv_heads, c.kv_heads)?;
         agree("headDim", head_dim, c.head_dim)?;
         agree("vocabSize", vocab, c.vocab)?;
+        if let Some(r) = hints.rotary_embeddings
+            && r != c.rotary
+            && c.block == Block::Plain
+        {
+            return Err(bad(format!(
+                "spec.model.rotaryEmbeddings {r} disagrees with the model's config.json (its positions are {}): remove it or fix the ConfigMap",
+                if c.rotary { "rotary" } else { "not rotary" }
+            )));
+        }
         if let Some(b) = block
             && b != c.block
         {
@@ -454,6 +463,7 @@ fn model_shape(
         tied: hints.tied_embeddings.unwrap_or(false),
         attention_bias: block == Block::Plain,
         positions: 0.0,
+        rotary: hints.rotary_embeddings.unwrap_or(true),
         experts: experts.map(|(count, per_token, shared, size)| Experts {
             count,
             per_token,

@@ -14,13 +14,17 @@
 //!   sub-group);
 //! - with a share of the optimizer state offloaded: the 16-bit parameters, 16 bytes per
 //!   parameter whose state stays (fp32 master weights, their fp32 gradient buffer — allocated
-//!   whole at start, not per step — and the moments), the bucket, the activations and a staging
-//!   buffer for the copies. DeepSpeed offloads whole sub-groups, the last ones: the share that
+//!   whole at start, not per step — and the moments), the bucket, and the larger of the
+//!   activations at the loss's backward and at each gradient-bucket flush of the backward with
+//!   what the flush holds on top ([`JobMemory::flushes`]: the reduce-scatter's flat copy, the
+//!   largest gradient's copy back from the host, its fp64 norm chunks or fp32 copy), and 0.1 GB
+//!   of copies on DeepSpeed's reduce stream. DeepSpeed offloads whole sub-groups, the last ones: the share that
 //!   really leaves is worked out from the model's tensors ([`shape::offloaded_share`]) when its
 //!   shape is known. A small share costs more than it frees: 2 bytes per parameter are added
 //!   for fp32 gradients of the state that stays, so below about an eighth nothing is saved;
-//! - all optimizer state offloaded: the 16-bit parameters, the bucket, the activations, the
-//!   staging buffer; parameters too: the gathered parameters (at most 10⁹) instead.
+//! - all optimizer state offloaded: the 16-bit parameters, the bucket, the larger of the
+//!   activations and the flushes as above; parameters too: the gathered parameters (at most
+//!   10⁹) instead of the 16-bit parameters.
 //! - on the host, per process: 1.57 GB and the 16-bit shard without offload. With optimizer
 //!   state offloaded (a share or all of it), what DeepSpeed allocates, measured stage by stage
 //!   (`JobMemory::zero3_optimizer_on_host`): pinned blocks, each rounded up to a power of two
@@ -32,8 +36,10 @@
 //!   per parameter and 4.75 GB, fitted (within 6 %).
 //!
 //! What the GPU can hold: its memory less what is never the caching allocator's (the CUDA
-//! context, NCCL, cuBLAS workspaces: 1.4 GiB) and 2 % for the allocator's fragmentation. On the
-//! H200 that is 136.2 GiB; measured, 135.9 GiB allocated trained and 136.9 GiB ran out.
+//! context, NCCL, cuBLAS workspaces: 1.4 GiB) and the allocator's fragmentation: 2 % of the
+//! GPU, or 1.4 × the step's largest activation (the loss's fp32 logits of a micro-batch) where
+//! that is more ([`LARGE_ALLOCATION_FRAGMENTATION`]). On the H200 that is 136.2 GiB for most
+//! jobs; measured, 135.9 GiB allocated trained and 136.9 GiB ran out.
 //!
 //! ZeRO-1/2, FSDP and jobs the operator knows nothing of (`Generic`) follow DeepSpeed's
 //! estimators with the same terms and 5 % on top; they were not measured.
@@ -51,6 +57,15 @@ pub const CONTEXT_RESERVE_BYTES: f64 = 1.4 * 1_073_741_824.0;
 /// Share of each GPU kept for the caching allocator's fragmentation (measured: an allocation of
 /// 112 MiB failed with 1.61 GiB reserved but unallocated).
 pub const FRAGMENTATION_SHARE: f64 = 0.02;
+/// Headroom the decision keeps for the caching allocator to place the step's largest activation
+/// (the loss's fp32 logits of a micro-batch), as a multiple of it, where that is more than
+/// [`FRAGMENTATION_SHARE`] of the GPU. Measured with Llama-3.2-3B at 18,432 tokens a micro-batch
+/// (8.8 GiB of logits at a time) on the H200, as the GPU's memory less the CUDA context less
+/// the peak allocated, over the logits: 1.05 × ran out (10.9 GiB reserved but unallocated);
+/// 1.22 × and 1.31 × trained after retrying the allocator; 1.48 × and more trained without.
+/// At 1.4 × the choice for that job is a 44 % share, 4 % slower a step than the 38 % that
+/// trained nearest the limit.
+pub const LARGE_ALLOCATION_FRAGMENTATION: f64 = 1.4;
 /// Headroom under which a placement is called close to the limit, as a share of the GPU.
 pub const CLOSE_TO_LIMIT_SHARE: f64 = 0.03;
 /// Share of GPU memory kept for activations when the step's tokens are not known.
@@ -65,8 +80,15 @@ const MAX_TENSORS: usize = 20_000;
 const BUCKET_BYTES: f64 = 1e9;
 /// The framework's own GPU buffers beside the bucket (measured 0.07–0.11 GB).
 const FRAMEWORK_BYTES: f64 = 0.12e9;
-/// GPU staging of the copies to and from the host whenever optimizer state is offloaded.
-const OFFLOAD_STAGING_BYTES: f64 = 1e9;
+/// What the GPU holds beyond the count whenever optimizer state is offloaded: copies on
+/// DeepSpeed's reduce stream whose memory is reused only once the stream is done with them
+/// (measured up to 0.09 GB: Qwen2.5-1.5B at a 5 % share).
+const OFFLOAD_STREAM_BYTES: f64 = 0.1e9;
+/// DeepSpeed's `reduce_bucket_size` default: gradient elements reduced at once.
+const REDUCE_BUCKET_ELEMENTS: f64 = 5e8;
+/// Elements of each fp64 chunk DeepSpeed's gradient norm converts at once
+/// (`_constant_buffered_norm2`).
+const NORM_CHUNK_ELEMENTS: f64 = 2.5e8;
 /// `stage3_max_live_parameters`: gathered parameters alive at once.
 const MAX_LIVE_PARAMETERS: f64 = 1e9;
 /// `sub_group_size`'s default.
@@ -78,6 +100,14 @@ const HOST_BASE_BYTES: f64 = 1.57e9;
 /// What a process's host memory grows by over forward, backward and the CPU optimizer's first
 /// step beside the moments (measured 0.67–0.91 GB, the most for the mixture of experts).
 const STEP_HOST_BYTES: f64 = 1.0e9;
+
+/// A gradient-bucket flush in the backward of a job whose optimizer state is offloaded: the
+/// activation bytes still kept at that moment, and the bytes the flush holds on top of them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Flush {
+    alive: f64,
+    transient: f64,
+}
 
 /// The sub-groups of one rank on each side, or a bound where they were not walked.
 #[derive(Clone, Copy, Debug)]
@@ -466,6 +496,90 @@ impl JobMemory {
         (self.group_size(false) + self.shape.largest_tensor() / ranks).min(self.shard())
     }
 
+    /// The gradient-bucket flushes of one backward with the optimizer state offloaded, as
+    /// DeepSpeed 0.19.8's ZeRO-3 runs them (`stage3.py`), over the model's gradients in the
+    /// order the backward completes them. A bucket is reduced when the next gradient would take
+    /// it past `reduce_bucket_size` (5·10⁸ elements), and once more at the end. While it is,
+    /// the GPU holds on top of the activations still kept:
+    /// - the reduce-scatter's flat copy of the bucket (a tensor larger than the bucket is
+    ///   reduced alone, from its own gradient, of the same size): 2 bytes per element;
+    /// - for its largest tensor (one at a time, the largest is the most), the rank's gradient
+    ///   partition copied back from the pinned host buffer (2 bytes per element), then the
+    ///   larger of the gradient norm's fp64 chunks (8 bytes per element, 2.5·10⁸ at a time)
+    ///   and the fp32 copy for the optimizer (4 bytes per element);
+    /// - the gradient that arrived (2 bytes per element), a tied embedding's gradient until
+    ///   the backward completes it, and the activations' gradients in flight (4 bytes per unit
+    ///   of width per token).
+    ///
+    /// Measured on the H200 (`docs/benchmarks/memory-h200.md`): Qwen2.5-7B's 545M-element
+    /// output head makes 8 bytes per element of it; the bench's 3.8B GPT decoder 2.0 GB.
+    fn flushes(&self, class: &ClassMemory) -> Vec<Flush> {
+        let b = self.value_bytes;
+        let ranks = as_f64(self.ranks.max(1));
+        let half = b / 2.0;
+        let copies = |largest: f64| {
+            let part = largest / ranks;
+            b * part + (8.0 * part.min(NORM_CHUNK_ELEMENTS)).max(4.0 * part)
+        };
+        let tokens = self.tokens;
+        let saved = self.shape.saved_per_token(self.checkpointing);
+        // Activations still kept when `freed` bytes per token are gone (the margin whole when
+        // the step's tokens are not known).
+        let alive = |freed: f64| match tokens {
+            Some(t) => t * (saved - freed).max(0.0) * half,
+            None => self.activation_bytes(class),
+        };
+        let in_flight = tokens.map_or(0.0, |t| 4.0 * self.shape.hidden * t * half);
+        let tied = if self.shape.tied {
+            b * self.shape.vocab * self.shape.hidden
+        } else {
+            0.0
+        };
+        let Some(gradients) = self
+            .shape
+            .backward_gradients(self.checkpointing, MAX_TENSORS)
+        else {
+            let largest = self.shape.largest_tensor();
+            return vec![Flush {
+                alive: alive(0.0),
+                transient: b * REDUCE_BUCKET_ELEMENTS.max(largest)
+                    + copies(largest)
+                    + b * largest
+                    + tied
+                    + in_flight,
+            }];
+        };
+        let mut out = Vec::new();
+        let (mut elements, mut largest) = (0.0_f64, 0.0_f64);
+        // The input embedding's gradient (the tied matrix's, whole only from there on).
+        let embedding = gradients
+            .len()
+            .saturating_sub(1 + usize::from(self.shape.positions > 0.0));
+        for (i, g) in gradients.iter().enumerate() {
+            if elements > 0.0 && elements + g.numel > REDUCE_BUCKET_ELEMENTS {
+                out.push(Flush {
+                    alive: alive(g.freed),
+                    transient: b * elements
+                        + copies(largest)
+                        + b * g.numel
+                        + if i < embedding { tied } else { 0.0 }
+                        + in_flight,
+                });
+                (elements, largest) = (0.0, 0.0);
+            }
+            elements += g.numel;
+            largest = largest.max(g.numel);
+        }
+        if elements > 0.0 {
+            let freed = gradients.last().map_or(0.0, |g| g.freed);
+            out.push(Flush {
+                alive: alive(freed),
+                transient: b * elements + copies(largest) + in_flight,
+            });
+        }
+        out
+    }
+
     /// The bytes `placement` needs on each GPU and on the host, with `share` of the optimizer
     /// state on the host for a partial placement (the share DeepSpeed really offloads).
     fn estimate_with(
@@ -473,6 +587,7 @@ impl JobMemory {
         placement: Placement,
         share: f64,
         groups: Option<&[f64]>,
+        flushes: &[Flush],
         class: &ClassMemory,
     ) -> Estimate {
         let p = self.parameters;
@@ -498,35 +613,44 @@ impl JobMemory {
         // fp32 gradients the optimizer needs in mixed precision.
         let f = if self.mixed() { 4.0 } else { 0.0 };
         let learned = self.learned_on(class);
-        let gpu_with = |act: f64| match (self.sharding, placement) {
-            (Sharding::Zero(3), Placement::NoOffload) => {
-                (b + b + o) * s + c + gathered + act.max((b + 4.0) * self.largest_group())
-            }
-            (Sharding::Zero(3), Placement::PartialOptimizer(_)) => {
-                b * s + (o + 4.0) * kept * s + c + gathered + act + OFFLOAD_STAGING_BYTES
-            }
-            (Sharding::Zero(3), Placement::Optimizer) => {
-                b * s + c + gathered + act + OFFLOAD_STAGING_BYTES
-            }
-            (Sharding::Zero(3), Placement::OptimizerAndParams) => {
-                c + act + OFFLOAD_STAGING_BYTES + live
-            }
-            (Sharding::Fsdp, Placement::OptimizerAndParams) => (act + c + live) * UNMEASURED_SAFETY,
-            (Sharding::Fsdp, _) => ((b + b + o + f) * s + act + c + live) * UNMEASURED_SAFETY,
-            (Sharding::Zero(2), _) => {
-                (b * p + (b + o) * kept * s + act.max(f * kept * s) + 2.0 * c) * UNMEASURED_SAFETY
-            }
-            (Sharding::Zero(1), _) => {
-                ((b + b) * p + o * kept * s + act.max(f * kept * s) + c) * UNMEASURED_SAFETY
-            }
-            (Sharding::Zero(_), _) => ((b + b + o + f) * p + act + c) * UNMEASURED_SAFETY,
-            (Sharding::Unsharded, _) => {
-                ((b + b) * p + o * kept * p + act.max(f * kept * p) + c) * UNMEASURED_SAFETY
+        let gpu_with = |factor: f64| {
+            let act = act * factor;
+            // With optimizer state offloaded the peak is the loss's backward or a gradient
+            // flush, whichever is higher.
+            let offloaded = flushes
+                .iter()
+                .map(|f| factor * f.alive + f.transient)
+                .fold(act, f64::max)
+                + OFFLOAD_STREAM_BYTES;
+            match (self.sharding, placement) {
+                (Sharding::Zero(3), Placement::NoOffload) => {
+                    (b + b + o) * s + c + gathered + act.max((b + 4.0) * self.largest_group())
+                }
+                (Sharding::Zero(3), Placement::PartialOptimizer(_)) => {
+                    b * s + (o + 4.0) * kept * s + c + gathered + offloaded
+                }
+                (Sharding::Zero(3), Placement::Optimizer) => b * s + c + gathered + offloaded,
+                (Sharding::Zero(3), Placement::OptimizerAndParams) => c + offloaded + live,
+                (Sharding::Fsdp, Placement::OptimizerAndParams) => {
+                    (act + c + live) * UNMEASURED_SAFETY
+                }
+                (Sharding::Fsdp, _) => ((b + b + o + f) * s + act + c + live) * UNMEASURED_SAFETY,
+                (Sharding::Zero(2), _) => {
+                    (b * p + (b + o) * kept * s + act.max(f * kept * s) + 2.0 * c)
+                        * UNMEASURED_SAFETY
+                }
+                (Sharding::Zero(1), _) => {
+                    ((b + b) * p + o * kept * s + act.max(f * kept * s) + c) * UNMEASURED_SAFETY
+                }
+                (Sharding::Zero(_), _) => ((b + b + o + f) * p + act + c) * UNMEASURED_SAFETY,
+                (Sharding::Unsharded, _) => {
+                    ((b + b) * p + o * kept * p + act.max(f * kept * p) + c) * UNMEASURED_SAFETY
+                }
             }
         };
         Estimate {
             placement,
-            gpu: gpu_with(act * learned.activations) * self.corrections.gpu,
+            gpu: gpu_with(learned.activations) * self.corrections.gpu,
             host_per_pod: self.host_per_rank(placement, r, groups)
                 * as_f64(self.gpus_per_pod.max(1))
                 * self.corrections.host
@@ -656,7 +780,17 @@ impl JobMemory {
             Placement::Optimizer if self.sharding == Sharding::Zero(3) => self.walked_groups(false),
             _ => None,
         };
-        self.estimate_with(placement, share, groups.as_deref(), class)
+        let flushes = self.flushes_for(placement, class);
+        self.estimate_with(placement, share, groups.as_deref(), &flushes, class)
+    }
+
+    /// [`JobMemory::flushes`] where `placement` offloads under ZeRO-3 (none otherwise).
+    fn flushes_for(&self, placement: Placement, class: &ClassMemory) -> Vec<Flush> {
+        if self.sharding == Sharding::Zero(3) && placement != Placement::NoOffload {
+            self.flushes(class)
+        } else {
+            Vec::new()
+        }
     }
 
     /// Whether `estimate` fits `class`.
@@ -667,7 +801,7 @@ impl JobMemory {
             .chain(self.pod_memory_limit)
             .min();
         Fit {
-            gpu: estimate.gpu <= class.gpu_budget(),
+            gpu: estimate.gpu <= self.gpu_budget(class),
             host: budget.is_none_or(|b| estimate.host_per_pod <= as_f64(b)),
             host_checked: budget.is_some(),
         }
@@ -677,11 +811,12 @@ impl JobMemory {
     /// when no ratio below 1 fits.
     pub fn smallest_ratio(&self, class: &ClassMemory, floor: f64) -> Option<(f64, Estimate)> {
         let shares = self.partial_shares();
+        let flushes = self.flushes_for(Placement::PartialOptimizer(0.5), class);
         (1..100)
             .map(|h| f64::from(h) / 100.0)
             .filter(|r| *r >= floor)
             .find_map(|r| {
-                let (est, fit) = self.partial_checked(r, &shares, class);
+                let (est, fit) = self.partial_checked(r, &shares, &flushes, class);
                 fit.ok().then_some((r, est))
             })
     }
@@ -690,6 +825,7 @@ impl JobMemory {
         &self,
         ratio: f64,
         shares: &PartialShares,
+        flushes: &[Flush],
         class: &ClassMemory,
     ) -> (Estimate, Fit) {
         let placement = Placement::PartialOptimizer(ratio);
@@ -698,8 +834,8 @@ impl JobMemory {
             PartialShares::Groups(g) => Some(g.as_slice()),
             PartialShares::Within(_) => None,
         };
-        let on_gpu = self.estimate_with(placement, gpu_share, groups, class);
-        let on_host = self.estimate_with(placement, host_share, groups, class);
+        let on_gpu = self.estimate_with(placement, gpu_share, groups, flushes, class);
+        let on_host = self.estimate_with(placement, host_share, groups, flushes, class);
         let est = Estimate {
             host_per_pod: on_host.host_per_pod,
             offloaded_share: matches!(shares, PartialShares::Groups(_)).then_some(gpu_share),
@@ -712,9 +848,12 @@ impl JobMemory {
     /// [`JobMemory::smallest_ratio`] checks it).
     pub fn estimate_checked(&self, placement: Placement, class: &ClassMemory) -> (Estimate, Fit) {
         match placement {
-            Placement::PartialOptimizer(r) => {
-                self.partial_checked(r, &self.partial_shares(), class)
-            }
+            Placement::PartialOptimizer(r) => self.partial_checked(
+                r,
+                &self.partial_shares(),
+                &self.flushes_for(placement, class),
+                class,
+            ),
             _ => {
                 let est = self.estimate(placement, class);
                 let fit = self.fits(&est, class);
@@ -733,9 +872,26 @@ impl JobMemory {
         }
     }
 
+    /// GPU memory this job's estimates may use on `class`: the class's budget, less what the
+    /// allocator needs to place the step's largest activation where that is more than the
+    /// fragmentation share ([`LARGE_ALLOCATION_FRAGMENTATION`]).
+    pub fn gpu_budget(&self, class: &ClassMemory) -> f64 {
+        let total = as_f64(class.gpu_bytes);
+        let largest = self.largest_activation();
+        let fragmentation =
+            (FRAGMENTATION_SHARE * total).max(LARGE_ALLOCATION_FRAGMENTATION * largest);
+        (total - CONTEXT_RESERVE_BYTES - fragmentation).max(0.0)
+    }
+
+    /// Bytes of the step's largest single activation: the loss's fp32 logits of a micro-batch
+    /// (0 when its tokens are not known).
+    pub fn largest_activation(&self) -> f64 {
+        self.tokens.map_or(0.0, |t| 4.0 * self.shape.vocab * t)
+    }
+
     /// GPU memory left under what the GPU can hold with `est` (negative: over).
     pub fn headroom(&self, est: &Estimate, class: &ClassMemory) -> f64 {
-        class.gpu_budget() - est.gpu
+        self.gpu_budget(class) - est.gpu
     }
 
     /// One sentence with the figures of `est` against `class`.
@@ -781,7 +937,8 @@ impl JobMemory {
                 let mut plain = self.clone();
                 plain.learned.clear();
                 let alone = plain.estimate_checked(est.placement, class).0.gpu;
-                let tried = if alone > class.gpu_budget() && est.gpu <= class.gpu_budget() {
+                let budget = self.gpu_budget(class);
+                let tried = if alone > budget && est.gpu <= budget {
                     ": without it the model would not have tried this placement"
                 } else {
                     ""
@@ -805,7 +962,7 @@ impl JobMemory {
         format!(
             "needs about {} of the {} each GPU can hold on {}, {room}{share}, and {host}{learned}",
             gib(est.gpu),
-            gib(class.gpu_budget()),
+            gib(self.gpu_budget(class)),
             class.gpu_node
         )
     }
@@ -838,10 +995,13 @@ impl JobMemory {
     }
 }
 
-/// The memory a GPU must have for an estimate of `estimate` bytes to fit it: the inverse of
-/// [`ClassMemory::gpu_budget`], rounded up to MiB (what a DRA claim's selector asks for).
-pub fn gpu_memory_for(estimate: f64) -> u64 {
-    let total = (estimate.max(0.0) + CONTEXT_RESERVE_BYTES) / (1.0 - FRAGMENTATION_SHARE);
+/// The memory a GPU must have for an estimate of `estimate` bytes to fit it, with `largest`
+/// bytes of the step's largest activation: the inverse of [`JobMemory::gpu_budget`], rounded up
+/// to MiB (what a DRA claim's selector asks for).
+pub fn gpu_memory_for(estimate: f64, largest: f64) -> u64 {
+    let needed = estimate.max(0.0) + CONTEXT_RESERVE_BYTES;
+    let total = (needed / (1.0 - FRAGMENTATION_SHARE))
+        .max(needed + LARGE_ALLOCATION_FRAGMENTATION * largest.max(0.0));
     bytes(total).div_ceil(1 << 20).saturating_mul(1 << 20)
 }
 

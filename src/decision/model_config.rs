@@ -41,6 +41,9 @@ const TIED_BY_DEFAULT: &[&str] = &[
     "gpt_neo",
 ];
 
+/// `model_type`s whose positions are not rotary (learned, ALiBi); Falcon's are, unless its
+/// `alibi` says otherwise.
+const NOT_ROTARY: &[&str] = &["gpt2", "opt", "bloom", "mpt", "gpt_bigcode", "gpt_neo"];
 /// `model_type`s with biases on the query, key and value projections.
 const ATTENTION_BIAS: &[&str] = &["qwen2", "qwen2_moe", "qwen2_vl"];
 
@@ -218,6 +221,8 @@ fn shape_of(cfg: &Map<String, Value>, top: &Map<String, Value>) -> Result<ModelS
     } else {
         0.0
     };
+    let alibi = model_type == "falcon" && boolean(cfg, "alibi")? == Some(true);
+    let rotary = !(NOT_ROTARY.contains(&model_type) || alibi);
     let experts = experts(cfg, intermediate, layers)?;
     Ok(ModelShape {
         block,
@@ -231,6 +236,7 @@ fn shape_of(cfg: &Map<String, Value>, top: &Map<String, Value>) -> Result<ModelS
         tied,
         attention_bias,
         positions,
+        rotary,
         experts,
         known: true,
     })

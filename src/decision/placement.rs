@@ -551,7 +551,7 @@ fn no_offload_figures(jm: &JobMemory, cx: &Context, class: &ClassNodes) -> Strin
             format!(
                 "it needs about {} per GPU, more than the {} usable on {}",
                 super::memory::gib(est.gpu),
-                super::memory::gib(cm.gpu_budget()),
+                super::memory::gib(jm.gpu_budget(&cm)),
                 cm.gpu_node
             )
         }

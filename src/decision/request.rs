@@ -424,7 +424,8 @@ impl JobRequest {
 /// holding the model's `config.json`), `offload.dev/tokens-per-step`, `offload.dev/architecture`,
 /// `offload.dev/hidden-size`, `offload.dev/layers`, `offload.dev/intermediate-size`,
 /// `offload.dev/attention-heads`, `offload.dev/key-value-heads`, `offload.dev/head-dim`,
-/// `offload.dev/vocab-size`, `offload.dev/tied-embeddings`, `offload.dev/experts`,
+/// `offload.dev/vocab-size`, `offload.dev/tied-embeddings`, `offload.dev/rotary-embeddings`,
+/// `offload.dev/experts`,
 /// `offload.dev/experts-per-token`, `offload.dev/shared-experts`,
 /// `offload.dev/expert-intermediate-size`, `offload.dev/activation-checkpointing`. Every
 /// message names the annotation.
@@ -444,6 +445,7 @@ fn model_annotations(
         names::ANNOTATION_HEAD_DIM,
         names::ANNOTATION_VOCAB_SIZE,
         names::ANNOTATION_TIED_EMBEDDINGS,
+        names::ANNOTATION_ROTARY_EMBEDDINGS,
         names::ANNOTATION_EXPERTS,
         names::ANNOTATION_EXPERTS_PER_TOKEN,
         names::ANNOTATION_SHARED_EXPERTS,
@@ -552,6 +554,7 @@ fn model_annotations(
         head_dim: count(names::ANNOTATION_HEAD_DIM, 100_000)?,
         vocab_size: count(names::ANNOTATION_VOCAB_SIZE, 100_000_000)?,
         tied_embeddings: flag(names::ANNOTATION_TIED_EMBEDDINGS)?,
+        rotary_embeddings: flag(names::ANNOTATION_ROTARY_EMBEDDINGS)?,
         experts,
         activation_checkpointing: flag(names::ANNOTATION_ACTIVATION_CHECKPOINTING)?,
     }))

@@ -136,6 +136,8 @@ pub struct MemoryEstimate {
     pub host_budget_bytes: Option<u64>,
     /// Of `gpu_bytes`, the part without activations (counted exactly).
     pub gpu_structural_bytes: u64,
+    /// Bytes of the step's largest single activation (what the allocator must place at once).
+    pub gpu_largest_activation_bytes: u64,
     /// The job's shape key.
     pub shape: String,
     /// What was learned for the shape on the class, in effect in these figures.
@@ -151,10 +153,11 @@ impl MemoryEstimate {
         MemoryEstimate {
             placement: est.placement,
             gpu_bytes: memory::bytes(est.gpu),
-            gpu_budget_bytes: memory::bytes(cm.gpu_budget()),
+            gpu_budget_bytes: memory::bytes(jm.gpu_budget(cm)),
             host_bytes_per_pod: memory::bytes(est.host_per_pod),
             host_budget_bytes: cm.host_per_pod,
             gpu_structural_bytes: memory::bytes(est.structural),
+            gpu_largest_activation_bytes: memory::bytes(jm.largest_activation()),
             shape: jm.shape_key.clone(),
             learned: est.learned,
         }

@@ -13,8 +13,10 @@
 //!   the log-sum-exp (4 bytes per query and per key/value unit, 4 per head); the gated MLP keeps
 //!   the gate and up projections, the activation and the product (8 bytes per MLP unit). A
 //!   mixture-of-experts layer keeps that per expert each token is routed to, plus the routing.
-//! - GPT-style block (LayerNorm, plain MLP such as GELU): 20 bytes per unit of width and 4 per
-//!   MLP unit (the bench's own GPT decoder keeps 18; GPT-NeoX 20).
+//! - GPT-style block (LayerNorm, plain MLP such as GELU): 16 bytes per unit of width and 4 per
+//!   MLP unit (the bench's own GPT decoder, measured within 0.02 %); with rotary position
+//!   embeddings 2 more per query and per key/value unit, the rotated copies (GPT-NeoX: 20 per
+//!   unit of width in all).
 //! - The logits: the loss keeps the fp32 log-softmax (4 bytes per token per vocabulary entry) and
 //!   its backward holds two more fp32 copies at once (8 more): 12 in all at the step's peak.
 
@@ -25,6 +27,15 @@ use std::fmt;
 pub const LOGIT_PEAK_BYTES: f64 = 12.0;
 /// Vocabulary assumed when nothing names one (current LLMs: 32k to 256k).
 pub const DEFAULT_VOCAB: f64 = 128_000.0;
+
+/// One parameter's gradient as the backward completes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Gradient {
+    /// Elements of the parameter.
+    pub numel: f64,
+    /// Activation bytes per token freed by then, of those kept when backward starts.
+    pub freed: f64,
+}
 
 /// How each transformer block is built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +97,10 @@ pub struct ModelShape {
     pub attention_bias: bool,
     /// Learned position embeddings (GPT-2: `n_positions`), 0 with rotary positions.
     pub positions: f64,
+    /// Rotary position embeddings on the queries and keys. A GPT-style block with them keeps
+    /// the rotated queries and keys beside its fused projection's output (GPT-NeoX); the
+    /// Llama-style block's count has them already.
+    pub rotary: bool,
     /// Experts, for a mixture-of-experts model.
     pub experts: Option<Experts>,
     /// The shape was given (a `config.json` or the hints), not derived from a parameter count.
@@ -111,6 +126,7 @@ impl ModelShape {
             tied: false,
             attention_bias: false,
             positions: 0.0,
+            rotary: true,
             experts: None,
             known: false,
         };
@@ -253,6 +269,116 @@ impl ModelShape {
         Some(out)
     }
 
+    /// The tensors of one layer in the order the backward completes their gradients: the MLP
+    /// from its output projection back (shared experts, the experts, the router), the second
+    /// norm, attention from its output projection back to the queries, the first norm; each
+    /// weight before its bias.
+    fn layer_backward(&self, moe: bool, out: &mut Vec<f64>) {
+        let (h, q, kv) = (self.hidden, self.query_width(), self.kv_width());
+        let f = self.intermediate;
+        match self.block {
+            Block::Gated => {
+                match (moe, self.experts) {
+                    (true, Some(e)) => {
+                        if e.shared > 0.0 {
+                            let fs = e.shared * e.shared_intermediate;
+                            out.extend([fs * h, h * fs, h * fs]);
+                        }
+                        out.push(e.count * h * e.intermediate);
+                        out.push(e.count * 2.0 * e.intermediate * h);
+                        out.push(e.count * h);
+                    }
+                    _ => out.extend([f * h, h * f, h * f]),
+                }
+                out.extend([h, q * h]);
+                for _ in 0..2 {
+                    out.push(h * kv);
+                    if self.attention_bias {
+                        out.push(kv);
+                    }
+                }
+                out.push(h * q);
+                if self.attention_bias {
+                    out.push(q);
+                }
+                out.push(h);
+            }
+            Block::Plain => {
+                out.extend([f * h, h, h * f, f, h, h]);
+                out.extend([q * h, h, h * (q + 2.0 * kv), q + 2.0 * kv, h, h]);
+            }
+        }
+    }
+
+    /// The parameters' gradients in the order the backward completes them — the output head
+    /// (untied), the final norm, the layers from the last to the first, the embeddings (a tied
+    /// matrix's gradient is complete only there) — each with the activation bytes per token
+    /// ([`ModelShape::saved_per_token`]'s) already freed when it arrives: the loss's
+    /// log-softmax once the head's backward is done, the final norm's and each layer's saved
+    /// tensors once the layer before them in backward is done. `None` when there are more than
+    /// `max` tensors.
+    pub fn backward_gradients(&self, checkpointing: bool, max: usize) -> Option<Vec<Gradient>> {
+        let per_layer = match self.block {
+            Block::Gated => 15,
+            Block::Plain => 12,
+        };
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let layers = self.layers.max(0.0) as usize;
+        if layers.saturating_mul(per_layer).saturating_add(4) > max {
+            return None;
+        }
+        let h = self.hidden;
+        let mut out = Vec::with_capacity(layers * per_layer + 4);
+        let mut push = |numels: &[f64], freed: f64| {
+            out.extend(numels.iter().map(|&numel| Gradient { numel, freed }));
+        };
+        if !self.tied {
+            push(&[self.vocab * h], 0.0);
+        }
+        let mut freed = 4.0 * self.vocab;
+        match self.block {
+            Block::Gated => push(&[h], freed),
+            Block::Plain => push(&[h, h], freed),
+        }
+        freed += self.final_norm_saved();
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let dense = self
+            .experts
+            .map_or(layers, |e| (e.dense_layers.max(0.0) as usize).min(layers));
+        let mut tensors = Vec::with_capacity(per_layer);
+        for i in (0..layers).rev() {
+            let moe = i >= dense;
+            tensors.clear();
+            self.layer_backward(moe, &mut tensors);
+            push(&tensors, freed);
+            freed += if checkpointing {
+                2.0 * h
+            } else {
+                self.layer_saved(moe)
+            };
+        }
+        push(&[self.vocab * h], freed);
+        if self.positions > 0.0 {
+            push(&[self.positions * h], freed);
+        }
+        Some(out)
+    }
+
+    /// Bytes the final norm keeps for backward per token.
+    fn final_norm_saved(&self) -> f64 {
+        match self.block {
+            Block::Gated => 8.0 * self.hidden + 4.0,
+            Block::Plain => 4.0 * self.hidden + 8.0,
+        }
+    }
+
+    /// Bytes kept for backward per token when backward starts, in 16-bit: the layers' saved
+    /// tensors, the final norm's and the loss's fp32 log-softmax (the activation peak less
+    /// what the loss's backward holds on top).
+    pub fn saved_per_token(&self, checkpointing: bool) -> f64 {
+        self.activation_peak_per_token(checkpointing) - (LOGIT_PEAK_BYTES - 4.0) * self.vocab
+    }
+
     /// Bytes one layer keeps for backward per token, in 16-bit.
     fn layer_saved(&self, moe: bool) -> f64 {
         let (h, q, kv, heads) = (self.hidden, self.query_width(), self.kv_width(), self.heads);
@@ -268,7 +394,14 @@ impl ModelShape {
                 };
                 16.0 * h + 8.0 + 4.0 * q + 4.0 * kv + 4.0 * heads + mlp
             }
-            Block::Plain => 20.0 * h + 4.0 * self.intermediate + 4.0 * heads + 272.0,
+            Block::Plain => {
+                let rotated = if self.rotary {
+                    2.0 * q + 2.0 * kv + 256.0
+                } else {
+                    0.0
+                };
+                16.0 * h + 4.0 * self.intermediate + 4.0 * heads + 16.0 + rotated
+            }
         }
     }
 
@@ -285,11 +418,7 @@ impl ModelShape {
         } else {
             dense * self.layer_saved(false) + moe * self.layer_saved(true)
         };
-        let final_norm = match self.block {
-            Block::Gated => 8.0 * self.hidden + 4.0,
-            Block::Plain => 4.0 * self.hidden + 8.0,
-        };
-        blocks + final_norm + 8.0 + LOGIT_PEAK_BYTES * self.vocab
+        blocks + self.final_norm_saved() + 8.0 + LOGIT_PEAK_BYTES * self.vocab
     }
 
     /// One line for reasons: `Llama-style (RMSNorm, gated MLP), width 4096 × 32 layers, MLP
@@ -311,7 +440,7 @@ impl ModelShape {
             })
             .unwrap_or_default();
         format!(
-            "{}, width {} × {} layers, MLP {}, {} heads ({} key/value), vocabulary {}{}{experts}",
+            "{}, width {} × {} layers, MLP {}, {} heads ({} key/value), vocabulary {}{}{}{experts}",
             self.block,
             self.hidden,
             self.layers,
@@ -320,6 +449,11 @@ impl ModelShape {
             self.kv_heads,
             self.vocab,
             if self.tied { " (tied)" } else { "" },
+            if self.block == Block::Plain && !self.rotary {
+                ", positions not rotary"
+            } else {
+                ""
+            },
         )
     }
 }

@@ -94,6 +94,9 @@ pub const ANNOTATION_KEY_VALUE_HEADS: &str = "offload.dev/key-value-heads";
 pub const ANNOTATION_HEAD_DIM: &str = "offload.dev/head-dim";
 /// Annotation on other job kinds and Pods: `true` where input and output embeddings are tied.
 pub const ANNOTATION_TIED_EMBEDDINGS: &str = "offload.dev/tied-embeddings";
+/// Annotation on other job kinds and Pods: `false` where a `GPT` model's positions are not
+/// rotary (learned or ALiBi).
+pub const ANNOTATION_ROTARY_EMBEDDINGS: &str = "offload.dev/rotary-embeddings";
 /// Annotation on other job kinds and Pods: `Llama` or `GPT`, how the blocks are built.
 pub const ANNOTATION_ARCHITECTURE: &str = "offload.dev/architecture";
 /// Annotation on other job kinds and Pods: routed experts per MoE layer.

@@ -33,6 +33,34 @@ fn gpt_configs_have_plain_blocks_and_their_own_names() {
 }
 
 #[test]
+fn rotary_positions_follow_the_model_type() {
+    let gpt = |model_type: &str, extra: &str| {
+        parse(
+            &format!(
+                r#"{{"model_type": "{model_type}", "hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8, "vocab_size": 50000{extra}}}"#
+            ),
+            model_type,
+        )
+        .unwrap()
+    };
+    for learned_or_alibi in ["gpt2", "opt", "bloom", "mpt", "gpt_bigcode", "gpt_neo"] {
+        assert!(!gpt(learned_or_alibi, "").rotary, "{learned_or_alibi}");
+    }
+    for rotary in ["gpt_neox", "gptj", "phi", "starcoder2", "falcon"] {
+        assert!(gpt(rotary, "").rotary, "{rotary}");
+    }
+    assert!(!gpt("falcon", r#", "alibi": true"#).rotary);
+    assert!(
+        err(r#"{"model_type": "falcon", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 10, "alibi": "yes"}"#)
+            .contains("alibi")
+    );
+    // A GPT-NeoX block keeps its rotated queries and keys: more per token than GPT-2's.
+    let neox = gpt("gpt_neox", "");
+    let plain = ModelShape { rotary: false, ..neox };
+    assert!(neox.saved_per_token(false) > plain.saved_per_token(false));
+}
+
+#[test]
 fn experts_are_read_from_each_family_s_fields() {
     let mixtral = parse(
         include_str!("../../../hack/gpu/models/mixtral-5b.json"),

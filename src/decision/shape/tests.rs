@@ -81,7 +81,7 @@ fn what_the_blocks_keep_for_backward_is_what_was_measured() {
         ("llama-10b", 2048.0, 20_073_718_540.0),
     ] {
         let m = model(name);
-        let saved = tokens * (m.activation_peak_per_token(false) - 8.0 * m.vocab);
+        let saved = tokens * m.saved_per_token(false);
         let err = saved / measured - 1.0;
         assert!(
             err.abs() < 0.002,
@@ -136,4 +136,88 @@ fn a_typical_shape_matches_its_parameter_count() {
         assert!(err.abs() < 0.1, "{p}: {} ({err:+.3})", t.parameters());
     }
     assert!((typical_width(8e9) - 4400.0).abs() < 100.0);
+}
+
+/// The bench's own GPT decoder (`hack/gpu/ds_step.py`): LayerNorm, GELU MLP of 4 × the width,
+/// fused query/key/value projection, no position embeddings, 128-wide heads, vocabulary 32000.
+fn bench_gpt(hidden: f64, layers: f64) -> ModelShape {
+    ModelShape {
+        block: Block::Plain,
+        hidden,
+        layers,
+        intermediate: 4.0 * hidden,
+        heads: hidden / 128.0,
+        kv_heads: hidden / 128.0,
+        head_dim: 128.0,
+        vocab: 32000.0,
+        tied: false,
+        attention_bias: true,
+        positions: 0.0,
+        rotary: false,
+        experts: None,
+        known: true,
+    }
+}
+
+#[test]
+fn a_gpt_block_without_rotary_positions_keeps_16_bytes_per_unit_of_width() {
+    // `savedActivationBytes` of ds_step.py's second step at 4 × 512 tokens
+    // (docs/benchmarks/raw/2026-12-02-h200-trace/gpt-memory.jsonl).
+    for (hidden, layers, measured) in [
+        (2048.0, 20.0, 2_966_585_668.0),
+        (3072.0, 32.0, 6_737_134_084.0),
+    ] {
+        let m = bench_gpt(hidden, layers);
+        let saved = 2048.0 * m.saved_per_token(false);
+        let err = saved / measured - 1.0;
+        assert!(
+            err.abs() < 0.0005,
+            "{hidden}: {saved} against {measured} ({err:+.5})"
+        );
+        // With rotary positions (GPT-NeoX) the rotated queries and keys are kept too.
+        let rotary = ModelShape { rotary: true, ..m };
+        assert!(rotary.saved_per_token(false) > m.saved_per_token(false) + 4.0 * hidden * layers);
+    }
+}
+
+#[test]
+fn the_backward_completes_every_gradient_once_and_frees_what_it_is_done_with() {
+    let mut shapes: Vec<(String, ModelShape)> = MODELS
+        .iter()
+        .map(|(n, _)| (n.to_string(), model(n)))
+        .collect();
+    shapes.push(("gpt 3.8b".into(), bench_gpt(3072.0, 32.0)));
+    shapes.push((
+        "gpt-2 positions".into(),
+        ModelShape {
+            positions: 1024.0,
+            tied: true,
+            ..bench_gpt(768.0, 12.0)
+        },
+    ));
+    for (name, m) in shapes {
+        for checkpointing in [false, true] {
+            let g = m.backward_gradients(checkpointing, 100_000).unwrap();
+            let total: f64 = g.iter().map(|g| g.numel).sum();
+            assert_eq!(total, m.parameters(), "{name}: every parameter once");
+            assert!(
+                g.windows(2).all(|w| w[0].freed <= w[1].freed),
+                "{name}: nothing freed comes back"
+            );
+            let last = g.last().unwrap();
+            assert!(
+                last.freed <= m.saved_per_token(checkpointing) + 1e-6,
+                "{name}"
+            );
+            // The output head first where it is its own matrix; the input embedding last
+            // (before GPT-2's position table).
+            let embedding = g.len() - 1 - usize::from(m.positions > 0.0);
+            assert_eq!(g[embedding].numel, m.vocab * m.hidden, "{name}");
+            if !m.tied {
+                assert_eq!(g[0].numel, m.vocab * m.hidden, "{name}");
+                assert_eq!(g[0].freed, 0.0, "{name}");
+            }
+        }
+        assert!(m.backward_gradients(false, 10).is_none(), "{name}: bounded");
+    }
 }

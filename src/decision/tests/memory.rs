@@ -366,6 +366,31 @@ fn the_model_s_shape_and_its_parameter_count_must_agree() {
 }
 
 #[test]
+fn a_gpt_model_s_rotary_positions_must_agree_with_its_config() {
+    let mut job = trained("neox-7b", 2048);
+    if let Some(m) = job.model.as_mut() {
+        m.rotary_embeddings = Some(false);
+    }
+    let err = resolve(&job, &[h200("h")]).unwrap_err();
+    assert_eq!(err.category(), "InvalidModelHints");
+    assert!(
+        err.to_string().contains(
+            "spec.model.rotaryEmbeddings false disagrees with the model's config.json (its positions are rotary)"
+        ),
+        "{err}"
+    );
+    // Saying what the config says changes nothing.
+    let mut same = trained("neox-7b", 2048);
+    if let Some(m) = same.model.as_mut() {
+        m.rotary_embeddings = Some(true);
+    }
+    assert_eq!(
+        resolve(&same, &[h200("h")]).unwrap().memory,
+        resolve(&trained("neox-7b", 2048), &[h200("h")]).unwrap().memory
+    );
+}
+
+#[test]
 fn the_shape_alone_counts_the_parameters() {
     let mut job = deepspeed("0.19.8");
     job.model = Some(offload_api::v1alpha1::ModelHints {

@@ -285,6 +285,12 @@ pub struct ModelHints {
     /// The input and output embeddings share one matrix. Unset: false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tied_embeddings: Option<bool>,
+    /// The model applies rotary position embeddings to its queries and keys (GPT-NeoX, GPT-J,
+    /// Falcon, Phi); `false` for learned or ALiBi positions (GPT-2, OPT, BLOOM, MPT). A `GPT`
+    /// block with them keeps rotated copies of the queries and keys for backward. Unset: true,
+    /// or what the `config.json`'s `model_type` says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotary_embeddings: Option<bool>,
     /// Mixture of experts in the MLP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub experts: Option<ExpertHints>,

@@ -73,6 +73,7 @@ fn gpt_decoder(size: &str) -> Option<ModelShape> {
         tied: false,
         attention_bias: true,
         positions: 0.0,
+        rotary: false,
         experts: None,
         known: true,
     })
