@@ -56,7 +56,10 @@ fn rotary_positions_follow_the_model_type() {
     );
     // A GPT-NeoX block keeps its rotated queries and keys: more per token than GPT-2's.
     let neox = gpt("gpt_neox", "");
-    let plain = ModelShape { rotary: false, ..neox };
+    let plain = ModelShape {
+        rotary: false,
+        ..neox
+    };
     assert!(neox.saved_per_token(false) > plain.saved_per_token(false));
 }
 

@@ -386,7 +386,9 @@ fn a_gpt_model_s_rotary_positions_must_agree_with_its_config() {
     }
     assert_eq!(
         resolve(&same, &[h200("h")]).unwrap().memory,
-        resolve(&trained("neox-7b", 2048), &[h200("h")]).unwrap().memory
+        resolve(&trained("neox-7b", 2048), &[h200("h")])
+            .unwrap()
+            .memory
     );
 }
 
