@@ -28,6 +28,16 @@ pub const LOGIT_PEAK_BYTES: f64 = 12.0;
 /// Vocabulary assumed when nothing names one (current LLMs: 32k to 256k).
 pub const DEFAULT_VOCAB: f64 = 128_000.0;
 
+/// The size of a walk over the model's tensors.
+struct Layout {
+    /// Transformer layers.
+    layers: usize,
+    /// Tensors a layer has at most.
+    per_layer: usize,
+    /// Layers before the first mixture-of-experts layer (all of them without experts).
+    dense: usize,
+}
+
 /// One parameter's gradient as the backward completes it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Gradient {
@@ -232,10 +242,9 @@ impl ModelShape {
             .max(self.layer_parameters(false))
     }
 
-    /// The parameter tensors in registration order (embeddings, each layer, final norm, output
-    /// head) — the order DeepSpeed fills its optimizer sub-groups in. `None` when there are more
-    /// than `max` of them (the caller then bounds the grouping instead of walking it).
-    pub fn tensors(&self, max: usize) -> Option<Vec<f64>> {
+    /// How many layers and tensors a walk over the model visits; `None` when more than `max`
+    /// tensors.
+    fn layout(&self, max: usize) -> Option<Layout> {
         let per_layer = match self.block {
             Block::Gated => 15,
             Block::Plain => 12,
@@ -245,17 +254,32 @@ impl ModelShape {
         if layers.saturating_mul(per_layer).saturating_add(4) > max {
             return None;
         }
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let dense = self
+            .experts
+            .map_or(layers, |e| (e.dense_layers.max(0.0) as usize).min(layers));
+        Some(Layout {
+            layers,
+            per_layer,
+            dense,
+        })
+    }
+
+    /// The parameter tensors in registration order (embeddings, each layer, final norm, output
+    /// head) — the order DeepSpeed fills its optimizer sub-groups in. `None` when there are more
+    /// than `max` of them (the caller then bounds the grouping instead of walking it).
+    pub fn tensors(&self, max: usize) -> Option<Vec<f64>> {
+        let Layout {
+            layers,
+            per_layer,
+            dense,
+        } = self.layout(max)?;
         let h = self.hidden;
         let mut out = Vec::with_capacity(layers * per_layer + 4);
         out.push(self.vocab * h);
         if self.positions > 0.0 {
             out.push(self.positions * h);
         }
-        let dense = self.experts.map_or(layers, |e| {
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            let d = e.dense_layers.max(0.0) as usize;
-            d.min(layers)
-        });
         for i in 0..layers {
             self.layer_tensors(i >= dense, &mut out);
         }
@@ -318,15 +342,11 @@ impl ModelShape {
     /// tensors once the layer before them in backward is done. `None` when there are more than
     /// `max` tensors.
     pub fn backward_gradients(&self, checkpointing: bool, max: usize) -> Option<Vec<Gradient>> {
-        let per_layer = match self.block {
-            Block::Gated => 15,
-            Block::Plain => 12,
-        };
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let layers = self.layers.max(0.0) as usize;
-        if layers.saturating_mul(per_layer).saturating_add(4) > max {
-            return None;
-        }
+        let Layout {
+            layers,
+            per_layer,
+            dense,
+        } = self.layout(max)?;
         let h = self.hidden;
         let mut out = Vec::with_capacity(layers * per_layer + 4);
         let mut push = |numels: &[f64], freed: f64| {
@@ -341,10 +361,6 @@ impl ModelShape {
             Block::Plain => push(&[h, h], freed),
         }
         freed += self.final_norm_saved();
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let dense = self
-            .experts
-            .map_or(layers, |e| (e.dense_layers.max(0.0) as usize).min(layers));
         let mut tensors = Vec::with_capacity(per_layer);
         for i in (0..layers).rev() {
             let moe = i >= dense;

@@ -4,8 +4,8 @@
 //! decoder, `hack/gpu/memory-bench.sh`).
 
 use super::*;
+use crate::decision::shape::ModelShape;
 use crate::decision::shape::tests::model;
-use crate::decision::shape::{Block, ModelShape};
 
 /// The H200 of the measurements: 150,754,820,096 bytes of HBM (NVML), 125 GiB of host memory.
 fn h200() -> ClassMemory {
@@ -41,23 +41,7 @@ fn job(shape: ModelShape, tokens: f64) -> JobMemory {
 /// The bench's GPT decoder (`hack/gpu/ds_step.py`): LayerNorm, GELU MLP of 4 × the width,
 /// 128-wide heads, vocabulary 32000, micro-batch 4 × 512.
 fn gpt(hidden: f64, layers: f64) -> ModelShape {
-    let heads = hidden / 128.0;
-    ModelShape {
-        block: Block::Plain,
-        hidden,
-        layers,
-        intermediate: 4.0 * hidden,
-        heads,
-        kv_heads: heads,
-        head_dim: 128.0,
-        vocab: 32000.0,
-        tied: false,
-        attention_bias: true,
-        positions: 0.0,
-        rotary: false,
-        experts: None,
-        known: true,
-    }
+    crate::decision::shape::tests::bench_gpt(hidden, layers)
 }
 
 fn bench_job(parameters: f64, hidden: f64, layers: f64) -> JobMemory {

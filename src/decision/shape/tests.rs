@@ -140,7 +140,7 @@ fn a_typical_shape_matches_its_parameter_count() {
 
 /// The bench's own GPT decoder (`hack/gpu/ds_step.py`): LayerNorm, GELU MLP of 4 × the width,
 /// fused query/key/value projection, no position embeddings, 128-wide heads, vocabulary 32000.
-fn bench_gpt(hidden: f64, layers: f64) -> ModelShape {
+pub(crate) fn bench_gpt(hidden: f64, layers: f64) -> ModelShape {
     ModelShape {
         block: Block::Plain,
         hidden,
