@@ -1,6 +1,8 @@
 //! What a job asks for, independent of the object kind that carries it, and the one way each
 //! kind's request is built: [`JobRequest::for_training_job`] and [`JobRequest::from_annotations`].
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::PodSpec;
 use serde_json::Value;
 
@@ -333,12 +335,12 @@ impl JobRequest {
     /// What another object kind asks for, from its opt-in label and annotations: the profile it
     /// names, and the request. `pods` and `resources` come from the kind's own fields.
     pub fn from_annotations(
-        labels: &serde_json::Map<String, Value>,
-        annotations: &serde_json::Map<String, Value>,
+        labels: &BTreeMap<String, String>,
+        annotations: &BTreeMap<String, String>,
         pods: u32,
         resources: PodResources,
     ) -> Result<(Option<String>, JobRequest), String> {
-        let get = |key: &str| -> Option<&str> { annotations.get(key).and_then(Value::as_str) };
+        let get = |key: &str| -> Option<&str> { annotations.get(key).map(String::as_str) };
         fn parse<T: serde::de::DeserializeOwned>(
             value: Option<&str>,
             key: &str,
@@ -376,10 +378,7 @@ impl JobRequest {
         .unwrap_or(Framework::Generic);
         let model = model_annotations(annotations)?;
         Ok((
-            labels
-                .get(names::PROFILE_ANNOTATION)
-                .and_then(Value::as_str)
-                .map(str::to_string),
+            labels.get(names::PROFILE_ANNOTATION).cloned(),
             JobRequest {
                 offload: OffloadSpec {
                     mode,
@@ -429,11 +428,9 @@ impl JobRequest {
 /// `offload.dev/experts-per-token`, `offload.dev/shared-experts`,
 /// `offload.dev/expert-intermediate-size`, `offload.dev/activation-checkpointing`. Every
 /// message names the annotation.
-fn model_annotations(
-    annotations: &serde_json::Map<String, Value>,
-) -> Result<Option<ModelHints>, String> {
+fn model_annotations(annotations: &BTreeMap<String, String>) -> Result<Option<ModelHints>, String> {
     use offload_api::v1alpha1::{ExpertHints, ModelArchitecture};
-    let get = |key: &str| -> Option<&str> { annotations.get(key).and_then(Value::as_str) };
+    let get = |key: &str| -> Option<&str> { annotations.get(key).map(String::as_str) };
     let shape_keys = [
         names::ANNOTATION_TOKENS_PER_STEP,
         names::ANNOTATION_ARCHITECTURE,

@@ -3,8 +3,11 @@
 //! One trait over the kinds: where the pod templates are and how many pods the job runs. Each
 //! kind is a few lines of paths, not a copy of the mutation logic.
 
+use json_patch::PatchOperation;
+use json_patch::jsonptr::{self, PointerBuf};
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, PodTemplateSpec};
 use kube::core::GroupVersionKind;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::decision::Resolution;
@@ -38,18 +41,22 @@ pub trait JobKind: Sync {
     /// is not a non-negative integer, or a total beyond `u32::MAX`, is an error, never a wrap.
     fn pods(&self, obj: &Value) -> Result<u32, KindError>;
 
-    /// Writes the resolution into every pod template.
-    fn apply(
+    /// The JSON Patch operations that write the resolution into every pod template of `obj`
+    /// (the object without its metadata: `spec` and `status`). Only what the configuration
+    /// changes is written: a template field this build's Kubernetes types do not know (one
+    /// added in a newer release) stays as the user wrote it.
+    fn patch(
         &self,
-        obj: &mut Value,
+        obj: &Value,
         res: &Resolution,
         _features: &ApiFeatures,
         opts: &RenderOptions,
-    ) -> Result<(), KindError> {
+    ) -> Result<Vec<PatchOperation>, KindError> {
+        let mut ops = Vec::new();
         for path in self.template_pointers(obj) {
-            apply_template(obj, &path, res, opts)?;
+            ops.extend(template_patch(obj, &path, res, opts)?);
         }
-        Ok(())
+        Ok(ops)
     }
 
     /// Whether the job was created suspended (e.g. by a queueing system).
@@ -61,20 +68,24 @@ pub trait JobKind: Sync {
     }
 }
 
-/// Reads the template at `path`, applies the resolution, writes it back.
-pub fn apply_template(
-    obj: &mut Value,
+/// The operations that write the resolution into the template at `path`: the template is read
+/// into its Kubernetes type, configured, and the two typed forms are compared, so the patch
+/// holds the configuration's changes and nothing of the reading's (a field the types drop is
+/// not removed).
+pub fn template_patch(
+    obj: &Value,
     path: &str,
     res: &Resolution,
     opts: &RenderOptions,
-) -> Result<(), KindError> {
+) -> Result<Vec<PatchOperation>, KindError> {
     let err = |detail: String| KindError {
         path: path.to_string(),
         detail,
     };
-    let slot = obj.pointer_mut(path).ok_or_else(|| err("missing".into()))?;
-    let mut template: PodTemplateSpec = serde_json::from_value(slot.clone())
-        .map_err(|e| err(format!("not a pod template: {e}")))?;
+    let slot = obj.pointer(path).ok_or_else(|| err("missing".into()))?;
+    let mut template =
+        PodTemplateSpec::deserialize(slot).map_err(|e| err(format!("not a pod template: {e}")))?;
+    let before = serde_json::to_value(&template).map_err(|e| err(e.to_string()))?;
     render::apply_to_pod_template(&mut template, res, None, opts);
     // Its pods say they were configured (the operator watches them for out-of-memory).
     template
@@ -83,8 +94,33 @@ pub fn apply_template(
         .labels
         .get_or_insert_with(Default::default)
         .insert(names::LABEL_CONFIGURED.to_string(), "true".to_string());
-    *slot = serde_json::to_value(&template).map_err(|e| err(e.to_string()))?;
-    Ok(())
+    let after = serde_json::to_value(&template).map_err(|e| err(e.to_string()))?;
+    let at = PointerBuf::parse(path).map_err(|e| err(format!("not a JSON pointer: {e}")))?;
+    Ok(under(&at, json_patch::diff(&before, &after).0))
+}
+
+/// `ops`, made relative to the document's root instead of the value at `at`.
+pub fn under(at: &jsonptr::Pointer, ops: Vec<PatchOperation>) -> Vec<PatchOperation> {
+    let rebase = |p: &mut PointerBuf| *p = at.concat(p);
+    ops.into_iter()
+        .map(|mut op| {
+            match &mut op {
+                PatchOperation::Add(o) => rebase(&mut o.path),
+                PatchOperation::Remove(o) => rebase(&mut o.path),
+                PatchOperation::Replace(o) => rebase(&mut o.path),
+                PatchOperation::Test(o) => rebase(&mut o.path),
+                PatchOperation::Move(o) => {
+                    rebase(&mut o.path);
+                    rebase(&mut o.from);
+                }
+                PatchOperation::Copy(o) => {
+                    rebase(&mut o.path);
+                    rebase(&mut o.from);
+                }
+            }
+            op
+        })
+        .collect()
 }
 
 /// The count at `pointer` (`default` when absent), or what is wrong with it.
@@ -251,98 +287,108 @@ impl JobKind for TrainJob {
         )
     }
 
-    fn apply(
+    fn patch(
         &self,
-        obj: &mut Value,
+        obj: &Value,
         res: &Resolution,
         features: &ApiFeatures,
         // Runtime patches and overrides cannot add an init container to the runtime's pods:
         // TrainJobs run without the start-up guard.
         _opts: &RenderOptions,
-    ) -> Result<(), KindError> {
-        let err = |path: &str, detail: &str| KindError {
-            path: path.into(),
-            detail: detail.into(),
-        };
-        let spec = obj
-            .get_mut("spec")
-            .and_then(Value::as_object_mut)
-            .ok_or_else(|| err("/spec", "missing"))?;
-        // Env of the trainer container: operator-owned names replaced, the user's kept.
-        let trainer = spec.entry("trainer").or_insert_with(|| json!({}));
-        let trainer = trainer
-            .as_object_mut()
-            .ok_or_else(|| err("/spec/trainer", "not an object"))?;
-        let env = trainer.entry("env").or_insert_with(|| json!([]));
-        let env = env
-            .as_array_mut()
-            .ok_or_else(|| err("/spec/trainer/env", "not a list"))?;
-        env.retain(|e| {
-            e.get("name")
-                .and_then(Value::as_str)
-                .is_none_or(|n| !names::OPERATOR_ENV.contains(&n))
-        });
-        for var in render::env_vars(res, None) {
-            env.push(
-                serde_json::to_value(var).map_err(|e| err("/spec/trainer/env", &e.to_string()))?,
-            );
-        }
-        // Placement of the trainer's pods.
-        let reqs = render::node_requirements(res);
-        let affinity = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": requirements_json(&reqs)}]
-        }}});
-        match features.trainjob {
-            TrainJobApi::RuntimePatches => {
-                let patches = spec.entry("runtimePatches").or_insert_with(|| json!([]));
-                let patches = patches
-                    .as_array_mut()
-                    .ok_or_else(|| err("/spec/runtimePatches", "not a list"))?;
-                patches.retain(|p| {
-                    p.get("manager").and_then(Value::as_str) != Some(TRAINJOB_PATCH_MANAGER)
-                });
-                if !reqs.is_empty() {
-                    patches.push(json!({
-                        "manager": TRAINJOB_PATCH_MANAGER,
-                        "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{
-                            "name": TRAINJOB_TRAINER_JOB,
-                            "template": {"spec": {"template": {"spec": {"affinity": affinity}}}}
-                        }]}}}
-                    }));
-                }
-            }
-            TrainJobApi::Unsupported => {
-                if !reqs.is_empty() {
-                    return Err(err(
-                        "/spec",
-                        "the installed TrainJob CRD has neither spec.runtimePatches (Kubeflow \
-                         Trainer 2.2 and later) nor spec.podTemplateOverrides (2.1), so the \
-                         trainer pods' node affinity cannot be written; upgrade Kubeflow Trainer",
-                    ));
-                }
-            }
-            TrainJobApi::PodTemplateOverrides => {
-                let overrides = spec
-                    .entry("podTemplateOverrides")
-                    .or_insert_with(|| json!([]));
-                let overrides = overrides
-                    .as_array_mut()
-                    .ok_or_else(|| err("/spec/podTemplateOverrides", "not a list"))?;
-                overrides.retain(|o| {
-                    o.pointer("/metadata/annotations/offload.dev~1managed")
-                        .is_none()
-                });
-                if !reqs.is_empty() {
-                    overrides.push(json!({
-                        "targetJobs": [{"name": TRAINJOB_TRAINER_JOB}],
-                        "metadata": {"annotations": {"offload.dev/managed": "true"}},
-                        "spec": {"affinity": affinity}
-                    }));
-                }
-            }
-        }
-        Ok(())
+    ) -> Result<Vec<PatchOperation>, KindError> {
+        // The TrainJob is edited as JSON (no typed reading drops a field), then compared.
+        let mut edited = obj.clone();
+        trainjob_edit(&mut edited, res, features)?;
+        Ok(json_patch::diff(obj, &edited).0)
     }
+}
+
+/// Writes the resolution into a TrainJob's trainer env and its trainer pods' node affinity.
+fn trainjob_edit(
+    obj: &mut Value,
+    res: &Resolution,
+    features: &ApiFeatures,
+) -> Result<(), KindError> {
+    let err = |path: &str, detail: &str| KindError {
+        path: path.into(),
+        detail: detail.into(),
+    };
+    let spec = obj
+        .get_mut("spec")
+        .and_then(Value::as_object_mut)
+        .ok_or_else(|| err("/spec", "missing"))?;
+    // Env of the trainer container: operator-owned names replaced, the user's kept.
+    let trainer = spec.entry("trainer").or_insert_with(|| json!({}));
+    let trainer = trainer
+        .as_object_mut()
+        .ok_or_else(|| err("/spec/trainer", "not an object"))?;
+    let env = trainer.entry("env").or_insert_with(|| json!([]));
+    let env = env
+        .as_array_mut()
+        .ok_or_else(|| err("/spec/trainer/env", "not a list"))?;
+    env.retain(|e| {
+        e.get("name")
+            .and_then(Value::as_str)
+            .is_none_or(|n| !names::OPERATOR_ENV.contains(&n))
+    });
+    for var in render::env_vars(res, None) {
+        env.push(serde_json::to_value(var).map_err(|e| err("/spec/trainer/env", &e.to_string()))?);
+    }
+    // Placement of the trainer's pods.
+    let reqs = render::node_requirements(res);
+    let affinity = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": requirements_json(&reqs)}]
+    }}});
+    match features.trainjob {
+        TrainJobApi::RuntimePatches => {
+            let patches = spec.entry("runtimePatches").or_insert_with(|| json!([]));
+            let patches = patches
+                .as_array_mut()
+                .ok_or_else(|| err("/spec/runtimePatches", "not a list"))?;
+            patches.retain(|p| {
+                p.get("manager").and_then(Value::as_str) != Some(TRAINJOB_PATCH_MANAGER)
+            });
+            if !reqs.is_empty() {
+                patches.push(json!({
+                    "manager": TRAINJOB_PATCH_MANAGER,
+                    "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{
+                        "name": TRAINJOB_TRAINER_JOB,
+                        "template": {"spec": {"template": {"spec": {"affinity": affinity}}}}
+                    }]}}}
+                }));
+            }
+        }
+        TrainJobApi::Unsupported => {
+            if !reqs.is_empty() {
+                return Err(err(
+                    "/spec",
+                    "the installed TrainJob CRD has neither spec.runtimePatches (Kubeflow \
+                     Trainer 2.2 and later) nor spec.podTemplateOverrides (2.1), so the \
+                     trainer pods' node affinity cannot be written; upgrade Kubeflow Trainer",
+                ));
+            }
+        }
+        TrainJobApi::PodTemplateOverrides => {
+            let overrides = spec
+                .entry("podTemplateOverrides")
+                .or_insert_with(|| json!([]));
+            let overrides = overrides
+                .as_array_mut()
+                .ok_or_else(|| err("/spec/podTemplateOverrides", "not a list"))?;
+            overrides.retain(|o| {
+                o.pointer("/metadata/annotations/offload.dev~1managed")
+                    .is_none()
+            });
+            if !reqs.is_empty() {
+                overrides.push(json!({
+                    "targetJobs": [{"name": TRAINJOB_TRAINER_JOB}],
+                    "metadata": {"annotations": {"offload.dev/managed": "true"}},
+                    "spec": {"affinity": affinity}
+                }));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The manager of the operator's `runtimePatches` entry on a TrainJob.

@@ -123,7 +123,11 @@ fn patch_response(
     original: &Value,
     mutated: &Value,
 ) -> Verdict {
-    let patch = json_patch::diff(original, mutated);
+    patch_ops_response(req, json_patch::diff(original, mutated))
+}
+
+/// The answer that applies `patch` (an empty one allows the object unchanged).
+fn patch_ops_response(req: &AdmissionRequest<DynamicObject>, patch: json_patch::Patch) -> Verdict {
     if patch.0.is_empty() {
         return Verdict::allow(AdmissionResponse::from(req));
     }

@@ -1,37 +1,39 @@
 //! Mutating opted-in Pods and jobs of other kinds (batch Job, JobSet, PyTorchJob, TrainJob) at
 //! creation. Their env cannot change later, so one that cannot be configured now is refused.
 
+use std::collections::BTreeMap;
+
+use json_patch::PatchOperation;
+use json_patch::jsonptr::PointerBuf;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use serde::Deserialize;
 use serde_json::Value;
 
-use super::{Review, Verdict, object, patch_response};
+use super::{Review, Verdict, object, patch_ops_response};
 use crate::decision::{JobRequest, PodResources, Resolution, decide_request};
 use crate::render;
 use crate::webhook::kinds;
 use offload_api::names;
 
-fn metadata_maps(
-    obj: &Value,
-) -> (
-    serde_json::Map<String, Value>,
-    serde_json::Map<String, Value>,
-) {
-    let map = |key: &str| {
-        obj.pointer(&format!("/metadata/{key}"))
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default()
-    };
-    (map("labels"), map("annotations"))
+/// No labels or annotations.
+static NONE: BTreeMap<String, String> = BTreeMap::new();
+
+/// The object's labels and annotations (empty when it has none).
+fn metadata_maps(meta: &ObjectMeta) -> (&BTreeMap<String, String>, &BTreeMap<String, String>) {
+    (
+        meta.labels.as_ref().unwrap_or(&NONE),
+        meta.annotations.as_ref().unwrap_or(&NONE),
+    )
 }
 
 /// The resolution for an object of another kind, or the denial to send.
 fn resolve_for_object(
     req: &AdmissionRequest<DynamicObject>,
     review: &Review,
-    obj: &Value,
+    meta: &ObjectMeta,
     pods: u32,
     spec: Option<&PodSpec>,
 ) -> Result<Resolution, Box<Verdict>> {
@@ -46,9 +48,9 @@ fn resolve_for_object(
                 format!("offload configuration cannot be resolved: {e}"),
             ))
         })?;
-    let (labels, annotations) = metadata_maps(obj);
+    let (labels, annotations) = metadata_maps(meta);
     let (requested, mut request) =
-        JobRequest::from_annotations(&labels, &annotations, pods, resources)
+        JobRequest::from_annotations(labels, annotations, pods, resources)
             .map_err(|m| Box::new(Verdict::deny(req, "InvalidAnnotation", m)))?;
     request.gpu_claim_entries = claims
         .map(|p| p.claims.into_keys().collect())
@@ -73,10 +75,10 @@ fn resolve_for_object(
 }
 
 /// Whether an object carries the opt-in label.
-fn labelled(obj: &Value) -> bool {
-    obj.pointer("/metadata/labels")
-        .and_then(|l| l.get(names::PROFILE_ANNOTATION))
-        .is_some()
+fn labelled(meta: &ObjectMeta) -> bool {
+    meta.labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(names::PROFILE_ANNOTATION))
 }
 
 /// Most bytes of the reasons annotation (the API server allows 256 KiB for all annotations).
@@ -101,22 +103,36 @@ pub fn reasons_text(res: &Resolution) -> String {
     text
 }
 
-fn annotate_resolved(obj: &mut Value, res: &Resolution) {
-    let summary = render::resolved_summary(res);
-    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-        let annotations = meta
-            .entry("annotations")
-            .or_insert_with(|| Value::Object(Default::default()));
-        if let Some(a) = annotations.as_object_mut() {
-            a.insert(
-                names::ANNOTATION_RESOLVED.to_string(),
-                Value::String(summary),
-            );
-            a.insert(
-                names::ANNOTATION_REASONS.to_string(),
-                Value::String(reasons_text(res)),
-            );
-        }
+/// The operations that write the decision's summary and reasons into the object's
+/// annotations, next to those it has.
+fn annotation_ops(meta: &ObjectMeta, res: &Resolution) -> Vec<PatchOperation> {
+    let written = [
+        (names::ANNOTATION_REASONS, reasons_text(res)),
+        (names::ANNOTATION_RESOLVED, render::resolved_summary(res)),
+    ];
+    let add = |path: PointerBuf, value: Value| {
+        PatchOperation::Add(json_patch::AddOperation { path, value })
+    };
+    match meta.annotations.as_ref() {
+        None => vec![add(
+            PointerBuf::from_tokens(["metadata", "annotations"]),
+            Value::Object(
+                written
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), Value::String(v)))
+                    .collect(),
+            ),
+        )],
+        Some(have) => written
+            .into_iter()
+            .filter(|(k, v)| have.get(*k) != Some(v))
+            .map(|(k, v)| {
+                add(
+                    PointerBuf::from_tokens(["metadata", "annotations", k]),
+                    Value::String(v),
+                )
+            })
+            .collect(),
     }
 }
 
@@ -136,52 +152,53 @@ pub fn mutate_workload(req: &AdmissionRequest<DynamicObject>, review: &Review) -
             ),
         );
     };
-    let Some(obj) = req
-        .object
-        .as_ref()
-        .and_then(|o| serde_json::to_value(o).ok())
-    else {
+    let Some(object) = req.object.as_ref() else {
         return Verdict::deny(
             req,
             "InvalidObject",
-            format!("the {} cannot be read", kind.name()),
+            format!("the request carries no {}", kind.name()),
         );
     };
-    if !labelled(&obj) {
+    if !labelled(&object.metadata) {
         // Only opted-in objects are configured (the webhook configuration selects them by the
         // label; this guards against a configuration that does not).
         return Verdict::allow(AdmissionResponse::from(req));
     }
-    let pods = match kind.pods(&obj) {
+    // The object's fields other than its metadata (`spec`, `status`), read in place.
+    let obj = &object.data;
+    let pods = match kind.pods(obj) {
         Ok(n) => n,
         Err(e) => {
             return Verdict::deny(req, "InvalidObject", format!("{}: {e}", kind.name()));
         }
     };
     let spec = kind
-        .template_pointers(&obj)
+        .template_pointers(obj)
         .first()
         .and_then(|p| obj.pointer(&format!("{p}/spec")))
-        .and_then(|s| serde_json::from_value::<PodSpec>(s.clone()).ok());
-    let res = match resolve_for_object(req, review, &obj, pods, spec.as_ref()) {
+        .and_then(|s| PodSpec::deserialize(s).ok());
+    let res = match resolve_for_object(req, review, &object.metadata, pods, spec.as_ref()) {
         Ok(r) => r,
         Err(v) => return *v,
     };
-    let mut mutated = obj.clone();
-    if let Err(e) = kind.apply(
-        &mut mutated,
+    let ops = match kind.patch(
+        obj,
         &res,
         &review.view.features(),
         &review.view.render_options(),
     ) {
-        return Verdict::deny(
-            req,
-            "InvalidObject",
-            format!("{}: pod template {e}", kind.name()),
-        );
-    }
-    annotate_resolved(&mut mutated, &res);
-    patch_response(req, &obj, &mutated).with_resolution(res)
+        Ok(ops) => ops,
+        Err(e) => {
+            return Verdict::deny(
+                req,
+                "InvalidObject",
+                format!("{}: pod template {e}", kind.name()),
+            );
+        }
+    };
+    let mut patch = annotation_ops(&object.metadata, &res);
+    patch.extend(ops);
+    patch_ops_response(req, json_patch::Patch(patch)).with_resolution(res)
 }
 
 /// Mutating Pod at CREATE, the last safety net for pods created directly; the verdict carries
@@ -194,10 +211,7 @@ pub fn mutate_pod(req: &AdmissionRequest<DynamicObject>, review: &Review) -> Ver
         Ok(p) => p,
         Err(msg) => return Verdict::deny(req, "InvalidObject", msg),
     };
-    let Ok(original) = serde_json::to_value(&pod) else {
-        return Verdict::deny(req, "InvalidObject", "the Pod cannot be read");
-    };
-    if !labelled(&original) {
+    if !labelled(&pod.metadata) {
         return Verdict::allow(AdmissionResponse::from(req));
     }
     // Pods whose template was already configured (by the controller or the workload webhook)
@@ -210,16 +224,23 @@ pub fn mutate_pod(req: &AdmissionRequest<DynamicObject>, review: &Review) -> Ver
     if configured {
         return Verdict::allow(AdmissionResponse::from(req));
     }
-    let res = match resolve_for_object(req, review, &original, 1, pod.spec.as_ref()) {
+    let res = match resolve_for_object(req, review, &pod.metadata, 1, pod.spec.as_ref()) {
         Ok(r) => r,
         Err(v) => return *v,
     };
-    let mut pod = pod;
-    let spec = pod.spec.get_or_insert_with(PodSpec::default);
-    render::apply_to_pod_spec(spec, &res, None, &review.view.render_options());
-    let Ok(mut mutated) = serde_json::to_value(&pod) else {
+    let mut spec = pod.spec.unwrap_or_default();
+    // The typed spec before and after, compared: the patch holds the configuration alone.
+    let Ok(before) = serde_json::to_value(&spec) else {
+        return Verdict::deny(req, "InvalidObject", "the Pod cannot be read");
+    };
+    render::apply_to_pod_spec(&mut spec, &res, None, &review.view.render_options());
+    let Ok(after) = serde_json::to_value(&spec) else {
         return Verdict::deny(req, "InvalidObject", "the Pod cannot be written back");
     };
-    annotate_resolved(&mut mutated, &res);
-    patch_response(req, &original, &mutated).with_resolution(res)
+    let mut patch = annotation_ops(&pod.metadata, &res);
+    patch.extend(kinds::under(
+        &PointerBuf::from_tokens(["spec"]),
+        json_patch::diff(&before, &after).0,
+    ));
+    patch_ops_response(req, json_patch::Patch(patch)).with_resolution(res)
 }

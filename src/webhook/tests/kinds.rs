@@ -153,6 +153,106 @@ async fn jobsets_pytorchjobs_and_trainjobs_are_configured() {
     );
 }
 
+/// Fields of a newer Kubernetes release than this build's types (`hostnameOverride`, a
+/// container field of a future release), and the object's own annotations.
+fn with_newer_fields(mut template: Value) -> Value {
+    template["spec"]["hostnameOverride"] = json!("trainer-0");
+    template["spec"]["containers"][0]["futureField"] = json!({"on": true});
+    template
+}
+
+fn assert_kept(template: &Value) {
+    assert_eq!(
+        template["spec"]["hostnameOverride"], "trainer-0",
+        "{template}"
+    );
+    assert_eq!(
+        template["spec"]["containers"][0]["futureField"],
+        json!({"on": true}),
+        "{template}"
+    );
+}
+
+#[tokio::test]
+async fn template_fields_the_types_do_not_know_are_kept() {
+    let template =
+        with_newer_fields(json!({"spec": {"restartPolicy": "Never", "containers": [container()]}}));
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": opted_meta("j"),
+        "spec": {"parallelism": 2, "template": template.clone()}});
+    let jobset = json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": opted_meta("js"),
+        "spec": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": {"template": template.clone()}}}]}});
+    let cases = [
+        (("batch", "v1", "Job", "jobs"), job, "/spec/template"),
+        (
+            ("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets"),
+            jobset,
+            "/spec/replicatedJobs/0/template/spec/template",
+        ),
+    ];
+    for ((group, version, kind, resource), object, at) in cases {
+        let r = admit(
+            discrete_cluster(),
+            paths::MUTATE_WORKLOAD,
+            review(
+                group,
+                version,
+                kind,
+                resource,
+                "CREATE",
+                object.clone(),
+                None,
+            ),
+        )
+        .await;
+        assert_eq!(r["allowed"], true, "{kind}: {r}");
+        let ops = patch_of(&r);
+        assert!(
+            ops.iter().all(|op| op["op"] != "remove"),
+            "{kind}: the patch removes a field: {ops:?}"
+        );
+        let out = patched(&object, &r);
+        let template = out.pointer(at).unwrap();
+        assert_configured(template, "cpu-copy");
+        assert_kept(template);
+        // The object's own annotation stays beside the two the webhook writes.
+        let annotations = &out["metadata"]["annotations"];
+        assert_eq!(
+            annotations["offload.dev/framework"], "Generic",
+            "{annotations}"
+        );
+        assert!(
+            annotations[names::ANNOTATION_RESOLVED].is_string(),
+            "{annotations}"
+        );
+        assert!(
+            annotations[names::ANNOTATION_REASONS].is_string(),
+            "{annotations}"
+        );
+    }
+    // A Pod without annotations gets both.
+    let mut pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": opted_meta("p")});
+    pod["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("annotations");
+    pod["spec"] = with_newer_fields(json!({"spec": {"containers": [container()]}}))["spec"].clone();
+    let r = admit(
+        discrete_cluster(),
+        paths::MUTATE_POD,
+        review("", "v1", "Pod", "pods", "CREATE", pod.clone(), None),
+    )
+    .await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert!(patch_of(&r).iter().all(|op| op["op"] != "remove"), "{r}");
+    let out = patched(&pod, &r);
+    assert_configured(&out, "cpu-copy");
+    assert_kept(&out);
+    assert!(
+        out["metadata"]["annotations"][names::ANNOTATION_RESOLVED].is_string(),
+        "{out}"
+    );
+}
+
 fn trainjob() -> Value {
     json!({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": opted_meta("tj"),
         "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": {"numNodes": 1, "env": [{"name": "KEEP", "value": "me"}]},
