@@ -12,6 +12,11 @@ use offload_operator::webhook::tls::{FileCerts, ManagedCerts};
 use offload_operator::webhook::{CertMode, WebhookOptions};
 use std::time::Duration;
 
+/// mimalloc, not the system allocator: the admission path allocates and frees many small JSON
+/// values per request, and glibc's malloc took a third of its time (docs/benchmarks/scale.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The offload operator: controller and admission webhook.
 #[derive(Parser)]
 #[command(version, about)]

@@ -14,6 +14,10 @@
 //! - `memory`: the memory model beside the peaks the GPU harness measured;
 //! - `noop-operator` (hidden): the peer `scale --peer noop` runs instead of the operator.
 
+/// The operator's allocator, so that the in-process figures are the operator's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod admission;
 mod closed_loop;
 mod cluster;
