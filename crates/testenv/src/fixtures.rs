@@ -1,5 +1,5 @@
-//! Recorded node reports: stand-ins for hardware that is not here. `fixtures/README.md` says
-//! where each figure comes from.
+//! Recorded node reports (stand-ins for hardware that is not here) and an admission review.
+//! `fixtures/README.md` says where each figure comes from.
 
 use std::path::PathBuf;
 
@@ -11,6 +11,9 @@ pub const H200_READING: &str = include_str!("../fixtures/node-report-h200.json")
 /// Constructed report of an x86 PCIe GPU node with HMM where pinned allocation was refused, so
 /// the pageable path was measured and overlap failed.
 pub const HMM_UNPINNED: &str = include_str!("../fixtures/node-report-hmm-unpinned.json");
+/// The AdmissionReview of one of `offload-bench scale`'s opted-in batch Jobs: the object as
+/// kube-apiserver v1.36.3 holds it at admission (recorded), in the review's envelope.
+pub const BATCH_JOB_REVIEW: &str = include_str!("../fixtures/admission-review-batch-job.json");
 
 /// Path of a fixture file, e.g. for `offload-agent run --replay`.
 pub fn path(file: &str) -> PathBuf {
