@@ -85,18 +85,32 @@ pub fn template_patch(
     let slot = obj.pointer(path).ok_or_else(|| err("missing".into()))?;
     let mut template =
         PodTemplateSpec::deserialize(slot).map_err(|e| err(format!("not a pod template: {e}")))?;
-    let before = serde_json::to_value(&template).map_err(|e| err(e.to_string()))?;
-    render::apply_to_pod_template(&mut template, res, None, opts);
-    // Its pods say they were configured (the operator watches them for out-of-memory).
-    template
-        .metadata
-        .get_or_insert_with(Default::default)
-        .labels
-        .get_or_insert_with(Default::default)
-        .insert(names::LABEL_CONFIGURED.to_string(), "true".to_string());
-    let after = serde_json::to_value(&template).map_err(|e| err(e.to_string()))?;
     let at = PointerBuf::parse(path).map_err(|e| err(format!("not a JSON pointer: {e}")))?;
-    Ok(under(&at, json_patch::diff(&before, &after).0))
+    typed_patch(&at, &mut template, |template| {
+        render::apply_to_pod_template(template, res, None, opts);
+        // Its pods say they were configured (the operator watches them for out-of-memory).
+        template
+            .metadata
+            .get_or_insert_with(Default::default)
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(names::LABEL_CONFIGURED.to_string(), "true".to_string());
+    })
+    .map_err(|e| err(e.to_string()))
+}
+
+/// The operations that `configure` makes to `typed`, a value read from the document at `at`,
+/// found by comparing its typed forms before and after: the configuration's changes and
+/// nothing of the reading's (a field the types drop is not removed).
+pub fn typed_patch<T: serde::Serialize>(
+    at: &jsonptr::Pointer,
+    typed: &mut T,
+    configure: impl FnOnce(&mut T),
+) -> Result<Vec<PatchOperation>, serde_json::Error> {
+    let before = serde_json::to_value(&*typed)?;
+    configure(typed);
+    let after = serde_json::to_value(&*typed)?;
+    Ok(under(at, json_patch::diff(&before, &after).0))
 }
 
 /// `ops`, made relative to the document's root instead of the value at `at`.

@@ -228,19 +228,27 @@ pub fn mutate_pod(req: &AdmissionRequest<DynamicObject>, review: &Review) -> Ver
         Ok(r) => r,
         Err(v) => return *v,
     };
-    let mut spec = pod.spec.unwrap_or_default();
-    // The typed spec before and after, compared: the patch holds the configuration alone.
-    let Ok(before) = serde_json::to_value(&spec) else {
-        return Verdict::deny(req, "InvalidObject", "the Pod cannot be read");
+    let opts = review.view.render_options();
+    let configure = |spec: &mut PodSpec| render::apply_to_pod_spec(spec, &res, None, &opts);
+    let at = PointerBuf::from_tokens(["spec"]);
+    let ops = match pod.spec {
+        Some(mut spec) => kinds::typed_patch(&at, &mut spec, configure),
+        // No spec to compare with: the configured one is added whole.
+        None => {
+            let mut spec = PodSpec::default();
+            configure(&mut spec);
+            serde_json::to_value(&spec).map(|value| {
+                vec![PatchOperation::Add(json_patch::AddOperation {
+                    path: at,
+                    value,
+                })]
+            })
+        }
     };
-    render::apply_to_pod_spec(&mut spec, &res, None, &review.view.render_options());
-    let Ok(after) = serde_json::to_value(&spec) else {
+    let Ok(ops) = ops else {
         return Verdict::deny(req, "InvalidObject", "the Pod cannot be written back");
     };
     let mut patch = annotation_ops(&pod.metadata, &res);
-    patch.extend(kinds::under(
-        &PointerBuf::from_tokens(["spec"]),
-        json_patch::diff(&before, &after).0,
-    ));
+    patch.extend(ops);
     patch_ops_response(req, json_patch::Patch(patch)).with_resolution(res)
 }
