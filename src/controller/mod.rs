@@ -346,7 +346,7 @@ where
     // memory: record what it found.
     .watches_stream(pod_changes, |pod| {
         if training_job::guard_outcome(&pod).is_none()
-            && training_job::recovery::memory_failure(&pod).is_none()
+            && training_job::recovery::memory_failure(&pod, None).is_none()
         {
             return None;
         }

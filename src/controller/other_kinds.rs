@@ -48,6 +48,16 @@ fn configuration(pod: &Pod) -> String {
     }
 }
 
+/// The container the webhook configured (the first with `OFFLOAD_MODE`): the training process,
+/// whose failures alone count; `None` where no container carries it.
+fn configured_container(pod: &Pod) -> Option<&str> {
+    pod.spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .find(|c| c.env.iter().flatten().any(|e| e.name == "OFFLOAD_MODE"))
+        .map(|c| c.name.as_str())
+}
+
 /// The note: what ran out, with what, and what to do.
 fn note(pod: &Pod, kind: MemoryKind, message: &str, owner: Option<&ObjectReference>) -> String {
     let memory = match kind {
@@ -104,7 +114,7 @@ pub async fn watch(ctx: Arc<Context>, shutdown: CancellationToken) {
                 continue;
             }
         };
-        let Some((kind, message)) = memory_failure(&pod) else {
+        let Some((kind, message)) = memory_failure(&pod, configured_container(&pod)) else {
             continue;
         };
         let uid = pod.metadata.uid.clone().unwrap_or_default();

@@ -1,10 +1,10 @@
-//! A TrainingJob's status is written in two parts, each by server-side apply under its own
+//! A TrainingJob's status is written in three parts, each by server-side apply under its own
 //! field manager, so that writing one part can never drop a field of the other — not even when
 //! the writer works from a stale copy of the object:
 //!
 //! - the **decision** ([`names::OPERATOR_MANAGER`]): `offload`, `observedGeneration`, the
-//!   `OffloadResolved` condition; written when the job is resolved (together with the first
-//!   view of its workload) or held;
+//!   `OffloadResolved` condition; written when the job is resolved or held (the phase and the
+//!   first view of its workload go, in the same call, to the workload writer);
 //! - the **workload** ([`names::WORKLOAD_STATUS_MANAGER`]): `phase`, `workload`, `observed`,
 //!   the `WorkloadCreated`, `Admitted`, `NodeVerified` and `OverlapObserved` conditions;
 //!   written as the Job runs;
@@ -202,17 +202,58 @@ async fn write(
     Ok(())
 }
 
-/// Writes the decision part. `status` may also carry the workload part (phase, workload,
-/// `WorkloadCreated`) when the decision and the first view of the workload are written in one
-/// request; the workload writer takes those fields over later.
+/// Writes `status`, each part by its own field manager, so that every status field has exactly
+/// one writer: the decision part (`offload`, `observedGeneration`, `OffloadResolved`) by the
+/// operator's manager; `phase`, `workload` and `WorkloadCreated`, where `status` carries them
+/// (a job resolved with its workload just created, or held), by the workload writer, in one
+/// apply that states its whole part. A part `status` does not carry (a decision restored from
+/// the workload's record) is left as it is.
+///
+/// A field owned by two managers cannot be cleared by either one's apply; the recovery from
+/// out-of-memory clears `workload` before the re-decision, so it must have one owner.
 pub async fn write_decision(
     api: &Api<TrainingJob>,
     name: &str,
     status: &TrainingJobStatus,
 ) -> Result<(), Error> {
-    let value =
-        serde_json::to_value(status).map_err(|e| Error::Serialize("TrainingJob status", e))?;
-    write(api, name, names::OPERATOR_MANAGER, value).await
+    let (decision, workload) = split(status);
+    write(api, name, names::OPERATOR_MANAGER, decision?).await?;
+    if let Some(workload) = workload {
+        write(api, name, names::WORKLOAD_STATUS_MANAGER, workload?).await?;
+    }
+    Ok(())
+}
+
+/// `status` as the decision part and, where it has a phase, the workload part.
+fn split(
+    status: &TrainingJobStatus,
+) -> (
+    Result<serde_json::Value, Error>,
+    Option<Result<serde_json::Value, Error>>,
+) {
+    let (created, decided): (Vec<&Condition>, Vec<&Condition>) = status
+        .conditions
+        .iter()
+        .partition(|c| c.type_ == WORKLOAD_CREATED);
+    let mut decision = json!({"conditions": decided});
+    if let Some(offload) = &status.offload {
+        match serde_json::to_value(offload) {
+            Ok(v) => decision["offload"] = v,
+            Err(e) => return (Err(Error::Serialize("TrainingJob decision", e)), None),
+        }
+    }
+    if let Some(g) = status.observed_generation {
+        decision["observedGeneration"] = json!(g);
+    }
+    let workload = status.phase.map(|phase| {
+        let mut part = json!({"phase": phase, "conditions": created});
+        if let Some(w) = &status.workload {
+            part["workload"] = serde_json::to_value(w)
+                .map_err(|e| Error::Serialize("TrainingJob workload reference", e))?;
+        }
+        Ok(part)
+    });
+    (Ok(decision), workload)
 }
 
 /// Writes the memory evidence: every failure so far, and the `MemoryRecovery` condition.

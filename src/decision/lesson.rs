@@ -34,6 +34,11 @@ pub struct Observed {
     pub gpu_bytes: u64,
     /// The highest device memory in use on its GPUs (NVML's, with the CUDA context), bytes.
     pub gpu_peak: Option<u64>,
+    /// What PyTorch's caching allocator said the job needed, bytes, where known: its
+    /// `max_memory_allocated()` for a run that ran, or (out of GPU memory) what it had handed
+    /// out plus what it asked for. The device figure (NVML) counts the allocator's cache and
+    /// the CUDA context too, so without this the GPU peak is only an upper bound.
+    pub allocated: Option<u64>,
     /// The highest host memory of a pod, bytes.
     pub host_peak: Option<u64>,
     /// It ran out of this memory.
@@ -138,12 +143,18 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
         host_node: String::new(),
         class: Some(obs.class),
     };
+    // What the job needed of the GPU, as the estimate counts it (without the CUDA context):
+    // the allocator's own figure where it is known; else the device's peak less the context,
+    // which still counts the allocator's cache (an upper bound); and a run out of GPU memory
+    // without the allocator's words needed at least all it could have.
     #[allow(clippy::cast_precision_loss)]
-    let mut needed = (gpu_peak as f64 - CONTEXT_RESERVE_BYTES).max(0.0);
-    if obs.failed == Some(MemoryKind::Gpu) {
-        // It needed more than it could have.
-        needed = needed.max(cm.gpu_budget());
-    }
+    let needed = match (obs.allocated.filter(|a| *a > 0), obs.failed) {
+        (Some(a), _) => a as f64,
+        (None, Some(MemoryKind::Gpu)) => {
+            (gpu_peak as f64 - CONTEXT_RESERVE_BYTES).max(cm.gpu_budget())
+        }
+        (None, _) => (gpu_peak as f64 - CONTEXT_RESERVE_BYTES).max(0.0),
+    };
     #[allow(clippy::cast_precision_loss)]
     let host_peak = obs.host_peak.map(|h| h as f64).filter(|h| *h > 0.0);
     let (jm, parameters) = match fit::unlearned_memory(&job, &facts)? {
@@ -180,9 +191,25 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
             (jm, Some(parameters))
         }
     };
-    let activations = solve(learned::MIN_ACTIVATIONS, learned::MAX_FACTOR, needed, |a| {
+    let mut activations = solve(learned::MIN_ACTIVATIONS, learned::MAX_FACTOR, needed, |a| {
         gpu_with(&jm, &cm, obs.placement, a)
     });
+    // A run that ran proves its configuration fits: its lesson never says otherwise, so the
+    // next decision never offloads more than what ran (the factor is kept where the model,
+    // with the store's growth margin, still fits the placement in the GPU's budget).
+    let mut capped = false;
+    if obs.failed.is_none() {
+        let fits = solve(
+            learned::MIN_ACTIVATIONS,
+            learned::MAX_FACTOR,
+            cm.gpu_budget(),
+            |a| gpu_with(&jm, &cm, obs.placement, a * (1.0 + learned::GROWTH_MARGIN)),
+        );
+        if fits < activations {
+            activations = fits;
+            capped = true;
+        }
+    }
     let est = jm.estimate_checked(obs.placement, &cm).0;
     let host = host_peak
         .filter(|_| est.host_per_pod > 0.0)
@@ -207,7 +234,7 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
     };
     #[allow(clippy::cast_precision_loss)]
     let sentence = format!(
-        "{} with {} peaked at {} of GPU memory (the model estimated {} with the CUDA context){}: activations ×{activations:.2}{}{}",
+        "{} with {} peaked at {} of GPU memory ({}; the model estimated {} with the CUDA context){}: activations ×{activations:.2}{}{}{}",
         if obs.failed.is_some() {
             "ran out of memory"
         } else {
@@ -215,6 +242,10 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
         },
         obs.placement,
         super::memory::gib(gpu_peak as f64),
+        match obs.allocated.filter(|a| *a > 0) {
+            Some(a) => format!("PyTorch's allocator: {}", super::memory::gib(a as f64)),
+            None => "the device's figure, with the allocator's cache: an upper bound".into(),
+        },
         super::memory::gib(est.gpu + CONTEXT_RESERVE_BYTES),
         match host_peak {
             Some(h) => format!(
@@ -225,6 +256,11 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
             None => String::new(),
         },
         host.map_or(String::new(), |h| format!(", host ×{h:.2}")),
+        if capped {
+            " (at most: it ran, so the model keeps it fitting)"
+        } else {
+            ""
+        },
         parameters.map_or(String::new(), |p| format!(
             "; without model hints, its peaks show at most {:.2}B parameters",
             p / 1e9

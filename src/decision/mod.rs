@@ -16,6 +16,7 @@ mod candidates;
 mod constraints;
 mod entry;
 mod error;
+pub mod evidence;
 mod fit;
 mod framework;
 pub mod learned;

@@ -8,14 +8,12 @@
 use std::sync::Arc;
 
 use offload_api::observed::{ObservedRun, ObservedSummary, PodObservation};
-use offload_api::v1alpha1::{MemoryFailure, MemoryKind, NodeClass, TrainingJob, TrainingJobStatus};
+use offload_api::v1alpha1::{MemoryKind, NodeClass, TrainingJob, TrainingJobStatus};
 use serde::Serialize;
 
 use super::{Explanation, Inputs, decided, explain_training_job};
-use crate::controller::training_job::recovery::{
-    GPU_OOM_TEXT, configuration, says_gpu_out_of_memory,
-};
 use crate::controller::workload::decision_status;
+use crate::decision::evidence::{GPU_OOM_TEXT, configuration, says_gpu_out_of_memory};
 use crate::decision::lesson::Observed;
 use crate::decision::{LearnedView, lesson_of};
 
@@ -227,6 +225,16 @@ pub fn explain_after(tj: &TrainingJob, inputs: &mut Inputs, evidence: &[Evidence
                 class: ran_on(res.node_class, inputs),
                 gpu_bytes: ev.pod.gpu_memory_total_bytes.unwrap_or_default(),
                 gpu_peak: ev.pod.gpu_memory_peak_bytes,
+                allocated: match &ev.outcome {
+                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                    Outcome::OutOfMemory(MemoryKind::Gpu, m) => {
+                        crate::decision::evidence::AllocatorOom::parse(m)
+                            .map(|o| o.needed())
+                            .filter(|n| *n >= 1.0 && *n < 1.8e19)
+                            .map(|n| n as u64)
+                    }
+                    _ => None,
+                },
                 host_peak: ev.pod.host_memory_peak_bytes,
                 failed,
             };
@@ -259,25 +267,20 @@ pub fn explain_after(tj: &TrainingJob, inputs: &mut Inputs, evidence: &[Evidence
             }
         }
         if let Some(kind) = failed {
-            let estimate = status.estimate.as_ref();
-            let (estimate_bytes, budget_bytes) = match (kind, estimate) {
-                (MemoryKind::Gpu, Some(e)) => (Some(e.gpu_bytes), Some(e.gpu_budget_bytes)),
-                (MemoryKind::Host, Some(e)) => (Some(e.host_bytes), e.host_budget_bytes),
-                (_, None) => (None, None),
-            };
-            let st = tj.status.get_or_insert_with(TrainingJobStatus::default);
-            st.memory_failures.push(MemoryFailure {
-                kind,
-                configuration: config.clone(),
-                estimate_bytes,
-                budget_bytes,
-                pod: format!("observed-{i}"),
-                message: oom_line(match &ev.outcome {
-                    Outcome::OutOfMemory(_, m) => m,
-                    _ => "",
-                }),
-                seen_at: now.to_string(),
+            let message = oom_line(match &ev.outcome {
+                Outcome::OutOfMemory(_, m) => m,
+                _ => "",
             });
+            let failure = crate::decision::evidence::failure_record(
+                &tj,
+                Some(&status),
+                kind,
+                &format!("observed-{i}"),
+                &message,
+                now.to_string(),
+            );
+            let st = tj.status.get_or_insert_with(TrainingJobStatus::default);
+            st.memory_failures.push(failure);
         }
         steps.push(LoopStep {
             source: ev.source.clone(),

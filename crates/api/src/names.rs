@@ -154,7 +154,18 @@ pub const LABEL_TRAINING_JOB: &str = "offload.dev/training-job";
 /// Annotation the webhook writes on a TrainingJob whose `Auto` values it resolved at creation:
 /// the `spec.offload` the user asked for (JSON), so the controller explains the decision from
 /// the original request, not from the concrete values that replaced it.
+/// The operator writes it too, with every `spec.offload` it writes (a re-decision after an
+/// out-of-memory), so the next decision is made from the user's request, never from the
+/// operator's own earlier choice.
 pub const ANNOTATION_REQUESTED: &str = "offload.dev/requested";
+
+/// Condition on a TrainingJob saying whether a configuration that ran out of memory was
+/// replaced (`True`, reason [`REASON_REDECIDING`]) or not (`False`).
+pub const CONDITION_MEMORY_RECOVERY: &str = "MemoryRecovery";
+/// `MemoryRecovery`'s reason while the workload that ran out is replaced by a new decision's:
+/// the one state in which the webhook admits a change of `spec.offload` under an existing
+/// workload reference.
+pub const REASON_REDECIDING: &str = "Redeciding";
 
 /// Secret the chart's operator keeps its managed webhook CA and serving certificate in.
 pub const WEBHOOK_SECRET: &str = "offload-operator-webhook-tls";

@@ -45,8 +45,11 @@ pub(super) async fn follow_workload(
         return Ok(Action::await_change());
     }
     let current = restore_decision(tj, &api, job, current).await?;
-    if let Some(failed) =
-        super::recovery::unrecorded_failure(ctx, tj, job, &current.memory_failures)
+    // Only a job the operator configured is decided again; one that did not opt in fails as
+    // it was written.
+    if crate::decision::opted_in(tj)
+        && let Some(failed) =
+            super::recovery::unrecorded_failure(ctx, tj, job, &current.memory_failures)
     {
         return super::recovery::recover(tj, ctx, &current, failed).await;
     }
@@ -61,7 +64,7 @@ pub(super) async fn follow_workload(
     // A new window of the job's peaks is a lesson for later decisions of its shape.
     if let (Some(o), Some(d)) = (observed.as_ref(), current.offload.as_ref())
         && current.observed.as_ref().map(|p| &p.memory) != Some(&o.memory)
-        && let Some(obs) = super::learn::observed(ctx, d, o, None)
+        && let Some(obs) = super::learn::observed(ctx, d, o, None, None)
     {
         super::learn::learn(tj, ctx, &obs).await;
     }

@@ -38,12 +38,14 @@ fn class(
     })
 }
 
-/// What the job's configuration was observed to use (or ran out of), as a lesson's input.
+/// What the job's configuration was observed to use (or ran out of), as a lesson's input;
+/// `allocated` is what PyTorch's allocator said it needed, where known.
 pub(super) fn observed(
     ctx: &Context,
     d: &OffloadDecisionStatus,
     observed: &ObservedOverlap,
     failed: Option<MemoryKind>,
+    allocated: Option<u64>,
 ) -> Option<Observed> {
     let m = observed.memory.as_ref()?;
     if m.configuration != super::recovery::configuration(d) {
@@ -60,6 +62,7 @@ pub(super) fn observed(
             Some(MemoryKind::Gpu) => Some(gpu_bytes),
             _ => as_u64(m.gpu_peak_bytes),
         },
+        allocated,
         host_peak: as_u64(m.host_peak_bytes),
         failed,
     })

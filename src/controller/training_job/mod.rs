@@ -240,9 +240,19 @@ async fn write_spec(
     let mut generation = tj.metadata.generation;
     let concrete = res.concrete_spec();
     if tj.spec.offload != concrete {
+        // The request the decision was made from goes with it, so the next decision (after an
+        // out-of-memory) is made from what the user asked, never from what was written here.
+        let record = crate::decision::AdmittedRequest {
+            requested: res.requested.clone(),
+            wrote: concrete.clone(),
+        };
+        let requested = record
+            .annotation()
+            .map_err(|e| Error::Serialize("the offload request record", e))?;
         let patch = json!({
             "apiVersion": TrainingJob::api_version(&()),
             "kind": TrainingJob::kind(&()),
+            "metadata": {"annotations": {names::ANNOTATION_REQUESTED: requested}},
             "spec": {"offload": concrete},
         });
         let patched = match api

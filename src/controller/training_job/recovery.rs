@@ -7,7 +7,6 @@
 //! the figures. A pod that fails for any other reason is never re-decided.
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -18,74 +17,12 @@ use crate::controller::conditions::{self, WORKLOAD_CREATED};
 use crate::controller::{Context, Error, kube_err, status};
 use crate::decision::memory::gib;
 use offload_api::names;
-use offload_api::v1alpha1::{
-    JobPhase, MemoryFailure, MemoryKind, OffloadDecisionStatus, TrainingJob, TrainingJobStatus,
-};
+use offload_api::v1alpha1::{JobPhase, MemoryFailure, MemoryKind, TrainingJob, TrainingJobStatus};
 
 /// The condition saying whether a configuration that ran out of memory was replaced.
-pub const MEMORY_RECOVERY: &str = "MemoryRecovery";
+pub const MEMORY_RECOVERY: &str = offload_api::names::CONDITION_MEMORY_RECOVERY;
 
-/// What PyTorch and CUDA libraries print when a GPU allocation fails.
-pub const GPU_OOM_TEXT: &[&str] = &[
-    "CUDA out of memory",
-    "OutOfMemoryError",
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "CUDA error: out of memory",
-    "cudaErrorMemoryAllocation",
-];
-
-/// Whether a failed process's last words are a GPU allocation failing.
-pub fn says_gpu_out_of_memory(message: &str) -> bool {
-    GPU_OOM_TEXT.iter().any(|t| message.contains(t))
-}
-
-/// Most characters of a pod's message kept as evidence.
-const MAX_MESSAGE: usize = 1024;
-
-/// How a container ran out of memory, from its terminated state (the current one, or the last
-/// where the kubelet restarted it); `None` for anything else.
-pub fn memory_failure(pod: &Pod) -> Option<(MemoryKind, String)> {
-    let status = pod.status.as_ref()?;
-    status.container_statuses.iter().flatten().find_map(|c| {
-        let terminated = c
-            .state
-            .as_ref()
-            .and_then(|s| s.terminated.as_ref())
-            .or_else(|| c.last_state.as_ref().and_then(|s| s.terminated.as_ref()))?;
-        let message: String = terminated
-            .message
-            .as_deref()
-            .unwrap_or_default()
-            .trim()
-            .chars()
-            .rev()
-            .take(MAX_MESSAGE)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        if terminated.reason.as_deref() == Some("OOMKilled") {
-            let said = if message.is_empty() {
-                format!(
-                    "container {} was OOMKilled (exit {})",
-                    c.name, terminated.exit_code
-                )
-            } else {
-                message
-            };
-            return Some((
-                MemoryKind::Host,
-                offload_api::text::bounded_to(&said, MAX_MESSAGE),
-            ));
-        }
-        (terminated.exit_code != 0 && says_gpu_out_of_memory(&message)).then(|| {
-            (
-                MemoryKind::Gpu,
-                offload_api::text::bounded_to(&message, MAX_MESSAGE),
-            )
-        })
-    })
-}
+pub use crate::decision::evidence::{configuration, memory_failure};
 
 /// A pod of `job` (the workload Job, by uid) that ran out of memory and is not recorded yet.
 pub(super) fn unrecorded_failure(
@@ -98,6 +35,7 @@ pub(super) fn unrecorded_failure(
     let uid = job.metadata.uid.as_deref()?;
     let ns = tj.namespace().unwrap_or_default();
     let name = tj.name_any();
+    let container = training_container(tj);
     store.state().iter().find_map(|pod| {
         let ours = pod.namespace().as_deref() == Some(ns.as_str())
             && pod.labels().get(names::LABEL_TRAINING_JOB) == Some(&name)
@@ -106,21 +44,19 @@ pub(super) fn unrecorded_failure(
         if !ours || recorded.iter().any(|f| f.pod == pod_name) {
             return None;
         }
-        memory_failure(pod).map(|(kind, message)| (pod_name, kind, message))
+        memory_failure(pod, container.as_deref()).map(|(kind, message)| (pod_name, kind, message))
     })
 }
 
-/// The configuration a decision wrote, in the annotation's words.
-pub fn configuration(d: &OffloadDecisionStatus) -> String {
-    format!(
-        "mode={} overlap={} ratio={} pinMemory={} nodeClass={} profile={}",
-        d.mode,
-        d.overlap,
-        d.offload_ratio,
-        d.pin_memory,
-        d.node_class.map_or("none".to_string(), |c| c.to_string()),
-        d.profile
-    )
+/// The name of the job's training container (the first that asks for GPUs, else the first):
+/// the one process whose memory failures are the job's.
+pub fn training_container(tj: &TrainingJob) -> Option<String> {
+    let spec = tj.spec.template.spec.as_ref()?;
+    let at = crate::decision::PodResources::of(Some(spec))
+        .ok()
+        .and_then(|r| r.training_container)
+        .unwrap_or(0);
+    spec.containers.get(at).map(|c| c.name.clone())
 }
 
 /// Records the failure, and — within the profile's bound — clears the workload and deletes its
@@ -141,24 +77,24 @@ pub(super) async fn recover(
         .map_or(offload_api::v1alpha1::DEFAULT_MAX_MEMORY_RETRIES, |p| {
             p.max_memory_retries
         });
-    let estimate = decision.and_then(|d| d.estimate.clone());
-    let (estimate_bytes, budget_bytes) = match (kind, estimate) {
-        (MemoryKind::Gpu, Some(e)) => (Some(e.gpu_bytes), Some(e.gpu_budget_bytes)),
-        (MemoryKind::Host, Some(e)) => (Some(e.host_bytes), e.host_budget_bytes),
-        (_, None) => (None, None),
-    };
-    let failure = MemoryFailure {
+    let failure = crate::decision::evidence::failure_record(
+        tj,
+        decision,
         kind,
-        configuration: decision.map(configuration).unwrap_or_default(),
-        estimate_bytes,
-        budget_bytes,
-        pod: pod.clone(),
-        message: message.clone(),
-        seen_at: jiff::Timestamp::now().to_string(),
-    };
+        &pod,
+        &message,
+        jiff::Timestamp::now().to_string(),
+    );
+    let (estimate_bytes, budget_bytes) = (failure.estimate_bytes, failure.budget_bytes);
     // What ran out is a lesson for the shape too: it needed more than it had.
     if let (Some(d), Some(o)) = (decision, current.observed.as_ref())
-        && let Some(obs) = super::learn::observed(ctx, d, o, Some(kind))
+        && let Some(obs) = super::learn::observed(
+            ctx,
+            d,
+            o,
+            Some(kind),
+            failure.needed_bytes.and_then(|b| u64::try_from(b).ok()),
+        )
     {
         super::learn::learn(tj, ctx, &obs).await;
     }
@@ -199,9 +135,9 @@ pub(super) async fn recover(
             &current.conditions,
             MEMORY_RECOVERY,
             true,
-            "Redeciding",
+            names::REASON_REDECIDING,
             format!(
-                "{said}; decided again with its {memory} estimates raised past that and recreated (re-decision {n} of at most {max})"
+                "{said}; its workload is replaced, decided again with its {memory} estimates raised past that (re-decision {n} of at most {max}): OffloadResolved says what that decision is, WorkloadCreated whether it runs"
             ),
             tj.metadata.generation,
         )
@@ -251,55 +187,4 @@ pub(super) async fn recover(
 /// Whether the Job is on its way out (deleted, its pods still going).
 pub(super) fn deleting(job: &Job) -> bool {
     job.meta().deletion_timestamp.is_some()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn pod(containers: serde_json::Value) -> Pod {
-        serde_json::from_value(
-            json!({"metadata": {"name": "p"}, "status": {"containerStatuses": containers}}),
-        )
-        .unwrap()
-    }
-
-    #[test]
-    fn a_cuda_oom_and_an_oom_kill_are_told_from_any_other_failure() {
-        let gpu = pod(
-            json!([{"name": "train", "image": "t", "ready": false, "restartCount": 0,
-            "state": {"terminated": {"exitCode": 1, "reason": "Error",
-                "message": "Traceback (most recent call last):\n  ...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.99 GiB. GPU 0 has a total capacity of 139.80 GiB"}}}]),
-        );
-        let (kind, message) = memory_failure(&gpu).unwrap();
-        assert_eq!(kind, MemoryKind::Gpu);
-        assert!(message.contains("Tried to allocate 3.99 GiB"), "{message}");
-        let host = pod(
-            json!([{"name": "train", "image": "t", "ready": false, "restartCount": 1,
-            "state": {"running": {}},
-            "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]),
-        );
-        let (kind, message) = memory_failure(&host).unwrap();
-        assert_eq!(kind, MemoryKind::Host);
-        assert!(message.contains("OOMKilled (exit 137)"), "{message}");
-        for other in [
-            json!([{"name": "train", "image": "t", "ready": false, "restartCount": 0,
-                "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": "ValueError: bad batch"}}}]),
-            // The text, but the process succeeded (it printed a handled warning).
-            json!([{"name": "train", "image": "t", "ready": false, "restartCount": 0,
-                "state": {"terminated": {"exitCode": 0, "reason": "Completed", "message": "retrying after CUDA out of memory"}}}]),
-            json!([{"name": "train", "image": "t", "ready": true, "restartCount": 0, "state": {"running": {}}}]),
-        ] {
-            assert_eq!(memory_failure(&pod(other.clone())), None, "{other}");
-        }
-        // A huge message is bounded, keeping its end (where PyTorch's error is).
-        let long = format!("{}CUDA out of memory.", "x".repeat(100_000));
-        let huge = pod(
-            json!([{"name": "train", "image": "t", "ready": false, "restartCount": 0,
-            "state": {"terminated": {"exitCode": 1, "message": long}}}]),
-        );
-        let (_, message) = memory_failure(&huge).unwrap();
-        assert!(message.chars().count() <= MAX_MESSAGE && message.ends_with("CUDA out of memory."));
-    }
 }

@@ -193,6 +193,19 @@ async fn a_new_job_is_decided_patched_then_given_its_workload() {
     let job_apply = at("PATCH", "/jobs/llama");
     let status = at("PATCH", "/trainingjobs/llama/status");
     assert!(spec_patch < job_apply && job_apply < status, "{calls:#?}");
+    // The decision part and the workload part, each by its own field manager (one writer per
+    // field: the recovery can clear the workload reference).
+    let workload = calls
+        .iter()
+        .rposition(|c| c.is("PATCH", "/trainingjobs/llama/status"))
+        .unwrap();
+    assert!(workload > status, "{calls:#?}");
+    assert!(
+        calls[status].body["status"].get("workload").is_none()
+            && calls[status].body["status"].get("phase").is_none(),
+        "{}",
+        calls[status].body
+    );
     let offload = &calls[spec_patch].body["spec"]["offload"];
     assert_eq!(offload["mode"], "UnifiedMemory", "{offload}");
 
@@ -217,9 +230,12 @@ async fn a_new_job_is_decided_patched_then_given_its_workload() {
         "{terms:?}"
     );
     // The status records the generation the spec patch produced and the workload.
-    let status = &calls[status].body["status"];
-    assert_eq!(status["observedGeneration"], 2, "{status}");
-    assert_eq!(status["workload"]["job"], "llama", "{status}");
+    let decided = &calls[status].body["status"];
+    assert_eq!(decided["observedGeneration"], 2, "{decided}");
+    let part = &calls[workload].body["status"];
+    assert_eq!(part["workload"]["job"], "llama", "{part}");
+    assert_eq!(part["phase"], "Pending", "{part}");
+    assert!(part.get("offload").is_none(), "{part}");
 }
 
 #[tokio::test]

@@ -36,6 +36,7 @@ fn observe(job: &JobRequest, res: &Resolution, gpu_peak: u64, host_peak: Option<
         class: NodeClass::Discrete,
         gpu_bytes: 150_754_820_096,
         gpu_peak: Some(gpu_peak),
+        allocated: None,
         host_peak,
         failed: None,
     }
@@ -175,6 +176,8 @@ fn try_fastest_climbs_one_rung_per_gpu_out_of_memory() {
         configuration: String::new(),
         estimate_bytes: None,
         budget_bytes: None,
+        limit_bytes: None,
+        needed_bytes: None,
         pod: "p".into(),
         message: "CUDA out of memory".into(),
         seen_at: "2026-12-01T12:00:00Z".into(),
@@ -214,4 +217,55 @@ fn try_fastest_climbs_one_rung_per_gpu_out_of_memory() {
         resolve(&deepspeed("0.19.8"), &[node()]).unwrap().placement,
         Placement::OptimizerAndParams
     );
+}
+
+/// The ratio of a partial placement (0 without offload, 1 for all of the optimizer state).
+fn share(r: &Resolution) -> f64 {
+    match r.placement {
+        Placement::PartialOptimizer(r) => r,
+        Placement::NoOffload => 0.0,
+        _ => 1.0,
+    }
+}
+
+#[test]
+fn a_run_that_trained_never_makes_the_next_decision_offload_more() {
+    // A 9.1B at 2048 tokens: a partial share fits. It ran, and the device's figure read the
+    // whole GPU (the allocator's cache near the limit): an upper bound, which must not push
+    // the next decision away from what ran.
+    let mut job = deepspeed("0.19.8");
+    job.model = Some(bench_hints(9_122_865_152, 2048, 44));
+    let first = resolve(&job, &[node()]).unwrap();
+    let r1 = share(&first);
+    assert!(r1 > 0.0 && r1 < 1.0, "{}", first.summary());
+    let mut store = LearnedMemory::default();
+    let whole = observe(&job, &first, 150_754_820_096, None);
+    let l = lesson(&job, &whole).unwrap().unwrap();
+    assert!(l.sentence.contains("an upper bound"), "{}", l.sentence);
+    assert!(
+        l.sentence.contains("it ran, so the model keeps it fitting"),
+        "{}",
+        l.sentence
+    );
+    for who in ["ns/a/1", "ns/b/2", "ns/c/3"] {
+        learn(&mut store, &job, &whole, who);
+        let next = resolve(&with_learned(job.clone(), &store), &[node()]).unwrap();
+        assert!(
+            share(&next) <= r1 + 1e-9,
+            "{} after {r1}: {}",
+            share(&next),
+            next.summary()
+        );
+    }
+    // The allocator said it used less than the model counts: the next decision moves toward
+    // the fastest.
+    let m = first.memory.as_ref().unwrap();
+    let mut told = observe(&job, &first, 150_754_820_096, None);
+    told.allocated = Some(m.gpu_bytes - (m.gpu_bytes - m.gpu_structural_bytes) / 2);
+    let l = lesson(&job, &told).unwrap().unwrap();
+    assert!(l.sentence.contains("PyTorch's allocator"), "{}", l.sentence);
+    let mut store = LearnedMemory::default();
+    learn(&mut store, &job, &told, "ns/d/4");
+    let next = resolve(&with_learned(job.clone(), &store), &[node()]).unwrap();
+    assert!(share(&next) < r1, "{} after {r1}", share(&next));
 }

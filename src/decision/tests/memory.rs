@@ -513,6 +513,8 @@ fn failure(
         configuration: "mode=Disabled …".into(),
         estimate_bytes: Some(estimate as i64),
         budget_bytes: Some(budget as i64),
+        limit_bytes: None,
+        needed_bytes: None,
         pod: "p".into(),
         message: "torch.OutOfMemoryError: CUDA out of memory".into(),
         seen_at: "2026-12-01T00:00:00Z".into(),
@@ -544,17 +546,49 @@ fn a_configuration_that_ran_out_of_memory_is_never_written_again() {
         panic!("{}", third.summary());
     };
     assert!(r3 > r, "{r3} after {r}");
-    // A host kill raises the host side: a configuration that needs more host memory than
-    // the node has after +20 % is not written.
+    // A host kill raises the host side as the VPA does, +20 % over what the pod had (no limit:
+    // its estimate), and never past the node's share it had.
     let mut job = trained("llama-10b", 2048);
     let first = resolve(&job, &nodes).unwrap();
     let m = first.memory.clone().unwrap();
-    job.memory_failures = vec![failure(
-        MemoryKind::Host,
-        m.host_bytes_per_pod,
-        m.host_budget_bytes.unwrap(),
-    )];
+    let share = m.host_budget_bytes.unwrap();
+    job.memory_failures = vec![failure(MemoryKind::Host, m.host_bytes_per_pod, share)];
+    let raised = resolve(&job, &nodes).unwrap();
+    let r = raised.memory.clone().unwrap();
+    let expected = (m.host_bytes_per_pod as f64 * 1.2).min(share as f64);
+    assert!(
+        (r.host_bytes_per_pod as f64) >= expected * 0.99 && r.host_bytes_per_pod <= share,
+        "{} after {} (share {share})",
+        r.host_bytes_per_pod,
+        m.host_bytes_per_pod
+    );
+    // Killed at a limit far above its estimate: raised past the limit, so no share of this
+    // node takes it.
+    let mut limited = failure(MemoryKind::Host, m.host_bytes_per_pod, share);
+    limited.limit_bytes = Some(share as i64);
+    job.memory_failures = vec![limited];
     let err = resolve(&job, &nodes).unwrap_err();
     assert_eq!(err.category(), "InsufficientMemory", "{err}");
     assert!(err.to_string().contains("host memory too small"), "{err}");
+}
+
+#[test]
+fn a_host_kill_is_a_vpa_bump_never_the_whole_node() {
+    use crate::decision::memory::Corrections;
+    use offload_api::v1alpha1::MemoryKind;
+    let gib = 1u64 << 30;
+    // 16 GiB estimated, no limit, on a 480 GiB node: +20 %, not 30 times.
+    let c = Corrections::from_failures(&[failure(MemoryKind::Host, 16 * gib, 480 * gib)]);
+    assert!((c.host - 1.2).abs() < 1e-9, "{}", c.host);
+    // A tiny pod: at least 100 MiB more.
+    let c = Corrections::from_failures(&[failure(MemoryKind::Host, 100 << 20, 480 * gib)]);
+    assert!((c.host - 2.0).abs() < 1e-9, "{}", c.host);
+    // Near the node's share: capped at the share.
+    let c = Corrections::from_failures(&[failure(MemoryKind::Host, 450 * gib, 480 * gib)]);
+    assert!((c.host - 480.0 / 450.0).abs() < 1e-9, "{}", c.host);
+    // A GPU failure with the allocator's words: raised to what it needed, with the margin.
+    let mut f = failure(MemoryKind::Gpu, 130 * gib, 135 * gib);
+    f.needed_bytes = Some(139 * gib as i64);
+    let c = Corrections::from_failures(&[f]);
+    assert!((c.gpu - 139.0 / 130.0 * 1.05).abs() < 1e-9, "{}", c.gpu);
 }

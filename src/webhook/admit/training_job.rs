@@ -45,6 +45,16 @@ pub fn validate_training_job(req: &AdmissionRequest<DynamicObject>, review: &Rev
             (old.spec.template != tj.spec.template, "spec.template"),
             (old.spec.replicas != tj.spec.replicas, "spec.replicas"),
         ];
+        // The operator's own re-decision after an out-of-memory: only the offload
+        // configuration changes, and the job's status says its configuration ran out and is
+        // being replaced.
+        let only_offload = changed.iter().skip(1).all(|(c, _)| !*c);
+        if only_offload && recovering(&old) {
+            return match check_training_job(&tj) {
+                Ok(()) => Verdict::allow(AdmissionResponse::from(req)),
+                Err(e) => Verdict::deny(req, e.category(), format!("{e}")),
+            };
+        }
         if let Some((_, field)) = changed.iter().find(|(c, _)| *c) {
             return Verdict::deny(
                 req,
@@ -80,6 +90,25 @@ pub fn validate_training_job(req: &AdmissionRequest<DynamicObject>, review: &Rev
         )),
         Err(e) => Verdict::deny(req, e.reason(), format!("spec: {}", e.message())),
     }
+}
+
+/// Whether `old` is being re-decided after running out of memory: `MemoryRecovery` is `True`
+/// (`Redeciding`), and the last failure recorded is of the configuration its status still
+/// holds (once the new decision is recorded, the recovery is over and the job is frozen again).
+fn recovering(old: &TrainingJob) -> bool {
+    let Some(status) = old.status.as_ref() else {
+        return false;
+    };
+    let redeciding = status.conditions.iter().any(|c| {
+        c.type_ == names::CONDITION_MEMORY_RECOVERY
+            && c.status == "True"
+            && c.reason == names::REASON_REDECIDING
+    });
+    let ran_out = match (status.memory_failures.last(), status.offload.as_ref()) {
+        (Some(f), Some(d)) => f.configuration == crate::decision::evidence::configuration(d),
+        _ => false,
+    };
+    redeciding && ran_out
 }
 
 /// Mutating TrainingJob at CREATE: resolve every `Auto` early so the stored object already

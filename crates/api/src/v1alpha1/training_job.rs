@@ -209,7 +209,9 @@ pub struct ConfigMapKeyRef {
     /// Name of the ConfigMap.
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
-    /// Key holding the DeepSpeed JSON; `ds_config.json` when unset.
+    /// Key holding the file: under `spec.deepspeed`, the DeepSpeed JSON (`ds_config.json` when
+    /// unset); under `spec.model`, the model's Hugging Face `config.json` (`config.json` when
+    /// unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
 }
@@ -401,6 +403,14 @@ pub struct MemoryFailure {
     /// of the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_bytes: Option<i64>,
+    /// For host memory: the pod's memory limit, bytes, where it had one (killed at its limit);
+    /// absent where it had none (the node ran out, and the pod had its estimate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_bytes: Option<i64>,
+    /// For GPU memory: what PyTorch's allocator had handed out plus what it asked for when the
+    /// allocation failed, bytes (from its out-of-memory text): what the job needed at least.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needed_bytes: Option<i64>,
     /// The pod that failed.
     pub pod: String,
     /// What the pod said (its termination message, bounded).
