@@ -473,26 +473,6 @@ async fn a_decision_the_api_server_refuses_to_store_holds_the_job_until_its_spec
     wait_for_condition(&api, "held", "WorkloadCreated", "True").await;
 }
 
-/// A one-pod job of Mistral-7B's shape at `tokens` per step, whose pods kwok ends as a
-/// training process that runs out of memory does (`offload.dev/kwok-out-of-memory`: `GPU` when
-/// run without offload, `Host` when run with copy offload, `Other` for a failure that is not
-/// memory): a stand-in for the training process, named as such.
-fn oom_job(name: &str, profile: &str, oom: &str, layers: i64, tokens: i64) -> TrainingJob {
-    let mut tj = training_job(
-        name,
-        profile,
-        json!({"name": "DeepSpeed", "version": "0.19.8"}),
-        json!({"replicas": 1, "backoffLimit": 0, "model": {"architecture": "Llama", "hiddenSize": 4096,
-            "layers": layers, "intermediateSize": 14336, "attentionHeads": 32, "keyValueHeads": 8,
-            "vocabSize": 32000, "tokensPerStep": tokens}}),
-    );
-    tj.spec.template.metadata = Some(
-        serde_json::from_value(json!({"annotations": {"offload.dev/kwok-out-of-memory": oom}}))
-            .unwrap(),
-    );
-    tj
-}
-
 #[tokio::test]
 async fn a_job_that_runs_out_of_gpu_memory_is_decided_again_once_and_runs() {
     let (_cluster, client, ns) = setup("cudaoom").await;

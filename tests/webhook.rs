@@ -18,7 +18,7 @@ use offload_operator::cluster::caches::Caches;
 use offload_operator::process::metrics::Metrics;
 use offload_operator::webhook::admit::StoreView;
 use offload_operator::webhook::tls::ManagedCerts;
-use offload_operator::webhook::{self, CertMode, Rotator, WebhookOptions, WebhookState, paths};
+use offload_operator::webhook::{self, CertMode, Rotator, WebhookOptions, WebhookState};
 use offload_testenv::devcluster::{ClusterOptions, DevCluster, free_port};
 use offload_testenv::fixtures;
 use serde_json::json;
@@ -31,72 +31,6 @@ const POOL: &str = "webhook-tests";
 /// The webhook of this test binary, registered with the API server once.
 struct Served {
     rotator: Rotator,
-}
-
-fn configurations(port: u16) -> (MutatingWebhookConfiguration, ValidatingWebhookConfiguration) {
-    let url = |path: &str| format!("https://127.0.0.1:{port}{path}");
-    let not_system = json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", WEBHOOK_NS]}]});
-    let opted = json!({"matchExpressions": [{"key": "offload.dev/profile", "operator": "Exists"}]});
-    let common =
-        |name: &str, path: &str, rules: serde_json::Value, object_selector: serde_json::Value| {
-            json!({
-                "name": name,
-                "clientConfig": {"url": url(path)},
-                "rules": rules,
-                "namespaceSelector": not_system,
-                "objectSelector": object_selector,
-                "sideEffects": "None",
-                "admissionReviewVersions": ["v1"],
-                "timeoutSeconds": 5,
-                "failurePolicy": "Fail"
-            })
-        };
-    let mut mutating = vec![
-        common(
-            "trainingjobs.mutate.offload.dev",
-            paths::MUTATE_TRAINING_JOB,
-            json!([{"apiGroups": ["offload.dev"], "apiVersions": ["v1alpha1"], "operations": ["CREATE"], "resources": ["trainingjobs"]}]),
-            json!({}),
-        ),
-        common(
-            "workloads.mutate.offload.dev",
-            paths::MUTATE_WORKLOAD,
-            json!([
-                {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["jobs"]},
-                {"apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["*"], "operations": ["CREATE"], "resources": ["jobsets"]},
-                {"apiGroups": ["kubeflow.org"], "apiVersions": ["*"], "operations": ["CREATE"], "resources": ["pytorchjobs"]},
-                {"apiGroups": ["trainer.kubeflow.org"], "apiVersions": ["*"], "operations": ["CREATE"], "resources": ["trainjobs"]}
-            ]),
-            opted.clone(),
-        ),
-        common(
-            "pods.mutate.offload.dev",
-            paths::MUTATE_POD,
-            json!([{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}]),
-            opted,
-        ),
-    ];
-    for m in &mut mutating {
-        m["reinvocationPolicy"] = json!("IfNeeded");
-    }
-    let validating = vec![
-        common(
-            "trainingjobs.validate.offload.dev",
-            paths::VALIDATE_TRAINING_JOB,
-            json!([{"apiGroups": ["offload.dev"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": ["trainingjobs"]}]),
-            json!({}),
-        ),
-        common(
-            "offloadprofiles.validate.offload.dev",
-            paths::VALIDATE_PROFILE,
-            json!([{"apiGroups": ["offload.dev"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": ["offloadprofiles"]}]),
-            json!({}),
-        ),
-    ];
-    (
-        serde_json::from_value(json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration", "metadata": {"name": "offload-operator-test"}, "webhooks": mutating})).unwrap(),
-        serde_json::from_value(json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration", "metadata": {"name": "offload-operator-test"}, "webhooks": validating})).unwrap(),
-    )
 }
 
 async fn setup() -> (&'static DevCluster, Client, &'static Served) {
@@ -124,7 +58,8 @@ async fn setup() -> (&'static DevCluster, Client, &'static Served) {
                     .await;
 
                 let port = free_port().unwrap();
-                let (mutating, validating) = configurations(port);
+                let (mutating, validating) =
+                    webhook_configurations(port, "offload-operator-test", WEBHOOK_NS);
                 Api::<MutatingWebhookConfiguration>::all(client.clone())
                     .create(&PostParams::default(), &mutating)
                     .await

@@ -81,6 +81,27 @@ pub fn training_job(
     .unwrap()
 }
 
+/// A one-pod job of Mistral-7B's shape (`layers` of them) at `tokens` per step, whose pods kwok
+/// ends as a training process that runs out of memory does (`offload.dev/kwok-out-of-memory`:
+/// `GPU` when run without offload, `GPUAlways` in any configuration, `Host` when run with copy
+/// offload, `Other` for a failure that is not memory): a stand-in for the training process,
+/// named as such.
+pub fn oom_job(name: &str, profile: &str, oom: &str, layers: i64, tokens: i64) -> TrainingJob {
+    let mut tj = training_job(
+        name,
+        profile,
+        json!({"name": "DeepSpeed", "version": "0.19.8"}),
+        json!({"replicas": 1, "backoffLimit": 0, "model": {"architecture": "Llama", "hiddenSize": 4096,
+            "layers": layers, "intermediateSize": 14336, "attentionHeads": 32, "keyValueHeads": 8,
+            "vocabSize": 32000, "tokensPerStep": tokens}}),
+    );
+    tj.spec.template.metadata = Some(
+        serde_json::from_value(json!({"annotations": {"offload.dev/kwok-out-of-memory": oom}}))
+            .unwrap(),
+    );
+    tj
+}
+
 /// Waits until TrainingJob `name` has condition `type_` with `status`; returns the job.
 pub async fn wait_for_condition(
     api: &Api<TrainingJob>,

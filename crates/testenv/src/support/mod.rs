@@ -11,11 +11,15 @@ use std::time::{Duration, Instant};
 pub mod controller;
 
 use crate::devcluster::{ClusterOptions, DevCluster};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, Resource};
+use serde_json::json;
 
 /// The shared cluster of this test binary, started on first use with `options`. Every test of
 /// one binary must ask for the same options.
@@ -312,6 +316,129 @@ pub fn operator(cluster: &'static DevCluster) {
             let token = tokio_util::sync::CancellationToken::new();
             up.send(()).unwrap();
             offload_operator::operator::run(client, operator_options(), token)
+                .await
+                .unwrap();
+        })
+    });
+}
+
+/// The operator's webhook configurations as the chart registers them, named `name`, calling
+/// `https://127.0.0.1:port` (an in-process webhook), for every namespace but kube-system and
+/// `own_namespace`; the managed CA is written into them by the webhook itself.
+pub fn webhook_configurations(
+    port: u16,
+    name: &str,
+    own_namespace: &str,
+) -> (MutatingWebhookConfiguration, ValidatingWebhookConfiguration) {
+    let url = |path: &str| format!("https://127.0.0.1:{port}{path}");
+    let not_system = json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", own_namespace]}]});
+    let opted = json!({"matchExpressions": [{"key": "offload.dev/profile", "operator": "Exists"}]});
+    let common =
+        |name: &str, path: &str, rules: serde_json::Value, object_selector: serde_json::Value| {
+            json!({
+                "name": name,
+                "clientConfig": {"url": url(path)},
+                "rules": rules,
+                "namespaceSelector": not_system,
+                "objectSelector": object_selector,
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 5,
+                "failurePolicy": "Fail"
+            })
+        };
+    let mut mutating = vec![
+        common(
+            "trainingjobs.mutate.offload.dev",
+            offload_operator::webhook::paths::MUTATE_TRAINING_JOB,
+            json!([{"apiGroups": ["offload.dev"], "apiVersions": ["v1alpha1"], "operations": ["CREATE"], "resources": ["trainingjobs"]}]),
+            json!({}),
+        ),
+        common(
+            "workloads.mutate.offload.dev",
+            offload_operator::webhook::paths::MUTATE_WORKLOAD,
+            json!([
+                {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["jobs"]},
+                {"apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["*"], "operations": ["CREATE"], "resources": ["jobsets"]},
+                {"apiGroups": ["kubeflow.org"], "apiVersions": ["*"], "operations": ["CREATE"], "resources": ["pytorchjobs"]},
+                {"apiGroups": ["trainer.kubeflow.org"], "apiVersions": ["*"], "operations": ["CREATE"], "resources": ["trainjobs"]}
+            ]),
+            opted.clone(),
+        ),
+        common(
+            "pods.mutate.offload.dev",
+            offload_operator::webhook::paths::MUTATE_POD,
+            json!([{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}]),
+            opted,
+        ),
+    ];
+    for m in &mut mutating {
+        m["reinvocationPolicy"] = json!("IfNeeded");
+    }
+    let validating = vec![
+        common(
+            "trainingjobs.validate.offload.dev",
+            offload_operator::webhook::paths::VALIDATE_TRAINING_JOB,
+            json!([{"apiGroups": ["offload.dev"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": ["trainingjobs"]}]),
+            json!({}),
+        ),
+        common(
+            "offloadprofiles.validate.offload.dev",
+            offload_operator::webhook::paths::VALIDATE_PROFILE,
+            json!([{"apiGroups": ["offload.dev"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": ["offloadprofiles"]}]),
+            json!({}),
+        ),
+    ];
+    (
+        serde_json::from_value(json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration", "metadata": {"name": name}, "webhooks": mutating})).unwrap(),
+        serde_json::from_value(json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration", "metadata": {"name": name}, "webhooks": validating})).unwrap(),
+    )
+}
+
+/// The namespace of the in-process operator's managed webhook certificate.
+pub const OPERATOR_NAMESPACE: &str = "offload-system";
+
+/// Starts the operator in-process as [`operator`] does, with its admission webhook on: the
+/// webhook configurations registered with the API server (the chart's rules, the operator's
+/// managed CA), so every TrainingJob write — the operator's own included — passes the
+/// webhook, as in an install. Once per test binary.
+pub fn operator_with_webhook(cluster: &'static DevCluster) {
+    static STARTED: OnceLock<()> = OnceLock::new();
+    STARTED.get_or_init(|| {
+        in_background(cluster, |client, up| async move {
+            let ns: Namespace =
+                serde_json::from_value(json!({"metadata": {"name": OPERATOR_NAMESPACE}})).unwrap();
+            let _ = Api::<Namespace>::all(client.clone())
+                .create(&PostParams::default(), &ns)
+                .await;
+            let name = "offload-operator-in-process";
+            let port = crate::devcluster::free_port().unwrap();
+            let (mutating, validating) = webhook_configurations(port, name, OPERATOR_NAMESPACE);
+            Api::<MutatingWebhookConfiguration>::all(client.clone())
+                .create(&PostParams::default(), &mutating)
+                .await
+                .unwrap();
+            Api::<ValidatingWebhookConfiguration>::all(client.clone())
+                .create(&PostParams::default(), &validating)
+                .await
+                .unwrap();
+            let mut options = operator_options();
+            options.webhook = Some(offload_operator::webhook::WebhookOptions {
+                addr: format!("127.0.0.1:{port}").parse().unwrap(),
+                certs: offload_operator::webhook::CertMode::Managed(
+                    offload_operator::webhook::tls::ManagedCerts {
+                        namespace: OPERATOR_NAMESPACE.into(),
+                        secret: offload_api::names::WEBHOOK_SECRET.into(),
+                        names: vec!["127.0.0.1".into()],
+                        mutating: Some(name.into()),
+                        validating: Some(name.into()),
+                    },
+                ),
+                check_interval: Duration::from_secs(3600),
+            });
+            let token = tokio_util::sync::CancellationToken::new();
+            up.send(()).unwrap();
+            offload_operator::operator::run(client, options, token)
                 .await
                 .unwrap();
         })

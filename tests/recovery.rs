@@ -1,0 +1,206 @@
+//! Recovery from out-of-memory in an install: the operator with its own admission webhook on
+//! (registered with the real API server, served over TLS with its managed CA), so every write
+//! the recovery makes — the status, the re-decided `spec.offload` — passes the webhook as it
+//! does in a cluster. kwok ends the training pods as a process that runs out of memory does (a
+//! stand-in for the training process, named as such: `offload.dev/kwok-out-of-memory`).
+
+use offload_testenv::support;
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::Client;
+use kube::api::{Api, PostParams};
+use kube::runtime::watcher;
+use offload_api::names;
+use offload_api::v1alpha1::{JobPhase, MemoryKind, ModeSetting, OffloadProfile, TrainingJob};
+use offload_testenv::fixtures;
+use serde_json::json;
+use support::controller::*;
+use support::*;
+
+/// The shared cluster with the operator and its webhook, a client and a fresh namespace.
+async fn setup_with_webhook(prefix: &str) -> (Client, String) {
+    let cluster = cluster(OPTIONS);
+    operator_with_webhook(cluster);
+    let client = client(cluster).await;
+    let ns = namespace(&client, prefix).await;
+    (client, ns)
+}
+
+/// Creates `tj`, retrying while the webhook's caches have not seen the test's profile or
+/// node yet (it refuses what it cannot decide from, as it should).
+async fn create_through_webhook(api: &Api<TrainingJob>, tj: &TrainingJob) {
+    poll("the TrainingJob admitted", WAIT, || async {
+        match api.create(&PostParams::default(), tj).await {
+            Ok(_) => Some(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => Some(()),
+            Err(e) => {
+                eprintln!("not admitted yet: {e}");
+                None
+            }
+        }
+    })
+    .await;
+}
+
+/// The field managers that own `status.<field>` of `tj`.
+fn owners_of(tj: &TrainingJob, field: &str) -> Vec<String> {
+    tj.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| m.subresource.as_deref() == Some("status"))
+        .filter(|m| {
+            m.fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:status"))
+                .and_then(|s| s.get(format!("f:{field}")))
+                .is_some()
+        })
+        .filter_map(|m| m.manager.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn one_gpu_oom_with_the_webhook_on_is_redecided_and_recreated() {
+    let (client, ns) = setup_with_webhook("wh-oom").await;
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    add_profile(&client, &ns).await;
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    // Without offload by the model; its pod runs out of GPU memory there, and runs with
+    // offload.
+    create_through_webhook(&api, &oom_job("mistral", &ns, "GPU", 32, 4096)).await;
+    let running = wait_list(
+        api.clone(),
+        watcher::Config::default().fields("metadata.name=mistral"),
+        "mistral re-decided, recreated and running",
+        WAIT,
+        |jobs| {
+            let tj = jobs.first()?;
+            let s = tj.status.as_ref()?;
+            (s.phase == Some(JobPhase::Running)
+                && s.memory_failures.len() == 1
+                && tj.spec.offload.mode == ModeSetting::CpuCopy)
+                .then(|| TrainingJob::clone(tj))
+        },
+    )
+    .await;
+    let status = running.status.clone().unwrap();
+    let failure = &status.memory_failures[0];
+    assert_eq!(failure.kind, MemoryKind::Gpu);
+    assert!(failure.configuration.starts_with("mode=Disabled"));
+    // What PyTorch's allocator said: 134.10 GiB allocated + 3.99 GiB asked.
+    let needed = failure.needed_bytes.unwrap() as f64 / f64::from(1u32 << 30);
+    assert!((needed - 138.09).abs() < 0.01, "{needed}");
+    let resolved = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "OffloadResolved")
+        .unwrap();
+    assert_eq!(resolved.status, "True", "{}", resolved.message);
+    // The operator's write of the new spec carries the user's request: Auto stays Auto.
+    let requested = running
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(names::ANNOTATION_REQUESTED))
+        .cloned()
+        .unwrap_or_default();
+    let record: serde_json::Value = serde_json::from_str(&requested).unwrap();
+    assert_eq!(record["requested"]["mode"], "Auto", "{requested}");
+    assert_eq!(record["wrote"]["mode"], "CPUCopy", "{requested}");
+    assert_eq!(
+        status
+            .offload
+            .as_ref()
+            .unwrap()
+            .requested
+            .as_ref()
+            .unwrap()
+            .mode,
+        ModeSetting::Auto
+    );
+    // One writer per status field.
+    for field in ["workload", "phase", "offload", "memoryFailures"] {
+        let owners = owners_of(&running, field);
+        assert_eq!(owners.len(), 1, "status.{field} owned by {owners:?}");
+    }
+    // The new workload runs the re-decided configuration, and a user's edit of the running
+    // job's offload is still refused.
+    let job = Api::<Job>::namespaced(client.clone(), &ns)
+        .get("mistral")
+        .await
+        .unwrap();
+    let env = &job.spec.unwrap().template.spec.unwrap().containers[0];
+    assert!(
+        env.env
+            .iter()
+            .flatten()
+            .any(|e| e.name == "OFFLOAD_MODE" && e.value.as_deref() == Some("cpu-copy")),
+        "{env:?}"
+    );
+    let edit = json!({"spec": {"offload": {"mode": "Disabled"}}});
+    let refused = api
+        .patch(
+            "mistral",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&edit),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("cannot change once the workload exists"),
+        "{refused}"
+    );
+}
+
+#[tokio::test]
+async fn gpu_oom_every_time_with_the_webhook_on_is_redecided_at_most_max_retries_then_held() {
+    let (client, ns) = setup_with_webhook("wh-always").await;
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    Api::<OffloadProfile>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &pool_profile(&ns, &ns, json!({"maxMemoryRetries": 2})),
+        )
+        .await
+        .unwrap();
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    create_through_webhook(&api, &oom_job("always", &ns, "GPUAlways", 32, 4096)).await;
+    let cond = condition_when(&api, "always", "MemoryRecovery", "False").await;
+    assert_eq!(cond.reason, "RetriesExhausted", "{}", cond.message);
+    let tj = api.get("always").await.unwrap();
+    let status = tj.status.unwrap();
+    // Three configurations ran out: the first decision and two re-decisions, each a different
+    // configuration, each with its figures.
+    assert_eq!(
+        status.memory_failures.len(),
+        3,
+        "{:?}",
+        status.memory_failures
+    );
+    let configs: std::collections::BTreeSet<_> = status
+        .memory_failures
+        .iter()
+        .map(|f| f.configuration.clone())
+        .collect();
+    assert_eq!(configs.len(), 3, "{configs:?}");
+    assert!(
+        status
+            .memory_failures
+            .iter()
+            .all(|f| f.estimate_bytes.is_some() && f.needed_bytes.is_some())
+    );
+    assert!(
+        cond.message.contains("maxMemoryRetries (2)"),
+        "{}",
+        cond.message
+    );
+    // Never refused by its own webhook on the way.
+    let refused = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "OffloadResolved" && c.reason == "SpecPatchRefused");
+    assert!(!refused, "{:?}", status.conditions);
+}
