@@ -287,10 +287,14 @@ fn explain(runtime: &tokio::runtime::Runtime, args: &ExplainArgs) -> ExitCode {
     };
     let mut runs = Vec::new();
     for path in &args.observed {
-        match std::fs::read_to_string(path) {
+        // Bounded as the controller bounds an observation annotation.
+        match offload_operator::explain::read_bounded(
+            path,
+            offload_api::observed::MAX_OBSERVED_BYTES,
+        ) {
             Ok(text) => runs.push((path.display().to_string(), text)),
             Err(e) => {
-                eprintln!("error: {}: {e}", path.display());
+                eprintln!("error: --observed {e}");
                 return ExitCode::from(2);
             }
         }

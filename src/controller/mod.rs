@@ -86,12 +86,30 @@ impl Context {
         }
     }
 
-    /// Whether pod `name` of `namespace` runs on `node`, as the pod cache says.
-    pub fn pod_on(&self, namespace: &str, name: &str, node: &str) -> bool {
+    /// Whether pod `name` of `namespace` is a pod of TrainingJob `job` running on `node`, as the
+    /// pod cache says: bound there, labelled with the job (`offload.dev/training-job`), and owned
+    /// by the job's workload Job. A node's observed summary names pods; only this makes one of
+    /// them evidence of this job.
+    pub fn pod_of_job_on(&self, namespace: &str, name: &str, node: &str, job: &str) -> bool {
         self.pods.as_ref().is_some_and(|pods| {
             pods.get(&ObjectRef::new(name).within(namespace))
-                .and_then(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
-                .is_some_and(|n| n == node)
+                .is_some_and(|p| {
+                    let on = p
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.node_name.as_deref())
+                        .is_some_and(|n| n == node);
+                    let labelled = p
+                        .labels()
+                        .get(offload_api::names::LABEL_TRAINING_JOB)
+                        .map(String::as_str)
+                        == Some(job);
+                    let owned = p
+                        .owner_references()
+                        .iter()
+                        .any(|o| o.kind == "Job" && o.name == job);
+                    on && labelled && owned
+                })
         })
     }
 

@@ -34,6 +34,8 @@ pub const MAX_LEARNED_BYTES: usize = 900 * 1024;
 pub const HALF_LIFE_DAYS: f64 = 14.0;
 /// Runs older than this are forgotten.
 pub const MAX_AGE_DAYS: f64 = 90.0;
+/// How far ahead of the operator's clock a run may be dated (another replica's clock).
+pub const CLOCK_SKEW_SECONDS: f64 = 600.0;
 /// Margin on a factor learned from runs above the estimate (the VPA adds 15 % to requests; GPU
 /// peaks are measured more closely).
 pub const GROWTH_MARGIN: f64 = 0.05;
@@ -206,11 +208,19 @@ impl Run {
         Ok(())
     }
 
+    /// Days since the run; a run dated after now (beyond [`CLOCK_SKEW_SECONDS`]: a clock far
+    /// ahead, or a hand-made entry) or not dated is as old as can be — never used, never kept
+    /// from fading.
     fn age_days(&self, now: jiff::Timestamp) -> f64 {
         self.at
             .parse::<jiff::Timestamp>()
             .map_or(f64::INFINITY, |at| {
-                now.duration_since(at).as_secs_f64().max(0.0) / 86_400.0
+                let secs = now.duration_since(at).as_secs_f64();
+                if secs < -CLOCK_SKEW_SECONDS {
+                    f64::INFINITY
+                } else {
+                    secs.max(0.0) / 86_400.0
+                }
             })
     }
 }
@@ -448,6 +458,23 @@ mod tests {
         assert!((f.activations - 1.125 * 1.05).abs() < 1e-9, "{f:?}");
         let gone: jiff::Timestamp = "2027-04-01T12:00:00Z".parse().unwrap();
         assert!(s.factors("p", NodeClass::Discrete, "k", gone).is_none());
+    }
+
+    #[test]
+    fn a_run_dated_in_the_future_is_never_used() {
+        // A hand-made entry of year 2999: not a run that "never fades", no run at all.
+        let s = store(vec![run("a", 3.0, Some(2.0), "2999-01-01T00:00:00Z")]);
+        assert!(s.factors("p", NodeClass::Discrete, "k", now()).is_none());
+        // Beside a real run, only the real one counts; a few minutes ahead (another replica's
+        // clock) is a real run.
+        let s = store(vec![
+            run("a", 3.0, None, "2999-01-01T00:00:00Z"),
+            run("b", 1.5, None, NOW),
+        ]);
+        let f = s.factors("p", NodeClass::Discrete, "k", now()).unwrap();
+        assert!((f.activations - 1.575).abs() < 1e-9, "{f:?}");
+        let s = store(vec![run("b", 1.5, None, "2026-12-01T12:05:00Z")]);
+        assert!(s.factors("p", NodeClass::Discrete, "k", now()).is_some());
     }
 
     #[test]

@@ -96,14 +96,35 @@ pub fn read_manifests(text: &str) -> Result<Vec<Value>, ExplainError> {
     Ok(out)
 }
 
+/// Most bytes `explain` reads of any one input file (a manifest, a report, a config).
+pub const MAX_INPUT_BYTES: usize = 4 * 1024 * 1024;
+
+/// Reads `path` as text, at most `max` bytes: a larger file (or `/dev/zero`) is refused with its
+/// name, never read until memory runs out.
+pub fn read_bounded(path: &std::path::Path, max: usize) -> Result<String, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if bytes.len() > max {
+        return Err(format!(
+            "{}: more than {max} bytes, more than such a file holds",
+            path.display()
+        ));
+    }
+    String::from_utf8(bytes).map_err(|e| format!("{}: not UTF-8 text: {e}", path.display()))
+}
+
 /// A node from a recorded report file (`[NAME=]PATH`; the name defaults to the report's own).
 pub fn node_from_report(arg: &str) -> Result<crate::index::NodeInfo, ExplainError> {
     let (name, path) = match arg.split_once('=') {
         Some((n, p)) if !n.contains('/') => (Some(n.to_string()), p),
         _ => (None, arg),
     };
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ExplainError::Manifest(format!("reading node report {path}: {e}")))?;
+    let text = read_bounded(std::path::Path::new(path), MAX_INPUT_BYTES)
+        .map_err(|e| ExplainError::Manifest(format!("reading node report {e}")))?;
     let report = offload_api::report::NodeReport::parse(&text)
         .map_err(|e| ExplainError::Manifest(format!("node report {path}: {e}")))?;
     let name = name.unwrap_or_else(|| report.node.clone());
@@ -143,9 +164,8 @@ pub fn profiles_from_files(
 ) -> Result<BTreeMap<String, OffloadProfileSpec>, ExplainError> {
     let mut out = BTreeMap::new();
     for path in paths {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ExplainError::Manifest(format!("reading profile {}: {e}", path.display()))
-        })?;
+        let text = read_bounded(path, MAX_INPUT_BYTES)
+            .map_err(|e| ExplainError::Manifest(format!("reading profile {e}")))?;
         for doc in read_manifests(&text)? {
             let p: offload_api::v1alpha1::OffloadProfile =
                 crate::cluster::tolerant::from_value(doc).map_err(|e| {
@@ -174,9 +194,8 @@ pub fn claim_templates_from_files(
 ) -> Result<BTreeMap<(String, String), Arc<ResourceClaimTemplate>>, ExplainError> {
     let mut out = BTreeMap::new();
     for path in paths {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ExplainError::Manifest(format!("reading claim template {}: {e}", path.display()))
-        })?;
+        let text = read_bounded(path, MAX_INPUT_BYTES)
+            .map_err(|e| ExplainError::Manifest(format!("reading claim template {e}")))?;
         for doc in read_manifests(&text)? {
             let t: ResourceClaimTemplate =
                 crate::cluster::tolerant::from_value(doc).map_err(|e| {
@@ -205,9 +224,8 @@ pub fn slices_from_files(
 ) -> Result<Vec<Arc<Tolerant<ResourceSlice>>>, ExplainError> {
     let mut out = Vec::new();
     for path in paths {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ExplainError::Manifest(format!("reading ResourceSlices {}: {e}", path.display()))
-        })?;
+        let text = read_bounded(path, MAX_INPUT_BYTES)
+            .map_err(|e| ExplainError::Manifest(format!("reading ResourceSlices {e}")))?;
         for doc in read_manifests(&text)? {
             let s: Tolerant<ResourceSlice> = serde_json::from_value(doc).map_err(|e| {
                 ExplainError::Manifest(format!("{}: not a ResourceSlice: {e}", path.display()))
@@ -261,8 +279,8 @@ fn files_by_config_map(
                     "{flag} {a}: use CONFIGMAP=PATH (the ConfigMap the job references)"
                 ))
             })?;
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| ExplainError::Manifest(format!("reading {path}: {e}")))?;
+            let text = read_bounded(std::path::Path::new(path), MAX_INPUT_BYTES)
+                .map_err(|e| ExplainError::Manifest(format!("reading {e}")))?;
             Ok((name.to_string(), text))
         })
         .collect()

@@ -176,6 +176,20 @@ fn ran_on(class: Option<NodeClass>, inputs: &Inputs) -> NodeClass {
     })
 }
 
+/// Why a run's figures cannot be true on the nodes `inputs` has (their GPUs, their memory).
+fn implausible(pod: &PodObservation, inputs: &Inputs) -> Option<String> {
+    let nodes = crate::decision::ClusterView::nodes(&inputs.view);
+    let gpus: Vec<u64> = nodes
+        .nodes()
+        .filter_map(crate::index::NodeInfo::gpu_memory)
+        .collect();
+    let memory = nodes
+        .nodes()
+        .filter_map(|n| n.allocatable.memory_capacity.or(n.allocatable.memory))
+        .max();
+    pod.implausible(&gpus, memory)
+}
+
 /// Explains `tj` after the runs of `evidence`, in order.
 pub fn explain_after(tj: &TrainingJob, inputs: &mut Inputs, evidence: &[Evidence]) -> Explanation {
     let mut tj = tj.clone();
@@ -198,6 +212,33 @@ pub fn explain_after(tj: &TrainingJob, inputs: &mut Inputs, evidence: &[Evidence
             Outcome::OutOfMemory(kind, _) => Some(*kind),
             _ => None,
         };
+        // Evidence is judged as the controller judges it: figures that cannot be true on the
+        // nodes teach nothing, and after maxMemoryRetries failures nothing is decided again.
+        let retries = crate::decision::ClusterView::profile(&inputs.view, &status.profile)
+            .map_or(offload_api::v1alpha1::DEFAULT_MAX_MEMORY_RETRIES, |p| {
+                p.max_memory_retries
+            });
+        let failures = tj.status.as_ref().map_or(0, |s| s.memory_failures.len());
+        if failures > retries as usize {
+            steps.push(LoopStep {
+                source: ev.source.clone(),
+                configuration: config,
+                outcome: format!(
+                    "not taken: {failures} configurations ran out of memory, more than the profile's maxMemoryRetries ({retries}); the controller holds the job and decides it no more"
+                ),
+                lesson: None,
+            });
+            break;
+        }
+        if let Some(why) = implausible(&ev.pod, inputs) {
+            steps.push(LoopStep {
+                source: ev.source.clone(),
+                configuration: config,
+                outcome: format!("not evidence: {why}; it teaches nothing"),
+                lesson: None,
+            });
+            continue;
+        }
         let (outcome, teaches) = match &ev.outcome {
             Outcome::Ran => ("ran".to_string(), true),
             Outcome::OutOfMemory(kind, message) => (

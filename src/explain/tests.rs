@@ -412,3 +412,72 @@ fn recorded_runs_give_the_next_decision_offline() {
             .contains("more than its GPU")
     );
 }
+
+#[test]
+fn explain_judges_evidence_as_the_controller_does() {
+    let manifests = read_manifests(JOB).unwrap();
+    let run = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut v: serde_json::Value =
+            serde_json::from_str(&recorded_run("qwen-safe-run-1.json")).unwrap();
+        edit(&mut v);
+        read_evidence("x", &v.to_string(), "j").unwrap()
+    };
+    // A GPU no node has, a host peak above every node: not evidence, nothing learned, the decision as before.
+    let first = {
+        let i = with_node_memory(inputs(&[("h200", fixtures::H200_READING)]));
+        explain(&manifests[0], &i, false).unwrap()
+    };
+    for (edit, says) in [
+        (
+            &(|v: &mut serde_json::Value| {
+                v["pod"]["gpuMemoryTotalBytes"] = (300u64 << 30).into();
+            }) as &dyn Fn(&mut serde_json::Value),
+            "the node's report has",
+        ),
+        (
+            &|v: &mut serde_json::Value| v["pod"]["hostMemoryPeakBytes"] = (10u64 << 40).into(),
+            "more than the node's",
+        ),
+    ] {
+        let mut i = with_node_memory(inputs(&[("h200", fixtures::H200_READING)]));
+        let after = explain_observed(&manifests[0], &mut i, &[run(edit)]).unwrap();
+        let step = &after.closed_loop[0];
+        assert!(
+            step.outcome.contains("not evidence") && step.outcome.contains(says),
+            "{}",
+            step.outcome
+        );
+        assert!(step.lesson.is_none());
+        assert_eq!(after.decision, first.decision);
+    }
+    // The pod's own processes above the whole device: refused as it is read.
+    let mut v: serde_json::Value =
+        serde_json::from_str(&recorded_run("qwen-safe-run-1.json")).unwrap();
+    v["pod"]["processGpuMemoryPeakBytes"] = (40u64 << 30).into();
+    v["pod"]["gpuMemoryPeakBytes"] = (30u64 << 30).into();
+    let err = read_evidence("x", &v.to_string(), "j").unwrap_err();
+    assert!(err.contains("more than the device had"), "{err}");
+    // A JVM's heap running out is not the GPU running out.
+    let java = run(&|v| {
+        v["exitCode"] = 1.into();
+        v["message"] =
+            "Exception in thread \"main\" java.lang.OutOfMemoryError: Java heap space".into();
+    });
+    assert!(
+        matches!(java.outcome, Outcome::Failed(_)),
+        "{:?}",
+        java.outcome
+    );
+    // Twenty recorded out-of-memory runs: after maxMemoryRetries (3 by default) the controller
+    // decides no more, and neither does explain.
+    let oom = read_evidence("run-1", &recorded_run("llama-fast-run-1.json"), "j").unwrap();
+    let mut i = with_node_memory(inputs(&[("h200", fixtures::H200_READING)]));
+    let after = explain_observed(&manifests[0], &mut i, &vec![oom; 20]).unwrap();
+    let last = after.closed_loop.last().unwrap();
+    assert!(
+        last.outcome.contains("maxMemoryRetries"),
+        "{}",
+        last.outcome
+    );
+    assert!(after.closed_loop.len() <= 5, "{}", after.closed_loop.len());
+}

@@ -208,39 +208,36 @@ impl NodeInfo {
         self
     }
 
-    /// An observation of more host memory than the node has, or of a GPU larger than the
-    /// node's largest, is not believed (the whole summary is set aside, as for CPU).
+    /// An observation that cannot be true on this node (a pod's GPU the node does not have, a
+    /// peak above its GPU or the pod's processes above the device, more host memory than the
+    /// node has: [`offload_api::observed::PodObservation::implausible`]) is not believed: the
+    /// whole summary is set aside, as for CPU.
     fn bound_observed_memory(&mut self) {
         let Some(Ok(observed)) = self.observed.as_ref() else {
             return;
         };
-        let (gpu, host) = observed.largest_memory();
         let node_memory = self.allocatable.memory_capacity.or(self.allocatable.memory);
-        let largest_gpu = self
+        let gpus: Vec<u64> = self
             .parsed_report()
-            .and_then(|r| r.gpus.iter().map(|g| g.memory_total_bytes).max())
-            .or_else(|| self.driver.as_ref().and_then(|w| w.gpu_memory));
-        let why = if let (Some(p), Some(limit)) = (host, node_memory)
-            && p.host_memory_peak_bytes.is_some_and(|b| b > limit)
-        {
-            Some(format!(
-                "pod {}/{} used {} bytes of host memory, more than the node's {limit}",
-                p.namespace,
-                p.name,
-                p.host_memory_peak_bytes.unwrap_or_default()
-            ))
-        } else if let (Some(p), Some(limit)) = (gpu, largest_gpu)
-            && p.gpu_memory_total_bytes.is_some_and(|b| b > limit)
-        {
-            Some(format!(
-                "pod {}/{} has GPUs of {} bytes, more than the node's largest ({limit})",
-                p.namespace,
-                p.name,
-                p.gpu_memory_total_bytes.unwrap_or_default()
-            ))
-        } else {
-            None
-        };
+            .map(|r| {
+                r.gpus
+                    .iter()
+                    .map(|g| g.memory_total_bytes)
+                    .filter(|b| *b > 0)
+                    .collect()
+            })
+            .filter(|g: &Vec<u64>| !g.is_empty())
+            .or_else(|| {
+                self.driver
+                    .as_ref()
+                    .and_then(|w| w.gpu_memory)
+                    .map(|g| vec![g])
+            })
+            .unwrap_or_default();
+        let why = observed
+            .pods
+            .iter()
+            .find_map(|p| p.implausible(&gpus, node_memory));
         if let Some(why) = why {
             self.observed = Some(Err(ObservedError::Impossible(why)));
         }

@@ -101,6 +101,62 @@ pub struct PodObservation {
     pub host_memory_source: Option<HostMemorySource>,
 }
 
+/// How far a pod's GPU memory total may be from its node's reported GPU memory (NVML's totals
+/// of one GPU differ by less across readings).
+pub const GPU_TOTAL_TOLERANCE: f64 = 0.05;
+
+impl PodObservation {
+    /// Why this pod's memory figures cannot be true on a node whose GPUs have `node_gpus` bytes
+    /// each (the node's report) and whose host has `node_memory` bytes, if they cannot: a GPU
+    /// the node does not have, a peak above the GPU it was taken on, the pod's own processes
+    /// above the whole device, a host peak above the node. `None` where they can be (or where
+    /// nothing is known to check them against).
+    pub fn implausible(&self, node_gpus: &[u64], node_memory: Option<u64>) -> Option<String> {
+        let who = format!("pod {}/{}", self.namespace, self.name);
+        if let Some(total) = self.gpu_memory_total_bytes
+            && !node_gpus.is_empty()
+            && !node_gpus.iter().any(|g| {
+                #[allow(clippy::cast_precision_loss)]
+                let (g, t) = (*g as f64, total as f64);
+                (t - g).abs() <= GPU_TOTAL_TOLERANCE * g
+            })
+        {
+            return Some(format!(
+                "{who} reports GPUs of {total} bytes; the node's report has {}",
+                node_gpus
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        if let (Some(peak), Some(total)) = (self.gpu_memory_peak_bytes, self.gpu_memory_total_bytes)
+            && peak > total
+        {
+            return Some(format!(
+                "{who} peaked at {peak} bytes of GPU memory, above its GPU's {total}"
+            ));
+        }
+        if let (Some(own), Some(device)) = (
+            self.process_gpu_memory_peak_bytes,
+            self.gpu_memory_peak_bytes,
+        ) && own > device
+        {
+            return Some(format!(
+                "{who}'s own processes peaked at {own} bytes of GPU memory, above the whole device's peak of {device}"
+            ));
+        }
+        if let (Some(host), Some(limit)) = (self.host_memory_peak_bytes, node_memory)
+            && host > limit
+        {
+            return Some(format!(
+                "{who} used {host} bytes of host memory, more than the node's {limit}"
+            ));
+        }
+        None
+    }
+}
+
 /// Where a pod's host memory peak came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -304,7 +304,7 @@ fn observe(
 ) {
     let ns = tj.namespace().unwrap_or_default();
     let name = tj.name_any();
-    let bound = |pod: &str, node: &str| ctx.pod_on(&ns, pod, node);
+    let bound = |pod: &str, node: &str| ctx.pod_of_job_on(&ns, pod, node, &name);
     let recorded_of = |kind: &str| current.conditions.iter().find(|c| c.type_ == kind).cloned();
     let fresh = overlap_observed::gather(&ctx.nodes(), &ns, &name, jiff::Timestamp::now(), &bound);
     let decision = current.offload.as_ref();
