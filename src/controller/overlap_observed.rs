@@ -587,6 +587,6 @@ mod tests {
             .as_ref()
             .unwrap_err()
             .to_string();
-        assert!(err.contains("more than the node's largest"), "{err}");
+        assert!(err.contains("the node's report has"), "{err}");
     }
 }
