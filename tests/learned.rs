@@ -68,6 +68,7 @@ fn window(node: &str, ns: &str, pod: &str, job: &str, host: u64) -> String {
             process_gpu_memory_peak_bytes: None,
             host_memory_peak_bytes: Some(host),
             host_memory_source: Some(HostMemorySource::CgroupPeak),
+            allocator_peak_bytes: None,
         }],
     }
     .to_annotation()

@@ -65,6 +65,7 @@ fn summary_with_memory(
                 process_gpu_memory_peak_bytes: None,
                 host_memory_peak_bytes: gpu_peak.map(|_| 40 << 30),
                 host_memory_source: gpu_peak.map(|_| HostMemorySource::CgroupPeak),
+                allocator_peak_bytes: None,
             })
             .collect(),
     }

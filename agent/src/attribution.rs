@@ -482,6 +482,7 @@ pub fn summarize(
             process_gpu_memory_peak_bytes: gpu_memory.and_then(|m| m.2),
             host_memory_peak_bytes: host.map(|h| h.0),
             host_memory_source: host.map(|h| h.1),
+            allocator_peak_bytes: None,
         });
     }
     Ok(ObservedSummary {

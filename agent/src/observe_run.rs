@@ -58,6 +58,19 @@ fn children_peak_rss() -> Option<u64> {
         .map(|kib| kib.saturating_mul(1024))
 }
 
+/// The highest allocation the command's processes reported (`allocated=`), from at most 64 KiB
+/// of the report file; `None` where none was written.
+fn read_report(path: &std::path::Path) -> Option<u64> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(64 * 1024)
+        .read_to_string(&mut text)
+        .ok()?;
+    offload_api::observed::allocator_report(&text).map(|(allocated, _)| allocated)
+}
+
 /// Runs `command` and observes `devices` (all when empty) every `interval` until it ends.
 pub fn observe_command<S: UtilizationSource + ?Sized>(
     source: &S,
@@ -69,8 +82,17 @@ pub fn observe_command<S: UtilizationSource + ?Sized>(
         .split_first()
         .ok_or_else(|| "no command to run".to_string())?;
     let started = Instant::now();
+    // Where the operator's reporter of PyTorch's figures (a sitecustomize.py on the command's
+    // PYTHONPATH) writes them at each process's exit.
+    let report = std::env::temp_dir().join(format!(
+        "offload-observe-{}-{}.report",
+        std::process::id(),
+        started.elapsed().as_nanos()
+    ));
+    let _ = std::fs::remove_file(&report);
     let mut child = Command::new(program)
         .args(args)
+        .env("OFFLOAD_MEMORY_REPORT", &report)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -104,6 +126,8 @@ pub fn observe_command<S: UtilizationSource + ?Sized>(
         let _ = c.join();
     }
     let peaks = memory.finish();
+    let reported = read_report(&report);
+    let _ = std::fs::remove_file(&report);
     let message = kept
         .lock()
         .map(|k| k.iter().cloned().collect::<Vec<_>>().join("\n"))
@@ -141,6 +165,7 @@ pub fn observe_command<S: UtilizationSource + ?Sized>(
             process_gpu_memory_peak_bytes: process,
             host_memory_peak_bytes: host,
             host_memory_source: host.map(|_| HostMemorySource::ProcessPeakRss),
+            allocator_peak_bytes: reported,
         },
     })
 }

@@ -311,6 +311,7 @@ mod tests {
             process_gpu_memory_peak_bytes: None,
             host_memory_peak_bytes: None,
             host_memory_source: None,
+            allocator_peak_bytes: None,
         }
     }
 

@@ -148,9 +148,16 @@ fn framework_config(
                     .and_then(|d| d.mount_path.clone())
                     .unwrap_or_else(|| deepspeed::DEFAULT_MOUNT_PATH.to_string()),
             };
+            let mut data = BTreeMap::from([(mount.key.clone(), text)]);
+            if res.report_allocator_peaks {
+                data.insert(
+                    render::MEMORY_REPORT_FILE.to_string(),
+                    render::MEMORY_REPORT.to_string(),
+                );
+            }
             let cm = ConfigMap {
                 metadata: meta(config_map_name(name)),
-                data: Some(BTreeMap::from([(mount.key.clone(), text)])),
+                data: Some(data),
                 ..ConfigMap::default()
             };
             (Some(cm), Some(mount))

@@ -186,6 +186,8 @@ pub fn failure_record(
     }
 }
 
+pub use offload_api::observed::allocator_report;
+
 /// What PyTorch's caching allocator said when a GPU allocation failed: "Tried to allocate X
 /// … Y is allocated by PyTorch, and Z is reserved by PyTorch but unallocated".
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -319,6 +321,21 @@ mod tests {
             )
             .is_none()
         );
+    }
+
+    #[test]
+    fn the_reporters_lines_give_the_highest_figures() {
+        let m = "step 10 done\noffload.dev/allocator rank=0 allocated=1000 reserved=1500\noffload.dev/allocator rank=1 allocated=1200 reserved=1400\n";
+        assert_eq!(allocator_report(m), Some((1200, 1500)));
+        assert_eq!(
+            allocator_report("offload.dev/allocator rank=0 allocated=x"),
+            None
+        );
+        assert_eq!(allocator_report("no report"), None);
+        // The report after a traceback: the error is still the one that ended it.
+        let failed = format!("{PYTORCH}\noffload.dev/allocator rank=0 allocated=1 reserved=2");
+        assert!(says_gpu_out_of_memory(&failed));
+        assert!(AllocatorOom::parse(&failed).is_some());
     }
 
     #[test]

@@ -112,6 +112,11 @@ pub struct Run {
     /// For a job without model hints: the model size its peaks show (an upper bound).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parameters: Option<f64>,
+    /// Its activation factor is from PyTorch's allocator's own figure, not the device's (which
+    /// counts the allocator's cache: an upper bound). An allocator figure of a job's run
+    /// replaces a device figure of the same run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allocator: bool,
     /// When it was last observed (RFC 3339).
     pub at: String,
 }
@@ -356,9 +361,17 @@ impl LearnedMemory {
                         (a, b) => a.is_some() != b.is_some(),
                     }
                     || old.failed != run.failed;
-                // The same job's figures only rise over its run: keep the higher.
+                // The same job's figures only rise over its run: keep the higher; but the
+                // allocator's own figure is what the run needed, and replaces the device's
+                // upper bound (never the other way round).
+                let activations = match (old.allocator, run.allocator) {
+                    (false, true) => run.activations,
+                    (true, false) => old.activations,
+                    _ => old.activations.max(run.activations),
+                };
                 let merged = Run {
-                    activations: old.activations.max(run.activations),
+                    activations,
+                    allocator: old.allocator || run.allocator,
                     host: match (old.host, run.host) {
                         (Some(a), Some(b)) => Some(a.max(b)),
                         (a, b) => a.or(b),
@@ -414,8 +427,26 @@ mod tests {
             host: h,
             failed: false,
             parameters: None,
+            allocator: false,
             at: at.into(),
         }
+    }
+
+    #[test]
+    fn the_allocators_figure_of_a_run_replaces_the_devices() {
+        let mut s = store(vec![run("a", 1.5, None, NOW)]);
+        let told = Run {
+            allocator: true,
+            ..run("a", 0.8, None, NOW)
+        };
+        assert!(s.record("p", NodeClass::Discrete, "k", "k", told).unwrap());
+        let f = s.factors("p", NodeClass::Discrete, "k", now()).unwrap();
+        assert!((f.activations - 0.9).abs() < 1e-9, "{f:?}");
+        // A later device window of the same run does not undo it.
+        s.record("p", NodeClass::Discrete, "k", "k", run("a", 1.7, None, NOW))
+            .unwrap();
+        let f = s.factors("p", NodeClass::Discrete, "k", now()).unwrap();
+        assert!((f.activations - 0.9).abs() < 1e-9, "{f:?}");
     }
 
     fn store(runs: Vec<Run>) -> LearnedMemory {

@@ -58,6 +58,8 @@ pub struct Lesson {
     pub host: Option<f64>,
     /// For a job without hints, the size its peaks show.
     pub parameters: Option<f64>,
+    /// Its GPU figure is the allocator's own (not the device's upper bound).
+    pub allocator: bool,
     /// The lesson in a sentence.
     pub sentence: String,
 }
@@ -71,6 +73,7 @@ impl Lesson {
             host: self.host,
             failed,
             parameters: self.parameters,
+            allocator: self.allocator,
             at: at.to_string(),
         }
     }
@@ -272,6 +275,7 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
         activations,
         host,
         parameters,
+        allocator: obs.allocated.is_some_and(|a| a > 0),
         sentence,
     }))
 }

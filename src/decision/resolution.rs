@@ -85,6 +85,9 @@ pub struct Resolution {
     pub reasons: Vec<Reason>,
     /// Whether the pods get the start-up guard (the profile's `startupGuard`).
     pub startup_guard: bool,
+    /// Whether the training container reports PyTorch's memory figures at exit (the profile's
+    /// `reportAllocatorPeaks`).
+    pub report_allocator_peaks: bool,
     /// What the memory model estimated for the placement written, where the job gives model
     /// hints.
     pub memory: Option<MemoryEstimate>,

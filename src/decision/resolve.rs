@@ -112,6 +112,7 @@ pub fn resolve_offload(
         framework,
         reasons: reasons.0,
         startup_guard: profile.startup_guard,
+        report_allocator_peaks: profile.report_allocator_peaks,
         memory: match (placement.memory.as_ref(), memory.as_ref()) {
             (Some(c), Some(jm)) => Some(MemoryEstimate::of(jm, &c.estimate, &c.class)),
             _ => None,

@@ -274,7 +274,7 @@ pub fn explain_after(tj: &TrainingJob, inputs: &mut Inputs, evidence: &[Evidence
                             .filter(|n| *n >= 1.0 && *n < 1.8e19)
                             .map(|n| n as u64)
                     }
-                    _ => None,
+                    _ => ev.pod.allocator_peak_bytes,
                 },
                 host_peak: ev.pod.host_memory_peak_bytes,
                 failed,

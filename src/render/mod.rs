@@ -151,6 +151,14 @@ pub fn node_affinity(res: &Resolution) -> Option<NodeAffinity> {
     })
 }
 
+/// The reporter of PyTorch's memory figures (the profile's `reportAllocatorPeaks`), written
+/// beside the rendered framework config as [`MEMORY_REPORT_FILE`]: at each process's exit it
+/// appends [`ALLOCATOR_MARK`] lines to the termination log.
+pub const MEMORY_REPORT: &str = include_str!("memory_report.py");
+/// Its file name: Python imports it at start-up from a directory on `PYTHONPATH`.
+pub const MEMORY_REPORT_FILE: &str = "sitecustomize.py";
+pub use offload_api::observed::ALLOCATOR_MARK;
+
 /// Where the rendered framework config is mounted into a pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigMount {
@@ -339,7 +347,20 @@ pub fn apply_to_pod_spec(
     for container in &mut spec.containers {
         let env = container.env.get_or_insert_with(Vec::new);
         env.retain(|e| !names::OPERATOR_ENV.contains(&e.name.as_str()));
+        // The reporter's directory on PYTHONPATH, where the container sets none of its own
+        // (one equal to the directory is the operator's, from an earlier render).
+        let reporter = config
+            .filter(|_| res.report_allocator_peaks)
+            .map(|c| c.mount_path.as_str());
+        if let Some(dir) = reporter {
+            env.retain(|e| !(e.name == "PYTHONPATH" && e.value.as_deref() == Some(dir)));
+        }
         env.extend(vars.iter().cloned());
+        if let Some(dir) = reporter
+            && !env.iter().any(|e| e.name == "PYTHONPATH")
+        {
+            env.push(self::env("PYTHONPATH", dir));
+        }
         if let Some(cfg) = config {
             let mounts = container.volume_mounts.get_or_insert_with(Vec::new);
             mounts.retain(|m| m.name != CONFIG_VOLUME);

@@ -620,3 +620,47 @@ fn the_host_memory_counted_on_becomes_the_training_containers_request() {
         );
     }
 }
+
+#[test]
+fn the_allocator_reporter_is_put_on_pythonpath_only_where_asked_and_free() {
+    let mount = ConfigMount {
+        config_map: "job-offload".into(),
+        key: "ds_config.json".into(),
+        mount_path: "/etc/offload".into(),
+    };
+    let pythonpath = |t: &PodTemplateSpec| {
+        env_map(t.spec.as_ref().unwrap().containers[0].env.as_ref().unwrap())
+            .get("PYTHONPATH")
+            .cloned()
+    };
+    let mut res = resolved(Framework::DeepSpeed, Some("0.19.8"), fixtures::H200_READING);
+    let none = RenderOptions::default();
+    let mut t = template();
+    apply_to_pod_template(&mut t, &res, Some(&mount), &none);
+    assert_eq!(pythonpath(&t), None, "off unless the profile asks");
+    res.report_allocator_peaks = true;
+    let mut t = template();
+    apply_to_pod_template(&mut t, &res, Some(&mount), &none);
+    assert_eq!(pythonpath(&t).as_deref(), Some("/etc/offload"));
+    let once = t.clone();
+    apply_to_pod_template(&mut t, &res, Some(&mount), &none);
+    assert_eq!(t, once, "applying twice changes nothing");
+    // The user's own PYTHONPATH is never replaced.
+    let mut t = template();
+    t.spec.as_mut().unwrap().containers[0]
+        .env
+        .as_mut()
+        .unwrap()
+        .push(EnvVar {
+            name: "PYTHONPATH".into(),
+            value: Some("/app".into()),
+            value_from: None,
+        });
+    apply_to_pod_template(&mut t, &res, Some(&mount), &none);
+    assert_eq!(pythonpath(&t).as_deref(), Some("/app"));
+    // The reporter itself is the file Python imports at start-up.
+    assert_eq!(MEMORY_REPORT_FILE, "sitecustomize.py");
+    assert!(
+        MEMORY_REPORT.contains("max_memory_allocated") && MEMORY_REPORT.contains(ALLOCATOR_MARK)
+    );
+}

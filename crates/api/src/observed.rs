@@ -99,6 +99,32 @@ pub struct PodObservation {
     /// How `hostMemoryPeakBytes` was read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_memory_source: Option<HostMemorySource>,
+    /// PyTorch's own highest allocation (`torch.cuda.max_memory_allocated()`) on the pod's
+    /// GPUs, bytes, as its training processes reported it at exit (the operator's reporter);
+    /// what the job needed, where `gpuMemoryPeakBytes` also counts the allocator's cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator_peak_bytes: Option<u64>,
+}
+
+/// What each line of the operator's reporter of PyTorch's memory figures starts with: one line
+/// per process, at its exit, `offload.dev/allocator rank=R allocated=BYTES reserved=BYTES`.
+pub const ALLOCATOR_MARK: &str = "offload.dev/allocator";
+
+/// The highest of the reporter's lines in `text` (a termination message, a report file):
+/// `(allocated, reserved)` in bytes; `None` where it holds none that read.
+pub fn allocator_report(text: &str) -> Option<(u64, u64)> {
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix(ALLOCATOR_MARK))
+        .filter_map(|rest| {
+            let field = |name: &str| {
+                rest.split_whitespace()
+                    .find_map(|w| w.strip_prefix(name))
+                    .and_then(|v| v.parse::<u64>().ok())
+            };
+            Some((field("allocated=")?, field("reserved=").unwrap_or(0)))
+        })
+        .filter(|(a, r)| *a > 0 && *a < 1 << 50 && *r < 1 << 50)
+        .reduce(|x, y| (x.0.max(y.0), x.1.max(y.1)))
 }
 
 /// How far a pod's GPU memory total may be from its node's reported GPU memory (NVML's totals
@@ -478,6 +504,7 @@ mod tests {
                 process_gpu_memory_peak_bytes: Some(59 << 30),
                 host_memory_peak_bytes: Some(90 << 30),
                 host_memory_source: Some(HostMemorySource::CgroupMaxUsage),
+                allocator_peak_bytes: None,
             }],
         }
     }

@@ -68,6 +68,16 @@ pub(super) async fn follow_workload(
     {
         super::learn::learn(tj, ctx, &obs).await;
     }
+    // What the training processes reported of PyTorch's own figures at exit: what the run
+    // needed, which replaces the device's upper bound in what is learned.
+    if let (Some(o), Some(d)) = (
+        observed.as_ref().or(current.observed.as_ref()),
+        current.offload.as_ref(),
+    ) && let Some(allocated) = super::recovery::reported_allocation(ctx, tj, job)
+        && let Some(obs) = super::learn::observed(ctx, d, o, None, Some(allocated))
+    {
+        super::learn::learn(tj, ctx, &obs).await;
+    }
     let overlap_unchanged = [&overlap, &headroom].iter().all(|c| {
         c.as_ref()
             .is_none_or(|c| conditions::unchanged(&current.conditions, c))

@@ -48,6 +48,41 @@ pub(super) fn unrecorded_failure(
     })
 }
 
+/// The highest of PyTorch's own figures (`max_memory_allocated`, bytes) that the training
+/// containers of `job`'s pods reported at exit (the profile's `reportAllocatorPeaks`), if any.
+pub(super) fn reported_allocation(ctx: &Context, tj: &TrainingJob, job: &Job) -> Option<u64> {
+    let store = ctx.pods.as_ref()?;
+    let uid = job.metadata.uid.as_deref()?;
+    let ns = tj.namespace().unwrap_or_default();
+    let name = tj.name_any();
+    let container = training_container(tj);
+    store
+        .state()
+        .iter()
+        .filter(|pod| {
+            pod.namespace().as_deref() == Some(ns.as_str())
+                && pod.labels().get(names::LABEL_TRAINING_JOB) == Some(&name)
+                && pod.owner_references().iter().any(|o| o.uid == uid)
+        })
+        .flat_map(|pod| {
+            pod.status
+                .iter()
+                .flat_map(|s| s.container_statuses.iter().flatten())
+                .filter(|c| container.as_deref().is_none_or(|n| c.name == n))
+                .filter_map(|c| {
+                    let t = c
+                        .state
+                        .as_ref()
+                        .and_then(|s| s.terminated.as_ref())
+                        .or_else(|| c.last_state.as_ref().and_then(|s| s.terminated.as_ref()))?;
+                    crate::decision::evidence::allocator_report(t.message.as_deref()?)
+                })
+                .map(|(allocated, _)| allocated)
+                .collect::<Vec<_>>()
+        })
+        .max()
+}
+
 /// The name of the job's training container (the first that asks for GPUs, else the first):
 /// the one process whose memory failures are the job's.
 pub fn training_container(tj: &TrainingJob) -> Option<String> {

@@ -142,6 +142,18 @@ pub struct OffloadProfileSpec {
     /// a re-run of the same job starts where the last one ran.
     #[serde(default)]
     pub unknown_size: UnknownSize,
+
+    /// Whether the training container reports PyTorch's own memory figures
+    /// (`torch.cuda.max_memory_allocated()` and `max_memory_reserved()`) when each process
+    /// exits, so that what is learned is what the job needed, not NVML's device figure (which
+    /// counts the caching allocator's cache and the CUDA context, and reads "almost the whole
+    /// GPU" near the limit). The operator writes a `sitecustomize.py` beside the rendered
+    /// framework config and sets `PYTHONPATH` to its directory in containers whose env does not
+    /// set `PYTHONPATH`; it appends one line per process to the termination log (and the last
+    /// lines of an exception that ended it). Off by default: an image whose own `ENV` sets
+    /// `PYTHONPATH` would lose it. Without it, the device's figure is learned as an upper bound.
+    #[serde(default)]
+    pub report_allocator_peaks: bool,
 }
 
 /// How a job the memory model cannot size starts.
@@ -178,6 +190,7 @@ impl Default for OffloadProfileSpec {
             max_memory_retries: DEFAULT_MAX_MEMORY_RETRIES,
             learn_memory: true,
             unknown_size: UnknownSize::Safest,
+            report_allocator_peaks: false,
         }
     }
 }

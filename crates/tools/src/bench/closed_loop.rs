@@ -74,6 +74,7 @@ fn window(node: &str, i: usize, round: u64) -> Result<String> {
             process_gpu_memory_peak_bytes: None,
             host_memory_peak_bytes: Some(20 * GIB + round * GIB),
             host_memory_source: Some(HostMemorySource::CgroupPeak),
+            allocator_peak_bytes: None,
         }],
     }
     .to_annotation()?)
