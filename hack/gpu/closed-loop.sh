@@ -44,14 +44,14 @@ for case in "$@"; do
       log "$name: deadline reached before run $k"
       break
     fi
-    decision=$out/$name-decision-$k.json
-    "$ops" explain -f "$here/loop/job-$name.yaml" --node-report "h200=$node" --node-memory "h200=$hostmem" \
-      --profile "$here/loop/profile-$profile.yaml" --deepspeed-config "loop-ds=$here/loop/ds.json" \
-      "${observed[@]}" -o json >"$decision" 2>>"$out/explain.log"
-    "$ops" explain -f "$here/loop/job-$name.yaml" --node-report "h200=$node" --node-memory "h200=$hostmem" \
-      --profile "$here/loop/profile-$profile.yaml" --deepspeed-config "loop-ds=$here/loop/ds.json" \
-      "${observed[@]}" >"$out/$name-decision-$k.txt" 2>&1
-    summary=$(python3 - "$decision" "$out/$name-ds-$k.json" <<'EOF'
+    decision=$out/$name-$model-decision-$k.json
+    args=(-f "$here/loop/job-$name.yaml" --node-report "h200=$node" --node-memory "h200=$hostmem"
+      --profile "$here/loop/profile-$profile.yaml" --deepspeed-config "loop-ds=$here/loop/ds.json")
+    # A job that names the model's config.json (ConfigMap loop-model) gets the case's model.
+    grep -q loop-model "$here/loop/job-$name.yaml" && args+=(--model-config "loop-model=$here/models/$model.json")
+    "$ops" explain "${args[@]}" "${observed[@]}" -o json >"$decision" 2>>"$out/explain.log"
+    "$ops" explain "${args[@]}" "${observed[@]}" >"$out/$name-$model-decision-$k.txt" 2>&1
+    summary=$(python3 - "$decision" "$out/$name-$model-ds-$k.json" <<'EOF'
 import json, sys
 e = json.load(open(sys.argv[1]))
 json.dump(e["deepspeedConfig"], open(sys.argv[2], "w"))
@@ -64,17 +64,24 @@ print("mode=%s ratio=%s offload_optimizer=%s%s offload_param=%s" % (
     ("(ratio %s)" % opt["ratio"]) if "ratio" in opt else "", par.get("device", "none")))
 EOF
 )
-    log "$name decision $k: $summary"
+    log "$name $model decision $k: $summary"
     if [[ $summary == "$previous" ]]; then
       log "$name: decision $k repeats the configuration that trained in run $((k - 1)): the loop is done"
       break
     fi
-    run=$out/$name-run-$k.json
-    "$agent" observe --interval-ms 100 --out "$run" -- \
-      python3 "$here/hf_step.py" --config "$out/$name-ds-$k.json" --model "$here/models/$model.json" \
-      --phases "$phases" --steps 6 --label "$name run $k" 2>"$out/$name-run-$k.log"
-    grep '^{' "$out/$name-run-$k.log" | tail -1 >"$out/$name-step-$k.json"
-    log "$name run $k: $(python3 - "$run" "$out/$name-step-$k.json" <<'EOF'
+    run=$out/$name-$model-run-$k.json
+    # A profile that asks for the allocator's figures: the operator's reporter (the
+    # sitecustomize.py it renders beside the config) on the run's PYTHONPATH, as in a pod.
+    pypath=/tmp/site
+    if grep -q "reportAllocatorPeaks: true" "$here/loop/profile-$profile.yaml"; then
+      mkdir -p "$out/reporter" && cp "$root/src/render/memory_report.py" "$out/reporter/sitecustomize.py"
+      pypath=$out/reporter:/tmp/site
+    fi
+    PYTHONPATH=$pypath "$agent" observe --interval-ms 100 --out "$run" -- \
+      python3 "$here/hf_step.py" --config "$out/$name-$model-ds-$k.json" --model "$here/models/$model.json" \
+      --phases "$phases" --steps "${STEPS:-6}" --label "$name $model run $k" 2>"$out/$name-$model-run-$k.log"
+    grep '^{' "$out/$name-$model-run-$k.log" | tail -1 >"$out/$name-$model-step-$k.json"
+    log "$name $model run $k: $(python3 - "$run" "$out/$name-$model-step-$k.json" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
 p = r["pod"]
@@ -83,10 +90,10 @@ try:
 except Exception:
     s = {}
 g = lambda b: "%.1f GiB" % (b / 2**30) if isinstance(b, (int, float)) else "-"
-print("exit %s after %.0f s; NVML GPU peak %s of %s, host peak %s (%s); step median %s ms; torch peak allocated %s" % (
+print("exit %s after %.0f s; NVML GPU peak %s of %s, host peak %s (%s); step median %s ms; torch peak allocated %s (the reporter: %s)" % (
     r.get("exitCode", "signal %s" % r.get("signal")), r["seconds"], g(p.get("gpuMemoryPeakBytes")),
     g(p.get("gpuMemoryTotalBytes")), g(p.get("hostMemoryPeakBytes")), p.get("hostMemorySource"),
-    s.get("medianMs", "-"), g(s.get("peakGpuBytes"))))
+    s.get("medianMs", "-"), g(s.get("peakGpuBytes")), g(p.get("allocatorPeakBytes"))))
 EOF
 )"
     observed+=(--observed "$run")

@@ -473,6 +473,7 @@ fn model_shape(
             dense_layers: 0.0,
         }),
         known: intermediate_known && vocab.is_some(),
+        standing: super::shape::TypeStanding::Counted,
     })
 }
 

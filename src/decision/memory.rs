@@ -616,7 +616,7 @@ impl JobMemory {
         let s = self.shard();
         let b = self.value_bytes;
         let o = self.optimizer_bytes();
-        let act = self.activation_bytes(class);
+        let act = self.activation_bytes(class) * self.shape.standing.factor();
         let c = BUCKET_BYTES + FRAMEWORK_BYTES;
         let live = b * p.min(MAX_LIVE_PARAMETERS);
         // ZeRO-3 over several ranks gathers each layer's parameters whole while it runs (not
@@ -981,8 +981,13 @@ impl JobMemory {
         } else {
             learned
         };
+        let standing = self
+            .shape
+            .standing
+            .said()
+            .map_or(String::new(), |s| format!("; {s}"));
         format!(
-            "needs about {} of the {} each GPU can hold on {}, {room}{share}, and {host}{learned}",
+            "needs about {} of the {} each GPU can hold on {}, {room}{share}, and {host}{learned}{standing}",
             gib(est.gpu),
             gib(self.gpu_budget(class)),
             class.gpu_node

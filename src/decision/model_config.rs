@@ -5,7 +5,7 @@
 
 use serde_json::{Map, Value};
 
-use super::shape::{Block, Experts, ModelShape};
+use super::shape::{Block, Experts, ModelShape, TypeStanding};
 
 /// The key of the model's config in its ConfigMap, unless `spec.model.configMapRef.key` names
 /// another (`kubectl create configmap NAME --from-file=config.json`).
@@ -27,6 +27,26 @@ const PLAIN_BLOCKS: &[&str] = &[
     "phi",
     "starcoder2",
 ];
+
+/// `model_type`s measured on the H200 whose activations the blocks' terms count.
+const COUNTED_TYPES: &[&str] = &["llama", "mistral", "qwen2", "mixtral", "gpt_neox"];
+/// `model_type`s measured on the H200 whose blocks keep more than the terms count, by the
+/// factor measured (docs/benchmarks/memory-h200.md): Qwen3's per-head query and key norms
+/// (30 % and 35 % shares of an 8B at 4,096 tokens), Phi-3's fused projections (2 × 4,096).
+const MEASURED_TYPES: &[(&str, f64)] = &[("qwen3", 1.16), ("phi3", 1.06)];
+
+/// How the memory model knows `model_type`'s activations.
+fn standing(model_type: &str) -> TypeStanding {
+    if COUNTED_TYPES.contains(&model_type) {
+        return TypeStanding::Counted;
+    }
+    MEASURED_TYPES
+        .iter()
+        .find(|(t, _)| *t == model_type)
+        .map_or(TypeStanding::Unmeasured, |(t, f)| {
+            TypeStanding::Measured(t, *f)
+        })
+}
 
 /// `model_type`s whose configs tie the embeddings unless they say otherwise.
 const TIED_BY_DEFAULT: &[&str] = &[
@@ -239,6 +259,7 @@ fn shape_of(cfg: &Map<String, Value>, top: &Map<String, Value>) -> Result<ModelS
         rotary,
         experts,
         known: true,
+        standing: standing(model_type),
     })
 }
 

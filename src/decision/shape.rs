@@ -115,6 +115,54 @@ pub struct ModelShape {
     pub experts: Option<Experts>,
     /// The shape was given (a `config.json` or the hints), not derived from a parameter count.
     pub known: bool,
+    /// How well the model knows what this model type's blocks keep for backward.
+    pub standing: TypeStanding,
+}
+
+/// How the memory model knows what a model type's blocks keep for backward (its activations),
+/// from measurements on the H200 (docs/benchmarks/memory-h200.md).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TypeStanding {
+    /// Measured, and its blocks' terms count it (Llama, Mistral, Qwen2, Mixtral, GPT-NeoX, and
+    /// shapes given as hints, which describe those blocks).
+    Counted,
+    /// Measured: its blocks keep more than the terms count (per-head query/key norms, fused
+    /// projections), by this factor on the activations.
+    Measured(&'static str, f64),
+    /// A `model_type` never measured: [`UNMEASURED_TYPE_MARGIN`] more is kept on the
+    /// activations.
+    Unmeasured,
+}
+
+/// The margin kept on the activations of a `model_type` never measured: above what every type
+/// measured so far needed over the Llama-style count (Qwen3 +14.8 %, Phi-3 +4.7 %), so that none
+/// of them would have run out with it.
+pub const UNMEASURED_TYPE_MARGIN: f64 = 0.20;
+
+impl TypeStanding {
+    /// The factor on the counted activations.
+    pub fn factor(self) -> f64 {
+        match self {
+            TypeStanding::Counted => 1.0,
+            TypeStanding::Measured(_, f) => f,
+            TypeStanding::Unmeasured => 1.0 + UNMEASURED_TYPE_MARGIN,
+        }
+    }
+
+    /// What a decision's reason says of it; nothing for a counted type.
+    pub fn said(self) -> Option<String> {
+        match self {
+            TypeStanding::Counted => None,
+            TypeStanding::Measured(name, f) => Some(format!(
+                "model_type {name} measured: its blocks keep {:.0} % more activations than the Llama-style count, counted",
+                (f - 1.0) * 100.0
+            )),
+            TypeStanding::Unmeasured => Some(format!(
+                "its model_type was never measured: +{:.0} % kept on the activations (what runs of it teach replaces this)",
+                UNMEASURED_TYPE_MARGIN * 100.0
+            )),
+        }
+    }
 }
 
 impl ModelShape {
@@ -139,6 +187,7 @@ impl ModelShape {
             rotary: true,
             experts: None,
             known: false,
+            standing: TypeStanding::Counted,
         };
         shape.layers = layers.unwrap_or_else(|| {
             let per_layer = shape.layer_parameters(false).max(1.0);

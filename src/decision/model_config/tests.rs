@@ -151,3 +151,26 @@ fn every_wrong_config_names_the_field() {
         assert!(e.contains(expect), "{text}: {e}");
     }
 }
+
+#[test]
+fn a_model_type_never_measured_keeps_a_stated_margin_and_a_measured_one_its_measured_factor() {
+    let read = |text: &str| parse(text, "m").unwrap().standing;
+    assert_eq!(
+        read(include_str!("../../../hack/gpu/models/llama-3b.json")),
+        TypeStanding::Counted
+    );
+    assert_eq!(
+        read(include_str!("../../../hack/gpu/models/qwen3-8b.json")),
+        TypeStanding::Measured("qwen3", 1.16)
+    );
+    let olmo = read(include_str!("../../../hack/gpu/models/olmo2-7b.json"));
+    assert_eq!(olmo, TypeStanding::Unmeasured);
+    assert!((olmo.factor() - 1.2).abs() < 1e-12);
+    let said = olmo.said().unwrap();
+    assert!(said.contains("never measured: +20 %"), "{said}");
+    assert_eq!(TypeStanding::Counted.said(), None);
+    // The margin is above what every measured type needed over the count.
+    for (name, f) in MEASURED_TYPES {
+        assert!(TypeStanding::Unmeasured.factor() > *f, "{name} needed ×{f}");
+    }
+}

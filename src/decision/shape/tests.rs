@@ -156,6 +156,7 @@ pub(crate) fn bench_gpt(hidden: f64, layers: f64) -> ModelShape {
         rotary: false,
         experts: None,
         known: true,
+        standing: TypeStanding::Counted,
     }
 }
 

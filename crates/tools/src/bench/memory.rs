@@ -76,6 +76,7 @@ fn gpt_decoder(size: &str) -> Option<ModelShape> {
         rotary: false,
         experts: None,
         known: true,
+        standing: offload_operator::decision::shape::TypeStanding::Counted,
     })
 }
 
