@@ -158,7 +158,13 @@ pub(super) fn unlearned_memory(
         ResolveError::InvalidModelHints { detail } if job.hints_from_annotations => {
             let mut detail = detail;
             for (field, annotation) in HINT_ANNOTATIONS {
-                detail = detail.replace(field, &format!("annotation {annotation}"));
+                // `spec.model` as a whole is "the model annotations", not one annotation.
+                let words = if annotation.starts_with("the ") {
+                    (*annotation).to_string()
+                } else {
+                    format!("annotation {annotation}")
+                };
+                detail = detail.replace(field, &words);
             }
             ResolveError::InvalidModelHints { detail }
         }

@@ -67,6 +67,42 @@ const NOT_ROTARY: &[&str] = &["gpt2", "opt", "bloom", "mpt", "gpt_bigcode", "gpt
 /// `model_type`s with biases on the query, key and value projections.
 const ATTENTION_BIAS: &[&str] = &["qwen2", "qwen2_moe", "qwen2_vl"];
 
+/// The text a ConfigMap holds under `key`, or what it holds instead (its `data` keys, its
+/// `binaryData` keys, or nothing), for a message that says what to change. The one reader of
+/// a referenced ConfigMap's file, for the controller and the webhook alike.
+pub fn config_map_key(
+    cm: &k8s_openapi::api::core::v1::ConfigMap,
+    key: &str,
+) -> Result<String, String> {
+    if let Some(text) = cm.data.as_ref().and_then(|d| d.get(key)) {
+        return Ok(text.clone());
+    }
+    let list = |keys: Vec<&String>| {
+        let shown: Vec<String> = keys.iter().take(8).map(|k| format!("{k:?}")).collect();
+        let more = keys.len().saturating_sub(8);
+        if more > 0 {
+            format!("{} and {more} more", shown.join(", "))
+        } else {
+            shown.join(", ")
+        }
+    };
+    let data: Vec<&String> = cm.data.iter().flat_map(|d| d.keys()).collect();
+    let binary: Vec<&String> = cm.binary_data.iter().flat_map(|d| d.keys()).collect();
+    Err(match (data.is_empty(), binary.is_empty()) {
+        (true, true) => "it holds no data".to_string(),
+        _ if binary.iter().any(|k| k.as_str() == key) => format!(
+            "{key:?} is under binaryData, not data: the file must be text (kubectl create configmap NAME --from-file={key} puts UTF-8 text in data)"
+        ),
+        (false, true) => format!("its data has {}", list(data)),
+        (true, false) => format!("its binaryData has {} and data nothing", list(binary)),
+        (false, false) => format!(
+            "its data has {}; its binaryData has {}",
+            list(data),
+            list(binary)
+        ),
+    })
+}
+
 /// Why a model config cannot be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ModelConfigError {
@@ -81,12 +117,16 @@ pub enum ModelConfigError {
         origin: &'static str,
     },
     /// The ConfigMap lacks the key.
-    #[error("ConfigMap {name:?} has no key {key:?} (spec.model.configMapRef.key)")]
+    #[error(
+        "ConfigMap {name:?} has no key {key:?} (spec.model.configMapRef.key, config.json when unset): {found}"
+    )]
     MissingKey {
         /// ConfigMap name.
         name: String,
         /// The key.
         key: String,
+        /// What the ConfigMap holds instead.
+        found: String,
     },
     /// The ConfigMap was not handed to `offload-operator explain`.
     #[error(

@@ -176,7 +176,7 @@ impl ModelShape {
             block: Block::Gated,
             hidden,
             layers: 1.0,
-            intermediate: 3.5 * hidden,
+            intermediate: (3.5 * hidden).round(),
             heads,
             kv_heads: heads.min(8.0),
             head_dim: hidden / heads,
@@ -526,7 +526,8 @@ impl ModelShape {
 /// A typical decoder's width for a parameter count: about 128 times wider than deep, 12 ×
 /// width² parameters per layer.
 pub fn typical_width(parameters: f64) -> f64 {
-    (128.0 * parameters / 12.0).cbrt().max(64.0)
+    // A width is a whole number.
+    (128.0 * parameters / 12.0).cbrt().max(64.0).round()
 }
 
 /// DeepSpeed's optimizer sub-groups over `tensors` (each a parameter's numel in the rank's

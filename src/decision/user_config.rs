@@ -52,12 +52,16 @@ pub enum ConfigError {
         namespace: String,
     },
     /// The ConfigMap lacks the key.
-    #[error("ConfigMap {name:?} has no key {key:?} (spec.deepspeed.configMapRef.key)")]
+    #[error(
+        "ConfigMap {name:?} has no key {key:?} (spec.deepspeed.configMapRef.key, ds_config.json when unset): {found}"
+    )]
     MissingKey {
         /// ConfigMap name.
         name: String,
         /// The key.
         key: String,
+        /// What the ConfigMap holds instead.
+        found: String,
     },
     /// The ConfigMap was not handed to `offload-operator explain`.
     #[error(

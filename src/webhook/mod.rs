@@ -94,16 +94,17 @@ pub enum ConfigSource {
 const CONFIG_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The text of key `key` of ConfigMap `name` in the review's namespace: `Ok(None)` when the
-/// ConfigMap or the key is absent, `Err` when it could not be read in time.
+/// ConfigMap is absent, `Ok(Some(Err(found)))` when it lacks the key (what it holds instead),
+/// `Err` when it could not be read in time.
 async fn config_map_text(
     source: &ConfigSource,
     req: &AdmissionRequest<DynamicObject>,
     name: &str,
     key: &str,
-) -> Result<Option<String>, String> {
+) -> Result<Option<Result<String, String>>, String> {
     match source {
         ConfigSource::None => Err("the webhook reads no ConfigMaps".into()),
-        ConfigSource::Memory(configs) => Ok(configs.get(name).cloned()),
+        ConfigSource::Memory(configs) => Ok(configs.get(name).cloned().map(Ok)),
         ConfigSource::Api(client) => {
             let ns = req.namespace.as_deref().unwrap_or("default");
             let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
@@ -114,7 +115,7 @@ async fn config_map_text(
                     format!("no answer from the API server within {CONFIG_READ_TIMEOUT:?}")
                 })?
                 .map_err(|e| e.to_string())?;
-            Ok(cm.and_then(|cm| cm.data?.get(key).cloned()))
+            Ok(cm.map(|cm| crate::decision::model_config::config_map_key(&cm, key)))
         }
     }
 }
@@ -133,7 +134,7 @@ async fn referenced_config(
         .get("key")
         .and_then(serde_json::Value::as_str)
         .unwrap_or(render::deepspeed::CONFIG_FILE_NAME);
-    let text = config_map_text(source, req, &name, key).await.ok()??;
+    let text = config_map_text(source, req, &name, key).await.ok()??.ok()?;
     crate::decision::UserConfig::parse(&text, &name).ok()
 }
 
@@ -184,7 +185,8 @@ async fn referenced_model(
             namespace,
             origin: what,
         }),
-        Ok(Some(text)) => {
+        Ok(Some(Err(found))) => Err(ModelConfigError::MissingKey { name, key, found }),
+        Ok(Some(Ok(text))) => {
             model_config::parse(&text, &format!("ConfigMap {name:?} key {key:?} ({what})"))
                 .map(Some)
         }

@@ -353,11 +353,12 @@ pub(super) async fn read_model_config(
             origin: "spec.model.configMapRef",
         }));
     };
-    let Some(text) = cm.data.as_ref().and_then(|d| d.get(&key)) else {
-        return Ok(Err(ModelConfigError::MissingKey { name, key }));
+    let text = match crate::decision::model_config::config_map_key(&cm, &key) {
+        Ok(text) => text,
+        Err(found) => return Ok(Err(ModelConfigError::MissingKey { name, key, found })),
     };
     Ok(
-        crate::decision::model_config::parse(text, &format!("ConfigMap {name:?} key {key:?}"))
+        crate::decision::model_config::parse(&text, &format!("ConfigMap {name:?} key {key:?}"))
             .map(Some),
     )
 }
@@ -389,8 +390,9 @@ pub(super) async fn read_deepspeed_config(
             namespace: ns,
         }));
     };
-    let Some(text) = cm.data.as_ref().and_then(|d| d.get(&key)) else {
-        return Ok(Err(ConfigError::MissingKey { name, key }));
+    let text = match crate::decision::model_config::config_map_key(&cm, &key) {
+        Ok(text) => text,
+        Err(found) => return Ok(Err(ConfigError::MissingKey { name, key, found })),
     };
-    Ok(UserConfig::parse(text, &format!("ConfigMap {name:?} key {key:?}")).map(Some))
+    Ok(UserConfig::parse(&text, &format!("ConfigMap {name:?} key {key:?}")).map(Some))
 }

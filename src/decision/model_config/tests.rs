@@ -174,3 +174,32 @@ fn a_model_type_never_measured_keeps_a_stated_margin_and_a_measured_one_its_meas
         assert!(TypeStanding::Unmeasured.factor() > *f, "{name} needed ×{f}");
     }
 }
+
+#[test]
+fn a_config_map_without_the_key_says_what_it_holds() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let cm = |v: serde_json::Value| -> ConfigMap { serde_json::from_value(v).unwrap() };
+    let found = |v| config_map_key(&cm(v), "config.json").unwrap_err();
+    assert_eq!(found(serde_json::json!({})), "it holds no data");
+    assert!(found(serde_json::json!({"data": {"model.json": "{}"}})).contains("\"model.json\""));
+    let binary = found(serde_json::json!({"binaryData": {"config.json": "e30="}}));
+    assert!(binary.contains("under binaryData, not data"), "{binary}");
+    assert_eq!(
+        config_map_key(
+            &cm(serde_json::json!({"data": {"config.json": "{}"}})),
+            "config.json"
+        ),
+        Ok("{}".to_string())
+    );
+    // What a refusal says, with the default key named.
+    let e = ModelConfigError::MissingKey {
+        name: "m".into(),
+        key: "config.json".into(),
+        found: found(serde_json::json!({"data": {"model.json": "{}"}})),
+    };
+    assert!(
+        e.to_string()
+            .contains("config.json when unset): its data has \"model.json\""),
+        "{e}"
+    );
+}
