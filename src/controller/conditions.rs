@@ -14,8 +14,12 @@ pub const ADMITTED: &str = "Admitted";
 /// Condition type of profiles: at least one reported node matches.
 pub const READY: &str = "Ready";
 
-/// Builds a condition, keeping `lastTransitionTime` from `existing` when the status is unchanged
-/// so repeated reconciles do not churn it.
+/// Most characters of a condition's message.
+pub const MAX_CONDITION_MESSAGE: usize = 4096;
+
+/// A condition of `type_` with `status`, `reason` and `message` (at most
+/// [`MAX_CONDITION_MESSAGE`] characters), keeping its transition time where `existing` has the
+/// same status, so repeated reconciles do not churn it.
 pub fn condition(
     existing: &[Condition],
     type_: &str,
@@ -34,7 +38,9 @@ pub fn condition(
         type_: type_.to_string(),
         status,
         reason: reason.to_string(),
-        message: message.into(),
+        // What a condition echoes of the job (its labels, its selector) is bounded: the API
+        // server allows 32 kB, a reader wants a screen.
+        message: offload_api::text::bounded_to(&message.into(), MAX_CONDITION_MESSAGE),
         last_transition_time,
         observed_generation,
     }

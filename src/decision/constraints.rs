@@ -1,9 +1,10 @@
-//! Where the pod template lets its pods run: its `nodeSelector`, its required node affinity and
-//! its tolerations, read the way kube-scheduler reads them. They narrow the candidate nodes
-//! before any node class is chosen, so the decision never picks a class the pods cannot land
-//! on, and the affinity the operator adds never contradicts the template's.
+//! Where the pod template lets its pods run: its `nodeName`, its `nodeSelector`, its required
+//! node affinity and its tolerations (with those the cluster adds for the extended resources it
+//! requests), read the way kube-scheduler and the kubelet read them. They narrow the candidate
+//! nodes before any node class is chosen, so the decision never picks a class the pods cannot
+//! land on, and the affinity the operator adds never contradicts the template's.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, PodSpec, Toleration};
 
@@ -19,10 +20,39 @@ pub struct PodConstraints {
     pub required_terms: Option<Vec<NodeSelectorTerm>>,
     /// `spec.tolerations`.
     pub tolerations: Vec<Toleration>,
+    /// `spec.nodeName`: the pods are bound to this node without the scheduler, so only it can
+    /// run them, and only its `NoExecute` taints keep them off (the kubelet admits a pod whatever
+    /// its `NoSchedule` taints).
+    pub node_name: Option<String>,
+    /// The extended resources the containers ask for (`nvidia.com/gpu`): on clusters that run
+    /// the `ExtendedResourceToleration` admission plugin (the usual way GPU pools are tainted
+    /// `nvidia.com/gpu:NoSchedule`), every pod that asks for one is given the toleration
+    /// `{key: <resource>, operator: Exists, effect: NoSchedule}`, so such a taint does not keep
+    /// these pods off.
+    pub extended_resources: BTreeSet<String>,
 }
 
 /// Most excluded nodes a message names; the rest are counted.
 const NAMED: usize = 4;
+
+/// Most `nodeSelector` pairs [`PodConstraints::describe`] echoes; the rest are counted.
+const ECHOED_PAIRS: usize = 8;
+
+/// Most characters of a label key, value or node name a message echoes (a template's strings
+/// are not validated as labels before the operator reads them).
+const ECHOED_CHARS: usize = 128;
+
+/// `s` for a message: at most [`ECHOED_CHARS`] characters.
+fn echo(s: &str) -> String {
+    offload_api::text::bounded_to(s, ECHOED_CHARS)
+}
+
+/// Whether Kubernetes counts `name` as an extended resource: a name outside the
+/// `kubernetes.io` domains (`cpu`, `memory`, `hugepages-2Mi` have no domain at all), and not a
+/// quota's `requests.` form.
+fn is_extended_resource(name: &str) -> bool {
+    name.contains('/') && !name.contains("kubernetes.io/") && !name.starts_with("requests.")
+}
 
 impl PodConstraints {
     /// The constraints of a pod spec.
@@ -30,7 +60,24 @@ impl PodConstraints {
         let Some(spec) = spec else {
             return PodConstraints::default();
         };
+        let extended_resources = spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .filter_map(|c| c.resources.as_ref())
+            .flat_map(|r| {
+                r.requests
+                    .iter()
+                    .flatten()
+                    .chain(r.limits.iter().flatten())
+                    .map(|(name, _)| name)
+            })
+            .filter(|name| is_extended_resource(name))
+            .cloned()
+            .collect();
         PodConstraints {
+            node_name: spec.node_name.clone().filter(|n| !n.is_empty()),
+            extended_resources,
             node_selector: spec.node_selector.clone().unwrap_or_default(),
             required_terms: spec
                 .affinity
@@ -47,17 +94,32 @@ impl PodConstraints {
 
     /// Why the pods could not land on `node`, or `None` where they can.
     pub fn excludes(&self, node: &NodeInfo) -> Option<String> {
+        if let Some(name) = &self.node_name
+            && *name != node.name
+        {
+            return Some(format!(
+                "the pod template's nodeName is {:?} (the scheduler is bypassed)",
+                echo(name)
+            ));
+        }
+        // The kubelet checks the selector and the affinity of a pod bound by nodeName as the
+        // scheduler would.
         for (key, value) in &self.node_selector {
             match node.labels.get(key) {
                 Some(v) if v == value => {}
                 Some(v) => {
                     return Some(format!(
-                        "its label {key} is {v:?}, the nodeSelector asks for {value:?}"
+                        "its label {} is {:?}, the nodeSelector asks for {:?}",
+                        echo(key),
+                        echo(v),
+                        echo(value)
                     ));
                 }
                 None => {
                     return Some(format!(
-                        "it has no label {key} (the nodeSelector asks for {value:?})"
+                        "it has no label {} (the nodeSelector asks for {:?})",
+                        echo(key),
+                        echo(value)
                     ));
                 }
             }
@@ -69,31 +131,56 @@ impl PodConstraints {
         }
         node.taints
             .iter()
-            .find(|t| blocks(t) && !self.tolerations.iter().any(|tol| tolerates(tol, t)))
+            .find(|t| {
+                blocks(t)
+                    // Bound by nodeName, the pods skip the scheduler: only NoExecute evicts.
+                    && (self.node_name.is_none() || t.effect == "NoExecute")
+                    && !self.tolerations.iter().any(|tol| tolerates(tol, t))
+                    && !self.added_toleration(t)
+            })
             .map(|t| {
                 format!(
                     "its taint {}{}:{} is not tolerated",
-                    t.key,
+                    echo(&t.key),
                     t.value
                         .as_deref()
-                        .map(|v| format!("={v}"))
+                        .map(|v| format!("={}", echo(v)))
                         .unwrap_or_default(),
                     t.effect
                 )
             })
     }
 
+    /// Whether the toleration `ExtendedResourceToleration` adds for an extended resource the
+    /// pods ask for tolerates `t`.
+    fn added_toleration(&self, t: &NodeTaint) -> bool {
+        t.effect == "NoSchedule" && self.extended_resources.contains(&t.key)
+    }
+
     /// The constraints in a phrase, for messages: `nodeSelector {offload.dev/uma=false}, no
-    /// tolerations`.
+    /// tolerations`; at most [`ECHOED_PAIRS`] selector pairs are echoed.
     pub fn describe(&self) -> String {
         let mut parts = Vec::new();
+        if let Some(name) = &self.node_name {
+            parts.push(format!("nodeName {}", echo(name)));
+        }
         if !self.node_selector.is_empty() {
             let pairs: Vec<String> = self
                 .node_selector
                 .iter()
-                .map(|(k, v)| format!("{k}={v}"))
+                .take(ECHOED_PAIRS)
+                .map(|(k, v)| format!("{}={}", echo(k), echo(v)))
                 .collect();
-            parts.push(format!("nodeSelector {{{}}}", pairs.join(", ")));
+            let more = self.node_selector.len().saturating_sub(ECHOED_PAIRS);
+            parts.push(format!(
+                "nodeSelector {{{}{}}}",
+                pairs.join(", "),
+                if more > 0 {
+                    format!(", and {more} more")
+                } else {
+                    String::new()
+                }
+            ));
         }
         if let Some(terms) = &self.required_terms {
             parts.push(format!(
@@ -107,6 +194,19 @@ impl PodConstraints {
         } else {
             format!("{} toleration(s)", self.tolerations.len())
         });
+        if !self.extended_resources.is_empty() {
+            let names: Vec<String> = self
+                .extended_resources
+                .iter()
+                .take(ECHOED_PAIRS)
+                .map(|n| echo(n))
+                .collect();
+            parts.push(format!(
+                "counting the NoSchedule toleration of {} that the ExtendedResourceToleration \
+                 admission plugin adds",
+                names.join(", ")
+            ));
+        }
         parts.join(", ")
     }
 

@@ -195,3 +195,114 @@ fn what_is_left_out_is_named_node_by_node_and_bounded() {
     assert!(msg.ends_with("; and 6 more"), "{msg}");
     assert!(c.left_out(std::iter::empty()).is_none());
 }
+
+fn gpu_pod(limits: &[&str]) -> PodSpec {
+    use k8s_openapi::api::core::v1::{Container, ResourceRequirements};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    PodSpec {
+        containers: vec![Container {
+            name: "train".into(),
+            resources: Some(ResourceRequirements {
+                limits: Some(
+                    limits
+                        .iter()
+                        .map(|r| (r.to_string(), Quantity("1".into())))
+                        .collect(),
+                ),
+                ..ResourceRequirements::default()
+            }),
+            ..Container::default()
+        }],
+        ..PodSpec::default()
+    }
+}
+
+#[test]
+fn a_taint_on_a_requested_extended_resource_is_tolerated_as_the_admission_plugin_adds() {
+    let c = PodConstraints::of(Some(&gpu_pod(&["nvidia.com/gpu", "cpu", "memory"])));
+    assert_eq!(
+        c.extended_resources,
+        BTreeSet::from(["nvidia.com/gpu".to_string()])
+    );
+    let tainted = node(
+        "g",
+        &[],
+        &[("nvidia.com/gpu", Some("present"), "NoSchedule")],
+    );
+    assert!(c.excludes(&tainted).is_none(), "{:?}", c.excludes(&tainted));
+    // The plugin adds NoSchedule only; a NoExecute taint of the same key still keeps pods off,
+    // and so does a NoSchedule taint of a resource the pods do not ask for.
+    let evicting = node("e", &[], &[("nvidia.com/gpu", None, "NoExecute")]);
+    assert!(c.excludes(&evicting).is_some());
+    let other = node("o", &[], &[("example.com/fpga", None, "NoSchedule")]);
+    assert!(c.excludes(&other).is_some());
+    // Without a GPU request there is nothing the cluster adds.
+    let plain = PodConstraints::of(Some(&gpu_pod(&["cpu"])));
+    assert!(plain.excludes(&tainted).is_some());
+    let described = c.describe();
+    assert!(
+        described.contains("ExtendedResourceToleration") && described.contains("nvidia.com/gpu"),
+        "{described}"
+    );
+    for (name, extended) in [
+        ("nvidia.com/gpu", true),
+        ("example.com/fpga", true),
+        ("cpu", false),
+        ("hugepages-2Mi", false),
+        ("kubernetes.io/batch-cpu", false),
+        ("node.kubernetes.io/x", false),
+        ("requests.nvidia.com/gpu", false),
+    ] {
+        assert_eq!(is_extended_resource(name), extended, "{name}");
+    }
+}
+
+#[test]
+fn a_node_name_is_the_only_node_and_only_no_execute_taints_keep_it_off() {
+    let mut spec = gpu_pod(&[]);
+    spec.node_name = Some("h200-a".into());
+    spec.node_selector = Some(BTreeMap::from([("pool".into(), "a".into())]));
+    let c = PodConstraints::of(Some(&spec));
+    let why = c.excludes(&node("gh200-b", &[("pool", "a")], &[])).unwrap();
+    assert!(why.contains("nodeName is \"h200-a\""), "{why}");
+    // Bound without the scheduler: a NoSchedule taint does not stop the kubelet ...
+    let cordoned = node(
+        "h200-a",
+        &[("pool", "a")],
+        &[("dedicated", Some("x"), "NoSchedule")],
+    );
+    assert!(c.excludes(&cordoned).is_none());
+    // ... a NoExecute taint evicts, and the kubelet checks the selector.
+    let evicting = node(
+        "h200-a",
+        &[("pool", "a")],
+        &[("dedicated", None, "NoExecute")],
+    );
+    assert!(c.excludes(&evicting).is_some());
+    let unlabelled = node("h200-a", &[], &[]);
+    assert!(c.excludes(&unlabelled).unwrap().contains("no label pool"));
+    assert!(
+        c.describe().starts_with("nodeName h200-a, "),
+        "{}",
+        c.describe()
+    );
+    // An empty nodeName is no nodeName.
+    spec.node_name = Some(String::new());
+    assert_eq!(PodConstraints::of(Some(&spec)).node_name, None);
+}
+
+#[test]
+fn a_huge_selector_is_echoed_bounded() {
+    let c = PodConstraints {
+        node_selector: (0..3000)
+            .map(|i| (format!("label-{i:04}-{}", "k".repeat(300)), "v".repeat(300)))
+            .collect(),
+        ..PodConstraints::default()
+    };
+    let described = c.describe();
+    assert!(described.contains(", and 2992 more}"), "{described}");
+    assert!(described.len() < 8 * 2 * 140 + 200, "{}", described.len());
+    let nodes: Vec<NodeInfo> = (0..10).map(|i| node(&format!("n{i}"), &[], &[])).collect();
+    let msg = c.left_out(nodes.iter()).unwrap();
+    assert!(msg.len() < 8 * 1024, "{}", msg.len());
+}
