@@ -122,6 +122,7 @@ fn printer_columns_are_the_documented_ones() {
             "PHASE",
             "GPU-BUSY",
             "GPU-MEM",
+            "LEARNED",
             "AGE"
         ]
     );

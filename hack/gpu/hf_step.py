@@ -174,17 +174,22 @@ def deepspeed_estimate(config, total, largest):
         return {"error": str(e)[:200]}
 
 
-def build(model_cfg, ds_config, checkpointing):
+def build(model_cfg, ds_config, checkpointing, attn="sdpa", layers=None):
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.integrations import HfDeepSpeedConfig
 
     cfg_dict = dict(model_cfg)
     model_type = cfg_dict.pop("model_type")
+    if layers:
+        # The same blocks, fewer of them: what one block keeps for backward, measured quickly.
+        cfg_dict["num_hidden_layers"] = layers
     cfg = AutoConfig.for_model(model_type, **cfg_dict)
     stage = (ds_config.get("zero_optimization") or {}).get("stage", 0)
     keep = HfDeepSpeedConfig(ds_config) if stage == 3 else None  # noqa: F841 - kept alive
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.bfloat16)
+    # "default" leaves the choice to the model's own class (Gemma-2's is eager attention).
+    kwargs = {} if attn == "default" else {"attn_implementation": attn}
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, **kwargs)
     if stage == 3 and not any(hasattr(p, "ds_id") for p in model.parameters()):
         raise RuntimeError("the model was not built inside deepspeed.zero.Init")
     if checkpointing:
@@ -201,6 +206,10 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--label", default="")
     ap.add_argument("--checkpointing", action="store_true")
+    ap.add_argument("--attn", default="sdpa",
+                    help="attention implementation: sdpa (default), eager, or default (the model's)")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="build the model with this many layers instead of its config's")
     ap.add_argument("--trace-peak", action="store_true",
                     help="record the allocator's history over the second step (peak_trace.py)")
     a = ap.parse_args()
@@ -224,7 +233,9 @@ def main():
         out["hostTimeline"] = timeline.peaks
         t0 = time.perf_counter()
         timeline.mark("build")
-        model, cfg, keep = build(model_cfg, ds_config, a.checkpointing)
+        model, cfg, keep = build(model_cfg, ds_config, a.checkpointing, a.attn, a.layers)
+        out["attn"] = getattr(model.config, "_attn_implementation", a.attn)
+        out["layers"] = cfg.num_hidden_layers
         params = list(model.parameters())
         out["params"] = sum(getattr(p, "ds_numel", p.numel()) for p in params)
         largest = max(getattr(p, "ds_numel", p.numel()) for p in params)

@@ -9,7 +9,8 @@ Each run is `MODEL:PLACEMENT[:PHASES][:OPTIONS]`:
   PHASES     micro-batch x sequence, comma-separated (default 1x2048)
   OPTIONS    `+` separated: `exp` runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,
              `ckpt` with activation checkpointing, `steps=N`, `trace` records what is alive
-             at the second step's GPU peak (peak_trace.py)
+             at the second step's GPU peak (peak_trace.py), `attn=IMPL` (sdpa, eager, or
+             default: the model class's own), `layers=N` (the same blocks, N of them)
 bf16, AdamW, ZeRO-3 built inside deepspeed.zero.Init, pinned host memory.
 
 Usage: python3 hf_sweep.py --out DIR [--deadline-s S] RUN...
@@ -69,6 +70,11 @@ def main():
                "--steps", str(steps), "--label", f"{model} {label}"]
         if "ckpt" in options:
             cmd.append("--checkpointing")
+        for o in options:
+            if o.startswith("attn="):
+                cmd += ["--attn", o.split("=", 1)[1]]
+            elif o.startswith("layers="):
+                cmd += ["--layers", o.split("=", 1)[1]]
         if "trace" in options:
             cmd.append("--trace-peak")
         t0 = time.monotonic()

@@ -329,6 +329,8 @@ mod tests {
             reasons: vec![],
             estimate: None,
             requested: None,
+            trial: None,
+            learned: None,
         }
     }
 

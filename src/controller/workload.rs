@@ -383,14 +383,7 @@ fn rendezvous_env(name: &str, replicas: i32) -> Vec<EnvVar> {
 pub fn state_placement(
     p: crate::decision::memory::Placement,
 ) -> offload_api::v1alpha1::StatePlacement {
-    use crate::decision::memory::Placement;
-    use offload_api::v1alpha1::StatePlacement;
-    match p {
-        Placement::NoOffload => StatePlacement::NoOffload,
-        Placement::PartialOptimizer(_) => StatePlacement::PartialOptimizer,
-        Placement::Optimizer => StatePlacement::Optimizer,
-        Placement::OptimizerAndParams => StatePlacement::OptimizerAndParams,
-    }
+    p.state().0
 }
 
 /// The record of a decision, as the TrainingJob's `status.offload` holds it and the workload
@@ -433,5 +426,13 @@ pub fn decision_status(res: &Resolution) -> OffloadDecisionStatus {
             }
         }),
         requested: Some(res.requested.clone()),
+        learned: res.learned_summary(),
+        trial: res
+            .trial
+            .as_ref()
+            .map(|t| offload_api::v1alpha1::TrialStatus {
+                fallback: t.fallback.to_string(),
+                evidence: t.evidence.clone(),
+            }),
     }
 }

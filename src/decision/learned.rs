@@ -20,7 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use offload_api::v1alpha1::NodeClass;
+use offload_api::v1alpha1::{NodeClass, StatePlacement};
 
 /// Version of the stored JSON this code writes and reads.
 pub const LEARNED_SCHEMA_VERSION: u32 = 1;
@@ -46,6 +46,80 @@ pub const MIN_ACTIVATIONS: f64 = 0.25;
 pub const MIN_HOST: f64 = 0.5;
 /// Highest factor of either kind.
 pub const MAX_FACTOR: f64 = 16.0;
+
+/// Most data-parallel ranks a recorded configuration may have run on.
+pub const MAX_RANKS: u64 = 1 << 20;
+/// Most GPU memory a recorded configuration may have run with (any GPU's, bytes).
+pub const MAX_GPU_BYTES: u64 = 512 << 30;
+
+/// The configuration a run ran, as far as its memory goes: where its training state was, on
+/// how many data-parallel ranks, on GPUs of what size. A later decision of the same shape may
+/// take it as proof (it trained) or as a bound (it ran out) only where its ranks and GPUs are
+/// the same.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RanAs {
+    /// Where the training state was.
+    pub placement: StatePlacement,
+    /// The share of the optimizer state offloaded, for a partial placement (0 otherwise).
+    #[serde(default)]
+    pub ratio: f64,
+    /// Data-parallel ranks (one per GPU).
+    pub ranks: u64,
+    /// Memory of each of its GPUs, bytes.
+    pub gpu_bytes: u64,
+}
+
+impl RanAs {
+    /// Whether a decision on `ranks` GPUs of `gpu_bytes` each is the same setting (GPUs of a
+    /// model differ by a few MiB between drivers).
+    pub fn same_setting(&self, ranks: u64, gpu_bytes: u64) -> bool {
+        #[allow(clippy::cast_precision_loss)]
+        let (a, b) = (self.gpu_bytes as f64, gpu_bytes as f64);
+        self.ranks == ranks && (a - b).abs() <= 0.01 * a.max(b)
+    }
+
+    /// Whether `other` is the same configuration (a share within half a percent).
+    pub fn same_placement(&self, other: &RanAs) -> bool {
+        self.placement == other.placement && (self.ratio - other.ratio).abs() < 0.005
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if !(self.ratio.is_finite() && (0.0..=1.0).contains(&self.ratio)) {
+            return Err(format!("ratio {} (from 0 to 1)", self.ratio));
+        }
+        if self.placement == StatePlacement::PartialOptimizer && self.ratio <= 0.0 {
+            return Err("a partial placement without a share".into());
+        }
+        if !(1..=MAX_RANKS).contains(&self.ranks) {
+            return Err(format!("{} ranks (from 1 to {MAX_RANKS})", self.ranks));
+        }
+        if !(1..=MAX_GPU_BYTES).contains(&self.gpu_bytes) {
+            return Err(format!("GPUs of {} bytes", self.gpu_bytes));
+        }
+        Ok(())
+    }
+}
+
+/// One remembered run of a shape as evidence about configurations: what it ran, and how it
+/// ended ([`LearnedMemory::evidence`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RanRecord {
+    /// What it ran.
+    pub ran_as: RanAs,
+    /// It finished its training (its workload succeeded): the configuration fits.
+    pub trained: bool,
+    /// It ran out of memory.
+    pub failed: bool,
+    /// It was a trial of a configuration faster than any that had trained.
+    pub trial: bool,
+    /// Its activation factor as the run gave it: neither faded nor given a margin.
+    pub activations: f64,
+    /// That factor is PyTorch's allocator's own figure (what the run needed).
+    pub allocator: bool,
+    /// When (RFC 3339).
+    pub at: jiff::Timestamp,
+}
 
 /// The factors a decision applies for one shape on one class.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -117,6 +191,15 @@ pub struct Run {
     /// replaces a device figure of the same run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allocator: bool,
+    /// The configuration it ran, where known (runs recorded before it was kept have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ran_as: Option<RanAs>,
+    /// It finished its training (its workload succeeded), so its configuration fits.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub trained: bool,
+    /// It tried a configuration faster than any that had trained for its shape.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub trial: bool,
     /// When it was last observed (RFC 3339).
     pub at: String,
 }
@@ -209,6 +292,17 @@ impl Run {
         }
         if self.job.len() > 512 {
             return Err(LearnedError::Impossible("a job name over 512 bytes".into()));
+        }
+        if let Some(r) = &self.ran_as {
+            r.check().map_err(|e| {
+                LearnedError::Impossible(format!("run of {} ran a configuration of {e}", self.job))
+            })?;
+        }
+        if self.trained && self.failed {
+            return Err(LearnedError::Impossible(format!(
+                "run of {} both trained and ran out of memory",
+                self.job
+            )));
         }
         Ok(())
     }
@@ -324,6 +418,41 @@ impl LearnedMemory {
         })
     }
 
+    /// The remembered runs of `shape` on `class` under `profile` whose configuration is known,
+    /// oldest first: what later decisions take as proof (a configuration that trained) and as
+    /// bounds (one that ran out of memory, a trial already made). Runs dated after now (beyond
+    /// the clock skew) or older than [`MAX_AGE_DAYS`] are not evidence.
+    pub fn evidence(
+        &self,
+        profile: &str,
+        class: NodeClass,
+        shape: &str,
+        now: jiff::Timestamp,
+    ) -> Vec<RanRecord> {
+        let Some(e) = self
+            .entries
+            .iter()
+            .find(|e| e.profile == profile && e.class == class && e.shape == shape)
+        else {
+            return Vec::new();
+        };
+        e.runs
+            .iter()
+            .filter(|r| r.age_days(now) <= MAX_AGE_DAYS)
+            .filter_map(|r| {
+                Some(RanRecord {
+                    ran_as: r.ran_as?,
+                    trained: r.trained && !r.failed,
+                    failed: r.failed,
+                    trial: r.trial,
+                    activations: r.activations,
+                    allocator: r.allocator,
+                    at: r.at.parse().ok()?,
+                })
+            })
+            .collect()
+    }
+
     /// Records a run (replacing the same job's earlier one), keeping the bounds; whether the
     /// store changed enough to be written (a new run, a factor moved by more than 1 %, a
     /// failure).
@@ -360,7 +489,9 @@ impl LearnedMemory {
                         (Some(a), Some(b)) => moved(a, b),
                         (a, b) => a.is_some() != b.is_some(),
                     }
-                    || old.failed != run.failed;
+                    || old.failed != run.failed
+                    || old.trained != run.trained
+                    || old.ran_as != run.ran_as;
                 // The same job's figures only rise over its run: keep the higher; but the
                 // allocator's own figure is what the run needed, and replaces the device's
                 // upper bound (never the other way round).
@@ -377,6 +508,11 @@ impl LearnedMemory {
                         (a, b) => a.or(b),
                     },
                     failed: old.failed || run.failed,
+                    // A run that ran out of memory did not train, whatever an earlier window
+                    // of it showed.
+                    trained: (old.trained || run.trained) && !(old.failed || run.failed),
+                    trial: old.trial || run.trial,
+                    ran_as: run.ran_as.or(old.ran_as),
                     parameters: match (old.parameters, run.parameters) {
                         (Some(a), Some(b)) => Some(a.max(b)),
                         (a, b) => a.or(b),
@@ -428,6 +564,9 @@ mod tests {
             failed: false,
             parameters: None,
             allocator: false,
+            ran_as: None,
+            trained: false,
+            trial: false,
             at: at.into(),
         }
     }

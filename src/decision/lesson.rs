@@ -13,11 +13,11 @@ use offload_api::quantity::MAX_PARAMETERS;
 use offload_api::v1alpha1::{MemoryKind, NodeClass};
 
 use super::error::ResolveError;
-use super::fit;
 use super::framework;
-use super::learned::{self, LearnedFactors, LearnedMemory, Run};
+use super::learned::{self, LearnedFactors, LearnedMemory, RanAs, Run};
 use super::memory::{CONTEXT_RESERVE_BYTES, ClassMemory, JobMemory, Placement};
 use super::request::JobRequest;
+use super::sizing;
 
 /// The host model's fit is at most this much over the measured peaks (whole offload): a size
 /// solved from a host peak is taken at the peak raised by it, an upper bound.
@@ -43,6 +43,10 @@ pub struct Observed {
     pub host_peak: Option<u64>,
     /// It ran out of this memory.
     pub failed: Option<MemoryKind>,
+    /// It finished its training (its workload succeeded; `explain`: the process exited 0).
+    pub trained: bool,
+    /// Its configuration was a trial of one faster than any that had trained for its shape.
+    pub trial: bool,
 }
 
 /// A run's lesson, to be recorded under `shape`.
@@ -60,6 +64,12 @@ pub struct Lesson {
     pub parameters: Option<f64>,
     /// Its GPU figure is the allocator's own (not the device's upper bound).
     pub allocator: bool,
+    /// The configuration it ran.
+    pub ran_as: RanAs,
+    /// It finished its training.
+    pub trained: bool,
+    /// It was a trial of a faster configuration.
+    pub trial: bool,
     /// The lesson in a sentence.
     pub sentence: String,
 }
@@ -74,6 +84,9 @@ impl Lesson {
             failed,
             parameters: self.parameters,
             allocator: self.allocator,
+            ran_as: Some(self.ran_as),
+            trained: self.trained && !failed,
+            trial: self.trial,
             at: at.to_string(),
         }
     }
@@ -160,7 +173,7 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
     };
     #[allow(clippy::cast_precision_loss)]
     let host_peak = obs.host_peak.map(|h| h as f64).filter(|h| *h > 0.0);
-    let (jm, parameters) = match fit::unlearned_memory(&job, &facts)? {
+    let (jm, parameters) = match sizing::unlearned_memory(&job, &facts)? {
         Some(jm) => (jm, None),
         None => {
             // Only a run that ran shows a size: one that ran out of memory shows only that
@@ -170,7 +183,7 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
             }
             #[allow(clippy::cast_precision_loss)]
             let max = MAX_PARAMETERS as f64;
-            let Some(probe) = fit::sized_as(&job, &facts, 1e9) else {
+            let Some(probe) = sizing::sized_as(&job, &facts, 1e9) else {
                 return Ok(None);
             };
             let sized = |p: f64| JobMemory {
@@ -187,7 +200,7 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
                     gpu_with(&sized(p), &cm, obs.placement, learned::MIN_ACTIVATIONS)
                 }),
             };
-            let Some(jm) = fit::sized_as(&job, &facts, p) else {
+            let Some(jm) = sizing::sized_as(&job, &facts, p) else {
                 return Ok(None);
             };
             let parameters = jm.parameters;
@@ -269,6 +282,7 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
             p / 1e9
         )),
     );
+    let (placement, ratio) = obs.placement.state();
     Ok(Some(Lesson {
         shape: jm.shape_key.clone(),
         described,
@@ -276,6 +290,14 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
         host,
         parameters,
         allocator: obs.allocated.is_some_and(|a| a > 0),
+        ran_as: RanAs {
+            placement,
+            ratio,
+            ranks: jm.ranks.max(1),
+            gpu_bytes: obs.gpu_bytes,
+        },
+        trained: obs.trained && obs.failed.is_none(),
+        trial: obs.trial,
         sentence,
     }))
 }

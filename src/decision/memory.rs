@@ -177,6 +177,30 @@ pub enum Placement {
     OptimizerAndParams,
 }
 
+impl Placement {
+    /// The placement in the status's words, with its share (0 where it has none).
+    pub fn state(self) -> (offload_api::v1alpha1::StatePlacement, f64) {
+        use offload_api::v1alpha1::StatePlacement;
+        match self {
+            Placement::NoOffload => (StatePlacement::NoOffload, 0.0),
+            Placement::PartialOptimizer(r) => (StatePlacement::PartialOptimizer, r),
+            Placement::Optimizer => (StatePlacement::Optimizer, 0.0),
+            Placement::OptimizerAndParams => (StatePlacement::OptimizerAndParams, 0.0),
+        }
+    }
+
+    /// The placement a status records (`ratio`: its share, for a partial placement).
+    pub fn from_state(state: offload_api::v1alpha1::StatePlacement, ratio: f64) -> Placement {
+        use offload_api::v1alpha1::StatePlacement;
+        match state {
+            StatePlacement::NoOffload => Placement::NoOffload,
+            StatePlacement::PartialOptimizer => Placement::PartialOptimizer(ratio),
+            StatePlacement::Optimizer => Placement::Optimizer,
+            StatePlacement::OptimizerAndParams => Placement::OptimizerAndParams,
+        }
+    }
+}
+
 impl fmt::Display for Placement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -252,6 +276,12 @@ pub struct JobMemory {
     >,
     /// Sized from observed runs of the job (it gives no hints), not from hints.
     pub inferred: bool,
+    /// What earlier runs of the shape ran and how they ended, per node class: what the
+    /// decision takes as proof or bound ([`super::proven`]).
+    pub ran: std::collections::BTreeMap<
+        offload_api::v1alpha1::NodeClass,
+        Vec<super::learned::RanRecord>,
+    >,
 }
 
 /// Multipliers on the estimates, from configurations of the job that ran out of memory.

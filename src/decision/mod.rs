@@ -19,6 +19,7 @@ mod error;
 pub mod evidence;
 mod fit;
 mod framework;
+mod ladder;
 pub mod learned;
 pub mod lesson;
 pub mod memory;
@@ -26,6 +27,7 @@ pub mod model_config;
 mod overlap;
 mod pinning;
 mod placement;
+mod proven;
 mod ratio;
 mod request;
 mod resolution;
@@ -33,6 +35,7 @@ mod resolve;
 mod selection;
 mod settings;
 pub mod shape;
+mod sizing;
 mod user_config;
 
 pub use constraints::PodConstraints;
@@ -52,6 +55,7 @@ pub use user_config::{
     ConfigError, ConfigFacts, DeepSpeedConfigError, Precision, UserConfig, parse_config, stage_of,
 };
 
+pub use ladder::Trial;
 pub use resolution::{Field, MemoryEstimate, MemoryRequest, Reason, Resolution};
 pub use resolve::{class_admits, estimate_placement, resolve_offload};
 pub use settings::{

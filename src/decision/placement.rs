@@ -8,8 +8,9 @@ use offload_api::v1alpha1::{
 
 use super::candidates::{Candidates, ClassNodes};
 use super::error::ResolveError;
-use super::fit::{self, Allowed, MemoryChoice};
+use super::fit;
 use super::framework::FrameworkFacts;
+use super::ladder::{self, Allowed, MemoryChoice};
 use super::memory::{JobMemory, Placement};
 use super::request::JobRequest;
 use super::settings::{Source, effective};
@@ -82,14 +83,21 @@ impl Context<'_> {
     }
 
     fn allowed(&self, class: NodeClass, no_offload: bool, offload: bool) -> Allowed {
-        fit::allowed(
+        let fixed = self.fixed_ratio();
+        let mut allowed = ladder::allowed(
             self.job,
             self.facts,
             class,
             no_offload,
             offload,
-            self.fixed_ratio().map(|(r, _)| r),
-        )
+            fixed.map(|(r, _)| r),
+        );
+        // Trials only where a failure is recovered from (a TrainingJob) and the share is the
+        // operator's to choose.
+        if self.job.identity.is_some() && fixed.is_none() && self.profile.learn_memory {
+            allowed.trials = self.profile.faster_trials;
+        }
+        allowed
     }
 }
 
@@ -221,7 +229,7 @@ fn explicit<'c, 'a>(
                             "on {} nodes, {}; {}",
                             class.class,
                             tried.describe(jm, &cm),
-                            fit::advice(jm, &cm, &allowed)
+                            ladder::advice(jm, &cm, &allowed)
                         ),
                     });
                 }
@@ -281,14 +289,14 @@ fn disabled<'c, 'a>(
             continue;
         };
         let allowed = cx.allowed(class.class, true, false);
-        match fit::fastest(jm, &cm, &allowed) {
+        match ladder::fastest(jm, &cm, &allowed) {
             Ok(choice) if holds(class, cx.job) => fitting.push((class, choice)),
             Ok(_) => {}
             Err(tried) => failures.push(format!(
                 "on {} nodes {}; {}",
                 class.class,
                 tried.describe(jm, &cm),
-                fit::advice(jm, &cm, &cx.allowed(class.class, true, true))
+                ladder::advice(jm, &cm, &cx.allowed(class.class, true, true))
             )),
         }
     }
@@ -463,7 +471,7 @@ fn auto_by_memory<'c, 'a>(
                 "on {} nodes {}; {}",
                 class.class,
                 tried.describe(jm, &cm),
-                fit::advice(jm, &cm, &allowed)
+                ladder::advice(jm, &cm, &allowed)
             )
         });
         results.push((class, outcome));

@@ -49,6 +49,12 @@ pub(super) fn decide(
                 r,
                 format!("{r}: set by {source}; {}{}", choice.figures, cpu(r)),
             ),
+            // What earlier runs proved chose the share (what trained, or a trial).
+            (Placement::PartialOptimizer(r), RatioSetting::Auto | RatioSetting::None)
+                if choice.proven =>
+            {
+                (r, format!("{r}: {}{}", choice.figures, cpu(r)))
+            }
             (Placement::PartialOptimizer(r), RatioSetting::Auto | RatioSetting::None) => (
                 r,
                 format!(

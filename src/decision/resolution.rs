@@ -108,6 +108,14 @@ pub struct Resolution {
     pub requested: OffloadSpec,
     /// Where the configuration puts the training state.
     pub placement: memory::Placement,
+    /// Set where the placement is a trial of a rung faster than the fastest that trained for
+    /// the job's shape.
+    pub trial: Option<super::ladder::Trial>,
+    /// Why the memory model (and what earlier runs proved) placed the state so, in a sentence,
+    /// where it sized the job.
+    pub memory_why: Option<String>,
+    /// The placement is one that trained for the job's shape, chosen over the model's figures.
+    pub proven: bool,
     /// The training container's index in the pod template, where the pod has containers.
     pub training_container: Option<usize>,
 }
@@ -167,6 +175,16 @@ impl MemoryEstimate {
     }
 }
 
+/// A placement in a few words.
+fn short(p: memory::Placement) -> String {
+    match p {
+        memory::Placement::NoOffload => "no offload".into(),
+        memory::Placement::PartialOptimizer(r) => format!("{:.0}%", r * 100.0),
+        memory::Placement::Optimizer => "optimizer offload".into(),
+        memory::Placement::OptimizerAndParams => "optimizer+params offload".into(),
+    }
+}
+
 impl Resolution {
     /// The job's `spec.offload` with every `Auto` replaced by the concrete value.
     pub fn concrete_spec(&self) -> OffloadSpec {
@@ -193,6 +211,29 @@ impl Resolution {
     /// Whether DeepSpeed SuperOffload is on.
     pub fn super_offload(&self) -> bool {
         matches!(&self.framework, FrameworkPlan::DeepSpeed(p) if p.super_offload)
+    }
+
+    /// What earlier runs taught this decision, in a few words (`kubectl get tj`); `None` where
+    /// nothing was learned.
+    pub fn learned_summary(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if let Some(m) = &self.memory
+            && !m.learned.is_neutral()
+        {
+            parts.push(format!(
+                "{} run{}: activations ×{:.2}, host ×{:.2}",
+                m.learned.runs,
+                if m.learned.runs == 1 { "" } else { "s" },
+                m.learned.activations,
+                m.learned.host
+            ));
+        }
+        if let Some(t) = &self.trial {
+            parts.push(format!("trial; {} trained", short(t.fallback)));
+        } else if self.proven {
+            parts.push(format!("{} trained", short(self.placement)));
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
     }
 
     /// The reasons joined into one paragraph, for Events.

@@ -9,7 +9,9 @@ use super::framework::FrameworkPlan;
 use super::request::JobRequest;
 use super::resolution::{Field, MemoryEstimate, MemoryRequest, Reason, Resolution};
 use super::settings::MAX_EXCLUDED_NODES;
-use super::{candidates, fit, framework, memory, overlap, pinning, placement, ratio};
+use super::{
+    candidates, fit, framework, ladder, memory, overlap, pinning, placement, ratio, sizing,
+};
 
 #[derive(Default)]
 struct Reasons(Vec<Reason>);
@@ -35,7 +37,7 @@ pub fn resolve_offload(
 ) -> Result<Resolution, ResolveError> {
     let facts = framework::check(job)?;
     partial_ratio_supported(job, &facts)?;
-    let memory = fit::job_memory(job, &facts, profile_name)?;
+    let memory = sizing::job_memory(job, &facts, profile_name)?;
     let mut reasons = Reasons::default();
 
     // Nodes whose agent and GPU driver disagree: a claim-pinned job's affinity excludes them
@@ -121,6 +123,12 @@ pub fn resolve_offload(
         exclude_nodes,
         gpu_claim_entries: job.gpu_claim_entries.clone(),
         placement: state,
+        trial: placement.memory.as_ref().and_then(|c| c.trial.clone()),
+        memory_why: placement.memory.as_ref().map(|c| c.figures.clone()),
+        proven: placement
+            .memory
+            .as_ref()
+            .is_some_and(|c| c.proven && c.trial.is_none()),
         memory_request,
         requested: job.offload.clone(),
         training_container: job.training_container.map(|(i, _)| i),
@@ -153,7 +161,10 @@ fn state_placement(
 
 /// The training container's memory request where the chosen placement's host estimate is more
 /// than the user requests (rounded up to MiB); never lower than the user's.
-fn memory_request(job: &JobRequest, choice: Option<&fit::MemoryChoice>) -> Option<MemoryRequest> {
+fn memory_request(
+    job: &JobRequest,
+    choice: Option<&ladder::MemoryChoice>,
+) -> Option<MemoryRequest> {
     const MIB: u64 = 1 << 20;
     let (container, requested) = job.training_container?;
     let bytes = memory::bytes(choice?.estimate.host_per_pod)
@@ -285,7 +296,7 @@ pub fn estimate_placement(
     placement: memory::Placement,
 ) -> Result<Option<(MemoryEstimate, bool)>, ResolveError> {
     let facts = framework::check(job)?;
-    let Some(jm) = fit::job_memory(job, &facts, profile_name)? else {
+    let Some(jm) = sizing::job_memory(job, &facts, profile_name)? else {
         return Ok(None);
     };
     let candidates = candidates::Candidates::select(

@@ -37,6 +37,9 @@ pub struct Evidence {
     pub pod: PodObservation,
     /// How it ended.
     pub outcome: Outcome,
+    /// It finished its training: the process exited 0 (a node's summary of a running pod
+    /// says only that it ran so far).
+    pub trained: bool,
 }
 
 /// One step of the loop, as `explain` shows it.
@@ -52,6 +55,10 @@ pub struct LoopStep {
     /// What it taught, where anything.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lesson: Option<String>,
+    /// Why that configuration was decided: the memory model's figures, what was learned and
+    /// what earlier runs proved (a trial says so), where the model sized the job.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided: Option<String>,
 }
 
 /// Reads one file of evidence: an observed run, or a node's observed summary (the pods of the
@@ -89,6 +96,7 @@ pub fn read_evidence(source: &str, text: &str, job: &str) -> Result<Evidence, St
         };
         return Ok(Evidence {
             source: source.to_string(),
+            trained: run.succeeded(),
             pod: run.pod,
             outcome,
         });
@@ -125,6 +133,7 @@ pub fn read_evidence(source: &str, text: &str, job: &str) -> Result<Evidence, St
         source: source.to_string(),
         pod: merged.ok_or_else(|| format!("{source}: no pod"))?,
         outcome: Outcome::Ran,
+        trained: false,
     })
 }
 
@@ -223,6 +232,7 @@ pub fn explain_after(tj: &TrainingJob, inputs: &mut Inputs, evidence: &[Evidence
             steps.push(LoopStep {
                 source: ev.source.clone(),
                 configuration: config,
+                decided: res.memory_why.clone(),
                 outcome: format!(
                     "not taken: {failures} configurations ran out of memory, more than the profile's maxMemoryRetries ({retries}); the controller holds the job and decides it no more"
                 ),
@@ -234,6 +244,7 @@ pub fn explain_after(tj: &TrainingJob, inputs: &mut Inputs, evidence: &[Evidence
             steps.push(LoopStep {
                 source: ev.source.clone(),
                 configuration: config,
+                decided: res.memory_why.clone(),
                 outcome: format!("not evidence: {why}; it teaches nothing"),
                 lesson: None,
             });
@@ -278,6 +289,8 @@ pub fn explain_after(tj: &TrainingJob, inputs: &mut Inputs, evidence: &[Evidence
                 },
                 host_peak: ev.pod.host_memory_peak_bytes,
                 failed,
+                trained: ev.trained,
+                trial: res.trial.is_some(),
             };
             let config_of = inputs.user_config(&tj);
             let model = inputs.model_config(&tj);
@@ -326,9 +339,18 @@ pub fn explain_after(tj: &TrainingJob, inputs: &mut Inputs, evidence: &[Evidence
         steps.push(LoopStep {
             source: ev.source.clone(),
             configuration: config,
+            decided: res.memory_why.clone(),
             outcome,
             lesson: lesson_said,
         });
+        // A run that trained ends its job: the next run is a new job of the same shape, decided
+        // from what the store holds, not from this job's failures.
+        if ev.trained
+            && failed.is_none()
+            && let Some(st) = tj.status.as_mut()
+        {
+            st.memory_failures.clear();
+        }
     }
     let mut out = explain_training_job(&tj, inputs, false);
     out.closed_loop = steps;

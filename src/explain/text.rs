@@ -50,6 +50,9 @@ fn loop_section(s: &mut String, e: &Explanation) {
             step.configuration,
             step.outcome
         );
+        if let Some(d) = &step.decided {
+            let _ = writeln!(s, "  decided so: {d}");
+        }
         if let Some(l) = &step.lesson {
             let _ = writeln!(s, "  learned: {l}");
         }

@@ -61,10 +61,15 @@ pub(super) async fn follow_workload(
         .as_ref()
         .is_none_or(|g| conditions::unchanged(&current.conditions, g));
     let (observed, overlap, headroom) = observe(tj, ctx, &current, generation);
-    // A new window of the job's peaks is a lesson for later decisions of its shape.
-    if let (Some(o), Some(d)) = (observed.as_ref(), current.offload.as_ref())
-        && current.observed.as_ref().map(|p| &p.memory) != Some(&o.memory)
-        && let Some(obs) = super::learn::observed(ctx, d, o, None, None)
+    // A new window of the job's peaks is a lesson for later decisions of its shape; the end of
+    // a workload that succeeded proves its configuration fits.
+    let trained = phase == JobPhase::Succeeded;
+    let newly_trained = trained && current.phase != Some(JobPhase::Succeeded);
+    if let (Some(o), Some(d)) = (
+        observed.as_ref().or(current.observed.as_ref()),
+        current.offload.as_ref(),
+    ) && (newly_trained || current.observed.as_ref().map(|p| &p.memory) != Some(&o.memory))
+        && let Some(obs) = super::learn::observed(ctx, d, o, None, None, trained)
     {
         super::learn::learn(tj, ctx, &obs).await;
     }
@@ -74,7 +79,7 @@ pub(super) async fn follow_workload(
         observed.as_ref().or(current.observed.as_ref()),
         current.offload.as_ref(),
     ) && let Some(allocated) = super::recovery::reported_allocation(ctx, tj, job)
-        && let Some(obs) = super::learn::observed(ctx, d, o, None, Some(allocated))
+        && let Some(obs) = super::learn::observed(ctx, d, o, None, Some(allocated), trained)
     {
         super::learn::learn(tj, ctx, &obs).await;
     }

@@ -5,7 +5,7 @@
 
 use kube::ResourceExt;
 use offload_api::v1alpha1::{
-    MemoryKind, NodeClass, ObservedOverlap, OffloadDecisionStatus, StatePlacement, TrainingJob,
+    MemoryKind, NodeClass, ObservedOverlap, OffloadDecisionStatus, TrainingJob,
 };
 
 use crate::controller::Context;
@@ -14,12 +14,7 @@ use crate::decision::memory::Placement;
 
 /// The placement a recorded decision wrote.
 fn placement(d: &OffloadDecisionStatus) -> Option<Placement> {
-    Some(match d.placement? {
-        StatePlacement::NoOffload => Placement::NoOffload,
-        StatePlacement::PartialOptimizer => Placement::PartialOptimizer(d.offload_ratio),
-        StatePlacement::Optimizer => Placement::Optimizer,
-        StatePlacement::OptimizerAndParams => Placement::OptimizerAndParams,
-    })
+    Some(Placement::from_state(d.placement?, d.offload_ratio))
 }
 
 /// The class the job ran on: the decision's, else the class of a node it was observed on.
@@ -39,13 +34,15 @@ fn class(
 }
 
 /// What the job's configuration was observed to use (or ran out of), as a lesson's input;
-/// `allocated` is what PyTorch's allocator said it needed, where known.
+/// `allocated` is what PyTorch's allocator said it needed, where known; `trained`: the workload
+/// succeeded.
 pub(super) fn observed(
     ctx: &Context,
     d: &OffloadDecisionStatus,
     observed: &ObservedOverlap,
     failed: Option<MemoryKind>,
     allocated: Option<u64>,
+    trained: bool,
 ) -> Option<Observed> {
     let m = observed.memory.as_ref()?;
     if m.configuration != super::recovery::configuration(d) {
@@ -65,6 +62,8 @@ pub(super) fn observed(
         allocated,
         host_peak: as_u64(m.host_peak_bytes),
         failed,
+        trained: trained && failed.is_none(),
+        trial: d.trial.is_some(),
     })
 }
 

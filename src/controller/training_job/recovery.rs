@@ -129,6 +129,7 @@ pub(super) async fn recover(
             o,
             Some(kind),
             failure.needed_bytes.and_then(|b| u64::try_from(b).ok()),
+            false,
         )
     {
         super::learn::learn(tj, ctx, &obs).await;
@@ -149,8 +150,17 @@ pub(super) async fn recover(
         ),
         _ => String::new(),
     };
+    let trial = decision
+        .and_then(|d| d.trial.as_ref())
+        .map(|t| {
+            format!(
+                " — a trial of a configuration faster than the fastest that trained; the job goes back to {}, and no later trial of its shape goes as far",
+                t.fallback
+            )
+        })
+        .unwrap_or_default();
     let said = format!(
-        "pod {pod} ran out of {memory} memory with {}{figures}",
+        "pod {pod} ran out of {memory} memory with {}{figures}{trial}",
         decision.map(configuration).unwrap_or_default()
     );
     let exhausted = n > max as usize;

@@ -35,6 +35,7 @@ fn job(shape: ModelShape, tokens: f64) -> JobMemory {
         shape_key: String::new(),
         learned: Default::default(),
         inferred: false,
+        ran: Default::default(),
     }
 }
 

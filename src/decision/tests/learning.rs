@@ -39,6 +39,8 @@ fn observe(job: &JobRequest, res: &Resolution, gpu_peak: u64, host_peak: Option<
         allocated: None,
         host_peak,
         failed: None,
+        trained: false,
+        trial: false,
     }
 }
 

@@ -7,6 +7,7 @@ mod memory;
 mod overlap;
 mod placement;
 mod properties;
+mod proven;
 mod ratio;
 mod scale;
 

@@ -135,6 +135,18 @@ pub struct OffloadProfileSpec {
     #[serde(default = "default_true")]
     pub learn_memory: bool,
 
+    /// How many trials of a faster configuration a job shape may get on a node class: where the
+    /// fastest configuration that trained for the shape left room to spare, and its runs' own
+    /// figures say a faster rung fits (a smaller share of the optimizer state, or none), the
+    /// next TrainingJob of the shape tries it. Should a trial run out of GPU memory, the job
+    /// goes back to the configuration that trained, and no later trial goes as far. Each trial
+    /// is said in the decision's reasons (`status.offload.trial`) and its Event. Only with
+    /// `learnMemory`, and only for TrainingJobs (the operator recreates those after an
+    /// out-of-memory). 0: never.
+    #[serde(default = "default_faster_trials")]
+    #[schemars(range(min = 0, max = 10))]
+    pub faster_trials: u32,
+
     /// How a job with no model hints (no size the memory model can work from) starts.
     /// `Safest` (the default): every offload on (optimizer state and parameters), which runs
     /// whatever the model's size but is the slowest. `TryFastest`: without offload first, then
@@ -170,6 +182,13 @@ fn default_max_memory_retries() -> u32 {
     DEFAULT_MAX_MEMORY_RETRIES
 }
 
+fn default_faster_trials() -> u32 {
+    DEFAULT_FASTER_TRIALS
+}
+
+/// Trials of a faster configuration per job shape and node class, by default.
+pub const DEFAULT_FASTER_TRIALS: u32 = 2;
+
 /// Re-decisions after running out of memory, by default.
 pub const DEFAULT_MAX_MEMORY_RETRIES: u32 = 2;
 
@@ -189,6 +208,7 @@ impl Default for OffloadProfileSpec {
             allow_zen_flow: false,
             max_memory_retries: DEFAULT_MAX_MEMORY_RETRIES,
             learn_memory: true,
+            faster_trials: DEFAULT_FASTER_TRIALS,
             unknown_size: UnknownSize::Safest,
             report_allocator_peaks: false,
         }

@@ -34,6 +34,7 @@ fn default_replicas() -> i32 {
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"GPU-Busy","type":"number","description":"Mean busy fraction of the job's GPUs, as the node agents observed them","jsonPath":".status.observed.gpuBusy"}"#,
     printcolumn = r#"{"name":"GPU-Mem","type":"string","description":"Highest GPU memory in use on one of the job's GPUs since its configuration started, beside what the decision estimated (GiB, with the CUDA context)","jsonPath":".status.observed.memory.gpu"}"#,
+    printcolumn = r#"{"name":"Learned","type":"string","description":"What earlier runs of the job's shape taught its decision: the factors learned, a configuration that trained, a trial of a faster one","jsonPath":".status.offload.learned"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -475,6 +476,28 @@ pub struct OffloadDecisionStatus {
     /// from it again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested: Option<OffloadSpec>,
+    /// Set where this configuration is a trial: one rung faster than the fastest that trained
+    /// for the job's shape on its node class, which that run's figures say fits (the profile's
+    /// `fasterTrials`). Should it run out of memory, the job goes back to the configuration
+    /// that trained, and the trial is never made again for the shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trial: Option<TrialStatus>,
+    /// What earlier runs of the job's shape taught this decision, in a few words for `kubectl
+    /// get` (`2 runs: activations ×0.93; trial, 36% trained`); absent where nothing was learned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learned: Option<String>,
+}
+
+/// A trial of a faster configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrialStatus {
+    /// The configuration that trained, which the job goes back to if this one runs out of
+    /// memory (`30% of the optimizer state offloaded`).
+    pub fallback: String,
+    /// What the run that trained needed of each GPU, and what the trial is estimated to need,
+    /// in a sentence.
+    pub evidence: String,
 }
 
 /// Where a configuration puts the training state.

@@ -168,6 +168,7 @@ pub fn run(runs: &[PathBuf], models: &Path, node: &Node) -> Result<(), BenchErro
                     shape_key: String::new(),
                     learned: Default::default(),
                     inferred: false,
+                    ran: Default::default(),
                 };
                 let (est, fit) = job.estimate_checked(placement, &class);
                 let f = |k: &str| phase.get(k).and_then(Value::as_f64);

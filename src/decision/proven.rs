@@ -1,0 +1,271 @@
+//! What earlier runs of a job's shape proved about its configurations, on the node class and the
+//! GPUs it is decided for, applied over the fastest rung the memory model finds
+//! ([`super::ladder::fastest`]):
+//!
+//! - **What trained fits.** A configuration that trained for the shape (its workload succeeded)
+//!   is proof: the decision never offloads more than it, whatever the model's figures say after
+//!   a later lesson (a failure's lower bound, a margin).
+//! - **Back to what ran.** After this job ran out of GPU memory, it goes back to the fastest
+//!   configuration that trained, where one is known, rather than to one the model raised past
+//!   the failure that never ran.
+//! - **A trial of a faster rung.** Where the model's choice is the fastest configuration that
+//!   trained, and the runs' own figures — the largest need a run that trained showed, without
+//!   the store's smoothing (one run below moves a factor half-way; one above adds a margin; a
+//!   failure's lower bound counts as a need) — say a faster rung fits with the usual headroom,
+//!   a TrainingJob may try it: half-way to the share those
+//!   figures allow (a partial share; no offload where it fits whole), bounded by the profile's
+//!   `fasterTrials` per shape, never a configuration that ran out for the shape nor one faster,
+//!   and never after this job ran out of memory. Should it run out, the job goes back to what
+//!   trained, and the failure bounds every later trial.
+//!
+//! Evidence counts only where its ranks and GPUs are the decision's: a configuration proven on
+//! eight GPUs proves nothing on one.
+
+use offload_api::v1alpha1::MemoryKind;
+
+use super::ladder::{self, Allowed, MemoryChoice, PartialRatio, Trial, Tried, speed_rank};
+use super::learned::{LearnedFactors, RanAs, RanRecord};
+use super::memory::{ClassMemory, JobMemory, Placement, gib};
+use super::request::JobRequest;
+
+/// A trial's share is at least this much below the share that trained, and above one that ran
+/// out: less is not worth a run.
+pub const TRIAL_STEP: f64 = 0.02;
+
+/// The records of runs that count for a decision of `jm` on `cm`: its class, its ranks, GPUs of
+/// its size.
+fn records<'a>(jm: &'a JobMemory, cm: &ClassMemory) -> Vec<&'a RanRecord> {
+    let Some(class) = cm.class else {
+        return Vec::new();
+    };
+    jm.ran
+        .get(&class)
+        .map(|rs| {
+            rs.iter()
+                .filter(|r| r.ran_as.same_setting(jm.ranks, cm.gpu_bytes))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn placement_of(r: &RanAs) -> Placement {
+    Placement::from_state(r.placement, r.ratio)
+}
+
+/// The fastest configuration that trained and never ran out of memory in another run.
+fn proven<'a>(records: &[&'a RanRecord]) -> Option<&'a RanRecord> {
+    records
+        .iter()
+        .copied()
+        .filter(|r| r.trained)
+        .filter(|r| {
+            !records
+                .iter()
+                .any(|f| f.failed && f.ran_as.same_placement(&r.ran_as))
+        })
+        .min_by_key(|r| speed_rank(placement_of(&r.ran_as)))
+}
+
+/// Whether two placements are the same configuration (shares within half a percent).
+fn same(a: Placement, b: Placement) -> bool {
+    let ((pa, ra), (pb, rb)) = (a.state(), b.state());
+    pa == pb && (ra - rb).abs() < 0.005
+}
+
+/// Whether `allowed` lets the job take `p`.
+fn permits(allowed: &Allowed, p: Placement) -> bool {
+    match p {
+        Placement::NoOffload => allowed.no_offload,
+        Placement::PartialOptimizer(r) => match &allowed.partial {
+            PartialRatio::Free(floor) => r >= *floor - 1e-9,
+            PartialRatio::Fixed(f) => (r - f).abs() < 0.005,
+            PartialRatio::No(_) => false,
+        },
+        Placement::Optimizer => allowed.whole_optimizer,
+        Placement::OptimizerAndParams => allowed.with_params,
+    }
+}
+
+/// `jm` with `activations` as the learned factor on `cm`'s class.
+fn with_activations(jm: &JobMemory, cm: &ClassMemory, activations: f64) -> JobMemory {
+    let mut jm = jm.clone();
+    if let Some(class) = cm.class {
+        let f = jm.learned.get(&class).copied().unwrap_or_default();
+        jm.learned.insert(
+            class,
+            LearnedFactors {
+                activations,
+                runs: f.runs.max(1),
+                ..f
+            },
+        );
+    }
+    jm
+}
+
+/// The choice of `placement` on `cm`, its figures in a sentence, `note` after them.
+fn choice_of(jm: &JobMemory, cm: &ClassMemory, placement: Placement, note: String) -> MemoryChoice {
+    let estimate = jm.estimate_checked(placement, cm).0;
+    MemoryChoice {
+        placement,
+        figures: format!(
+            "{}{}; {note}",
+            jm.describe(&estimate, cm),
+            ladder::model_note(jm)
+        ),
+        estimate,
+        class: cm.clone(),
+        proven: true,
+        trial: None,
+    }
+}
+
+/// What the run of `r` needed of each GPU, as the model gives it with the run's own factor.
+fn needed(jm: &JobMemory, cm: &ClassMemory, r: &RanRecord) -> f64 {
+    with_activations(jm, cm, r.activations)
+        .estimate_checked(placement_of(&r.ran_as), cm)
+        .0
+        .gpu
+}
+
+/// The decision of `jm` on `cm` with what runs of its shape proved applied to the model's
+/// `choice`.
+pub(super) fn apply(
+    jm: &JobMemory,
+    cm: &ClassMemory,
+    allowed: &Allowed,
+    job: &JobRequest,
+    choice: Result<MemoryChoice, Tried>,
+) -> Result<MemoryChoice, Tried> {
+    let records = records(jm, cm);
+    let Some(best) = proven(&records) else {
+        return choice;
+    };
+    let ran = placement_of(&best.ran_as);
+    if !permits(allowed, ran) {
+        return choice;
+    }
+    let when = best.at.strftime("%Y-%m-%d").to_string();
+    let slower = match &choice {
+        Ok(c) => speed_rank(c.placement) > speed_rank(ran),
+        Err(_) => true,
+    };
+    let ran_out = job
+        .memory_failures
+        .iter()
+        .any(|f| f.kind == MemoryKind::Gpu);
+    let faster_untried = matches!(&choice, Ok(c) if speed_rank(c.placement) < speed_rank(ran));
+    if slower || (ran_out && faster_untried) {
+        let fits = jm.estimate_checked(ran, cm).1;
+        if !fits.host {
+            return choice;
+        }
+        let why = if !ran_out {
+            format!(
+                "{ran} trained for this job shape on these GPUs ({when}, needing about {} of each): what trained fits, so the decision offloads no more than it, whatever the model's figures say",
+                gib(needed(jm, cm, best))
+            )
+        } else {
+            format!(
+                "this job ran out of GPU memory; it goes back to {ran}, which trained for its shape on these GPUs ({when}, needing about {} of each), rather than to a configuration raised past the failure that never ran",
+                gib(needed(jm, cm, best))
+            )
+        };
+        return Ok(choice_of(jm, cm, ran, why));
+    }
+    match choice {
+        Ok(c) if !ran_out && same(c.placement, ran) => {
+            Ok(trial(jm, cm, allowed, &records, best).unwrap_or(c))
+        }
+        other => other,
+    }
+}
+
+/// A trial of a rung faster than `best` (the fastest that trained), where the policy and the
+/// runs' own figures allow one.
+fn trial(
+    jm: &JobMemory,
+    cm: &ClassMemory,
+    allowed: &Allowed,
+    records: &[&RanRecord],
+    best: &RanRecord,
+) -> Option<MemoryChoice> {
+    let made = records.iter().filter(|r| r.trial).count();
+    if allowed.trials == 0 || made >= allowed.trials as usize {
+        return None;
+    }
+    let ran = placement_of(&best.ran_as);
+    let failed: Vec<Placement> = records
+        .iter()
+        .filter(|r| r.failed)
+        .map(|r| placement_of(&r.ran_as))
+        .collect();
+    // The largest need a run that trained showed, as it showed it. A run that ran out shows
+    // only a lower bound of its own configuration's need: it bounds how far a trial goes.
+    let exact = records
+        .iter()
+        .filter(|r| r.trained)
+        .map(|r| r.activations)
+        .fold(best.activations, f64::max);
+    let by_runs = with_activations(jm, cm, exact);
+    let floor = failed
+        .iter()
+        .filter_map(|p| match p {
+            Placement::PartialOptimizer(r) => Some(r + TRIAL_STEP),
+            _ => None,
+        })
+        .fold(
+            match allowed.partial {
+                PartialRatio::Free(f) => f,
+                _ => 1.0,
+            },
+            f64::max,
+        );
+    let bounded = Allowed {
+        no_offload: allowed.no_offload && !failed.contains(&Placement::NoOffload),
+        partial: match allowed.partial {
+            PartialRatio::Free(_) if floor < 1.0 => PartialRatio::Free(floor),
+            PartialRatio::Free(_) => PartialRatio::No("every smaller share ran out".into()),
+            ref p => p.clone(),
+        },
+        ..allowed.clone()
+    };
+    let allows = ladder::fastest(&by_runs, cm, &bounded).ok()?.placement;
+    let target = match (allows, ran) {
+        (Placement::PartialOptimizer(a), Placement::PartialOptimizer(r)) => {
+            // Half-way to what the figures allow: a model off by a little at the boundary
+            // costs one trial, not the step's whole gain.
+            let share = ((a + r) / 2.0).min(r - TRIAL_STEP).max(floor);
+            // In whole percent, as the operator writes shares.
+            let share = (share * 100.0).round() / 100.0;
+            if share > r - TRIAL_STEP + 1e-9 || share < floor - 1e-9 {
+                return None;
+            }
+            Placement::PartialOptimizer(share)
+        }
+        (p, _) => p,
+    };
+    let rank = speed_rank(target);
+    if rank >= speed_rank(ran) || failed.iter().any(|f| speed_rank(*f) >= rank) {
+        return None;
+    }
+    let (est, fit) = by_runs.estimate_checked(target, cm);
+    if !fit.ok() {
+        return None;
+    }
+    let when = best.at.strftime("%Y-%m-%d").to_string();
+    let note = format!(
+        "a trial ({} of at most {} for this shape): {ran} trained ({when}, needing about {} of each GPU), and by the largest need its runs showed {target} needs {} of the {} each GPU can hold; should it run out of GPU memory, the job goes back to {ran}",
+        made + 1,
+        allowed.trials,
+        gib(needed(jm, cm, best)),
+        gib(est.gpu),
+        gib(jm.gpu_budget(cm)),
+    );
+    let mut c = choice_of(&by_runs, cm, target, note.clone());
+    c.trial = Some(Trial {
+        fallback: ran,
+        evidence: note,
+    });
+    Some(c)
+}

@@ -1,0 +1,440 @@
+//! Sizing a job: its memory model from what it says of its model (its `config.json`, the
+//! `spec.model` hints or the annotations that carry them) or, for a job without hints, from
+//! what its observed runs showed; and the key what is learned about it is kept under.
+
+use super::ResolveError;
+use super::framework::FrameworkFacts;
+use super::memory::{JobMemory, Sharding};
+use super::request::JobRequest;
+use super::shape::{self, Block, Experts, ModelShape};
+use super::user_config::Precision;
+use offload_api::quantity::MAX_PARAMETERS;
+use offload_api::v1alpha1::{Framework, ModelArchitecture, ModelHints, NodeClass};
+
+/// The `spec.model` fields and the annotations that carry them on other kinds.
+const HINT_ANNOTATIONS: &[(&str, &str)] = &[
+    (
+        "spec.model.parameters",
+        offload_api::names::ANNOTATION_MODEL_PARAMETERS,
+    ),
+    (
+        "spec.model.tokensPerStep",
+        offload_api::names::ANNOTATION_TOKENS_PER_STEP,
+    ),
+    (
+        "spec.model.hiddenSize",
+        offload_api::names::ANNOTATION_HIDDEN_SIZE,
+    ),
+    ("spec.model.layers", offload_api::names::ANNOTATION_LAYERS),
+    (
+        "spec.model.intermediateSize",
+        offload_api::names::ANNOTATION_INTERMEDIATE_SIZE,
+    ),
+    (
+        "spec.model.attentionHeads",
+        offload_api::names::ANNOTATION_ATTENTION_HEADS,
+    ),
+    (
+        "spec.model.keyValueHeads",
+        offload_api::names::ANNOTATION_KEY_VALUE_HEADS,
+    ),
+    (
+        "spec.model.headDim",
+        offload_api::names::ANNOTATION_HEAD_DIM,
+    ),
+    (
+        "spec.model.vocabSize",
+        offload_api::names::ANNOTATION_VOCAB_SIZE,
+    ),
+    (
+        "spec.model.experts.perToken",
+        offload_api::names::ANNOTATION_EXPERTS_PER_TOKEN,
+    ),
+    (
+        "spec.model.experts.count",
+        offload_api::names::ANNOTATION_EXPERTS,
+    ),
+    (
+        "spec.model.experts.shared",
+        offload_api::names::ANNOTATION_SHARED_EXPERTS,
+    ),
+    (
+        "spec.model.experts.intermediateSize",
+        offload_api::names::ANNOTATION_EXPERT_INTERMEDIATE_SIZE,
+    ),
+    (
+        "spec.model.architecture",
+        offload_api::names::ANNOTATION_ARCHITECTURE,
+    ),
+    (
+        "spec.model.configMapRef",
+        offload_api::names::ANNOTATION_MODEL_CONFIG,
+    ),
+    ("spec.model", "the model annotations"),
+];
+
+/// The memory model of a job, or `None` without model hints. Hints that cannot be true are an
+/// error that names where they came from: the `spec.model` field, or the annotation.
+pub(super) fn job_memory(
+    job: &JobRequest,
+    facts: &FrameworkFacts,
+    profile: &str,
+) -> Result<Option<JobMemory>, ResolveError> {
+    let mut jm = match unlearned_memory(job, facts)? {
+        Some(jm) => jm,
+        None => match inferred_memory(job, facts, profile)? {
+            Some(jm) => jm,
+            None => return Ok(None),
+        },
+    };
+    if let Some(view) = job.learned.as_ref() {
+        for class in [NodeClass::Coherent, NodeClass::Discrete] {
+            if let Some(f) = view.memory.factors(profile, class, &jm.shape_key, view.now) {
+                jm.learned.insert(class, f);
+            }
+            let ran = view
+                .memory
+                .evidence(profile, class, &jm.shape_key, view.now);
+            if !ran.is_empty() {
+                jm.ran.insert(class, ran);
+            }
+        }
+    }
+    Ok(Some(jm))
+}
+
+/// The memory model of a job from its hints alone (nothing learned applied), its shape key set;
+/// `None` without hints.
+pub(super) fn unlearned_memory(
+    job: &JobRequest,
+    facts: &FrameworkFacts,
+) -> Result<Option<JobMemory>, ResolveError> {
+    let jm = job_memory_of(job, facts).map_err(|e| match e {
+        ResolveError::InvalidModelHints { detail } if job.hints_from_annotations => {
+            let mut detail = detail;
+            for (field, annotation) in HINT_ANNOTATIONS {
+                // `spec.model` as a whole is "the model annotations", not one annotation.
+                let words = if annotation.starts_with("the ") {
+                    (*annotation).to_string()
+                } else {
+                    format!("annotation {annotation}")
+                };
+                detail = detail.replace(field, &words);
+            }
+            ResolveError::InvalidModelHints { detail }
+        }
+        other => other,
+    })?;
+    Ok(jm.map(|mut jm| {
+        jm.shape_key = shape_key(job, &jm, facts);
+        jm
+    }))
+}
+
+/// A job without hints sized as if it had `parameters` (a typical decoder of that size, the
+/// step's activations unknown), keyed by the job's identity.
+pub(super) fn sized_as(
+    job: &JobRequest,
+    facts: &FrameworkFacts,
+    parameters: f64,
+) -> Option<JobMemory> {
+    let identity = job.identity.as_deref()?;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let count =
+        offload_api::quantity::ParameterCount::new(parameters.ceil().max(1.0) as u64).ok()?;
+    let sized = JobRequest {
+        model: Some(ModelHints {
+            parameters: Some(count),
+            ..ModelHints::default()
+        }),
+        model_config: None,
+        hints_from_annotations: false,
+        ..job.clone()
+    };
+    let mut jm = job_memory_of(&sized, facts).ok()??;
+    jm.shape_key = identity_key(job, facts, identity);
+    jm.inferred = true;
+    Some(jm)
+}
+
+/// For a job without hints whose earlier runs were observed: the model of the size their peaks
+/// show.
+fn inferred_memory(
+    job: &JobRequest,
+    facts: &FrameworkFacts,
+    profile: &str,
+) -> Result<Option<JobMemory>, ResolveError> {
+    let (Some(identity), Some(view)) = (job.identity.as_deref(), job.learned.as_ref()) else {
+        return Ok(None);
+    };
+    let key = identity_key(job, facts, identity);
+    let parameters = [NodeClass::Coherent, NodeClass::Discrete]
+        .into_iter()
+        .filter_map(|c| view.memory.factors(profile, c, &key, view.now))
+        .filter_map(|f| f.parameters)
+        .reduce(f64::max);
+    Ok(parameters.and_then(|p| sized_as(job, facts, p)))
+}
+
+/// The key what is learned of a job without hints is kept under: its identity, framework,
+/// sharding and precision.
+pub(super) fn identity_key(job: &JobRequest, facts: &FrameworkFacts, identity: &str) -> String {
+    use sha2::Digest;
+    let text = format!(
+        "id1|{:?}|stage {}|{:?}|{identity}",
+        job.framework.name, facts.stage, job.config.precision
+    );
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// The key what was learned about a job is kept under: a digest of what sizes its memory apart
+/// from where its state is placed (the framework and its sharding, the precision, the model's
+/// parameters and shape, the tokens per micro-batch, checkpointing). Stable across releases.
+fn shape_key(job: &JobRequest, jm: &JobMemory, facts: &FrameworkFacts) -> String {
+    use sha2::Digest;
+    let text = format!(
+        "v1|{:?}|stage {}|{}|{:.0}|{}|{:?}|{}",
+        job.framework.name,
+        facts.stage,
+        jm.value_bytes,
+        jm.parameters,
+        jm.shape.describe(),
+        jm.tokens,
+        jm.checkpointing
+    );
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+fn job_memory_of(
+    job: &JobRequest,
+    facts: &FrameworkFacts,
+) -> Result<Option<JobMemory>, ResolveError> {
+    let Some(hints) = job.model.as_ref() else {
+        return Ok(None);
+    };
+    let bad = |detail: String| ResolveError::InvalidModelHints { detail };
+    let bounded = |name: &str, v: Option<i64>, max: i64| -> Result<Option<f64>, ResolveError> {
+        match v {
+            None => Ok(None),
+            #[allow(clippy::cast_precision_loss)]
+            Some(n) if (1..=max).contains(&n) => Ok(Some(n as f64)),
+            Some(n) => Err(bad(format!(
+                "spec.model.{name} {n} is out of range: use a whole number from 1 to {max}"
+            ))),
+        }
+    };
+    let tokens = bounded("tokensPerStep", hints.tokens_per_step, 1_000_000_000_000)?;
+    let shape = model_shape(hints, job.model_config.as_ref())?;
+    #[allow(clippy::cast_precision_loss)]
+    let counted = shape.known.then(|| shape.parameters());
+    let parameters = match (hints.parameters.map(|p| p.get()), counted) {
+        (Some(0), _) => {
+            return Err(bad(
+                "spec.model.parameters 0 is not a model size: give the model's total parameters, e.g. 8B".into(),
+            ));
+        }
+        #[allow(clippy::cast_precision_loss)]
+        (Some(p), Some(c)) => {
+            let given = p as f64;
+            if given > 2.0 * c || 2.0 * given < c {
+                return Err(bad(format!(
+                    "spec.model.parameters {} disagrees with the {:.2}B the model's shape has ({}): fix one of them",
+                    hints.parameters.map(|p| p.to_string()).unwrap_or_default(),
+                    c / 1e9,
+                    shape.describe()
+                )));
+            }
+            // The larger of the two: extra modules the shape does not name still train.
+            given.max(c)
+        }
+        #[allow(clippy::cast_precision_loss)]
+        (Some(p), None) => p as f64,
+        (None, Some(c)) => c,
+        (None, None) => {
+            return Err(bad(
+                "spec.model needs parameters, or a shape to count them from (configMapRef, or hiddenSize and layers)".into(),
+            ));
+        }
+    };
+    #[allow(clippy::cast_precision_loss)]
+    if !(1.0..=MAX_PARAMETERS as f64).contains(&parameters) {
+        return Err(bad(format!(
+            "spec.model describes {:.3e} parameters, more than any model has (at most {MAX_PARAMETERS}): check the shape",
+            parameters
+        )));
+    }
+    let ranks = job.gpu_demand().max(1);
+    #[allow(clippy::cast_precision_loss)]
+    let accumulation = job.config.gradient_accumulation.unwrap_or(1).max(1) as f64;
+    #[allow(clippy::cast_precision_loss)]
+    Ok(Some(JobMemory {
+        parameters,
+        shape,
+        tokens: tokens.map(|t| (t / accumulation).ceil().max(1.0)),
+        checkpointing: hints.activation_checkpointing.unwrap_or(false),
+        ranks,
+        gpus_per_pod: u64::from(job.gpus_per_pod.max(1)),
+        pods: u64::from(job.pods.max(1)),
+        sharding: match job.framework.name {
+            Framework::DeepSpeed => Sharding::Zero(facts.stage),
+            Framework::Fsdp => Sharding::Fsdp,
+            Framework::Generic => Sharding::Unsharded,
+        },
+        value_bytes: match job.config.precision {
+            Some(Precision::Fp32) => 4.0,
+            _ => 2.0,
+        },
+        pod_memory_limit: job.pod_memory_limit,
+        sub_group_size: job.config.sub_group_size.map(|g| g as f64),
+        corrections: super::memory::Corrections::from_failures(&job.memory_failures),
+        shape_key: String::new(),
+        learned: std::collections::BTreeMap::new(),
+        inferred: false,
+        ran: std::collections::BTreeMap::new(),
+    }))
+}
+
+/// The model's shape: the `config.json`'s where the job references one (the hints' shape fields
+/// must agree with it), else the hints' (known when they give width, layers and MLP size), else
+/// a typical decoder of the parameter count.
+fn model_shape(
+    hints: &ModelHints,
+    config: Option<&ModelShape>,
+) -> Result<ModelShape, ResolveError> {
+    let bad = |detail: String| ResolveError::InvalidModelHints { detail };
+    let field = |name: &str, v: Option<i64>, max: i64| -> Result<Option<f64>, ResolveError> {
+        match v {
+            None => Ok(None),
+            #[allow(clippy::cast_precision_loss)]
+            Some(n) if (1..=max).contains(&n) => Ok(Some(n as f64)),
+            Some(n) => Err(bad(format!(
+                "spec.model.{name} {n} is out of range: use a whole number from 1 to {max}"
+            ))),
+        }
+    };
+    let hidden = field("hiddenSize", hints.hidden_size, 1_000_000)?;
+    let layers = field("layers", hints.layers, 100_000)?;
+    let intermediate = field("intermediateSize", hints.intermediate_size, 10_000_000)?;
+    let heads = field("attentionHeads", hints.attention_heads, 100_000)?;
+    let kv_heads = field("keyValueHeads", hints.key_value_heads, 100_000)?;
+    let head_dim = field("headDim", hints.head_dim, 100_000)?;
+    let vocab = field("vocabSize", hints.vocab_size, 100_000_000)?;
+    let block = hints.architecture.map(|a| match a {
+        ModelArchitecture::Llama => Block::Gated,
+        ModelArchitecture::Gpt => Block::Plain,
+    });
+    if let Some(c) = config {
+        // Every shape field the hints give must say what the config says.
+        let agree = |name: &str, hint: Option<f64>, cfg: f64| match hint {
+            Some(h) if (h - cfg).abs() > 0.5 => Err(bad(format!(
+                "spec.model.{name} {h} disagrees with the model's config.json ({cfg}): remove it or fix the ConfigMap"
+            ))),
+            _ => Ok(()),
+        };
+        agree("hiddenSize", hidden, c.hidden)?;
+        agree("layers", layers, c.layers)?;
+        agree("intermediateSize", intermediate, c.intermediate)?;
+        agree("attentionHeads", heads, c.heads)?;
+        agree("keyValueHeads", kv_heads, c.kv_heads)?;
+        agree("headDim", head_dim, c.head_dim)?;
+        agree("vocabSize", vocab, c.vocab)?;
+        if let Some(r) = hints.rotary_embeddings
+            && r != c.rotary
+            && c.block == Block::Plain
+        {
+            return Err(bad(format!(
+                "spec.model.rotaryEmbeddings {r} disagrees with the model's config.json (its positions are {}): remove it or fix the ConfigMap",
+                if c.rotary { "rotary" } else { "not rotary" }
+            )));
+        }
+        if let Some(b) = block
+            && b != c.block
+        {
+            return Err(bad(format!(
+                "spec.model.architecture disagrees with the model's config.json ({}): remove it or fix the ConfigMap",
+                c.block
+            )));
+        }
+        return Ok(*c);
+    }
+    let experts = match hints.experts {
+        None => None,
+        Some(e) => {
+            let count = field("experts.count", Some(e.count), 1_000_000)?.unwrap_or(1.0);
+            let per_token = field("experts.perToken", Some(e.per_token), 1_000_000)?.unwrap_or(1.0);
+            if per_token > count {
+                return Err(bad(format!(
+                    "spec.model.experts.perToken {per_token} is more than spec.model.experts.count {count}"
+                )));
+            }
+            let shared = match e.shared {
+                None | Some(0) => 0.0,
+                s => field("experts.shared", s, 1_000_000)?.unwrap_or(0.0),
+            };
+            Some((
+                count,
+                per_token,
+                shared,
+                field("experts.intermediateSize", e.intermediate_size, 10_000_000)?,
+            ))
+        }
+    };
+    let vocab_or_default = vocab.unwrap_or(shape::DEFAULT_VOCAB);
+    #[allow(clippy::cast_precision_loss)]
+    let Some(hidden_given) = hidden else {
+        let p = hints.parameters.map_or(1.0, |p| p.get() as f64);
+        return Ok(ModelShape::typical(p, None, layers, vocab_or_default));
+    };
+    let block = block.unwrap_or(Block::Gated);
+    let heads = heads.unwrap_or_else(|| (hidden_given / 128.0).round().max(1.0));
+    let kv_heads = kv_heads.unwrap_or(match block {
+        Block::Gated => heads.min(8.0),
+        Block::Plain => heads,
+    });
+    if kv_heads > heads || heads % kv_heads != 0.0 {
+        return Err(bad(format!(
+            "spec.model.keyValueHeads {kv_heads} must divide spec.model.attentionHeads {heads}"
+        )));
+    }
+    let intermediate_known = intermediate.is_some() || block == Block::Plain;
+    let intermediate = intermediate.unwrap_or(match block {
+        Block::Gated => 3.5 * hidden_given,
+        Block::Plain => 4.0 * hidden_given,
+    });
+    let Some(layers) = layers else {
+        #[allow(clippy::cast_precision_loss)]
+        let p = hints.parameters.map_or(1.0, |p| p.get() as f64);
+        return Ok(ModelShape::typical(
+            p,
+            Some(hidden_given),
+            None,
+            vocab_or_default,
+        ));
+    };
+    Ok(ModelShape {
+        block,
+        hidden: hidden_given,
+        layers,
+        intermediate,
+        heads,
+        kv_heads,
+        head_dim: head_dim.unwrap_or(hidden_given / heads),
+        vocab: vocab_or_default,
+        tied: hints.tied_embeddings.unwrap_or(false),
+        attention_bias: block == Block::Plain,
+        positions: 0.0,
+        rotary: hints.rotary_embeddings.unwrap_or(true),
+        experts: experts.map(|(count, per_token, shared, size)| Experts {
+            count,
+            per_token,
+            intermediate: size.unwrap_or(intermediate),
+            shared,
+            shared_intermediate: size.unwrap_or(intermediate),
+            dense_layers: 0.0,
+        }),
+        known: intermediate_known && vocab.is_some(),
+        standing: super::shape::TypeStanding::Counted,
+    })
+}
