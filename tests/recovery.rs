@@ -204,3 +204,185 @@ async fn gpu_oom_every_time_with_the_webhook_on_is_redecided_at_most_max_retries
         .any(|c| c.type_ == "OffloadResolved" && c.reason == "SpecPatchRefused");
     assert!(!refused, "{:?}", status.conditions);
 }
+
+/// Adds `runs` for `shape` on discrete nodes under `profile` to the operator's learned store
+/// (the ConfigMap it keeps them in), as another replica's batch would: read, add, replace at
+/// the read resourceVersion, again on a conflict.
+async fn add_runs(
+    client: &Client,
+    profile: &str,
+    shape: &str,
+    runs: Vec<offload_operator::decision::learned::Run>,
+) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use offload_operator::cluster::learned::{CONFIG_MAP, KEY};
+    use offload_operator::decision::learned::LearnedMemory;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    poll("the runs added to the learned store", WAIT, || async {
+        let current = cms.get_opt(CONFIG_MAP).await.ok()?;
+        let mut store = current
+            .as_ref()
+            .and_then(|c| c.data.as_ref())
+            .and_then(|d| d.get(KEY))
+            .map_or_else(LearnedMemory::default, |t| LearnedMemory::parse(t).unwrap());
+        for r in &runs {
+            store
+                .record(
+                    profile,
+                    offload_api::v1alpha1::NodeClass::Discrete,
+                    shape,
+                    "the test's shape",
+                    r.clone(),
+                )
+                .unwrap();
+        }
+        let mut cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": CONFIG_MAP, "namespace": "default"},
+            "data": {KEY: store.to_json().unwrap()}
+        }))
+        .unwrap();
+        let written = match current {
+            Some(c) => {
+                cm.metadata.resource_version = c.metadata.resource_version;
+                cms.replace(CONFIG_MAP, &PostParams::default(), &cm).await
+            }
+            None => cms.create(&PostParams::default(), &cm).await,
+        };
+        written.ok().map(|_| ())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_trial_that_runs_out_with_the_webhook_on_goes_back_to_what_trained() {
+    use offload_api::v1alpha1::StatePlacement;
+    use offload_operator::decision::learned::{RanAs, Run};
+    let (client, ns) = setup_with_webhook("wh-trial").await;
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    add_profile(&client, &ns).await;
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    // The shape's decision by the model alone: a share of the optimizer state offloaded.
+    create_through_webhook(&api, &oom_job("probe", &ns, "None", 40, 4096)).await;
+    let probe = wait_for_condition(&api, "probe", "OffloadResolved", "True").await;
+    let decided = probe.status.unwrap().offload.unwrap();
+    assert_eq!(decided.placement, Some(StatePlacement::PartialOptimizer));
+    let shape = decided.estimate.unwrap().shape.unwrap();
+    let r0 = decided.offload_ratio;
+    // Earlier runs of the shape: one ran out at that share, needing far more than the model
+    // counts (a failure's lower bound lifts every later estimate past it); one trained with
+    // 6 points more offloaded, needing less than the model counts.
+    let now = jiff::Timestamp::now().to_string();
+    let ran = |ratio: f64| RanAs {
+        placement: StatePlacement::PartialOptimizer,
+        ratio,
+        ranks: 1,
+        gpu_bytes: 150_754_820_096,
+    };
+    let r_trained = ((r0 + 0.06) * 100.0).round() / 100.0;
+    add_runs(
+        &client,
+        &ns,
+        &shape,
+        vec![
+            Run {
+                job: "earlier/failed/1".into(),
+                activations: 3.0,
+                host: None,
+                failed: true,
+                parameters: None,
+                allocator: true,
+                ran_as: Some(ran(r0)),
+                trained: false,
+                trial: false,
+                at: now.clone(),
+            },
+            Run {
+                job: "earlier/trained/2".into(),
+                activations: 0.9,
+                host: None,
+                failed: false,
+                parameters: None,
+                allocator: true,
+                ran_as: Some(ran(r_trained)),
+                trained: true,
+                trial: false,
+                at: now.clone(),
+            },
+        ],
+    )
+    .await;
+    // The profile shows them once the operator has read them.
+    poll("the profile shows the two runs", WAIT, || async {
+        let p = Api::<OffloadProfile>::all(client.clone())
+            .get(&ns)
+            .await
+            .ok()?;
+        (p.status?.learned?.runs >= 2).then_some(())
+    })
+    .await;
+    // The next job of the shape tries a faster share; its pod runs out (the stand-in fails a
+    // trial's pods); it goes back to the share that trained, and runs.
+    create_through_webhook(&api, &oom_job("trial", &ns, "Trial", 40, 4096)).await;
+    let running = wait_list(
+        api.clone(),
+        watcher::Config::default().fields("metadata.name=trial"),
+        "the trial run out, gone back to what trained, and running",
+        WAIT,
+        |jobs| {
+            let tj = jobs.first()?;
+            let s = tj.status.as_ref()?;
+            (s.phase == Some(JobPhase::Running) && s.memory_failures.len() == 1)
+                .then(|| TrainingJob::clone(tj))
+        },
+    )
+    .await;
+    let status = running.status.unwrap();
+    let failure = &status.memory_failures[0];
+    let tried: f64 = failure
+        .configuration
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("ratio="))
+        .and_then(|r| r.parse().ok())
+        .unwrap_or_else(|| panic!("{}", failure.configuration));
+    assert!(
+        tried < r_trained - 0.015 && tried > r0 + 0.015,
+        "a trial between {r0} and {r_trained}: {}",
+        failure.configuration
+    );
+    let offload = status.offload.unwrap();
+    assert!(offload.trial.is_none(), "{:?}", offload.trial);
+    assert!(
+        (offload.offload_ratio - r_trained).abs() < 1e-9,
+        "back to {r_trained}: {}",
+        offload.offload_ratio
+    );
+    let why: Vec<&str> = offload.reasons.iter().map(|r| r.message.as_str()).collect();
+    assert!(why.iter().any(|m| m.contains("goes back to")), "{why:?}");
+    let recovery = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "MemoryRecovery")
+        .unwrap();
+    assert!(
+        recovery
+            .message
+            .contains("a trial of a configuration faster"),
+        "{}",
+        recovery.message
+    );
+    let job = Api::<Job>::namespaced(client.clone(), &ns)
+        .get("trial")
+        .await
+        .unwrap();
+    let annotations = job
+        .spec
+        .unwrap()
+        .template
+        .metadata
+        .and_then(|m| m.annotations)
+        .unwrap_or_default();
+    assert!(
+        !annotations.contains_key(names::ANNOTATION_TRIAL),
+        "the recreated pods are no trial: {annotations:?}"
+    );
+}

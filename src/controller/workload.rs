@@ -187,6 +187,17 @@ fn pod_template(
                 names::ANNOTATION_RESOLVED.to_string(),
                 render::resolved_summary(res),
             );
+        if let Some(trial) = &res.trial
+            && let Some(a) = template
+                .metadata
+                .as_mut()
+                .and_then(|m| m.annotations.as_mut())
+        {
+            a.insert(
+                names::ANNOTATION_TRIAL.to_string(),
+                trial.fallback.to_string(),
+            );
+        }
     }
     template
         .metadata

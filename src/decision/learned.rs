@@ -687,6 +687,106 @@ mod tests {
         assert_eq!(s.entries[0].runs.len(), MAX_RUNS);
     }
 
+    fn ran(ratio: f64) -> RanAs {
+        RanAs {
+            placement: StatePlacement::PartialOptimizer,
+            ratio,
+            ranks: 1,
+            gpu_bytes: 150_754_820_096,
+        }
+    }
+
+    #[test]
+    fn runs_keep_what_they_ran_and_how_it_ended() {
+        let mut s = LearnedMemory::default();
+        let trained = Run {
+            ran_as: Some(ran(0.36)),
+            trained: true,
+            allocator: true,
+            ..run("a", 0.9, None, NOW)
+        };
+        s.record("p", NodeClass::Discrete, "k", "8B", trained.clone())
+            .unwrap();
+        let ev = s.evidence("p", NodeClass::Discrete, "k", now());
+        assert_eq!(ev.len(), 1);
+        assert!(ev[0].trained && !ev[0].failed && ev[0].allocator);
+        assert_eq!(ev[0].ran_as, ran(0.36));
+        // A later window of the same run that ran out: it did not train after all.
+        let out = Run {
+            failed: true,
+            trained: false,
+            ..trained.clone()
+        };
+        assert!(s.record("p", NodeClass::Discrete, "k", "8B", out).unwrap());
+        let ev = s.evidence("p", NodeClass::Discrete, "k", now());
+        assert!(!ev[0].trained && ev[0].failed, "{ev:?}");
+        // Runs recorded before configurations were kept are no evidence; nor are runs of
+        // another class, or dated after now.
+        s.record(
+            "p",
+            NodeClass::Discrete,
+            "k",
+            "8B",
+            run("b", 1.0, None, NOW),
+        )
+        .unwrap();
+        let future = Run {
+            ran_as: Some(ran(0.2)),
+            trained: true,
+            ..run("c", 1.0, None, "2999-01-01T00:00:00Z")
+        };
+        s.record("p", NodeClass::Discrete, "k", "8B", future)
+            .unwrap();
+        assert_eq!(s.evidence("p", NodeClass::Discrete, "k", now()).len(), 1);
+        assert!(s.evidence("p", NodeClass::Coherent, "k", now()).is_empty());
+        // The setting: the same ranks and GPUs within 1 %.
+        assert!(ran(0.3).same_setting(1, 150_000_000_000));
+        assert!(!ran(0.3).same_setting(2, 150_754_820_096));
+        assert!(!ran(0.3).same_setting(1, 85_520_809_984));
+    }
+
+    #[test]
+    fn configurations_no_run_ran_are_refused() {
+        let mut s = LearnedMemory::default();
+        for (bad, says) in [
+            (ran(1.5), "ratio 1.5"),
+            (ran(0.0), "without a share"),
+            (
+                RanAs {
+                    ranks: 0,
+                    ..ran(0.3)
+                },
+                "0 ranks",
+            ),
+            (
+                RanAs {
+                    gpu_bytes: 1 << 50,
+                    ..ran(0.3)
+                },
+                "GPUs of",
+            ),
+        ] {
+            let r = Run {
+                ran_as: Some(bad),
+                ..run("a", 1.0, None, NOW)
+            };
+            let err = s
+                .record("p", NodeClass::Discrete, "k", "8B", r)
+                .unwrap_err();
+            assert!(err.to_string().contains(says), "{err}");
+        }
+        let both = Run {
+            trained: true,
+            failed: true,
+            ..run("a", 1.0, None, NOW)
+        };
+        let err = s
+            .record("p", NodeClass::Discrete, "k", "8B", both)
+            .unwrap_err();
+        assert!(err.to_string().contains("both trained"), "{err}");
+        assert!(s.entries.is_empty());
+    }
+
     #[test]
     fn bad_lessons_and_documents_are_refused() {
         let mut s = LearnedMemory::default();

@@ -155,30 +155,44 @@ pub(super) fn apply(
         .iter()
         .any(|f| f.kind == MemoryKind::Gpu);
     let faster_untried = matches!(&choice, Ok(c) if speed_rank(c.placement) < speed_rank(ran));
-    if slower || (ran_out && faster_untried) {
-        let fits = jm.estimate_checked(ran, cm).1;
-        if !fits.host {
-            return choice;
-        }
-        let why = if !ran_out {
-            format!(
-                "{ran} trained for this job shape on these GPUs ({when}, needing about {} of each): what trained fits, so the decision offloads no more than it, whatever the model's figures say",
-                gib(needed(jm, cm, best))
-            )
-        } else {
-            format!(
-                "this job ran out of GPU memory; it goes back to {ran}, which trained for its shape on these GPUs ({when}, needing about {} of each), rather than to a configuration raised past the failure that never ran",
-                gib(needed(jm, cm, best))
-            )
-        };
-        return Ok(choice_of(jm, cm, ran, why));
+    let need = gib(needed(jm, cm, best));
+    if ran_out && (slower || faster_untried) {
+        let note = format!(
+            "this job ran out of GPU memory; it goes back to {ran}, which trained for its shape on these GPUs ({when}, needing about {need} of each), rather than to a configuration raised past the failure that never ran"
+        );
+        return where_host_fits(jm, cm, ran, note).map_or(choice, Ok);
     }
+    let choice = if slower {
+        let note = format!(
+            "{ran} trained for this job shape on these GPUs ({when}, needing about {need} of each): what trained fits, so the decision offloads no more than it, whatever the model's figures say"
+        );
+        match where_host_fits(jm, cm, ran, note) {
+            Some(c) => Ok(c),
+            None => return choice,
+        }
+    } else {
+        choice
+    };
     match choice {
         Ok(c) if !ran_out && same(c.placement, ran) => {
             Ok(trial(jm, cm, allowed, &records, best).unwrap_or(c))
         }
         other => other,
     }
+}
+
+/// The choice of `ran` (a configuration that trained) with `note`; `None` where its host
+/// memory does not fit here (what trained proves the GPU side only).
+fn where_host_fits(
+    jm: &JobMemory,
+    cm: &ClassMemory,
+    ran: Placement,
+    note: String,
+) -> Option<MemoryChoice> {
+    jm.estimate_checked(ran, cm)
+        .1
+        .host
+        .then(|| choice_of(jm, cm, ran, note))
 }
 
 /// A trial of a rung faster than `best` (the fastest that trained), where the policy and the

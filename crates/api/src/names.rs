@@ -134,6 +134,11 @@ pub const ANNOTATION_RESOLVED: &str = "offload.dev/resolved";
 /// doing over its latest window (see [`crate::observed`]).
 pub const ANNOTATION_OBSERVED: &str = "offload.dev/observed";
 
+/// Annotation on the pods of a TrainingJob whose configuration is a trial of one faster than the
+/// fastest that trained for its shape: the configuration it goes back to should it run out of
+/// memory (`kubectl get pods -o yaml` shows which pods are trials).
+pub const ANNOTATION_TRIAL: &str = "offload.dev/trial";
+
 /// Annotation on a TrainingJob's workload Job: the decision it was built from, as JSON in the
 /// shape of the TrainingJob's `status.offload`. A status lost between creating the workload and
 /// recording the decision (a crash, an outage) is restored from it.
