@@ -583,6 +583,44 @@ async fn recovery_is_bounded_and_only_for_memory() {
             .iter()
             .any(|c| c.type_ == "MemoryRecovery")
     );
+    // A TrainingJob that did not opt in (no offload.dev/profile) whose pod dies of CUDA
+    // out-of-memory: it fails as it was written; nothing is recorded, decided or recreated.
+    let mut plain = oom_job("plain", &ns, "GPUAlways", 32, 4096);
+    plain
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .remove(names::PROFILE_ANNOTATION);
+    api.create(&PostParams::default(), &plain).await.unwrap();
+    let failed = wait_list(
+        api.clone(),
+        watcher::Config::default().fields("metadata.name=plain"),
+        "plain Failed",
+        WAIT,
+        |jobs| {
+            let tj = jobs.first()?;
+            (tj.status.as_ref()?.phase == Some(offload_api::v1alpha1::JobPhase::Failed))
+                .then(|| TrainingJob::clone(tj))
+        },
+    )
+    .await;
+    let status = failed.status.unwrap();
+    assert!(status.memory_failures.is_empty(), "{status:?}");
+    assert!(
+        !status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "MemoryRecovery"),
+        "{status:?}"
+    );
+    let job = Api::<Job>::namespaced(client.clone(), &ns)
+        .get("plain")
+        .await
+        .unwrap();
+    assert!(
+        job.metadata.deletion_timestamp.is_none(),
+        "not deleted to be recreated"
+    );
 }
 
 #[tokio::test]
@@ -754,4 +792,64 @@ async fn other_kinds_that_run_out_of_memory_get_an_event_and_a_note_and_are_not_
         ],
     );
     assert!(second.trim().is_empty(), "{second}");
+}
+
+/// Hostile input, fourth pass: a namespace LimitRange whose default memory limit (16Gi) is
+/// below what the decision counts on. Its pods could never be created (the memory request the
+/// operator writes would be above the limit the LimitRanger gives them); the job is held with
+/// the figures and the LimitRange named, and no workload is made.
+#[tokio::test]
+async fn a_limit_range_below_the_host_estimate_holds_the_job_with_the_figures() {
+    let (_cluster, client, ns) = setup("limitrange").await;
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    add_profile(&client, &ns).await;
+    let range: k8s_openapi::api::core::v1::LimitRange = serde_json::from_value(json!({
+        "metadata": {"name": "team-defaults", "namespace": ns},
+        "spec": {"limits": [{"type": "Container", "default": {"memory": "16Gi"}}]}
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::LimitRange>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &range)
+        .await
+        .unwrap();
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    // Partial offload on an H200: tens of GiB of host memory.
+    api.create(
+        &PostParams::default(),
+        &oom_job("limited", &ns, "None", 40, 4096),
+    )
+    .await
+    .unwrap();
+    let cond = condition_when(&api, "limited", "OffloadResolved", "False").await;
+    assert!(
+        cond.message.contains("LimitRange \"team-defaults\"") && cond.message.contains("16.0 GiB"),
+        "{}",
+        cond.message
+    );
+    assert!(
+        cond.message.contains("a pod memory limit above"),
+        "says what would fit: {}",
+        cond.message
+    );
+    assert!(
+        Api::<Job>::namespaced(client.clone(), &ns)
+            .get_opt("limited")
+            .await
+            .unwrap()
+            .is_none(),
+        "no workload whose pods would never be created"
+    );
+    // The namespace's owner raises the default: the held job is decided again at once, and
+    // its workload made.
+    let raised =
+        json!({"spec": {"limits": [{"type": "Container", "default": {"memory": "512Gi"}}]}});
+    Api::<k8s_openapi::api::core::v1::LimitRange>::namespaced(client.clone(), &ns)
+        .patch(
+            "team-defaults",
+            &PatchParams::default(),
+            &Patch::Merge(&raised),
+        )
+        .await
+        .unwrap();
+    wait_for_condition(&api, "limited", "WorkloadCreated", "True").await;
 }

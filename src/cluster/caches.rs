@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use crate::cluster::tolerant::Tolerant;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{LimitRange, Node};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -305,6 +305,9 @@ pub struct Caches {
     pub slices: Cache<Tolerant<ResourceSlice>>,
     /// ResourceClaimTemplates of every namespace: what a pod's DRA claims request.
     pub claim_templates: Cache<Tolerant<ResourceClaimTemplate>>,
+    /// LimitRanges of every namespace: the memory limit a container that sets none gets, and
+    /// the most it may have.
+    pub limit_ranges: Cache<LimitRange>,
     /// The DRA options the caches were built with (`None`: DRA off).
     pub dra: Option<DraOptions>,
     /// What runs taught the memory model, where the operator learns (set after
@@ -368,6 +371,12 @@ impl Caches {
             metrics.clone(),
             keep,
         );
+        let (limit_ranges, drive_limits) = cache(
+            watcher(Api::<LimitRange>::all(client.clone()), config()).default_backoff(),
+            "LimitRange",
+            metrics.clone(),
+            keep,
+        );
         let node_views = Arc::new(match dra {
             Some(d) => NodeViews::with_slices(
                 nodes.store().clone(),
@@ -387,7 +396,8 @@ impl Caches {
                 drive_jobs,
                 drive_crd,
                 drive_slices,
-                drive_templates
+                drive_templates,
+                drive_limits
             );
         };
         (
@@ -400,6 +410,7 @@ impl Caches {
                 trainjob_crd,
                 slices,
                 claim_templates,
+                limit_ranges,
                 dra: dra.cloned(),
             },
             drive,
@@ -414,6 +425,7 @@ impl Caches {
             && self.jobs.store().wait_until_ready().await.is_ok()
             && self.trainjob_crd.store().wait_until_ready().await.is_ok()
             && self.slices.store().wait_until_ready().await.is_ok()
+            && self.limit_ranges.store().wait_until_ready().await.is_ok()
             && self
                 .claim_templates
                 .store()

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{LimitRange, Node};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::runtime::reflector::{ObjectRef, Store};
 
@@ -100,6 +100,8 @@ pub struct StoreView {
     pub dra: Option<DraOptions>,
     /// What runs taught the memory model (`None`: nothing is learned).
     pub learned: Option<crate::cluster::learned::LearnedStore>,
+    /// LimitRanges of every namespace, where the view watches them.
+    pub limit_ranges: Option<Store<LimitRange>>,
 }
 
 impl StoreView {
@@ -119,6 +121,7 @@ impl StoreView {
             claim_templates: Some(caches.claim_templates.store().clone()),
             dra: caches.dra.clone(),
             learned: caches.learned.clone(),
+            limit_ranges: Some(caches.limit_ranges.store().clone()),
         }
     }
 
@@ -132,6 +135,7 @@ impl StoreView {
             claim_templates: None,
             dra: None,
             learned: None,
+            limit_ranges: None,
         }
     }
 }
@@ -163,6 +167,19 @@ impl ClusterView for StoreView {
         self.learned
             .as_ref()
             .map(crate::cluster::learned::LearnedStore::view)
+    }
+
+    fn memory_limits(&self, namespace: &str) -> crate::decision::limits::MemoryLimits {
+        let Some(store) = self.limit_ranges.as_ref() else {
+            return Default::default();
+        };
+        let ranges = store.state();
+        crate::decision::limits::MemoryLimits::of(
+            ranges
+                .iter()
+                .filter(|r| r.metadata.namespace.as_deref() == Some(namespace))
+                .map(AsRef::as_ref),
+        )
     }
 }
 

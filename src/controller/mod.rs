@@ -337,6 +337,7 @@ where
     let job_ctx_observed = ctx.clone();
     let job_ctx_templates = ctx.clone();
     let job_ctx_slices = ctx.clone();
+    let job_ctx_limits = ctx.clone();
     // A job's own status writes (ours) do not trigger it again: only what the user or the
     // API server changes (spec, labels, annotations, deletion) does.
     Controller::for_shared_stream(
@@ -421,6 +422,10 @@ where
     })
     .watches_shared_stream(caches.slices.subscribe(), move |_| {
         training_job::jobs_for_slices(&job_ctx_slices)
+    })
+    // A job held for its namespace's LimitRange is tried again when a range changes.
+    .watches_shared_stream(caches.limit_ranges.subscribe(), move |r| {
+        training_job::jobs_in_namespace(&job_ctx_limits, &r.namespace().unwrap_or_default())
     })
     .graceful_shutdown_on(shutdown.clone().cancelled_owned())
     .run(

@@ -67,7 +67,7 @@ pub fn gather(
         let Some(at) = summary.observed_at() else {
             continue;
         };
-        if now.duration_since(at) > stale {
+        if now.duration_since(at) > stale || summary.not_current(now).is_some() {
             continue;
         }
         let (mut n_busy, mut n_gpus, mut n_cpu) = (0.0f64, 0usize, None::<f64>);
@@ -362,6 +362,12 @@ mod tests {
                 "d",
                 "2026-11-30T20:01:00Z",
                 vec![pod("elsewhere", "job", 2, 0.0, None)],
+            ),
+            // Dated in year 2999: a window that would never go stale is no window at all.
+            node(
+                "e",
+                "2999-01-01T00:00:00Z",
+                vec![pod("ns", "job", 2, 0.0, Some(9.0))],
             ),
         ]);
         let o = gather(&index, "ns", "job", NOW.parse().unwrap(), &anywhere).unwrap();

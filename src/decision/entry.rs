@@ -36,6 +36,11 @@ pub trait ClusterView: Send + Sync {
     fn learned(&self) -> Option<super::request::LearnedView> {
         None
     }
+    /// The memory bounds the LimitRanges of `namespace` put on its pods' containers, where the
+    /// view holds them.
+    fn memory_limits(&self, _namespace: &str) -> super::limits::MemoryLimits {
+        super::limits::MemoryLimits::default()
+    }
 }
 
 /// Why a job has no decision; each carries the condition reason and message.

@@ -47,6 +47,10 @@ pub struct Observed {
     pub trained: bool,
     /// Its configuration was a trial of one faster than any that had trained for its shape.
     pub trial: bool,
+    /// The shape key its configuration was decided for (`status.offload.estimate.shape`),
+    /// where the decision sized the job: a job edited since (its model's config, its tokens,
+    /// its parameters) ran the old shape, and its run teaches the new one nothing.
+    pub decided_shape: Option<String>,
 }
 
 /// A run's lesson, to be recorded under `shape`.
@@ -225,6 +229,11 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
             activations = fits;
             capped = true;
         }
+    }
+    if let Some(decided) = &obs.decided_shape
+        && *decided != jm.shape_key
+    {
+        return Ok(None);
     }
     let est = jm.estimate_checked(obs.placement, &cm).0;
     let host = host_peak

@@ -260,6 +260,8 @@ pub struct JobMemory {
     pub value_bytes: f64,
     /// The pod's memory limit, when every container has one.
     pub pod_memory_limit: Option<u64>,
+    /// Where that limit is a LimitRange's of the job's namespace: which and how, in words.
+    pub pod_memory_limit_source: Option<String>,
     /// `zero_optimization.sub_group_size` of the user's config; without one, DeepSpeed's
     /// default, or with a partial ratio the one the operator writes
     /// ([`operator_sub_group_size`]).
@@ -950,7 +952,10 @@ impl JobMemory {
     pub fn describe(&self, est: &Estimate, class: &ClassMemory) -> String {
         let limit = self
             .pod_memory_limit
-            .map(|l| format!(" (pod limit {})", gib(as_f64(l))))
+            .map(|l| match &self.pod_memory_limit_source {
+                Some(from) => format!(" (pod limit {}: {from})", gib(as_f64(l))),
+                None => format!(" (pod limit {})", gib(as_f64(l))),
+            })
             .unwrap_or_default();
         let host = match (class.host_per_pod, self.pod_memory_limit) {
             (Some(share), _) => format!(

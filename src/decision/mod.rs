@@ -22,6 +22,7 @@ mod framework;
 mod ladder;
 pub mod learned;
 pub mod lesson;
+pub mod limits;
 pub mod memory;
 pub mod model_config;
 mod overlap;

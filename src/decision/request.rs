@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::PodSpec;
 use serde_json::Value;
 
 use super::error::ResolveError;
+use super::limits::MemoryLimits;
 use super::user_config::{ConfigFacts, UserConfig};
 use offload_api::names;
 use offload_api::quantity::{self, MAX_GPUS, ParameterCount};
@@ -58,8 +59,10 @@ pub struct JobRequest {
     /// GPUs each pod asks for (at least 1).
     pub gpus_per_pod: u32,
     /// The pod's memory limit, when every container states one, or the training container's
-    /// own where lower (bytes).
+    /// own where lower (bytes), with its namespace's LimitRanges applied.
     pub pod_memory_limit: Option<u64>,
+    /// Where that limit is a LimitRange's, not the pod's own: which and how, in words.
+    pub pod_memory_limit_source: Option<String>,
     /// The training container (index in the pod template) and its memory request as written:
     /// the decision raises the request to the host memory it counts on.
     pub training_container: Option<(usize, Option<u64>)>,
@@ -98,6 +101,7 @@ impl Default for JobRequest {
             pods: 1,
             gpus_per_pod: 1,
             pod_memory_limit: None,
+            pod_memory_limit_source: None,
             training_container: None,
             config: ConfigFacts::default(),
             hold_for_capacity: true,
@@ -125,7 +129,7 @@ pub struct DeepSpeedRequest {
 }
 
 /// GPUs and memory a pod template asks for, read as Kubernetes quantities.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodResources {
     /// `nvidia.com/gpu` over the containers (limits, else requests): 0 when none asks.
     pub gpus: u64,
@@ -137,15 +141,60 @@ pub struct PodResources {
     pub training_container: Option<usize>,
     /// The training container's memory request as the user wrote it.
     pub training_memory_request: Option<u64>,
+    /// Where `memory_limit` comes from a LimitRange of the namespace rather than the pod's own
+    /// limits, that range and what it sets, in words.
+    pub memory_limit_source: Option<String>,
+}
+
+/// A container's memory limit once its namespace's LimitRanges applied (`own`: its own), and
+/// where a range set or lowered it, which and how.
+fn namespace_bound(own: Option<u64>, limits: &MemoryLimits) -> (Option<u64>, Option<String>) {
+    match own {
+        Some(b) => match &limits.container_max {
+            Some(max) if max.bytes < b => (
+                Some(max.bytes),
+                Some(format!(
+                    "the container memory max of LimitRange {:?} in its namespace",
+                    max.range
+                )),
+            ),
+            _ => (Some(b), None),
+        },
+        None => match limits
+            .default_limit
+            .as_ref()
+            .or(limits.container_max.as_ref())
+        {
+            Some(d) => (
+                Some(d.bytes),
+                Some(format!(
+                    "the default memory limit of LimitRange {:?} in its namespace, which a container that sets none gets",
+                    d.range
+                )),
+            ),
+            None => (None, None),
+        },
+    }
 }
 
 impl PodResources {
     /// Reads a pod spec. A quantity that is not one, a fraction of a GPU, or a count no machine
     /// has is an error naming the container; sums are checked.
     pub fn of(spec: Option<&PodSpec>) -> Result<PodResources, ResolveError> {
+        PodResources::within(spec, &MemoryLimits::default())
+    }
+
+    /// [`PodResources::of`] as the pod will be created in a namespace with `limits`: a
+    /// container without a memory limit gets the default (else the max), and no limit is
+    /// above the max.
+    pub fn within(
+        spec: Option<&PodSpec>,
+        limits: &MemoryLimits,
+    ) -> Result<PodResources, ResolveError> {
         let Some(spec) = spec else {
             return Ok(PodResources::default());
         };
+        let mut from_range: Option<String> = None;
         let mut gpus: u64 = 0;
         let mut memory: Option<u64> = Some(0);
         let training = spec
@@ -163,6 +212,7 @@ impl PodResources {
             .or((!spec.containers.is_empty()).then_some(0));
         let mut training_request = None;
         let mut training_limit = None;
+        let ns_limits = limits;
         for (i, c) in spec.containers.iter().enumerate() {
             let resources = c.resources.as_ref();
             let limits = resources.and_then(|r| r.limits.as_ref());
@@ -185,10 +235,14 @@ impl PodResources {
                     }
                 })?;
             }
-            let limit = limits
+            let own = limits
                 .and_then(|l| l.get("memory"))
                 .map(|q| quantity::bytes(q).map_err(|e| bad("limits.memory", e)))
                 .transpose()?;
+            let (limit, source) = namespace_bound(own, ns_limits);
+            if Some(i) == training && source.is_some() {
+                from_range = source;
+            }
             memory = match (memory, limit) {
                 (Some(total), Some(b)) => Some(total.saturating_add(b)),
                 _ => None,
@@ -201,7 +255,16 @@ impl PodResources {
                     .transpose()?;
             }
         }
-        let pod_limit = memory.filter(|_| !spec.containers.is_empty());
+        let mut pod_limit = memory.filter(|_| !spec.containers.is_empty());
+        if let Some(max) = &ns_limits.pod_max
+            && pod_limit.is_none_or(|p| p > max.bytes)
+        {
+            pod_limit = Some(max.bytes);
+            from_range = Some(format!(
+                "the pod memory max of LimitRange {:?} in its namespace",
+                max.range
+            ));
+        }
         Ok(PodResources {
             gpus,
             memory_limit: match (pod_limit, training_limit) {
@@ -210,6 +273,7 @@ impl PodResources {
             },
             training_container: training,
             training_memory_request: training_request,
+            memory_limit_source: from_range,
         })
     }
 
@@ -220,7 +284,7 @@ impl PodResources {
         namespace: &str,
         view: &dyn super::ClusterView,
     ) -> Result<(PodResources, Option<crate::dra::claims::ClaimPinning>), ResolveError> {
-        let mut resources = PodResources::of(spec)?;
+        let mut resources = PodResources::within(spec, &view.memory_limits(namespace))?;
         let (Some(spec), Some(dra)) = (spec, view.dra()) else {
             return Ok((resources, None));
         };
@@ -319,6 +383,7 @@ impl JobRequest {
             pods: u32::try_from(spec.replicas.max(1)).unwrap_or(1),
             gpus_per_pod: resources.gpus_per_pod(),
             pod_memory_limit: resources.memory_limit,
+            pod_memory_limit_source: resources.memory_limit_source.clone(),
             training_container: resources
                 .training_container
                 .map(|i| (i, resources.training_memory_request)),
@@ -401,6 +466,7 @@ impl JobRequest {
                 pods,
                 gpus_per_pod: resources.gpus_per_pod(),
                 pod_memory_limit: resources.memory_limit,
+                pod_memory_limit_source: resources.memory_limit_source.clone(),
                 training_container: resources
                     .training_container
                     .map(|i| (i, resources.training_memory_request)),

@@ -287,6 +287,7 @@ fn job_memory_of(
             _ => 2.0,
         },
         pod_memory_limit: job.pod_memory_limit,
+        pod_memory_limit_source: job.pod_memory_limit_source.clone(),
         sub_group_size: job.config.sub_group_size.map(|g| g as f64),
         corrections: super::memory::Corrections::from_failures(&job.memory_failures),
         shape_key: String::new(),

@@ -104,6 +104,13 @@ pub fn read_evidence(source: &str, text: &str, job: &str) -> Result<Evidence, St
     let summary = ObservedSummary::parse(text).map_err(|e| {
         format!("{source}: neither an observed run (offload-agent observe -- COMMAND) nor a node's observed summary: {e}")
     })?;
+    // Judged as the controller judges a node's summary: a window ending after now is no
+    // window (it would never go stale).
+    if let Some(why) = summary.not_current(jiff::Timestamp::now()) {
+        return Err(format!(
+            "{source}: the node's observed summary is not evidence: {why}"
+        ));
+    }
     let mut pods = summary
         .pods
         .iter()
@@ -291,6 +298,7 @@ pub fn explain_after(tj: &TrainingJob, inputs: &mut Inputs, evidence: &[Evidence
                 failed,
                 trained: ev.trained,
                 trial: res.trial.is_some(),
+                decided_shape: res.memory.as_ref().map(|m| m.shape.clone()),
             };
             let config_of = inputs.user_config(&tj);
             let model = inputs.model_config(&tj);

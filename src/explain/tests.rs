@@ -480,4 +480,16 @@ fn explain_judges_evidence_as_the_controller_does() {
         last.outcome
     );
     assert!(after.closed_loop.len() <= 5, "{}", after.closed_loop.len());
+    // A node's summary whose window ends in year 2999 (it would never go stale): refused as
+    // the controller skips it.
+    let summary = serde_json::json!({
+        "schemaVersion": offload_api::observed::OBSERVED_SCHEMA_VERSION,
+        "node": "h200", "observedAt": "2999-01-01T00:00:00Z", "windowSeconds": 60.0,
+        "source": "recorded-trace",
+        "pods": [{"namespace": "default", "name": "j-0", "trainingJob": "j", "gpus": ["0"],
+                  "gpuBusy": 0.9, "samples": 10, "gpuMemoryPeakBytes": 20u64 << 30,
+                  "gpuMemoryTotalBytes": 150_754_820_096u64}]
+    });
+    let err = read_evidence("s", &summary.to_string(), "j").unwrap_err();
+    assert!(err.contains("after now"), "{err}");
 }

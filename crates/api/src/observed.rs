@@ -127,6 +127,9 @@ pub fn allocator_report(text: &str) -> Option<(u64, u64)> {
         .reduce(|x, y| (x.0.max(y.0), x.1.max(y.1)))
 }
 
+/// How far after the reader's clock an observed window may end (the node's clock ahead).
+pub const OBSERVED_CLOCK_SKEW: jiff::SignedDuration = jiff::SignedDuration::from_mins(10);
+
 /// How far a pod's GPU memory total may be from its node's reported GPU memory (NVML's totals
 /// of one GPU differ by less across readings).
 pub const GPU_TOTAL_TOLERANCE: f64 = 0.05;
@@ -411,6 +414,22 @@ impl ObservedSummary {
     /// When the window ended.
     pub fn observed_at(&self) -> Option<jiff::Timestamp> {
         self.observed_at.parse().ok()
+    }
+
+    /// Why the window cannot be evidence at `now`: it ends after now (beyond
+    /// [`OBSERVED_CLOCK_SKEW`]: another clock far ahead, or a hand-made summary that would never
+    /// go stale), or its time does not read.
+    pub fn not_current(&self, now: jiff::Timestamp) -> Option<String> {
+        match self.observed_at() {
+            None => Some(format!(
+                "its window's end {:?} is not a time",
+                self.observed_at.chars().take(64).collect::<String>()
+            )),
+            Some(at) if at.duration_since(now) > OBSERVED_CLOCK_SKEW => {
+                Some(format!("its window ends at {at}, after now ({now})"))
+            }
+            Some(_) => None,
+        }
     }
 
     /// The pods of one TrainingJob.

@@ -64,6 +64,7 @@ pub(super) fn observed(
         failed,
         trained: trained && failed.is_none(),
         trial: d.trial.is_some(),
+        decided_shape: d.estimate.as_ref().and_then(|e| e.shape.clone()),
     })
 }
 

@@ -43,7 +43,7 @@ use follow::follow_workload;
 pub use follow::{guard_outcome, slim_pod, slim_workload};
 pub use triggers::{
     jobs_for_claim_template, jobs_for_config_map, jobs_for_node, jobs_for_observation,
-    jobs_for_profile, jobs_for_slices,
+    jobs_for_profile, jobs_for_slices, jobs_in_namespace,
 };
 
 pub use crate::decision::Unresolved;

@@ -137,6 +137,14 @@ pub fn jobs_for_claim_template(
     })
 }
 
+/// Unresolved opted-in jobs of `namespace`, for re-triggering when one of its LimitRanges
+/// (the memory limit its containers get) changes.
+pub fn jobs_in_namespace(ctx: &Context, namespace: &str) -> Vec<ObjectRef<Tolerant<TrainingJob>>> {
+    waiting_jobs(ctx, |tj| {
+        opted_in(tj) && tj.metadata.namespace.as_deref() == Some(namespace)
+    })
+}
+
 /// Unresolved opted-in jobs, for re-triggering when the GPU driver's ResourceSlices of a node
 /// change (a node it classes may take them now).
 pub fn jobs_for_slices(ctx: &Context) -> Vec<ObjectRef<Tolerant<TrainingJob>>> {

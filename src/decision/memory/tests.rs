@@ -30,6 +30,7 @@ fn job(shape: ModelShape, tokens: f64) -> JobMemory {
         sharding: Sharding::Zero(3),
         value_bytes: 2.0,
         pod_memory_limit: None,
+        pod_memory_limit_source: None,
         sub_group_size: None,
         corrections: Corrections::default(),
         shape_key: String::new(),

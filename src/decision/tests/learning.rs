@@ -41,6 +41,7 @@ fn observe(job: &JobRequest, res: &Resolution, gpu_peak: u64, host_peak: Option<
         failed: None,
         trained: false,
         trial: false,
+        decided_shape: res.memory.as_ref().map(|m| m.shape.clone()),
     }
 }
 
@@ -117,6 +118,26 @@ fn a_run_above_the_estimate_or_out_of_memory_grows_it() {
     learn(&mut store, &job, &obs, "ns/a/1");
     let after = resolve(&with_learned(job.clone(), &store), &[node()]).unwrap();
     assert_ne!(after.placement, Placement::NoOffload, "{}", after.summary());
+}
+
+#[test]
+fn a_run_teaches_only_the_shape_it_was_decided_for() {
+    // The job's tokens per step were edited under its running workload: the run's peaks are
+    // those of the old shape, and teach the new one nothing.
+    let mut job = deepspeed("0.19.8");
+    job.model = Some(bench_hints(9_122_865_152, 2048, 44));
+    let first = resolve(&job, &[node()]).unwrap();
+    let obs = observe(&job, &first, 120 * GIB, None);
+    assert!(lesson(&job, &obs).unwrap().is_some());
+    let mut edited = job.clone();
+    edited.model = Some(bench_hints(9_122_865_152, 4096, 44));
+    assert_eq!(lesson(&edited, &obs).unwrap(), None);
+    // A decision that sized no shape (no hints) checks nothing.
+    let unchecked = Observed {
+        decided_shape: None,
+        ..obs
+    };
+    assert!(lesson(&edited, &unchecked).unwrap().is_some());
 }
 
 #[test]

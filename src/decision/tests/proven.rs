@@ -72,6 +72,7 @@ fn run(
         failed: failed.then_some(MemoryKind::Gpu),
         trained: !failed,
         trial: res.trial.is_some(),
+        decided_shape: res.memory.as_ref().map(|m| m.shape.clone()),
     };
     let l = lesson(job, &obs).unwrap().expect("a lesson");
     l.record(store, "default", obs.class, l.run(who, failed, now()))

@@ -163,6 +163,7 @@ pub fn run(runs: &[PathBuf], models: &Path, node: &Node) -> Result<(), BenchErro
                     sharding: Sharding::Zero(3),
                     value_bytes: 2.0,
                     pod_memory_limit: None,
+                    pod_memory_limit_source: None,
                     sub_group_size: group,
                     corrections: Default::default(),
                     shape_key: String::new(),

@@ -1,0 +1,166 @@
+//! What a namespace's LimitRanges do to a pod's memory before the pod exists. The API server's
+//! `LimitRanger` admission plugin gives every container that sets no memory limit the range's
+//! default limit, and refuses a container whose memory request or limit is above the range's
+//! `max` (or a pod whose containers' sum is above a `Pod` range's `max`). A decision that
+//! writes a memory request above either would make pods that are never created: the job is
+//! decided as if the pod had that limit, so it is held with the figures instead.
+
+use k8s_openapi::api::core::v1::LimitRange;
+use offload_api::quantity;
+
+/// The memory bounds a namespace's LimitRanges put on a pod's containers, each with the
+/// LimitRange it comes from; where several set one, the smallest.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemoryLimits {
+    /// The memory limit a container that sets none gets.
+    pub default_limit: Option<Bound>,
+    /// The most memory a container may request or be limited to.
+    pub container_max: Option<Bound>,
+    /// The most memory a pod's containers may be limited to together.
+    pub pod_max: Option<Bound>,
+}
+
+/// One bound and where it comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bound {
+    /// Bytes.
+    pub bytes: u64,
+    /// The LimitRange that sets it.
+    pub range: String,
+}
+
+impl MemoryLimits {
+    /// The bounds of `ranges` (one namespace's). A quantity that does not read is skipped: the
+    /// API server validated it, and a bound the operator cannot read is not guessed at.
+    pub fn of<'a>(ranges: impl IntoIterator<Item = &'a LimitRange>) -> MemoryLimits {
+        let mut out = MemoryLimits::default();
+        for r in ranges {
+            let name = r.metadata.name.clone().unwrap_or_default();
+            for item in r.spec.as_ref().map(|s| s.limits.as_slice()).unwrap_or(&[]) {
+                let memory = |m: &Option<std::collections::BTreeMap<String, _>>| {
+                    m.as_ref()
+                        .and_then(|m| m.get("memory"))
+                        .and_then(|q| quantity::bytes(q).ok())
+                };
+                let keep = |slot: &mut Option<Bound>, bytes: Option<u64>| {
+                    if let Some(bytes) = bytes
+                        && slot.as_ref().is_none_or(|b| bytes < b.bytes)
+                    {
+                        *slot = Some(Bound {
+                            bytes,
+                            range: name.clone(),
+                        });
+                    }
+                };
+                match item.type_.as_str() {
+                    "Container" => {
+                        keep(&mut out.default_limit, memory(&item.default));
+                        keep(&mut out.container_max, memory(&item.max));
+                    }
+                    "Pod" => keep(&mut out.pod_max, memory(&item.max)),
+                    _ => {}
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether no range bounds memory.
+    pub fn is_empty(&self) -> bool {
+        self.default_limit.is_none() && self.container_max.is_none() && self.pod_max.is_none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::PodResources;
+
+    fn range(name: &str, items: serde_json::Value) -> LimitRange {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"limits": items}
+        }))
+        .unwrap()
+    }
+
+    fn pod(containers: serde_json::Value) -> k8s_openapi::api::core::v1::PodSpec {
+        serde_json::from_value(serde_json::json!({ "containers": containers })).unwrap()
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn the_smallest_default_and_max_of_every_range_count() {
+        let limits = MemoryLimits::of(&[
+            range(
+                "wide",
+                serde_json::json!([{"type": "Container", "default": {"memory": "64Gi"},
+                                     "max": {"memory": "512Gi"}}]),
+            ),
+            range(
+                "narrow",
+                serde_json::json!([{"type": "Container", "default": {"memory": "16Gi"}},
+                                   {"type": "Pod", "max": {"memory": "100Gi"}},
+                                   {"type": "PersistentVolumeClaim", "max": {"storage": "1Gi"}}]),
+            ),
+        ]);
+        assert_eq!(
+            limits.default_limit,
+            Some(Bound {
+                bytes: 16 * GIB,
+                range: "narrow".into()
+            })
+        );
+        assert_eq!(limits.container_max.as_ref().unwrap().bytes, 512 * GIB);
+        assert_eq!(limits.pod_max.as_ref().unwrap().bytes, 100 * GIB);
+        assert!(MemoryLimits::of(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_container_without_a_limit_gets_the_default_and_none_is_above_the_max() {
+        let limits = MemoryLimits::of(&[range(
+            "mem",
+            serde_json::json!([{"type": "Container", "default": {"memory": "16Gi"},
+                                 "max": {"memory": "32Gi"}}]),
+        )]);
+        // No limit: the default, said so.
+        let spec = pod(serde_json::json!([{"name": "train", "image": "i",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]));
+        let r = PodResources::within(Some(&spec), &limits).unwrap();
+        assert_eq!(r.memory_limit, Some(16 * GIB));
+        let from = r.memory_limit_source.unwrap();
+        assert!(
+            from.contains("default memory limit of LimitRange \"mem\""),
+            "{from}"
+        );
+        // Its own limit above the max: the max.
+        let spec = pod(serde_json::json!([{"name": "train", "image": "i",
+            "resources": {"limits": {"nvidia.com/gpu": "1", "memory": "64Gi"}}}]));
+        let r = PodResources::within(Some(&spec), &limits).unwrap();
+        assert_eq!(r.memory_limit, Some(32 * GIB));
+        assert!(
+            r.memory_limit_source
+                .unwrap()
+                .contains("container memory max")
+        );
+        // Its own limit within: its own, no source.
+        let spec = pod(serde_json::json!([{"name": "train", "image": "i",
+            "resources": {"limits": {"nvidia.com/gpu": "1", "memory": "20Gi"}}}]));
+        let r = PodResources::within(Some(&spec), &limits).unwrap();
+        assert_eq!(
+            (r.memory_limit, r.memory_limit_source),
+            (Some(20 * GIB), None)
+        );
+        // No range: no limit, as before.
+        let spec = pod(serde_json::json!([{"name": "train", "image": "i"}]));
+        assert_eq!(PodResources::of(Some(&spec)).unwrap().memory_limit, None);
+        // Only a max: it is the default too, as the LimitRanger defaults it.
+        let only_max = MemoryLimits::of(&[range(
+            "max",
+            serde_json::json!([{"type": "Container", "max": {"memory": "8Gi"}}]),
+        )]);
+        let r = PodResources::within(Some(&spec), &only_max).unwrap();
+        assert_eq!(r.memory_limit, Some(8 * GIB));
+    }
+}
