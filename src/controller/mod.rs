@@ -63,6 +63,27 @@ pub struct Context {
     pub pods: Option<Store<Pod>>,
 }
 
+/// Whether `pod` is a pod of TrainingJob `job` bound to `node`: bound there, labelled with the
+/// job (`offload.dev/training-job`), and owned by the job's workload Job (which has the job's
+/// name). Another job's pod on the same node, or a pod that only claims the label, is not.
+pub fn pod_of_job(pod: &Pod, node: &str, job: &str) -> bool {
+    let on = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .is_some_and(|n| n == node);
+    let labelled = pod
+        .labels()
+        .get(offload_api::names::LABEL_TRAINING_JOB)
+        .map(String::as_str)
+        == Some(job);
+    let owned = pod
+        .owner_references()
+        .iter()
+        .any(|o| o.kind == "Job" && o.name == job);
+    on && labelled && owned
+}
+
 impl Context {
     /// The controllers' context over the process's caches.
     pub fn new(client: Client, caches: &Caches, metrics: Arc<Metrics>, reporter: &str) -> Self {
@@ -93,23 +114,7 @@ impl Context {
     pub fn pod_of_job_on(&self, namespace: &str, name: &str, node: &str, job: &str) -> bool {
         self.pods.as_ref().is_some_and(|pods| {
             pods.get(&ObjectRef::new(name).within(namespace))
-                .is_some_and(|p| {
-                    let on = p
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.node_name.as_deref())
-                        .is_some_and(|n| n == node);
-                    let labelled = p
-                        .labels()
-                        .get(offload_api::names::LABEL_TRAINING_JOB)
-                        .map(String::as_str)
-                        == Some(job);
-                    let owned = p
-                        .owner_references()
-                        .iter()
-                        .any(|o| o.kind == "Job" && o.name == job);
-                    on && labelled && owned
-                })
+                .is_some_and(|p| pod_of_job(&p, node, job))
         })
     }
 
@@ -521,3 +526,35 @@ async fn log_outcomes<K, E, W>(
 
 /// Quiet time before a profile's status is recomputed after a change of its jobs or nodes.
 pub const PROFILE_DEBOUNCE: Duration = Duration::from_secs(1);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(node: &str, label: Option<&str>, owner: Option<&str>) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "p", "namespace": "ns",
+                "labels": label.map(|l| serde_json::json!({offload_api::names::LABEL_TRAINING_JOB: l})),
+                "ownerReferences": owner.map(|o| serde_json::json!([{
+                    "apiVersion": "batch/v1", "kind": "Job", "name": o, "uid": "u"}])),
+            },
+            "spec": {"nodeName": node, "containers": []}
+        }))
+        .unwrap()
+    }
+
+    /// Hostile input, fourth pass: a node's summary may list any pod bound to it under any
+    /// TrainingJob's name; only the job's own pods are its evidence.
+    #[test]
+    fn a_pod_is_a_jobs_evidence_only_when_it_is_the_jobs() {
+        assert!(pod_of_job(&pod("n", Some("a"), Some("a")), "n", "a"));
+        // Another job's pod on the same node, listed under this job's name.
+        assert!(!pod_of_job(&pod("n", Some("b"), Some("b")), "n", "a"));
+        // A pod that claims the label but is not the job's workload's.
+        assert!(!pod_of_job(&pod("n", Some("a"), None), "n", "a"));
+        assert!(!pod_of_job(&pod("n", Some("a"), Some("b")), "n", "a"));
+        // The job's pod, on another node than the summary's.
+        assert!(!pod_of_job(&pod("m", Some("a"), Some("a")), "n", "a"));
+    }
+}

@@ -211,6 +211,12 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
             (jm, Some(parameters))
         }
     };
+    // Less than the weights, gradients and optimizer state the configuration holds on the GPU
+    // (what the model counts exactly) is no step of it: a window before its first step, or a
+    // figure that cannot be true. It teaches nothing (it would be learned at the floor).
+    if obs.failed.is_none() && needed < gpu_with(&jm, &cm, obs.placement, 0.0) {
+        return Ok(None);
+    }
     let mut activations = solve(learned::MIN_ACTIVATIONS, learned::MAX_FACTOR, needed, |a| {
         gpu_with(&jm, &cm, obs.placement, a)
     });

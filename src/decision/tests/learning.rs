@@ -127,7 +127,8 @@ fn a_run_teaches_only_the_shape_it_was_decided_for() {
     let mut job = deepspeed("0.19.8");
     job.model = Some(bench_hints(9_122_865_152, 2048, 44));
     let first = resolve(&job, &[node()]).unwrap();
-    let obs = observe(&job, &first, 120 * GIB, None);
+    let peak = first.memory.as_ref().unwrap().gpu_bytes + GIB;
+    let obs = observe(&job, &first, peak, None);
     assert!(lesson(&job, &obs).unwrap().is_some());
     let mut edited = job.clone();
     edited.model = Some(bench_hints(9_122_865_152, 4096, 44));
@@ -149,6 +150,10 @@ fn impossible_observations_teach_nothing() {
         let obs = observe(&job, &first, peak, None);
         assert_eq!(lesson(&job, &obs).unwrap(), None, "{peak}");
     }
+    // A GPU peak of 1 GiB for a 3.8B model (below its weights and optimizer state): no step of
+    // it, not learned at the floor.
+    let obs = observe(&job, &first, 3 * GIB / 2 + GIB, None);
+    assert_eq!(lesson(&job, &obs).unwrap(), None);
     // A job without hints and no identity (another kind) is not learned.
     let obs = observe(&job, &first, 20 * GIB, Some(30 * GIB));
     let bare = deepspeed("0.19.8");
