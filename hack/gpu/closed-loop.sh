@@ -8,7 +8,7 @@
 #   3. that configuration trained (hack/gpu/hf_step.py) under `offload-agent observe -- …`,
 #      whose JSON (the GPU and host peaks, how the run ended, its last lines) is the evidence;
 #   4. `explain --observed` with every run so far gives the next decision; repeated until a
-#      decision repeats one that trained, or the case's runs are spent.
+#      decision repeats a configuration that trained, or the case's runs are spent.
 # Usage: hack/gpu/closed-loop.sh OPERATOR AGENT OUT DEADLINE_S CASE...
 # A CASE is NAME:PROFILE:MODEL:PHASES[:MAX_RUNS] — the job hack/gpu/loop/job-NAME.yaml, the
 # profile hack/gpu/loop/profile-PROFILE.yaml, the model hack/gpu/models/MODEL.json trained with
@@ -38,17 +38,21 @@ for case in "$@"; do
   IFS=: read -r name profile model phases max <<<"$case"
   max=${max:-3}
   observed=()
-  previous=""
+  declare -A trained=()
   for k in $(seq 1 "$max"); do
     if ((SECONDS - start > deadline)); then
       log "$name: deadline reached before run $k"
       break
     fi
     decision=$out/$name-$model-decision-$k.json
-    args=(-f "$here/loop/job-$name.yaml" --node-report "h200=$node" --node-memory "h200=$hostmem"
+    # The job's tokensPerStep is the case's micro-batch × sequence (one GPU, no accumulation).
+    IFS=x read -r micro seq <<<"${phases%%,*}"
+    job=$out/job-$name-$model.yaml
+    sed "s/tokensPerStep: .*/tokensPerStep: $((micro * seq))/" "$here/loop/job-$name.yaml" >"$job"
+    args=(-f "$job" --node-report "h200=$node" --node-memory "h200=$hostmem"
       --profile "$here/loop/profile-$profile.yaml" --deepspeed-config "loop-ds=$here/loop/ds.json")
     # A job that names the model's config.json (ConfigMap loop-model) gets the case's model.
-    grep -q loop-model "$here/loop/job-$name.yaml" && args+=(--model-config "loop-model=$here/models/$model.json")
+    grep -q loop-model "$job" && args+=(--model-config "loop-model=$here/models/$model.json")
     "$ops" explain "${args[@]}" "${observed[@]}" -o json >"$decision" 2>>"$out/explain.log"
     "$ops" explain "${args[@]}" "${observed[@]}" >"$out/$name-$model-decision-$k.txt" 2>&1
     summary=$(python3 - "$decision" "$out/$name-$model-ds-$k.json" <<'EOF'
@@ -65,8 +69,8 @@ print("mode=%s ratio=%s offload_optimizer=%s%s offload_param=%s" % (
 EOF
 )
     log "$name $model decision $k: $summary"
-    if [[ $summary == "$previous" ]]; then
-      log "$name: decision $k repeats the configuration that trained in run $((k - 1)): the loop is done"
+    if [[ -n ${trained[$summary]:-} ]]; then
+      log "$name: decision $k repeats the configuration that trained in run ${trained[$summary]}: the loop is done"
       break
     fi
     run=$out/$name-$model-run-$k.json
@@ -98,8 +102,7 @@ EOF
 )"
     observed+=(--observed "$run")
     ok=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("exitCode"))' "$run")
-    previous=""
-    [[ $ok == 0 ]] && previous=$summary
+    [[ $ok == 0 ]] && trained[$summary]=$k
   done
 done
 tar czf "$out/ext.tgz" -C /tmp/torch-ext . 2>/dev/null
