@@ -182,6 +182,9 @@ struct RunArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Run(_)) {
+        offload_process::quiet_on_closed_pipe();
+    }
     if let Command::Crd { out_dir } = cli.command {
         return match write_crds(out_dir) {
             Ok(()) => ExitCode::SUCCESS,

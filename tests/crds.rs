@@ -127,3 +127,36 @@ fn printer_columns_are_the_documented_ones() {
         ]
     );
 }
+
+/// `offload-operator crd | head`: a reader that closes the pipe early ends the command quietly
+/// (no panic from `println!`, nothing on stderr), as it ends `cat`. The pipe is made smaller
+/// than the output, so the command is still writing when it closes.
+#[test]
+fn a_closed_pipe_ends_the_cli_quietly() {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::process::{Command, Stdio};
+    let (mut reader, writer) = std::io::pipe().unwrap();
+    // SAFETY: resizes a pipe this test owns.
+    let size = unsafe { libc::fcntl(reader.as_raw_fd(), libc::F_SETPIPE_SZ, 4096) };
+    assert!(size >= 4096, "F_SETPIPE_SZ: {size}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_offload-operator"))
+        .arg("crd")
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 16];
+    reader.read_exact(&mut first).unwrap();
+    drop(reader);
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(stderr.is_empty(), "{stderr}");
+    assert_ne!(status.code(), Some(101), "a panic's exit code: {status:?}");
+}

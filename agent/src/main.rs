@@ -213,6 +213,9 @@ fn main() -> ExitCode {
         )
         .init();
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Run(_)) {
+        offload_process::quiet_on_closed_pipe();
+    }
     match cli.command {
         Command::Probe => {
             let reading = probe::NvmlSource::read(&RealNvml);

@@ -1,5 +1,6 @@
 //! What the operator's and the agent's processes do around their work: one tokio runtime per
-//! process, and SIGTERM (what the kubelet sends) or Ctrl-C to stop it.
+//! process, SIGTERM (what the kubelet sends) or Ctrl-C to stop it, and a quiet end for a
+//! command whose output is cut short.
 #![deny(missing_docs)]
 
 use tokio_util::sync::CancellationToken;
@@ -14,6 +15,17 @@ pub fn runtime(workers: usize) -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .expect("start-up: tokio runtime")
+}
+
+/// For a command that prints and exits (never a server: its sockets need SIGPIPE ignored, as
+/// Rust sets it): a closed stdout (`offload-operator crd | head`) ends the process quietly, as
+/// it ends `cat`, instead of a panic in `println!`. Call it first in `main`, before any thread.
+pub fn quiet_on_closed_pipe() {
+    // SAFETY: restores the default action of one signal; no handler of ours is replaced, and
+    // no other thread exists yet to race with it.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
 
 /// Returns once SIGTERM or Ctrl-C arrives (only Ctrl-C where SIGTERM cannot be watched).

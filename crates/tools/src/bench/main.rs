@@ -154,6 +154,8 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Figures on stdout: `offload-bench … | head` ends it quietly.
+    offload_process::quiet_on_closed_pipe();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
