@@ -144,7 +144,16 @@ pub(super) fn allowed(
 
 /// What the estimate counted the model as, for reasons.
 pub(super) fn model_note(jm: &JobMemory) -> String {
-    if jm.shape.known {
+    if let Some(open) = jm.shape.open {
+        format!(
+            " (model counted as {:.2}B parameters, {}; {} not given: counted at the end of what the parameter count allows that keeps the most for backward — the other end is MLP {} with {} key/value heads; the model's config.json (spec.model.configMapRef) or those fields make the estimate exact)",
+            jm.parameters / 1e9,
+            jm.shape.describe(),
+            open.missing(),
+            open.other_intermediate,
+            open.other_kv_heads
+        )
+    } else if jm.shape.known {
         format!(
             " (model counted as {:.2}B parameters, {})",
             jm.parameters / 1e9,
@@ -304,6 +313,26 @@ pub(super) fn advice(jm: &JobMemory, class: &ClassMemory, allowed: &Allowed) -> 
             ideas.push(format!(
                 "activation checkpointing (spec.model.activationCheckpointing) would fit as {}",
                 c.placement
+            ));
+        }
+    }
+    if let Some(open) = jm.shape.open {
+        let other = JobMemory {
+            shape: super::shape::ModelShape {
+                intermediate: open.other_intermediate,
+                kv_heads: open.other_kv_heads,
+                open: None,
+                ..jm.shape
+            },
+            ..jm.clone()
+        };
+        if let Ok(c) = fastest(&other, class, allowed) {
+            ideas.push(format!(
+                "at the other end of what its hints allow (MLP {}, {} key/value heads) it would fit as {}: {} or the model's config.json (spec.model.configMapRef) decide it",
+                open.other_intermediate,
+                open.other_kv_heads,
+                c.placement,
+                open.missing()
             ));
         }
     }

@@ -300,6 +300,7 @@ fn shape_of(cfg: &Map<String, Value>, top: &Map<String, Value>) -> Result<ModelS
         experts,
         known: true,
         standing: standing(model_type),
+        open: None,
     })
 }
 

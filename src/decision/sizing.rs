@@ -390,6 +390,7 @@ fn model_shape(
     };
     let block = block.unwrap_or(Block::Gated);
     let heads = heads.unwrap_or_else(|| (hidden_given / 128.0).round().max(1.0));
+    let kv_given = kv_heads.is_some();
     let kv_heads = kv_heads.unwrap_or(match block {
         Block::Gated => heads.min(8.0),
         Block::Plain => heads,
@@ -414,7 +415,7 @@ fn model_shape(
             vocab_or_default,
         ));
     };
-    Ok(ModelShape {
+    let shape = ModelShape {
         block,
         hidden: hidden_given,
         layers,
@@ -437,5 +438,51 @@ fn model_shape(
         }),
         known: intermediate_known && vocab.is_some(),
         standing: super::shape::TypeStanding::Counted,
-    })
+        open: None,
+    };
+    Ok(bounded_by_count(
+        shape,
+        hints,
+        !intermediate_known,
+        !kv_given,
+        vocab.is_some(),
+    ))
+}
+
+/// A Llama-style shape whose hints leave its MLP size or key/value heads open, where the
+/// parameter count and the vocabulary are given: the end of what the count allows that keeps
+/// the most for backward, its tensors counted exactly, with the other end kept for reasons
+/// (never under at either end). Unchanged where nothing is open or nothing meets the count.
+fn bounded_by_count(
+    shape: ModelShape,
+    hints: &ModelHints,
+    free_intermediate: bool,
+    free_kv: bool,
+    vocab_given: bool,
+) -> ModelShape {
+    let free_intermediate = free_intermediate && shape.experts.is_none();
+    let (Some(p), true, Block::Gated) = (hints.parameters, vocab_given, shape.block) else {
+        return shape;
+    };
+    if !(free_intermediate || free_kv) {
+        return shape;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let ends = shape.ends_for(p.get() as f64, free_intermediate, free_kv);
+    let checkpointing = hints.activation_checkpointing.unwrap_or(false);
+    let keeps = |s: &ModelShape| s.activation_peak_per_token(checkpointing);
+    let Some(most) = ends.iter().max_by(|a, b| keeps(a).total_cmp(&keeps(b))) else {
+        return shape;
+    };
+    let other = ends.iter().find(|e| *e != most).unwrap_or(most);
+    ModelShape {
+        known: true,
+        open: Some(super::shape::OpenShape {
+            intermediate: free_intermediate,
+            kv_heads: free_kv,
+            other_intermediate: other.intermediate,
+            other_kv_heads: other.kv_heads,
+        }),
+        ..*most
+    }
 }

@@ -157,6 +157,7 @@ pub(crate) fn bench_gpt(hidden: f64, layers: f64) -> ModelShape {
         experts: None,
         known: true,
         standing: TypeStanding::Counted,
+        open: None,
     }
 }
 

@@ -96,8 +96,8 @@ fn failure(res: &Resolution, needed: u64) -> MemoryFailure {
 }
 
 /// The loop of issue #48 up to its first run that trained: a first job's choice ran out
-/// (PyTorch needed 6 GiB more than the GPU's budget); the next job of the shape, decided from
-/// that lesson, trained needing 3 GiB less than its estimate. Gives the store and both
+/// (PyTorch needed 10 GiB more than the GPU's budget); the next job of the shape, decided from
+/// that lesson, trained needing 5 GiB less than its estimate. Gives the store and both
 /// decisions.
 fn ran_out_then_trained(profile: &OffloadProfileSpec) -> (LearnedMemory, Resolution, Resolution) {
     let mut store = LearnedMemory::default();
@@ -116,7 +116,7 @@ fn ran_out_then_trained(profile: &OffloadProfileSpec) -> (LearnedMemory, Resolut
     let second = decide(&new_job(1), &store, profile);
     assert!(share(&second) > r1, "{}", second.summary());
     assert!(second.trial.is_none());
-    let needed = second.memory.as_ref().unwrap().gpu_bytes - 3 * GIB;
+    let needed = second.memory.as_ref().unwrap().gpu_bytes - 5 * GIB;
     run(&mut store, &job(), &second, needed, false, "ns/train/1");
     (store, first, second)
 }
@@ -201,7 +201,10 @@ fn a_trial_that_trains_is_kept() {
             next.summary()
         );
         trials += usize::from(next.trial.is_some());
-        let needed = next.memory.as_ref().unwrap().gpu_bytes - GIB;
+        // It needed 1 GiB less than its estimate, or than the GPU's budget where the estimate
+        // (a configuration that trained, over the model's figures) is above it.
+        let m = next.memory.as_ref().unwrap();
+        let needed = m.gpu_bytes.min(m.gpu_budget_bytes) - GIB;
         run(
             &mut store,
             &job(),

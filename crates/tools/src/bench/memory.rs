@@ -77,6 +77,7 @@ fn gpt_decoder(size: &str) -> Option<ModelShape> {
         experts: None,
         known: true,
         standing: offload_operator::decision::shape::TypeStanding::Counted,
+        open: None,
     })
 }
 
