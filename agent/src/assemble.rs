@@ -96,6 +96,9 @@ pub fn assemble(node: &str, reading: NodeReading, selftest: SelfTestReport) -> N
         gpus: reading.gpus,
         memory_model,
         os_numa_nodes: os_numa_nodes(),
+        cpu_manager_policy: crate::topology::cpu_manager_policy(std::path::Path::new(
+            crate::topology::CPU_MANAGER_STATE,
+        )),
         selftest,
     }
 }

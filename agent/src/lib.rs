@@ -10,5 +10,6 @@ pub mod devices;
 pub mod observe_run;
 pub mod probe;
 pub mod selftest;
+pub mod topology;
 pub mod utilization;
 pub mod verify;

@@ -141,6 +141,13 @@ struct VerifyArgs {
     /// Where Kubernetes reads a failed container's message from.
     #[arg(long, default_value = "/dev/termination-log")]
     termination_log: std::path::PathBuf,
+    /// The CPU cores the decision counted on (the training container's CPU limit); the guard
+    /// runs with the same limit and checks its cgroup gives them.
+    #[arg(long)]
+    cpu_cores: Option<f64>,
+    /// Where this container's cgroup is mounted.
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    cgroup_root: std::path::PathBuf,
 }
 
 #[derive(Args, Clone)]
@@ -358,9 +365,11 @@ fn verify(args: &VerifyArgs) -> ExitCode {
         }),
         pin_memory: args.pin_memory == "1",
         node: args.node_name.clone(),
+        cpu_cores: args.cpu_cores.filter(|c| c.is_finite() && *c > 0.0),
     };
+    let cpu = offload_agent::verify::CpuSeen::read(&args.cgroup_root);
     let pin = || offload_agent::selftest::pin_probe(0, PIN_PROBE_BYTES).map_err(|e| e.to_string());
-    match offload_agent::verify::verify(&RealNvml, &expected, &pin) {
+    match offload_agent::verify::verify(&RealNvml, &expected, &pin, &cpu) {
         Ok(ok) => {
             for w in &ok.warnings {
                 eprintln!("offload-verify: warning: {w}");

@@ -189,6 +189,15 @@ fn read_device(nvml: &Nvml, index: u32, device: &nvml_wrapper::Device<'_>) -> Gp
     } else {
         (None, None)
     };
+    let numa_node = device
+        .numa_node_id()
+        .ok()
+        .and_then(|n| i32::try_from(n).ok());
+    let sys = std::path::Path::new("/sys");
+    let local = device
+        .pci_info()
+        .ok()
+        .and_then(|p| crate::topology::local_cpus(sys, &p.bus_id));
     GpuReport {
         index,
         uuid: device.uuid().unwrap_or_default(),
@@ -202,10 +211,10 @@ fn read_device(nvml: &Nvml, index: u32, device: &nvml_wrapper::Device<'_>) -> Gp
             link_count,
             max_bandwidth_mbps: max_bw,
         },
-        numa_node: device
-            .numa_node_id()
-            .ok()
-            .and_then(|n| i32::try_from(n).ok()),
+        numa_node,
+        local_cpu_count: local.as_ref().map(|l| l.1),
+        local_cpus: local.map(|l| l.0),
+        numa_memory_bytes: numa_node.and_then(|n| crate::topology::numa_memory_bytes(sys, n)),
         pcie_generation: device.current_pcie_link_gen().ok(),
         pcie_width: device.current_pcie_link_width().ok(),
         mig_enabled: matches!(device.mig_mode(), Ok(MigMode { current: 1, .. })),

@@ -3,7 +3,9 @@
 //! fails fast, with a message a person can act on, when the node is not what the configuration
 //! assumes: unified-memory residency on GPUs without hardware coherence, a node class that
 //! changed since the node was labelled (a driver change, a stale label), pinned host memory that
-//! the pod cannot get, or no driver at all.
+//! the pod cannot get, fewer CPU cores than the decision counted on (the guard runs with the
+//! training container's CPU limit, so its own cgroup shows the quota and cpuset the training
+//! process will get), or no driver at all.
 
 use offload_api::report::{AddressingMode, GpuReport, NodeMemoryModel};
 use offload_api::v1alpha1::{NodeClass, OffloadMode};
@@ -21,6 +23,93 @@ pub struct Expected {
     pub pin_memory: bool,
     /// This node's name, for the message.
     pub node: String,
+    /// The CPU cores the decision counted on for the optimizer update (the training
+    /// container's CPU limit), where it counted on a limit.
+    pub cpu_cores: Option<f64>,
+}
+
+/// The CPU this container gets, as its cgroup and its affinity say.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CpuSeen {
+    /// The CFS quota in cores (`cpu.max`, or v1's `cpu.cfs_quota_us` over its period); `None`:
+    /// no quota.
+    pub quota_cores: Option<f64>,
+    /// CPUs the process may run on (its affinity: the cpuset).
+    pub cpuset: Option<u32>,
+}
+
+impl CpuSeen {
+    /// Reads the cgroup under `root` (cgroup v2's `cpu.max`, else v1's quota and period) and
+    /// this process's affinity.
+    pub fn read(root: &std::path::Path) -> CpuSeen {
+        let text = |p: &std::path::Path| std::fs::read_to_string(p).ok();
+        let v2 = text(&root.join("cpu.max")).and_then(|t| quota_v2(&t));
+        let v1 = || {
+            ["cpu", "cpu,cpuacct"].iter().find_map(|d| {
+                let quota = text(&root.join(d).join("cpu.cfs_quota_us"))?;
+                let period = text(&root.join(d).join("cpu.cfs_period_us"))?;
+                quota_v1(&quota, &period)
+            })
+        };
+        CpuSeen {
+            quota_cores: v2.or_else(v1).flatten(),
+            cpuset: affinity_cpus(),
+        }
+    }
+
+    /// The cores available: the quota, bounded by the cpuset.
+    pub fn cores(&self) -> Option<f64> {
+        match (self.quota_cores, self.cpuset) {
+            (Some(q), Some(s)) => Some(q.min(f64::from(s))),
+            (q, s) => q.or(s.map(f64::from)),
+        }
+    }
+
+    fn describe(&self) -> String {
+        let quota = self.quota_cores.map_or("no CFS quota".to_string(), |q| {
+            format!("a CFS quota of {q} cores")
+        });
+        let set = self
+            .cpuset
+            .map_or(String::new(), |s| format!(" and {s} CPUs in its cpuset"));
+        format!("{quota}{set}")
+    }
+}
+
+/// cgroup v2 `cpu.max` (`max 100000` or `200000 100000`): `Some(None)` without a quota.
+pub fn quota_v2(text: &str) -> Option<Option<f64>> {
+    let mut parts = text.split_whitespace();
+    let (quota, period) = (parts.next()?, parts.next()?);
+    if quota == "max" {
+        return Some(None);
+    }
+    let (q, p): (f64, f64) = (quota.parse().ok()?, period.parse().ok()?);
+    (q > 0.0 && p > 0.0).then_some(Some(q / p))
+}
+
+/// cgroup v1 quota and period (`-1`: no quota).
+pub fn quota_v1(quota: &str, period: &str) -> Option<Option<f64>> {
+    let q: i64 = quota.trim().parse().ok()?;
+    if q < 0 {
+        return Some(None);
+    }
+    let p: f64 = period.trim().parse().ok()?;
+    #[allow(clippy::cast_precision_loss)]
+    (q > 0 && p > 0.0).then_some(Some(q as f64 / p))
+}
+
+/// CPUs in this process's affinity mask.
+fn affinity_cpus() -> Option<u32> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity writes at most its size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw mut set) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: `set` was filled by the kernel above.
+    let n = unsafe { libc::CPU_COUNT(&set) };
+    u32::try_from(n).ok().filter(|n| *n > 0)
 }
 
 /// The node matches; with anything worth a line in the pod's log.
@@ -89,6 +178,24 @@ pub enum Mismatch {
         /// Node name.
         node: String,
     },
+    /// Fewer CPU cores than the decision counted on.
+    #[error(
+        "configured for {counted} CPU cores of optimizer update (the training container's CPU \
+         limit, which sized the offloaded share and the CPU Adam threads), but this pod on node \
+         {node} gets {seen} ({detail}). Give the training container the cores it asks for (a \
+         runtime or kubelet setting that narrows the pod's CPUs?), or recreate the job with the \
+         CPU limit it really gets so the decision counts those"
+    )]
+    CpuShort {
+        /// Cores counted.
+        counted: f64,
+        /// Cores seen.
+        seen: f64,
+        /// The quota and cpuset, in words.
+        detail: String,
+        /// Node name.
+        node: String,
+    },
 }
 
 /// How much host memory the guard pins to check that pinning works.
@@ -116,6 +223,7 @@ pub fn verify(
     source: &dyn NvmlSource,
     expected: &Expected,
     pin: &dyn Fn() -> Result<(), String>,
+    cpu: &CpuSeen,
 ) -> Result<Verified, Mismatch> {
     let mode = expected.mode.env_value().to_string();
     let class = expected
@@ -169,6 +277,16 @@ pub fn verify(
             node: node.clone(),
         })?;
     }
+    if let (Some(counted), Some(seen)) = (expected.cpu_cores, cpu.cores())
+        && seen + 0.01 < counted
+    {
+        return Err(Mismatch::CpuShort {
+            counted,
+            seen,
+            detail: cpu.describe(),
+            node,
+        });
+    }
     let gpus: Vec<String> = reading
         .gpus
         .iter()
@@ -202,6 +320,7 @@ mod tests {
             node_class: Some(class),
             pin_memory: pin,
             node: "gpu-7".into(),
+            cpu_cores: None,
         }
     }
 
@@ -217,6 +336,7 @@ mod tests {
             &gh,
             &expected(OffloadMode::UnifiedMemory, NodeClass::Coherent, false),
             &pins,
+            &CpuSeen::default(),
         )
         .unwrap();
         assert!(ok.summary.contains("Coherent"), "{}", ok.summary);
@@ -226,6 +346,7 @@ mod tests {
             &h200,
             &expected(OffloadMode::CpuCopy, NodeClass::Discrete, true),
             &pins,
+            &CpuSeen::default(),
         )
         .unwrap();
         assert!(ok.summary.contains("pinned memory works"));
@@ -238,6 +359,7 @@ mod tests {
             &h200,
             &expected(OffloadMode::UnifiedMemory, NodeClass::Coherent, false),
             &pins,
+            &CpuSeen::default(),
         )
         .unwrap_err();
         let msg = err.to_string();
@@ -256,6 +378,7 @@ mod tests {
             &gh,
             &expected(OffloadMode::CpuCopy, NodeClass::Discrete, false),
             &pins,
+            &CpuSeen::default(),
         )
         .unwrap();
         assert_eq!(ok.warnings.len(), 1, "{ok:?}");
@@ -267,6 +390,7 @@ mod tests {
             &RecordedNvml::missing_library(),
             &expected(OffloadMode::CpuCopy, NodeClass::Discrete, true),
             &pins,
+            &CpuSeen::default(),
         )
         .unwrap_err();
         assert!(matches!(err, Mismatch::NoDriver { .. }));
@@ -277,6 +401,7 @@ mod tests {
             &h200,
             &expected(OffloadMode::CpuCopy, NodeClass::Discrete, true),
             &refused,
+            &CpuSeen::default(),
         )
         .unwrap_err();
         assert!(
@@ -288,7 +413,65 @@ mod tests {
             &h200,
             &expected(OffloadMode::CpuCopy, NodeClass::Discrete, false),
             &refused,
+            &CpuSeen::default(),
         )
         .unwrap();
+    }
+
+    /// The training container was counted 8 cores (its CPU limit); the pod gets a quota of 2
+    /// (the guard runs with the same limit, so its cgroup shows it): refused with the figures.
+    #[test]
+    fn fewer_cores_than_counted_fail_with_the_figures() {
+        let h200 = RecordedNvml::from_report(fixtures::H200_READING).unwrap();
+        let counted = Expected {
+            cpu_cores: Some(8.0),
+            ..expected(OffloadMode::CpuCopy, NodeClass::Discrete, false)
+        };
+        let two = CpuSeen {
+            quota_cores: Some(2.0),
+            cpuset: Some(16),
+        };
+        let err = verify(&h200, &counted, &pins, &two).unwrap_err();
+        assert!(matches!(err, Mismatch::CpuShort { .. }));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("8 CPU cores") && msg.contains("gets 2") && msg.contains("16 CPUs"),
+            "{msg}"
+        );
+        // The quota it was counted, or a cpuset of as many whole cores: it passes; so does a
+        // pod with no quota (its cpuset is the bound).
+        for seen in [
+            CpuSeen {
+                quota_cores: Some(8.0),
+                cpuset: Some(16),
+            },
+            CpuSeen {
+                quota_cores: None,
+                cpuset: Some(8),
+            },
+        ] {
+            verify(&h200, &counted, &pins, &seen).unwrap();
+        }
+        let narrow = CpuSeen {
+            quota_cores: None,
+            cpuset: Some(4),
+        };
+        assert!(verify(&h200, &counted, &pins, &narrow).is_err());
+    }
+
+    #[test]
+    fn cgroup_quotas_read_in_both_versions() {
+        assert_eq!(quota_v2("max 100000\n"), Some(None));
+        assert_eq!(quota_v2("200000 100000"), Some(Some(2.0)));
+        assert_eq!(quota_v2("150000 100000"), Some(Some(1.5)));
+        assert_eq!(quota_v2("garbage"), None);
+        assert_eq!(quota_v1("-1", "100000"), Some(None));
+        assert_eq!(quota_v1("400000\n", "100000\n"), Some(Some(4.0)));
+        assert_eq!(quota_v1("x", "100000"), None);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("cpu.max"), "300000 100000\n").unwrap();
+        assert_eq!(CpuSeen::read(dir.path()).quota_cores, Some(3.0));
+        // This process's own affinity is read (at least one CPU).
+        assert!(CpuSeen::read(dir.path()).cpuset.is_some_and(|n| n >= 1));
     }
 }

@@ -169,12 +169,12 @@ impl ClusterView for StoreView {
             .map(crate::cluster::learned::LearnedStore::view)
     }
 
-    fn memory_limits(&self, namespace: &str) -> crate::decision::limits::MemoryLimits {
+    fn namespace_limits(&self, namespace: &str) -> crate::decision::limits::NamespaceLimits {
         let Some(store) = self.limit_ranges.as_ref() else {
             return Default::default();
         };
         let ranges = store.state();
-        crate::decision::limits::MemoryLimits::of(
+        crate::decision::limits::NamespaceLimits::of(
             ranges
                 .iter()
                 .filter(|r| r.metadata.namespace.as_deref() == Some(namespace))

@@ -38,8 +38,8 @@ pub trait ClusterView: Send + Sync {
     }
     /// The memory bounds the LimitRanges of `namespace` put on its pods' containers, where the
     /// view holds them.
-    fn memory_limits(&self, _namespace: &str) -> super::limits::MemoryLimits {
-        super::limits::MemoryLimits::default()
+    fn namespace_limits(&self, _namespace: &str) -> super::limits::NamespaceLimits {
+        super::limits::NamespaceLimits::default()
     }
 }
 

@@ -1,4 +1,4 @@
-//! What a namespace's LimitRanges do to a pod's memory before the pod exists. The API server's
+//! What a namespace's LimitRanges do to a pod's memory and CPU before the pod exists. The API server's
 //! `LimitRanger` admission plugin gives every container that sets no memory limit the range's
 //! default limit, and refuses a container whose memory request or limit is above the range's
 //! `max` (or a pod whose containers' sum is above a `Pod` range's `max`). A decision that
@@ -8,10 +8,12 @@
 use k8s_openapi::api::core::v1::LimitRange;
 use offload_api::quantity;
 
-/// The memory bounds a namespace's LimitRanges put on a pod's containers, each with the
-/// LimitRange it comes from; where several set one, the smallest.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct MemoryLimits {
+/// The memory and CPU bounds a namespace's LimitRanges put on a pod's containers, each with
+/// the LimitRange it comes from; where several set one, the smallest.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NamespaceLimits {
+    /// The CPU limit (cores) a container that sets none gets (else its max): a CFS quota.
+    pub cpu_default_limit: Option<(f64, String)>,
     /// The memory limit a container that sets none gets.
     pub default_limit: Option<Bound>,
     /// The most memory a container may request or be limited to.
@@ -29,11 +31,11 @@ pub struct Bound {
     pub range: String,
 }
 
-impl MemoryLimits {
+impl NamespaceLimits {
     /// The bounds of `ranges` (one namespace's). A quantity that does not read is skipped: the
     /// API server validated it, and a bound the operator cannot read is not guessed at.
-    pub fn of<'a>(ranges: impl IntoIterator<Item = &'a LimitRange>) -> MemoryLimits {
-        let mut out = MemoryLimits::default();
+    pub fn of<'a>(ranges: impl IntoIterator<Item = &'a LimitRange>) -> NamespaceLimits {
+        let mut out = NamespaceLimits::default();
         for r in ranges {
             let name = r.metadata.name.clone().unwrap_or_default();
             for item in r.spec.as_ref().map(|s| s.limits.as_slice()).unwrap_or(&[]) {
@@ -52,10 +54,20 @@ impl MemoryLimits {
                         });
                     }
                 };
+                let cpu = |m: &Option<std::collections::BTreeMap<String, _>>| {
+                    m.as_ref()
+                        .and_then(|m| m.get("cpu"))
+                        .and_then(|q| quantity::cpu_cores(q).ok())
+                };
                 match item.type_.as_str() {
                     "Container" => {
                         keep(&mut out.default_limit, memory(&item.default));
                         keep(&mut out.container_max, memory(&item.max));
+                        if let Some(c) = cpu(&item.default).or_else(|| cpu(&item.max))
+                            && out.cpu_default_limit.as_ref().is_none_or(|(b, _)| c < *b)
+                        {
+                            out.cpu_default_limit = Some((c, name.clone()));
+                        }
                     }
                     "Pod" => keep(&mut out.pod_max, memory(&item.max)),
                     _ => {}
@@ -67,7 +79,10 @@ impl MemoryLimits {
 
     /// Whether no range bounds memory.
     pub fn is_empty(&self) -> bool {
-        self.default_limit.is_none() && self.container_max.is_none() && self.pod_max.is_none()
+        self.default_limit.is_none()
+            && self.container_max.is_none()
+            && self.pod_max.is_none()
+            && self.cpu_default_limit.is_none()
     }
 }
 
@@ -92,7 +107,7 @@ mod tests {
 
     #[test]
     fn the_smallest_default_and_max_of_every_range_count() {
-        let limits = MemoryLimits::of(&[
+        let limits = NamespaceLimits::of(&[
             range(
                 "wide",
                 serde_json::json!([{"type": "Container", "default": {"memory": "64Gi"},
@@ -114,12 +129,12 @@ mod tests {
         );
         assert_eq!(limits.container_max.as_ref().unwrap().bytes, 512 * GIB);
         assert_eq!(limits.pod_max.as_ref().unwrap().bytes, 100 * GIB);
-        assert!(MemoryLimits::of(&[]).is_empty());
+        assert!(NamespaceLimits::of(&[]).is_empty());
     }
 
     #[test]
     fn a_container_without_a_limit_gets_the_default_and_none_is_above_the_max() {
-        let limits = MemoryLimits::of(&[range(
+        let limits = NamespaceLimits::of(&[range(
             "mem",
             serde_json::json!([{"type": "Container", "default": {"memory": "16Gi"},
                                  "max": {"memory": "32Gi"}}]),
@@ -156,7 +171,7 @@ mod tests {
         let spec = pod(serde_json::json!([{"name": "train", "image": "i"}]));
         assert_eq!(PodResources::of(Some(&spec)).unwrap().memory_limit, None);
         // Only a max: it is the default too, as the LimitRanger defaults it.
-        let only_max = MemoryLimits::of(&[range(
+        let only_max = NamespaceLimits::of(&[range(
             "max",
             serde_json::json!([{"type": "Container", "max": {"memory": "8Gi"}}]),
         )]);

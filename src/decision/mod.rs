@@ -14,6 +14,7 @@
 
 mod candidates;
 mod constraints;
+pub mod cpu;
 mod entry;
 mod error;
 pub mod evidence;

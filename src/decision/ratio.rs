@@ -2,9 +2,10 @@
 //! fits where the job gives model hints, fixed by the job or profile, or 1 — and whether the
 //! CPU keeps up with it (from the node report's rates and the step's tokens).
 
-use offload_api::v1alpha1::{ModelHints, OffloadMode, OffloadProfileSpec, RatioSetting};
+use offload_api::v1alpha1::{OffloadMode, OffloadProfileSpec, RatioSetting};
 
 use super::candidates::ClassNodes;
+use super::cpu::{NodeCpu, PodCores};
 use super::error::ResolveError;
 use super::framework::{FrameworkFacts, partial_ratio_support};
 use super::memory::Placement;
@@ -41,7 +42,7 @@ pub(super) fn decide(
             origin: source.to_string(),
         });
     }
-    let cpu = |ratio: f64| cpu_note(job.model.as_ref(), placement.chosen, ratio);
+    let cpu = |ratio: f64| cpu_note(job, placement.chosen, ratio);
     // What the memory model placed decides where it placed anything.
     if let Some(choice) = &placement.memory {
         return Ok(match (choice.placement, requested) {
@@ -102,67 +103,88 @@ pub(super) fn decide(
     })
 }
 
-/// Whether the CPU keeps up with offloading `ratio` of the optimizer state: the share it can
-/// update within the GPU's backward time on the slowest chosen node, from the report's rates
-/// and the step's tokens. Empty when that cannot be known.
-fn cpu_note(model: Option<&ModelHints>, chosen: Option<&ClassNodes>, ratio: f64) -> String {
-    let (Some(hints), Some(class)) = (model, chosen) else {
+/// Whether the CPU keeps up with offloading `ratio` of the optimizer state: the share the
+/// training container's own cores ([`super::cpu`]) can update within the GPU's backward time
+/// on the slowest chosen node, from the report's rates and the step's tokens. Empty when that
+/// cannot be known.
+pub(super) fn cpu_note(job: &JobRequest, chosen: Option<&ClassNodes>, ratio: f64) -> String {
+    let (Some(hints), Some(class)) = (job.model.as_ref(), chosen) else {
         return String::new();
     };
     let Some(tokens) = hints.tokens_per_step else {
         return String::new();
     };
     let rates = class.fact(CpuRates::of);
+    let CpuRates::Known(nodes) = &*rates else {
+        return String::new();
+    };
     #[allow(clippy::cast_precision_loss)]
     let tokens = tokens as f64;
-    let worst: Option<(f64, &str)> = match &*rates {
-        CpuRates::Unknown => return String::new(),
-        CpuRates::Known {
-            first,
-            slowest: (rate, node),
-        } => {
-            // Backward of a transformer costs about 4 FLOP per parameter per token; the CPU
-            // updates the whole model's optimizer state (all ranks share the node's CPUs).
-            // (4·P·t / gpu) / (P / cpu): the parameter count cancels. The share grows with
-            // cpu/gpu for tokens > 0, so the node of the least cpu/gpu has the least share
-            // (without tokens every share is 0, and the first node is named).
-            let share = 4.0 * tokens * rate;
-            let node = if tokens > 0.0 { node } else { first };
-            share.is_finite().then_some((share, node.as_str()))
-        }
+    // Backward of a transformer costs about 4 FLOP per parameter per token; the CPU updates
+    // the whole model's optimizer state. (4·P·t / gpu) / (P / cpu): the parameter count
+    // cancels. The node of the least share for this job's cores counts.
+    let Some((share, node, cores)) = nodes
+        .iter()
+        .map(|n| {
+            let cores = PodCores::of(job, &n.cpu);
+            let scale = match (&cores, n.cpu.threads) {
+                (Some(c), Some(t)) => c.share_of(t),
+                _ => 1.0,
+            };
+            (4.0 * tokens * n.rate * scale, n, cores)
+        })
+        .filter(|(s, _, _)| s.is_finite())
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+    else {
+        return String::new();
     };
-    match worst {
-        None => String::new(),
-        Some((share, _)) if share >= 1.0 => format!(
-            "; the CPU keeps up: it updates all of the optimizer state within the GPU's backward time on every chosen node ({:.1}× headroom)",
+    let whose = match (&cores, node.cpu.threads) {
+        (Some(c), Some(t)) if c.share_of(t) < 1.0 => format!(
+            " with {} of the {t:.0} threads its self-test measured",
+            c.describe()
+        ),
+        (Some(c), _) => format!(" with {}", c.describe()),
+        (None, _) => String::new(),
+    };
+    if share >= 1.0 {
+        format!(
+            "; the CPU keeps up: it updates all of the optimizer state within the GPU's backward time on every chosen node{whose} ({:.1}× headroom)",
             share.min(999.0)
-        ),
-        Some((share, node)) if share >= ratio => format!(
-            "; the CPU keeps up: on {node}, the slowest chosen node, it updates {:.0}% of the optimizer state within the GPU's backward time, more than the {ratio} offloaded",
+        )
+    } else if share >= ratio {
+        format!(
+            "; the CPU keeps up: on {}, the slowest chosen node{whose}, it updates {:.0}% of the optimizer state within the GPU's backward time, more than the {ratio} offloaded",
+            node.name,
             share * 100.0
-        ),
-        Some((share, node)) => format!(
-            "; on {node}, the slowest chosen node, the CPU can update only {:.0}% of optimizer state within the GPU's backward time, so at {ratio} the CPU is the bottleneck of each step",
+        )
+    } else {
+        format!(
+            "; on {}, the slowest chosen node{whose}, the CPU can update only {:.0}% of optimizer state within the GPU's backward time, so at {ratio} the CPU is the bottleneck of each step",
+            node.name,
             share * 100.0
-        ),
+        )
     }
 }
 
-/// What the chosen nodes' reports say of their CPUs' update rate against their GPUs': the node
-/// of the least `cpu_update_rate / gpu_flops` (the first by name of equals) and the first node;
-/// `Unknown` where a node has no readable report, no rates, or rates that are not positive.
+/// One distinct node of a class as the CPU check sees it: its CPU rate over its GPU rate and
+/// what it offers a pod's CPU (nodes alike are kept once, the first by name).
+struct RatedNode {
+    name: String,
+    rate: f64,
+    cpu: NodeCpu,
+}
+
+/// What the chosen nodes' reports say of their CPUs' update rate against their GPUs', each
+/// distinct node once; `Unknown` where a node has no readable report, no rates, or rates that
+/// are not positive.
 enum CpuRates {
     Unknown,
-    Known {
-        first: String,
-        slowest: (f64, String),
-    },
+    Known(Vec<RatedNode>),
 }
 
 impl CpuRates {
     fn of(nodes: &mut dyn Iterator<Item = &crate::index::NodeInfo>) -> CpuRates {
-        let mut first: Option<String> = None;
-        let mut slowest: Option<(f64, String)> = None;
+        let mut out: Vec<RatedNode> = Vec::new();
         for node in nodes {
             let Some(report) = node.parsed_report() else {
                 return CpuRates::Unknown;
@@ -175,15 +197,22 @@ impl CpuRates {
             if !(cpu > 0.0 && gpu > 0.0) {
                 return CpuRates::Unknown;
             }
-            first.get_or_insert_with(|| node.name.clone());
-            let rate = cpu / gpu;
-            if slowest.as_ref().is_none_or(|(w, _)| rate < *w) {
-                slowest = Some((rate, node.name.clone()));
+            let rated = RatedNode {
+                name: node.name.clone(),
+                rate: cpu / gpu,
+                cpu: NodeCpu::of(node),
+            };
+            if !out
+                .iter()
+                .any(|o| o.rate.to_bits() == rated.rate.to_bits() && o.cpu == rated.cpu)
+            {
+                out.push(rated);
             }
         }
-        match (first, slowest) {
-            (Some(first), Some(slowest)) => CpuRates::Known { first, slowest },
-            _ => CpuRates::Unknown,
+        if out.is_empty() {
+            CpuRates::Unknown
+        } else {
+            CpuRates::Known(out)
         }
     }
 }

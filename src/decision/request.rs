@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::PodSpec;
 use serde_json::Value;
 
 use super::error::ResolveError;
-use super::limits::MemoryLimits;
+use super::limits::NamespaceLimits;
 use super::user_config::{ConfigFacts, UserConfig};
 use offload_api::names;
 use offload_api::quantity::{self, MAX_GPUS, ParameterCount};
@@ -63,6 +63,11 @@ pub struct JobRequest {
     pub pod_memory_limit: Option<u64>,
     /// Where that limit is a LimitRange's, not the pod's own: which and how, in words.
     pub pod_memory_limit_source: Option<String>,
+    /// The training container's CPU limit (cores), and the LimitRange whose default it is
+    /// where it is not its own.
+    pub cpu_limit: Option<(f64, Option<String>)>,
+    /// The training container's CPU request (cores).
+    pub cpu_request: Option<f64>,
     /// The training container (index in the pod template) and its memory request as written:
     /// the decision raises the request to the host memory it counts on.
     pub training_container: Option<(usize, Option<u64>)>,
@@ -102,6 +107,8 @@ impl Default for JobRequest {
             gpus_per_pod: 1,
             pod_memory_limit: None,
             pod_memory_limit_source: None,
+            cpu_limit: None,
+            cpu_request: None,
             training_container: None,
             config: ConfigFacts::default(),
             hold_for_capacity: true,
@@ -129,7 +136,7 @@ pub struct DeepSpeedRequest {
 }
 
 /// GPUs and memory a pod template asks for, read as Kubernetes quantities.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PodResources {
     /// `nvidia.com/gpu` over the containers (limits, else requests): 0 when none asks.
     pub gpus: u64,
@@ -144,11 +151,16 @@ pub struct PodResources {
     /// Where `memory_limit` comes from a LimitRange of the namespace rather than the pod's own
     /// limits, that range and what it sets, in words.
     pub memory_limit_source: Option<String>,
+    /// The training container's CPU limit (cores; its own, or its namespace's default), and
+    /// the LimitRange it comes from where it is not its own.
+    pub training_cpu_limit: Option<(f64, Option<String>)>,
+    /// The training container's CPU request (cores).
+    pub training_cpu_request: Option<f64>,
 }
 
 /// A container's memory limit once its namespace's LimitRanges applied (`own`: its own), and
 /// where a range set or lowered it, which and how.
-fn namespace_bound(own: Option<u64>, limits: &MemoryLimits) -> (Option<u64>, Option<String>) {
+fn namespace_bound(own: Option<u64>, limits: &NamespaceLimits) -> (Option<u64>, Option<String>) {
     match own {
         Some(b) => match &limits.container_max {
             Some(max) if max.bytes < b => (
@@ -181,7 +193,7 @@ impl PodResources {
     /// Reads a pod spec. A quantity that is not one, a fraction of a GPU, or a count no machine
     /// has is an error naming the container; sums are checked.
     pub fn of(spec: Option<&PodSpec>) -> Result<PodResources, ResolveError> {
-        PodResources::within(spec, &MemoryLimits::default())
+        PodResources::within(spec, &NamespaceLimits::default())
     }
 
     /// [`PodResources::of`] as the pod will be created in a namespace with `limits`: a
@@ -189,7 +201,7 @@ impl PodResources {
     /// above the max.
     pub fn within(
         spec: Option<&PodSpec>,
-        limits: &MemoryLimits,
+        limits: &NamespaceLimits,
     ) -> Result<PodResources, ResolveError> {
         let Some(spec) = spec else {
             return Ok(PodResources::default());
@@ -212,6 +224,7 @@ impl PodResources {
             .or((!spec.containers.is_empty()).then_some(0));
         let mut training_request = None;
         let mut training_limit = None;
+        let (mut cpu_limit, mut cpu_request) = (None, None);
         let ns_limits = limits;
         for (i, c) in spec.containers.iter().enumerate() {
             let resources = c.resources.as_ref();
@@ -248,6 +261,19 @@ impl PodResources {
                 _ => None,
             };
             if Some(i) == training {
+                let cpu = |m: Option<&BTreeMap<String, _>>, what: &str| {
+                    m.and_then(|m| m.get("cpu"))
+                        .map(|q| quantity::cpu_cores(q).map_err(|e| bad(what, e)))
+                        .transpose()
+                };
+                cpu_limit = match cpu(limits, "limits.cpu")? {
+                    Some(c) => Some((c, None)),
+                    None => ns_limits
+                        .cpu_default_limit
+                        .as_ref()
+                        .map(|(c, range)| (*c, Some(range.clone()))),
+                };
+                cpu_request = cpu(requests, "requests.cpu")?;
                 training_limit = limit;
                 training_request = requests
                     .and_then(|r| r.get("memory"))
@@ -274,6 +300,8 @@ impl PodResources {
             training_container: training,
             training_memory_request: training_request,
             memory_limit_source: from_range,
+            training_cpu_limit: cpu_limit,
+            training_cpu_request: cpu_request,
         })
     }
 
@@ -284,7 +312,7 @@ impl PodResources {
         namespace: &str,
         view: &dyn super::ClusterView,
     ) -> Result<(PodResources, Option<crate::dra::claims::ClaimPinning>), ResolveError> {
-        let mut resources = PodResources::within(spec, &view.memory_limits(namespace))?;
+        let mut resources = PodResources::within(spec, &view.namespace_limits(namespace))?;
         let (Some(spec), Some(dra)) = (spec, view.dra()) else {
             return Ok((resources, None));
         };
@@ -384,6 +412,8 @@ impl JobRequest {
             gpus_per_pod: resources.gpus_per_pod(),
             pod_memory_limit: resources.memory_limit,
             pod_memory_limit_source: resources.memory_limit_source.clone(),
+            cpu_limit: resources.training_cpu_limit.clone(),
+            cpu_request: resources.training_cpu_request,
             training_container: resources
                 .training_container
                 .map(|i| (i, resources.training_memory_request)),
@@ -467,6 +497,8 @@ impl JobRequest {
                 gpus_per_pod: resources.gpus_per_pod(),
                 pod_memory_limit: resources.memory_limit,
                 pod_memory_limit_source: resources.memory_limit_source.clone(),
+                cpu_limit: resources.training_cpu_limit.clone(),
+                cpu_request: resources.training_cpu_request,
                 training_container: resources
                     .training_container
                     .map(|i| (i, resources.training_memory_request)),

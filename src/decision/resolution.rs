@@ -116,6 +116,13 @@ pub struct Resolution {
     pub memory_why: Option<String>,
     /// The placement is one that trained for the job's shape, chosen over the model's figures.
     pub proven: bool,
+    /// The training container's CPU limit (cores), where it has one (its own or its
+    /// namespace's default): the cores the CPU check counted, which the start-up guard checks
+    /// the pod really gets.
+    pub cpu_cores: Option<f64>,
+    /// The CPU threads the training process should start for those cores (`OMP_NUM_THREADS`,
+    /// where the container sets none): a quota is not fought with a thread per visible core.
+    pub cpu_threads: Option<u32>,
     /// The training container's index in the pod template, where the pod has containers.
     pub training_container: Option<usize>,
 }

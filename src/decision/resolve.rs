@@ -129,6 +129,12 @@ pub fn resolve_offload(
             .memory
             .as_ref()
             .is_some_and(|c| c.proven && c.trial.is_none()),
+        cpu_cores: job.cpu_limit.as_ref().map(|(c, _)| *c),
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        cpu_threads: job
+            .cpu_limit
+            .as_ref()
+            .map(|(c, _)| (c.floor() as u32).max(1)),
         memory_request,
         requested: job.offload.clone(),
         training_container: job.training_container.map(|(i, _)| i),

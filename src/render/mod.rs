@@ -218,6 +218,13 @@ pub fn guard_container(
     if let Some(class) = res.node_class {
         args.push(format!("--node-class={}", class.to_string().to_lowercase()));
     }
+    // The cores the decision counted on: the guard gets the same CPU limit as the training
+    // container, so its own cgroup shows the quota (and, under a static CPU manager, the
+    // cpuset) the training process will run under.
+    let cores = res.cpu_cores.map(cpu_quantity);
+    if let Some(q) = &cores {
+        args.push(format!("--cpu-cores={}", q.0));
+    }
     // Device-plugin GPUs by count; DRA GPUs by sharing the pod's claims.
     let gpu = if gpus > 0 {
         BTreeMap::from([(names::GPU_RESOURCE.to_string(), Quantity(gpus.to_string()))])
@@ -235,8 +242,15 @@ pub fn guard_container(
     });
     let mut requests = gpu.clone();
     let mut limits = gpu;
-    if requested.contains("cpu") {
-        requests.insert("cpu".into(), Quantity("50m".into()));
+    match cores {
+        Some(q) => {
+            requests.insert("cpu".into(), q.clone());
+            limits.insert("cpu".into(), q);
+        }
+        None if requested.contains("cpu") => {
+            requests.insert("cpu".into(), Quantity("50m".into()));
+        }
+        None => {}
     }
     if requested.contains("memory") {
         requests.insert("memory".into(), Quantity("64Mi".into()));
@@ -285,6 +299,15 @@ pub fn guard_container(
 /// the quantities do not read (the decision refuses those before anything is rendered).
 pub fn explicit_gpus(spec: &PodSpec) -> u64 {
     crate::decision::PodResources::of(Some(spec)).map_or(0, |r| r.gpus)
+}
+
+/// CPU cores as a quantity: whole cores as a count, else millicores.
+fn cpu_quantity(cores: f64) -> Quantity {
+    if cores.fract() == 0.0 {
+        Quantity(format!("{cores:.0}"))
+    } else {
+        Quantity(format!("{:.0}m", (cores * 1000.0).ceil()))
+    }
 }
 
 /// Writes a resolution into a pod template: env on every container (operator-owned names
@@ -344,7 +367,7 @@ pub fn apply_to_pod_spec(
     }
     let file = config.map(ConfigMount::file_path);
     let vars = env_vars(res, file.as_deref());
-    for container in &mut spec.containers {
+    for (i, container) in spec.containers.iter_mut().enumerate() {
         let env = container.env.get_or_insert_with(Vec::new);
         env.retain(|e| !names::OPERATOR_ENV.contains(&e.name.as_str()));
         // The reporter's directory on PYTHONPATH, where the container sets none of its own
@@ -360,6 +383,14 @@ pub fn apply_to_pod_spec(
             && !env.iter().any(|e| e.name == "PYTHONPATH")
         {
             env.push(self::env("PYTHONPATH", dir));
+        }
+        // The training process's threads fit its CPU quota, where the user set none: an
+        // OpenMP optimizer (DeepSpeed's CPU Adam) would start one per visible core.
+        if let Some(threads) = res.cpu_threads
+            && res.training_container.unwrap_or(0) == i
+            && !env.iter().any(|e| e.name == names::ENV_OMP_THREADS)
+        {
+            env.push(self::env(names::ENV_OMP_THREADS, &threads.to_string()));
         }
         if let Some(cfg) = config {
             let mounts = container.volume_mounts.get_or_insert_with(Vec::new);

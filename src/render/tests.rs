@@ -664,3 +664,64 @@ fn the_allocator_reporter_is_put_on_pythonpath_only_where_asked_and_free() {
         MEMORY_REPORT.contains("max_memory_allocated") && MEMORY_REPORT.contains(ALLOCATOR_MARK)
     );
 }
+
+/// Issue #50: the training process's threads fit its CPU quota, and the start-up guard runs
+/// with the same CPU limit so it can check the pod gets the cores the decision counted.
+#[test]
+fn threads_fit_the_quota_and_the_guard_checks_the_cores() {
+    let mut res = resolved(Framework::DeepSpeed, Some("0.19.8"), fixtures::H200_READING);
+    res.cpu_cores = Some(2.5);
+    res.cpu_threads = Some(2);
+    res.training_container = Some(0);
+    let opts = RenderOptions {
+        guard_image: Some("registry/offload-agent:1".into()),
+    };
+    let mut t = template();
+    t.spec.as_mut().unwrap().containers.push(Container {
+        name: "sidecar".into(),
+        ..Container::default()
+    });
+    apply_to_pod_template(&mut t, &res, None, &opts);
+    let spec = t.spec.as_ref().unwrap();
+    let train = env_map(spec.containers[0].env.as_deref().unwrap());
+    assert_eq!(train.get("OMP_NUM_THREADS").map(String::as_str), Some("2"));
+    let sidecar = env_map(spec.containers[1].env.as_deref().unwrap());
+    assert!(
+        !sidecar.contains_key("OMP_NUM_THREADS"),
+        "only the training container"
+    );
+    let guard = &spec.init_containers.as_ref().unwrap()[0];
+    assert!(
+        guard
+            .args
+            .as_ref()
+            .unwrap()
+            .contains(&"--cpu-cores=2500m".to_string()),
+        "{:?}",
+        guard.args
+    );
+    let r = guard.resources.as_ref().unwrap();
+    assert_eq!(r.limits.as_ref().unwrap()["cpu"].0, "2500m");
+    assert_eq!(r.requests.as_ref().unwrap()["cpu"].0, "2500m");
+    // The user's own setting stays.
+    let mut mine = template();
+    mine.spec.as_mut().unwrap().containers[0]
+        .env
+        .get_or_insert_with(Vec::new)
+        .push(EnvVar {
+            name: "OMP_NUM_THREADS".into(),
+            value: Some("6".into()),
+            value_from: None,
+        });
+    apply_to_pod_template(&mut mine, &res, None, &opts);
+    let env = env_map(mine.spec.unwrap().containers[0].env.as_deref().unwrap());
+    assert_eq!(env["OMP_NUM_THREADS"], "6");
+    // No quota counted: nothing written.
+    let mut free = res.clone();
+    free.cpu_cores = None;
+    free.cpu_threads = None;
+    let mut t = template();
+    apply_to_pod_template(&mut t, &free, None, &opts);
+    let env = env_map(t.spec.unwrap().containers[0].env.as_deref().unwrap());
+    assert!(!env.contains_key("OMP_NUM_THREADS"));
+}

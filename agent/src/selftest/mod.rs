@@ -194,6 +194,7 @@ impl Measurements {
             pinned_error: self.pinned_error,
             bandwidth: self.bandwidth,
             cpu_update_rate,
+            cpu_threads: u32::try_from(self.cpu_threads).ok(),
             gpu_flops: (t_gpu > 0.0).then(|| flop / (t_gpu / 1e3)),
             t_gpu_ms: Some(t_gpu),
             t_cpu_ms: Some(t_cpu),
@@ -456,12 +457,15 @@ fn combine(
     if n > 1 {
         // A pod may land on any GPU: the rate the decision plans with is the slowest one's
         // (a GPU whose pod gets fewer cores updates less within the same GPU time).
-        if report.error.is_none() {
-            report.cpu_update_rate = per_gpu
+        if report.error.is_none()
+            && let Some(slowest) = per_gpu
                 .iter()
-                .filter_map(|g| g.cpu_update_rate)
-                .reduce(f64::min)
-                .or(report.cpu_update_rate);
+                .filter_map(|g| g.cpu_update_rate.map(|r| (r, g)))
+                .min_by(|a, b| a.0.total_cmp(&b.0))
+                .map(|(_, g)| g)
+        {
+            report.cpu_update_rate = slowest.cpu_update_rate;
+            report.cpu_threads = slowest.cpu_threads;
         }
         report.per_gpu = per_gpu;
     }

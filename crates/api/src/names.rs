@@ -48,6 +48,9 @@ pub const ENV_CONFIG_FILE: &str = "OFFLOAD_CONFIG_FILE";
 pub const ENV_FSDP_OFFLOAD_PARAMS: &str = "FSDP_OFFLOAD_PARAMS";
 /// Accelerate env var: FSDP generation (`1` or `2`).
 pub const ENV_FSDP_VERSION: &str = "FSDP_VERSION";
+/// OpenMP's thread count: written on the training container, where it sets none, as its CPU
+/// limit's whole cores (DeepSpeed's CPU Adam starts one thread per visible core otherwise).
+pub const ENV_OMP_THREADS: &str = "OMP_NUM_THREADS";
 
 /// Every env var name the operator may write into a container; the webhook removes none but
 /// these when it re-renders, so a user's own env is never touched.

@@ -90,6 +90,16 @@ pub fn bytes(q: &Quantity) -> Result<u64, QuantityError> {
     bounded(q, value, MAX_BYTES)
 }
 
+/// The most CPU cores a quantity is believed to state.
+pub const MAX_CPU_CORES: u64 = 1 << 20;
+
+/// CPU cores (`2`, `500m`, `1.5`): a non-negative number of at most [`MAX_CPU_CORES`], in cores.
+pub fn cpu_cores(q: &Quantity) -> Result<f64, QuantityError> {
+    let value = value_of(q)?;
+    bounded(q, value, MAX_CPU_CORES)?;
+    Ok(value)
+}
+
 /// Total trainable parameters of a model, written as users say it: a plain count
 /// (`8000000000`), or a decimal with a suffix — `K` thousand, `M` million, `B` billion,
 /// `T` trillion, either case — or an exponent (`8B`, `1.5b`, `350M`, `70e9`).
@@ -259,6 +269,17 @@ mod tests {
         for junk in ["", "two", "1x", "nan", "inf", "1e999"] {
             assert!(device_count(&q(junk)).is_err(), "{junk}");
         }
+    }
+
+    #[test]
+    fn cpu_cores_read_cores_and_millicores() {
+        let q = |s: &str| Quantity(s.into());
+        assert_eq!(cpu_cores(&q("2")), Ok(2.0));
+        assert_eq!(cpu_cores(&q("500m")), Ok(0.5));
+        assert_eq!(cpu_cores(&q("1.5")), Ok(1.5));
+        assert!(cpu_cores(&q("-1")).is_err());
+        assert!(cpu_cores(&q("1e30")).is_err());
+        assert!(cpu_cores(&q("two")).is_err());
     }
 
     #[test]

@@ -141,6 +141,11 @@ pub struct NodeReport {
     /// NUMA nodes the OS shows (GPU memory shows up as memory-only nodes on GH200 in NUMA mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub os_numa_nodes: Option<u32>,
+    /// The kubelet's CPU manager policy as its state file says (`static`: a Guaranteed pod's
+    /// whole-core CPU request gets those cores to itself; `none`: every pod shares the node's
+    /// cores), where the agent could read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_manager_policy: Option<String>,
     /// Overlap self-test results.
     pub selftest: SelfTestReport,
 }
@@ -190,6 +195,15 @@ pub struct GpuReport {
     /// NUMA node of the GPU, when NVML knows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub numa_node: Option<i32>,
+    /// The CPUs local to the GPU (its PCI device's `local_cpulist`, e.g. `0-31,64-95`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_cpus: Option<String>,
+    /// How many CPUs that list holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_cpu_count: Option<u32>,
+    /// Host memory of the GPU's NUMA node, bytes (its `meminfo`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_memory_bytes: Option<u64>,
     /// Current PCIe generation (not the host link on coherent nodes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pcie_generation: Option<u32>,
@@ -240,6 +254,10 @@ pub struct SelfTestReport {
     /// CPU optimizer (Adam, fp32) update rate, parameters per second, all cores of the pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_update_rate: Option<f64>,
+    /// The CPU threads that rate was measured with (the agent pod's CPU set): a training pod
+    /// with fewer cores updates at its share of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_threads: Option<u32>,
     /// GPU compute rate of the backward-like kernel, FLOP per second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_flops: Option<f64>,
@@ -361,6 +379,7 @@ impl SelfTestReport {
             pinned_error: None,
             bandwidth: Bandwidths::default(),
             cpu_update_rate: None,
+            cpu_threads: None,
             gpu_flops: None,
             t_gpu_ms: None,
             t_cpu_ms: None,

@@ -1,6 +1,7 @@
 //! Table tests for every branch of the decision, and property tests for its invariants, one
 //! module per step.
 
+mod cpu;
 mod framework;
 mod learning;
 mod memory;

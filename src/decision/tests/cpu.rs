@@ -1,0 +1,93 @@
+//! The CPU a pod really gets (issue #50): the CPU-update check counts the training container's
+//! cores — its CPU limit, else its share of the node's — not every core the node's self-test
+//! used, and says so with the figures; what is rendered fits the quota.
+
+use super::*;
+use crate::index::{Allocatable, NodeInfo};
+
+/// The recorded H200 (16 cores) with its CPU rate set so that the whole node updates about
+/// 80 % of the optimizer state within the GPU's backward time at 2048 tokens.
+fn node(name: &str, gpus: u64, policy: Option<&str>) -> NodeInfo {
+    with_report(h200(name), |r| {
+        r.selftest.cpu_update_rate = Some(3e10);
+        r.cpu_manager_policy = policy.map(str::to_string);
+        let first = r.gpus[0].clone();
+        r.gpus = (0..gpus)
+            .map(|i| offload_api::report::GpuReport {
+                index: u32::try_from(i).unwrap(),
+                uuid: format!("{}-{i}", first.uuid),
+                ..first.clone()
+            })
+            .collect();
+    })
+    .with_allocatable(Allocatable {
+        memory: Some(125 << 30),
+        gpus: Some(gpus),
+        cpus: Some(16),
+        ..Default::default()
+    })
+}
+
+fn job() -> JobRequest {
+    let mut job = deepspeed("0.19.8");
+    job.model = Some(bench_hints(9_122_865_152, 2048, 44));
+    job
+}
+
+#[test]
+fn a_cpu_limit_is_the_cores_the_update_check_counts() {
+    let unlimited = resolve(&job(), &[node("h", 1, None)]).unwrap();
+    let why = reason(&unlimited, Field::OffloadRatio);
+    assert!(why.contains("the CPU keeps up"), "{why}");
+    assert!(unlimited.cpu_threads.is_none() && unlimited.cpu_cores.is_none());
+    // Two cores of a quota: an eighth of the rate the self-test measured with 16.
+    let mut limited = job();
+    limited.cpu_limit = Some((2.0, None));
+    let res = resolve(&limited, &[node("h", 1, None)]).unwrap();
+    let why = reason(&res, Field::OffloadRatio);
+    assert!(
+        why.contains("the training container's 2 cores (its CPU limit, a CFS quota) of the 16 threads its self-test measured")
+            && why.contains("the CPU is the bottleneck"),
+        "{why}"
+    );
+    assert_eq!((res.cpu_cores, res.cpu_threads), (Some(2.0), Some(2)));
+    // A namespace's default limit says whose it is.
+    limited.cpu_limit = Some((2.0, Some("team-defaults".into())));
+    let why = reason(
+        &resolve(&limited, &[node("h", 1, None)]).unwrap(),
+        Field::OffloadRatio,
+    );
+    assert!(why.contains("LimitRange \"team-defaults\""), "{why}");
+}
+
+#[test]
+fn whole_cores_under_a_static_cpu_manager_are_the_containers_own() {
+    let mut exclusive = job();
+    exclusive.cpu_limit = Some((8.0, None));
+    exclusive.cpu_request = Some(8.0);
+    let res = resolve(&exclusive, &[node("h", 1, Some("static"))]).unwrap();
+    let why = reason(&res, Field::OffloadRatio);
+    assert!(
+        why.contains("whole cores of its own under the node's static CPU manager"),
+        "{why}"
+    );
+    // The same limit on a node without the static policy is a quota.
+    let why = reason(
+        &resolve(&exclusive, &[node("h", 1, None)]).unwrap(),
+        Field::OffloadRatio,
+    );
+    assert!(why.contains("a CFS quota"), "{why}");
+}
+
+#[test]
+fn without_a_limit_a_pod_gets_its_share_of_the_nodes_cores() {
+    // Eight GPUs, one a pod: the node holds eight of the job's pods, two cores each.
+    let res = resolve(&job(), &[node("h8", 8, None)]).unwrap();
+    let why = reason(&res, Field::OffloadRatio);
+    assert!(
+        why.contains("16 allocatable over the 8 pods of the job it holds: 2.0")
+            && why.contains("the CPU is the bottleneck"),
+        "{why}"
+    );
+    assert!(res.cpu_threads.is_none(), "no quota: nothing to fit");
+}
