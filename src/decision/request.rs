@@ -529,24 +529,18 @@ impl JobRequest {
 fn model_annotations(annotations: &BTreeMap<String, String>) -> Result<Option<ModelHints>, String> {
     use offload_api::v1alpha1::{ExpertHints, ModelArchitecture};
     let get = |key: &str| -> Option<&str> { annotations.get(key).map(String::as_str) };
-    let shape_keys = [
-        names::ANNOTATION_TOKENS_PER_STEP,
-        names::ANNOTATION_ARCHITECTURE,
-        names::ANNOTATION_HIDDEN_SIZE,
-        names::ANNOTATION_LAYERS,
-        names::ANNOTATION_INTERMEDIATE_SIZE,
-        names::ANNOTATION_ATTENTION_HEADS,
-        names::ANNOTATION_KEY_VALUE_HEADS,
-        names::ANNOTATION_HEAD_DIM,
-        names::ANNOTATION_VOCAB_SIZE,
-        names::ANNOTATION_TIED_EMBEDDINGS,
-        names::ANNOTATION_ROTARY_EMBEDDINGS,
-        names::ANNOTATION_EXPERTS,
-        names::ANNOTATION_EXPERTS_PER_TOKEN,
-        names::ANNOTATION_SHARED_EXPERTS,
-        names::ANNOTATION_EXPERT_INTERMEDIATE_SIZE,
-        names::ANNOTATION_ACTIVATION_CHECKPOINTING,
+    use offload_api::hints::{self, CountHint};
+    // Every hint's annotation but the three that size a model alone.
+    let sizing = [
+        names::ANNOTATION_MODEL_PARAMETERS,
+        names::ANNOTATION_MODEL_CONFIG,
     ];
+    let shape_keys: Vec<&str> = hints::COUNT_HINTS
+        .iter()
+        .map(|h| h.annotation)
+        .chain(hints::OTHER_HINTS.iter().map(|(_, a)| *a))
+        .filter(|a| !sizing.contains(a))
+        .collect();
     let parameters = get(names::ANNOTATION_MODEL_PARAMETERS);
     let config = get(names::ANNOTATION_MODEL_CONFIG);
     let hidden_and_layers =
@@ -579,14 +573,16 @@ fn model_annotations(annotations: &BTreeMap<String, String>) -> Result<Option<Mo
                 .map_err(|e| format!("annotation {}: {e}", names::ANNOTATION_MODEL_CONFIG))
         })
         .transpose()?;
-    let count = |key: &str, max: i64| -> Result<Option<i64>, String> {
+    let count = |hint: &CountHint| -> Result<Option<i64>, String> {
+        let (key, max) = (hint.annotation, hint.max);
+        let min = u64::try_from(hint.min).unwrap_or(0);
         get(key)
             .map(|v| match v.trim().parse::<u64>() {
-                Ok(n) if n >= 1 && i64::try_from(n).is_ok_and(|n| n <= max) => {
+                Ok(n) if n >= min && i64::try_from(n).is_ok_and(|n| n <= max) => {
                     Ok(i64::try_from(n).unwrap_or(max))
                 }
-                Ok(0) => Err(format!(
-                    "annotation {key}: use a whole number of at least 1"
+                Ok(_) if v.trim().parse::<u64>().is_ok_and(|n| n < min) => Err(format!(
+                    "annotation {key}: use a whole number of at least {min}"
                 )),
                 Ok(_) => Err(format!(
                     "annotation {key}: {v} is too large (at most {max})"
@@ -617,16 +613,13 @@ fn model_annotations(annotations: &BTreeMap<String, String>) -> Result<Option<Mo
             ));
         }
     };
-    let experts = match (
-        count(names::ANNOTATION_EXPERTS, 1_000_000)?,
-        count(names::ANNOTATION_EXPERTS_PER_TOKEN, 1_000_000)?,
-    ) {
+    let experts = match (count(&hints::EXPERTS)?, count(&hints::EXPERTS_PER_TOKEN)?) {
         (None, None) => None,
         (Some(count_), Some(per_token)) => Some(ExpertHints {
             count: count_,
             per_token,
-            shared: count(names::ANNOTATION_SHARED_EXPERTS, 1_000_000)?,
-            intermediate_size: count(names::ANNOTATION_EXPERT_INTERMEDIATE_SIZE, 10_000_000)?,
+            shared: count(&hints::SHARED_EXPERTS)?,
+            intermediate_size: count(&hints::EXPERT_INTERMEDIATE_SIZE)?,
         }),
         _ => {
             return Err(format!(
@@ -639,15 +632,15 @@ fn model_annotations(annotations: &BTreeMap<String, String>) -> Result<Option<Mo
     Ok(Some(ModelHints {
         parameters,
         config_map_ref,
-        tokens_per_step: count(names::ANNOTATION_TOKENS_PER_STEP, 1_000_000_000_000)?,
+        tokens_per_step: count(&hints::TOKENS_PER_STEP)?,
         architecture,
-        hidden_size: count(names::ANNOTATION_HIDDEN_SIZE, 1_000_000)?,
-        layers: count(names::ANNOTATION_LAYERS, 100_000)?,
-        intermediate_size: count(names::ANNOTATION_INTERMEDIATE_SIZE, 10_000_000)?,
-        attention_heads: count(names::ANNOTATION_ATTENTION_HEADS, 100_000)?,
-        key_value_heads: count(names::ANNOTATION_KEY_VALUE_HEADS, 100_000)?,
-        head_dim: count(names::ANNOTATION_HEAD_DIM, 100_000)?,
-        vocab_size: count(names::ANNOTATION_VOCAB_SIZE, 100_000_000)?,
+        hidden_size: count(&hints::HIDDEN_SIZE)?,
+        layers: count(&hints::LAYERS)?,
+        intermediate_size: count(&hints::INTERMEDIATE_SIZE)?,
+        attention_heads: count(&hints::ATTENTION_HEADS)?,
+        key_value_heads: count(&hints::KEY_VALUE_HEADS)?,
+        head_dim: count(&hints::HEAD_DIM)?,
+        vocab_size: count(&hints::VOCAB_SIZE)?,
         tied_embeddings: flag(names::ANNOTATION_TIED_EMBEDDINGS)?,
         rotary_embeddings: flag(names::ANNOTATION_ROTARY_EMBEDDINGS)?,
         experts,

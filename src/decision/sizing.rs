@@ -8,70 +8,46 @@ use super::memory::{JobMemory, Sharding};
 use super::request::JobRequest;
 use super::shape::{self, Block, Experts, ModelShape};
 use super::user_config::Precision;
+use offload_api::hints::{self, CountHint};
 use offload_api::quantity::MAX_PARAMETERS;
 use offload_api::v1alpha1::{Framework, ModelArchitecture, ModelHints, NodeClass};
 
-/// The `spec.model` fields and the annotations that carry them on other kinds.
-const HINT_ANNOTATIONS: &[(&str, &str)] = &[
-    (
-        "spec.model.parameters",
-        offload_api::names::ANNOTATION_MODEL_PARAMETERS,
-    ),
-    (
-        "spec.model.tokensPerStep",
-        offload_api::names::ANNOTATION_TOKENS_PER_STEP,
-    ),
-    (
-        "spec.model.hiddenSize",
-        offload_api::names::ANNOTATION_HIDDEN_SIZE,
-    ),
-    ("spec.model.layers", offload_api::names::ANNOTATION_LAYERS),
-    (
-        "spec.model.intermediateSize",
-        offload_api::names::ANNOTATION_INTERMEDIATE_SIZE,
-    ),
-    (
-        "spec.model.attentionHeads",
-        offload_api::names::ANNOTATION_ATTENTION_HEADS,
-    ),
-    (
-        "spec.model.keyValueHeads",
-        offload_api::names::ANNOTATION_KEY_VALUE_HEADS,
-    ),
-    (
-        "spec.model.headDim",
-        offload_api::names::ANNOTATION_HEAD_DIM,
-    ),
-    (
-        "spec.model.vocabSize",
-        offload_api::names::ANNOTATION_VOCAB_SIZE,
-    ),
-    (
-        "spec.model.experts.perToken",
-        offload_api::names::ANNOTATION_EXPERTS_PER_TOKEN,
-    ),
-    (
-        "spec.model.experts.count",
-        offload_api::names::ANNOTATION_EXPERTS,
-    ),
-    (
-        "spec.model.experts.shared",
-        offload_api::names::ANNOTATION_SHARED_EXPERTS,
-    ),
-    (
-        "spec.model.experts.intermediateSize",
-        offload_api::names::ANNOTATION_EXPERT_INTERMEDIATE_SIZE,
-    ),
-    (
-        "spec.model.architecture",
-        offload_api::names::ANNOTATION_ARCHITECTURE,
-    ),
-    (
-        "spec.model.configMapRef",
-        offload_api::names::ANNOTATION_MODEL_CONFIG,
-    ),
-    ("spec.model", "the model annotations"),
-];
+/// A whole-number hint of `v`, within its bound ([`hints::COUNT_HINTS`]: the schema's), or an
+/// error naming its `spec.model` field (renamed to its annotation for other kinds).
+fn count(hint: &CountHint, v: Option<i64>) -> Result<Option<f64>, ResolveError> {
+    match v {
+        None => Ok(None),
+        #[allow(clippy::cast_precision_loss)]
+        Some(n) if (hint.min..=hint.max).contains(&n) => Ok(Some(n as f64)),
+        Some(n) => Err(ResolveError::InvalidModelHints {
+            detail: format!(
+                "spec.model.{} {n} is out of range: use a whole number from {} to {}",
+                hint.field, hint.min, hint.max
+            ),
+        }),
+    }
+}
+
+/// A detail about `spec.model` fields in the words of the annotations that carry them.
+fn in_annotation_words(detail: &str) -> String {
+    let mut detail = detail.to_string();
+    // Longest first: `spec.model.experts.intermediateSize` before `spec.model.experts`.
+    let mut rows: Vec<(String, &str)> = hints::COUNT_HINTS
+        .iter()
+        .map(|h| (format!("spec.model.{}", h.field), h.annotation))
+        .chain(
+            hints::OTHER_HINTS
+                .iter()
+                .map(|(f, a)| (format!("spec.model.{f}"), *a)),
+        )
+        .collect();
+    rows.sort_by_key(|(f, _)| std::cmp::Reverse(f.len()));
+    for (field, annotation) in rows {
+        detail = detail.replace(&field, &format!("annotation {annotation}"));
+    }
+    // `spec.model` as a whole is "the model annotations", not one annotation.
+    detail.replace("spec.model", "the model annotations")
+}
 
 /// The memory model of a job, or `None` without model hints. Hints that cannot be true are an
 /// error that names where they came from: the `spec.model` field, or the annotation.
@@ -111,17 +87,9 @@ pub(super) fn unlearned_memory(
 ) -> Result<Option<JobMemory>, ResolveError> {
     let jm = job_memory_of(job, facts).map_err(|e| match e {
         ResolveError::InvalidModelHints { detail } if job.hints_from_annotations => {
-            let mut detail = detail;
-            for (field, annotation) in HINT_ANNOTATIONS {
-                // `spec.model` as a whole is "the model annotations", not one annotation.
-                let words = if annotation.starts_with("the ") {
-                    (*annotation).to_string()
-                } else {
-                    format!("annotation {annotation}")
-                };
-                detail = detail.replace(field, &words);
+            ResolveError::InvalidModelHints {
+                detail: in_annotation_words(&detail),
             }
-            ResolveError::InvalidModelHints { detail }
         }
         other => other,
     })?;
@@ -215,17 +183,7 @@ fn job_memory_of(
         return Ok(None);
     };
     let bad = |detail: String| ResolveError::InvalidModelHints { detail };
-    let bounded = |name: &str, v: Option<i64>, max: i64| -> Result<Option<f64>, ResolveError> {
-        match v {
-            None => Ok(None),
-            #[allow(clippy::cast_precision_loss)]
-            Some(n) if (1..=max).contains(&n) => Ok(Some(n as f64)),
-            Some(n) => Err(bad(format!(
-                "spec.model.{name} {n} is out of range: use a whole number from 1 to {max}"
-            ))),
-        }
-    };
-    let tokens = bounded("tokensPerStep", hints.tokens_per_step, 1_000_000_000_000)?;
+    let tokens = count(&hints::TOKENS_PER_STEP, hints.tokens_per_step)?;
     let shape = model_shape(hints, job.model_config.as_ref())?;
     #[allow(clippy::cast_precision_loss)]
     let counted = shape.known.then(|| shape.parameters());
@@ -305,23 +263,13 @@ fn model_shape(
     config: Option<&ModelShape>,
 ) -> Result<ModelShape, ResolveError> {
     let bad = |detail: String| ResolveError::InvalidModelHints { detail };
-    let field = |name: &str, v: Option<i64>, max: i64| -> Result<Option<f64>, ResolveError> {
-        match v {
-            None => Ok(None),
-            #[allow(clippy::cast_precision_loss)]
-            Some(n) if (1..=max).contains(&n) => Ok(Some(n as f64)),
-            Some(n) => Err(bad(format!(
-                "spec.model.{name} {n} is out of range: use a whole number from 1 to {max}"
-            ))),
-        }
-    };
-    let hidden = field("hiddenSize", hints.hidden_size, 1_000_000)?;
-    let layers = field("layers", hints.layers, 100_000)?;
-    let intermediate = field("intermediateSize", hints.intermediate_size, 10_000_000)?;
-    let heads = field("attentionHeads", hints.attention_heads, 100_000)?;
-    let kv_heads = field("keyValueHeads", hints.key_value_heads, 100_000)?;
-    let head_dim = field("headDim", hints.head_dim, 100_000)?;
-    let vocab = field("vocabSize", hints.vocab_size, 100_000_000)?;
+    let hidden = count(&hints::HIDDEN_SIZE, hints.hidden_size)?;
+    let layers = count(&hints::LAYERS, hints.layers)?;
+    let intermediate = count(&hints::INTERMEDIATE_SIZE, hints.intermediate_size)?;
+    let heads = count(&hints::ATTENTION_HEADS, hints.attention_heads)?;
+    let kv_heads = count(&hints::KEY_VALUE_HEADS, hints.key_value_heads)?;
+    let head_dim = count(&hints::HEAD_DIM, hints.head_dim)?;
+    let vocab = count(&hints::VOCAB_SIZE, hints.vocab_size)?;
     let block = hints.architecture.map(|a| match a {
         ModelArchitecture::Llama => Block::Gated,
         ModelArchitecture::Gpt => Block::Plain,
@@ -363,22 +311,22 @@ fn model_shape(
     let experts = match hints.experts {
         None => None,
         Some(e) => {
-            let count = field("experts.count", Some(e.count), 1_000_000)?.unwrap_or(1.0);
-            let per_token = field("experts.perToken", Some(e.per_token), 1_000_000)?.unwrap_or(1.0);
-            if per_token > count {
+            let total = count(&hints::EXPERTS, Some(e.count))?.unwrap_or(1.0);
+            let per_token = count(&hints::EXPERTS_PER_TOKEN, Some(e.per_token))?.unwrap_or(1.0);
+            if per_token > total {
                 return Err(bad(format!(
-                    "spec.model.experts.perToken {per_token} is more than spec.model.experts.count {count}"
+                    "spec.model.experts.perToken {per_token} is more than spec.model.experts.count {total}"
                 )));
             }
             let shared = match e.shared {
                 None | Some(0) => 0.0,
-                s => field("experts.shared", s, 1_000_000)?.unwrap_or(0.0),
+                s => count(&hints::SHARED_EXPERTS, s)?.unwrap_or(0.0),
             };
             Some((
-                count,
+                total,
                 per_token,
                 shared,
-                field("experts.intermediateSize", e.intermediate_size, 10_000_000)?,
+                count(&hints::EXPERT_INTERMEDIATE_SIZE, e.intermediate_size)?,
             ))
         }
     };

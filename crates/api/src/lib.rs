@@ -15,6 +15,7 @@
 #![deny(missing_docs)]
 
 pub mod duration;
+pub mod hints;
 pub mod labels;
 pub mod names;
 pub mod observed;

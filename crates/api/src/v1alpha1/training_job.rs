@@ -247,7 +247,7 @@ pub struct ModelHints {
     /// `gradient_accumulation_steps`) and the CPU check of `offloadRatio: Auto`. Unset: a
     /// margin of GPU memory is kept for activations instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 1_000_000_000_000i64))]
+    #[schemars(range(min = 1, max = crate::hints::MAX_TOKENS_PER_STEP))]
     pub tokens_per_step: Option<i64>,
     /// How the blocks are built: `Llama` (RMSNorm, gated MLP such as SwiGLU: Llama, Mistral,
     /// Qwen, Gemma, Mixtral, DeepSeek) or `GPT` (LayerNorm, plain MLP: GPT-2, GPT-NeoX, OPT,
@@ -257,33 +257,33 @@ pub struct ModelHints {
     /// Model width (hidden size). Unset: derived from the parameters for a typical decoder
     /// shape (about 128 times wider than deep).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 1_000_000))]
+    #[schemars(range(min = 1, max = crate::hints::MAX_HIDDEN_SIZE))]
     pub hidden_size: Option<i64>,
     /// Transformer layers. Unset: derived from the parameters and the width.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 100_000))]
+    #[schemars(range(min = 1, max = crate::hints::MAX_LAYERS))]
     pub layers: Option<i64>,
     /// MLP (intermediate) size of a dense layer. Unset: 3.5 × the width for `Llama`, 4 × for
     /// `GPT`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 10_000_000))]
+    #[schemars(range(min = 1, max = crate::hints::MAX_INTERMEDIATE_SIZE))]
     pub intermediate_size: Option<i64>,
     /// Attention (query) heads. Unset: width / 128.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 100_000))]
+    #[schemars(range(min = 1, max = crate::hints::MAX_HEADS))]
     pub attention_heads: Option<i64>,
     /// Key/value heads (grouped-query attention). Unset: as many as `attentionHeads` for `GPT`,
     /// at most 8 for `Llama`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 100_000))]
+    #[schemars(range(min = 1, max = crate::hints::MAX_HEADS))]
     pub key_value_heads: Option<i64>,
     /// Width of one attention head. Unset: width / attention heads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 100_000))]
+    #[schemars(range(min = 1, max = crate::hints::MAX_HEADS))]
     pub head_dim: Option<i64>,
     /// Vocabulary size, for the embeddings and the logits. Unset: 128000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 100_000_000))]
+    #[schemars(range(min = 1, max = crate::hints::MAX_VOCAB_SIZE))]
     pub vocab_size: Option<i64>,
     /// The input and output embeddings share one matrix. Unset: false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -318,18 +318,18 @@ pub enum ModelArchitecture {
 #[serde(rename_all = "camelCase")]
 pub struct ExpertHints {
     /// Routed experts per MoE layer (`num_local_experts`, `n_routed_experts`).
-    #[schemars(range(min = 1, max = 1_000_000))]
+    #[schemars(range(min = 1, max = crate::hints::MAX_EXPERTS))]
     pub count: i64,
     /// Experts each token is routed to (`num_experts_per_tok`).
-    #[schemars(range(min = 1, max = 1_000_000))]
+    #[schemars(range(min = 1, max = crate::hints::MAX_EXPERTS))]
     pub per_token: i64,
     /// Shared experts every token goes through (`n_shared_experts`). Unset: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0, max = 1_000_000))]
+    #[schemars(range(min = 0, max = crate::hints::MAX_EXPERTS))]
     pub shared: Option<i64>,
     /// MLP size of one expert (`moe_intermediate_size`). Unset: `intermediateSize`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 10_000_000))]
+    #[schemars(range(min = 1, max = crate::hints::MAX_INTERMEDIATE_SIZE))]
     pub intermediate_size: Option<i64>,
 }
 
