@@ -31,6 +31,7 @@ mod pinning;
 mod placement;
 mod proven;
 mod ratio;
+pub mod referenced;
 mod request;
 mod resolution;
 mod resolve;

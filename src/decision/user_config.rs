@@ -71,6 +71,14 @@ pub enum ConfigError {
         /// ConfigMap name.
         name: String,
     },
+    /// The ConfigMap could not be read (the API server did not answer in time).
+    #[error("ConfigMap {name:?} (the DeepSpeed config) could not be read: {detail}")]
+    Unreadable {
+        /// ConfigMap name.
+        name: String,
+        /// What went wrong.
+        detail: String,
+    },
     /// The operator's keys cannot be merged into it (a key the declared version rejects, a
     /// result larger than a ConfigMap holds).
     #[error("{0}")]

@@ -9,10 +9,11 @@ use serde_json::Value;
 use super::ExplainError;
 use crate::cluster::tolerant::Tolerant;
 use crate::cluster::view::MemoryView;
-use crate::decision::{ConfigError, MODEL_CONFIG_KEY, ModelConfigError, ModelShape, UserConfig};
+use crate::decision::referenced::{self, Fetched, Reference};
+use crate::decision::{ConfigError, ModelConfigError, ModelShape, UserConfig};
 use crate::dra::api::{ResourceClaimTemplate, ResourceSlice};
 use crate::index::NodeIndex;
-use crate::render::{RenderOptions, deepspeed};
+use crate::render::RenderOptions;
 use offload_api::v1alpha1::OffloadProfileSpec;
 
 /// What a decision is made from: the cluster, held in memory, and the DeepSpeed configs by
@@ -27,53 +28,38 @@ pub struct Inputs {
 }
 
 impl Inputs {
-    /// The user's DeepSpeed config of a job, from the inputs (what the controller reads from
-    /// its ConfigMap).
+    /// The user's DeepSpeed config of a job, from the inputs, read as the controller reads its
+    /// ConfigMap ([`Reference`]); the file handed over stands for the key the job references.
     pub fn user_config(
         &self,
         tj: &offload_api::v1alpha1::TrainingJob,
     ) -> Result<Option<UserConfig>, ConfigError> {
-        let Some(r) = tj
-            .spec
-            .deepspeed
-            .as_ref()
-            .and_then(|d| d.config_map_ref.as_ref())
-        else {
+        let Some(r) = Reference::deepspeed(tj) else {
             return Ok(None);
         };
-        match self.deepspeed_configs.get(&r.name) {
-            Some(text) => UserConfig::parse(text, &format!("ConfigMap {:?}", r.name)).map(Some),
-            None => Err(ConfigError::NotGiven {
-                name: r.name.clone(),
-            }),
-        }
+        let Some(text) = self.deepspeed_configs.get(&r.name) else {
+            return Err(ConfigError::NotGiven { name: r.name });
+        };
+        let ns = tj.metadata.namespace.as_deref().unwrap_or("default");
+        let cm = referenced::config_map_of(&r.name, &r.key, text);
+        r.user_config(ns, Fetched::Found(Box::new(cm))).map(Some)
     }
-}
 
-impl Inputs {
-    /// The shape of a job's model from its `config.json`, from the inputs (what the controller
-    /// reads from its ConfigMap).
+    /// The shape of a job's model from its `config.json`, from the inputs, read as the
+    /// controller reads its ConfigMap.
     pub fn model_config(
         &self,
         tj: &offload_api::v1alpha1::TrainingJob,
     ) -> Result<Option<ModelShape>, ModelConfigError> {
-        let Some(r) = tj
-            .spec
-            .model
-            .as_ref()
-            .and_then(|m| m.config_map_ref.as_ref())
-        else {
+        let Some(r) = Reference::model(tj) else {
             return Ok(None);
         };
-        match self.model_configs.get(&r.name) {
-            Some(text) => {
-                crate::decision::model_config::parse(text, &format!("ConfigMap {:?}", r.name))
-                    .map(Some)
-            }
-            None => Err(ModelConfigError::NotGiven {
-                name: r.name.clone(),
-            }),
-        }
+        let Some(text) = self.model_configs.get(&r.name) else {
+            return Err(ModelConfigError::NotGiven { name: r.name });
+        };
+        let ns = tj.metadata.namespace.as_deref().unwrap_or("default");
+        let cm = referenced::config_map_of(&r.name, &r.key, text);
+        r.model_shape(ns, Fetched::Found(Box::new(cm))).map(Some)
     }
 }
 
@@ -347,36 +333,23 @@ pub async fn inputs_from_cluster(
     let mut deepspeed_configs = BTreeMap::new();
     let mut model_configs = BTreeMap::new();
     for m in manifests {
-        for (pointer, default_key, into) in [
-            (
-                "/spec/deepspeed/configMapRef",
-                deepspeed::CONFIG_FILE_NAME,
-                &mut deepspeed_configs,
-            ),
-            (
-                "/spec/model/configMapRef",
-                MODEL_CONFIG_KEY,
-                &mut model_configs,
-            ),
+        let ns = m
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        let (deepspeed, model) = Reference::of_json(m);
+        for (r, into) in [
+            (deepspeed, &mut deepspeed_configs),
+            (model, &mut model_configs),
         ] {
-            let Some(r) = m.pointer(pointer) else {
-                continue;
-            };
-            let (Some(name), ns) = (
-                r.get("name").and_then(Value::as_str),
-                m.pointer("/metadata/namespace")
-                    .and_then(Value::as_str)
-                    .unwrap_or("default"),
-            ) else {
-                continue;
-            };
-            let key = r.get("key").and_then(Value::as_str).unwrap_or(default_key);
+            let Some(r) = r else { continue };
+            // The referenced key's text (what is missing is said when the job is decided).
             if let Some(cm) = Api::<ConfigMap>::namespaced(client.clone(), ns)
-                .get_opt(name)
+                .get_opt(&r.name)
                 .await?
-                && let Some(text) = cm.data.as_ref().and_then(|d| d.get(key))
+                && let Ok(text) = crate::decision::model_config::config_map_key(&cm, &r.key)
             {
-                into.insert(name.to_string(), text.clone());
+                into.insert(r.name, text);
             }
         }
     }

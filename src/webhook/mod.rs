@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::decision::referenced::{self, Fetched, Reference};
 use crate::decision::{ModelConfigError, ModelShape};
 use axum::Router;
 use axum::body::Bytes;
@@ -93,29 +94,30 @@ pub enum ConfigSource {
 /// How long a TrainingJob review waits for its DeepSpeed ConfigMap before deciding without it.
 const CONFIG_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The text of key `key` of ConfigMap `name` in the review's namespace: `Ok(None)` when the
-/// ConfigMap is absent, `Ok(Some(Err(found)))` when it lacks the key (what it holds instead),
-/// `Err` when it could not be read in time.
-async fn config_map_text(
+/// Fetches ConfigMap `name` of the review's namespace from `source` (the in-memory source holds
+/// each ConfigMap's file, which stands for the key the job references).
+async fn fetch(
     source: &ConfigSource,
     req: &AdmissionRequest<DynamicObject>,
-    name: &str,
-    key: &str,
-) -> Result<Option<Result<String, String>>, String> {
+    r: &Reference,
+) -> Fetched {
     match source {
-        ConfigSource::None => Err("the webhook reads no ConfigMaps".into()),
-        ConfigSource::Memory(configs) => Ok(configs.get(name).cloned().map(Ok)),
+        ConfigSource::None => Fetched::Unreadable("the webhook reads no ConfigMaps".into()),
+        ConfigSource::Memory(configs) => configs.get(&r.name).map_or(Fetched::Absent, |text| {
+            Fetched::Found(Box::new(referenced::config_map_of(&r.name, &r.key, text)))
+        }),
         ConfigSource::Api(client) => {
             let ns = req.namespace.as_deref().unwrap_or("default");
             let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
                 kube::Api::namespaced(client.clone(), ns);
-            let cm = tokio::time::timeout(CONFIG_READ_TIMEOUT, api.get_opt(name))
-                .await
-                .map_err(|_| {
-                    format!("no answer from the API server within {CONFIG_READ_TIMEOUT:?}")
-                })?
-                .map_err(|e| e.to_string())?;
-            Ok(cm.map(|cm| crate::decision::model_config::config_map_key(&cm, key)))
+            match tokio::time::timeout(CONFIG_READ_TIMEOUT, api.get_opt(&r.name)).await {
+                Err(_) => Fetched::Unreadable(format!(
+                    "no answer from the API server within {CONFIG_READ_TIMEOUT:?}"
+                )),
+                Ok(Err(e)) => Fetched::Unreadable(e.to_string()),
+                Ok(Ok(None)) => Fetched::Absent,
+                Ok(Ok(Some(cm))) => Fetched::Found(Box::new(cm)),
+            }
         }
     }
 }
@@ -127,15 +129,10 @@ async fn referenced_config(
     source: &ConfigSource,
     req: &AdmissionRequest<DynamicObject>,
 ) -> Option<crate::decision::UserConfig> {
-    let obj = req.object.as_ref()?;
-    let r = obj.data.pointer("/spec/deepspeed/configMapRef")?;
-    let name = r.get("name")?.as_str()?.to_string();
-    let key = r
-        .get("key")
-        .and_then(serde_json::Value::as_str)
-        .unwrap_or(render::deepspeed::CONFIG_FILE_NAME);
-    let text = config_map_text(source, req, &name, key).await.ok()??.ok()?;
-    crate::decision::UserConfig::parse(&text, &name).ok()
+    let (r, _) = Reference::of_json(&req.object.as_ref()?.data);
+    let r = r?;
+    let ns = req.namespace.clone().unwrap_or_else(|| "default".into());
+    r.user_config(&ns, fetch(source, req, &r).await).ok()
 }
 
 /// The model `config.json` the object under review references — a TrainingJob's
@@ -146,51 +143,22 @@ async fn referenced_model(
     req: &AdmissionRequest<DynamicObject>,
     training_job: bool,
 ) -> Result<Option<ModelShape>, ModelConfigError> {
-    use crate::decision::model_config;
     let Some(obj) = req.object.as_ref() else {
         return Ok(None);
     };
-    let (name, key, what) = if training_job {
-        let Some(r) = obj.data.pointer("/spec/model/configMapRef") else {
-            return Ok(None);
-        };
-        let Some(name) = r.get("name").and_then(serde_json::Value::as_str) else {
-            return Ok(None);
-        };
-        let key = r
-            .get("key")
-            .and_then(serde_json::Value::as_str)
-            .unwrap_or(crate::decision::MODEL_CONFIG_KEY);
-        (name.to_string(), key.to_string(), "spec.model.configMapRef")
+    let r = if training_job {
+        Reference::of_json(&obj.data).1
     } else {
-        let Some(name) = obj
-            .metadata
+        obj.metadata
             .annotations
             .as_ref()
-            .and_then(|a| a.get(offload_api::names::ANNOTATION_MODEL_CONFIG))
-        else {
-            return Ok(None);
-        };
-        (
-            name.clone(),
-            crate::decision::MODEL_CONFIG_KEY.to_string(),
-            "annotation offload.dev/model-config",
-        )
+            .and_then(Reference::model_annotation)
     };
-    let namespace = req.namespace.clone().unwrap_or_else(|| "default".into());
-    match config_map_text(source, req, &name, &key).await {
-        Err(detail) => Err(ModelConfigError::Unreadable { name, detail }),
-        Ok(None) => Err(ModelConfigError::MissingConfigMap {
-            name,
-            namespace,
-            origin: what,
-        }),
-        Ok(Some(Err(found))) => Err(ModelConfigError::MissingKey { name, key, found }),
-        Ok(Some(Ok(text))) => {
-            model_config::parse(&text, &format!("ConfigMap {name:?} key {key:?} ({what})"))
-                .map(Some)
-        }
-    }
+    let Some(r) = r else {
+        return Ok(None);
+    };
+    let ns = req.namespace.clone().unwrap_or_else(|| "default".into());
+    r.model_shape(&ns, fetch(source, req, &r).await).map(Some)
 }
 
 type Handler = fn(&AdmissionRequest<DynamicObject>, &Review) -> Verdict;

@@ -27,13 +27,12 @@ use serde_json::json;
 
 use super::workload::{build_workload, decision_status};
 use super::{Context, Error, kube_err};
-use crate::decision::{
-    ConfigError, MODEL_CONFIG_KEY, ModelConfigError, ModelShape, UserConfig, decide, opted_in,
-};
+use crate::decision::referenced::{Fetched, Reference};
+use crate::decision::{ConfigError, ModelConfigError, ModelShape, UserConfig, decide, opted_in};
 use crate::process::metrics::DecisionLabels;
-use crate::render::{self, deepspeed};
+use crate::render;
 use offload_api::names;
-use offload_api::v1alpha1::{ConfigMapKeyRef, TrainingJob, TrainingJobStatus};
+use offload_api::v1alpha1::{TrainingJob, TrainingJobStatus};
 
 use apply::{
     class_label, create_workload, existing_conditions, mode_label, publish, publish_to,
@@ -325,74 +324,43 @@ async fn run_without_offload(tj: &TrainingJob, ctx: &Context) -> Result<Action, 
     Ok(Action::await_change())
 }
 
+/// Fetches the ConfigMap `r` names in the job's namespace (an API error is the reconcile's
+/// to retry).
+async fn fetch(tj: &TrainingJob, ctx: &Context, r: &Reference) -> Result<(String, Fetched), Error> {
+    let ns = tj.namespace().unwrap_or_default();
+    let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
+    let cm = cms
+        .get_opt(&r.name)
+        .await
+        .map_err(kube_err("reading a ConfigMap the job references"))?;
+    Ok((
+        ns,
+        cm.map_or(Fetched::Absent, |cm| Fetched::Found(Box::new(cm))),
+    ))
+}
+
 /// Reads the model's `config.json` ConfigMap, if referenced (`spec.model.configMapRef`): its
-/// shape, or what is wrong with it (an API error is the reconcile's to retry).
+/// shape, or what is wrong with it.
 pub(super) async fn read_model_config(
     tj: &TrainingJob,
     ctx: &Context,
 ) -> Result<Result<Option<ModelShape>, ModelConfigError>, Error> {
-    let Some(ConfigMapKeyRef { name, key }) = tj
-        .spec
-        .model
-        .as_ref()
-        .and_then(|m| m.config_map_ref.clone())
-    else {
+    let Some(r) = Reference::model(tj) else {
         return Ok(Ok(None));
     };
-    let key = key.unwrap_or_else(|| MODEL_CONFIG_KEY.to_string());
-    let ns = tj.namespace().unwrap_or_default();
-    let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
-    let Some(cm) = cms
-        .get_opt(&name)
-        .await
-        .map_err(kube_err("reading the model's ConfigMap"))?
-    else {
-        return Ok(Err(ModelConfigError::MissingConfigMap {
-            name,
-            namespace: ns,
-            origin: "spec.model.configMapRef",
-        }));
-    };
-    let text = match crate::decision::model_config::config_map_key(&cm, &key) {
-        Ok(text) => text,
-        Err(found) => return Ok(Err(ModelConfigError::MissingKey { name, key, found })),
-    };
-    Ok(
-        crate::decision::model_config::parse(&text, &format!("ConfigMap {name:?} key {key:?}"))
-            .map(Some),
-    )
+    let (ns, fetched) = fetch(tj, ctx, &r).await?;
+    Ok(r.model_shape(&ns, fetched).map(Some))
 }
 
 /// Reads the user's DeepSpeed ConfigMap, if referenced: the parsed config, or what is wrong
-/// with it (an API error is the reconcile's to retry).
+/// with it.
 pub(super) async fn read_deepspeed_config(
     tj: &TrainingJob,
     ctx: &Context,
 ) -> Result<Result<Option<UserConfig>, ConfigError>, Error> {
-    let Some(ConfigMapKeyRef { name, key }) = tj
-        .spec
-        .deepspeed
-        .as_ref()
-        .and_then(|d| d.config_map_ref.clone())
-    else {
+    let Some(r) = Reference::deepspeed(tj) else {
         return Ok(Ok(None));
     };
-    let key = key.unwrap_or_else(|| deepspeed::CONFIG_FILE_NAME.to_string());
-    let ns = tj.namespace().unwrap_or_default();
-    let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
-    let Some(cm) = cms
-        .get_opt(&name)
-        .await
-        .map_err(kube_err("reading the DeepSpeed ConfigMap"))?
-    else {
-        return Ok(Err(ConfigError::MissingConfigMap {
-            name,
-            namespace: ns,
-        }));
-    };
-    let text = match crate::decision::model_config::config_map_key(&cm, &key) {
-        Ok(text) => text,
-        Err(found) => return Ok(Err(ConfigError::MissingKey { name, key, found })),
-    };
-    Ok(UserConfig::parse(&text, &format!("ConfigMap {name:?} key {key:?}")).map(Some))
+    let (ns, fetched) = fetch(tj, ctx, &r).await?;
+    Ok(r.user_config(&ns, fetched).map(Some))
 }
