@@ -2,10 +2,16 @@
 # Runs every test: the README's first command from this clone as a newcomer meets it, then
 # formatting, lints, unit and property tests, CRD drift, and the integration tests against a real
 # control plane (built from upstream Go modules on first use).
+#
+# Every test binary `cargo test --workspace` builds runs, each exactly as cargo runs it (from its
+# package's directory). The three that need the machine's one real node (containerd, kubelet)
+# take it in turn; every other binary runs beside them, one after another: both lines mostly
+# wait on control planes, not on the CPU.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
+start=$SECONDS
 
 step "hack/demo.sh: the README's first command, before anything else has built"
 bash hack/demo.sh
@@ -16,5 +22,57 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
-step "cargo test (unit, property, CRD drift, integration against the real API server)"
-cargo test --workspace
+step "cargo test --workspace --no-run: every test binary (unit, property, CRD drift, integration)"
+binaries=target/test-binaries.txt
+cargo test --workspace --no-run --message-format=json-render-diagnostics |
+  python3 -c '
+import json, os, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["target"]["name"], os.path.dirname(m["manifest_path"]), m["executable"])
+' | sort >"$binaries"
+echo "$(wc -l <"$binaries") test binaries"
+
+logs=target/test-logs
+rm -rf "$logs" && mkdir -p "$logs"
+# Runs the binaries named by the lines on stdin, one after another; a failure is recorded and the
+# rest still run.
+run_line() {
+  local line=$1
+  local failed=0
+  while read -r name dir exe; do
+    local t0=$SECONDS
+    if (cd "$dir" && "$exe") >"$logs/$name.log" 2>&1; then
+      printf '[%s] %-22s ok      %4d s\n' "$line" "$name" $((SECONDS - t0))
+    else
+      printf '[%s] %-22s FAILED  %4d s (%s)\n' "$line" "$name" $((SECONDS - t0)) "$logs/$name.log"
+      echo "$name" >>"$logs/failed"
+      failed=1
+    fi
+  done
+  return $failed
+}
+real_node='^(kueue|deploy|dra_node) '
+step "the real-node tests (one node at a time) beside every other test binary"
+grep -E "$real_node" "$binaries" | run_line node &
+node_pid=$!
+grep -vE "$real_node" "$binaries" | run_line rest || true
+wait "$node_pid" || true
+
+step "cargo test --workspace --doc"
+cargo test --workspace --doc
+
+if [[ -s $logs/failed ]]; then
+  for name in $(cat "$logs/failed"); do
+    step "$name failed:"
+    tail -n 80 "$logs/$name.log"
+  done
+  echo "error: $(wc -l <"$logs/failed") test binaries failed: $(tr '\n' ' ' <"$logs/failed")" >&2
+  exit 1
+fi
+grep -h '^test result:' "$logs"/*.log | awk '{p += $4; f += $6; i += $8} END {printf "\nall tests passed: %d passed, %d ignored (%d failed)\n", p, i, f}'
+printf '==> hack/test.sh took %d s\n' $((SECONDS - start))

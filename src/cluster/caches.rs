@@ -30,9 +30,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::broadcast;
 
+use crate::cluster::node_views::NodeViews;
 use crate::dra::DraOptions;
 use crate::dra::api::{ResourceClaimTemplate, ResourceSlice};
-use crate::index::NodeViews;
 use crate::process::metrics::{KindLabels, Metrics};
 use offload_api::v1alpha1::{OffloadProfile, TrainingJob};
 

@@ -11,11 +11,12 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::cluster::caches::Caches;
+use crate::cluster::node_views::NodeViews;
 use crate::cluster::tolerant::Tolerant;
 use crate::decision::ClusterView;
 use crate::dra::DraOptions;
 use crate::dra::api::ResourceClaimTemplate;
-use crate::index::{NodeIndex, NodeInfo, NodeViews};
+use crate::index::{NodeIndex, NodeInfo};
 use crate::render::RenderOptions;
 use offload_api::v1alpha1::{OffloadProfile, OffloadProfileSpec};
 

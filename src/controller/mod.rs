@@ -13,7 +13,6 @@ pub mod status;
 pub mod training_job;
 
 pub use training_job::{Unresolved, reconcile_job, slim_pod};
-pub mod workload;
 
 use std::sync::Arc;
 use std::time::Duration;

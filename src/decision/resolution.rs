@@ -220,6 +220,57 @@ impl Resolution {
         matches!(&self.framework, FrameworkPlan::DeepSpeed(p) if p.super_offload)
     }
 
+    /// The record of this decision, as a TrainingJob's `status.offload` holds it and its
+    /// workload Job's `offload.dev/decision` annotation keeps it.
+    pub fn status(&self) -> offload_api::v1alpha1::OffloadDecisionStatus {
+        offload_api::v1alpha1::OffloadDecisionStatus {
+            mode: self.mode,
+            overlap: self.overlap,
+            offload_ratio: self.ratio,
+            pin_memory: self.pin_memory,
+            node_class: self.node_class,
+            profile: self.profile.clone(),
+            overlap_efficiency: self.overlap_efficiency,
+            super_offload: self.super_offload(),
+            placement: Some(self.placement.state().0),
+            reasons: self
+                .reasons
+                .iter()
+                .map(|r| offload_api::v1alpha1::DecisionReason {
+                    field: r.field.as_str().to_string(),
+                    message: r.message.clone(),
+                })
+                .collect(),
+            estimate: self.memory.as_ref().map(|m| {
+                let i = |b: u64| i64::try_from(b).unwrap_or(i64::MAX);
+                offload_api::v1alpha1::MemoryEstimateStatus {
+                    gpu_bytes: i(m.gpu_bytes),
+                    gpu_budget_bytes: i(m.gpu_budget_bytes),
+                    host_bytes: i(m.host_bytes_per_pod),
+                    host_budget_bytes: m.host_budget_bytes.map(i),
+                    gpu_structural_bytes: Some(i(m.gpu_structural_bytes)),
+                    shape: Some(m.shape.clone()),
+                    learned: (!m.learned.is_neutral()).then(|| {
+                        offload_api::v1alpha1::LearnedFactorsStatus {
+                            activations: (m.learned.activations * 1000.0).round() / 1000.0,
+                            host: (m.learned.host * 1000.0).round() / 1000.0,
+                            runs: i32::try_from(m.learned.runs).unwrap_or(i32::MAX),
+                        }
+                    }),
+                }
+            }),
+            requested: Some(self.requested.clone()),
+            learned: self.learned_summary(),
+            trial: self
+                .trial
+                .as_ref()
+                .map(|t| offload_api::v1alpha1::TrialStatus {
+                    fallback: t.fallback.to_string(),
+                    evidence: t.evidence.clone(),
+                }),
+        }
+    }
+
     /// What earlier runs taught this decision, in a few words (`kubectl get tj`); `None` where
     /// nothing was learned.
     pub fn learned_summary(&self) -> Option<String> {

@@ -9,12 +9,12 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::{Inputs, decided, rendered_config};
-use crate::controller::workload::build_workload;
 use crate::decision::memory::Placement;
 use crate::decision::{
     ClusterView, FrameworkPlan, JobRequest, MemoryEstimate, Resolution, estimate_placement,
     profile_name_for,
 };
+use crate::render::workload::build_workload;
 use offload_api::v1alpha1::{
     Framework, ModeSetting, NodeClass, OffloadMode, RatioSetting, Switch, TrainingJob,
     TrainingJobSpec,

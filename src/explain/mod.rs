@@ -20,8 +20,8 @@ use kube::core::admission::{AdmissionRequest, AdmissionReview};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::controller::workload::{Workload, build_workload};
 use crate::decision::{MemoryEstimate, Resolution, decide, opted_in};
+use crate::render::workload::{Workload, build_workload};
 use crate::render::{self, deepspeed};
 use crate::webhook::admit::{self, Review};
 use offload_api::v1alpha1::TrainingJob;
@@ -303,7 +303,7 @@ fn explain_training_job(tj: &TrainingJob, inputs: &Inputs, with_candidates: bool
         .unwrap_or_else(|| "default".into());
     let built =
         build_workload(tj, Some(&res), user.as_ref(), &inputs.view.render).and_then(|mut w| {
-            crate::controller::workload::pin_claims(&mut w, tj, &res, &|name| {
+            crate::render::workload::pin_claims(&mut w, tj, &res, &|name| {
                 crate::decision::ClusterView::claim_template(&inputs.view, &namespace, name)
             })?;
             Ok(w)

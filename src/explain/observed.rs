@@ -12,7 +12,6 @@ use offload_api::v1alpha1::{MemoryKind, NodeClass, TrainingJob, TrainingJobStatu
 use serde::Serialize;
 
 use super::{Explanation, Inputs, decided, explain_training_job};
-use crate::controller::workload::decision_status;
 use crate::decision::evidence::{GPU_OOM_TEXT, configuration, says_gpu_out_of_memory};
 use crate::decision::lesson::Observed;
 use crate::decision::{LearnedView, lesson_of};
@@ -222,7 +221,7 @@ pub fn explain_after(tj: &TrainingJob, inputs: &mut Inputs, evidence: &[Evidence
             Ok((res, _)) => res,
             Err(_) => break,
         };
-        let status = decision_status(&res);
+        let status = res.status();
         let config = configuration(&status);
         let failed = match &ev.outcome {
             Outcome::OutOfMemory(kind, _) => Some(*kind),

@@ -1,11 +1,14 @@
 //! Turns a [`Resolution`] into what reaches the training process: env vars, the framework's
-//! config, and node affinity — and writes them into a pod template.
+//! config, and node affinity — and writes them into a pod template; and builds the objects a
+//! TrainingJob's workload is made of ([`workload`]), which the controller creates and
+//! `offload-operator explain` shows.
 //!
 //! Every function here is pure and idempotent: applying a rendering twice gives the same pod
 //! template as applying it once, so the webhook is safe to re-invoke and the controller safe
 //! to retry.
 
 pub mod deepspeed;
+pub mod workload;
 
 use std::collections::BTreeMap;
 

@@ -333,7 +333,7 @@ fn observe(
                     recorded,
                     m,
                     new_window,
-                    &super::recovery::configuration(d),
+                    &crate::decision::evidence::configuration(d),
                     d,
                 )),
                 None => recorded.cloned(),

@@ -45,7 +45,7 @@ pub(super) fn observed(
     trained: bool,
 ) -> Option<Observed> {
     let m = observed.memory.as_ref()?;
-    if m.configuration != super::recovery::configuration(d) {
+    if m.configuration != crate::decision::evidence::configuration(d) {
         return None;
     }
     let as_u64 = |v: Option<i64>| v.and_then(|b| u64::try_from(b).ok());

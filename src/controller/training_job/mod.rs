@@ -25,12 +25,12 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::workload::{build_workload, decision_status};
 use super::{Context, Error, kube_err};
 use crate::decision::referenced::{Fetched, Reference};
 use crate::decision::{ConfigError, ModelConfigError, ModelShape, UserConfig, decide, opted_in};
 use crate::process::metrics::DecisionLabels;
 use crate::render;
+use crate::render::workload::build_workload;
 use offload_api::names;
 use offload_api::v1alpha1::{TrainingJob, TrainingJobStatus};
 
@@ -184,7 +184,7 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
     let user_config = config.ok().flatten().map(|c| c.json);
     let built =
         build_workload(tj, Some(&res), user_config.as_ref(), &ctx.render).and_then(|mut w| {
-            crate::controller::workload::pin_claims(&mut w, tj, &res, &|name| {
+            crate::render::workload::pin_claims(&mut w, tj, &res, &|name| {
                 crate::decision::ClusterView::claim_template(&ctx.view, &ns, name)
             })?;
             Ok(w)
@@ -290,7 +290,7 @@ fn resolved_status(
         .inc();
     super::status::resolved(
         existing_conditions(tj),
-        decision_status(res),
+        res.status(),
         res.summary(),
         generation,
     )

@@ -176,9 +176,7 @@ pub async fn add_deepspeed_config(client: &Client, ns: &str, name: &str, config:
 /// operator names it).
 pub async fn rendered_deepspeed_config(client: &Client, ns: &str, job: &str) -> serde_json::Value {
     let rendered: k8s_openapi::api::core::v1::ConfigMap = Api::namespaced(client.clone(), ns)
-        .get(&offload_operator::controller::workload::config_map_name(
-            job,
-        ))
+        .get(&offload_operator::render::workload::config_map_name(job))
         .await
         .unwrap();
     serde_json::from_str(&rendered.data.unwrap_or_default()[CONFIG_FILE_NAME]).unwrap()

@@ -19,7 +19,7 @@ use crate::dra::claims;
 use crate::render::deepspeed;
 use crate::render::{self, ConfigMount};
 use offload_api::names;
-use offload_api::v1alpha1::{DecisionReason, OffloadDecisionStatus, TrainingJob};
+use offload_api::v1alpha1::TrainingJob;
 
 /// Port of the rendezvous Service (torch.distributed default).
 pub const RENDEZVOUS_PORT: i32 = 29500;
@@ -240,7 +240,7 @@ fn job_metadata(
     if let Some(res) = res {
         // The decision travels with the workload, so a status write lost to a crash between
         // creating the Job and recording the decision is restored from it.
-        let record = serde_json::to_string(&decision_status(res))
+        let record = serde_json::to_string(&res.status())
             .map_err(|e| BuildError::Serialize(e.to_string()))?;
         job_meta
             .annotations
@@ -388,62 +388,4 @@ fn rendezvous_env(name: &str, replicas: i32) -> Vec<EnvVar> {
             }),
         },
     ]
-}
-
-/// A placement in the status's words.
-pub fn state_placement(
-    p: crate::decision::memory::Placement,
-) -> offload_api::v1alpha1::StatePlacement {
-    p.state().0
-}
-
-/// The record of a decision, as the TrainingJob's `status.offload` holds it and the workload
-/// Job's [`names::ANNOTATION_DECISION`] keeps it.
-pub fn decision_status(res: &Resolution) -> OffloadDecisionStatus {
-    OffloadDecisionStatus {
-        mode: res.mode,
-        overlap: res.overlap,
-        offload_ratio: res.ratio,
-        pin_memory: res.pin_memory,
-        node_class: res.node_class,
-        profile: res.profile.clone(),
-        overlap_efficiency: res.overlap_efficiency,
-        super_offload: res.super_offload(),
-        placement: Some(state_placement(res.placement)),
-        reasons: res
-            .reasons
-            .iter()
-            .map(|r| DecisionReason {
-                field: r.field.as_str().to_string(),
-                message: r.message.clone(),
-            })
-            .collect(),
-        estimate: res.memory.as_ref().map(|m| {
-            let i = |b: u64| i64::try_from(b).unwrap_or(i64::MAX);
-            offload_api::v1alpha1::MemoryEstimateStatus {
-                gpu_bytes: i(m.gpu_bytes),
-                gpu_budget_bytes: i(m.gpu_budget_bytes),
-                host_bytes: i(m.host_bytes_per_pod),
-                host_budget_bytes: m.host_budget_bytes.map(i),
-                gpu_structural_bytes: Some(i(m.gpu_structural_bytes)),
-                shape: Some(m.shape.clone()),
-                learned: (!m.learned.is_neutral()).then(|| {
-                    offload_api::v1alpha1::LearnedFactorsStatus {
-                        activations: (m.learned.activations * 1000.0).round() / 1000.0,
-                        host: (m.learned.host * 1000.0).round() / 1000.0,
-                        runs: i32::try_from(m.learned.runs).unwrap_or(i32::MAX),
-                    }
-                }),
-            }
-        }),
-        requested: Some(res.requested.clone()),
-        learned: res.learned_summary(),
-        trial: res
-            .trial
-            .as_ref()
-            .map(|t| offload_api::v1alpha1::TrialStatus {
-                fallback: t.fallback.to_string(),
-                evidence: t.evidence.clone(),
-            }),
-    }
 }
