@@ -15,7 +15,7 @@
 //! - [`dra`]: what a GPU driver's ResourceSlices say, and the claims pinned to a decision;
 //! - [`explain`]: `offload-operator explain`, the decision offline or against a cluster;
 //! - [`operator`]: the process that runs all of it (caches, webhook, leader election,
-//!   controllers), and [`process`]: what is around it (the admin server, metrics, the
+//!   controllers), and [`ops`]: what is around it (the admin server, metrics, the
 //!   certificate authority, the installation check and clean-up).
 //!
 //! The API types, names, node report and version gates live in the `offload-api` crate; this crate
@@ -29,6 +29,6 @@ pub mod dra;
 pub mod explain;
 pub mod index;
 pub mod operator;
-pub mod process;
+pub mod ops;
 pub mod render;
 pub mod webhook;

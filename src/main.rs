@@ -210,7 +210,7 @@ fn main() -> ExitCode {
             selector,
         } => cleanup(
             &runtime,
-            &offload_operator::process::installation::Cleanup {
+            &offload_operator::ops::installation::Cleanup {
                 namespace,
                 secret: webhook_secret,
                 lease: lease_name,
@@ -237,9 +237,11 @@ fn instance_suffix() -> String {
 
 fn cleanup(
     runtime: &tokio::runtime::Runtime,
-    what: &offload_operator::process::installation::Cleanup,
+    what: &offload_operator::ops::installation::Cleanup,
 ) -> ExitCode {
-    match runtime.block_on(offload_operator::process::installation::remove_runtime_objects(what)) {
+    match runtime.block_on(offload_operator::ops::installation::remove_runtime_objects(
+        what,
+    )) {
         Ok(lines) => {
             for line in lines {
                 println!("{line}");
@@ -415,7 +417,7 @@ fn offline_inputs(
 }
 
 fn check(runtime: &tokio::runtime::Runtime, profile: &str, namespace: &str) -> ExitCode {
-    match runtime.block_on(offload_operator::process::installation::installation(
+    match runtime.block_on(offload_operator::ops::installation::installation(
         profile, namespace,
     )) {
         Ok(lines) => {

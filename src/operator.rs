@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::caches::Caches;
 use crate::controller::{self, ControllerOptions};
-use crate::process::admin::{self, AdminState};
-use crate::process::metrics::Metrics;
+use crate::ops::admin::{self, AdminState};
+use crate::ops::metrics::Metrics;
 
 /// How the operator runs.
 #[derive(Clone, Debug)]

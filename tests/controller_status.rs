@@ -75,7 +75,7 @@ async fn a_stale_copy_never_drops_the_recorded_decision() {
 
     // The reconcile a stale cache would run: it finds the workload and follows it.
     let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = offload_operator::process::metrics::Metrics::new(&mut registry);
+    let metrics = offload_operator::ops::metrics::Metrics::new(&mut registry);
     let (caches, _not_driven) = offload_operator::cluster::caches::Caches::new(
         &client,
         metrics.clone(),
@@ -174,7 +174,7 @@ async fn a_refused_workload_is_a_condition_with_the_servers_message() {
 async fn events_carry_the_time_kubectl_sorts_by_and_repeats_are_counted() {
     use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent};
     use kube::Resource;
-    use offload_operator::process::events::{Event, EventType, Recorder, Reporter};
+    use offload_operator::ops::events::{Event, EventType, Recorder, Reporter};
 
     let (cluster, client, ns) = setup("events").await;
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);

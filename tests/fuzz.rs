@@ -18,7 +18,7 @@ use offload_api::v1alpha1::{
 use offload_operator::cluster::view::MemoryView;
 use offload_operator::decision::{DeepSpeedRequest, JobRequest, class_admits, resolve_offload};
 use offload_operator::index::{NodeIndex, NodeInfo};
-use offload_operator::process::metrics::Metrics;
+use offload_operator::ops::metrics::Metrics;
 use offload_operator::webhook::{WebhookState, paths, router};
 use offload_testenv::fixtures;
 use serde_json::{Value, json};

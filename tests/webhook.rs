@@ -15,7 +15,7 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use offload_api::v1alpha1::OffloadProfile;
 use offload_operator::cluster::caches::Caches;
-use offload_operator::process::metrics::Metrics;
+use offload_operator::ops::metrics::Metrics;
 use offload_operator::webhook::admit::StoreView;
 use offload_operator::webhook::tls::ManagedCerts;
 use offload_operator::webhook::{self, CertMode, Rotator, WebhookOptions, WebhookState};

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use offload_operator::process::certs::CertAuthority;
-use offload_operator::process::metrics::Metrics;
+use offload_operator::ops::certs::CertAuthority;
+use offload_operator::ops::metrics::Metrics;
 use offload_operator::webhook::admit::StoreView;
 use offload_operator::webhook::tls::FileCerts;
 use offload_operator::webhook::{self, CertMode, WebhookOptions, WebhookState};

@@ -33,7 +33,7 @@ use tokio::sync::broadcast;
 use crate::cluster::node_views::NodeViews;
 use crate::dra::DraOptions;
 use crate::dra::api::{ResourceClaimTemplate, ResourceSlice};
-use crate::process::metrics::{KindLabels, Metrics};
+use crate::ops::metrics::{KindLabels, Metrics};
 use offload_api::v1alpha1::{OffloadProfile, TrainingJob};
 
 /// How many changes a subscriber may fall behind before it is handed the whole cache again.

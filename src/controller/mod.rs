@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cluster::tolerant::Tolerant;
-use crate::process::events::{Recorder, Reporter};
+use crate::ops::events::{Recorder, Reporter};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::caches::Caches;
 use crate::index::NodeIndex;
-use crate::process::metrics::{ErrorLabels, Metrics};
+use crate::ops::metrics::{ErrorLabels, Metrics};
 use changes::{decision_profile_changes, metadata_changes, observation_changes, spec_changes};
 use offload_api::names;
 use offload_api::v1alpha1::{OffloadProfile, TrainingJob};

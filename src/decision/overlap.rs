@@ -65,7 +65,7 @@ impl Measured {
 }
 
 /// Overlap on or off, the lowest efficiency measured on the chosen nodes, and why.
-pub(super) fn decide(
+pub(super) fn resolve_overlap(
     job: &JobRequest,
     profile: &OffloadProfileSpec,
     placement: &ModeAndClass,

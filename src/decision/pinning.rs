@@ -9,7 +9,7 @@ use super::request::JobRequest;
 use super::settings::Source;
 
 /// Pin host buffers or not, and why.
-pub(super) fn decide(
+pub(super) fn resolve_pinning(
     job: &JobRequest,
     profile: &OffloadProfileSpec,
     placement: &ModeAndClass,

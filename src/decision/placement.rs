@@ -53,7 +53,7 @@ fn offload_mode(class: NodeClass) -> (OffloadMode, &'static str) {
 }
 
 /// The job's inputs to placement that do not depend on the class.
-pub(super) struct Context<'j> {
+pub(super) struct PlacementInputs<'j> {
     pub(super) job: &'j JobRequest,
     pub(super) facts: &'j FrameworkFacts,
     pub(super) memory: Option<&'j JobMemory>,
@@ -61,7 +61,7 @@ pub(super) struct Context<'j> {
     pub(super) profile: &'j OffloadProfileSpec,
 }
 
-impl Context<'_> {
+impl PlacementInputs<'_> {
     /// A ratio the job or the profile fixes, with where it comes from. A profile's partial
     /// ratio the framework cannot take is lowered to 1 (the ratio step says so); a job's is
     /// refused before placement.
@@ -103,7 +103,7 @@ impl Context<'_> {
 
 /// Decides mode and node class.
 pub(super) fn choose<'c, 'a>(
-    cx: &Context,
+    cx: &PlacementInputs,
     candidates: &'c Candidates<'a>,
 ) -> Result<ModeAndClass<'c, 'a>, ResolveError> {
     let job = cx.job;
@@ -195,7 +195,7 @@ pub(super) fn choose<'c, 'a>(
 /// An offload mode the job or profile asks for, on `class`: the class must hold the job, and
 /// with model hints the offload written is the fastest that fits there.
 fn explicit<'c, 'a>(
-    cx: &Context,
+    cx: &PlacementInputs,
     class: &'c ClassNodes<'a>,
     mode: OffloadMode,
     mode_why: String,
@@ -259,7 +259,7 @@ fn no_gpu_memory(class: &ClassNodes) -> ResolveError {
 /// `mode: Disabled` from the job or profile. With model hints the job must fit without
 /// offload: on every class (then any GPU node will do) or on one (then it is pinned there).
 fn disabled<'c, 'a>(
-    cx: &Context,
+    cx: &PlacementInputs,
     candidates: &'c Candidates<'a>,
     source: Source,
 ) -> Result<ModeAndClass<'c, 'a>, ResolveError> {
@@ -337,7 +337,7 @@ fn disabled<'c, 'a>(
 /// can offload them) that the job's GPU out-of-memory failures have reached — one rung per
 /// failure, from the fastest.
 fn try_fastest<'c, 'a>(
-    cx: &Context,
+    cx: &PlacementInputs,
     classes: &[&'c ClassNodes<'a>],
     source: Source,
 ) -> Result<ModeAndClass<'c, 'a>, ResolveError> {
@@ -394,7 +394,7 @@ fn try_fastest<'c, 'a>(
 /// `mode: Auto` without model hints: the first class in the profile's order that holds the
 /// job's pods at once, and the mode that class takes.
 fn auto_by_class<'c, 'a>(
-    cx: &Context,
+    cx: &PlacementInputs,
     classes: &[&'c ClassNodes<'a>],
     source: Source,
 ) -> Result<ModeAndClass<'c, 'a>, ResolveError> {
@@ -444,7 +444,7 @@ fn auto_by_class<'c, 'a>(
 /// then the first in the profile's order where some offload fits; only classes that hold the
 /// job's pods at once count.
 fn auto_by_memory<'c, 'a>(
-    cx: &Context,
+    cx: &PlacementInputs,
     jm: &JobMemory,
     classes: &[&'c ClassNodes<'a>],
     source: Source,
@@ -552,7 +552,7 @@ fn auto_by_memory<'c, 'a>(
 }
 
 /// What the job would need on the class without offload, GPU side.
-fn no_offload_figures(jm: &JobMemory, cx: &Context, class: &ClassNodes) -> String {
+fn no_offload_figures(jm: &JobMemory, cx: &PlacementInputs, class: &ClassNodes) -> String {
     match fit::class_memory(class, cx.job) {
         Some(cm) => {
             let (est, _) = jm.estimate_checked(Placement::NoOffload, &cm);

@@ -14,7 +14,7 @@ use super::request::JobRequest;
 use super::settings::{Source, effective};
 
 /// The ratio and why.
-pub(super) fn decide(
+pub(super) fn resolve_ratio(
     job: &JobRequest,
     profile: &OffloadProfileSpec,
     facts: &FrameworkFacts,

@@ -48,7 +48,7 @@ pub fn resolve_offload(
     let candidates =
         candidates::Candidates::select(nodes, profile_name, profile, by_claims, &job.constraints)?;
     let placement = placement::choose(
-        &placement::Context {
+        &placement::PlacementInputs {
             job,
             facts: &facts,
             memory: memory.as_ref(),
@@ -64,13 +64,13 @@ pub fn resolve_offload(
     }
     reasons.add(Field::NodeClass, &placement.class_why);
 
-    let (overlap, overlap_efficiency, why) = overlap::decide(job, profile, &placement);
+    let (overlap, overlap_efficiency, why) = overlap::resolve_overlap(job, profile, &placement);
     reasons.add(Field::Overlap, why);
 
-    let (pin_memory, why) = pinning::decide(job, profile, &placement);
+    let (pin_memory, why) = pinning::resolve_pinning(job, profile, &placement);
     reasons.add(Field::PinMemory, why);
 
-    let (ratio, why) = ratio::decide(job, profile, &facts, &placement)?;
+    let (ratio, why) = ratio::resolve_ratio(job, profile, &facts, &placement)?;
     reasons.add(Field::OffloadRatio, why);
 
     let memory_plan = framework::MemoryPlan {

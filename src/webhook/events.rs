@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::process::events::{Event, EventType, Recorder, Reporter};
+use crate::ops::events::{Event, EventType, Recorder, Reporter};
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::GroupVersionKind;
 use tokio::sync::mpsc;

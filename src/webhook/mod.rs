@@ -30,7 +30,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::view::AdmissionView;
-use crate::process::metrics::{AdmissionLabels, DenialLabels, Metrics};
+use crate::ops::metrics::{AdmissionLabels, DenialLabels, Metrics};
 use crate::render;
 use admit::{Review, Verdict};
 

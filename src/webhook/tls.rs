@@ -18,7 +18,7 @@ use kube::Client;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use time::OffsetDateTime;
 
-use crate::process::certs::{CertAuthority, IssuedCert};
+use crate::ops::certs::{CertAuthority, IssuedCert};
 
 /// CA lifetime (Kyverno's default).
 pub const CA_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -78,7 +78,7 @@ pub enum TlsError {
     },
     /// A certificate could not be made.
     #[error(transparent)]
-    Cert(#[from] crate::process::certs::CertError),
+    Cert(#[from] crate::ops::certs::CertError),
     /// The Secret lacks a certificate field after being written.
     #[error("secret {0} does not hold a complete certificate set")]
     Incomplete(String),

@@ -3,9 +3,7 @@
 
 use std::time::Duration;
 
-use offload_operator::process::certs::{
-    CertAuthority, CertError, ExtendedKeyUsagePurpose, IssuedCert,
-};
+use offload_operator::ops::certs::{CertAuthority, CertError, ExtendedKeyUsagePurpose, IssuedCert};
 use rcgen::KeyPair;
 
 /// A key could not be made or read.

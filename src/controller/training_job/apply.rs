@@ -17,7 +17,7 @@ use serde_json::json;
 
 use super::Unresolved;
 use crate::controller::{Context, Error, kube_err, status};
-use crate::process::metrics::DecisionLabels;
+use crate::ops::metrics::DecisionLabels;
 use crate::render::workload::Workload;
 use offload_api::names;
 use offload_api::v1alpha1::{NodeClass, OffloadMode, TrainingJob, TrainingJobStatus, WorkloadRef};

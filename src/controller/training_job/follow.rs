@@ -12,7 +12,7 @@ use super::apply::publish;
 use crate::controller::conditions::{self, WORKLOAD_CREATED};
 use crate::controller::overlap_observed;
 use crate::controller::{Context, Error, kube_err, status};
-use crate::process::metrics::JobLabels;
+use crate::ops::metrics::JobLabels;
 use crate::render;
 use offload_api::names;
 use offload_api::v1alpha1::{

@@ -28,7 +28,7 @@ use serde_json::json;
 use super::{Context, Error, kube_err};
 use crate::decision::referenced::{Fetched, Reference};
 use crate::decision::{ConfigError, ModelConfigError, ModelShape, UserConfig, decide, opted_in};
-use crate::process::metrics::DecisionLabels;
+use crate::ops::metrics::DecisionLabels;
 use crate::render;
 use crate::render::workload::build_workload;
 use offload_api::names;
@@ -72,7 +72,7 @@ async fn report_invalid(ctx: &Context, invalid: &crate::cluster::tolerant::Inval
     );
     ctx.metrics
         .reconcile_errors
-        .get_or_create(&crate::process::metrics::ErrorLabels {
+        .get_or_create(&crate::ops::metrics::ErrorLabels {
             kind: "TrainingJob",
             category: "InvalidObject",
         })

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use crate::process::events::{Recorder, Reporter};
+use crate::ops::events::{Recorder, Reporter};
 use http::{Request, Response, StatusCode};
 use k8s_openapi::api::batch::v1::Job;
 use kube::client::Body;
@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use super::reconcile_job;
 use crate::controller::Context;
-use crate::process::metrics::Metrics;
+use crate::ops::metrics::Metrics;
 use offload_api::v1alpha1::{JobPhase, ModeSetting, OffloadProfile, TrainingJob};
 use offload_testenv::fixtures;
 use offload_testenv::support::controller::training_job;

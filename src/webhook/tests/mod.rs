@@ -25,7 +25,7 @@ use super::kinds::ApiFeatures;
 use super::{ConfigSource, WebhookState, paths, router};
 use crate::cluster::view::MemoryView;
 use crate::index::NodeInfo;
-use crate::process::metrics::Metrics;
+use crate::ops::metrics::Metrics;
 use offload_api::names;
 use offload_api::report::NodeReport;
 use offload_api::v1alpha1::OffloadProfileSpec;

@@ -114,7 +114,7 @@ impl DevCluster {
     /// the aggregation layer as kubeadm sets it up.
     fn real_node_flags(
         &self,
-        admin: &offload_operator::process::certs::IssuedCert,
+        admin: &offload_operator::ops::certs::IssuedCert,
         ca_file: &Path,
     ) -> Result<Vec<String>, DevClusterError> {
         let d = |p: &Path| p.display().to_string();

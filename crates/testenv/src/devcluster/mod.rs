@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
-use offload_operator::process::certs::{self, CertAuthority};
+use offload_operator::ops::certs::{self, CertAuthority};
 
 use crate::pki;
 

@@ -18,7 +18,7 @@ use offload_api::report::NodeReport;
 use offload_api::v1alpha1::OffloadProfileSpec;
 use offload_operator::cluster::view::MemoryView;
 use offload_operator::index::NodeInfo;
-use offload_operator::process::metrics::Metrics;
+use offload_operator::ops::metrics::Metrics;
 use offload_operator::webhook::admit::{self, Review, Verdict};
 use offload_operator::webhook::{ConfigSource, WebhookState, paths, router};
 use offload_testenv::fixtures;

@@ -31,7 +31,7 @@ pub enum BenchError {
     Request(#[from] http::Error),
     /// A certificate could not be made.
     #[error(transparent)]
-    Cert(#[from] offload_operator::process::certs::CertError),
+    Cert(#[from] offload_operator::ops::certs::CertError),
     /// A JSON patch did not apply.
     #[error("JSON patch: {0}")]
     Patch(#[from] json_patch::PatchError),

@@ -97,7 +97,7 @@ pub async fn start(
 ) -> Result<Peer> {
     let (patch, configuration) = operators_patch(podsapi, operator_port, tls).await?;
 
-    let ca = offload_operator::process::certs::CertAuthority::generate(
+    let ca = offload_operator::ops::certs::CertAuthority::generate(
         "offload-bench-peer",
         Duration::from_secs(3600),
     )?;
