@@ -16,6 +16,7 @@ import sys
 
 _MARK = "offload.dev/allocator"
 _failure = []
+_reported = []
 
 
 def _target():
@@ -39,6 +40,9 @@ def _hook(kind, value, tb, _previous=sys.excepthook):
 
 
 def _report():
+    if _reported:
+        return
+    _reported.append(True)
     try:
         path = _target()
         torch = sys.modules.get("torch")
@@ -62,8 +66,16 @@ def _report():
         pass
 
 
+def _exit(code, _real=os._exit):
+    # os._exit skips atexit (launchers and scripts use it to leave worker threads behind):
+    # report first.
+    _report()
+    _real(code)
+
+
 sys.excepthook = _hook
 atexit.register(_report)
+os._exit = _exit
 
 # A sitecustomize of the image's own still runs: ours steps aside and imports the next one.
 _self = sys.modules.get("sitecustomize")

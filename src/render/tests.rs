@@ -725,3 +725,58 @@ fn threads_fit_the_quota_and_the_guard_checks_the_cores() {
     let env = env_map(t.spec.unwrap().containers[0].env.as_deref().unwrap());
     assert!(!env.contains_key("OMP_NUM_THREADS"));
 }
+
+/// The reporter runs in a real Python process (a stand-in `torch` module, named as such: no
+/// GPU here) and reports at a normal exit, on an exception, and before `os._exit` (which skips
+/// `atexit`: the GPU run of 2026-12-06 lost every figure to it), once each.
+#[test]
+fn the_allocator_reporter_reports_however_the_process_ends() {
+    use std::process::Command;
+    if Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .status()
+        .is_err()
+    {
+        eprintln!("skipped: no python3 on this machine");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(MEMORY_REPORT_FILE), MEMORY_REPORT).unwrap();
+    let stand_in = "import sys, types\n\
+        cuda = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True,\n\
+            max_memory_allocated=lambda: 7 << 30, max_memory_reserved=lambda: 8 << 30)\n\
+        sys.modules['torch'] = types.SimpleNamespace(cuda=cuda)\n";
+    for (how, ends, fails) in [
+        ("normal", "pass", false),
+        ("os._exit", "import os; os._exit(0)", false),
+        (
+            "exception",
+            "raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB')",
+            true,
+        ),
+    ] {
+        let report = dir.path().join(format!("{}.txt", how.replace('.', "")));
+        let out = Command::new("python3")
+            .arg("-c")
+            .arg(format!("{stand_in}{ends}"))
+            .env("PYTHONPATH", dir.path())
+            .env("OFFLOAD_MEMORY_REPORT", &report)
+            .env("RANK", "3")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.success(), !fails, "{how}: {out:?}");
+        let text = std::fs::read_to_string(&report).unwrap_or_default();
+        let line = format!(
+            "{ALLOCATOR_MARK} rank=3 allocated={} reserved={}",
+            7u64 << 30,
+            8u64 << 30
+        );
+        assert_eq!(text.matches(&line).count(), 1, "{how}: {text:?}");
+        assert_eq!(
+            text.contains("CUDA out of memory"),
+            fails,
+            "{how}: {text:?}"
+        );
+    }
+}
