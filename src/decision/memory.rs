@@ -44,6 +44,9 @@
 //! ZeRO-1/2, FSDP and jobs the operator knows nothing of (`Generic`) follow DeepSpeed's
 //! estimators with the same terms and 5 % on top; they were not measured.
 //!
+//! The host's side is in [`host`], the backward's gradient flushes in [`flushes`], what a job's
+//! own failures teach in [`corrections`], and the figures in sentences in [`describe`].
+//!
 //! Every figure is in bytes as `f64` (products of counts that could overflow an integer never
 //! do in floating point); results are rounded up into `u64`, saturating.
 
@@ -84,84 +87,12 @@ const FRAMEWORK_BYTES: f64 = 0.12e9;
 /// DeepSpeed's reduce stream whose memory is reused only once the stream is done with them
 /// (measured up to 0.09 GB: Qwen2.5-1.5B at a 5 % share).
 const OFFLOAD_STREAM_BYTES: f64 = 0.1e9;
-/// DeepSpeed's `reduce_bucket_size` default: gradient elements reduced at once.
-const REDUCE_BUCKET_ELEMENTS: f64 = 5e8;
-/// Elements of each fp64 chunk DeepSpeed's gradient norm converts at once
-/// (`_constant_buffered_norm2`).
-const NORM_CHUNK_ELEMENTS: f64 = 2.5e8;
 /// `stage3_max_live_parameters`: gathered parameters alive at once.
 const MAX_LIVE_PARAMETERS: f64 = 1e9;
 /// `sub_group_size`'s default.
 const DEFAULT_SUB_GROUP: f64 = 1e9;
 /// Safety on the estimates of what was not measured (ZeRO-1/2, FSDP, `Generic`).
 const UNMEASURED_SAFETY: f64 = 1.05;
-/// Host memory of a training process before any offloaded state (CUDA, NCCL, the framework).
-const HOST_BASE_BYTES: f64 = 1.57e9;
-/// What a process's host memory grows by over forward, backward and the CPU optimizer's first
-/// step beside the moments (measured 0.67–0.91 GB, the most for the mixture of experts).
-const STEP_HOST_BYTES: f64 = 1.0e9;
-
-/// A gradient-bucket flush in the backward of a job whose optimizer state is offloaded: the
-/// activation bytes still kept at that moment, and the bytes the flush holds on top of them.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Flush {
-    alive: f64,
-    transient: f64,
-}
-
-/// The sub-groups of one rank on each side, or a bound where they were not walked.
-#[derive(Clone, Copy, Debug)]
-enum OnHost<'a> {
-    /// Walked: the sub-groups (parameters in each) whose state stays on the GPU, and those on
-    /// the host.
-    Walked {
-        on_gpu: &'a [f64],
-        on_host: &'a [f64],
-    },
-    /// Not walked: `share` of the shard on the host, in sub-groups of at most `group`.
-    Bound { share: f64, group: f64 },
-}
-
-/// The bytes PyTorch's caching host allocator takes for a pinned tensor of `bytes`: the next
-/// power of two (`CachingHostAllocator`'s rounding).
-fn pinned_block(bytes: f64) -> f64 {
-    if bytes <= 0.0 || !bytes.is_finite() {
-        return bytes.max(0.0);
-    }
-    bytes.log2().ceil().exp2().max(bytes)
-}
-
-/// Pinned bytes of the sub-groups' fp32 gradient buffers: per power-of-two size, as many blocks
-/// as sub-groups on the host of that size, and one where only sub-groups on the GPU have it
-/// (theirs are freed to the allocator's cache and reused one after another).
-fn pinned_gradient_blocks(on_gpu: &[f64], on_host: &[f64]) -> f64 {
-    let mut sizes: Vec<(f64, usize, bool)> = Vec::new();
-    let mut count = |n: f64, host: bool| {
-        let block = pinned_block(4.0 * n);
-        match sizes.iter_mut().find(|(b, _, _)| *b == block) {
-            Some(entry) => {
-                if host {
-                    entry.1 += 1;
-                } else {
-                    entry.2 = true;
-                }
-            }
-            None => sizes.push((block, usize::from(host), !host)),
-        }
-    };
-    for &n in on_gpu {
-        count(n, false);
-    }
-    for &n in on_host {
-        count(n, true);
-    }
-    sizes
-        .iter()
-        .map(|&(block, host, gpu)| {
-            block * as_f64(u64::try_from(host.max(usize::from(gpu))).unwrap_or(u64::MAX))
-        })
-        .sum()
-}
 
 /// How a job's training state is placed between GPU and host memory.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -284,80 +215,6 @@ pub struct JobMemory {
         offload_api::v1alpha1::NodeClass,
         Vec<super::learned::RanRecord>,
     >,
-}
-
-/// Multipliers on the estimates, from configurations of the job that ran out of memory.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Corrections {
-    /// On every GPU figure.
-    pub gpu: f64,
-    /// On every host figure.
-    pub host: f64,
-}
-
-impl Default for Corrections {
-    fn default() -> Self {
-        Corrections {
-            gpu: 1.0,
-            host: 1.0,
-        }
-    }
-}
-
-/// Margin over what a failed configuration had when its estimate is raised past it (the VPA
-/// bumps host memory by 20 % after an OOM; a GPU figure is known more closely).
-pub const GPU_FAILURE_MARGIN: f64 = 1.05;
-/// Host: at least this much more after an out-of-memory kill (as the VPA's bump).
-pub const HOST_FAILURE_MARGIN: f64 = 1.2;
-/// Host: and at least this many bytes more (the VPA's 100 MiB).
-pub const HOST_FAILURE_MIN_BYTES: f64 = 100.0 * 1024.0 * 1024.0;
-
-impl Corrections {
-    /// From the failures, oldest first: each failed configuration needed more than it had, so
-    /// the figures are raised until its estimate is past that (by the margin). Each recorded
-    /// estimate was made with the corrections of the failures before it, so they compound.
-    ///
-    /// A GPU failure with the allocator's figures is raised to what it needed (allocated plus
-    /// asked) by the margin; without them, to the GPU it had. A host failure is raised as the
-    /// VPA raises a request after an OOM kill, `max(+20 %, +100 MiB)` over what the pod had
-    /// (its limit, else its estimate), and never past the node's share it had (the bump that
-    /// would not fit anywhere teaches nothing).
-    pub fn from_failures(failures: &[offload_api::v1alpha1::MemoryFailure]) -> Corrections {
-        use offload_api::v1alpha1::MemoryKind;
-        let mut c = Corrections::default();
-        #[allow(clippy::cast_precision_loss)]
-        let bytes = |v: Option<i64>| v.filter(|b| *b > 0).map(|b| b as f64);
-        for f in failures {
-            // Not sized when it failed (a job without hints on its offload ladder): there is
-            // no estimate to raise; the ladder, or the size its runs show, moves on.
-            let Some(estimate) = bytes(f.estimate_bytes) else {
-                continue;
-            };
-            let budget = bytes(f.budget_bytes);
-            let factor = match f.kind {
-                MemoryKind::Gpu => {
-                    let needed = bytes(f.needed_bytes).or(budget).unwrap_or(estimate);
-                    (needed / estimate).max(1.0) * GPU_FAILURE_MARGIN
-                }
-                MemoryKind::Host => {
-                    let limit = bytes(f.limit_bytes);
-                    let had = limit.unwrap_or(estimate);
-                    let mut target = (had * HOST_FAILURE_MARGIN).max(had + HOST_FAILURE_MIN_BYTES);
-                    if limit.is_none()
-                        && let Some(share) = budget
-                    {
-                        target = target.min(share.max(estimate));
-                    }
-                    (target / estimate).max(1.0)
-                }
-            };
-            match f.kind {
-                MemoryKind::Gpu => c.gpu = (c.gpu * factor).min(1e3),
-                MemoryKind::Host => c.host = (c.host * factor).min(1e3),
-            }
-        }
-        c
-    }
 }
 
 /// What one node class offers a job: its smallest GPU, and the least host memory one of the
@@ -550,90 +407,6 @@ impl JobMemory {
         (self.group_size(false) + self.shape.largest_tensor() / ranks).min(self.shard())
     }
 
-    /// The gradient-bucket flushes of one backward with the optimizer state offloaded, as
-    /// DeepSpeed 0.19.8's ZeRO-3 runs them (`stage3.py`), over the model's gradients in the
-    /// order the backward completes them. A bucket is reduced when the next gradient would take
-    /// it past `reduce_bucket_size` (5·10⁸ elements), and once more at the end. While it is,
-    /// the GPU holds on top of the activations still kept:
-    /// - the reduce-scatter's flat copy of the bucket (a tensor larger than the bucket is
-    ///   reduced alone, from its own gradient, of the same size): 2 bytes per element;
-    /// - for its largest tensor (one at a time, the largest is the most), the rank's gradient
-    ///   partition copied back from the pinned host buffer (2 bytes per element), then the
-    ///   larger of the gradient norm's fp64 chunks (8 bytes per element, 2.5·10⁸ at a time)
-    ///   and the fp32 copy for the optimizer (4 bytes per element);
-    /// - the gradient that arrived (2 bytes per element), a tied embedding's gradient until
-    ///   the backward completes it, and the activations' gradients in flight (4 bytes per unit
-    ///   of width per token).
-    ///
-    /// Measured on the H200 (`docs/benchmarks/memory-h200.md`): Qwen2.5-7B's 545M-element
-    /// output head makes 8 bytes per element of it; the bench's 3.8B GPT decoder 2.0 GB.
-    fn flushes(&self, class: &ClassMemory) -> Vec<Flush> {
-        let b = self.value_bytes;
-        let ranks = as_f64(self.ranks.max(1));
-        let half = b / 2.0;
-        let copies = |largest: f64| {
-            let part = largest / ranks;
-            b * part + (8.0 * part.min(NORM_CHUNK_ELEMENTS)).max(4.0 * part)
-        };
-        let tokens = self.tokens;
-        let saved = self.shape.saved_per_token(self.checkpointing);
-        // Activations still kept when `freed` bytes per token are gone (the margin whole when
-        // the step's tokens are not known).
-        let alive = |freed: f64| match tokens {
-            Some(t) => t * (saved - freed).max(0.0) * half,
-            None => self.activation_bytes(class),
-        };
-        let in_flight = tokens.map_or(0.0, |t| 4.0 * self.shape.hidden * t * half);
-        let tied = if self.shape.tied {
-            b * self.shape.vocab * self.shape.hidden
-        } else {
-            0.0
-        };
-        let Some(gradients) = self
-            .shape
-            .backward_gradients(self.checkpointing, MAX_TENSORS)
-        else {
-            let largest = self.shape.largest_tensor();
-            return vec![Flush {
-                alive: alive(0.0),
-                transient: b * REDUCE_BUCKET_ELEMENTS.max(largest)
-                    + copies(largest)
-                    + b * largest
-                    + tied
-                    + in_flight,
-            }];
-        };
-        let mut out = Vec::new();
-        let (mut elements, mut largest) = (0.0_f64, 0.0_f64);
-        // The input embedding's gradient (the tied matrix's, whole only from there on).
-        let embedding = gradients
-            .len()
-            .saturating_sub(1 + usize::from(self.shape.positions > 0.0));
-        for (i, g) in gradients.iter().enumerate() {
-            if elements > 0.0 && elements + g.numel > REDUCE_BUCKET_ELEMENTS {
-                out.push(Flush {
-                    alive: alive(g.freed),
-                    transient: b * elements
-                        + copies(largest)
-                        + b * g.numel
-                        + if i < embedding { tied } else { 0.0 }
-                        + in_flight,
-                });
-                (elements, largest) = (0.0, 0.0);
-            }
-            elements += g.numel;
-            largest = largest.max(g.numel);
-        }
-        if elements > 0.0 {
-            let freed = gradients.last().map_or(0.0, |g| g.freed);
-            out.push(Flush {
-                alive: alive(freed),
-                transient: b * elements + copies(largest) + in_flight,
-            });
-        }
-        out
-    }
-
     /// The bytes `placement` needs on each GPU and on the host, with `share` of the optimizer
     /// state on the host for a partial placement (the share DeepSpeed really offloads).
     fn estimate_with(
@@ -724,105 +497,6 @@ impl JobMemory {
             .unwrap_or_default()
     }
 
-    /// Host memory of one rank's process with `r` of its optimizer state offloaded; `groups`:
-    /// DeepSpeed's sub-groups of the rank's partition where they were walked.
-    fn host_per_rank(&self, placement: Placement, r: f64, groups: Option<&[f64]>) -> f64 {
-        let p = self.parameters;
-        let s = self.shard();
-        let b = self.value_bytes;
-        if self.sharding == Sharding::Zero(3) {
-            let base = HOST_BASE_BYTES + b * s;
-            return match placement {
-                Placement::NoOffload => base,
-                Placement::PartialOptimizer(ratio) => {
-                    self.zero3_optimizer_on_host(self.groups_on_host(groups, ratio, r))
-                }
-                Placement::Optimizer => {
-                    self.zero3_optimizer_on_host(self.groups_on_host(groups, 1.0, 1.0))
-                }
-                Placement::OptimizerAndParams => base + 21.5 * s + 4.75e9,
-            };
-        }
-        // Without ZeRO-3's partitioned construction each rank builds the whole model on the
-        // host first (fp32); DeepSpeed's estimators for the offloaded state, 1.125 × for whole
-        // state (large pinned sub-groups), not measured.
-        let base = HOST_BASE_BYTES + (b * s).max(4.0 * p);
-        let state = if self.sharding == Sharding::Unsharded {
-            p
-        } else {
-            s
-        };
-        let o = self.optimizer_bytes() + if self.mixed() { 4.0 } else { 0.0 };
-        base + match placement {
-            Placement::NoOffload => 0.0,
-            Placement::PartialOptimizer(_) => (3.0 + o * r) * state,
-            Placement::Optimizer => (3.0 + 1.125 * o) * state,
-            Placement::OptimizerAndParams => (3.0 + 1.125 * o + 2.0 * b) * state,
-        }
-    }
-
-    /// The sub-groups whose optimizer state DeepSpeed puts on the host for `ratio` (the last
-    /// `n − ⌊(1 − ratio)·n⌋`), or where they were not walked a bound for `share` of the shard.
-    fn groups_on_host<'a>(&self, groups: Option<&'a [f64]>, ratio: f64, share: f64) -> OnHost<'a> {
-        // A walk whose groups do not add up to the shard (a shape given beside a parameter
-        // count it does not describe) is not trusted for block sizes.
-        let total: f64 = groups.map_or(0.0, |g| g.iter().sum());
-        let s = self.shard();
-        match groups {
-            Some(g) if !g.is_empty() && (total - s).abs() <= 0.01 * s => {
-                let first = shape::first_on_host(g.len(), ratio);
-                OnHost::Walked {
-                    on_gpu: &g[..first],
-                    on_host: &g[first..],
-                }
-            }
-            _ => OnHost::Bound {
-                share: share.clamp(0.0, 1.0),
-                group: self.group_bound(share < 1.0),
-            },
-        }
-    }
-
-    /// Host memory of one ZeRO-3 rank whose optimizer state is offloaded, as DeepSpeed 0.19.8
-    /// allocates it (`stage3.py`, measured per stage of the run in
-    /// `docs/benchmarks/memory-h200.md`):
-    /// - pinned, through PyTorch's caching host allocator, which rounds every block up to a
-    ///   power of two and keeps freed blocks: the flat 16-bit gradient buffer of the whole
-    ///   shard, and each sub-group's fp32 gradient buffer — kept for the sub-groups on the
-    ///   host; those of the sub-groups on the GPU are pinned, copied and freed one at a time,
-    ///   so one block of each of their sizes stays cached;
-    /// - the fp32 master weights of the offloaded sub-groups (4 bytes a parameter);
-    /// - the larger of two transients: the unpinned copy of the flat gradient buffer at start,
-    ///   and at the first step the Adam moments (8 bytes a parameter, built then), a 16-bit
-    ///   copy of the largest offloaded sub-group and what forward and backward add.
-    fn zero3_optimizer_on_host(&self, on_host: OnHost<'_>) -> f64 {
-        let s = self.shard();
-        let b = self.value_bytes;
-        let flat = pinned_block(b * s);
-        let (groups, offloaded, largest) = match on_host {
-            OnHost::Walked { on_gpu, on_host } => {
-                let blocks = pinned_gradient_blocks(on_gpu, on_host);
-                let offloaded: f64 = on_host.iter().sum();
-                let largest = on_host.iter().copied().fold(0.0, f64::max);
-                (blocks, offloaded, largest)
-            }
-            OnHost::Bound { share, group } => {
-                // A block is less than twice what it holds; one block of the sub-groups on the
-                // GPU stays cached.
-                let offloaded = share * s;
-                let cached = if share < 1.0 { 2.0 * 4.0 * group } else { 0.0 };
-                (
-                    2.0 * 4.0 * offloaded + cached,
-                    offloaded,
-                    group.min(offloaded),
-                )
-            }
-        };
-        let start = b * s;
-        let first_step = STEP_HOST_BYTES + 8.0 * offloaded + b * largest;
-        HOST_BASE_BYTES + flat + groups + 4.0 * offloaded + start.max(first_step)
-    }
-
     /// The bytes `placement` needs on each GPU and on the host (a partial ratio taken as the
     /// share offloaded; [`JobMemory::estimate_checked`] accounts for DeepSpeed's sub-groups).
     pub fn estimate(&self, placement: Placement, class: &ClassMemory) -> Estimate {
@@ -836,15 +510,6 @@ impl JobMemory {
         };
         let flushes = self.flushes_for(placement, class);
         self.estimate_with(placement, share, groups.as_deref(), &flushes, class)
-    }
-
-    /// [`JobMemory::flushes`] where `placement` offloads under ZeRO-3 (none otherwise).
-    fn flushes_for(&self, placement: Placement, class: &ClassMemory) -> Vec<Flush> {
-        if self.sharding == Sharding::Zero(3) && placement != Placement::NoOffload {
-            self.flushes(class)
-        } else {
-            Vec::new()
-        }
     }
 
     /// Whether `estimate` fits `class`.
@@ -947,114 +612,6 @@ impl JobMemory {
     pub fn headroom(&self, est: &Estimate, class: &ClassMemory) -> f64 {
         self.gpu_budget(class) - est.gpu
     }
-
-    /// One sentence with the figures of `est` against `class`.
-    pub fn describe(&self, est: &Estimate, class: &ClassMemory) -> String {
-        let limit = self
-            .pod_memory_limit
-            .map(|l| match &self.pod_memory_limit_source {
-                Some(from) => format!(" (pod limit {}: {from})", gib(as_f64(l))),
-                None => format!(" (pod limit {})", gib(as_f64(l))),
-            })
-            .unwrap_or_default();
-        let host = match (class.host_per_pod, self.pod_memory_limit) {
-            (Some(share), _) => format!(
-                "{} of host memory per pod of {} ({}){limit}",
-                gib(est.host_per_pod),
-                gib(as_f64(share)),
-                class.host_node
-            ),
-            (None, Some(_)) => format!(
-                "{} of host memory per pod{limit} (the nodes state no allocatable memory)",
-                gib(est.host_per_pod)
-            ),
-            (None, None) => format!(
-                "{} of host memory per pod, not checked: the nodes state no allocatable memory and the pod sets no limit",
-                gib(est.host_per_pod)
-            ),
-        };
-        let left = self.headroom(est, class);
-        let total = as_f64(class.gpu_bytes);
-        let room = if left >= 0.0 {
-            format!(
-                "{} headroom ({:.1}% of the GPU)",
-                gib(left),
-                100.0 * left / total.max(1.0)
-            )
-        } else {
-            format!("{} over", gib(-left))
-        };
-        let share = est
-            .offloaded_share
-            .filter(|s| matches!(est.placement, Placement::PartialOptimizer(r) if (r - s).abs() > 0.005))
-            .map(|s| format!(" (DeepSpeed's sub-groups put {:.0}% on the host)", s * 100.0))
-            .unwrap_or_default();
-        let learned = match class.class {
-            Some(c) if !est.learned.is_neutral() => {
-                let mut plain = self.clone();
-                plain.learned.clear();
-                let alone = plain.estimate_checked(est.placement, class).0.gpu;
-                let budget = self.gpu_budget(class);
-                let tried = if alone > budget && est.gpu <= budget {
-                    ": without it the model would not have tried this placement"
-                } else {
-                    ""
-                };
-                format!(
-                    " ({}; the model alone counts {} per GPU{tried})",
-                    est.learned.describe(c),
-                    gib(alone)
-                )
-            }
-            _ => String::new(),
-        };
-        let learned = if self.inferred {
-            format!(
-                "{learned} (the job gives no model hints: sized as {:.2}B parameters from the peaks of its observed runs)",
-                self.parameters / 1e9
-            )
-        } else {
-            learned
-        };
-        let standing = self
-            .shape
-            .standing
-            .said()
-            .map_or(String::new(), |s| format!("; {s}"));
-        format!(
-            "needs about {} of the {} each GPU can hold on {}, {room}{share}, and {host}{learned}{standing}",
-            gib(est.gpu),
-            gib(self.gpu_budget(class)),
-            class.gpu_node
-        )
-    }
-
-    /// What would widen the headroom of `est` when it is close to the limit; `None` otherwise.
-    pub fn close_to_limit(&self, est: &Estimate, class: &ClassMemory) -> Option<String> {
-        let left = self.headroom(est, class);
-        if left < 0.0 || left >= CLOSE_TO_LIMIT_SHARE * as_f64(class.gpu_bytes) {
-            return None;
-        }
-        let mut ideas = Vec::new();
-        if !self.checkpointing && self.tokens.is_some() {
-            ideas.push(format!(
-                "activation checkpointing (activations {} now)",
-                gib(est.activations)
-            ));
-        }
-        if self.tokens.is_some_and(|t| t > 1.0) {
-            ideas.push("a smaller micro-batch".to_string());
-        }
-        ideas.push(format!(
-            "a second GPU ({} in all now) to shard the state over",
-            self.ranks
-        ));
-        Some(format!(
-            "close to the limit ({} left): {} would widen the headroom",
-            gib(left),
-            ideas.join(", ")
-        ))
-    }
 }
 
 /// The memory a GPU must have for an estimate of `estimate` bytes to fit it, with `largest`
@@ -1075,6 +632,16 @@ pub fn operator_sub_group_size(parameters: f64, ranks: u64) -> u64 {
     let group = (per_rank / 100.0 / 1e6).ceil() * 1e6;
     bytes(group.clamp(1e7, 1e9))
 }
+
+mod corrections;
+mod describe;
+mod flushes;
+mod host;
+
+pub use corrections::{
+    Corrections, GPU_FAILURE_MARGIN, HOST_FAILURE_MARGIN, HOST_FAILURE_MIN_BYTES,
+};
+use flushes::Flush;
 
 #[cfg(test)]
 mod tests;

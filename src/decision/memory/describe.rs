@@ -1,0 +1,114 @@
+//! The figures of an estimate in sentences: what it needs of what each GPU and the host hold,
+//! what was learned, and what would widen the headroom near the limit.
+
+use super::{CLOSE_TO_LIMIT_SHARE, ClassMemory, Estimate, JobMemory, Placement, as_f64, gib};
+
+impl JobMemory {
+    /// One sentence with the figures of `est` against `class`.
+    pub fn describe(&self, est: &Estimate, class: &ClassMemory) -> String {
+        let limit = self
+            .pod_memory_limit
+            .map(|l| match &self.pod_memory_limit_source {
+                Some(from) => format!(" (pod limit {}: {from})", gib(as_f64(l))),
+                None => format!(" (pod limit {})", gib(as_f64(l))),
+            })
+            .unwrap_or_default();
+        let host = match (class.host_per_pod, self.pod_memory_limit) {
+            (Some(share), _) => format!(
+                "{} of host memory per pod of {} ({}){limit}",
+                gib(est.host_per_pod),
+                gib(as_f64(share)),
+                class.host_node
+            ),
+            (None, Some(_)) => format!(
+                "{} of host memory per pod{limit} (the nodes state no allocatable memory)",
+                gib(est.host_per_pod)
+            ),
+            (None, None) => format!(
+                "{} of host memory per pod, not checked: the nodes state no allocatable memory and the pod sets no limit",
+                gib(est.host_per_pod)
+            ),
+        };
+        let left = self.headroom(est, class);
+        let total = as_f64(class.gpu_bytes);
+        let room = if left >= 0.0 {
+            format!(
+                "{} headroom ({:.1}% of the GPU)",
+                gib(left),
+                100.0 * left / total.max(1.0)
+            )
+        } else {
+            format!("{} over", gib(-left))
+        };
+        let share = est
+            .offloaded_share
+            .filter(|s| matches!(est.placement, Placement::PartialOptimizer(r) if (r - s).abs() > 0.005))
+            .map(|s| format!(" (DeepSpeed's sub-groups put {:.0}% on the host)", s * 100.0))
+            .unwrap_or_default();
+        let learned = match class.class {
+            Some(c) if !est.learned.is_neutral() => {
+                let mut plain = self.clone();
+                plain.learned.clear();
+                let alone = plain.estimate_checked(est.placement, class).0.gpu;
+                let budget = self.gpu_budget(class);
+                let tried = if alone > budget && est.gpu <= budget {
+                    ": without it the model would not have tried this placement"
+                } else {
+                    ""
+                };
+                format!(
+                    " ({}; the model alone counts {} per GPU{tried})",
+                    est.learned.describe(c),
+                    gib(alone)
+                )
+            }
+            _ => String::new(),
+        };
+        let learned = if self.inferred {
+            format!(
+                "{learned} (the job gives no model hints: sized as {:.2}B parameters from the peaks of its observed runs)",
+                self.parameters / 1e9
+            )
+        } else {
+            learned
+        };
+        let standing = self
+            .shape
+            .standing
+            .said()
+            .map_or(String::new(), |s| format!("; {s}"));
+        format!(
+            "needs about {} of the {} each GPU can hold on {}, {room}{share}, and {host}{learned}{standing}",
+            gib(est.gpu),
+            gib(self.gpu_budget(class)),
+            class.gpu_node
+        )
+    }
+
+    /// What would widen the headroom of `est` when it is close to the limit; `None` otherwise.
+    pub fn close_to_limit(&self, est: &Estimate, class: &ClassMemory) -> Option<String> {
+        let left = self.headroom(est, class);
+        if left < 0.0 || left >= CLOSE_TO_LIMIT_SHARE * as_f64(class.gpu_bytes) {
+            return None;
+        }
+        let mut ideas = Vec::new();
+        if !self.checkpointing && self.tokens.is_some() {
+            ideas.push(format!(
+                "activation checkpointing (activations {} now)",
+                gib(est.activations)
+            ));
+        }
+        if self.tokens.is_some_and(|t| t > 1.0) {
+            ideas.push("a smaller micro-batch".to_string());
+        }
+        ideas.push(format!(
+            "a second GPU ({} in all now) to shard the state over",
+            self.ranks
+        ));
+        Some(format!(
+            "close to the limit ({} left): {} would widen the headroom",
+            gib(left),
+            ideas.join(", ")
+        ))
+    }
+}
