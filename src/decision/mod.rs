@@ -12,6 +12,7 @@
 //! ([`framework`]). What it gives back is in [`resolution`]; the defaults and bounds every step
 //! reads in [`settings`].
 
+mod annotations;
 mod candidates;
 mod constraints;
 pub mod cpu;
@@ -35,6 +36,7 @@ pub mod referenced;
 mod request;
 mod resolution;
 mod resolve;
+mod resources;
 mod selection;
 mod settings;
 pub mod shape;
@@ -48,7 +50,8 @@ pub use framework::{
     DeepSpeedPlan, FrameworkPlan, FsdpPlan, ZENFLOW_TOPK_RATIO, ZENFLOW_UPDATE_INTERVAL,
 };
 pub use model_config::{MODEL_CONFIG_KEY, ModelConfigError};
-pub use request::{AdmittedRequest, DeepSpeedRequest, JobRequest, LearnedView, PodResources};
+pub use request::{AdmittedRequest, DeepSpeedRequest, JobRequest, LearnedView};
+pub use resources::PodResources;
 pub use selection::{
     ProfileNotFound, SelectedProfile, builtin_default_profile, explicit_offload, opted_in,
     profile_name, profile_name_for, requested_profile, select_profile,

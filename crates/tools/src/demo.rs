@@ -30,6 +30,9 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 /// The operator's whole story on a local cluster.
+#[path = "demo/kueue.rs"]
+mod kueue;
+
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
@@ -160,7 +163,7 @@ async fn demo(cli: Cli) -> Result<(), String> {
     wait_for_decisions(&cluster, &client).await?;
     show_decisions(&cluster, in_cluster)?;
     if cli.kueue {
-        kueue_story(&cluster, &client).await?;
+        kueue::story(&cluster, &client).await?;
     }
     if cli.keep {
         eprintln!(
@@ -504,171 +507,6 @@ fn show_job(cluster: &DevCluster, job: &str) -> Result<(), String> {
         "  node {}",
         kubectl(&["get", "pod", &pod, "-o", "jsonpath={.spec.nodeName}"])?
     );
-    Ok(())
-}
-
-/// The Kueue part of the demo: a ClusterQueue of one GPU per node class, a LocalQueue, two
-/// jobs for the discrete class: the first is admitted and runs (its kwok pod is told to keep
-/// running), the second waits with Kueue's reason, and is admitted once the first finishes.
-async fn kueue_story(cluster: &DevCluster, client: &kube::Client) -> Result<(), String> {
-    use offload_api::v1alpha1::JobPhase;
-    const NS: &str = "kueue-demo";
-    step(
-        "Kueue: ClusterQueue demo (1 GPU per node class), LocalQueue demo in namespace kueue-demo; two jobs for the pcie-pool profile",
-    );
-    let flavors: Vec<serde_json::Value> = ["offload-discrete", "offload-coherent"]
-        .iter()
-        .map(|f| {
-            json!({"name": f, "resources": [
-                {"name": "cpu", "nominalQuota": 64},
-                {"name": "memory", "nominalQuota": "512Gi"},
-                {"name": "nvidia.com/gpu", "nominalQuota": 1}]})
-        })
-        .collect();
-    let manifests = json!({"apiVersion": "v1", "kind": "List", "items": [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
-        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
-         "metadata": {"name": "demo"},
-         "spec": {"namespaceSelector": {},
-                  "resourceGroups": [{"coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
-                                      "flavors": flavors}]}},
-        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-         "metadata": {"name": "demo", "namespace": NS}, "spec": {"clusterQueue": "demo"}}
-    ]});
-    let file = cluster.root().join("kueue-demo.json");
-    std::fs::write(&file, manifests.to_string())
-        .map_err(|e| format!("writing {}: {e}", file.display()))?;
-    kubectl(cluster, &["apply", "-f", &file.display().to_string()])?;
-    let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
-    let create = |name: &'static str| {
-        let tjs = tjs.clone();
-        async move {
-            let tj: TrainingJob = serde_json::from_value(deploy::queued_training_job(
-                name,
-                Some("demo"),
-                "pcie-pool",
-                None,
-                false,
-            ))
-            .map_err(|e| e.to_string())?;
-            // The webhooks answer once Kueue's certificates are in place.
-            wait_for(
-                &format!("{name} admitted by the webhooks"),
-                Duration::from_secs(120),
-                || {
-                    let (tjs, tj) = (tjs.clone(), tj.clone());
-                    async move { tjs.create(&PostParams::default(), &tj).await.is_ok() }
-                },
-            )
-            .await
-        }
-    };
-    let admitted = |tj: &TrainingJob| -> Option<(String, String)> {
-        let c = tj
-            .status
-            .as_ref()?
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Admitted")?;
-        Some((c.status.clone(), c.message.clone()))
-    };
-    // Waits until the second job's Admitted condition (status, message) satisfies `holds`.
-    let second_admission = |what: &'static str, holds: fn(&str, &str) -> bool| {
-        let tjs = tjs.clone();
-        wait_for(what, Duration::from_secs(120), move || {
-            let tjs = tjs.clone();
-            async move {
-                tjs.get("second")
-                    .await
-                    .ok()
-                    .and_then(|t| admitted(&t))
-                    .is_some_and(|(s, m)| holds(&s, &m))
-            }
-        })
-    };
-    let show_queue = || -> Result<(), String> {
-        println!("$ kubectl -n {NS} get trainingjobs,workloads.kueue.x-k8s.io");
-        let shown = kubectl(
-            cluster,
-            &["-n", NS, "get", "trainingjobs,workloads.kueue.x-k8s.io"],
-        )?;
-        println!("{shown}");
-        Ok(())
-    };
-    let started = Instant::now();
-    create("first").await?;
-    wait_for("first Running", Duration::from_secs(120), || {
-        let tjs = tjs.clone();
-        async move {
-            tjs.get("first")
-                .await
-                .ok()
-                .is_some_and(|t| t.status.as_ref().and_then(|s| s.phase) == Some(JobPhase::Running))
-        }
-    })
-    .await?;
-    eprintln!(
-        "first: admitted and Running in {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
-    let queued_at = Instant::now();
-    create("second").await?;
-    second_admission("second Queued with Kueue's reason", |s, m| {
-        s == "False" && m.contains("Kueue:")
-    })
-    .await?;
-    eprintln!(
-        "second: waiting, with Kueue's reason, {:.1} s after it was created",
-        queued_at.elapsed().as_secs_f64()
-    );
-    println!();
-    show_queue()?;
-    println!(
-        "$ kubectl -n {NS} get trainingjob second -o jsonpath='{{.status.conditions[?(@.type==\"Admitted\")].message}}'"
-    );
-    println!(
-        "{}\n",
-        kubectl(
-            cluster,
-            &[
-                "-n",
-                NS,
-                "get",
-                "trainingjob",
-                "second",
-                "-o",
-                "jsonpath={.status.conditions[?(@.type==\"Admitted\")].message}"
-            ]
-        )?
-    );
-    // The first job finishes (its kwok pod is let go): the second is admitted.
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
-    let list = pods
-        .list(
-            &ListParams::default()
-                .labels(&format!("{}=first", offload_api::names::LABEL_TRAINING_JOB)),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    for pod in list.items {
-        let name = pod.metadata.name.unwrap_or_default();
-        pods.patch(
-            &name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(
-                json!({"metadata": {"annotations": {deploy::KWOK_KEEP_RUNNING: null}}}),
-            ),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    }
-    let released = Instant::now();
-    second_admission("second admitted once first finished", |s, _| s == "True").await?;
-    eprintln!(
-        "second: admitted {:.1} s after first was let finish",
-        released.elapsed().as_secs_f64()
-    );
-    show_queue()?;
     Ok(())
 }
 

@@ -1,10 +1,12 @@
 //! The `offload.dev/v1alpha1` API: `TrainingJob` and `OffloadProfile`, and the CRDs made from them.
 
 mod common;
+mod model_hints;
 mod offload_profile;
 mod training_job;
 
 pub use common::*;
+pub use model_hints::*;
 pub use offload_profile::*;
 pub use training_job::*;
 

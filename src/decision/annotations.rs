@@ -1,0 +1,144 @@
+//! Model hints of another object kind, read from its annotations (a batch Job, JobSet,
+//! PyTorchJob, TrainJob or Pod carries no `spec.model`): each annotation as the TrainingJob's
+//! field, within the bound of the one table ([`offload_api::hints`]), every message naming the
+//! annotation.
+
+use std::collections::BTreeMap;
+
+use offload_api::names;
+use offload_api::quantity::ParameterCount;
+use offload_api::v1alpha1::ModelHints;
+
+/// Model hints of another object kind, each annotation as the `spec.model` field of a
+/// TrainingJob: `offload.dev/model-parameters` (`8B`), `offload.dev/model-config` (a ConfigMap
+/// holding the model's `config.json`), `offload.dev/tokens-per-step`, `offload.dev/architecture`,
+/// `offload.dev/hidden-size`, `offload.dev/layers`, `offload.dev/intermediate-size`,
+/// `offload.dev/attention-heads`, `offload.dev/key-value-heads`, `offload.dev/head-dim`,
+/// `offload.dev/vocab-size`, `offload.dev/tied-embeddings`, `offload.dev/rotary-embeddings`,
+/// `offload.dev/experts`,
+/// `offload.dev/experts-per-token`, `offload.dev/shared-experts`,
+/// `offload.dev/expert-intermediate-size`, `offload.dev/activation-checkpointing`. Every
+/// message names the annotation.
+pub(super) fn model_annotations(
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<ModelHints>, String> {
+    use offload_api::v1alpha1::{ExpertHints, ModelArchitecture};
+    let get = |key: &str| -> Option<&str> { annotations.get(key).map(String::as_str) };
+    use offload_api::hints::{self, CountHint};
+    // Every hint's annotation but the three that size a model alone.
+    let sizing = [
+        names::ANNOTATION_MODEL_PARAMETERS,
+        names::ANNOTATION_MODEL_CONFIG,
+    ];
+    let shape_keys: Vec<&str> = hints::COUNT_HINTS
+        .iter()
+        .map(|h| h.annotation)
+        .chain(hints::OTHER_HINTS.iter().map(|(_, a)| *a))
+        .filter(|a| !sizing.contains(a))
+        .collect();
+    let parameters = get(names::ANNOTATION_MODEL_PARAMETERS);
+    let config = get(names::ANNOTATION_MODEL_CONFIG);
+    let hidden_and_layers =
+        get(names::ANNOTATION_HIDDEN_SIZE).is_some() && get(names::ANNOTATION_LAYERS).is_some();
+    if parameters.is_none() && config.is_none() && !hidden_and_layers {
+        if let Some(key) = shape_keys.iter().find(|k| get(k).is_some()) {
+            return Err(format!(
+                "annotation {key} needs {} (the model's total parameters, e.g. 8B), {} (a ConfigMap with its config.json), or {} and {}",
+                names::ANNOTATION_MODEL_PARAMETERS,
+                names::ANNOTATION_MODEL_CONFIG,
+                names::ANNOTATION_HIDDEN_SIZE,
+                names::ANNOTATION_LAYERS
+            ));
+        }
+        return Ok(None);
+    }
+    let parameters = parameters
+        .map(|p| {
+            ParameterCount::parse(p)
+                .map_err(|e| format!("annotation {}: {e}", names::ANNOTATION_MODEL_PARAMETERS))
+        })
+        .transpose()?;
+    let config_map_ref = config
+        .map(|name| {
+            offload_api::validation::object_name(name)
+                .map(|()| offload_api::v1alpha1::ConfigMapKeyRef {
+                    name: name.to_string(),
+                    key: None,
+                })
+                .map_err(|e| format!("annotation {}: {e}", names::ANNOTATION_MODEL_CONFIG))
+        })
+        .transpose()?;
+    let count = |hint: &CountHint| -> Result<Option<i64>, String> {
+        let (key, max) = (hint.annotation, hint.max);
+        let min = u64::try_from(hint.min).unwrap_or(0);
+        get(key)
+            .map(|v| match v.trim().parse::<u64>() {
+                Ok(n) if n >= min && i64::try_from(n).is_ok_and(|n| n <= max) => {
+                    Ok(i64::try_from(n).unwrap_or(max))
+                }
+                Ok(_) if v.trim().parse::<u64>().is_ok_and(|n| n < min) => Err(format!(
+                    "annotation {key}: use a whole number of at least {min}"
+                )),
+                Ok(_) => Err(format!(
+                    "annotation {key}: {v} is too large (at most {max})"
+                )),
+                Err(e) if matches!(e.kind(), std::num::IntErrorKind::PosOverflow) => Err(format!(
+                    "annotation {key}: {v} is too large (at most {max})"
+                )),
+                Err(_) => Err(format!("annotation {key}: {v:?} is not a whole number")),
+            })
+            .transpose()
+    };
+    let flag = |key: &str| -> Result<Option<bool>, String> {
+        match get(key) {
+            None => Ok(None),
+            Some("true") => Ok(Some(true)),
+            Some("false") => Ok(Some(false)),
+            Some(v) => Err(format!("annotation {key}: {v:?} is not true or false")),
+        }
+    };
+    let architecture = match get(names::ANNOTATION_ARCHITECTURE) {
+        None => None,
+        Some("Llama") => Some(ModelArchitecture::Llama),
+        Some("GPT") => Some(ModelArchitecture::Gpt),
+        Some(v) => {
+            return Err(format!(
+                "annotation {}: {v:?} is neither Llama nor GPT",
+                names::ANNOTATION_ARCHITECTURE
+            ));
+        }
+    };
+    let experts = match (count(&hints::EXPERTS)?, count(&hints::EXPERTS_PER_TOKEN)?) {
+        (None, None) => None,
+        (Some(count_), Some(per_token)) => Some(ExpertHints {
+            count: count_,
+            per_token,
+            shared: count(&hints::SHARED_EXPERTS)?,
+            intermediate_size: count(&hints::EXPERT_INTERMEDIATE_SIZE)?,
+        }),
+        _ => {
+            return Err(format!(
+                "annotations {} and {} go together",
+                names::ANNOTATION_EXPERTS,
+                names::ANNOTATION_EXPERTS_PER_TOKEN
+            ));
+        }
+    };
+    Ok(Some(ModelHints {
+        parameters,
+        config_map_ref,
+        tokens_per_step: count(&hints::TOKENS_PER_STEP)?,
+        architecture,
+        hidden_size: count(&hints::HIDDEN_SIZE)?,
+        layers: count(&hints::LAYERS)?,
+        intermediate_size: count(&hints::INTERMEDIATE_SIZE)?,
+        attention_heads: count(&hints::ATTENTION_HEADS)?,
+        key_value_heads: count(&hints::KEY_VALUE_HEADS)?,
+        head_dim: count(&hints::HEAD_DIM)?,
+        vocab_size: count(&hints::VOCAB_SIZE)?,
+        tied_embeddings: flag(names::ANNOTATION_TIED_EMBEDDINGS)?,
+        rotary_embeddings: flag(names::ANNOTATION_ROTARY_EMBEDDINGS)?,
+        experts,
+        activation_checkpointing: flag(names::ANNOTATION_ACTIVATION_CHECKPOINTING)?,
+    }))
+}
