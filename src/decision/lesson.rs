@@ -163,53 +163,11 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
         host_node: String::new(),
         class: Some(obs.class),
     };
-    // What the job needed of the GPU, as the estimate counts it (without the CUDA context):
-    // the allocator's own figure where it is known; else the device's peak less the context,
-    // which still counts the allocator's cache (an upper bound); and a run out of GPU memory
-    // without the allocator's words needed at least all it could have.
-    #[allow(clippy::cast_precision_loss)]
-    let needed = match (obs.allocated.filter(|a| *a > 0), obs.failed) {
-        (Some(a), _) => a as f64,
-        (None, Some(MemoryKind::Gpu)) => {
-            (gpu_peak as f64 - CONTEXT_RESERVE_BYTES).max(cm.gpu_budget())
-        }
-        (None, _) => (gpu_peak as f64 - CONTEXT_RESERVE_BYTES).max(0.0),
-    };
+    let needed = needed_of(obs, gpu_peak, &cm);
     #[allow(clippy::cast_precision_loss)]
     let host_peak = obs.host_peak.map(|h| h as f64).filter(|h| *h > 0.0);
-    let (jm, parameters) = match sizing::unlearned_memory(&job, &facts)? {
-        Some(jm) => (jm, None),
-        None => {
-            // Only a run that ran shows a size: one that ran out of memory shows only that
-            // it needed more (the ladder, or the failure's record, moves it on).
-            if job.identity.is_none() || obs.failed.is_some() {
-                return Ok(None);
-            }
-            #[allow(clippy::cast_precision_loss)]
-            let max = MAX_PARAMETERS as f64;
-            let Some(probe) = sizing::sized_as(&job, &facts, 1e9) else {
-                return Ok(None);
-            };
-            let sized = |p: f64| JobMemory {
-                parameters: p,
-                ..probe.clone()
-            };
-            let p = match host_peak {
-                Some(h) if obs.placement != Placement::NoOffload => {
-                    solve(1e6, max, h * HOST_FIT_OVER, |p| {
-                        sized(p).estimate_checked(obs.placement, &cm).0.host_per_pod
-                    })
-                }
-                _ => solve(1e6, max, needed, |p| {
-                    gpu_with(&sized(p), &cm, obs.placement, learned::MIN_ACTIVATIONS)
-                }),
-            };
-            let Some(jm) = sizing::sized_as(&job, &facts, p) else {
-                return Ok(None);
-            };
-            let parameters = jm.parameters;
-            (jm, Some(parameters))
-        }
+    let Some((jm, parameters)) = model_of(&job, &facts, obs, &cm, needed, host_peak)? else {
+        return Ok(None);
     };
     // Less than the weights, gradients and optimizer state the configuration holds on the GPU
     // (what the model counts exactly) is no step of it: a window before its first step, or a
@@ -217,30 +175,12 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
     if obs.failed.is_none() && needed < gpu_with(&jm, &cm, obs.placement, 0.0) {
         return Ok(None);
     }
-    let mut activations = solve(learned::MIN_ACTIVATIONS, learned::MAX_FACTOR, needed, |a| {
-        gpu_with(&jm, &cm, obs.placement, a)
-    });
-    // A run that ran proves its configuration fits: its lesson never says otherwise, so the
-    // next decision never offloads more than what ran (the factor is kept where the model,
-    // with the store's growth margin, still fits the placement in the GPU's budget).
-    let mut capped = false;
-    if obs.failed.is_none() {
-        let fits = solve(
-            learned::MIN_ACTIVATIONS,
-            learned::MAX_FACTOR,
-            cm.gpu_budget(),
-            |a| gpu_with(&jm, &cm, obs.placement, a * (1.0 + learned::GROWTH_MARGIN)),
-        );
-        if fits < activations {
-            activations = fits;
-            capped = true;
-        }
-    }
     if let Some(decided) = &obs.decided_shape
         && *decided != jm.shape_key
     {
         return Ok(None);
     }
+    let (activations, capped) = activations_of(&jm, &cm, obs, needed);
     let est = jm.estimate_checked(obs.placement, &cm).0;
     let host = host_peak
         .filter(|_| est.host_per_pod > 0.0)
@@ -263,40 +203,15 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
     } else {
         jm.shape.describe()
     };
-    #[allow(clippy::cast_precision_loss)]
-    let sentence = format!(
-        "{} with {} peaked at {} of GPU memory ({}; the model estimated {} with the CUDA context){}: activations ×{activations:.2}{}{}{}",
-        if obs.failed.is_some() {
-            "ran out of memory"
-        } else {
-            "ran"
-        },
-        obs.placement,
-        super::memory::gib(gpu_peak as f64),
-        match obs.allocated.filter(|a| *a > 0) {
-            Some(a) => format!("PyTorch's allocator: {}", super::memory::gib(a as f64)),
-            None => "the device's figure, with the allocator's cache: an upper bound".into(),
-        },
-        super::memory::gib(est.gpu + CONTEXT_RESERVE_BYTES),
-        match host_peak {
-            Some(h) => format!(
-                " and {} of host memory (estimated {})",
-                super::memory::gib(h),
-                super::memory::gib(est.host_per_pod)
-            ),
-            None => String::new(),
-        },
-        host.map_or(String::new(), |h| format!(", host ×{h:.2}")),
-        if capped {
-            " (at most: it ran, so the model keeps it fitting)"
-        } else {
-            ""
-        },
-        parameters.map_or(String::new(), |p| format!(
-            "; without model hints, its peaks show at most {:.2}B parameters",
-            p / 1e9
-        )),
-    );
+    let said = Said {
+        gpu_peak,
+        host_peak,
+        est: &est,
+        activations,
+        host,
+        capped,
+        parameters,
+    };
     let (placement, ratio) = obs.placement.state();
     Ok(Some(Lesson {
         shape: jm.shape_key.clone(),
@@ -313,6 +228,141 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
         },
         trained: obs.trained && obs.failed.is_none(),
         trial: obs.trial,
-        sentence,
+        sentence: said.sentence(obs),
     }))
+}
+
+/// What the job needed of the GPU, as the estimate counts it (without the CUDA context): the
+/// allocator's own figure where it is known; else the device's peak less the context, which
+/// still counts the allocator's cache (an upper bound); and a run out of GPU memory without
+/// the allocator's words needed at least all it could have.
+fn needed_of(obs: &Observed, gpu_peak: u64, cm: &ClassMemory) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    match (obs.allocated.filter(|a| *a > 0), obs.failed) {
+        (Some(a), _) => a as f64,
+        (None, Some(MemoryKind::Gpu)) => {
+            (gpu_peak as f64 - CONTEXT_RESERVE_BYTES).max(cm.gpu_budget())
+        }
+        (None, _) => (gpu_peak as f64 - CONTEXT_RESERVE_BYTES).max(0.0),
+    }
+}
+
+/// The memory model the run is learned against: the job's hints', or for a job without hints
+/// the size its peaks show (with that size); `None` where the run teaches no size.
+fn model_of(
+    job: &JobRequest,
+    facts: &framework::FrameworkFacts,
+    obs: &Observed,
+    cm: &ClassMemory,
+    needed: f64,
+    host_peak: Option<f64>,
+) -> Result<Option<(JobMemory, Option<f64>)>, ResolveError> {
+    if let Some(jm) = sizing::unlearned_memory(job, facts)? {
+        return Ok(Some((jm, None)));
+    }
+    // Only a run that ran shows a size: one that ran out of memory shows only that it needed
+    // more (the ladder, or the failure's record, moves it on).
+    if job.identity.is_none() || obs.failed.is_some() {
+        return Ok(None);
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let max = MAX_PARAMETERS as f64;
+    let Some(probe) = sizing::sized_as(job, facts, 1e9) else {
+        return Ok(None);
+    };
+    let sized = |p: f64| JobMemory {
+        parameters: p,
+        ..probe.clone()
+    };
+    let p = match host_peak {
+        Some(h) if obs.placement != Placement::NoOffload => {
+            solve(1e6, max, h * HOST_FIT_OVER, |p| {
+                sized(p).estimate_checked(obs.placement, cm).0.host_per_pod
+            })
+        }
+        _ => solve(1e6, max, needed, |p| {
+            gpu_with(&sized(p), cm, obs.placement, learned::MIN_ACTIVATIONS)
+        }),
+    };
+    Ok(sizing::sized_as(job, facts, p).map(|jm| {
+        let parameters = jm.parameters;
+        (jm, Some(parameters))
+    }))
+}
+
+/// The activation factor the run shows, and whether it was capped: a run that ran proves its
+/// configuration fits, so its lesson never says otherwise and the next decision never offloads
+/// more than what ran (the factor is kept where the model, with the store's growth margin,
+/// still fits the placement in the GPU's budget).
+fn activations_of(jm: &JobMemory, cm: &ClassMemory, obs: &Observed, needed: f64) -> (f64, bool) {
+    let activations = solve(learned::MIN_ACTIVATIONS, learned::MAX_FACTOR, needed, |a| {
+        gpu_with(jm, cm, obs.placement, a)
+    });
+    if obs.failed.is_some() {
+        return (activations, false);
+    }
+    let fits = solve(
+        learned::MIN_ACTIVATIONS,
+        learned::MAX_FACTOR,
+        cm.gpu_budget(),
+        |a| gpu_with(jm, cm, obs.placement, a * (1.0 + learned::GROWTH_MARGIN)),
+    );
+    if fits < activations {
+        (fits, true)
+    } else {
+        (activations, false)
+    }
+}
+
+/// A lesson's figures, for its sentence.
+struct Said<'a> {
+    gpu_peak: u64,
+    host_peak: Option<f64>,
+    est: &'a super::memory::Estimate,
+    activations: f64,
+    host: Option<f64>,
+    capped: bool,
+    parameters: Option<f64>,
+}
+
+impl Said<'_> {
+    #[allow(clippy::cast_precision_loss)]
+    fn sentence(&self, obs: &Observed) -> String {
+        let gib = super::memory::gib;
+        let allocator = match obs.allocated.filter(|a| *a > 0) {
+            Some(a) => format!("PyTorch's allocator: {}", gib(a as f64)),
+            None => "the device's figure, with the allocator's cache: an upper bound".into(),
+        };
+        let host_said = match self.host_peak {
+            Some(h) => format!(
+                " and {} of host memory (estimated {})",
+                gib(h),
+                gib(self.est.host_per_pod)
+            ),
+            None => String::new(),
+        };
+        format!(
+            "{} with {} peaked at {} of GPU memory ({allocator}; the model estimated {} with the CUDA context){host_said}: activations ×{:.2}{}{}{}",
+            if obs.failed.is_some() {
+                "ran out of memory"
+            } else {
+                "ran"
+            },
+            obs.placement,
+            gib(self.gpu_peak as f64),
+            gib(self.est.gpu + CONTEXT_RESERVE_BYTES),
+            self.activations,
+            self.host
+                .map_or(String::new(), |h| format!(", host ×{h:.2}")),
+            if self.capped {
+                " (at most: it ran, so the model keeps it fitting)"
+            } else {
+                ""
+            },
+            self.parameters.map_or(String::new(), |p| format!(
+                "; without model hints, its peaks show at most {:.2}B parameters",
+                p / 1e9
+            )),
+        )
+    }
 }

@@ -222,134 +222,58 @@ pub fn explain_after(tj: &TrainingJob, inputs: &mut Inputs, evidence: &[Evidence
             Err(_) => break,
         };
         let status = res.status();
-        let config = configuration(&status);
+        let step = |outcome: String, lesson: Option<String>| LoopStep {
+            source: ev.source.clone(),
+            configuration: configuration(&status),
+            decided: res.memory_why.clone(),
+            outcome,
+            lesson,
+        };
+        // Evidence is judged as the controller judges it: after maxMemoryRetries failures
+        // nothing is decided again, and figures that cannot be true on the nodes teach nothing.
+        if let Some(held) = held_after_retries(&tj, inputs, &status.profile) {
+            steps.push(step(held, None));
+            break;
+        }
+        if let Some(why) = implausible(&ev.pod, inputs) {
+            steps.push(step(
+                format!("not evidence: {why}; it teaches nothing"),
+                None,
+            ));
+            continue;
+        }
         let failed = match &ev.outcome {
             Outcome::OutOfMemory(kind, _) => Some(*kind),
             _ => None,
         };
-        // Evidence is judged as the controller judges it: figures that cannot be true on the
-        // nodes teach nothing, and after maxMemoryRetries failures nothing is decided again.
-        let retries = crate::decision::ClusterView::profile(&inputs.view, &status.profile)
-            .map_or(offload_api::v1alpha1::DEFAULT_MAX_MEMORY_RETRIES, |p| {
-                p.max_memory_retries
-            });
-        let failures = tj.status.as_ref().map_or(0, |s| s.memory_failures.len());
-        if failures > retries as usize {
-            steps.push(LoopStep {
-                source: ev.source.clone(),
-                configuration: config,
-                decided: res.memory_why.clone(),
-                outcome: format!(
-                    "not taken: {failures} configurations ran out of memory, more than the profile's maxMemoryRetries ({retries}); the controller holds the job and decides it no more"
-                ),
-                lesson: None,
-            });
-            break;
-        }
-        if let Some(why) = implausible(&ev.pod, inputs) {
-            steps.push(LoopStep {
-                source: ev.source.clone(),
-                configuration: config,
-                decided: res.memory_why.clone(),
-                outcome: format!("not evidence: {why}; it teaches nothing"),
-                lesson: None,
-            });
-            continue;
-        }
-        let (outcome, teaches) = match &ev.outcome {
-            Outcome::Ran => ("ran".to_string(), true),
-            Outcome::OutOfMemory(kind, message) => (
-                format!(
-                    "ran out of {} memory: {}",
-                    match kind {
-                        MemoryKind::Gpu => "GPU",
-                        MemoryKind::Host => "host",
-                    },
-                    oom_line(message)
-                ),
-                true,
-            ),
-            Outcome::Failed(why) => (
-                format!(
-                    "failed for another reason ({why}): it teaches nothing and is not re-decided"
-                ),
-                false,
+        let lesson = match ev.outcome {
+            Outcome::Failed(_) => None,
+            _ => learn(
+                &tj,
+                inputs,
+                &mut store,
+                ev,
+                &res,
+                format!("observed-{i}"),
+                now,
             ),
         };
-        let mut lesson_said = None;
-        if teaches {
-            let observed = Observed {
-                placement: res.placement,
-                class: ran_on(res.node_class, inputs),
-                gpu_bytes: ev.pod.gpu_memory_total_bytes.unwrap_or_default(),
-                gpu_peak: ev.pod.gpu_memory_peak_bytes,
-                allocated: match &ev.outcome {
-                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-                    Outcome::OutOfMemory(MemoryKind::Gpu, m) => {
-                        crate::decision::evidence::AllocatorOom::parse(m)
-                            .map(|o| o.needed())
-                            .filter(|n| *n >= 1.0 && *n < 1.8e19)
-                            .map(|n| n as u64)
-                    }
-                    _ => ev.pod.allocator_peak_bytes,
-                },
-                host_peak: ev.pod.host_memory_peak_bytes,
-                failed,
-                trained: ev.trained,
-                trial: res.trial.is_some(),
-                decided_shape: res.memory.as_ref().map(|m| m.shape.clone()),
-            };
-            let config_of = inputs.user_config(&tj);
-            let model = inputs.model_config(&tj);
-            if let Ok(Some((profile, lesson))) = lesson_of(
-                &tj,
-                config_of.as_ref().map(Option::as_ref),
-                model.as_ref().map(Option::as_ref),
-                &inputs.view,
-                &observed,
-            ) {
-                let run = lesson.run(
-                    &format!(
-                        "{}/{}/observed-{i}",
-                        tj.metadata.namespace.as_deref().unwrap_or_default(),
-                        tj.metadata.name.as_deref().unwrap_or_default()
-                    ),
-                    failed.is_some(),
-                    now,
-                );
-                match lesson.record(&mut store, &profile, observed.class, run) {
-                    Ok(_) => lesson_said = Some(lesson.sentence.clone()),
-                    Err(e) => lesson_said = Some(format!("not learned: {e}")),
-                }
-                inputs.view.learned = Some(LearnedView {
-                    memory: Arc::new(store.clone()),
-                    now,
-                });
-            }
-        }
         if let Some(kind) = failed {
-            let message = oom_line(match &ev.outcome {
-                Outcome::OutOfMemory(_, m) => m,
-                _ => "",
-            });
             let failure = crate::decision::evidence::failure_record(
                 &tj,
                 Some(&status),
                 kind,
                 &format!("observed-{i}"),
-                &message,
+                &oom_line(match &ev.outcome {
+                    Outcome::OutOfMemory(_, m) => m,
+                    _ => "",
+                }),
                 now.to_string(),
             );
             let st = tj.status.get_or_insert_with(TrainingJobStatus::default);
             st.memory_failures.push(failure);
         }
-        steps.push(LoopStep {
-            source: ev.source.clone(),
-            configuration: config,
-            decided: res.memory_why.clone(),
-            outcome,
-            lesson: lesson_said,
-        });
+        steps.push(step(outcome_said(&ev.outcome), lesson));
         // A run that trained ends its job: the next run is a new job of the same shape, decided
         // from what the store holds, not from this job's failures.
         if ev.trained
@@ -362,4 +286,104 @@ pub fn explain_after(tj: &TrainingJob, inputs: &mut Inputs, evidence: &[Evidence
     let mut out = explain_training_job(&tj, inputs, false);
     out.closed_loop = steps;
     out
+}
+
+/// Why the controller decides `tj` no more: more configurations ran out of memory than its
+/// profile's `maxMemoryRetries`.
+fn held_after_retries(tj: &TrainingJob, inputs: &Inputs, profile: &str) -> Option<String> {
+    let retries = crate::decision::ClusterView::profile(&inputs.view, profile)
+        .map_or(offload_api::v1alpha1::DEFAULT_MAX_MEMORY_RETRIES, |p| {
+            p.max_memory_retries
+        });
+    let failures = tj.status.as_ref().map_or(0, |s| s.memory_failures.len());
+    (failures > retries as usize).then(|| {
+        format!(
+            "not taken: {failures} configurations ran out of memory, more than the profile's maxMemoryRetries ({retries}); the controller holds the job and decides it no more"
+        )
+    })
+}
+
+/// How a run ended, in words.
+fn outcome_said(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::Ran => "ran".to_string(),
+        Outcome::OutOfMemory(kind, message) => format!(
+            "ran out of {} memory: {}",
+            match kind {
+                MemoryKind::Gpu => "GPU",
+                MemoryKind::Host => "host",
+            },
+            oom_line(message)
+        ),
+        Outcome::Failed(why) => {
+            format!("failed for another reason ({why}): it teaches nothing and is not re-decided")
+        }
+    }
+}
+
+/// What the run `ev` of `res`'s configuration teaches, recorded in `store` (and the view the
+/// next decision reads) as run `who` of the job; the lesson in a sentence.
+fn learn(
+    tj: &TrainingJob,
+    inputs: &mut Inputs,
+    store: &mut crate::decision::learned::LearnedMemory,
+    ev: &Evidence,
+    res: &crate::decision::Resolution,
+    who: String,
+    now: jiff::Timestamp,
+) -> Option<String> {
+    let failed = match &ev.outcome {
+        Outcome::OutOfMemory(kind, _) => Some(*kind),
+        _ => None,
+    };
+    let observed = Observed {
+        placement: res.placement,
+        class: ran_on(res.node_class, inputs),
+        gpu_bytes: ev.pod.gpu_memory_total_bytes.unwrap_or_default(),
+        gpu_peak: ev.pod.gpu_memory_peak_bytes,
+        allocated: match &ev.outcome {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            Outcome::OutOfMemory(MemoryKind::Gpu, m) => {
+                crate::decision::evidence::AllocatorOom::parse(m)
+                    .map(|o| o.needed())
+                    .filter(|n| *n >= 1.0 && *n < 1.8e19)
+                    .map(|n| n as u64)
+            }
+            _ => ev.pod.allocator_peak_bytes,
+        },
+        host_peak: ev.pod.host_memory_peak_bytes,
+        failed,
+        trained: ev.trained,
+        trial: res.trial.is_some(),
+        decided_shape: res.memory.as_ref().map(|m| m.shape.clone()),
+    };
+    let config_of = inputs.user_config(tj);
+    let model = inputs.model_config(tj);
+    let Ok(Some((profile, lesson))) = lesson_of(
+        tj,
+        config_of.as_ref().map(Option::as_ref),
+        model.as_ref().map(Option::as_ref),
+        &inputs.view,
+        &observed,
+    ) else {
+        return None;
+    };
+    let run = lesson.run(
+        &format!(
+            "{}/{}/{who}",
+            tj.metadata.namespace.as_deref().unwrap_or_default(),
+            tj.metadata.name.as_deref().unwrap_or_default()
+        ),
+        failed.is_some(),
+        now,
+    );
+    let said = match lesson.record(store, &profile, observed.class, run) {
+        Ok(_) => lesson.sentence.clone(),
+        Err(e) => format!("not learned: {e}"),
+    };
+    inputs.view.learned = Some(LearnedView {
+        memory: Arc::new(store.clone()),
+        now,
+    });
+    Some(said)
 }
