@@ -304,63 +304,70 @@ fn explain(runtime: &tokio::runtime::Runtime, args: &ExplainArgs) -> ExitCode {
             }
         }
     }
-    let mut out = Vec::new();
-    for m in &manifests {
-        if !runs.is_empty() {
-            let job = m
-                .pointer("/metadata/name")
-                .and_then(serde_json::Value::as_str)
-                .unwrap_or_default();
-            let mut evidence = Vec::new();
-            for (source, text) in &runs {
-                match explain::read_evidence(source, text, job) {
-                    Ok(e) => evidence.push(e),
-                    Err(e) => {
-                        eprintln!("error: {e}");
-                        return ExitCode::from(2);
-                    }
-                }
-            }
-            match explain::explain_observed(m, &mut inputs, &evidence) {
-                Ok(e) => out.push(e),
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::from(2);
-                }
-            }
-            continue;
+    let out = match explain_each(&manifests, &mut inputs, &runs, args.candidates) {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
         }
-        match explain::explain(m, &inputs, args.candidates) {
-            Ok(e) => out.push(e),
-            Err(e) => {
-                eprintln!("error: {e}");
-                return ExitCode::from(2);
-            }
-        }
-    }
-    if args.output == "json" {
-        let value = if out.len() == 1 {
-            serde_json::to_string_pretty(&out[0])
-        } else {
-            serde_json::to_string_pretty(&out)
-        };
-        match value {
-            Ok(s) => println!("{s}"),
-            Err(e) => {
-                eprintln!("error: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
-    } else {
-        for e in &out {
-            print!("{}", explain::to_text(e));
-        }
+    };
+    if let Err(e) = print_explanations(&out, &args.output) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
     }
     // An object the operator would refuse or hold is a failure for scripts and CI.
     if out.iter().any(explain::Explanation::refused) {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// Each manifest's explanation: with the runs given (`--observed`), the loop over what they
+/// showed; without, the first decision.
+fn explain_each(
+    manifests: &[serde_json::Value],
+    inputs: &mut offload_operator::explain::Inputs,
+    runs: &[(String, String)],
+    candidates: bool,
+) -> Result<Vec<offload_operator::explain::Explanation>, String> {
+    use offload_operator::explain;
+    let mut out = Vec::new();
+    for m in manifests {
+        if runs.is_empty() {
+            out.push(explain::explain(m, inputs, candidates).map_err(|e| e.to_string())?);
+            continue;
+        }
+        let job = m
+            .pointer("/metadata/name")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default();
+        let evidence = runs
+            .iter()
+            .map(|(source, text)| explain::read_evidence(source, text, job))
+            .collect::<Result<Vec<_>, _>>()?;
+        out.push(explain::explain_observed(m, inputs, &evidence).map_err(|e| e.to_string())?);
+    }
+    Ok(out)
+}
+
+/// The explanations as JSON (one object for one manifest) or as text.
+fn print_explanations(
+    out: &[offload_operator::explain::Explanation],
+    output: &str,
+) -> Result<(), serde_json::Error> {
+    if output == "json" {
+        let s = if out.len() == 1 {
+            serde_json::to_string_pretty(&out[0])?
+        } else {
+            serde_json::to_string_pretty(&out)?
+        };
+        println!("{s}");
+    } else {
+        for e in out {
+            print!("{}", offload_operator::explain::to_text(e));
+        }
+    }
+    Ok(())
 }
 
 /// The manifests to explain, from the file or standard input (`-`).

@@ -76,6 +76,25 @@ pub enum RunError {
     LostLease(String),
 }
 
+/// The admin server (metrics, health, readiness) on `addr`, bound now and served until `stop`.
+async fn serve_admin(
+    addr: SocketAddr,
+    state: AdminState,
+    stop: CancellationToken,
+) -> Result<impl std::future::Future<Output = ()>, RunError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| RunError::Admin { addr, source })?;
+    Ok(async move {
+        if let Err(e) = axum::serve(listener, admin::router(state))
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await
+        {
+            tracing::error!(error = %e, "admin server stopped");
+        }
+    })
+}
+
 /// Runs until `shutdown` is cancelled (SIGTERM in `main`) or leadership is lost.
 ///
 /// The caches are built once and shared: the webhook serves from them on every replica, and
@@ -100,21 +119,7 @@ pub async fn run(
         registry: Arc::new(registry),
         ready: ready.clone(),
     };
-    let listener = tokio::net::TcpListener::bind(options.admin_addr)
-        .await
-        .map_err(|source| RunError::Admin {
-            addr: options.admin_addr,
-            source,
-        })?;
-    let admin_shutdown = stop.clone();
-    let admin = async move {
-        if let Err(e) = axum::serve(listener, admin::router(admin_state))
-            .with_graceful_shutdown(admin_shutdown.cancelled_owned())
-            .await
-        {
-            tracing::error!(error = %e, "admin server stopped");
-        }
-    };
+    let admin = serve_admin(options.admin_addr, admin_state, stop.clone()).await?;
 
     let (mut caches, drive_caches) = Caches::new(&client, metrics.clone(), options.dra.as_ref());
     caches.learned = options
@@ -217,6 +222,61 @@ async fn yield_to_standby(client: &Client, le: &LeaderElection, shutdown: &Cance
     }
 }
 
+/// The leader lease, held: the manager's channel (false once it is lost), its task, and the
+/// Lease's name.
+struct HeldLease {
+    channel: tokio::sync::watch::Receiver<bool>,
+    task: tokio::task::JoinHandle<
+        Result<kube_lease_manager::LeaseManager, kube_lease_manager::LeaseManagerError>,
+    >,
+    name: String,
+}
+
+/// Waits for the leader lease (`None`: shut down first).
+async fn acquire_lease(
+    client: &Client,
+    le: &LeaderElection,
+    shutdown: &CancellationToken,
+) -> Result<Option<HeldLease>, RunError> {
+    yield_to_standby(client, le, shutdown).await;
+    let duration = le.duration.as_secs().max(2);
+    // Renew well before expiry; the lease manager needs grace < duration.
+    let grace = (duration / 5).clamp(1, duration - 1);
+    // The lease manager's field manager must be unique per candidate: mutual exclusion rests on
+    // server-side-apply conflicts between candidates.
+    let manager = LeaseManagerBuilder::new(client.clone(), &le.lease_name)
+        .with_namespace(&le.namespace)
+        .with_identity(&le.identity)
+        .with_duration(duration)
+        .with_grace(grace)
+        .with_field_manager(format!(
+            "{}-lease-{}",
+            offload_api::names::OPERATOR_MANAGER,
+            le.identity
+        ))
+        .build()
+        .await
+        .map_err(|e| RunError::Lease(e.to_string()))?;
+    let (mut channel, task) = manager.watch().await;
+    tracing::info!(lease = %le.lease_name, identity = %le.identity, "waiting for the leader lease");
+    while !*channel.borrow_and_update() {
+        tokio::select! {
+            changed = channel.changed() => {
+                if changed.is_err() {
+                    return Err(RunError::Lease("lease manager stopped".into()));
+                }
+            }
+            () = shutdown.cancelled() => return Ok(None),
+        }
+    }
+    tracing::info!("acquired the leader lease");
+    Ok(Some(HeldLease {
+        channel,
+        task,
+        name: le.lease_name.clone(),
+    }))
+}
+
 /// Waits for the leader lease (when configured), then runs the controllers until shutdown or
 /// until the lease is lost.
 async fn lead_and_control(
@@ -226,42 +286,13 @@ async fn lead_and_control(
     options: &RunOptions,
     shutdown: &CancellationToken,
 ) -> Result<(), RunError> {
-    let mut lease_state = None;
-    if let Some(le) = &options.leader_election {
-        yield_to_standby(&client, le, shutdown).await;
-        let duration = le.duration.as_secs().max(2);
-        // Renew well before expiry; the lease manager needs grace < duration.
-        let grace = (duration / 5).clamp(1, duration - 1);
-        // The lease manager's field manager must be unique per candidate: mutual exclusion
-        // rests on server-side-apply conflicts between candidates.
-        let manager = LeaseManagerBuilder::new(client.clone(), &le.lease_name)
-            .with_namespace(&le.namespace)
-            .with_identity(&le.identity)
-            .with_duration(duration)
-            .with_grace(grace)
-            .with_field_manager(format!(
-                "{}-lease-{}",
-                offload_api::names::OPERATOR_MANAGER,
-                le.identity
-            ))
-            .build()
-            .await
-            .map_err(|e| RunError::Lease(e.to_string()))?;
-        let (mut channel, task) = manager.watch().await;
-        tracing::info!(lease = %le.lease_name, identity = %le.identity, "waiting for the leader lease");
-        while !*channel.borrow_and_update() {
-            tokio::select! {
-                changed = channel.changed() => {
-                    if changed.is_err() {
-                        return Err(RunError::Lease("lease manager stopped".into()));
-                    }
-                }
-                () = shutdown.cancelled() => return Ok(()),
-            }
-        }
-        tracing::info!("acquired the leader lease");
-        lease_state = Some((channel, task, le.lease_name.clone()));
-    }
+    let lease_state = match &options.leader_election {
+        Some(le) => match acquire_lease(&client, le, shutdown).await? {
+            Some(held) => Some(held),
+            None => return Ok(()),
+        },
+        None => None,
+    };
 
     // No decision before every cache (and what runs taught) has been read once: a job decided
     // from a half-read cluster would be written a configuration its next reconcile takes back.
@@ -285,7 +316,11 @@ async fn lead_and_control(
     ));
     let stop = async {
         match lease_state {
-            Some((mut channel, task, name)) => {
+            Some(HeldLease {
+                mut channel,
+                task,
+                name,
+            }) => {
                 let outcome = tokio::select! {
                     () = async {
                         while channel.changed().await.is_ok() {

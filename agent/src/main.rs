@@ -246,32 +246,7 @@ fn main() -> ExitCode {
             );
             print_json(&report, true)
         }
-        Command::Run(args) => {
-            let recorded = match &args.observe_trace {
-                Some(path) => match offload_agent::utilization::RecordedUtilization::read(path) {
-                    Ok(t) => Some(std::sync::Arc::new(t)),
-                    Err(e) => return failure(e),
-                },
-                None => None,
-            };
-            let cfg = daemon::LoopConfig {
-                node: args.node_name.clone(),
-                interval: args.interval,
-                addr: args.addr,
-                selftest: !args.no_selftest,
-                options: args.test.options(),
-                replay: args.replay.clone(),
-                once: args.once,
-                observe: (!args.observe_window.is_zero()).then(|| daemon::ObserveConfig {
-                    window: args.observe_window,
-                    pod_resources: args.pod_resources_socket.clone(),
-                    cgroup_root: args.cgroup_root.clone(),
-                    dra_driver: Some(args.dra_driver.clone()).filter(|d| !d.is_empty()),
-                    recorded,
-                }),
-            };
-            with_client(|client, shutdown| daemon::run_loop(client, cfg, shutdown))
-        }
+        Command::Run(args) => run(&args),
         Command::Verify(args) => verify(&args),
         Command::Observe {
             seconds,
@@ -280,47 +255,85 @@ fn main() -> ExitCode {
             sampled,
             out,
             command,
-        } => {
-            use offload_agent::utilization::{NvmlUtilization, UtilizationSource};
-            let source = if sampled || !command.is_empty() {
-                NvmlUtilization::sampling_only()
-            } else {
-                NvmlUtilization::new()
-            };
-            let source = match source {
-                Ok(s) => s,
-                Err(e) => return failure(e),
-            };
-            let interval = Duration::from_millis(interval_ms.max(1));
-            let json = if command.is_empty() {
-                source
-                    .over_window(
-                        &gpus,
-                        Duration::from_secs_f64(seconds.clamp(0.0, 3600.0)),
-                        interval,
-                    )
-                    .and_then(|o| serde_json::to_string_pretty(&o).map_err(|e| e.to_string()))
-            } else {
-                offload_agent::observe_run::observe_command(&source, &gpus, interval, &command)
-                    .and_then(|o| serde_json::to_string_pretty(&o).map_err(|e| e.to_string()))
-            };
-            match (json, out) {
-                (Err(e), _) => failure(e),
-                (Ok(j), None) => {
-                    println!("{j}");
-                    ExitCode::SUCCESS
-                }
-                (Ok(j), Some(path)) => match std::fs::write(&path, j + "\n") {
-                    Ok(()) => ExitCode::SUCCESS,
-                    Err(e) => failure(format!("cannot write {}: {e}", path.display())),
-                },
-            }
-        }
+        } => observe(seconds, interval_ms, &gpus, sampled, out, &command),
         Command::Cleanup { node_name, .. } => {
             with_client(
                 |client, _| async move { daemon::cleanup(&client, node_name.as_deref()).await },
             )
         }
+    }
+}
+
+/// `run`: the node's daemon loop (report, self-test, observation) until shut down.
+fn run(args: &RunArgs) -> ExitCode {
+    let recorded = match &args.observe_trace {
+        Some(path) => match offload_agent::utilization::RecordedUtilization::read(path) {
+            Ok(t) => Some(std::sync::Arc::new(t)),
+            Err(e) => return failure(e),
+        },
+        None => None,
+    };
+    let cfg = daemon::LoopConfig {
+        node: args.node_name.clone(),
+        interval: args.interval,
+        addr: args.addr,
+        selftest: !args.no_selftest,
+        options: args.test.options(),
+        replay: args.replay.clone(),
+        once: args.once,
+        observe: (!args.observe_window.is_zero()).then(|| daemon::ObserveConfig {
+            window: args.observe_window,
+            pod_resources: args.pod_resources_socket.clone(),
+            cgroup_root: args.cgroup_root.clone(),
+            dra_driver: Some(args.dra_driver.clone()).filter(|d| !d.is_empty()),
+            recorded,
+        }),
+    };
+    with_client(|client, shutdown| daemon::run_loop(client, cfg, shutdown))
+}
+
+/// `observe`: the GPUs over a window, or beside a command it runs, as JSON (to `out` if given).
+fn observe(
+    seconds: f64,
+    interval_ms: u64,
+    gpus: &[u32],
+    sampled: bool,
+    out: Option<std::path::PathBuf>,
+    command: &[String],
+) -> ExitCode {
+    use offload_agent::utilization::{NvmlUtilization, UtilizationSource};
+    let source = if sampled || !command.is_empty() {
+        NvmlUtilization::sampling_only()
+    } else {
+        NvmlUtilization::new()
+    };
+    let source = match source {
+        Ok(s) => s,
+        Err(e) => return failure(e),
+    };
+    let interval = Duration::from_millis(interval_ms.max(1));
+    let json = if command.is_empty() {
+        source
+            .over_window(
+                gpus,
+                Duration::from_secs_f64(seconds.clamp(0.0, 3600.0)),
+                interval,
+            )
+            .and_then(|o| serde_json::to_string_pretty(&o).map_err(|e| e.to_string()))
+    } else {
+        offload_agent::observe_run::observe_command(&source, gpus, interval, command)
+            .and_then(|o| serde_json::to_string_pretty(&o).map_err(|e| e.to_string()))
+    };
+    match (json, out) {
+        (Err(e), _) => failure(e),
+        (Ok(j), None) => {
+            println!("{j}");
+            ExitCode::SUCCESS
+        }
+        (Ok(j), Some(path)) => match std::fs::write(&path, j + "\n") {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => failure(format!("cannot write {}: {e}", path.display())),
+        },
     }
 }
 

@@ -54,6 +54,62 @@ struct Snapshot {
     witnesses: BTreeMap<String, crate::dra::slices::DriverWitness>,
 }
 
+impl Snapshot {
+    /// Whether the snapshot was built from exactly these objects (the same `Arc`s: nothing the
+    /// reflectors hold changed since).
+    fn holds(&self, nodes: &[Arc<Node>], slices: &[Arc<Tolerant<ResourceSlice>>]) -> bool {
+        self.objects.len() == nodes.len()
+            && self
+                .objects
+                .iter()
+                .zip(nodes)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+            && self.slices.len() == slices.len()
+            && self
+                .slices
+                .iter()
+                .zip(slices)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+    }
+
+    /// Each node's view: parsed again only where its resourceVersion moved, the driver's word
+    /// on top of it, and nodes that are gone forgotten.
+    fn parse(
+        &mut self,
+        nodes: &[Arc<Node>],
+        witnesses: &BTreeMap<String, crate::dra::slices::DriverWitness>,
+    ) -> Vec<Arc<NodeInfo>> {
+        let mut out = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            let name = node.name_any();
+            let rv = node.metadata.resource_version.clone().unwrap_or_default();
+            match self.parsed.get(&name) {
+                Some((cached_rv, info)) if *cached_rv == rv && !rv.is_empty() => {
+                    out.push(info.clone());
+                }
+                _ => {
+                    let info = Arc::new(node_info(node));
+                    self.parsed.insert(name, (rv, info.clone()));
+                    out.push(info);
+                }
+            }
+        }
+        for info in &mut out {
+            if let Some(w) = witnesses.get(&info.name) {
+                *info = Arc::new(NodeInfo::clone(info).with_driver(w.clone()));
+            }
+        }
+        if self.parsed.len() > nodes.len() {
+            let live: HashSet<&str> = nodes
+                .iter()
+                .filter_map(|n| n.metadata.name.as_deref())
+                .collect();
+            self.parsed.retain(|k, _| live.contains(k.as_str()));
+        }
+        out
+    }
+}
+
 impl NodeViews {
     /// Views over `store`.
     pub fn new(store: Store<Node>) -> Self {
@@ -124,27 +180,9 @@ impl NodeViews {
                 s.as_ref().map(|s| s.load(Ordering::Acquire)),
             )
         });
-        let mut snap = match self.snapshot.try_lock() {
-            Ok(s) => s,
-            // Another caller is checking or rebuilding: the last index handed out is at most
-            // that one change old, and the next call sees it.
-            Err(std::sync::TryLockError::WouldBlock) => {
-                let last = self
-                    .published
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .clone();
-                match last {
-                    Some(index) => return index,
-                    None => self
-                        .snapshot
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner),
-                }
-            }
-            // A panic while holding the lock leaves a snapshot that is at worst stale; the
-            // pointer comparison below rebuilds it.
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        let mut snap = match self.lock_snapshot() {
+            Ok(snap) => snap,
+            Err(last) => return last,
         };
         if let (Some(index), Some(now)) = (&snap.index, now)
             && snap.generations == Some(now)
@@ -175,18 +213,7 @@ impl NodeViews {
             .map(|(s, _)| s.state())
             .unwrap_or_default();
         if let Some(index) = &snap.index
-            && snap.objects.len() == state.len()
-            && snap
-                .objects
-                .iter()
-                .zip(&state)
-                .all(|(a, b)| Arc::ptr_eq(a, b))
-            && snap.slices.len() == slices.len()
-            && snap
-                .slices
-                .iter()
-                .zip(&slices)
-                .all(|(a, b)| Arc::ptr_eq(a, b))
+            && snap.holds(&state, &slices)
         {
             let index = index.clone();
             snap.generations = now;
@@ -198,37 +225,7 @@ impl NodeViews {
             }
             _ => BTreeMap::new(),
         };
-        let mut out = Vec::with_capacity(state.len());
-        for node in &state {
-            let name = node.name_any();
-            let rv = node.metadata.resource_version.clone().unwrap_or_default();
-            match snap.parsed.get(&name) {
-                Some((cached_rv, info)) if *cached_rv == rv && !rv.is_empty() => {
-                    out.push(info.clone());
-                }
-                _ => {
-                    let info = Arc::new(node_info(node));
-                    snap.parsed.insert(name, (rv, info.clone()));
-                    out.push(info);
-                }
-            }
-        }
-        // The driver's word on each node it publishes for, on top of the parsed view.
-        if !witnesses.is_empty() {
-            for info in &mut out {
-                if let Some(w) = witnesses.get(&info.name) {
-                    *info = Arc::new(NodeInfo::clone(info).with_driver(w.clone()));
-                }
-            }
-        }
-        // Forget nodes that are gone.
-        if snap.parsed.len() > state.len() {
-            let live: HashSet<&str> = state
-                .iter()
-                .filter_map(|n| n.metadata.name.as_deref())
-                .collect();
-            snap.parsed.retain(|k, _| live.contains(k.as_str()));
-        }
+        let mut out = snap.parse(&state, &witnesses);
         // Nothing the index holds changed (a heartbeat, a status it does not read): keep it,
         // and what was worked out from it.
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -259,6 +256,31 @@ impl NodeViews {
     }
 
     /// Makes `index` what a caller gets while another one holds the snapshot.
+    /// The snapshot, held; or, while another caller is checking or rebuilding, the last index
+    /// handed out (at most that one change old: the next call sees it).
+    fn lock_snapshot(&self) -> Result<std::sync::MutexGuard<'_, Snapshot>, Arc<NodeIndex>> {
+        match self.snapshot.try_lock() {
+            Ok(s) => Ok(s),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                let last = self
+                    .published
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
+                match last {
+                    Some(index) => Err(index),
+                    None => Ok(self
+                        .snapshot
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)),
+                }
+            }
+            // A panic while holding the lock leaves a snapshot that is at worst stale; the
+            // pointer comparison in `get` rebuilds it.
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Ok(poisoned.into_inner()),
+        }
+    }
+
     fn publish(&self, index: &Arc<NodeIndex>) {
         *self
             .published

@@ -321,6 +321,44 @@ where
     (store, changes)
 }
 
+/// The TrainingJob of a workload pod whose start-up guard ended, or whose training container
+/// ran out of memory: what it found is recorded.
+fn job_of_pod(pod: &Pod) -> Option<ObjectRef<Tolerant<TrainingJob>>> {
+    if training_job::guard_outcome(pod).is_none()
+        && training_job::recovery::memory_failure(pod, None).is_none()
+    {
+        return None;
+    }
+    let name = pod.labels().get(names::LABEL_TRAINING_JOB)?.clone();
+    Some(ObjectRef::new(&name).within(&pod.namespace().unwrap_or_default()))
+}
+
+/// The jobs that read a ConfigMap. The operator's own rendered configs (labelled with their
+/// job) are never a job's input: they are skipped without looking at the jobs.
+fn jobs_for_config_map(
+    ctx: &Context,
+    cm: &PartialObjectMeta<ConfigMap>,
+) -> Vec<ObjectRef<Tolerant<TrainingJob>>> {
+    if cm.labels().contains_key(names::LABEL_TRAINING_JOB) {
+        return Vec::new();
+    }
+    training_job::jobs_for_config_map(ctx, &cm.namespace().unwrap_or_default(), &cm.name_any())
+}
+
+/// The jobs that name a claim template (never the operator's own copies).
+fn jobs_for_claim_template(
+    ctx: &Context,
+    t: &Tolerant<crate::dra::api::ResourceClaimTemplate>,
+) -> Vec<ObjectRef<Tolerant<TrainingJob>>> {
+    let Ok(t) = t.0.as_ref() else {
+        return Vec::new();
+    };
+    if t.labels().contains_key(names::LABEL_TRAINING_JOB) {
+        return Vec::new();
+    }
+    training_job::jobs_for_claim_template(ctx, &t.namespace().unwrap_or_default(), &t.name_any())
+}
+
 /// The TrainingJob controller and every trigger that can change a job's decision or status.
 fn job_controller<W, P>(
     client: &Client,
@@ -367,15 +405,7 @@ where
     )
     // A workload pod whose start-up guard ended, or whose training container ran out of
     // memory: record what it found.
-    .watches_stream(pod_changes, |pod| {
-        if training_job::guard_outcome(&pod).is_none()
-            && training_job::recovery::memory_failure(&pod, None).is_none()
-        {
-            return None;
-        }
-        let name = pod.labels().get(names::LABEL_TRAINING_JOB)?.clone();
-        Some(ObjectRef::new(&name).within(&pod.namespace().unwrap_or_default()))
-    })
+    .watches_stream(pod_changes, |pod| job_of_pod(&pod))
     // A held job whose DeepSpeed ConfigMap the user fixes is tried again at once. Metadata is
     // enough to map a ConfigMap to its jobs, and its resourceVersion moves with every edit.
     .watches_stream(
@@ -385,18 +415,7 @@ where
         )
         .default_backoff()
         .touched_objects(),
-        move |cm| {
-            // The operator's own rendered configs (labelled with their job) are never a
-            // job's input: skip them without looking at the jobs.
-            if cm.labels().contains_key(names::LABEL_TRAINING_JOB) {
-                return Vec::new();
-            }
-            training_job::jobs_for_config_map(
-                &job_ctx_config_maps,
-                &cm.namespace().unwrap_or_default(),
-                &cm.name_any(),
-            )
-        },
+        move |cm| jobs_for_config_map(&job_ctx_config_maps, &cm),
     )
     // Kueue: what it writes on a queued job's Workload (admitted, waiting, evicted) reaches
     // the job's Admitted condition at once.
@@ -411,18 +430,7 @@ where
     // DRA: a held job whose claim template appears, or a node the GPU driver now
     // describes, is tried again.
     .watches_shared_stream(caches.claim_templates.subscribe(), move |t| {
-        let Ok(t) = t.0.as_ref() else {
-            return Vec::new();
-        };
-        // The operator's own copies are never a job's input.
-        if t.labels().contains_key(names::LABEL_TRAINING_JOB) {
-            return Vec::new();
-        }
-        training_job::jobs_for_claim_template(
-            &job_ctx_templates,
-            &t.namespace().unwrap_or_default(),
-            &t.name_any(),
-        )
+        jobs_for_claim_template(&job_ctx_templates, &t)
     })
     .watches_shared_stream(caches.slices.subscribe(), move |_| {
         training_job::jobs_for_slices(&job_ctx_slices)

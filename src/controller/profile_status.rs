@@ -11,6 +11,7 @@ use serde_json::json;
 use super::conditions::{self, READY};
 use super::{Context, Error, kube_err};
 use crate::index::NodeIndex;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use offload_api::names;
 use offload_api::report::{NodeMemoryModel, OverlapVerdict};
 use offload_api::v1alpha1::{NodeCounts, OffloadProfile, OffloadProfileStatus};
@@ -60,6 +61,55 @@ pub fn count_nodes(
     Ok((counts, first_ignored))
 }
 
+/// How many reported GPU nodes the profile's selector matches, and its Ready condition.
+fn readiness(
+    profile: &OffloadProfile,
+    nodes: &NodeIndex,
+    existing: &[Condition],
+    generation: Option<i64>,
+) -> (NodeCounts, Condition) {
+    match count_nodes(profile, nodes) {
+        Ok((c, ignored)) if c.total > 0 => {
+            let mut msg = format!(
+                "{} reported GPU node(s) match: {} coherent, {} HMM, {} discrete; overlap verified on {}, failed on {}",
+                c.total, c.coherent, c.hmm, c.discrete, c.overlap_verified, c.overlap_failed
+            );
+            if let Some(why) = ignored {
+                msg.push_str(&format!("; {} more ignored ({why})", c.ignored));
+            }
+            (
+                c,
+                conditions::condition(existing, READY, true, "NodesAvailable", msg, generation),
+            )
+        }
+        Ok((c, ignored)) => {
+            let msg = match ignored {
+                Some(why) => format!(
+                    "no usable GPU node reported by offload-agent matches this profile's nodeSelector; {} ignored ({why})",
+                    c.ignored
+                ),
+                None => "no GPU node reported by offload-agent matches this profile's nodeSelector"
+                    .to_string(),
+            };
+            (
+                c,
+                conditions::condition(existing, READY, false, "NoMatchingNodes", msg, generation),
+            )
+        }
+        Err(e) => (
+            NodeCounts::default(),
+            conditions::condition(
+                existing,
+                READY,
+                false,
+                "InvalidSelector",
+                format!("nodeSelector is invalid: {e}"),
+                generation,
+            ),
+        ),
+    }
+}
+
 /// Reconciles one profile's status.
 pub async fn reconcile(profile: Arc<OffloadProfile>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_timer("OffloadProfile");
@@ -79,60 +129,7 @@ pub async fn reconcile(profile: Arc<OffloadProfile>, ctx: Arc<Context>) -> Resul
         .count();
     let existing = profile.status.clone().unwrap_or_default();
     let generation = profile.metadata.generation;
-    let (counts, ready) = match count_nodes(&profile, &nodes) {
-        Ok((c, ignored)) if c.total > 0 => {
-            let mut msg = format!(
-                "{} reported GPU node(s) match: {} coherent, {} HMM, {} discrete; overlap verified on {}, failed on {}",
-                c.total, c.coherent, c.hmm, c.discrete, c.overlap_verified, c.overlap_failed
-            );
-            if let Some(why) = ignored {
-                msg.push_str(&format!("; {} more ignored ({why})", c.ignored));
-            }
-            (
-                c,
-                conditions::condition(
-                    &existing.conditions,
-                    READY,
-                    true,
-                    "NodesAvailable",
-                    msg,
-                    generation,
-                ),
-            )
-        }
-        Ok((c, ignored)) => {
-            let msg = match ignored {
-                Some(why) => format!(
-                    "no usable GPU node reported by offload-agent matches this profile's nodeSelector; {} ignored ({why})",
-                    c.ignored
-                ),
-                None => "no GPU node reported by offload-agent matches this profile's nodeSelector"
-                    .to_string(),
-            };
-            (
-                c,
-                conditions::condition(
-                    &existing.conditions,
-                    READY,
-                    false,
-                    "NoMatchingNodes",
-                    msg,
-                    generation,
-                ),
-            )
-        }
-        Err(e) => (
-            NodeCounts::default(),
-            conditions::condition(
-                &existing.conditions,
-                READY,
-                false,
-                "InvalidSelector",
-                format!("nodeSelector is invalid: {e}"),
-                generation,
-            ),
-        ),
-    };
+    let (counts, ready) = readiness(&profile, &nodes, &existing.conditions, generation);
     let learned = ctx.view.learned.as_ref().and_then(|store| {
         let (shapes, runs) = store.summary(&name);
         (shapes > 0).then(|| offload_api::v1alpha1::LearnedSummary {

@@ -22,7 +22,7 @@ use offload_api::v1alpha1::ModelHints;
 pub(super) fn model_annotations(
     annotations: &BTreeMap<String, String>,
 ) -> Result<Option<ModelHints>, String> {
-    use offload_api::v1alpha1::{ExpertHints, ModelArchitecture};
+    use offload_api::v1alpha1::ExpertHints;
     let get = |key: &str| -> Option<&str> { annotations.get(key).map(String::as_str) };
     use offload_api::hints::{self, CountHint};
     // Every hint's annotation but the three that size a model alone.
@@ -68,46 +68,9 @@ pub(super) fn model_annotations(
                 .map_err(|e| format!("annotation {}: {e}", names::ANNOTATION_MODEL_CONFIG))
         })
         .transpose()?;
-    let count = |hint: &CountHint| -> Result<Option<i64>, String> {
-        let (key, max) = (hint.annotation, hint.max);
-        let min = u64::try_from(hint.min).unwrap_or(0);
-        get(key)
-            .map(|v| match v.trim().parse::<u64>() {
-                Ok(n) if n >= min && i64::try_from(n).is_ok_and(|n| n <= max) => {
-                    Ok(i64::try_from(n).unwrap_or(max))
-                }
-                Ok(_) if v.trim().parse::<u64>().is_ok_and(|n| n < min) => Err(format!(
-                    "annotation {key}: use a whole number of at least {min}"
-                )),
-                Ok(_) => Err(format!(
-                    "annotation {key}: {v} is too large (at most {max})"
-                )),
-                Err(e) if matches!(e.kind(), std::num::IntErrorKind::PosOverflow) => Err(format!(
-                    "annotation {key}: {v} is too large (at most {max})"
-                )),
-                Err(_) => Err(format!("annotation {key}: {v:?} is not a whole number")),
-            })
-            .transpose()
-    };
-    let flag = |key: &str| -> Result<Option<bool>, String> {
-        match get(key) {
-            None => Ok(None),
-            Some("true") => Ok(Some(true)),
-            Some("false") => Ok(Some(false)),
-            Some(v) => Err(format!("annotation {key}: {v:?} is not true or false")),
-        }
-    };
-    let architecture = match get(names::ANNOTATION_ARCHITECTURE) {
-        None => None,
-        Some("Llama") => Some(ModelArchitecture::Llama),
-        Some("GPT") => Some(ModelArchitecture::Gpt),
-        Some(v) => {
-            return Err(format!(
-                "annotation {}: {v:?} is neither Llama nor GPT",
-                names::ANNOTATION_ARCHITECTURE
-            ));
-        }
-    };
+    let count = |hint: &CountHint| count_annotation(annotations, hint);
+    let flag = |key: &str| flag_annotation(annotations, key);
+    let architecture = architecture_annotation(annotations)?;
     let experts = match (count(&hints::EXPERTS)?, count(&hints::EXPERTS_PER_TOKEN)?) {
         (None, None) => None,
         (Some(count_), Some(per_token)) => Some(ExpertHints {
@@ -141,4 +104,63 @@ pub(super) fn model_annotations(
         experts,
         activation_checkpointing: flag(names::ANNOTATION_ACTIVATION_CHECKPOINTING)?,
     }))
+}
+
+/// A whole-number hint's annotation, within the hint's bounds.
+fn count_annotation(
+    annotations: &BTreeMap<String, String>,
+    hint: &offload_api::hints::CountHint,
+) -> Result<Option<i64>, String> {
+    let (key, max) = (hint.annotation, hint.max);
+    let min = u64::try_from(hint.min).unwrap_or(0);
+    annotations
+        .get(key)
+        .map(|v| match v.trim().parse::<u64>() {
+            Ok(n) if n >= min && i64::try_from(n).is_ok_and(|n| n <= max) => {
+                Ok(i64::try_from(n).unwrap_or(max))
+            }
+            Ok(n) if n < min => Err(format!(
+                "annotation {key}: use a whole number of at least {min}"
+            )),
+            Ok(_) => Err(format!(
+                "annotation {key}: {v} is too large (at most {max})"
+            )),
+            Err(e) if matches!(e.kind(), std::num::IntErrorKind::PosOverflow) => Err(format!(
+                "annotation {key}: {v} is too large (at most {max})"
+            )),
+            Err(_) => Err(format!("annotation {key}: {v:?} is not a whole number")),
+        })
+        .transpose()
+}
+
+/// A true-or-false annotation.
+fn flag_annotation(
+    annotations: &BTreeMap<String, String>,
+    key: &str,
+) -> Result<Option<bool>, String> {
+    match annotations.get(key).map(String::as_str) {
+        None => Ok(None),
+        Some("true") => Ok(Some(true)),
+        Some("false") => Ok(Some(false)),
+        Some(v) => Err(format!("annotation {key}: {v:?} is not true or false")),
+    }
+}
+
+/// The architecture annotation: Llama or GPT.
+fn architecture_annotation(
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<offload_api::v1alpha1::ModelArchitecture>, String> {
+    use offload_api::v1alpha1::ModelArchitecture;
+    match annotations
+        .get(names::ANNOTATION_ARCHITECTURE)
+        .map(String::as_str)
+    {
+        None => Ok(None),
+        Some("Llama") => Ok(Some(ModelArchitecture::Llama)),
+        Some("GPT") => Ok(Some(ModelArchitecture::Gpt)),
+        Some(v) => Err(format!(
+            "annotation {}: {v:?} is neither Llama nor GPT",
+            names::ANNOTATION_ARCHITECTURE
+        )),
+    }
 }

@@ -440,25 +440,14 @@ fn auto_by_class<'c, 'a>(
     })
 }
 
-/// `mode: Auto` with model hints: a class where the job fits without offload comes first,
-/// then the first in the profile's order where some offload fits; only classes that hold the
-/// job's pods at once count.
-fn auto_by_memory<'c, 'a>(
+/// The fastest configuration by GPU memory on each class that holds the job, or why there is none.
+fn fits_by_class<'c, 'a>(
     cx: &PlacementInputs,
     jm: &JobMemory,
-    classes: &[&'c ClassNodes<'a>],
-    source: Source,
-) -> Result<ModeAndClass<'c, 'a>, ResolveError> {
-    let holding: Vec<&ClassNodes> = classes
-        .iter()
-        .copied()
-        .filter(|c| holds(c, cx.job))
-        .collect();
-    if holding.is_empty() {
-        return Err(insufficient(cx.job, classes));
-    }
-    let mut results: Vec<(&ClassNodes, Result<MemoryChoice, String>)> = Vec::new();
-    for class in &holding {
+    holding: &[&'c ClassNodes<'a>],
+) -> Vec<(&'c ClassNodes<'a>, Result<MemoryChoice, String>)> {
+    let mut results: Vec<(&'c ClassNodes<'a>, Result<MemoryChoice, String>)> = Vec::new();
+    for class in holding {
         let allowed = cx.allowed(class.class, true, true);
         let Some((cm, outcome)) =
             fit::fastest_by_gpu_size(jm, class, cx.job, &allowed, &|t| holds(t, cx.job))
@@ -476,40 +465,73 @@ fn auto_by_memory<'c, 'a>(
         });
         results.push((class, outcome));
     }
+    results
+}
+
+/// Disabled, where some class holds the job without offload: that runs several times faster
+/// than offloading.
+fn without_offload<'c, 'a>(
+    cx: &PlacementInputs,
+    results: &[(&'c ClassNodes<'a>, Result<MemoryChoice, String>)],
+    classes: &[&'c ClassNodes<'a>],
+    source: Source,
+) -> Option<ModeAndClass<'c, 'a>> {
     let without: Vec<&ClassNodes> = results
         .iter()
         .filter(|(_, r)| matches!(r, Ok(c) if c.placement == Placement::NoOffload))
         .map(|(c, _)| *c)
         .collect();
-    if let Some(first) = without.first() {
-        let choice = results
-            .iter()
-            .find_map(|(c, r)| (c.class == first.class).then_some(r))
-            .and_then(|r| r.as_ref().ok())
-            .cloned();
-        let everywhere = without.len() == classes.len();
-        let figures = choice
-            .as_ref()
-            .map(|c| c.figures.clone())
-            .unwrap_or_default();
-        return Ok(ModeAndClass {
-            mode: OffloadMode::Disabled,
-            chosen: (!everywhere).then_some(*first),
-            mode_why: format!(
-                "Auto (from {source}) chose Disabled: {figures}: fits without offload, which runs several times faster than offloading"
-            ),
-            class_why: if everywhere {
-                "no node class required: the job fits without offload on every class".to_string()
-            } else {
-                format!(
-                    "{} nodes hold the job without offload; {}",
-                    first.class,
-                    capacity_message(first, cx.job)
-                )
-            },
-            memory: choice,
-            rung: None,
-        });
+    let first = without.first()?;
+    let choice = results
+        .iter()
+        .find_map(|(c, r)| (c.class == first.class).then_some(r))
+        .and_then(|r| r.as_ref().ok())
+        .cloned();
+    let everywhere = without.len() == classes.len();
+    let figures = choice
+        .as_ref()
+        .map(|c| c.figures.clone())
+        .unwrap_or_default();
+    Some(ModeAndClass {
+        mode: OffloadMode::Disabled,
+        chosen: (!everywhere).then_some(*first),
+        mode_why: format!(
+            "Auto (from {source}) chose Disabled: {figures}: fits without offload, which runs several times faster than offloading"
+        ),
+        class_why: if everywhere {
+            "no node class required: the job fits without offload on every class".to_string()
+        } else {
+            format!(
+                "{} nodes hold the job without offload; {}",
+                first.class,
+                capacity_message(first, cx.job)
+            )
+        },
+        memory: choice,
+        rung: None,
+    })
+}
+
+/// `mode: Auto` with model hints: a class where the job fits without offload comes first,
+/// then the first in the profile's order where some offload fits; only classes that hold the
+/// job's pods at once count.
+fn auto_by_memory<'c, 'a>(
+    cx: &PlacementInputs,
+    jm: &JobMemory,
+    classes: &[&'c ClassNodes<'a>],
+    source: Source,
+) -> Result<ModeAndClass<'c, 'a>, ResolveError> {
+    let holding: Vec<&ClassNodes> = classes
+        .iter()
+        .copied()
+        .filter(|c| holds(c, cx.job))
+        .collect();
+    if holding.is_empty() {
+        return Err(insufficient(cx.job, classes));
+    }
+    let results = fits_by_class(cx, jm, &holding);
+    if let Some(disabled) = without_offload(cx, &results, classes, source) {
+        return Ok(disabled);
     }
     let Some((pick, choice)) = results
         .iter()

@@ -73,18 +73,7 @@ pub fn resolve_offload(
     let (ratio, why) = ratio::resolve_ratio(job, profile, &facts, &placement)?;
     reasons.add(Field::OffloadRatio, why);
 
-    let memory_plan = framework::MemoryPlan {
-        placement: placement
-            .memory
-            .as_ref()
-            .map(|c| c.placement)
-            .or(placement.rung),
-        rung: placement.memory.is_none() && placement.rung.is_some(),
-        sub_group_size: match (&memory, job.config.sub_group_size) {
-            (Some(jm), None) => Some(memory::operator_sub_group_size(jm.parameters, jm.ranks)),
-            _ => None,
-        },
-    };
+    let memory_plan = memory_plan(job, &placement, memory.as_ref());
     let (framework, whys) = framework::plan(
         job,
         &facts,
@@ -130,15 +119,40 @@ pub fn resolve_offload(
             .as_ref()
             .is_some_and(|c| c.proven && c.trial.is_none()),
         cpu_cores: job.cpu_limit.as_ref().map(|(c, _)| *c),
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        cpu_threads: job
-            .cpu_limit
-            .as_ref()
-            .map(|(c, _)| (c.floor() as u32).max(1)),
+        cpu_threads: cpu_threads(job),
         memory_request,
         requested: job.offload.clone(),
         training_container: job.training_container.map(|(i, _)| i),
     })
+}
+
+/// Where the framework keeps the state the placement chose, and the sub-group size the
+/// operator picks for a job that sets none.
+fn memory_plan(
+    job: &JobRequest,
+    placement: &placement::ModeAndClass<'_, '_>,
+    memory: Option<&memory::JobMemory>,
+) -> framework::MemoryPlan {
+    framework::MemoryPlan {
+        placement: placement
+            .memory
+            .as_ref()
+            .map(|c| c.placement)
+            .or(placement.rung),
+        rung: placement.memory.is_none() && placement.rung.is_some(),
+        sub_group_size: match (memory, job.config.sub_group_size) {
+            (Some(jm), None) => Some(memory::operator_sub_group_size(jm.parameters, jm.ranks)),
+            _ => None,
+        },
+    }
+}
+
+/// The CPU threads a pod's optimizer step uses: its whole cores, at least one.
+fn cpu_threads(job: &JobRequest) -> Option<u32> {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    job.cpu_limit
+        .as_ref()
+        .map(|(c, _)| (c.floor() as u32).max(1))
 }
 
 /// Where the configuration puts the training state: what the model placed (or the rung), else

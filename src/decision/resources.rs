@@ -85,19 +85,7 @@ impl PodResources {
         let mut from_range: Option<String> = None;
         let mut gpus: u64 = 0;
         let mut memory: Option<u64> = Some(0);
-        let training = spec
-            .containers
-            .iter()
-            .position(|c| {
-                let r = c.resources.as_ref();
-                r.and_then(|r| r.limits.as_ref())
-                    .is_some_and(|l| l.contains_key(names::GPU_RESOURCE))
-                    || r.and_then(|r| r.requests.as_ref())
-                        .is_some_and(|l| l.contains_key(names::GPU_RESOURCE))
-                    || r.and_then(|r| r.claims.as_ref())
-                        .is_some_and(|c| !c.is_empty())
-            })
-            .or((!spec.containers.is_empty()).then_some(0));
+        let training = training_container(spec);
         let mut training_request = None;
         let mut training_limit = None;
         let (mut cpu_limit, mut cpu_request) = (None, None);
@@ -137,24 +125,9 @@ impl PodResources {
                 _ => None,
             };
             if Some(i) == training {
-                let cpu = |m: Option<&BTreeMap<String, _>>, what: &str| {
-                    m.and_then(|m| m.get("cpu"))
-                        .map(|q| quantity::cpu_cores(q).map_err(|e| bad(what, e)))
-                        .transpose()
-                };
-                cpu_limit = match cpu(limits, "limits.cpu")? {
-                    Some(c) => Some((c, None)),
-                    None => ns_limits
-                        .cpu_default_limit
-                        .as_ref()
-                        .map(|(c, range)| (*c, Some(range.clone()))),
-                };
-                cpu_request = cpu(requests, "requests.cpu")?;
+                (cpu_limit, cpu_request, training_request) =
+                    training_reads(c, limits, requests, ns_limits)?;
                 training_limit = limit;
-                training_request = requests
-                    .and_then(|r| r.get("memory"))
-                    .map(|q| quantity::bytes(q).map_err(|e| bad("requests.memory", e)))
-                    .transpose()?;
             }
         }
         let mut pod_limit = memory.filter(|_| !spec.containers.is_empty());
@@ -225,4 +198,55 @@ impl PodResources {
     pub fn gpus_per_pod(&self) -> u32 {
         u32::try_from(self.gpus.max(1)).unwrap_or(u32::MAX)
     }
+}
+
+/// The training container: the first that asks for a GPU (by the device plugin or a claim),
+/// else the first.
+fn training_container(spec: &PodSpec) -> Option<usize> {
+    spec.containers
+        .iter()
+        .position(|c| {
+            let r = c.resources.as_ref();
+            r.and_then(|r| r.limits.as_ref())
+                .is_some_and(|l| l.contains_key(names::GPU_RESOURCE))
+                || r.and_then(|r| r.requests.as_ref())
+                    .is_some_and(|l| l.contains_key(names::GPU_RESOURCE))
+                || r.and_then(|r| r.claims.as_ref())
+                    .is_some_and(|c| !c.is_empty())
+        })
+        .or((!spec.containers.is_empty()).then_some(0))
+}
+
+/// The training container's CPU limit (its own, else the namespace's default, with the range
+/// that set it), its CPU request and its memory request.
+#[allow(clippy::type_complexity)]
+fn training_reads(
+    c: &k8s_openapi::api::core::v1::Container,
+    limits: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+    requests: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+    ns_limits: &NamespaceLimits,
+) -> Result<(Option<(f64, Option<String>)>, Option<f64>, Option<u64>), ResolveError> {
+    let bad = |what: &str, e: quantity::QuantityError| ResolveError::InvalidResources {
+        detail: format!("container {:?} {what}: {e}", c.name),
+    };
+    let cpu =
+        |m: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+         what: &str| {
+            m.and_then(|m| m.get("cpu"))
+                .map(|q| quantity::cpu_cores(q).map_err(|e| bad(what, e)))
+                .transpose()
+        };
+    let cpu_limit = match cpu(limits, "limits.cpu")? {
+        Some(c) => Some((c, None)),
+        None => ns_limits
+            .cpu_default_limit
+            .as_ref()
+            .map(|(c, range)| (*c, Some(range.clone()))),
+    };
+    let cpu_request = cpu(requests, "requests.cpu")?;
+    let memory_request = requests
+        .and_then(|r| r.get("memory"))
+        .map(|q| quantity::bytes(q).map_err(|e| bad("requests.memory", e)))
+        .transpose()?;
+    Ok((cpu_limit, cpu_request, memory_request))
 }

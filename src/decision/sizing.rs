@@ -262,115 +262,58 @@ fn model_shape(
     hints: &ModelHints,
     config: Option<&ModelShape>,
 ) -> Result<ModelShape, ResolveError> {
-    let bad = |detail: String| ResolveError::InvalidModelHints { detail };
-    let hidden = count(&hints::HIDDEN_SIZE, hints.hidden_size)?;
-    let layers = count(&hints::LAYERS, hints.layers)?;
-    let intermediate = count(&hints::INTERMEDIATE_SIZE, hints.intermediate_size)?;
-    let heads = count(&hints::ATTENTION_HEADS, hints.attention_heads)?;
-    let kv_heads = count(&hints::KEY_VALUE_HEADS, hints.key_value_heads)?;
-    let head_dim = count(&hints::HEAD_DIM, hints.head_dim)?;
-    let vocab = count(&hints::VOCAB_SIZE, hints.vocab_size)?;
-    let block = hints.architecture.map(|a| match a {
-        ModelArchitecture::Llama => Block::Gated,
-        ModelArchitecture::Gpt => Block::Plain,
-    });
+    let given = Given::read(hints)?;
     if let Some(c) = config {
-        // Every shape field the hints give must say what the config says.
-        let agree = |name: &str, hint: Option<f64>, cfg: f64| match hint {
-            Some(h) if (h - cfg).abs() > 0.5 => Err(bad(format!(
-                "spec.model.{name} {h} disagrees with the model's config.json ({cfg}): remove it or fix the ConfigMap"
-            ))),
-            _ => Ok(()),
-        };
-        agree("hiddenSize", hidden, c.hidden)?;
-        agree("layers", layers, c.layers)?;
-        agree("intermediateSize", intermediate, c.intermediate)?;
-        agree("attentionHeads", heads, c.heads)?;
-        agree("keyValueHeads", kv_heads, c.kv_heads)?;
-        agree("headDim", head_dim, c.head_dim)?;
-        agree("vocabSize", vocab, c.vocab)?;
-        if let Some(r) = hints.rotary_embeddings
-            && r != c.rotary
-            && c.block == Block::Plain
-        {
-            return Err(bad(format!(
-                "spec.model.rotaryEmbeddings {r} disagrees with the model's config.json (its positions are {}): remove it or fix the ConfigMap",
-                if c.rotary { "rotary" } else { "not rotary" }
-            )));
-        }
-        if let Some(b) = block
-            && b != c.block
-        {
-            return Err(bad(format!(
-                "spec.model.architecture disagrees with the model's config.json ({}): remove it or fix the ConfigMap",
-                c.block
-            )));
-        }
-        return Ok(*c);
+        return given.agree_with(hints, c).map(|()| *c);
     }
-    let experts = match hints.experts {
-        None => None,
-        Some(e) => {
-            let total = count(&hints::EXPERTS, Some(e.count))?.unwrap_or(1.0);
-            let per_token = count(&hints::EXPERTS_PER_TOKEN, Some(e.per_token))?.unwrap_or(1.0);
-            if per_token > total {
-                return Err(bad(format!(
-                    "spec.model.experts.perToken {per_token} is more than spec.model.experts.count {total}"
-                )));
-            }
-            let shared = match e.shared {
-                None | Some(0) => 0.0,
-                s => count(&hints::SHARED_EXPERTS, s)?.unwrap_or(0.0),
-            };
-            Some((
-                total,
-                per_token,
-                shared,
-                count(&hints::EXPERT_INTERMEDIATE_SIZE, e.intermediate_size)?,
-            ))
-        }
-    };
-    let vocab_or_default = vocab.unwrap_or(shape::DEFAULT_VOCAB);
+    let experts = experts_of(hints)?;
+    let vocab_or_default = given.vocab.unwrap_or(shape::DEFAULT_VOCAB);
     #[allow(clippy::cast_precision_loss)]
-    let Some(hidden_given) = hidden else {
-        let p = hints.parameters.map_or(1.0, |p| p.get() as f64);
-        return Ok(ModelShape::typical(p, None, layers, vocab_or_default));
+    let parameters = hints.parameters.map_or(1.0, |p| p.get() as f64);
+    let Some(hidden) = given.hidden else {
+        return Ok(ModelShape::typical(
+            parameters,
+            None,
+            given.layers,
+            vocab_or_default,
+        ));
     };
-    let block = block.unwrap_or(Block::Gated);
-    let heads = heads.unwrap_or_else(|| (hidden_given / 128.0).round().max(1.0));
-    let kv_given = kv_heads.is_some();
-    let kv_heads = kv_heads.unwrap_or(match block {
+    let block = given.block.unwrap_or(Block::Gated);
+    let heads = given
+        .heads
+        .unwrap_or_else(|| (hidden / 128.0).round().max(1.0));
+    let kv_heads = given.kv_heads.unwrap_or(match block {
         Block::Gated => heads.min(8.0),
         Block::Plain => heads,
     });
     if kv_heads > heads || heads % kv_heads != 0.0 {
-        return Err(bad(format!(
-            "spec.model.keyValueHeads {kv_heads} must divide spec.model.attentionHeads {heads}"
-        )));
+        return Err(ResolveError::InvalidModelHints {
+            detail: format!(
+                "spec.model.keyValueHeads {kv_heads} must divide spec.model.attentionHeads {heads}"
+            ),
+        });
     }
-    let intermediate_known = intermediate.is_some() || block == Block::Plain;
-    let intermediate = intermediate.unwrap_or(match block {
-        Block::Gated => 3.5 * hidden_given,
-        Block::Plain => 4.0 * hidden_given,
+    let intermediate_known = given.intermediate.is_some() || block == Block::Plain;
+    let intermediate = given.intermediate.unwrap_or(match block {
+        Block::Gated => 3.5 * hidden,
+        Block::Plain => 4.0 * hidden,
     });
-    let Some(layers) = layers else {
-        #[allow(clippy::cast_precision_loss)]
-        let p = hints.parameters.map_or(1.0, |p| p.get() as f64);
+    let Some(layers) = given.layers else {
         return Ok(ModelShape::typical(
-            p,
-            Some(hidden_given),
+            parameters,
+            Some(hidden),
             None,
             vocab_or_default,
         ));
     };
     let shape = ModelShape {
         block,
-        hidden: hidden_given,
+        hidden,
         layers,
         intermediate,
         heads,
         kv_heads,
-        head_dim: head_dim.unwrap_or(hidden_given / heads),
+        head_dim: given.head_dim.unwrap_or(hidden / heads),
         vocab: vocab_or_default,
         tied: hints.tied_embeddings.unwrap_or(false),
         attention_bias: block == Block::Plain,
@@ -384,7 +327,7 @@ fn model_shape(
             shared_intermediate: size.unwrap_or(intermediate),
             dense_layers: 0.0,
         }),
-        known: intermediate_known && vocab.is_some(),
+        known: intermediate_known && given.vocab.is_some(),
         standing: super::shape::TypeStanding::Counted,
         open: None,
     };
@@ -392,9 +335,103 @@ fn model_shape(
         shape,
         hints,
         !intermediate_known,
-        !kv_given,
-        vocab.is_some(),
+        given.kv_heads.is_none(),
+        given.vocab.is_some(),
     ))
+}
+
+/// The shape fields a job's hints give, each checked against its bound.
+struct Given {
+    hidden: Option<f64>,
+    layers: Option<f64>,
+    intermediate: Option<f64>,
+    heads: Option<f64>,
+    kv_heads: Option<f64>,
+    head_dim: Option<f64>,
+    vocab: Option<f64>,
+    block: Option<Block>,
+}
+
+impl Given {
+    fn read(hints: &ModelHints) -> Result<Self, ResolveError> {
+        Ok(Self {
+            hidden: count(&hints::HIDDEN_SIZE, hints.hidden_size)?,
+            layers: count(&hints::LAYERS, hints.layers)?,
+            intermediate: count(&hints::INTERMEDIATE_SIZE, hints.intermediate_size)?,
+            heads: count(&hints::ATTENTION_HEADS, hints.attention_heads)?,
+            kv_heads: count(&hints::KEY_VALUE_HEADS, hints.key_value_heads)?,
+            head_dim: count(&hints::HEAD_DIM, hints.head_dim)?,
+            vocab: count(&hints::VOCAB_SIZE, hints.vocab_size)?,
+            block: hints.architecture.map(|a| match a {
+                ModelArchitecture::Llama => Block::Gated,
+                ModelArchitecture::Gpt => Block::Plain,
+            }),
+        })
+    }
+
+    /// Every shape field the hints give must say what the model's `config.json` says.
+    fn agree_with(&self, hints: &ModelHints, c: &ModelShape) -> Result<(), ResolveError> {
+        let bad = |detail: String| ResolveError::InvalidModelHints { detail };
+        let agree = |name: &str, hint: Option<f64>, cfg: f64| match hint {
+            Some(h) if (h - cfg).abs() > 0.5 => Err(bad(format!(
+                "spec.model.{name} {h} disagrees with the model's config.json ({cfg}): remove it or fix the ConfigMap"
+            ))),
+            _ => Ok(()),
+        };
+        agree("hiddenSize", self.hidden, c.hidden)?;
+        agree("layers", self.layers, c.layers)?;
+        agree("intermediateSize", self.intermediate, c.intermediate)?;
+        agree("attentionHeads", self.heads, c.heads)?;
+        agree("keyValueHeads", self.kv_heads, c.kv_heads)?;
+        agree("headDim", self.head_dim, c.head_dim)?;
+        agree("vocabSize", self.vocab, c.vocab)?;
+        if let Some(r) = hints.rotary_embeddings
+            && r != c.rotary
+            && c.block == Block::Plain
+        {
+            return Err(bad(format!(
+                "spec.model.rotaryEmbeddings {r} disagrees with the model's config.json (its positions are {}): remove it or fix the ConfigMap",
+                if c.rotary { "rotary" } else { "not rotary" }
+            )));
+        }
+        if let Some(b) = self.block
+            && b != c.block
+        {
+            return Err(bad(format!(
+                "spec.model.architecture disagrees with the model's config.json ({}): remove it or fix the ConfigMap",
+                c.block
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The hints' experts as (count, per token, shared, expert intermediate size), each bounded.
+type GivenExperts = (f64, f64, f64, Option<f64>);
+
+fn experts_of(hints: &ModelHints) -> Result<Option<GivenExperts>, ResolveError> {
+    let Some(e) = hints.experts else {
+        return Ok(None);
+    };
+    let total = count(&hints::EXPERTS, Some(e.count))?.unwrap_or(1.0);
+    let per_token = count(&hints::EXPERTS_PER_TOKEN, Some(e.per_token))?.unwrap_or(1.0);
+    if per_token > total {
+        return Err(ResolveError::InvalidModelHints {
+            detail: format!(
+                "spec.model.experts.perToken {per_token} is more than spec.model.experts.count {total}"
+            ),
+        });
+    }
+    let shared = match e.shared {
+        None | Some(0) => 0.0,
+        s => count(&hints::SHARED_EXPERTS, s)?.unwrap_or(0.0),
+    };
+    Ok(Some((
+        total,
+        per_token,
+        shared,
+        count(&hints::EXPERT_INTERMEDIATE_SIZE, e.intermediate_size)?,
+    )))
 }
 
 /// A Llama-style shape whose hints leave its MLP size or key/value heads open, where the

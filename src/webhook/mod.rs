@@ -259,58 +259,9 @@ async fn handle(
         .admission_requests
         .get_or_create(&labels)
         .inc();
-    let wrong_version = |api_version: &str, kind: &str| {
-        bad_request(format!(
-            "the body is not an AdmissionReview of {REVIEW_VERSION} (apiVersion {api_version:?}, kind {kind:?}): the webhook configurations ask for admissionReviewVersions [v1]"
-        ))
-    };
-    // The whole review is read once; only a body it cannot be is read again, as an envelope,
-    // for a specific answer.
-    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice::<
-        AdmissionReview<DynamicObject>,
-    >(&body)
-    {
-        Ok(r) => {
-            if r.types.api_version != REVIEW_VERSION || r.types.kind != "AdmissionReview" {
-                return wrong_version(&r.types.api_version, &r.types.kind);
-            }
-            r
-        }
-        Err(e) => {
-            let envelope: Envelope = match serde_json::from_slice(&body) {
-                Ok(envelope) => envelope,
-                Err(e) => return bad_request(format!("the body is not an AdmissionReview: {e}")),
-            };
-            if envelope.api_version.as_deref() != Some(REVIEW_VERSION)
-                || envelope.kind.as_deref() != Some("AdmissionReview")
-            {
-                return wrong_version(
-                    envelope.api_version.as_deref().unwrap_or_default(),
-                    envelope.kind.as_deref().unwrap_or_default(),
-                );
-            }
-            let Some(request) = envelope.request else {
-                return bad_request(format!("the body is not an AdmissionReview: {e}"));
-            };
-            let why = if e.to_string().contains("recursion limit") {
-                "the object is nested deeper than the 128 levels the webhook reads (no Kubernetes object needs that many)".to_string()
-            } else {
-                format!("the object cannot be read: {e}")
-            };
-            state
-                .metrics
-                .admission_denials
-                .get_or_create(&DenialLabels {
-                    endpoint,
-                    reason: "InvalidObject",
-                })
-                .inc();
-            return unreadable_object(&request.uid, why);
-        }
-    };
-    let req: AdmissionRequest<DynamicObject> = match review.try_into() {
-        Ok(r) => r,
-        Err(e) => return bad_request(format!("the AdmissionReview has no usable request: {e}")),
+    let req = match read_request(&state, &body, endpoint) {
+        Ok(req) => req,
+        Err(answer) => return *answer,
     };
     let training_job = matches!(endpoint, "validate-trainingjob" | "mutate-trainingjob");
     let config = if training_job {
@@ -327,44 +278,8 @@ async fn handle(
         config,
         model_config,
     };
-    // A bug in a handler answers this request with a denial that keeps its uid, instead of
-    // dropping the connection (the API server would report an unknown reason).
-    let verdict = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&req, &review)))
-    {
-        Ok(v) => v,
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            tracing::error!(endpoint, panic = %what, "an admission handler panicked");
-            Verdict::internal_error(&req, &what)
-        }
-    };
-    if let (Some(sink), Some(res)) = (state.events.as_ref(), verdict.resolution.as_ref())
-        && req.operation == kube::core::admission::Operation::Create
-        && !req.dry_run
-        && !req.name.is_empty()
-    {
-        sink.send(events::Pending {
-            gvk: kube::core::GroupVersionKind::gvk(
-                &req.kind.group,
-                &req.kind.version,
-                &req.kind.kind,
-            ),
-            plural: req.resource.resource.clone(),
-            namespace: req.namespace.clone().unwrap_or_else(|| "default".into()),
-            name: req.name.clone(),
-            reason: "OffloadConfigured",
-            note: format!(
-                "{}; {} (every reason in annotation {})",
-                render::resolved_summary(res),
-                res.summary(),
-                offload_api::names::ANNOTATION_REASONS
-            ),
-        });
-    }
+    let verdict = judge(f, &req, &review, endpoint);
+    announce(&state, &req, &verdict);
     if let Some(reason) = verdict.denied {
         state
             .metrics
@@ -378,6 +293,119 @@ async fn handle(
         .get_or_create(&labels)
         .observe(start.elapsed().as_secs_f64());
     review_response(verdict.response)
+}
+
+/// The request of an AdmissionReview body, or the answer to a body that is not one: the whole
+/// review is read once; only a body it cannot be is read again, as an envelope, for a specific
+/// answer (a review whose object cannot be read is denied under its own uid).
+fn read_request(
+    state: &WebhookState,
+    body: &[u8],
+    endpoint: &'static str,
+) -> Result<AdmissionRequest<DynamicObject>, Box<Response>> {
+    let wrong_version = |api_version: &str, kind: &str| {
+        bad_request(format!(
+            "the body is not an AdmissionReview of {REVIEW_VERSION} (apiVersion {api_version:?}, kind {kind:?}): the webhook configurations ask for admissionReviewVersions [v1]"
+        ))
+    };
+    let review = match serde_json::from_slice::<AdmissionReview<DynamicObject>>(body) {
+        Ok(r) => {
+            if r.types.api_version != REVIEW_VERSION || r.types.kind != "AdmissionReview" {
+                return Err(Box::new(wrong_version(&r.types.api_version, &r.types.kind)));
+            }
+            r
+        }
+        Err(e) => {
+            let envelope: Envelope = match serde_json::from_slice(body) {
+                Ok(envelope) => envelope,
+                Err(e) => {
+                    return Err(Box::new(bad_request(format!(
+                        "the body is not an AdmissionReview: {e}"
+                    ))));
+                }
+            };
+            if envelope.api_version.as_deref() != Some(REVIEW_VERSION)
+                || envelope.kind.as_deref() != Some("AdmissionReview")
+            {
+                return Err(Box::new(wrong_version(
+                    envelope.api_version.as_deref().unwrap_or_default(),
+                    envelope.kind.as_deref().unwrap_or_default(),
+                )));
+            }
+            let Some(request) = envelope.request else {
+                return Err(Box::new(bad_request(format!(
+                    "the body is not an AdmissionReview: {e}"
+                ))));
+            };
+            let why = if e.to_string().contains("recursion limit") {
+                "the object is nested deeper than the 128 levels the webhook reads (no Kubernetes object needs that many)".to_string()
+            } else {
+                format!("the object cannot be read: {e}")
+            };
+            state
+                .metrics
+                .admission_denials
+                .get_or_create(&DenialLabels {
+                    endpoint,
+                    reason: "InvalidObject",
+                })
+                .inc();
+            return Err(Box::new(unreadable_object(&request.uid, why)));
+        }
+    };
+    review.try_into().map_err(|e| {
+        Box::new(bad_request(format!(
+            "the AdmissionReview has no usable request: {e}"
+        )))
+    })
+}
+
+/// The handler's verdict. A bug in a handler answers this request with a denial that keeps its
+/// uid, instead of dropping the connection (the API server would report an unknown reason).
+fn judge(
+    f: Handler,
+    req: &AdmissionRequest<DynamicObject>,
+    review: &Review<'_>,
+    endpoint: &'static str,
+) -> Verdict {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(req, review))) {
+        Ok(v) => v,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(endpoint, panic = %what, "an admission handler panicked");
+            Verdict::internal_error(req, &what)
+        }
+    }
+}
+
+/// An Event on the object a creation configured (never for a dry run or a name not yet given).
+fn announce(state: &WebhookState, req: &AdmissionRequest<DynamicObject>, verdict: &Verdict) {
+    let (Some(sink), Some(res)) = (state.events.as_ref(), verdict.resolution.as_ref()) else {
+        return;
+    };
+    if req.operation != kube::core::admission::Operation::Create
+        || req.dry_run
+        || req.name.is_empty()
+    {
+        return;
+    }
+    sink.send(events::Pending {
+        gvk: kube::core::GroupVersionKind::gvk(&req.kind.group, &req.kind.version, &req.kind.kind),
+        plural: req.resource.resource.clone(),
+        namespace: req.namespace.clone().unwrap_or_else(|| "default".into()),
+        name: req.name.clone(),
+        reason: "OffloadConfigured",
+        note: format!(
+            "{}; {} (every reason in annotation {})",
+            render::resolved_summary(res),
+            res.summary(),
+            offload_api::names::ANNOTATION_REASONS
+        ),
+    });
 }
 
 /// The answer in the API's wire form. kube-core writes `response.patch` as a JSON array of

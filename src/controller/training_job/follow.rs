@@ -20,6 +20,38 @@ use offload_api::v1alpha1::{
     TrainingJobStatus, WorkloadRef,
 };
 
+/// What a run of the job teaches later decisions of its shape: a new window of its peaks, the
+/// end of a workload that succeeded (its configuration fits), and what the training processes
+/// reported of PyTorch's own figures at exit (what the run needed, which replaces the device's
+/// upper bound).
+async fn learn_from_run(
+    tj: &TrainingJob,
+    ctx: &Context,
+    job: &Job,
+    current: &TrainingJobStatus,
+    observed: Option<&ObservedOverlap>,
+    phase: JobPhase,
+) {
+    let (Some(o), Some(d)) = (
+        observed.or(current.observed.as_ref()),
+        current.offload.as_ref(),
+    ) else {
+        return;
+    };
+    let trained = phase == JobPhase::Succeeded;
+    let newly_trained = trained && current.phase != Some(JobPhase::Succeeded);
+    if (newly_trained || current.observed.as_ref().map(|p| &p.memory) != Some(&o.memory))
+        && let Some(obs) = super::learn::observed(ctx, d, o, None, None, trained)
+    {
+        super::learn::learn(tj, ctx, &obs).await;
+    }
+    if let Some(allocated) = super::recovery::reported_allocation(ctx, tj, job)
+        && let Some(obs) = super::learn::observed(ctx, d, o, None, Some(allocated), trained)
+    {
+        super::learn::learn(tj, ctx, &obs).await;
+    }
+}
+
 /// Keeps phase and the workload reference in step with the Job; never touches the decision.
 pub(super) async fn follow_workload(
     tj: &TrainingJob,
@@ -61,32 +93,7 @@ pub(super) async fn follow_workload(
         .as_ref()
         .is_none_or(|g| conditions::unchanged(&current.conditions, g));
     let (observed, overlap, headroom) = observe(tj, ctx, &current, generation);
-    // A new window of the job's peaks is a lesson for later decisions of its shape; the end of
-    // a workload that succeeded proves its configuration fits.
-    let trained = phase == JobPhase::Succeeded;
-    let newly_trained = trained && current.phase != Some(JobPhase::Succeeded);
-    if let (Some(o), Some(d)) = (
-        observed.as_ref().or(current.observed.as_ref()),
-        current.offload.as_ref(),
-    ) && (newly_trained || current.observed.as_ref().map(|p| &p.memory) != Some(&o.memory))
-        && let Some(obs) = super::learn::observed(ctx, d, o, None, None, trained)
-    {
-        super::learn::learn(tj, ctx, &obs).await;
-    }
-    // What the training processes reported of PyTorch's own figures at exit: what the run
-    // needed, which replaces the device's upper bound in what is learned.
-    if let (Some(o), Some(d)) = (
-        observed.as_ref().or(current.observed.as_ref()),
-        current.offload.as_ref(),
-    ) && let Some(allocated) = super::recovery::reported_allocation(ctx, tj, job)
-        && let Some(obs) = super::learn::observed(ctx, d, o, None, Some(allocated), trained)
-    {
-        super::learn::learn(tj, ctx, &obs).await;
-    }
-    let overlap_unchanged = [&overlap, &headroom].iter().all(|c| {
-        c.as_ref()
-            .is_none_or(|c| conditions::unchanged(&current.conditions, c))
-    });
+    learn_from_run(tj, ctx, job, &current, observed.as_ref(), phase).await;
     let queued = tj.labels().contains_key(names::KUEUE_QUEUE_LABEL) && phase == JobPhase::Queued;
     let kueue_says = if queued {
         super::kueue::waiting_reason(&ctx.client, job).await
@@ -108,16 +115,16 @@ pub(super) async fn follow_workload(
     } else {
         Action::await_change()
     };
-    let admitted_unchanged = admitted
-        .as_ref()
-        .is_none_or(|c| conditions::unchanged(&current.conditions, c));
+    let unchanged =
+        |c: Option<&Condition>| c.is_none_or(|c| conditions::unchanged(&current.conditions, c));
     if current.phase == Some(phase)
         && current.workload.as_ref() == Some(&workload)
         && conditions::unchanged(&current.conditions, &created)
         && guard_unchanged
         && current.observed == observed
-        && overlap_unchanged
-        && admitted_unchanged
+        && unchanged(overlap.as_ref())
+        && unchanged(headroom.as_ref())
+        && unchanged(admitted.as_ref())
     {
         return Ok(next);
     }

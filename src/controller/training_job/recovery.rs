@@ -94,6 +94,86 @@ pub fn training_container(tj: &TrainingJob) -> Option<String> {
     spec.containers.get(at).map(|c| c.name.clone())
 }
 
+/// How the sentences name the memory that ran out.
+fn memory_name(kind: MemoryKind) -> &'static str {
+    match kind {
+        MemoryKind::Gpu => "GPU",
+        MemoryKind::Host => "host",
+    }
+}
+
+/// The sentence that says which pod ran out of which memory, with what configuration, its
+/// estimate against its budget, and whether it was a trial.
+fn what_ran_out(
+    pod: &str,
+    kind: MemoryKind,
+    decision: Option<&offload_api::v1alpha1::OffloadDecisionStatus>,
+    estimate_bytes: Option<i64>,
+    budget_bytes: Option<i64>,
+) -> String {
+    let memory = memory_name(kind);
+    #[allow(clippy::cast_precision_loss)]
+    let figures = match (estimate_bytes, budget_bytes) {
+        (Some(e), Some(b)) => format!(
+            " (estimated {} of the {} it had)",
+            gib(e as f64),
+            gib(b as f64)
+        ),
+        _ => String::new(),
+    };
+    let trial = decision
+        .and_then(|d| d.trial.as_ref())
+        .map(|t| {
+            format!(
+                " — a trial of a configuration faster than the fastest that trained; the job goes back to {}, and no later trial of its shape goes as far",
+                t.fallback
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "pod {pod} ran out of {memory} memory with {}{figures}{trial}",
+        decision.map(configuration).unwrap_or_default()
+    )
+}
+
+/// The workload goes: its reference first (a spec.offload change is refused while the job has
+/// a workload), then its Job, pods first.
+async fn replace_workload(
+    ctx: &Context,
+    api: &Api<TrainingJob>,
+    ns: &str,
+    name: &str,
+    current: &TrainingJobStatus,
+    generation: Option<i64>,
+    said: &str,
+) -> Result<(), Error> {
+    let recreating = conditions::condition(
+        &current.conditions,
+        WORKLOAD_CREATED,
+        false,
+        "Recreating",
+        format!("the workload is recreated after {said}"),
+        generation,
+    );
+    let part = status::WorkloadPart {
+        phase: JobPhase::Pending,
+        workload: None,
+        created: &recreating,
+        guard: None,
+        observed: None,
+        overlap: None,
+        headroom: None,
+        admitted: None,
+    };
+    status::write_workload(api, name, &part).await?;
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    match jobs.delete(name, &DeleteParams::foreground()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(kube_err("deleting the workload Job that ran out of memory")(e)),
+    }
+}
+
 /// Records the failure, and — within the profile's bound — clears the workload and deletes its
 /// Job, so the next reconcile decides again with the evidence and creates it anew.
 pub(super) async fn recover(
@@ -137,32 +217,8 @@ pub(super) async fn recover(
     let mut failures = current.memory_failures.clone();
     failures.push(failure);
     let n = failures.len();
-    let memory = match kind {
-        MemoryKind::Gpu => "GPU",
-        MemoryKind::Host => "host",
-    };
-    #[allow(clippy::cast_precision_loss)]
-    let figures = match (estimate_bytes, budget_bytes) {
-        (Some(e), Some(b)) => format!(
-            " (estimated {} of the {} it had)",
-            gib(e as f64),
-            gib(b as f64)
-        ),
-        _ => String::new(),
-    };
-    let trial = decision
-        .and_then(|d| d.trial.as_ref())
-        .map(|t| {
-            format!(
-                " — a trial of a configuration faster than the fastest that trained; the job goes back to {}, and no later trial of its shape goes as far",
-                t.fallback
-            )
-        })
-        .unwrap_or_default();
-    let said = format!(
-        "pod {pod} ran out of {memory} memory with {}{figures}{trial}",
-        decision.map(configuration).unwrap_or_default()
-    );
+    let said = what_ran_out(&pod, kind, decision, estimate_bytes, budget_bytes);
+    let memory = memory_name(kind);
     let exhausted = n > max as usize;
     let condition = if exhausted {
         conditions::condition(
@@ -199,33 +255,16 @@ pub(super) async fn recover(
     if exhausted {
         return Ok(Action::await_change());
     }
-    // The workload goes: its reference first (a spec.offload change is refused while the job
-    // has a workload), then its Job, pods first.
-    let recreating = conditions::condition(
-        &current.conditions,
-        WORKLOAD_CREATED,
-        false,
-        "Recreating",
-        format!("the workload is recreated after {said}"),
+    replace_workload(
+        ctx,
+        &api,
+        &ns,
+        &name,
+        current,
         tj.metadata.generation,
-    );
-    let part = status::WorkloadPart {
-        phase: JobPhase::Pending,
-        workload: None,
-        created: &recreating,
-        guard: None,
-        observed: None,
-        overlap: None,
-        headroom: None,
-        admitted: None,
-    };
-    status::write_workload(&api, &name, &part).await?;
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
-    match jobs.delete(&name, &DeleteParams::foreground()).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 404 => {}
-        Err(e) => return Err(kube_err("deleting the workload Job that ran out of memory")(e)),
-    }
+        &said,
+    )
+    .await?;
     Ok(Action::await_change())
 }
 

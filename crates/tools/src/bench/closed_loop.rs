@@ -169,65 +169,81 @@ async fn rounds_of(client: &kube::Client, pid: u32, count: usize, rounds: u64) -
         start.elapsed().as_secs_f64(),
         mib(proc_status(pid, "VmRSS:").unwrap_or(0))
     );
-    let nodes_api: Api<Node> = Api::all(client.clone());
     for round in 1..=rounds {
-        let before = request_counts(client).await?;
-        let cpu0 = cpu_seconds(pid).unwrap_or(0.0);
-        let t0 = Instant::now();
-        let published: Vec<Result<()>> = futures::stream::iter(names.iter().enumerate())
-            .map(|(i, node)| {
-                let api = nodes_api.clone();
-                async move {
-                    let value = window(node, i, round)?;
-                    api.patch(
-                        node,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"metadata": {"annotations": {names::ANNOTATION_OBSERVED: value}}})),
-                    )
-                    .await?;
-                    Ok(())
-                }
-            })
-            .buffer_unordered(32)
-            .collect()
-            .await;
-        published.into_iter().collect::<Result<Vec<()>>>()?;
-        let publish_s = t0.elapsed().as_secs_f64();
-        let windows = i32::try_from(round).unwrap_or(i32::MAX);
-        let mut seen = 0;
-        let deadline = Instant::now() + Duration::from_secs(900);
-        while Instant::now() < deadline {
-            seen = observed(&tjs, windows).await?;
-            if seen >= count {
-                break;
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-        let wall = t0.elapsed().as_secs_f64();
-        // The store writes in batches every few seconds: let the last one land.
-        tokio::time::sleep(Duration::from_secs(6)).await;
-        let cpu = cpu_seconds(pid).unwrap_or(0.0) - cpu0;
-        let after = request_counts(client).await?;
-        let cm: Option<ConfigMap> = Api::namespaced(client.clone(), "offload-system")
-            .get_opt("offload-operator-learned")
-            .await?;
-        let stored = cm
-            .and_then(|c| c.data)
-            .and_then(|d| d.get("memory.json").map(String::len))
-            .unwrap_or(0);
-        println!(
-            "\nround {round}: {count} windows published in {publish_s:.1} s (32 at a time); {seen} of {count} jobs' statuses hold it after {wall:.1} s"
-        );
-        #[allow(clippy::cast_precision_loss)]
-        let per = cpu / count.max(1) as f64 * 1e3;
-        println!(
-            "operator: CPU {cpu:.1} s ({per:.2} ms per observation), peak RSS {:.0} MiB, RSS {:.0} MiB; learned ConfigMap {:.0} KiB",
-            mib(proc_status(pid, "VmHWM:").unwrap_or(0)),
-            mib(proc_status(pid, "VmRSS:").unwrap_or(0)),
-            stored as f64 / 1024.0
-        );
-        requests(&before, &after, count);
+        one_round(client, &tjs, pid, &names, round).await?;
     }
+    Ok(())
+}
+
+/// One round: every node publishes a new observation window; the jobs' statuses are waited
+/// for, and the operator's CPU, memory, requests and learned store reported.
+async fn one_round(
+    client: &kube::Client,
+    tjs: &Api<TrainingJob>,
+    pid: u32,
+    names: &[String],
+    round: u64,
+) -> Result<()> {
+    let count = names.len();
+    let nodes_api: Api<Node> = Api::all(client.clone());
+    let before = request_counts(client).await?;
+    let cpu0 = cpu_seconds(pid).unwrap_or(0.0);
+    let t0 = Instant::now();
+    let published: Vec<Result<()>> = futures::stream::iter(names.iter().enumerate())
+        .map(|(i, node)| {
+            let api = nodes_api.clone();
+            async move {
+                let value = window(node, i, round)?;
+                api.patch(
+                    node,
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({"metadata": {"annotations": {names::ANNOTATION_OBSERVED: value}}}),
+                    ),
+                )
+                .await?;
+                Ok(())
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    published.into_iter().collect::<Result<Vec<()>>>()?;
+    let publish_s = t0.elapsed().as_secs_f64();
+    let windows = i32::try_from(round).unwrap_or(i32::MAX);
+    let mut seen = 0;
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while Instant::now() < deadline {
+        seen = observed(tjs, windows).await?;
+        if seen >= count {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    // The store writes in batches every few seconds: let the last one land.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let cpu = cpu_seconds(pid).unwrap_or(0.0) - cpu0;
+    let after = request_counts(client).await?;
+    let cm: Option<ConfigMap> = Api::namespaced(client.clone(), "offload-system")
+        .get_opt("offload-operator-learned")
+        .await?;
+    let stored = cm
+        .and_then(|c| c.data)
+        .and_then(|d| d.get("memory.json").map(String::len))
+        .unwrap_or(0);
+    println!(
+        "\nround {round}: {count} windows published in {publish_s:.1} s (32 at a time); {seen} of {count} jobs' statuses hold it after {wall:.1} s"
+    );
+    #[allow(clippy::cast_precision_loss)]
+    let per = cpu / count.max(1) as f64 * 1e3;
+    println!(
+        "operator: CPU {cpu:.1} s ({per:.2} ms per observation), peak RSS {:.0} MiB, RSS {:.0} MiB; learned ConfigMap {:.0} KiB",
+        mib(proc_status(pid, "VmHWM:").unwrap_or(0)),
+        mib(proc_status(pid, "VmRSS:").unwrap_or(0)),
+        stored as f64 / 1024.0
+    );
+    requests(&before, &after, count);
     Ok(())
 }
 

@@ -104,54 +104,12 @@ pub fn run(runs: &[PathBuf], models: &Path, node: &Node) -> Result<(), BenchErro
         let text = std::fs::read_to_string(path)?;
         for line in text.lines() {
             let rec: Value = serde_json::from_str(line)?;
-            let (name, shape) = match (
-                rec.get("model").and_then(Value::as_str),
-                rec.get("size").and_then(Value::as_str),
-            ) {
-                (Some(model), _) => {
-                    let name = model.trim_end_matches(".json").to_string();
-                    let shape =
-                        model_config::parse(&std::fs::read_to_string(models.join(model))?, &name)
-                            .map_err(|e| BenchError::Command {
-                            what: format!("reading {model}"),
-                            detail: e.to_string(),
-                        })?;
-                    (name, shape)
-                }
-                (None, Some(size)) => match gpt_decoder(size) {
-                    Some(shape) => (format!("GPT {size}"), shape),
-                    None => continue,
-                },
-                _ => continue,
+            let Some((name, shape)) = model_of(&rec, models)? else {
+                continue;
             };
             let zero = rec.get("config").cloned().unwrap_or(Value::Null);
             let (placement, group) = placement_of(&zero);
-            let ok = rec.get("ok").and_then(Value::as_bool).unwrap_or(false);
-            let mut phases: Vec<Value> = rec
-                .get("phases")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
-            if phases.is_empty() {
-                // The GPT decoder's runs (`hack/gpu/ds_step.py`) had one phase of 4 × 512
-                // tokens; a run that failed at its first step: its one phase from its name.
-                let from_name = rec
-                    .get("run")
-                    .and_then(Value::as_str)
-                    .and_then(|r| r.split(':').nth(2))
-                    .and_then(|p| {
-                        let (m, s) = p.split(',').next()?.split_once('x')?;
-                        Some(m.parse::<f64>().ok()? * s.parse::<f64>().ok()?)
-                    });
-                let tokens = if rec.get("size").is_some() {
-                    2048.0
-                } else {
-                    from_name.unwrap_or(2048.0)
-                };
-                phases.push(serde_json::json!({"tokens": tokens, "medianMs": rec.get("medianMs"),
-                    "peakGpuBytes": rec.get("peakGpuBytes"), "peakGpuReservedBytes": rec.get("peakGpuReservedBytes")}));
-            }
-            for phase in &phases {
+            for phase in &phases_of(&rec) {
                 let tokens = phase.get("tokens").and_then(Value::as_f64).unwrap_or(0.0);
                 let job = JobMemory {
                     parameters: shape.parameters(),
@@ -173,79 +131,160 @@ pub fn run(runs: &[PathBuf], models: &Path, node: &Node) -> Result<(), BenchErro
                     ran: Default::default(),
                 };
                 let (est, fit) = job.estimate_checked(placement, &class);
-                let f = |k: &str| phase.get(k).and_then(Value::as_f64);
-                let gpu = f("peakGpuBytes").unwrap_or(0.0);
-                let reserved = f("peakGpuReservedBytes").unwrap_or(0.0);
-                let host = rec
-                    .get("peakHostRssBytes")
-                    .and_then(Value::as_f64)
-                    .unwrap_or(0.0);
-                let ds = rec.get("deepspeedEstimate");
-                let ds_gpu = ds.and_then(|d| d.get("gpuBytes")).and_then(Value::as_f64);
-                let ds_cpu = ds.and_then(|d| d.get("cpuBytes")).and_then(Value::as_f64);
-                let share = est
-                    .offloaded_share
-                    .map(|s| format!(" (share on the host {:.1}%)", s * 100.0))
-                    .unwrap_or_default();
-                let pct = |e: f64, m: f64| {
-                    if m > 0.0 {
-                        format!("{:+.1}%", (e / m - 1.0) * 100.0)
-                    } else {
-                        "–".into()
-                    }
-                };
-                println!(
-                    "| {name} | {tokens} | {placement}{share}{} | {} / {} | {} / {} | {} / {}, {} | {} / {} | {} | {} | {} | {} |",
+                let measured = Measured::of(&rec, phase);
+                let configuration = format!(
+                    "{placement}{}{}",
+                    est.offloaded_share
+                        .map(|s| format!(" (share on the host {:.1}%)", s * 100.0))
+                        .unwrap_or_default(),
                     group
                         .map(|g| format!(", sub-groups {g:.0}"))
-                        .unwrap_or_default(),
+                        .unwrap_or_default()
+                );
+                let says = match (fit.gpu, fit.host) {
+                    (true, true) => "fits",
+                    (false, true) => "GPU too small",
+                    (true, false) => "host too small",
+                    (false, false) => "GPU and host too small",
+                };
+                println!(
+                    "| {name} | {tokens} | {configuration} | {} / {} | {} | {says} | {} |",
                     gib(est.gpu),
                     gib(est.host_per_pod),
-                    ds_gpu.map_or("–".into(), gib),
-                    ds_cpu.map_or("–".into(), gib),
-                    if ok {
-                        gib(gpu)
-                    } else {
-                        format!("{} at the failure", gib(gpu))
-                    },
-                    gib(reserved),
-                    if ok { gib(host) } else { "–".into() },
-                    if ok { pct(est.gpu, gpu) } else { "–".into() },
-                    if ok {
-                        pct(est.host_per_pod, host)
-                    } else {
-                        "–".into()
-                    },
-                    phase
-                        .get("medianMs")
-                        .and_then(Value::as_f64)
-                        .map_or("–".into(), |m| format!("{m:.0} ms")),
-                    phase
-                        .get("allocRetries")
-                        .and_then(Value::as_u64)
-                        .map_or("–".into(), |r| r.to_string()),
-                    match (fit.gpu, fit.host) {
-                        (true, true) => "fits",
-                        (false, true) => "GPU too small",
-                        (true, false) => "host too small",
-                        (false, false) => "GPU and host too small",
-                    },
-                    if ok {
-                        "trained"
-                    } else {
-                        rec.get("error")
-                            .and_then(Value::as_str)
-                            .map_or("failed", |e| {
-                                if e.contains("CUDA out of memory") {
-                                    "**CUDA out of memory**"
-                                } else {
-                                    "failed"
-                                }
-                            })
-                    }
+                    measured.columns(est.gpu, est.host_per_pod),
+                    measured.ran()
                 );
             }
         }
     }
     Ok(())
+}
+
+/// The model a record ran: a Hugging Face `config.json` under `models`, or a GPT decoder size
+/// (`None`: a record of neither).
+fn model_of(rec: &Value, models: &Path) -> Result<Option<(String, ModelShape)>, BenchError> {
+    match (
+        rec.get("model").and_then(Value::as_str),
+        rec.get("size").and_then(Value::as_str),
+    ) {
+        (Some(model), _) => {
+            let name = model.trim_end_matches(".json").to_string();
+            let shape = model_config::parse(&std::fs::read_to_string(models.join(model))?, &name)
+                .map_err(|e| BenchError::Command {
+                what: format!("reading {model}"),
+                detail: e.to_string(),
+            })?;
+            Ok(Some((name, shape)))
+        }
+        (None, Some(size)) => Ok(gpt_decoder(size).map(|shape| (format!("GPT {size}"), shape))),
+        _ => Ok(None),
+    }
+}
+
+/// A record's phases. The GPT decoder's runs (`hack/gpu/ds_step.py`) had one phase of 4 × 512
+/// tokens; a run that failed at its first step: its one phase from its name.
+fn phases_of(rec: &Value) -> Vec<Value> {
+    let mut phases: Vec<Value> = rec
+        .get("phases")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if phases.is_empty() {
+        let from_name = rec
+            .get("run")
+            .and_then(Value::as_str)
+            .and_then(|r| r.split(':').nth(2))
+            .and_then(|p| {
+                let (m, s) = p.split(',').next()?.split_once('x')?;
+                Some(m.parse::<f64>().ok()? * s.parse::<f64>().ok()?)
+            });
+        let tokens = if rec.get("size").is_some() {
+            2048.0
+        } else {
+            from_name.unwrap_or(2048.0)
+        };
+        phases.push(serde_json::json!({"tokens": tokens, "medianMs": rec.get("medianMs"),
+            "peakGpuBytes": rec.get("peakGpuBytes"), "peakGpuReservedBytes": rec.get("peakGpuReservedBytes")}));
+    }
+    phases
+}
+
+/// What one phase of a run measured.
+struct Measured<'a> {
+    ok: bool,
+    gpu: f64,
+    reserved: f64,
+    host: f64,
+    ds_gpu: Option<f64>,
+    ds_cpu: Option<f64>,
+    median_ms: Option<f64>,
+    retries: Option<u64>,
+    error: Option<&'a str>,
+}
+
+impl<'a> Measured<'a> {
+    fn of(rec: &'a Value, phase: &'a Value) -> Self {
+        let f = |k: &str| phase.get(k).and_then(Value::as_f64);
+        let ds = rec.get("deepspeedEstimate");
+        Self {
+            ok: rec.get("ok").and_then(Value::as_bool).unwrap_or(false),
+            gpu: f("peakGpuBytes").unwrap_or(0.0),
+            reserved: f("peakGpuReservedBytes").unwrap_or(0.0),
+            host: rec
+                .get("peakHostRssBytes")
+                .and_then(Value::as_f64)
+                .unwrap_or(0.0),
+            ds_gpu: ds.and_then(|d| d.get("gpuBytes")).and_then(Value::as_f64),
+            ds_cpu: ds.and_then(|d| d.get("cpuBytes")).and_then(Value::as_f64),
+            median_ms: f("medianMs"),
+            retries: phase.get("allocRetries").and_then(Value::as_u64),
+            error: rec.get("error").and_then(Value::as_str),
+        }
+    }
+
+    /// DeepSpeed's estimator, the measured figures, the estimate's error, the step and the
+    /// allocator's retries, as table columns.
+    fn columns(&self, est_gpu: f64, est_host: f64) -> String {
+        let pct = |e: f64, m: f64| {
+            if m > 0.0 {
+                format!("{:+.1}%", (e / m - 1.0) * 100.0)
+            } else {
+                "–".into()
+            }
+        };
+        let dash = || "–".to_string();
+        format!(
+            "{} / {} | {} / {}, {} | {} / {} | {} | {}",
+            self.ds_gpu.map_or_else(dash, gib),
+            self.ds_cpu.map_or_else(dash, gib),
+            if self.ok {
+                gib(self.gpu)
+            } else {
+                format!("{} at the failure", gib(self.gpu))
+            },
+            gib(self.reserved),
+            if self.ok { gib(self.host) } else { dash() },
+            if self.ok {
+                pct(est_gpu, self.gpu)
+            } else {
+                dash()
+            },
+            if self.ok {
+                pct(est_host, self.host)
+            } else {
+                dash()
+            },
+            self.median_ms.map_or_else(dash, |m| format!("{m:.0} ms")),
+            self.retries.map_or_else(dash, |r| r.to_string()),
+        )
+    }
+
+    /// How the run ended.
+    fn ran(&self) -> &'static str {
+        match (self.ok, self.error) {
+            (true, _) => "trained",
+            (false, Some(e)) if e.contains("CUDA out of memory") => "**CUDA out of memory**",
+            (false, _) => "failed",
+        }
+    }
 }

@@ -262,12 +262,7 @@ async fn burst(
     let handler_before = handler_seconds(admin, "mutate-workload")
         .await
         .unwrap_or((0.0, 0.0));
-    let cpu0 = cpu_seconds(pid).unwrap_or(0.0);
-    let parts0: BTreeMap<&str, f64> = components
-        .iter()
-        .map(|(name, p)| (*name, cpu_seconds(*p).unwrap_or(0.0)))
-        .collect();
-    let own0 = cpu_seconds(std::process::id()).unwrap_or(0.0);
+    let meter = CpuMeter::start(pid, components);
     let start = Instant::now();
 
     let ((tj_errors, tjs), (batch_ms, unconfigured, batch_errors)) = tokio::join!(
@@ -279,17 +274,7 @@ async fn burst(
         .await
         .is_ok();
     let all_wall = start.elapsed().as_secs_f64();
-    let cpu = cpu_seconds(pid).unwrap_or(0.0) - cpu0;
-    let parts: Vec<(&str, f64)> = components
-        .iter()
-        .map(|(name, p)| {
-            (
-                *name,
-                cpu_seconds(*p).unwrap_or(0.0) - parts0.get(name).copied().unwrap_or(0.0),
-            )
-        })
-        .collect();
-    let own = cpu_seconds(std::process::id()).unwrap_or(0.0) - own0;
+    let (cpu, parts, own) = meter.since();
     let hwm = proc_status(pid, "VmHWM:").unwrap_or(0);
     let rss = proc_status(pid, "VmRSS:").unwrap_or(0);
     let handler_after = handler_seconds(admin, "mutate-workload")
@@ -348,6 +333,57 @@ async fn burst(
         mib(hwm),
         mib(rss)
     );
+    print_cpu_shares(all_wall, cpu, parts, own);
+    requests_table(&before, &after, jobs, batch_jobs);
+    Ok(())
+}
+
+/// CPU seconds of the operator (or its peer), of each control-plane component and of this
+/// bench's own clients, from a starting point.
+struct CpuMeter<'a> {
+    pid: u32,
+    components: &'a BTreeMap<&'static str, u32>,
+    operator: f64,
+    parts: BTreeMap<&'static str, f64>,
+    own: f64,
+}
+
+impl<'a> CpuMeter<'a> {
+    fn start(pid: u32, components: &'a BTreeMap<&'static str, u32>) -> Self {
+        Self {
+            pid,
+            components,
+            operator: cpu_seconds(pid).unwrap_or(0.0),
+            parts: components
+                .iter()
+                .map(|(name, p)| (*name, cpu_seconds(*p).unwrap_or(0.0)))
+                .collect(),
+            own: cpu_seconds(std::process::id()).unwrap_or(0.0),
+        }
+    }
+
+    /// (operator, each component, this bench) since the start.
+    fn since(&self) -> (f64, Vec<(&'static str, f64)>, f64) {
+        let parts = self
+            .components
+            .iter()
+            .map(|(name, p)| {
+                (
+                    *name,
+                    cpu_seconds(*p).unwrap_or(0.0) - self.parts.get(name).copied().unwrap_or(0.0),
+                )
+            })
+            .collect();
+        (
+            cpu_seconds(self.pid).unwrap_or(0.0) - self.operator,
+            parts,
+            cpu_seconds(std::process::id()).unwrap_or(0.0) - self.own,
+        )
+    }
+}
+
+/// Each part's share of the machine's core-seconds over the burst.
+fn print_cpu_shares(all_wall: f64, cpu: f64, parts: Vec<(&'static str, f64)>, own: f64) {
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     #[allow(clippy::cast_precision_loss)]
     let capacity = all_wall * cores as f64;
@@ -363,8 +399,6 @@ async fn burst(
             .join(", "),
         shares.iter().map(|(_, c)| c).sum::<f64>() / capacity * 100.0
     );
-    requests_table(&before, &after, jobs, batch_jobs);
-    Ok(())
 }
 
 /// The API requests of the burst by resource and verb, and those the operator made per

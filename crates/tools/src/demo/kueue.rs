@@ -16,10 +16,88 @@ use super::{kubectl, step, wait_for};
 /// running), the second waits with Kueue's reason, and is admitted once the first finishes.
 pub(crate) async fn story(cluster: &DevCluster, client: &kube::Client) -> Result<(), String> {
     use offload_api::v1alpha1::JobPhase;
-    const NS: &str = "kueue-demo";
     step(
         "Kueue: ClusterQueue demo (1 GPU per node class), LocalQueue demo in namespace kueue-demo; two jobs for the pcie-pool profile",
     );
+    make_queues(cluster)?;
+    let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
+    // Waits until the second job's Admitted condition (status, message) satisfies `holds`.
+    let second_admission = |what: &'static str, holds: fn(&str, &str) -> bool| {
+        let tjs = tjs.clone();
+        wait_for(what, Duration::from_secs(120), move || {
+            let tjs = tjs.clone();
+            async move {
+                tjs.get("second")
+                    .await
+                    .ok()
+                    .and_then(|t| admitted(&t))
+                    .is_some_and(|(s, m)| holds(&s, &m))
+            }
+        })
+    };
+    let started = Instant::now();
+    create(&tjs, "first").await?;
+    wait_for("first Running", Duration::from_secs(120), || {
+        let tjs = tjs.clone();
+        async move {
+            tjs.get("first")
+                .await
+                .ok()
+                .is_some_and(|t| t.status.as_ref().and_then(|s| s.phase) == Some(JobPhase::Running))
+        }
+    })
+    .await?;
+    eprintln!(
+        "first: admitted and Running in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let queued_at = Instant::now();
+    create(&tjs, "second").await?;
+    second_admission("second Queued with Kueue's reason", |s, m| {
+        s == "False" && m.contains("Kueue:")
+    })
+    .await?;
+    eprintln!(
+        "second: waiting, with Kueue's reason, {:.1} s after it was created",
+        queued_at.elapsed().as_secs_f64()
+    );
+    println!();
+    show_queue(cluster)?;
+    println!(
+        "$ kubectl -n {NS} get trainingjob second -o jsonpath='{{.status.conditions[?(@.type==\"Admitted\")].message}}'"
+    );
+    println!(
+        "{}\n",
+        kubectl(
+            cluster,
+            &[
+                "-n",
+                NS,
+                "get",
+                "trainingjob",
+                "second",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Admitted\")].message}"
+            ]
+        )?
+    );
+    // The first job finishes (its kwok pod is let go): the second is admitted.
+    let_finish(client, "first").await?;
+    let released = Instant::now();
+    second_admission("second admitted once first finished", |s, _| s == "True").await?;
+    eprintln!(
+        "second: admitted {:.1} s after first was let finish",
+        released.elapsed().as_secs_f64()
+    );
+    show_queue(cluster)?;
+    Ok(())
+}
+
+/// The demo's namespace.
+const NS: &str = "kueue-demo";
+
+/// The ClusterQueue (one GPU per node class) and the namespace's LocalQueue.
+fn make_queues(cluster: &DevCluster) -> Result<(), String> {
     let flavors: Vec<serde_json::Value> = ["offload-discrete", "offload-coherent"]
         .iter()
         .map(|f| {
@@ -43,114 +121,60 @@ pub(crate) async fn story(cluster: &DevCluster, client: &kube::Client) -> Result
     std::fs::write(&file, manifests.to_string())
         .map_err(|e| format!("writing {}: {e}", file.display()))?;
     kubectl(cluster, &["apply", "-f", &file.display().to_string()])?;
-    let tjs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
-    let create = |name: &'static str| {
-        let tjs = tjs.clone();
-        async move {
-            let tj: TrainingJob = serde_json::from_value(deploy::queued_training_job(
-                name,
-                Some("demo"),
-                "pcie-pool",
-                None,
-                false,
-            ))
-            .map_err(|e| e.to_string())?;
-            // The webhooks answer once Kueue's certificates are in place.
-            wait_for(
-                &format!("{name} admitted by the webhooks"),
-                Duration::from_secs(120),
-                || {
-                    let (tjs, tj) = (tjs.clone(), tj.clone());
-                    async move { tjs.create(&PostParams::default(), &tj).await.is_ok() }
-                },
-            )
-            .await
-        }
-    };
-    let admitted = |tj: &TrainingJob| -> Option<(String, String)> {
-        let c = tj
-            .status
-            .as_ref()?
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Admitted")?;
-        Some((c.status.clone(), c.message.clone()))
-    };
-    // Waits until the second job's Admitted condition (status, message) satisfies `holds`.
-    let second_admission = |what: &'static str, holds: fn(&str, &str) -> bool| {
-        let tjs = tjs.clone();
-        wait_for(what, Duration::from_secs(120), move || {
-            let tjs = tjs.clone();
-            async move {
-                tjs.get("second")
-                    .await
-                    .ok()
-                    .and_then(|t| admitted(&t))
-                    .is_some_and(|(s, m)| holds(&s, &m))
-            }
-        })
-    };
-    let show_queue = || -> Result<(), String> {
-        println!("$ kubectl -n {NS} get trainingjobs,workloads.kueue.x-k8s.io");
-        let shown = kubectl(
-            cluster,
-            &["-n", NS, "get", "trainingjobs,workloads.kueue.x-k8s.io"],
-        )?;
-        println!("{shown}");
-        Ok(())
-    };
-    let started = Instant::now();
-    create("first").await?;
-    wait_for("first Running", Duration::from_secs(120), || {
-        let tjs = tjs.clone();
-        async move {
-            tjs.get("first")
-                .await
-                .ok()
-                .is_some_and(|t| t.status.as_ref().and_then(|s| s.phase) == Some(JobPhase::Running))
-        }
-    })
-    .await?;
-    eprintln!(
-        "first: admitted and Running in {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
-    let queued_at = Instant::now();
-    create("second").await?;
-    second_admission("second Queued with Kueue's reason", |s, m| {
-        s == "False" && m.contains("Kueue:")
-    })
-    .await?;
-    eprintln!(
-        "second: waiting, with Kueue's reason, {:.1} s after it was created",
-        queued_at.elapsed().as_secs_f64()
-    );
-    println!();
-    show_queue()?;
-    println!(
-        "$ kubectl -n {NS} get trainingjob second -o jsonpath='{{.status.conditions[?(@.type==\"Admitted\")].message}}'"
-    );
-    println!(
-        "{}\n",
-        kubectl(
-            cluster,
-            &[
-                "-n",
-                NS,
-                "get",
-                "trainingjob",
-                "second",
-                "-o",
-                "jsonpath={.status.conditions[?(@.type==\"Admitted\")].message}"
-            ]
-        )?
-    );
-    // The first job finishes (its kwok pod is let go): the second is admitted.
+    Ok(())
+}
+
+/// A queued job for the pcie-pool profile, created once the webhooks answer (after Kueue's
+/// certificates are in place).
+async fn create(tjs: &Api<TrainingJob>, name: &'static str) -> Result<(), String> {
+    let tj: TrainingJob = serde_json::from_value(deploy::queued_training_job(
+        name,
+        Some("demo"),
+        "pcie-pool",
+        None,
+        false,
+    ))
+    .map_err(|e| e.to_string())?;
+    wait_for(
+        &format!("{name} admitted by the webhooks"),
+        Duration::from_secs(120),
+        || {
+            let (tjs, tj) = (tjs.clone(), tj.clone());
+            async move { tjs.create(&PostParams::default(), &tj).await.is_ok() }
+        },
+    )
+    .await
+}
+
+/// A job's Admitted condition: (status, message).
+fn admitted(tj: &TrainingJob) -> Option<(String, String)> {
+    let c = tj
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Admitted")?;
+    Some((c.status.clone(), c.message.clone()))
+}
+
+/// The demo namespace's jobs and Kueue's Workloads, as kubectl shows them.
+fn show_queue(cluster: &DevCluster) -> Result<(), String> {
+    println!("$ kubectl -n {NS} get trainingjobs,workloads.kueue.x-k8s.io");
+    let shown = kubectl(
+        cluster,
+        &["-n", NS, "get", "trainingjobs,workloads.kueue.x-k8s.io"],
+    )?;
+    println!("{shown}");
+    Ok(())
+}
+
+/// Lets a job's kwok pods finish (they were told to keep running).
+async fn let_finish(client: &kube::Client, job: &str) -> Result<(), String> {
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
     let list = pods
         .list(
             &ListParams::default()
-                .labels(&format!("{}=first", offload_api::names::LABEL_TRAINING_JOB)),
+                .labels(&format!("{}={job}", offload_api::names::LABEL_TRAINING_JOB)),
         )
         .await
         .map_err(|e| e.to_string())?;
@@ -166,12 +190,5 @@ pub(crate) async fn story(cluster: &DevCluster, client: &kube::Client) -> Result
         .await
         .map_err(|e| e.to_string())?;
     }
-    let released = Instant::now();
-    second_admission("second admitted once first finished", |s, _| s == "True").await?;
-    eprintln!(
-        "second: admitted {:.1} s after first was let finish",
-        released.elapsed().as_secs_f64()
-    );
-    show_queue()?;
     Ok(())
 }
