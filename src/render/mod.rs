@@ -200,7 +200,7 @@ pub const GUARD_CONTAINER: &str = "offload-verify";
 /// containers' and the sum of its containers', so the guard then changes nothing a scheduler or
 /// a quota (Kueue's ClusterQueue) counts, and never adds a resource name a GPU-only quota does
 /// not cover.
-pub fn guard_container(
+pub fn startup_guard_container(
     res: &Resolution,
     gpus: u64,
     requested: &std::collections::BTreeSet<String>,
@@ -359,7 +359,7 @@ pub fn apply_to_pod_spec(
         inits.retain(|c| c.name != GUARD_CONTAINER);
     }
     if let Some(guard) =
-        guard_container(res, explicit_gpus(spec), &requested_names(spec, res), opts)
+        startup_guard_container(res, explicit_gpus(spec), &requested_names(spec, res), opts)
     {
         spec.init_containers
             .get_or_insert_with(Vec::new)
