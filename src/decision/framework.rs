@@ -9,6 +9,11 @@ use super::memory::Placement;
 use super::request::{DeepSpeedRequest, JobRequest};
 use super::settings::DEFAULT_ZERO_STAGE;
 
+mod megatron;
+
+use megatron::{check_megatron, megatron_plan};
+pub(super) use megatron::{megatron_can_offload, megatron_offload_blocker};
+
 /// How the framework receives the configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub enum FrameworkPlan {
@@ -16,6 +21,8 @@ pub enum FrameworkPlan {
     DeepSpeed(DeepSpeedPlan),
     /// Accelerate FSDP env vars.
     Fsdp(FsdpPlan),
+    /// Megatron-core flags (and the NeMo / Megatron-Bridge overrides of the same settings).
+    Megatron(MegatronPlan),
     /// `OFFLOAD_*` env vars only.
     Generic,
 }
@@ -51,6 +58,22 @@ pub struct FsdpPlan {
     pub offload_params: bool,
 }
 
+/// Megatron-core's hybrid device optimizer, as the decision sets it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MegatronPlan {
+    /// The declared Megatron-core version.
+    pub version: FrameworkVersion,
+    /// `--optimizer-cpu-offload` (with `--use-precision-aware-optimizer`, which it requires).
+    pub cpu_offload: bool,
+    /// `--optimizer-offload-fraction`: the share of each rank's optimizer state on the host.
+    pub fraction: f64,
+    /// `--overlap-cpu-optimizer-d2h-h2d`: the gradients' copy to the host and the updated
+    /// parameters' copy back overlap the CPU step.
+    pub overlap: bool,
+    /// `--use-distributed-optimizer`.
+    pub distributed_optimizer: bool,
+}
+
 /// Validated framework facts.
 pub(super) struct FrameworkFacts {
     pub(super) version: Option<FrameworkVersion>,
@@ -69,6 +92,7 @@ pub(super) fn check(job: &JobRequest) -> Result<FrameworkFacts, ResolveError> {
     let minimum = match kind {
         Framework::DeepSpeed => Some(version::deepspeed::MIN_SUPPORTED),
         Framework::Fsdp => Some(version::torch::MIN_SUPPORTED),
+        Framework::Megatron => Some(version::megatron::MIN_SUPPORTED),
         Framework::Generic => None,
     };
     if let (Some(v), Some(min)) = (&version, minimum)
@@ -110,6 +134,9 @@ pub(super) fn check(job: &JobRequest) -> Result<FrameworkFacts, ResolveError> {
             });
         }
     }
+    if kind == Framework::Megatron {
+        check_megatron(job, version.as_ref())?;
+    }
     Ok(FrameworkFacts {
         version,
         stage,
@@ -125,6 +152,10 @@ pub(super) fn partial_ratio_support(
     match job.framework.name {
         Framework::Generic => Ok(()),
         Framework::Fsdp => Err("FSDP has no partial-offload switch".to_string()),
+        Framework::Megatron => match megatron_offload_blocker(job, facts.version.as_ref()) {
+            None => Ok(()),
+            Some(why) => Err(why),
+        },
         Framework::DeepSpeed => {
             let Some(v) = &facts.version else {
                 return Err("the DeepSpeed version is unknown".to_string());
@@ -344,6 +375,9 @@ fn plan_inner(
             })
         }
         (Framework::Fsdp, Some(version)) => fsdp_plan(version, mode, memory, why),
+        (Framework::Megatron, Some(version)) => {
+            megatron_plan(job, version, mode, overlap, ratio, why)
+        }
         _ => {
             say(
                 why,

@@ -125,6 +125,8 @@ pub(super) fn allowed(
         }
         // FSDP's CPU offload moves parameters, gradients and optimizer state together.
         Framework::Fsdp => (false, true),
+        // Megatron-core's hybrid device optimizer offloads optimizer state only (0.12.0 on).
+        Framework::Megatron => (super::framework::megatron_can_offload(job, facts), false),
         Framework::Generic => (true, false),
     };
     let whole_ok = fixed_ratio.is_none_or(|r| r >= 1.0);
@@ -259,26 +261,8 @@ impl Tried {
 /// larger pod limit, on `class` (the class with the largest GPUs).
 pub(super) fn advice(jm: &JobMemory, class: &ClassMemory, allowed: &Allowed) -> String {
     let mut ideas = Vec::new();
-    if let Sharding::Zero(stage @ 0..=2) = jm.sharding {
-        let z3 = JobMemory {
-            sharding: Sharding::Zero(3),
-            ..jm.clone()
-        };
-        let z3_allowed = Allowed {
-            partial: match allowed.partial {
-                PartialRatio::No(_) if allowed.offload => PartialRatio::Free(MIN_AUTO_RATIO),
-                ref p => p.clone(),
-            },
-            with_params: allowed.offload,
-            ..allowed.clone()
-        };
-        if let Ok(c) = fastest(&z3, class, &z3_allowed) {
-            ideas.push(format!(
-                "ZeRO stage 3 instead of {stage} shards parameters and gradients too: it would fit as {}",
-                c.placement
-            ));
-        }
-    }
+    zero3_advice(jm, class, allowed, &mut ideas);
+    megatron_advice(jm, class, allowed, &mut ideas);
     let mut ranks = jm.ranks.saturating_mul(2);
     while ranks <= MAX_ADVISED_RANKS {
         let more = jm.with_ranks(ranks);
@@ -355,5 +339,89 @@ pub(super) fn advice(jm: &JobMemory, class: &ClassMemory, allowed: &Allowed) -> 
         "no more GPUs, ZeRO stage or micro-batch found that would fit: it needs nodes with more GPU or host memory".to_string()
     } else {
         ideas.join("; ")
+    }
+}
+
+/// Megatron-core's own ways to fit: the offload its version or layout cannot do (and what the
+/// job would fit as with it), and twice the tensor-parallel size.
+fn megatron_advice(
+    jm: &JobMemory,
+    class: &ClassMemory,
+    allowed: &Allowed,
+    ideas: &mut Vec<String>,
+) {
+    let Sharding::Megatron {
+        tensor,
+        model_parallel,
+        distributed,
+    } = jm.sharding
+    else {
+        return;
+    };
+    if let PartialRatio::No(why) = &allowed.partial
+        && allowed.offload
+        && !allowed.whole_optimizer
+    {
+        let with = Allowed {
+            partial: PartialRatio::Free(MIN_AUTO_RATIO),
+            whole_optimizer: true,
+            ..allowed.clone()
+        };
+        let sharded = JobMemory {
+            sharding: Sharding::Megatron {
+                tensor,
+                model_parallel,
+                distributed: true,
+            },
+            ..jm.clone()
+        };
+        if let Ok(c) = fastest(&sharded, class, &with) {
+            ideas.push(format!(
+                "{why}; Megatron-core 0.12.0 or newer with the distributed optimizer would fit it as {}",
+                c.placement
+            ));
+        }
+    }
+    let wider = tensor.saturating_mul(2);
+    let groups = model_parallel.saturating_mul(2);
+    if u64::from(groups) <= jm.ranks {
+        let split = JobMemory {
+            sharding: Sharding::Megatron {
+                tensor: wider,
+                model_parallel: groups,
+                distributed,
+            },
+            ..jm.clone()
+        };
+        if let Ok(c) = fastest(&split, class, allowed) {
+            ideas.push(format!(
+                "tensor-parallel size {wider} (spec.megatron.tensorParallel; {tensor} now) would fit as {}",
+                c.placement
+            ));
+        }
+    }
+}
+
+/// ZeRO stage 3 for a job at stage 0 to 2: it shards parameters and gradients too.
+fn zero3_advice(jm: &JobMemory, class: &ClassMemory, allowed: &Allowed, ideas: &mut Vec<String>) {
+    if let Sharding::Zero(stage @ 0..=2) = jm.sharding {
+        let z3 = JobMemory {
+            sharding: Sharding::Zero(3),
+            ..jm.clone()
+        };
+        let z3_allowed = Allowed {
+            partial: match allowed.partial {
+                PartialRatio::No(_) if allowed.offload => PartialRatio::Free(MIN_AUTO_RATIO),
+                ref p => p.clone(),
+            },
+            with_params: allowed.offload,
+            ..allowed.clone()
+        };
+        if let Ok(c) = fastest(&z3, class, &z3_allowed) {
+            ideas.push(format!(
+                "ZeRO stage 3 instead of {stage} shards parameters and gradients too: it would fit as {}",
+                c.placement
+            ));
+        }
     }
 }

@@ -50,8 +50,6 @@
 //! Every figure is in bytes as `f64` (products of counts that could overflow an integer never
 //! do in floating point); results are rounded up into `u64`, saturating.
 
-use std::fmt;
-
 use super::shape::{self, ModelShape};
 
 /// Bytes of each GPU that are never the caching allocator's: the CUDA context, NCCL's buffers,
@@ -132,21 +130,6 @@ impl Placement {
     }
 }
 
-impl fmt::Display for Placement {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Placement::NoOffload => f.write_str("no offload"),
-            Placement::PartialOptimizer(r) => {
-                write!(f, "{:.0}% of the optimizer state offloaded", r * 100.0)
-            }
-            Placement::Optimizer => f.write_str("the optimizer state offloaded"),
-            Placement::OptimizerAndParams => {
-                f.write_str("optimizer state and parameters offloaded")
-            }
-        }
-    }
-}
-
 /// How the framework shards training state over the data-parallel ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sharding {
@@ -154,18 +137,19 @@ pub enum Sharding {
     Zero(u8),
     /// PyTorch FSDP, fully sharded.
     Fsdp,
+    /// Megatron-core: each GPU holds 1/`model_parallel` of the model (tensor × pipeline
+    /// parallel), its activations split over `tensor` (sequence parallel); with the distributed
+    /// optimizer the optimizer state is sharded over the data-parallel ranks.
+    Megatron {
+        /// Tensor-parallel size.
+        tensor: u32,
+        /// Tensor × pipeline-parallel size.
+        model_parallel: u32,
+        /// `--use-distributed-optimizer`.
+        distributed: bool,
+    },
     /// Unknown to the operator (`Generic`): nothing assumed sharded.
     Unsharded,
-}
-
-impl fmt::Display for Sharding {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Sharding::Zero(s) => write!(f, "ZeRO-{s}"),
-            Sharding::Fsdp => f.write_str("FSDP"),
-            Sharding::Unsharded => f.write_str("no sharding"),
-        }
-    }
 }
 
 /// The job as the memory model sees it.
@@ -374,6 +358,9 @@ impl JobMemory {
     /// How partial ratios map to the offloaded share for this job: walked over the model's
     /// tensors when its shape is known, else bounded by a sub-group and the largest tensor.
     pub fn partial_shares(&self) -> PartialShares {
+        if let Some(shares) = self.megatron_partial_shares() {
+            return shares;
+        }
         if let Some(groups) = self.walked_groups(true) {
             return PartialShares::Groups(groups);
         }
@@ -470,6 +457,9 @@ impl JobMemory {
                     ((b + b) * p + o * kept * s + act.max(f * kept * s) + c) * UNMEASURED_SAFETY
                 }
                 (Sharding::Zero(_), _) => ((b + b + o + f) * p + act + c) * UNMEASURED_SAFETY,
+                (Sharding::Megatron { tensor, .. }, _) => {
+                    self.megatron_gpu(tensor, kept, act, c) * UNMEASURED_SAFETY
+                }
                 (Sharding::Unsharded, _) => {
                     ((b + b) * p + o * kept * p + act.max(f * kept * p) + c) * UNMEASURED_SAFETY
                 }
@@ -637,6 +627,7 @@ mod corrections;
 mod describe;
 mod flushes;
 mod host;
+mod megatron;
 
 pub use corrections::{
     Corrections, GPU_FAILURE_MARGIN, HOST_FAILURE_MARGIN, HOST_FAILURE_MIN_BYTES,

@@ -47,7 +47,8 @@ pub use constraints::PodConstraints;
 pub use entry::{ClusterView, Unresolved, check_training_job, decide, decide_request, lesson_of};
 pub use error::ResolveError;
 pub use framework::{
-    DeepSpeedPlan, FrameworkPlan, FsdpPlan, ZENFLOW_TOPK_RATIO, ZENFLOW_UPDATE_INTERVAL,
+    DeepSpeedPlan, FrameworkPlan, FsdpPlan, MegatronPlan, ZENFLOW_TOPK_RATIO,
+    ZENFLOW_UPDATE_INTERVAL,
 };
 pub use model_config::{MODEL_CONFIG_KEY, ModelConfigError};
 pub use request::{AdmittedRequest, DeepSpeedRequest, JobRequest, LearnedView};

@@ -345,8 +345,16 @@ fn try_fastest<'c, 'a>(
     let params = match cx.job.framework.name {
         offload_api::v1alpha1::Framework::DeepSpeed => cx.facts.stage == 3,
         offload_api::v1alpha1::Framework::Fsdp => true,
-        offload_api::v1alpha1::Framework::Generic => false,
+        offload_api::v1alpha1::Framework::Megatron | offload_api::v1alpha1::Framework::Generic => {
+            false
+        }
     };
+    // A Megatron-core without the hybrid device optimizer has no rung past the first.
+    if cx.job.framework.name == offload_api::v1alpha1::Framework::Megatron
+        && !super::framework::megatron_can_offload(cx.job, cx.facts)
+    {
+        ladder.truncate(1);
+    }
     if params {
         ladder.push(Placement::OptimizerAndParams);
     }

@@ -34,6 +34,8 @@ pub struct JobRequest {
     pub framework: FrameworkSpec,
     /// DeepSpeed specifics (only read for DeepSpeed).
     pub deepspeed: DeepSpeedRequest,
+    /// Megatron-core's parallel layout (only read for Megatron; unset sizes are 1).
+    pub megatron: offload_api::v1alpha1::MegatronSpec,
     /// What the operator knows of the model.
     pub model: Option<ModelHints>,
     /// The model's shape from its `config.json`, where the job references one and it was read.
@@ -95,6 +97,7 @@ impl Default for JobRequest {
                 version: None,
             },
             deepspeed: DeepSpeedRequest::default(),
+            megatron: Default::default(),
             model: None,
             model_config: None,
             hints_from_annotations: false,
@@ -139,13 +142,17 @@ pub struct DeepSpeedRequest {
 pub fn identity(tj: &TrainingJob) -> String {
     use sha2::Digest;
     let spec = &tj.spec;
-    let text = serde_json::json!({
+    let mut value = serde_json::json!({
         "framework": spec.framework,
         "deepspeed": spec.deepspeed,
         "replicas": spec.replicas,
         "template": spec.template,
-    })
-    .to_string();
+    });
+    // Only where given, so the identities of jobs written before it stay as they were.
+    if let (Some(m), Some(map)) = (spec.megatron, value.as_object_mut()) {
+        map.insert("megatron".into(), serde_json::json!(m));
+    }
+    let text = value.to_string();
     let digest = sha2::Sha256::digest(text.as_bytes());
     let short: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
     format!(
@@ -180,6 +187,7 @@ impl JobRequest {
             offload,
             framework: spec.framework.clone(),
             deepspeed,
+            megatron: spec.megatron.unwrap_or_default(),
             model: spec.model.clone(),
             model_config: model_config.copied(),
             hints_from_annotations: false,
@@ -251,7 +259,7 @@ impl JobRequest {
         let framework: Framework = parse(
             get(names::ANNOTATION_FRAMEWORK),
             names::ANNOTATION_FRAMEWORK,
-            "DeepSpeed, FSDP or Generic",
+            "DeepSpeed, FSDP, Megatron or Generic",
         )?
         .unwrap_or(Framework::Generic);
         let model = model_annotations(annotations)?;
@@ -269,6 +277,7 @@ impl JobRequest {
                     version: get(names::ANNOTATION_FRAMEWORK_VERSION).map(str::to_string),
                 },
                 deepspeed: DeepSpeedRequest::default(),
+                megatron: Default::default(),
                 hints_from_annotations: model.is_some(),
                 memory_failures: Vec::new(),
                 learned: None,

@@ -57,6 +57,7 @@ pub fn resolve_offload(
         },
         &candidates,
     )?;
+    megatron_can_take(job, &facts, &placement)?;
     reasons.add(Field::Mode, &placement.mode_why);
     let memory_request = memory_request(job, placement.memory.as_ref());
     if let Some(why) = memory_request.map(|r| memory_request_reason(job, &r)) {
@@ -126,6 +127,27 @@ pub fn resolve_offload(
     })
 }
 
+/// A Megatron job whose decision needs offload its Megatron-core cannot do (a profile's mode,
+/// an old version, no distributed optimizer) is refused, with what would let it run.
+fn megatron_can_take(
+    job: &JobRequest,
+    facts: &framework::FrameworkFacts,
+    placement: &placement::ModeAndClass<'_, '_>,
+) -> Result<(), ResolveError> {
+    if job.framework.name != offload_api::v1alpha1::Framework::Megatron
+        || placement.mode == OffloadMode::Disabled
+    {
+        return Ok(());
+    }
+    match framework::megatron_offload_blocker(job, facts.version.as_ref()) {
+        None => Ok(()),
+        Some(problem) => Err(ResolveError::FrameworkCannot {
+            problem: format!("{problem}; the decision needs offload: {}", placement.mode_why),
+            change: "use Megatron-core 0.12.0 or newer with the distributed optimizer, or a profile whose mode lets the job run without offload".to_string(),
+        }),
+    }
+}
+
 /// Where the framework keeps the state the placement chose, and the sub-group size the
 /// operator picks for a job that sets none.
 fn memory_plan(
@@ -169,7 +191,7 @@ fn state_placement(
     let params = match framework {
         FrameworkPlan::DeepSpeed(d) => d.offload_params,
         FrameworkPlan::Fsdp(f) => f.offload_params,
-        FrameworkPlan::Generic => false,
+        FrameworkPlan::Megatron(_) | FrameworkPlan::Generic => false,
     };
     match mode {
         OffloadMode::Disabled => memory::Placement::NoOffload,

@@ -238,6 +238,15 @@ fn job_memory_of(
         sharding: match job.framework.name {
             Framework::DeepSpeed => Sharding::Zero(facts.stage),
             Framework::Fsdp => Sharding::Fsdp,
+            Framework::Megatron => {
+                let tensor = job.megatron.tensor_parallel.unwrap_or(1).max(1);
+                let pipeline = job.megatron.pipeline_parallel.unwrap_or(1).max(1);
+                Sharding::Megatron {
+                    tensor,
+                    model_parallel: tensor.saturating_mul(pipeline),
+                    distributed: job.megatron.distributed_optimizer != Some(false),
+                }
+            }
             Framework::Generic => Sharding::Unsharded,
         },
         value_bytes: match job.config.precision {

@@ -8,6 +8,7 @@
 //! to retry.
 
 pub mod deepspeed;
+pub mod megatron;
 pub mod workload;
 
 use std::collections::BTreeMap;
@@ -66,6 +67,16 @@ pub fn env_vars(res: &Resolution, config_file: Option<&str>) -> Vec<EnvVar> {
             if plan.offload_params { "true" } else { "false" },
         ));
         out.push(env(names::ENV_FSDP_VERSION, &plan.fsdp_version.to_string()));
+    }
+    if let FrameworkPlan::Megatron(plan) = &res.framework {
+        out.push(env(
+            names::ENV_MEGATRON_ARGS,
+            &megatron::args(plan, res.pin_memory).join(" "),
+        ));
+        out.push(env(
+            names::ENV_NEMO_OVERRIDES,
+            &megatron::nemo_overrides(plan, res.pin_memory).join(" "),
+        ));
     }
     out
 }

@@ -48,13 +48,18 @@ pub const ENV_CONFIG_FILE: &str = "OFFLOAD_CONFIG_FILE";
 pub const ENV_FSDP_OFFLOAD_PARAMS: &str = "FSDP_OFFLOAD_PARAMS";
 /// Accelerate env var: FSDP generation (`1` or `2`).
 pub const ENV_FSDP_VERSION: &str = "FSDP_VERSION";
+/// Megatron-core's hybrid device optimizer flags as the decision sets them, space-separated, for
+/// a launch line to expand (`torchrun pretrain_gpt.py … $OFFLOAD_MEGATRON_ARGS`).
+pub const ENV_MEGATRON_ARGS: &str = "OFFLOAD_MEGATRON_ARGS";
+/// The same settings as NeMo / Megatron-Bridge `optimizer.*` overrides, space-separated.
+pub const ENV_NEMO_OVERRIDES: &str = "OFFLOAD_NEMO_OVERRIDES";
 /// OpenMP's thread count: written on the training container, where it sets none, as its CPU
 /// limit's whole cores (DeepSpeed's CPU Adam starts one thread per visible core otherwise).
 pub const ENV_OMP_THREADS: &str = "OMP_NUM_THREADS";
 
 /// Every env var name the operator may write into a container; the webhook removes none but
 /// these when it re-renders, so a user's own env is never touched.
-pub const OPERATOR_ENV: [&str; 8] = [
+pub const OPERATOR_ENV: [&str; 10] = [
     ENV_MODE,
     ENV_OVERLAP,
     ENV_RATIO,
@@ -63,6 +68,8 @@ pub const OPERATOR_ENV: [&str; 8] = [
     ENV_CONFIG_FILE,
     ENV_FSDP_OFFLOAD_PARAMS,
     ENV_FSDP_VERSION,
+    ENV_MEGATRON_ARGS,
+    ENV_NEMO_OVERRIDES,
 ];
 
 /// Annotation on other job kinds and Pods: requested mode (`Auto`, `UnifiedMemory`, `CPUCopy`,

@@ -87,6 +87,23 @@ pub mod torch {
     }
 }
 
+/// Megatron-core feature gates (its `megatron/training/arguments.py`, release by release).
+pub mod megatron {
+    use super::FrameworkVersion;
+
+    /// Oldest Megatron-core the operator renders flags for.
+    pub const MIN_SUPPORTED: (u64, u64, u64) = (0, 9, 0);
+    /// The hybrid device optimizer: `--optimizer-cpu-offload`, `--optimizer-offload-fraction`,
+    /// `--overlap-cpu-optimizer-d2h-h2d`, `--no-pin-cpu-grads` / `--no-pin-cpu-params` (with
+    /// `--use-precision-aware-optimizer`, which the offload requires) — first in core_v0.12.0.
+    pub const CPU_OFFLOAD: (u64, u64, u64) = (0, 12, 0);
+
+    /// Whether `v` is at least the version triple `at`.
+    pub fn has(v: &FrameworkVersion, at: (u64, u64, u64)) -> bool {
+        v.at_least(at.0, at.1, at.2)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,3 +21,8 @@ pub fn path(file: &str) -> PathBuf {
         .join("fixtures")
         .join(file)
 }
+
+/// The optimizer, offload and pinning flags of Megatron-core releases' argument parsers, by
+/// version (read from `megatron/training/arguments.py` at each release tag; see the README).
+pub const MEGATRON_OPTIMIZER_FLAGS: &str =
+    include_str!("../fixtures/megatron-optimizer-flags.json");

@@ -112,3 +112,33 @@ impl JobMemory {
         ))
     }
 }
+
+impl std::fmt::Display for super::Sharding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            super::Sharding::Zero(s) => write!(f, "ZeRO-{s}"),
+            super::Sharding::Fsdp => f.write_str("FSDP"),
+            super::Sharding::Megatron {
+                tensor,
+                model_parallel,
+                distributed,
+            } => super::megatron::describe(f, *tensor, *model_parallel, *distributed),
+            super::Sharding::Unsharded => f.write_str("no sharding"),
+        }
+    }
+}
+
+impl std::fmt::Display for super::Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            super::Placement::NoOffload => f.write_str("no offload"),
+            super::Placement::PartialOptimizer(r) => {
+                write!(f, "{:.0}% of the optimizer state offloaded", r * 100.0)
+            }
+            super::Placement::Optimizer => f.write_str("the optimizer state offloaded"),
+            super::Placement::OptimizerAndParams => {
+                f.write_str("optimizer state and parameters offloaded")
+            }
+        }
+    }
+}

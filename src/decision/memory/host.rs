@@ -91,6 +91,9 @@ impl JobMemory {
                 Placement::OptimizerAndParams => base + 21.5 * s + 4.75e9,
             };
         }
+        if let Some(host) = self.megatron_host(placement, r) {
+            return host;
+        }
         // Without ZeRO-3's partitioned construction each rank builds the whole model on the
         // host first (fp32); DeepSpeed's estimators for the offloaded state, 1.125 × for whole
         // state (large pinned sub-groups), not measured.

@@ -4,6 +4,7 @@
 mod cpu;
 mod framework;
 mod learning;
+mod megatron;
 mod memory;
 mod overlap;
 mod placement;
@@ -99,6 +100,16 @@ pub(super) fn fsdp(torch: &str) -> JobRequest {
         framework: FrameworkSpec {
             name: Framework::Fsdp,
             version: Some(torch.to_string()),
+        },
+        ..deepspeed("0")
+    }
+}
+
+pub(super) fn megatron(version: &str) -> JobRequest {
+    JobRequest {
+        framework: FrameworkSpec {
+            name: Framework::Megatron,
+            version: Some(version.to_string()),
         },
         ..deepspeed("0")
     }

@@ -41,7 +41,9 @@ fn default_replicas() -> i32 {
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "self.framework.name == 'DeepSpeed' || !has(self.deepspeed)", "message": "spec.deepspeed is only valid with framework.name DeepSpeed"},
     {"rule": "self.framework.name != 'DeepSpeed' || has(self.framework.version)", "message": "framework.version is required for DeepSpeed: its config parser rejects keys the version does not know, so the operator must know the version"},
-    {"rule": "self.framework.name != 'FSDP' || has(self.framework.version)", "message": "framework.version (the torch version) is required for FSDP"}
+    {"rule": "self.framework.name != 'FSDP' || has(self.framework.version)", "message": "framework.version (the torch version) is required for FSDP"},
+    {"rule": "self.framework.name == 'Megatron' || !has(self.megatron)", "message": "spec.megatron is only valid with framework.name Megatron"},
+    {"rule": "self.framework.name != 'Megatron' || has(self.framework.version)", "message": "framework.version (the Megatron-core version) is required for Megatron: its argument parser rejects flags the version does not know"}
 ]))]
 pub struct TrainingJobSpec {
     /// Number of pods (one rank group per pod). Each pod gets `JOB_COMPLETION_INDEX` and the
@@ -65,6 +67,10 @@ pub struct TrainingJobSpec {
     /// DeepSpeed specifics; only with `framework.name: DeepSpeed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deepspeed: Option<DeepSpeedSpec>,
+
+    /// Megatron-core specifics; only with `framework.name: Megatron`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub megatron: Option<MegatronSpec>,
 
     /// What the operator knows of the model: with it, a job that fits in GPU memory runs
     /// without offload, and one that does not gets the smallest offload that fits.
@@ -117,10 +123,12 @@ fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FrameworkSpec {
-    /// `DeepSpeed`, `FSDP` (PyTorch FSDP through Accelerate) or `Generic` (env vars only).
+    /// `DeepSpeed`, `FSDP` (PyTorch FSDP through Accelerate), `Megatron` (Megatron-core, and
+    /// NeMo / Megatron-Bridge on top of it) or `Generic` (env vars only).
     pub name: Framework,
     /// Version of the framework in the image: the DeepSpeed version for DeepSpeed, the torch
-    /// version for FSDP. Required for both; keys are only emitted where this version accepts them.
+    /// version for FSDP, the Megatron-core version for Megatron. Required for all three; keys
+    /// and flags are only emitted where this version accepts them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 64))]
     pub version: Option<String>,
@@ -134,6 +142,10 @@ pub enum Framework {
     /// PyTorch FSDP through Accelerate: `FSDP_OFFLOAD_PARAMS` and `FSDP_VERSION` are set.
     #[serde(rename = "FSDP")]
     Fsdp,
+    /// Megatron-core (and NeMo / Megatron-Bridge, which build its optimizer from the same
+    /// settings): its hybrid device optimizer's flags are rendered into `OFFLOAD_MEGATRON_ARGS`
+    /// and the same settings as overrides into `OFFLOAD_NEMO_OVERRIDES`.
+    Megatron,
     /// Any other framework: only the `OFFLOAD_*` env vars are set.
     Generic,
 }
@@ -201,6 +213,26 @@ pub struct DeepSpeedSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^/[^\x00]*$"))]
     pub mount_path: Option<String>,
+}
+
+/// Megatron-core specifics: the parallel layout the memory estimate divides the model by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MegatronSpec {
+    /// Tensor-parallel size (`--tensor-model-parallel-size`); 1 when unset. Each GPU holds
+    /// 1/(tensor × pipeline) of the model; the rest of the job's GPUs are data-parallel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub tensor_parallel: Option<u32>,
+    /// Pipeline-parallel size (`--pipeline-model-parallel-size`); 1 when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub pipeline_parallel: Option<u32>,
+    /// The distributed optimizer (`--use-distributed-optimizer`): the optimizer state sharded
+    /// over the data-parallel ranks. On when unset, and then rendered with the offload flags;
+    /// `false` keeps a whole copy of the optimizer state on every data-parallel rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distributed_optimizer: Option<bool>,
 }
 
 /// A key of a ConfigMap in the job's namespace.

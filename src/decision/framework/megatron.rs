@@ -1,0 +1,120 @@
+//! Megatron-core: what the declared version and layout can take, and its hybrid device
+//! optimizer as the decision sets it.
+
+use offload_api::v1alpha1::{ModeSetting, OffloadMode};
+use offload_api::version::{self, FrameworkVersion};
+
+use super::{FrameworkFacts, FrameworkPlan, MegatronPlan, say};
+use crate::decision::error::ResolveError;
+use crate::decision::request::JobRequest;
+
+/// Why Megatron-core cannot offload this job's optimizer state, if it cannot: the hybrid
+/// device optimizer came in 0.12.0, and it needs the distributed optimizer (through
+/// `--use-precision-aware-optimizer`, which it requires).
+pub(in crate::decision) fn megatron_offload_blocker(
+    job: &JobRequest,
+    version: Option<&FrameworkVersion>,
+) -> Option<String> {
+    let at = version::deepspeed::show(version::megatron::CPU_OFFLOAD);
+    match version {
+        None => Some("the Megatron-core version is unknown".to_string()),
+        Some(v) if !version::megatron::has(v, version::megatron::CPU_OFFLOAD) => Some(format!(
+            "Megatron-core {v} has no optimizer offload (--optimizer-cpu-offload came in {at})"
+        )),
+        Some(_) if job.megatron.distributed_optimizer == Some(false) => Some(
+            "Megatron-core's optimizer offload needs the distributed optimizer (--use-precision-aware-optimizer, which it requires, refuses anything else), and spec.megatron.distributedOptimizer is false".to_string(),
+        ),
+        Some(_) => None,
+    }
+}
+
+/// Whether Megatron-core can offload this job's optimizer state.
+pub(in crate::decision) fn megatron_can_offload(job: &JobRequest, facts: &FrameworkFacts) -> bool {
+    megatron_offload_blocker(job, facts.version.as_ref()).is_none()
+}
+
+/// A Megatron job's layout and explicit offload: its GPUs a whole number of model-parallel
+/// groups, and an explicit offload mode only where Megatron-core can offload.
+pub(super) fn check_megatron(
+    job: &JobRequest,
+    version: Option<&FrameworkVersion>,
+) -> Result<(), ResolveError> {
+    let tensor = u64::from(job.megatron.tensor_parallel.unwrap_or(1).max(1));
+    let pipeline = u64::from(job.megatron.pipeline_parallel.unwrap_or(1).max(1));
+    let gpus = job.gpu_demand().max(1);
+    if !gpus.is_multiple_of(tensor * pipeline) {
+        return Err(ResolveError::FrameworkCannot {
+            problem: format!(
+                "the job's {gpus} GPUs are not a whole number of model-parallel groups (tensor {tensor} × pipeline {pipeline})"
+            ),
+            change: "make replicas × GPUs per pod a multiple of spec.megatron.tensorParallel × pipelineParallel".to_string(),
+        });
+    }
+    if matches!(
+        job.offload.mode,
+        ModeSetting::CpuCopy | ModeSetting::UnifiedMemory
+    ) && let Some(problem) = megatron_offload_blocker(job, version)
+    {
+        return Err(ResolveError::FrameworkCannot {
+            problem,
+            change: format!(
+                "use Megatron-core {} or newer with the distributed optimizer, or set offload.mode Disabled (or Auto, which then offloads nothing)",
+                version::deepspeed::show(version::megatron::CPU_OFFLOAD)
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Megatron-core's plan: its hybrid device optimizer with the decided fraction where offload is
+/// on (`--use-precision-aware-optimizer` with it, which the offload requires), the copies
+/// overlapped with the CPU step where overlap is on, and the distributed optimizer unless the
+/// job turns it off.
+pub(super) fn megatron_plan(
+    job: &JobRequest,
+    version: &FrameworkVersion,
+    mode: OffloadMode,
+    overlap: bool,
+    ratio: f64,
+    why: &mut Vec<String>,
+) -> FrameworkPlan {
+    let distributed_optimizer = job.megatron.distributed_optimizer != Some(false);
+    let cpu_offload =
+        mode != OffloadMode::Disabled && megatron_offload_blocker(job, Some(version)).is_none();
+    let sharded = if distributed_optimizer {
+        "the distributed optimizer shards the optimizer state over the data-parallel ranks"
+    } else {
+        "spec.megatron.distributedOptimizer is false: every data-parallel rank keeps the whole optimizer state"
+    };
+    let message = match mode {
+        OffloadMode::Disabled => {
+            format!("Megatron-core {version} without optimizer offload; {sharded}")
+        }
+        OffloadMode::CpuCopy => format!(
+            "Megatron-core {version}: the hybrid device optimizer (--optimizer-cpu-offload, --use-precision-aware-optimizer) with {:.0}% of each rank's optimizer state stepped on the host (--optimizer-offload-fraction {ratio}); {sharded}",
+            ratio * 100.0
+        ),
+        OffloadMode::UnifiedMemory => format!(
+            "Megatron-core {version} has no unified-memory residency switch: its hybrid device optimizer copies {:.0}% of each rank's optimizer state to the host and back, over NVLink-C2C on this coherent node (--optimizer-offload-fraction {ratio}); {sharded}",
+            ratio * 100.0
+        ),
+    };
+    say(why, message);
+    if cpu_offload {
+        say(
+            why,
+            if overlap {
+                "--overlap-cpu-optimizer-d2h-h2d: the gradients' copy to the host and the parameters' copy back overlap the CPU step"
+            } else {
+                "overlap off: --overlap-cpu-optimizer-d2h-h2d not written"
+            },
+        );
+    }
+    FrameworkPlan::Megatron(MegatronPlan {
+        version: version.clone(),
+        cpu_offload,
+        fraction: if cpu_offload { ratio } else { 0.0 },
+        overlap: cpu_offload && overlap,
+        distributed_optimizer,
+    })
+}

@@ -1,0 +1,139 @@
+//! Megatron-core: its hybrid device optimizer decided like DeepSpeed's ratio, within what the
+//! declared version and layout can take.
+
+use super::*;
+use crate::decision::MegatronPlan;
+use offload_api::v1alpha1::{MegatronSpec, ModeSetting, OffloadMode};
+
+fn plan(res: &Resolution) -> &MegatronPlan {
+    match &res.framework {
+        FrameworkPlan::Megatron(p) => p,
+        other => panic!("expected a Megatron plan, got {other:?}"),
+    }
+}
+
+/// A Megatron GPT of `parameters` with the benchmark decoder's width, 4,096 tokens a GPU, over
+/// `gpus` pods of one GPU.
+fn sized(version: &str, parameters: u64, layers: i64, gpus: u32) -> JobRequest {
+    JobRequest {
+        model: Some(bench_hints(parameters, 4096, layers)),
+        pods: gpus,
+        ..megatron(version)
+    }
+}
+
+/// Eight H200 nodes of one GPU.
+fn h200s() -> Vec<NodeInfo> {
+    (0..8).map(|i| h200(&format!("h{i}"))).collect()
+}
+
+#[test]
+fn a_model_that_fits_runs_without_offload_and_the_distributed_optimizer_is_written() {
+    // 8B over 8 H200s: bf16 parameters and fp32 main gradients whole on each GPU (48 GB), the
+    // optimizer state sharded eight ways.
+    let res = resolve(&sized("0.19.0", 8_000_000_000, 32, 8), &h200s()).unwrap();
+    assert_eq!(res.mode, OffloadMode::Disabled, "{:?}", res.reasons);
+    let p = plan(&res);
+    assert!(!p.cpu_offload);
+    assert!(p.distributed_optimizer);
+    assert!(reason(&res, Field::Framework).contains("distributed optimizer"));
+}
+
+#[test]
+fn a_model_that_does_not_fit_gets_the_smallest_fraction_that_does() {
+    // 12B on one H200: 72 GB of parameters and gradients, 144 GB of optimizer state.
+    let res = resolve(&sized("0.19.0", 12_000_000_000, 40, 1), &h200s()).unwrap();
+    assert_eq!(res.mode, OffloadMode::CpuCopy, "{:?}", res.reasons);
+    let p = plan(&res);
+    assert!(p.cpu_offload);
+    assert!(p.fraction > 0.0 && p.fraction < 1.0, "{}", p.fraction);
+    assert!((p.fraction - res.ratio).abs() < 1e-9);
+    let est = res.memory.as_ref().expect("an estimate");
+    assert!(est.gpu_bytes <= est.gpu_budget_bytes, "{est:?}");
+    // One hundredth less would not fit: the smallest fraction that does.
+    let mut smaller = sized("0.19.0", 12_000_000_000, 40, 1);
+    smaller.offload.offload_ratio =
+        offload_api::v1alpha1::RatioSetting::Fixed(((p.fraction - 0.02) * 100.0).round() / 100.0);
+    smaller.offload.mode = ModeSetting::CpuCopy;
+    let err = resolve(&smaller, &h200s()).unwrap_err();
+    assert_eq!(err.category(), "ConfigurationDoesNotFit", "{err}");
+}
+
+#[test]
+fn tensor_and_pipeline_parallel_divide_the_model_per_gpu() {
+    // The same 12B over 2 GPUs: data-parallel, the optimizer shard halves, still offloaded.
+    let dp = resolve(&sized("0.19.0", 12_000_000_000, 40, 2), &h200s()).unwrap();
+    // Tensor-parallel 2: each GPU holds half of the parameters too, and it fits.
+    let mut tp = sized("0.19.0", 12_000_000_000, 40, 2);
+    tp.megatron = MegatronSpec {
+        tensor_parallel: Some(2),
+        ..Default::default()
+    };
+    let tp = resolve(&tp, &h200s()).unwrap();
+    assert_eq!(tp.mode, OffloadMode::Disabled, "{:?}", tp.reasons);
+    let (dp_gpu, tp_gpu) = (
+        dp.memory.as_ref().map(|m| m.gpu_bytes),
+        tp.memory.as_ref().map(|m| m.gpu_bytes),
+    );
+    assert!(tp_gpu < dp_gpu, "{tp_gpu:?} {dp_gpu:?}");
+    // GPUs that are not a whole number of model-parallel groups are refused.
+    let mut odd = sized("0.19.0", 12_000_000_000, 40, 3);
+    odd.megatron.tensor_parallel = Some(2);
+    let err = resolve(&odd, &h200s()).unwrap_err();
+    assert_eq!(err.category(), "FrameworkCannotTakeConfig");
+    assert!(err.to_string().contains("tensor 2"), "{err}");
+}
+
+#[test]
+fn a_version_without_the_hybrid_optimizer_never_gets_offload() {
+    // Auto on 0.11: nothing offloaded where it fits …
+    let res = resolve(&sized("0.11.0", 8_000_000_000, 32, 8), &h200s()).unwrap();
+    assert_eq!(res.mode, OffloadMode::Disabled);
+    // … held where it does not, with what would let it run.
+    let err = resolve(&sized("0.11.0", 12_000_000_000, 40, 1), &h200s()).unwrap_err();
+    assert!(err.to_string().contains("0.12.0"), "{err}");
+    // Asked for explicitly: refused with the version that has it.
+    let mut job = megatron("0.11.0");
+    job.offload.mode = ModeSetting::CpuCopy;
+    let err = resolve(&job, &h200s()).unwrap_err();
+    assert_eq!(err.category(), "FrameworkCannotTakeConfig");
+    assert!(err.to_string().contains("0.12.0"), "{err}");
+    // Older than the oldest supported.
+    let err = resolve(&megatron("0.8.0"), &h200s()).unwrap_err();
+    assert_eq!(err.category(), "UnsupportedFrameworkVersion");
+    // The version is required.
+    let mut job = megatron("0.19.0");
+    job.framework.version = None;
+    assert_eq!(
+        resolve(&job, &h200s()).unwrap_err().category(),
+        "MissingFrameworkVersion"
+    );
+}
+
+#[test]
+fn offload_needs_the_distributed_optimizer() {
+    let mut job = megatron("0.19.0");
+    job.megatron.distributed_optimizer = Some(false);
+    job.offload.mode = ModeSetting::CpuCopy;
+    let err = resolve(&job, &h200s()).unwrap_err();
+    assert_eq!(err.category(), "FrameworkCannotTakeConfig");
+    assert!(err.to_string().contains("distributed optimizer"), "{err}");
+    // Without it the whole optimizer state is on every rank: the 8B over 8 GPUs no longer fits
+    // and cannot be offloaded.
+    let mut job = sized("0.19.0", 8_000_000_000, 32, 8);
+    job.megatron.distributed_optimizer = Some(false);
+    let err = resolve(&job, &h200s()).unwrap_err();
+    assert!(err.to_string().contains("distributed optimizer"), "{err}");
+}
+
+#[test]
+fn on_a_coherent_node_the_hybrid_optimizer_copies_over_c2c() {
+    let mut job = megatron("0.19.0");
+    job.offload.mode = ModeSetting::UnifiedMemory;
+    let res = resolve(&job, &[gh200("gh")]).unwrap();
+    assert_eq!(res.mode, OffloadMode::UnifiedMemory);
+    assert!(plan(&res).cpu_offload);
+    assert!(reason(&res, Field::Framework).contains("NVLink-C2C"));
+    // Overlap verified on the node: the copies overlap the CPU step.
+    assert_eq!(plan(&res).overlap, res.overlap);
+}
