@@ -218,6 +218,81 @@ async fn discrete_nodes_give_cpu_copy() {
 }
 
 #[tokio::test]
+async fn a_megatron_job_gets_its_hybrid_optimizer_flags_before_any_pod_starts() {
+    let (_cluster, client, ns) = setup("megatron").await;
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    add_node(&client, &ns, "h200-b", fixtures::H200_READING).await;
+    add_profile(&client, &ns).await;
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    // The API server's own rules: spec.megatron only with framework Megatron, and a version.
+    let wrong = training_job(
+        "wrong",
+        &ns,
+        json!({"name": "DeepSpeed", "version": "0.19.8"}),
+        json!({"megatron": {"tensorParallel": 2}}),
+    );
+    let err = api
+        .create(&PostParams::default(), &wrong)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("spec.megatron is only valid with framework.name Megatron"),
+        "{err}"
+    );
+    let unversioned = training_job("unversioned", &ns, json!({"name": "Megatron"}), json!({}));
+    let err = api
+        .create(&PostParams::default(), &unversioned)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("Megatron-core version"), "{err}");
+
+    // A 20B GPT, tensor-parallel over the two GPUs: it does not fit an H200 without offload.
+    create_training_job(
+        &api,
+        "gpt",
+        &ns,
+        json!({"name": "Megatron", "version": "0.14.0"}),
+        json!({"megatron": {"tensorParallel": 2},
+               "model": {"architecture": "GPT", "hiddenSize": 6144, "layers": 44,
+                         "attentionHeads": 48, "vocabSize": 50304, "tokensPerStep": 4096}}),
+    )
+    .await;
+    let done = wait_for_condition(&api, "gpt", "WorkloadCreated", "True").await;
+    assert_eq!(done.spec.offload.mode, ModeSetting::CpuCopy);
+    let decided = done.status.as_ref().unwrap().offload.as_ref().unwrap();
+    let ratio = match done.spec.offload.offload_ratio {
+        offload_api::v1alpha1::RatioSetting::Fixed(r) => r,
+        other => panic!("a concrete ratio, got {other:?}"),
+    };
+    assert!(ratio > 0.0 && ratio < 1.0, "{ratio}");
+    assert!(
+        decided
+            .reasons
+            .iter()
+            .any(|r| r.message.contains("hybrid device optimizer")),
+        "{:?}",
+        decided.reasons
+    );
+    for pod in &pods_of(&client, &ns, "gpt", 2).await {
+        let env = env_of(pod);
+        assert_eq!(env["OFFLOAD_MODE"], "cpu-copy");
+        let args = &env["OFFLOAD_MEGATRON_ARGS"];
+        assert!(args.starts_with("--use-distributed-optimizer --optimizer-cpu-offload --use-precision-aware-optimizer"), "{args}");
+        assert!(
+            args.contains(&format!("--optimizer-offload-fraction {ratio}")),
+            "{args}"
+        );
+        assert!(
+            env["OFFLOAD_NEMO_OVERRIDES"]
+                .contains(&format!("optimizer.optimizer_offload_fraction={ratio}")),
+            "{env:?}"
+        );
+        assert_eq!(env["USER_SETTING"], "kept");
+    }
+}
+
+#[tokio::test]
 async fn unified_memory_without_coherent_nodes_waits_then_resolves_when_one_appears() {
     let (_cluster, client, ns) = setup("wait").await;
     add_node(&client, &ns, "h200", fixtures::H200_READING).await;

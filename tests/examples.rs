@@ -99,6 +99,29 @@ fn example_jobs_resolve_on_a_mixed_cluster() {
     assert!(res.ratio > 0.05 && res.ratio < 1.0, "{}", res.ratio);
     assert!(res.super_offload());
 
+    // A 20B GPT over two GPUs, tensor-parallel: Megatron-core's hybrid device optimizer steps
+    // the smallest fraction that fits on the host, over NVLink-C2C on the GH200s.
+    let megatron: TrainingJob = read("trainingjob-megatron.yaml");
+    let req = JobRequest::for_training_job(&megatron, None, None, &MemoryView::default()).unwrap();
+    assert_eq!(req.megatron.tensor_parallel, Some(2));
+    let res = resolve_offload(&req, "default", &default.spec, &nodes).unwrap();
+    assert_eq!(res.mode, OffloadMode::UnifiedMemory, "{}", res.summary());
+    assert!(res.ratio > 0.05 && res.ratio < 1.0, "{}", res.ratio);
+    let env = offload_operator::render::env_vars(&res, None);
+    let args = env
+        .iter()
+        .find(|e| e.name == names::ENV_MEGATRON_ARGS)
+        .and_then(|e| e.value.clone())
+        .unwrap_or_default();
+    assert!(
+        args.contains(&format!("--optimizer-offload-fraction {}", res.ratio)),
+        "{args}"
+    );
+    // The launch line expands the flags through a shell.
+    let command =
+        serde_json::to_string(&megatron.spec.template.spec.unwrap().containers[0]).unwrap();
+    assert!(command.contains("$OFFLOAD_MEGATRON_ARGS"), "{command}");
+
     // No model hints: the profile's CPUCopy, everything offloaded.
     let fsdp: TrainingJob = read("trainingjob-fsdp.yaml");
     let req = JobRequest::for_training_job(&fsdp, None, None, &MemoryView::default()).unwrap();

@@ -434,6 +434,7 @@ fn show_decisions(cluster: &DevCluster, in_cluster: bool) -> Result<(), String> 
         "llama-8b-deepspeed",
         "neox-20b-deepspeed",
         "mistral-7b-fsdp",
+        "gpt-20b-megatron",
     ] {
         show_job(cluster, job)?;
     }
@@ -503,10 +504,12 @@ fn show_job(cluster: &DevCluster, job: &str) -> Result<(), String> {
     for line in aff.lines() {
         println!("  affinity {line}");
     }
-    println!(
-        "  node {}",
-        kubectl(&["get", "pod", &pod, "-o", "jsonpath={.spec.nodeName}"])?
-    );
+    let node = kubectl(&["get", "pod", &pod, "-o", "jsonpath={.spec.nodeName}"])?;
+    if node.trim().is_empty() {
+        println!("  node (none yet: the GPUs of its class are still taken)");
+    } else {
+        println!("  node {node}");
+    }
     Ok(())
 }
 
