@@ -25,9 +25,10 @@ pub struct NodeViews {
     store: Store<Node>,
     slices: Option<(Store<Tolerant<ResourceSlice>>, String)>,
     snapshot: Mutex<Snapshot>,
-    /// The last index handed out: what a caller gets while another one is checking or
-    /// rebuilding the snapshot (never waiting behind a scan of every node).
-    published: Mutex<Option<Arc<NodeIndex>>>,
+    /// The last index handed out and the caches' generations it is current for: what a caller
+    /// gets while another one is checking or rebuilding the snapshot, where nothing moved since
+    /// (never waiting behind a scan of every node for an index it already has).
+    published: Mutex<Option<(Generations, Arc<NodeIndex>)>>,
     /// How many changes the node (and slice) caches have taken in, where known: while neither
     /// moved, the index is handed out without looking at a node.
     generations: Option<(Arc<AtomicU64>, Option<Arc<AtomicU64>>)>,
@@ -38,10 +39,13 @@ pub struct NodeViews {
     reads: AtomicU64,
 }
 
+/// How many changes the node cache (and the slice cache, where read) had taken in.
+type Generations = (u64, Option<u64>);
+
 #[derive(Default)]
 struct Snapshot {
     /// The caches' generations the index was checked at.
-    generations: Option<(u64, Option<u64>)>,
+    generations: Option<Generations>,
     objects: Vec<Arc<Node>>,
     slices: Vec<Arc<Tolerant<ResourceSlice>>>,
     index: Option<Arc<NodeIndex>>,
@@ -180,7 +184,7 @@ impl NodeViews {
                 s.as_ref().map(|s| s.load(Ordering::Acquire)),
             )
         });
-        let mut snap = match self.lock_snapshot() {
+        let mut snap = match self.lock_snapshot(now) {
             Ok(snap) => snap,
             Err(last) => return last,
         };
@@ -199,7 +203,7 @@ impl NodeViews {
         {
             let index = self.apply_changes(&mut snap, &changed.names);
             snap.generations = Some(now);
-            self.publish(&index);
+            self.publish(Some(now), &index);
             return index;
         }
         let state = self.store.state();
@@ -217,6 +221,7 @@ impl NodeViews {
         {
             let index = index.clone();
             snap.generations = now;
+            self.publish(now, &index);
             return index;
         }
         let witnesses = match &self.slices {
@@ -251,41 +256,52 @@ impl NodeViews {
         snap.objects = state;
         snap.slices = slices;
         snap.generations = now;
-        self.publish(&index);
+        self.publish(now, &index);
         index
     }
 
-    /// Makes `index` what a caller gets while another one holds the snapshot.
-    /// The snapshot, held; or, while another caller is checking or rebuilding, the last index
-    /// handed out (at most that one change old: the next call sees it).
-    fn lock_snapshot(&self) -> Result<std::sync::MutexGuard<'_, Snapshot>, Arc<NodeIndex>> {
+    /// The snapshot, held; or, while another caller is checking or rebuilding it, the last
+    /// index handed out where it is current for the generations `now` (nothing changed since it
+    /// was built). A caller woken by a change always waits for an index that holds it: a
+    /// reconcile that read an index older than its own event would not be woken again.
+    fn lock_snapshot(
+        &self,
+        now: Option<Generations>,
+    ) -> Result<std::sync::MutexGuard<'_, Snapshot>, Arc<NodeIndex>> {
         match self.snapshot.try_lock() {
             Ok(s) => Ok(s),
-            Err(std::sync::TryLockError::WouldBlock) => {
-                let last = self
-                    .published
+            Err(std::sync::TryLockError::WouldBlock) => match self.published_for(now) {
+                Some(index) => Err(index),
+                None => Ok(self
+                    .snapshot
                     .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .clone();
-                match last {
-                    Some(index) => Err(index),
-                    None => Ok(self
-                        .snapshot
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)),
-                }
-            }
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)),
+            },
             // A panic while holding the lock leaves a snapshot that is at worst stale; the
             // pointer comparison in `get` rebuilds it.
             Err(std::sync::TryLockError::Poisoned(poisoned)) => Ok(poisoned.into_inner()),
         }
     }
 
-    fn publish(&self, index: &Arc<NodeIndex>) {
-        *self
+    /// The last index handed out, where it is current for the generations `now`.
+    fn published_for(&self, now: Option<Generations>) -> Option<Arc<NodeIndex>> {
+        let now = now?;
+        self.published
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .filter(|(at, _)| *at == now)
+            .map(|(_, index)| index.clone())
+    }
+
+    /// Makes `index` what a caller gets while another one holds the snapshot, for as long as
+    /// the caches stay at `generations` (never, where they are not counted).
+    fn publish(&self, generations: Option<Generations>, index: &Arc<NodeIndex>) {
+        let mut published = self
             .published
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(index.clone());
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *published = generations.map(|g| (g, index.clone()));
     }
 }
 

@@ -126,6 +126,51 @@ fn a_heartbeat_keeps_the_index_and_a_new_report_replaces_it() {
     assert_eq!(changed.class(NodeClass::Coherent).count(), 1);
 }
 
+/// A caller that finds the snapshot busy (another caller rebuilding it) is handed the last
+/// index only while nothing changed since it was built: a reconcile woken by a node's change
+/// never reads an index older than that change (it would not be woken again).
+#[test]
+fn a_busy_snapshot_hands_out_the_last_index_only_while_it_is_current() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let (nodes, mut writer) = reflector::store::<Node>();
+    let generation = Arc::new(AtomicU64::new(0));
+    let apply = |writer: &mut reflector::store::Writer<Node>, node: Node| {
+        writer.apply_watcher_event(&watcher::Event::Apply(node));
+        generation.fetch_add(1, Ordering::Release);
+    };
+    apply(
+        &mut writer,
+        reported_node("gpu-0", "1", fixtures::H200_READING),
+    );
+    let views = NodeViews::new(nodes).with_generations(generation.clone(), None);
+    let first = views.get();
+    {
+        // Another caller holds the snapshot: one who comes now, with nothing changed, is not
+        // kept waiting (it gets the index it would have got).
+        let _busy = views.snapshot.lock().unwrap();
+        let handed = std::thread::scope(|s| s.spawn(|| views.get()).join().unwrap());
+        assert!(Arc::ptr_eq(&first, &handed));
+    }
+    // A new report comes in: the last index is no longer current for anyone.
+    apply(
+        &mut writer,
+        reported_node("gpu-0", "2", fixtures::GH200_REFERENCE),
+    );
+    let now = Some((generation.load(Ordering::Acquire), None));
+    assert!(
+        views.published_for(now).is_none(),
+        "an index older than the change is never handed out"
+    );
+    assert!(views.published_for(Some((1, None))).is_some());
+    let changed = views.get();
+    assert_eq!(changed.class(NodeClass::Coherent).count(), 1);
+    assert!(
+        views
+            .published_for(now)
+            .is_some_and(|p| Arc::ptr_eq(&p, &changed))
+    );
+}
+
 /// Told by the node cache which nodes changed, the views read only those: a heartbeat, a new
 /// report, a deletion at 2,000 nodes each read one node, and the index they hand out is the
 /// one a full read would build. A new listing of the nodes is read whole.
