@@ -106,6 +106,49 @@ pub(super) fn model_annotations(
     }))
 }
 
+/// Megatron-core's layout of another kind's job, from `offload.dev/megatron-tensor-parallel`,
+/// `offload.dev/megatron-pipeline-parallel` and `offload.dev/megatron-distributed-optimizer`,
+/// as `spec.megatron` of a TrainingJob; refused on a job whose framework is not Megatron.
+pub(super) fn megatron_annotations(
+    annotations: &BTreeMap<String, String>,
+    framework: offload_api::v1alpha1::Framework,
+) -> Result<offload_api::v1alpha1::MegatronSpec, String> {
+    use offload_api::hints::MAX_MODEL_PARALLEL;
+    let keys = [
+        names::ANNOTATION_MEGATRON_TENSOR_PARALLEL,
+        names::ANNOTATION_MEGATRON_PIPELINE_PARALLEL,
+        names::ANNOTATION_MEGATRON_DISTRIBUTED_OPTIMIZER,
+    ];
+    if framework != offload_api::v1alpha1::Framework::Megatron
+        && let Some(key) = keys.iter().find(|k| annotations.contains_key(**k))
+    {
+        return Err(format!(
+            "annotation {key} describes a Megatron-core job: set {}: Megatron (and {}), or remove it",
+            names::ANNOTATION_FRAMEWORK,
+            names::ANNOTATION_FRAMEWORK_VERSION
+        ));
+    }
+    let size = |key: &str| -> Result<Option<u32>, String> {
+        annotations
+            .get(key)
+            .map(|v| match v.trim().parse::<u32>() {
+                Ok(n) if (1..=MAX_MODEL_PARALLEL).contains(&n) => Ok(n),
+                _ => Err(format!(
+                    "annotation {key}: {v:?} is not a whole number from 1 to {MAX_MODEL_PARALLEL}"
+                )),
+            })
+            .transpose()
+    };
+    Ok(offload_api::v1alpha1::MegatronSpec {
+        tensor_parallel: size(names::ANNOTATION_MEGATRON_TENSOR_PARALLEL)?,
+        pipeline_parallel: size(names::ANNOTATION_MEGATRON_PIPELINE_PARALLEL)?,
+        distributed_optimizer: flag_annotation(
+            annotations,
+            names::ANNOTATION_MEGATRON_DISTRIBUTED_OPTIMIZER,
+        )?,
+    })
+}
+
 /// A whole-number hint's annotation, within the hint's bounds.
 fn count_annotation(
     annotations: &BTreeMap<String, String>,

@@ -395,7 +395,7 @@ fn megatron_advice(
         };
         if let Ok(c) = fastest(&split, class, allowed) {
             ideas.push(format!(
-                "tensor-parallel size {wider} (spec.megatron.tensorParallel; {tensor} now) would fit as {}",
+                "tensor-parallel size {wider} ({tensor} now: spec.megatron.tensorParallel, or annotation offload.dev/megatron-tensor-parallel on other kinds) would fit as {}",
                 c.placement
             ));
         }

@@ -262,6 +262,7 @@ impl JobRequest {
             "DeepSpeed, FSDP, Megatron or Generic",
         )?
         .unwrap_or(Framework::Generic);
+        let megatron = super::annotations::megatron_annotations(annotations, framework)?;
         let model = model_annotations(annotations)?;
         Ok((
             labels.get(names::PROFILE_ANNOTATION).cloned(),
@@ -277,7 +278,7 @@ impl JobRequest {
                     version: get(names::ANNOTATION_FRAMEWORK_VERSION).map(str::to_string),
                 },
                 deepspeed: DeepSpeedRequest::default(),
-                megatron: Default::default(),
+                megatron,
                 hints_from_annotations: model.is_some(),
                 memory_failures: Vec::new(),
                 learned: None,

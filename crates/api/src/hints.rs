@@ -44,6 +44,10 @@ pub const MAX_VOCAB_SIZE: i64 = 100_000_000;
 /// Bound of `experts.count`, `experts.perToken` and `experts.shared`.
 pub const MAX_EXPERTS: i64 = 1_000_000;
 
+/// Bound of Megatron-core's tensor- and pipeline-parallel sizes (`spec.megatron` and the
+/// `offload.dev/megatron-*` annotations).
+pub const MAX_MODEL_PARALLEL: u32 = 1024;
+
 /// `spec.model.tokensPerStep`.
 pub const TOKENS_PER_STEP: CountHint = CountHint {
     field: "tokensPerStep",

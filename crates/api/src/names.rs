@@ -79,10 +79,21 @@ pub const ANNOTATION_MODE: &str = "offload.dev/mode";
 pub const ANNOTATION_OVERLAP: &str = "offload.dev/overlap";
 /// Annotation on other job kinds and Pods: requested offload ratio (`Auto` or a decimal).
 pub const ANNOTATION_RATIO: &str = "offload.dev/offload-ratio";
-/// Annotation on other job kinds and Pods: framework (`DeepSpeed`, `FSDP`, `Generic`).
+/// Annotation on other job kinds and Pods: framework (`DeepSpeed`, `FSDP`, `Megatron`,
+/// `Generic`).
 pub const ANNOTATION_FRAMEWORK: &str = "offload.dev/framework";
 /// Annotation on other job kinds and Pods: framework version.
 pub const ANNOTATION_FRAMEWORK_VERSION: &str = "offload.dev/framework-version";
+/// Annotation on other job kinds and Pods of a Megatron-core job: its tensor-parallel size, as
+/// `spec.megatron.tensorParallel` of a TrainingJob (1 when unset).
+pub const ANNOTATION_MEGATRON_TENSOR_PARALLEL: &str = "offload.dev/megatron-tensor-parallel";
+/// Annotation on other job kinds and Pods of a Megatron-core job: its pipeline-parallel size,
+/// as `spec.megatron.pipelineParallel` (1 when unset).
+pub const ANNOTATION_MEGATRON_PIPELINE_PARALLEL: &str = "offload.dev/megatron-pipeline-parallel";
+/// Annotation on other job kinds and Pods of a Megatron-core job: `false` where it runs
+/// without the distributed optimizer, as `spec.megatron.distributedOptimizer` (on when unset).
+pub const ANNOTATION_MEGATRON_DISTRIBUTED_OPTIMIZER: &str =
+    "offload.dev/megatron-distributed-optimizer";
 /// Annotation on other job kinds and Pods: the model's total parameters, as in
 /// `spec.model.parameters` of a TrainingJob (`8B`, `8000000000`).
 pub const ANNOTATION_MODEL_PARAMETERS: &str = "offload.dev/model-parameters";

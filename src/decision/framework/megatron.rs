@@ -22,7 +22,7 @@ pub(in crate::decision) fn megatron_offload_blocker(
             "Megatron-core {v} has no optimizer offload (--optimizer-cpu-offload came in {at})"
         )),
         Some(_) if job.megatron.distributed_optimizer == Some(false) => Some(
-            "Megatron-core's optimizer offload needs the distributed optimizer (--use-precision-aware-optimizer, which it requires, refuses anything else), and spec.megatron.distributedOptimizer is false".to_string(),
+            "Megatron-core's optimizer offload needs the distributed optimizer (--use-precision-aware-optimizer, which it requires, refuses anything else), and the job turns it off (spec.megatron.distributedOptimizer, or annotation offload.dev/megatron-distributed-optimizer, is false)".to_string(),
         ),
         Some(_) => None,
     }
@@ -47,7 +47,7 @@ pub(super) fn check_megatron(
             problem: format!(
                 "the job's {gpus} GPUs are not a whole number of model-parallel groups (tensor {tensor} × pipeline {pipeline})"
             ),
-            change: "make replicas × GPUs per pod a multiple of spec.megatron.tensorParallel × pipelineParallel".to_string(),
+            change: "make replicas × GPUs per pod a multiple of tensor × pipeline parallel (spec.megatron.tensorParallel × pipelineParallel, or annotations offload.dev/megatron-tensor-parallel × offload.dev/megatron-pipeline-parallel)".to_string(),
         });
     }
     if matches!(
@@ -84,7 +84,7 @@ pub(super) fn megatron_plan(
     let sharded = if distributed_optimizer {
         "the distributed optimizer shards the optimizer state over the data-parallel ranks"
     } else {
-        "spec.megatron.distributedOptimizer is false: every data-parallel rank keeps the whole optimizer state"
+        "the distributed optimizer is off: every data-parallel rank keeps the whole optimizer state"
     };
     let message = match mode {
         OffloadMode::Disabled => {

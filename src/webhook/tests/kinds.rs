@@ -633,3 +633,104 @@ async fn pods_with_gpu_claims_are_sized_by_them() {
         "{r}"
     );
 }
+
+/// A Megatron-core PyTorchJob carries its layout in annotations (as `spec.megatron` of a
+/// TrainingJob): the flags its pods get follow the tensor-parallel size (a 20B GPT over two
+/// GH200s, each holding half the model), a layout its GPUs cannot take is refused naming the
+/// annotations, and a layout annotation on a job of another framework is refused.
+#[tokio::test]
+async fn megatron_pytorchjobs_take_their_layout_from_annotations() {
+    let ptj = |annotations: Value| {
+        let mut meta = opted_meta("gpt");
+        meta["annotations"] = annotations;
+        json!({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": meta,
+        "spec": {"pytorchReplicaSpecs": {
+            "Master": {"replicas": 1, "template": {"spec": {"containers": [container()]}}},
+            "Worker": {"replicas": 1, "template": {"spec": {"containers": [container()]}}}
+        }}})
+    };
+    let megatron = |tensor: Option<&str>| {
+        let mut a = json!({
+            "offload.dev/framework": "Megatron", "offload.dev/framework-version": "0.14.0",
+            "offload.dev/model-parameters": "20B", "offload.dev/architecture": "GPT",
+            "offload.dev/hidden-size": "6144", "offload.dev/layers": "44",
+            "offload.dev/tokens-per-step": "4096"});
+        if let Some(t) = tensor {
+            a["offload.dev/megatron-tensor-parallel"] = json!(t);
+        }
+        a
+    };
+    let admit_ptj = |object: Value| async move {
+        let r = admit(
+            coherent_cluster(),
+            paths::MUTATE_WORKLOAD,
+            review(
+                "kubeflow.org",
+                "v1",
+                "PyTorchJob",
+                "pytorchjobs",
+                "CREATE",
+                object.clone(),
+                None,
+            ),
+        )
+        .await;
+        (object, r)
+    };
+    let fraction = |out: &Value| -> f64 {
+        let env = env_of(&out["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]);
+        let args: Vec<&str> = env["OFFLOAD_MEGATRON_ARGS"].split(' ').collect();
+        assert!(args.contains(&"--use-distributed-optimizer"), "{args:?}");
+        let at = args
+            .iter()
+            .position(|a| *a == "--optimizer-offload-fraction")
+            .unwrap_or_else(|| panic!("no fraction: {args:?}"));
+        args[at + 1].parse().unwrap()
+    };
+    let (object, split) = admit_ptj(ptj(megatron(Some("2")))).await;
+    assert_eq!(split["allowed"], true, "{split}");
+    let split = fraction(&patched(&object, &split));
+    // Without the annotation each GPU is read as holding the whole model (data-parallel over
+    // two): it fits no GH200, and the refusal says which annotation would fit it.
+    let (_, whole) = admit_ptj(ptj(megatron(None))).await;
+    assert_eq!(whole["allowed"], false, "{whole}");
+    let message = whole["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!(
+            "tensor-parallel size 2 (1 now: spec.megatron.tensorParallel, or annotation offload.dev/megatron-tensor-parallel on other kinds) would fit as {:.0}% of the optimizer state offloaded",
+            split * 100.0
+        )),
+        "{message}"
+    );
+
+    // Three-way tensor parallel over two GPUs: no whole model-parallel group.
+    let (_, r) = admit_ptj(ptj(megatron(Some("3")))).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    let message = r["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("not a whole number of model-parallel groups")
+            && message.contains("offload.dev/megatron-tensor-parallel"),
+        "{message}"
+    );
+    // Out of bounds, and on a job of another framework.
+    let (_, r) = admit_ptj(ptj(megatron(Some("0")))).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    assert!(
+        r["status"]["message"].as_str().unwrap().contains(
+            "offload.dev/megatron-tensor-parallel: \"0\" is not a whole number from 1 to 1024"
+        ),
+        "{r}"
+    );
+    let mut deepspeed = megatron(Some("2"));
+    deepspeed["offload.dev/framework"] = json!("DeepSpeed");
+    deepspeed["offload.dev/framework-version"] = json!("0.19.8");
+    let (_, r) = admit_ptj(ptj(deepspeed)).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("describes a Megatron-core job"),
+        "{r}"
+    );
+}

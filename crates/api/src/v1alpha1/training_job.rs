@@ -222,11 +222,11 @@ pub struct MegatronSpec {
     /// Tensor-parallel size (`--tensor-model-parallel-size`); 1 when unset. Each GPU holds
     /// 1/(tensor × pipeline) of the model; the rest of the job's GPUs are data-parallel.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 1024))]
+    #[schemars(range(min = 1, max = crate::hints::MAX_MODEL_PARALLEL))]
     pub tensor_parallel: Option<u32>,
     /// Pipeline-parallel size (`--pipeline-model-parallel-size`); 1 when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 1024))]
+    #[schemars(range(min = 1, max = crate::hints::MAX_MODEL_PARALLEL))]
     pub pipeline_parallel: Option<u32>,
     /// The distributed optimizer (`--use-distributed-optimizer`): the optimizer state sharded
     /// over the data-parallel ranks. On when unset, and then rendered with the offload flags;
