@@ -297,3 +297,54 @@ fn a_run_that_trained_never_makes_the_next_decision_offload_more() {
     let next = resolve(&with_learned(job.clone(), &store), &[node()]).unwrap();
     assert!(share(&next) < r1, "{} after {r1}", share(&next));
 }
+
+/// A Megatron-core job goes round the same loop: an out-of-memory failure raises its
+/// optimizer offload fraction, a run the allocator says used less lowers it, and a run that
+/// trained never makes the next fraction larger than the one that ran.
+#[test]
+fn a_megatron_job_learns_like_a_deepspeed_job() {
+    let mut job = megatron("0.14.0");
+    job.model = Some(bench_hints(9_000_000_000, 4096, 36));
+    let first = resolve(&job, &[node()]).unwrap();
+    let r1 = share(&first);
+    assert!(r1 > 0.0 && r1 < 1.0, "{}", first.summary());
+    let fraction = |r: &Resolution| match &r.framework {
+        FrameworkPlan::Megatron(p) => p.fraction,
+        other => panic!("{other:?}"),
+    };
+    assert!((fraction(&first) - r1).abs() < 1e-9);
+
+    // It ran out of GPU memory: the next decision offloads more.
+    let mut failed = observe(&job, &first, 150_000_000_000, None);
+    failed.failed = Some(MemoryKind::Gpu);
+    let mut store = LearnedMemory::default();
+    learn(&mut store, &job, &failed, "ns/a/1");
+    let after = resolve(&with_learned(job.clone(), &store), &[node()]).unwrap();
+    assert!(fraction(&after) > r1, "{} after {r1}", after.summary());
+
+    // It trained and the device read the whole GPU: an upper bound, never more offload.
+    let mut store = LearnedMemory::default();
+    let mut whole = observe(&job, &first, 150_754_820_096, None);
+    whole.trained = true;
+    learn(&mut store, &job, &whole, "ns/b/2");
+    let next = resolve(&with_learned(job.clone(), &store), &[node()]).unwrap();
+    assert!(
+        fraction(&next) <= r1 + 1e-9,
+        "{} after {r1}",
+        next.summary()
+    );
+
+    // The allocator said it used less than the model counts: a smaller fraction next.
+    let m = first.memory.as_ref().unwrap();
+    let mut told = observe(&job, &first, 150_754_820_096, None);
+    told.allocated = Some(m.gpu_bytes - (m.gpu_bytes - m.gpu_structural_bytes) / 2);
+    let mut store = LearnedMemory::default();
+    learn(&mut store, &job, &told, "ns/c/3");
+    let next = resolve(&with_learned(job.clone(), &store), &[node()]).unwrap();
+    assert!(fraction(&next) < r1, "{} after {r1}", next.summary());
+    assert!(
+        reason(&next, Field::OffloadRatio).contains("learned from 1 run(s)"),
+        "{}",
+        reason(&next, Field::OffloadRatio)
+    );
+}
