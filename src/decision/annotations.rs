@@ -107,7 +107,8 @@ pub(super) fn model_annotations(
 }
 
 /// Megatron-core's layout of another kind's job, from `offload.dev/megatron-tensor-parallel`,
-/// `offload.dev/megatron-pipeline-parallel` and `offload.dev/megatron-distributed-optimizer`,
+/// `offload.dev/megatron-pipeline-parallel`, `offload.dev/megatron-distributed-optimizer` and
+/// `offload.dev/megatron-sequence-parallel`,
 /// as `spec.megatron` of a TrainingJob; refused on a job whose framework is not Megatron.
 pub(super) fn megatron_annotations(
     annotations: &BTreeMap<String, String>,
@@ -118,6 +119,7 @@ pub(super) fn megatron_annotations(
         names::ANNOTATION_MEGATRON_TENSOR_PARALLEL,
         names::ANNOTATION_MEGATRON_PIPELINE_PARALLEL,
         names::ANNOTATION_MEGATRON_DISTRIBUTED_OPTIMIZER,
+        names::ANNOTATION_MEGATRON_SEQUENCE_PARALLEL,
     ];
     if framework != offload_api::v1alpha1::Framework::Megatron
         && let Some(key) = keys.iter().find(|k| annotations.contains_key(**k))
@@ -145,6 +147,10 @@ pub(super) fn megatron_annotations(
         distributed_optimizer: flag_annotation(
             annotations,
             names::ANNOTATION_MEGATRON_DISTRIBUTED_OPTIMIZER,
+        )?,
+        sequence_parallel: flag_annotation(
+            annotations,
+            names::ANNOTATION_MEGATRON_SEQUENCE_PARALLEL,
         )?,
     })
 }

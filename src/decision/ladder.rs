@@ -354,6 +354,7 @@ fn megatron_advice(
         tensor,
         model_parallel,
         distributed,
+        sequence,
     } = jm.sharding
     else {
         return;
@@ -372,12 +373,30 @@ fn megatron_advice(
                 tensor,
                 model_parallel,
                 distributed: true,
+                sequence,
             },
             ..jm.clone()
         };
         if let Ok(c) = fastest(&sharded, class, &with) {
             ideas.push(format!(
                 "{why}; Megatron-core 0.12.0 or newer with the distributed optimizer would fit it as {}",
+                c.placement
+            ));
+        }
+    }
+    if tensor > 1 && !sequence {
+        let split = JobMemory {
+            sharding: Sharding::Megatron {
+                tensor,
+                model_parallel,
+                distributed,
+                sequence: true,
+            },
+            ..jm.clone()
+        };
+        if let Ok(c) = fastest(&split, class, allowed) {
+            ideas.push(format!(
+                "sequence parallelism (--sequence-parallel, declared as spec.megatron.sequenceParallel or annotation offload.dev/megatron-sequence-parallel) would fit it as {}",
                 c.placement
             ));
         }
@@ -390,6 +409,7 @@ fn megatron_advice(
                 tensor: wider,
                 model_parallel: groups,
                 distributed,
+                sequence,
             },
             ..jm.clone()
         };

@@ -138,8 +138,9 @@ pub enum Sharding {
     /// PyTorch FSDP, fully sharded.
     Fsdp,
     /// Megatron-core: each GPU holds 1/`model_parallel` of the model (tensor × pipeline
-    /// parallel), its activations split over `tensor` (sequence parallel); with the distributed
-    /// optimizer the optimizer state is sharded over the data-parallel ranks.
+    /// parallel), its activations split over `tensor` (all of them with sequence parallelism,
+    /// those of attention and the MLP without); with the distributed optimizer the optimizer
+    /// state is sharded over the data-parallel ranks.
     Megatron {
         /// Tensor-parallel size.
         tensor: u32,
@@ -147,6 +148,8 @@ pub enum Sharding {
         model_parallel: u32,
         /// `--use-distributed-optimizer`.
         distributed: bool,
+        /// `--sequence-parallel`.
+        sequence: bool,
     },
     /// Unknown to the operator (`Generic`): nothing assumed sharded.
     Unsharded,
@@ -457,8 +460,8 @@ impl JobMemory {
                     ((b + b) * p + o * kept * s + act.max(f * kept * s) + c) * UNMEASURED_SAFETY
                 }
                 (Sharding::Zero(_), _) => ((b + b + o + f) * p + act + c) * UNMEASURED_SAFETY,
-                (Sharding::Megatron { tensor, .. }, _) => {
-                    self.megatron_gpu(tensor, kept, act, c) * UNMEASURED_SAFETY
+                (Sharding::Megatron { .. }, _) => {
+                    self.megatron_gpu(kept, act, c) * UNMEASURED_SAFETY
                 }
                 (Sharding::Unsharded, _) => {
                     ((b + b) * p + o * kept * p + act.max(f * kept * p) + c) * UNMEASURED_SAFETY

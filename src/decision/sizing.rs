@@ -245,6 +245,7 @@ fn job_memory_of(
                     tensor,
                     model_parallel: tensor.saturating_mul(pipeline),
                     distributed: job.megatron.distributed_optimizer != Some(false),
+                    sequence: job.megatron.sequence_parallel == Some(true),
                 }
             }
             Framework::Generic => Sharding::Unsharded,

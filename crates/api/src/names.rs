@@ -94,6 +94,9 @@ pub const ANNOTATION_MEGATRON_PIPELINE_PARALLEL: &str = "offload.dev/megatron-pi
 /// without the distributed optimizer, as `spec.megatron.distributedOptimizer` (on when unset).
 pub const ANNOTATION_MEGATRON_DISTRIBUTED_OPTIMIZER: &str =
     "offload.dev/megatron-distributed-optimizer";
+/// Annotation on other job kinds and Pods of a Megatron-core job: `true` where it runs with
+/// `--sequence-parallel`, as `spec.megatron.sequenceParallel` (off when unset).
+pub const ANNOTATION_MEGATRON_SEQUENCE_PARALLEL: &str = "offload.dev/megatron-sequence-parallel";
 /// Annotation on other job kinds and Pods: the model's total parameters, as in
 /// `spec.model.parameters` of a TrainingJob (`8B`, `8000000000`).
 pub const ANNOTATION_MODEL_PARAMETERS: &str = "offload.dev/model-parameters";

@@ -122,7 +122,8 @@ impl std::fmt::Display for super::Sharding {
                 tensor,
                 model_parallel,
                 distributed,
-            } => super::megatron::describe(f, *tensor, *model_parallel, *distributed),
+                sequence,
+            } => super::megatron::describe(f, *tensor, *model_parallel, *distributed, *sequence),
             super::Sharding::Unsharded => f.write_str("no sharding"),
         }
     }

@@ -15,17 +15,37 @@ pub(super) fn describe(
     tensor: u32,
     model_parallel: u32,
     distributed: bool,
+    sequence: bool,
 ) -> fmt::Result {
     write!(
         f,
-        "Megatron-core (tensor {tensor} × pipeline {}{})",
+        "Megatron-core (tensor {tensor} × pipeline {}{}{})",
         model_parallel / tensor.max(1),
+        if sequence && tensor > 1 {
+            ", sequence parallel"
+        } else {
+            ""
+        },
         if distributed {
             ", distributed optimizer"
         } else {
             ""
         }
     )
+}
+
+/// Of a layer's activations (34 units of sequence × batch × hidden bytes, without the
+/// attention scores a fused attention never stores), what one tensor-parallel rank holds:
+/// attention's and the MLP's 24 split over the group, the layer norms' and dropouts' 10 split
+/// only with sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in
+/// Large Transformer Models", 2022, table 2).
+pub(super) fn tensor_parallel_share(tensor: u32, sequence: bool) -> f64 {
+    let t = f64::from(tensor.max(1));
+    if sequence || tensor <= 1 {
+        1.0 / t
+    } else {
+        (10.0 + 24.0 / t) / 34.0
+    }
 }
 
 impl JobMemory {
@@ -53,9 +73,15 @@ impl JobMemory {
     }
 
     /// One GPU's bytes before the safety factor: bf16 parameters and fp32 main gradients of
-    /// what it holds, the optimizer state it keeps (`kept` of its shard), activations (`act`)
-    /// split over the tensor-parallel group, and `fixed` (buffers and the framework).
-    pub(super) fn megatron_gpu(&self, tensor: u32, kept: f64, act: f64, fixed: f64) -> f64 {
+    /// what it holds, the optimizer state it keeps (`kept` of its shard), its share of the
+    /// activations (`act`: [`tensor_parallel_share`]), and `fixed` (buffers and the framework).
+    pub(super) fn megatron_gpu(&self, kept: f64, act: f64, fixed: f64) -> f64 {
+        let (tensor, sequence) = match self.sharding {
+            Sharding::Megatron {
+                tensor, sequence, ..
+            } => (tensor, sequence),
+            _ => (1, false),
+        };
         let p = self.parameters;
         let (on_gpu, stepped) = self.megatron_parts().unwrap_or((p, p));
         let stream = if kept < 1.0 {
@@ -65,7 +91,7 @@ impl JobMemory {
         };
         (self.value_bytes + 4.0) * on_gpu
             + self.optimizer_bytes() * kept * stepped
-            + act / f64::from(tensor.max(1))
+            + act * tensor_parallel_share(tensor, sequence)
             + fixed
             + stream
     }

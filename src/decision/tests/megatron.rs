@@ -137,3 +137,63 @@ fn on_a_coherent_node_the_hybrid_optimizer_copies_over_c2c() {
     // Overlap verified on the node: the copies overlap the CPU step.
     assert_eq!(plan(&res).overlap, res.overlap);
 }
+
+#[test]
+fn without_sequence_parallelism_a_third_of_the_activations_stays_whole_on_each_rank() {
+    // 12B tensor-parallel over two GPUs: attention's and the MLP's activations split in two;
+    // the layer norms' and dropouts' (10 of a layer's 34 units) only with sequence parallelism.
+    let job = |tokens: i64, sequence: Option<bool>| JobRequest {
+        model: Some(bench_hints(12_000_000_000, tokens, 40)),
+        pods: 2,
+        megatron: MegatronSpec {
+            tensor_parallel: Some(2),
+            sequence_parallel: sequence,
+            ..Default::default()
+        },
+        ..megatron("0.14.0")
+    };
+    let activations = |r: &Resolution| {
+        let m = r.memory.as_ref().expect("an estimate");
+        (m.gpu_bytes - m.gpu_structural_bytes) as f64
+    };
+    let off = resolve(&job(4096, None), &h200s()).unwrap();
+    let on = resolve(&job(4096, Some(true)), &h200s()).unwrap();
+    let ratio = activations(&off) / activations(&on);
+    assert!(
+        (ratio - 22.0 / 17.0).abs() < 1e-3,
+        "(10 + 24/2) / 34 against 1/2 of the activations: {ratio}"
+    );
+    let shown = |sequence| {
+        crate::decision::memory::Sharding::Megatron {
+            tensor: 2,
+            model_parallel: 2,
+            distributed: true,
+            sequence,
+        }
+        .to_string()
+    };
+    assert_eq!(
+        shown(false),
+        "Megatron-core (tensor 2 × pipeline 1, distributed optimizer)"
+    );
+    assert_eq!(
+        shown(true),
+        "Megatron-core (tensor 2 × pipeline 1, sequence parallel, distributed optimizer)"
+    );
+    // A sequence so long that only sequence parallelism fits it: the refusal says so.
+    let tokens = (16..=64)
+        .map(|k| k * 1024)
+        .find(|t| resolve(&job(*t, None), &h200s()).is_err())
+        .expect("a sequence too long without sequence parallelism");
+    assert!(
+        resolve(&job(tokens, Some(true)), &h200s()).is_ok(),
+        "{tokens} tokens fit with sequence parallelism"
+    );
+    let err = resolve(&job(tokens, None), &h200s())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("sequence parallelism (--sequence-parallel"),
+        "{err}"
+    );
+}

@@ -695,10 +695,14 @@ async fn megatron_pytorchjobs_take_their_layout_from_annotations() {
     let (_, whole) = admit_ptj(ptj(megatron(None))).await;
     assert_eq!(whole["allowed"], false, "{whole}");
     let message = whole["status"]["message"].as_str().unwrap();
+    let placement = if split < 1.0 {
+        format!("{:.0}% of the optimizer state offloaded", split * 100.0)
+    } else {
+        "the optimizer state offloaded".to_string()
+    };
     assert!(
         message.contains(&format!(
-            "tensor-parallel size 2 (1 now: spec.megatron.tensorParallel, or annotation offload.dev/megatron-tensor-parallel on other kinds) would fit as {:.0}% of the optimizer state offloaded",
-            split * 100.0
+            "tensor-parallel size 2 (1 now: spec.megatron.tensorParallel, or annotation offload.dev/megatron-tensor-parallel on other kinds) would fit as {placement}"
         )),
         "{message}"
     );

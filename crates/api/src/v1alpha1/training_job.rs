@@ -233,6 +233,12 @@ pub struct MegatronSpec {
     /// `false` keeps a whole copy of the optimizer state on every data-parallel rank.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub distributed_optimizer: Option<bool>,
+    /// Sequence parallelism (`--sequence-parallel`): the activations outside attention and the
+    /// MLP split over the tensor-parallel group too. Off when unset, as in Megatron-LM; off,
+    /// about a third of each layer's activations are held whole on every tensor-parallel rank,
+    /// and the estimate counts them so. The operator reads it; the launch line sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence_parallel: Option<bool>,
 }
 
 /// A key of a ConfigMap in the job's namespace.
