@@ -4,7 +4,7 @@
 //! ([`super::proven`]).
 
 use super::candidates::ClassNodes;
-use super::ladder::{self, Allowed, MemoryChoice, Tried, speed_rank};
+use super::ladder::{self, Allowed, MemoryChoice, Tried};
 use super::memory::{ClassMemory, JobMemory, gib};
 use super::proven;
 use super::request::JobRequest;
@@ -95,7 +95,7 @@ pub(super) fn fastest_by_gpu_size(
         };
         if let Ok(mut choice) = decide(&cm) {
             let better = match &best.1 {
-                Ok(b) => speed_rank(choice.placement) < speed_rank(b.placement),
+                Ok(b) => allowed.speed_rank(choice.placement) < allowed.speed_rank(b.placement),
                 Err(_) => true,
             };
             if better {

@@ -61,6 +61,18 @@ pub(super) struct Allowed {
     /// profile's `fasterTrials`; 0 for a job that cannot recover from running out of memory,
     /// or whose share is fixed).
     pub(super) trials: u32,
+    /// The largest partial share that runs faster than offloading optimizer state and
+    /// parameters whole, for the pod's CPU ([`super::cpu::partial_before_params`]).
+    pub(super) partial_before_params: f64,
+    /// Where the pod's cores moved that share from the measured one: the cores in words.
+    pub(super) cpu_note: Option<String>,
+}
+
+impl Allowed {
+    /// How fast a placement runs for this job, in [`fastest`]'s order (lower is faster).
+    pub(super) fn speed_rank(&self, p: Placement) -> (u8, u32) {
+        speed_rank(p, self.partial_before_params)
+    }
 }
 
 /// What partial offload may be.
@@ -74,13 +86,14 @@ pub(super) enum PartialRatio {
     No(String),
 }
 
-/// How fast a placement runs, for comparing choices (lower is faster), in [`fastest`]'s order.
-pub(super) fn speed_rank(p: Placement) -> (u8, u32) {
+/// How fast a placement runs, for comparing choices (lower is faster), in [`fastest`]'s order:
+/// a partial share up to `crossover` before optimizer state and parameters.
+pub(super) fn speed_rank(p: Placement, crossover: f64) -> (u8, u32) {
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let hundredths = |r: f64| (r * 100.0).round() as u32;
     match p {
         Placement::NoOffload => (0, 0),
-        Placement::PartialOptimizer(r) if r <= PARTIAL_BEFORE_PARAMS_UP_TO => (1, hundredths(r)),
+        Placement::PartialOptimizer(r) if r <= crossover => (1, hundredths(r)),
         Placement::OptimizerAndParams => (2, 0),
         Placement::PartialOptimizer(r) => (3, hundredths(r)),
         Placement::Optimizer => (4, 0),
@@ -141,6 +154,8 @@ pub(super) fn allowed(
         whole_optimizer: offload && whole_optimizer && whole_ok,
         with_params: offload && with_params && whole_ok,
         trials: 0,
+        partial_before_params: PARTIAL_BEFORE_PARAMS_UP_TO,
+        cpu_note: None,
     }
 }
 
@@ -213,14 +228,34 @@ pub(super) fn fastest(
         PartialRatio::No(_) => None,
     };
     if let Some((r, est)) = partial
-        && r <= PARTIAL_BEFORE_PARAMS_UP_TO
+        && r <= allowed.partial_before_params
     {
-        return Ok(choice(Placement::PartialOptimizer(r), est));
+        let mut c = choice(Placement::PartialOptimizer(r), est);
+        if let Some(cores) = allowed
+            .cpu_note
+            .as_ref()
+            .filter(|_| r > PARTIAL_BEFORE_PARAMS_UP_TO && allowed.with_params)
+        {
+            c.figures.push_str(&format!(
+                "; with {cores}, a partial share up to {:.0}% runs faster than offloading parameters too (measured up to {:.0}% with the 16 cores of a PCIe H200: the CPU steps all of the optimizer state then, this share of it here)",
+                allowed.partial_before_params * 100.0,
+                PARTIAL_BEFORE_PARAMS_UP_TO * 100.0
+            ));
+        }
+        return Ok(c);
     }
     if allowed.with_params
         && let Some(est) = try_fixed(Placement::OptimizerAndParams, &mut tried)
     {
-        return Ok(choice(Placement::OptimizerAndParams, est));
+        let mut c = choice(Placement::OptimizerAndParams, est);
+        if let (Some(cores), Some((r, _))) = (&allowed.cpu_note, partial) {
+            c.figures.push_str(&format!(
+                "; with {cores}, a partial share runs faster than offloading parameters too only up to {:.0}%, and this job needs {:.0}%",
+                allowed.partial_before_params * 100.0,
+                r * 100.0
+            ));
+        }
+        return Ok(c);
     }
     if let Some((r, est)) = partial {
         return Ok(choice(Placement::PartialOptimizer(r), est));

@@ -82,16 +82,32 @@ impl PlacementInputs<'_> {
         }
     }
 
-    fn allowed(&self, class: NodeClass, no_offload: bool, offload: bool) -> Allowed {
+    fn allowed(&self, class: &ClassNodes, no_offload: bool, offload: bool) -> Allowed {
         let fixed = self.fixed_ratio();
         let mut allowed = ladder::allowed(
             self.job,
             self.facts,
-            class,
+            class.class,
             no_offload,
             offload,
             fixed.map(|(r, _)| r),
         );
+        // The pod's CPU: fewer cores than the self-test measured with keep a partial share
+        // faster than offloading parameters too for longer.
+        let cpus = class.fact(|nodes| {
+            NodeCpus({
+                let mut distinct: Vec<super::cpu::NodeCpu> = Vec::new();
+                for n in nodes {
+                    let cpu = super::cpu::NodeCpu::of(n);
+                    if !distinct.contains(&cpu) {
+                        distinct.push(cpu);
+                    }
+                }
+                distinct
+            })
+        });
+        (allowed.partial_before_params, allowed.cpu_note) =
+            super::cpu::partial_before_params(self.job, cpus.0.iter());
         // Trials only where a failure is recovered from (a TrainingJob) and the share is the
         // operator's to choose.
         if self.job.identity.is_some() && fixed.is_none() && self.profile.learn_memory {
@@ -100,6 +116,9 @@ impl PlacementInputs<'_> {
         allowed
     }
 }
+
+/// What a class's nodes offer a pod's CPU, each distinct offer once.
+struct NodeCpus(Vec<super::cpu::NodeCpu>);
 
 /// Decides mode and node class.
 pub(super) fn choose<'c, 'a>(
@@ -207,7 +226,7 @@ fn explicit<'c, 'a>(
     let memory = match cx.memory {
         None => None,
         Some(jm) => {
-            let allowed = cx.allowed(class.class, false, true);
+            let allowed = cx.allowed(class, false, true);
             let Some((cm, outcome)) =
                 fit::fastest_by_gpu_size(jm, class, cx.job, &allowed, &|t| holds(t, cx.job))
             else {
@@ -288,7 +307,7 @@ fn disabled<'c, 'a>(
         let Some(cm) = fit::class_memory(class, cx.job) else {
             continue;
         };
-        let allowed = cx.allowed(class.class, true, false);
+        let allowed = cx.allowed(class, true, false);
         match ladder::fastest(jm, &cm, &allowed) {
             Ok(choice) if holds(class, cx.job) => fitting.push((class, choice)),
             Ok(_) => {}
@@ -296,7 +315,7 @@ fn disabled<'c, 'a>(
                 "on {} nodes {}; {}",
                 class.class,
                 tried.describe(jm, &cm),
-                ladder::advice(jm, &cm, &cx.allowed(class.class, true, true))
+                ladder::advice(jm, &cm, &cx.allowed(class, true, true))
             )),
         }
     }
@@ -456,7 +475,7 @@ fn fits_by_class<'c, 'a>(
 ) -> Vec<(&'c ClassNodes<'a>, Result<MemoryChoice, String>)> {
     let mut results: Vec<(&'c ClassNodes<'a>, Result<MemoryChoice, String>)> = Vec::new();
     for class in holding {
-        let allowed = cx.allowed(class.class, true, true);
+        let allowed = cx.allowed(class, true, true);
         let Some((cm, outcome)) =
             fit::fastest_by_gpu_size(jm, class, cx.job, &allowed, &|t| holds(t, cx.job))
         else {

@@ -23,7 +23,7 @@
 
 use offload_api::v1alpha1::MemoryKind;
 
-use super::ladder::{self, Allowed, MemoryChoice, PartialRatio, Trial, Tried, speed_rank};
+use super::ladder::{self, Allowed, MemoryChoice, PartialRatio, Trial, Tried};
 use super::learned::{LearnedFactors, RanAs, RanRecord};
 use super::memory::{ClassMemory, JobMemory, Placement, gib};
 use super::request::JobRequest;
@@ -53,7 +53,7 @@ fn placement_of(r: &RanAs) -> Placement {
 }
 
 /// The fastest configuration that trained and never ran out of memory in another run.
-fn proven<'a>(records: &[&'a RanRecord]) -> Option<&'a RanRecord> {
+fn proven<'a>(records: &[&'a RanRecord], allowed: &Allowed) -> Option<&'a RanRecord> {
     records
         .iter()
         .copied()
@@ -63,7 +63,7 @@ fn proven<'a>(records: &[&'a RanRecord]) -> Option<&'a RanRecord> {
                 .iter()
                 .any(|f| f.failed && f.ran_as.same_placement(&r.ran_as))
         })
-        .min_by_key(|r| speed_rank(placement_of(&r.ran_as)))
+        .min_by_key(|r| allowed.speed_rank(placement_of(&r.ran_as)))
 }
 
 /// Whether two placements are the same configuration (shares within half a percent).
@@ -138,7 +138,7 @@ pub(super) fn apply(
     choice: Result<MemoryChoice, Tried>,
 ) -> Result<MemoryChoice, Tried> {
     let records = records(jm, cm);
-    let Some(best) = proven(&records) else {
+    let Some(best) = proven(&records, allowed) else {
         return choice;
     };
     let ran = placement_of(&best.ran_as);
@@ -147,14 +147,15 @@ pub(super) fn apply(
     }
     let when = best.at.strftime("%Y-%m-%d").to_string();
     let slower = match &choice {
-        Ok(c) => speed_rank(c.placement) > speed_rank(ran),
+        Ok(c) => allowed.speed_rank(c.placement) > allowed.speed_rank(ran),
         Err(_) => true,
     };
     let ran_out = job
         .memory_failures
         .iter()
         .any(|f| f.kind == MemoryKind::Gpu);
-    let faster_untried = matches!(&choice, Ok(c) if speed_rank(c.placement) < speed_rank(ran));
+    let faster_untried =
+        matches!(&choice, Ok(c) if allowed.speed_rank(c.placement) < allowed.speed_rank(ran));
     let need = gib(needed(jm, cm, best));
     if ran_out && (slower || faster_untried) {
         let note = format!(
@@ -259,8 +260,8 @@ fn trial(
         }
         (p, _) => p,
     };
-    let rank = speed_rank(target);
-    if rank >= speed_rank(ran) || failed.iter().any(|f| speed_rank(*f) >= rank) {
+    let rank = allowed.speed_rank(target);
+    if rank >= allowed.speed_rank(ran) || failed.iter().any(|f| allowed.speed_rank(*f) >= rank) {
         return None;
     }
     let (est, fit) = by_runs.estimate_checked(target, cm);

@@ -91,3 +91,87 @@ fn without_a_limit_a_pod_gets_its_share_of_the_nodes_cores() {
     );
     assert!(res.cpu_threads.is_none(), "no quota: nothing to fit");
 }
+
+/// A partial share past the measured crossover is slower than offloading parameters too only
+/// while the CPU steps the whole optimizer state fast: on a pod of fewer cores it is the other
+/// way round, and the decision weighs the rungs for the pod's cores.
+#[test]
+fn fewer_cores_keep_a_partial_share_before_offloading_parameters_too() {
+    use crate::decision::cpu::{MAX_PARTIAL_BEFORE_PARAMS, partial_before_params};
+    use crate::decision::memory::{PARTIAL_BEFORE_PARAMS_UP_TO, Placement};
+    // A host large enough for the parameters too; 9.1B at 8,192 tokens needs 62 % offloaded.
+    let roomy = with_allocatable_memory(node("h", 1, None), 480 << 30);
+    let mut job = job();
+    job.model = Some(bench_hints(9_122_865_152, 8192, 44));
+    let unlimited = resolve(&job, std::slice::from_ref(&roomy)).unwrap();
+    assert_eq!(
+        unlimited.memory.as_ref().unwrap().placement,
+        Placement::OptimizerAndParams,
+        "{}",
+        unlimited.summary()
+    );
+    let placement_with = |cores: f64| {
+        let mut limited = job.clone();
+        limited.cpu_limit = Some((cores, None));
+        resolve(&limited, std::slice::from_ref(&roomy)).unwrap()
+    };
+    // Two cores of the sixteen the self-test measured with: an eighth of the CPU steps the
+    // whole state, so the 62 % share is the faster.
+    let two = placement_with(2.0);
+    let Placement::PartialOptimizer(r) = two.memory.as_ref().unwrap().placement else {
+        panic!("{}", two.summary());
+    };
+    assert!(r > PARTIAL_BEFORE_PARAMS_UP_TO, "{r}");
+    let why = reason(&two, Field::OffloadRatio);
+    assert!(
+        why.contains("with the training container's 2 cores (its CPU limit, a CFS quota) of the 16 threads the node's self-test measured, a partial share up to 93% runs faster than offloading parameters too"),
+        "{why}"
+    );
+    // Twelve of sixteen: the crossover moves to 59 %, below the share: parameters go too.
+    let twelve = placement_with(12.0);
+    assert_eq!(
+        twelve.memory.as_ref().unwrap().placement,
+        Placement::OptimizerAndParams
+    );
+    let why = format!("{:?}", twelve.reasons);
+    assert!(
+        why.contains("a partial share runs faster than offloading parameters too only up to 59%, and this job needs 62%"),
+        "{why}"
+    );
+    // The crossover itself: the measured one for all the cores (and more are not
+    // extrapolated), 1 − (1 − 0.45)·share below, never past its bound.
+    let cpu = |threads| crate::decision::cpu::NodeCpu {
+        cpus: Some(16),
+        gpus: 1,
+        static_policy: false,
+        threads: Some(threads),
+    };
+    let mut limited = job.clone();
+    for (cores, threads, expected) in [
+        (16.0, 16.0, PARTIAL_BEFORE_PARAMS_UP_TO),
+        (32.0, 16.0, PARTIAL_BEFORE_PARAMS_UP_TO),
+        (8.0, 16.0, 1.0 - 0.55 * 0.5),
+        (0.5, 64.0, MAX_PARTIAL_BEFORE_PARAMS),
+    ] {
+        limited.cpu_limit = Some((cores, None));
+        let (got, note) = partial_before_params(&limited, [&cpu(threads)]);
+        assert!((got - expected).abs() < 1e-9, "{cores}/{threads}: {got}");
+        assert_eq!(note.is_some(), cores < threads, "{cores}/{threads}");
+    }
+    // Without a limit, a pod's share of the node's cores counts the same way; with no figure
+    // for the threads nothing moves.
+    let unknown = crate::decision::cpu::NodeCpu {
+        threads: None,
+        ..cpu(16.0)
+    };
+    assert_eq!(
+        partial_before_params(&limited, [&unknown]).0,
+        PARTIAL_BEFORE_PARAMS_UP_TO
+    );
+}
+
+fn with_allocatable_memory(node: NodeInfo, bytes: u64) -> NodeInfo {
+    let mut a = node.allocatable;
+    a.memory = Some(bytes);
+    node.with_allocatable(a)
+}

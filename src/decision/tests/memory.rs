@@ -672,6 +672,8 @@ fn partial_hints_are_bounded_by_the_parameter_count_and_say_what_would_decide_it
         whole_optimizer: false,
         with_params: false,
         trials: 0,
+        partial_before_params: crate::decision::memory::PARTIAL_BEFORE_PARAMS_UP_TO,
+        cpu_note: None,
     };
     assert!(crate::decision::ladder::fastest(&jm, &cm, &allowed).is_err());
     let advice = crate::decision::ladder::advice(&jm, &cm, &allowed);
