@@ -79,7 +79,8 @@ if not e.get("resolved") or "deepspeedConfig" not in e:
     print("not decided: " + e.get("message", "")[:300], file=sys.stderr)
     sys.exit(0)
 json.dump(e["deepspeedConfig"], open(sys.argv[2], "w"))
-env = {x["name"]: x.get("value", "") for x in e.get("env", [])}
+c = e["object"]["spec"]["template"]["spec"]["containers"][0]
+env = {x["name"]: x.get("value", "") for x in e.get("env", []) + c.get("env", [])}
 d = e["decision"]
 print(d["ratio"], str(d["overlap"]).lower(), env.get("OMP_NUM_THREADS", "-"))
 EOF
