@@ -64,6 +64,9 @@ pub struct Candidate {
     pub same_semantics: bool,
     /// The DeepSpeed JSON it would write.
     pub deepspeed_config: Option<Value>,
+    /// The Megatron-core flags it would write (`OFFLOAD_MEGATRON_ARGS`), for a Megatron job.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub megatron_args: Option<String>,
     /// Why the operator does not write it, when it does not.
     pub refused: Option<String>,
     /// The memory model's estimate, where the job gives model hints.
@@ -82,6 +85,7 @@ pub(super) fn all(
         chosen: true,
         same_semantics: true,
         deepspeed_config: chosen_config.cloned(),
+        megatron_args: megatron_args(chosen),
         refused: None,
         memory: chosen.memory.as_ref().map(|m| CandidateMemory::of(m, true)),
     }];
@@ -212,7 +216,18 @@ fn placement_candidate(
             .or_else(|| res.as_ref().err().map(crate::decision::Unresolved::message))
             .or_else(|| is_chosen.then(|| "the same as the choice".to_string())),
         deepspeed_config: config,
+        megatron_args: res.as_ref().ok().and_then(megatron_args),
         memory,
+    }
+}
+
+/// The flags a Megatron-core resolution renders, as the pod's `OFFLOAD_MEGATRON_ARGS` has them.
+fn megatron_args(res: &Resolution) -> Option<String> {
+    match &res.framework {
+        crate::decision::FrameworkPlan::Megatron(p) => {
+            Some(crate::render::megatron::args(p, res.pin_memory).join(" "))
+        }
+        _ => None,
     }
 }
 
@@ -342,6 +357,7 @@ fn knobs_flipped(tj: &TrainingJob, inputs: &Inputs, chosen: &Resolution) -> Vec<
                 chosen: false,
                 same_semantics: true,
                 deepspeed_config: None,
+                megatron_args: None,
                 refused: Some(why.message()),
                 memory: None,
             },
@@ -364,6 +380,7 @@ fn knobs_flipped(tj: &TrainingJob, inputs: &Inputs, chosen: &Resolution) -> Vec<
                         )
                     }),
                     deepspeed_config: config,
+                    megatron_args: None,
                     memory: res.memory.as_ref().map(|m| CandidateMemory::of(m, true)),
                 }
             }

@@ -493,3 +493,60 @@ fn explain_judges_evidence_as_the_controller_does() {
     let err = read_evidence("s", &summary.to_string(), "j").unwrap_err();
     assert!(err.contains("after now"), "{err}");
 }
+
+/// A Megatron-core job's candidates carry the flags each would write, as the pod's
+/// OFFLOAD_MEGATRON_ARGS has them: the choice's fraction, the whole optimizer state's, and no
+/// offload's distributed optimizer alone.
+#[test]
+fn megatron_candidates_show_their_flags() {
+    let job = r#"
+apiVersion: offload.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: m, annotations: {offload.dev/profile: auto}}
+spec:
+  replicas: 1
+  framework: {name: Megatron, version: "0.14.0"}
+  model: {architecture: GPT, hiddenSize: 4096, layers: 36, attentionHeads: 32, vocabSize: 50304, tokensPerStep: 4096}
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{name: t, image: t, resources: {limits: {nvidia.com/gpu: 1}}}]
+"#;
+    let manifests = read_manifests(job).unwrap();
+    let e = explain(
+        &manifests[0],
+        &with_node_memory(inputs(&[("h200-0", fixtures::H200_READING)])),
+        true,
+    )
+    .unwrap();
+    assert!(e.resolved, "{}", e.message);
+    let ratio = e.decision.as_ref().unwrap().ratio;
+    assert!(ratio > 0.0 && ratio < 1.0, "{ratio}");
+    let args = |label: &str| {
+        e.candidates
+            .iter()
+            .find(|c| c.label == label)
+            .and_then(|c| c.megatron_args.clone())
+            .unwrap_or_else(|| panic!("{label}: {:?}", e.candidates))
+    };
+    let env = e
+        .env
+        .iter()
+        .find(|v| v.name == "OFFLOAD_MEGATRON_ARGS")
+        .and_then(|v| v.value.clone())
+        .unwrap();
+    assert_eq!(args("chosen"), env);
+    assert!(
+        env.contains(&format!("--optimizer-offload-fraction {ratio}")),
+        "{env}"
+    );
+    assert!(args("offload_optimizer").contains("--optimizer-offload-fraction 1"));
+    assert_eq!(args("no_offload"), "--use-distributed-optimizer");
+    let text = to_text(&e);
+    assert!(
+        text.contains(
+            "chosen                   --use-distributed-optimizer --optimizer-cpu-offload"
+        ),
+        "{text}"
+    );
+}

@@ -220,6 +220,7 @@ fn config_section(s: &mut String, e: &Explanation) {
                 .as_ref()
                 .and_then(|v| v.get("zero_optimization"))
                 .map(|z| z.to_string())
+                .or_else(|| c.megatron_args.clone())
                 .unwrap_or_default();
             let note = match (&c.refused, c.same_semantics) {
                 (Some(r), _) => format!(" [not written: {r}]"),
