@@ -386,3 +386,62 @@ async fn a_trial_that_runs_out_with_the_webhook_on_goes_back_to_what_trained() {
         "the recreated pods are no trial: {annotations:?}"
     );
 }
+
+/// A Megatron-core job goes round the same recovery: decided without offload, its pod runs out
+/// of GPU memory (PyTorch's text), and it is re-decided with the hybrid device optimizer — the
+/// recreated workload's OFFLOAD_MEGATRON_ARGS carry the fraction — through the operator's own
+/// webhook.
+#[tokio::test]
+async fn a_megatron_job_that_runs_out_is_redecided_with_an_offload_fraction() {
+    let (client, ns) = setup_with_webhook("wh-megatron").await;
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    add_profile(&client, &ns).await;
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let mut tj = oom_job("gpt", &ns, "GPU", 24, 4096);
+    tj.spec.framework =
+        serde_json::from_value(json!({"name": "Megatron", "version": "0.14.0"})).unwrap();
+    create_through_webhook(&api, &tj).await;
+    let running = wait_list(
+        api.clone(),
+        watcher::Config::default().fields("metadata.name=gpt"),
+        "gpt re-decided, recreated and running",
+        WAIT,
+        |jobs| {
+            let tj = jobs.first()?;
+            let s = tj.status.as_ref()?;
+            (s.phase == Some(JobPhase::Running)
+                && s.memory_failures.len() == 1
+                && tj.spec.offload.mode == ModeSetting::CpuCopy)
+                .then(|| TrainingJob::clone(tj))
+        },
+    )
+    .await;
+    let status = running.status.unwrap();
+    assert!(
+        status.memory_failures[0]
+            .configuration
+            .starts_with("mode=Disabled")
+    );
+    let ratio = status.offload.as_ref().unwrap().offload_ratio;
+    assert!(ratio > 0.0 && ratio <= 1.0, "{ratio}");
+    let job = Api::<Job>::namespaced(client.clone(), &ns)
+        .get("gpt")
+        .await
+        .unwrap();
+    let container = &job.spec.unwrap().template.spec.unwrap().containers[0];
+    let args = container
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "OFFLOAD_MEGATRON_ARGS")
+        .and_then(|e| e.value.clone())
+        .unwrap_or_default();
+    assert!(
+        args.contains("--optimizer-cpu-offload")
+            && args.contains(&format!(
+                "--optimizer-offload-fraction {}",
+                offload_operator::render::format_ratio(ratio)
+            )),
+        "{args}"
+    );
+}
