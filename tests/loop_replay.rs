@@ -2,9 +2,11 @@
 //! (`docs/benchmarks/raw/2026-12-06-h100-loop/`: real NVML readings, PyTorch's own out-of-memory
 //! text; `docs/benchmarks/closed-loop-h200.md`) handed to the real `offload-operator explain
 //! --observed`, with the same job, profile, DeepSpeed config, model `config.json`, node report
-//! and host memory the loop used. Each step decides what the loop decided then, and the loop's
-//! rules hold on real evidence: an out-of-memory run moves the next decision to more offload, a
-//! run that trained never to more.
+//! and host memory the loop used. `explain --observed` takes each run as one of the
+//! configuration it decides at that point, so a replay is exact only while the memory model
+//! decides for a type what it decided then (Qwen3 here); where the model has learned from these
+//! very runs since (Phi-3's factor), its first decision must now lie between the share that
+//! ran out and the one that trained.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -73,37 +75,37 @@ fn recorded_ratio(model: &str, k: usize) -> f64 {
 }
 
 #[test]
-fn the_recorded_h100_loop_replays_to_the_same_decisions() {
-    // Phi-3-mini: 14 % ran out of GPU memory; 26 % trained; the loop stays at 26 %.
-    let steps: Vec<f64> = (0..3)
-        .map(|runs| ratio(&decide("phi3-mini", runs)))
-        .collect();
-    for (k, r) in steps.iter().enumerate() {
-        assert!(
-            (r - recorded_ratio("phi3-mini", k + 1)).abs() < 1e-9,
-            "step {}: {r} now, {} then",
-            k + 1,
-            recorded_ratio("phi3-mini", k + 1)
-        );
-    }
-    assert!(steps[1] > steps[0], "after the out-of-memory: {steps:?}");
+fn the_recorded_h100_loop_replays_and_the_model_now_foresees_its_out_of_memory() {
+    // Qwen3-4B: 44 % trained at the first decision; the next is the same, never more.
+    let first = ratio(&decide("qwen3-4b", 0));
     assert!(
-        steps[2] <= steps[1] + 1e-9,
-        "never more than what trained: {steps:?}"
+        (first - recorded_ratio("qwen3-4b", 1)).abs() < 1e-9,
+        "{first}"
     );
-    let after = decide("phi3-mini", 2);
-    let said = after.to_string();
-    assert!(said.contains("out of"), "the OOM run is named: {said}");
+    let next = ratio(&decide("qwen3-4b", 1));
+    assert!(
+        (next - recorded_ratio("qwen3-4b", 2)).abs() < 1e-9,
+        "{next}"
+    );
+    assert!(next <= first + 1e-9, "{first} then {next}");
 
-    // Gemma-2-2B and Qwen3-4B trained at their first decision: the next is no larger.
-    for model in ["gemma2-2b", "qwen3-4b"] {
-        let first = ratio(&decide(model, 0));
-        assert!((first - recorded_ratio(model, 1)).abs() < 1e-9, "{model}");
-        let next = ratio(&decide(model, 1));
-        assert!(
-            (next - recorded_ratio(model, 2)).abs() < 1e-9,
-            "{model}: {next}"
-        );
-        assert!(next <= first + 1e-9, "{model}: {first} then {next}");
-    }
+    // Phi-3-mini: the loop's first decision, 14 %, ran out of GPU memory; 26 % trained. The
+    // model counts Phi-3's blocks from those runs now: its first decision offloads more than
+    // the share that ran out and no more than the one that trained.
+    let (ran_out, trained) = (
+        recorded_ratio("phi3-mini", 1),
+        recorded_ratio("phi3-mini", 2),
+    );
+    let now = ratio(&decide("phi3-mini", 0));
+    assert!(
+        ran_out < now && now <= trained + 1e-9,
+        "{now}: between {ran_out} (ran out) and {trained} (trained)"
+    );
+    // A run that ran out moves the next decision to more offload.
+    let after = decide("phi3-mini", 1);
+    assert!(ratio(&after) > now, "{after}");
+    assert!(
+        after.to_string().contains("out of"),
+        "the OOM run is named: {after}"
+    );
 }

@@ -340,6 +340,7 @@ fn model_shape(
         known: intermediate_known && given.vocab.is_some(),
         standing: super::shape::TypeStanding::Counted,
         open: None,
+        quirks: super::shape::Quirks::default(),
     };
     Ok(bounded_by_count(
         shape,

@@ -39,6 +39,18 @@ pub(crate) const MODELS: &[(&str, &str)] = &[
         "llama-10b",
         include_str!("../../../hack/gpu/models/llama-10b.json"),
     ),
+    (
+        "gemma2-2b",
+        include_str!("../../../hack/gpu/models/gemma2-2b.json"),
+    ),
+    (
+        "qwen3-4b",
+        include_str!("../../../hack/gpu/models/qwen3-4b.json"),
+    ),
+    (
+        "phi3-mini",
+        include_str!("../../../hack/gpu/models/phi3-mini.json"),
+    ),
 ];
 
 pub(crate) fn model(name: &str) -> ModelShape {
@@ -158,6 +170,7 @@ pub(crate) fn bench_gpt(hidden: f64, layers: f64) -> ModelShape {
         known: true,
         standing: TypeStanding::Counted,
         open: None,
+        quirks: super::Quirks::default(),
     }
 }
 

@@ -78,6 +78,7 @@ fn gpt_decoder(size: &str) -> Option<ModelShape> {
         known: true,
         standing: offload_operator::decision::shape::TypeStanding::Counted,
         open: None,
+        quirks: offload_operator::decision::shape::Quirks::default(),
     })
 }
 

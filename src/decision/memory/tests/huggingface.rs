@@ -456,3 +456,55 @@ fn a_small_partial_share_costs_more_gpu_memory_than_it_frees() {
     assert!(est.gpu < big.estimate(Placement::NoOffload, &h200()).gpu);
     assert!((0.35..=0.45).contains(&r), "{r}");
 }
+
+/// Runs recorded on an H100 (85,520,809,984 bytes of HBM; the closed loop's runs that trained,
+/// docs/benchmarks/raw/2026-12-06-h100-loop/): model types outside the H200 set, at the share
+/// and sub-group size the operator wrote, tokens per micro-batch, and PyTorch's allocated peak.
+const MEASURED_H100: &[(&str, f64, f64, f64, f64)] = &[
+    // Gemma-2 (never measured: its margin, its extra norms and softcapped logits counted).
+    ("gemma2-2b", 0.32, 2.7e7, 5120.0, 79_645_490_688.0),
+    ("qwen3-4b", 0.44, 4.1e7, 4096.0, 80_362_691_072.0),
+    ("phi3-mini", 0.26, 3.9e7, 4096.0, 76_814_870_016.0),
+];
+
+#[test]
+fn recorded_h100_runs_of_the_newer_model_types_are_never_under() {
+    let h100 = ClassMemory {
+        gpu_bytes: 85_520_809_984,
+        gpu_node: "h100-0".into(),
+        ..h200()
+    };
+    for &(name, share, group, tokens, measured) in MEASURED_H100 {
+        let mut j = job(model(name), tokens);
+        j.sub_group_size = Some(group);
+        let (est, _) = j.estimate_checked(Placement::PartialOptimizer(share), &h100);
+        let err = est.gpu / measured - 1.0;
+        // Measured types within +5 %; a type never measured keeps its stated margin on top.
+        let max = if matches!(
+            j.shape.standing,
+            crate::decision::shape::TypeStanding::Unmeasured
+        ) {
+            0.10
+        } else {
+            0.05
+        };
+        assert!(
+            (0.0..=max).contains(&err),
+            "{name} at {share}: GPU estimate {} against {} allocated ({:+.1}%)",
+            gib(est.gpu),
+            gib(measured),
+            err * 100.0
+        );
+    }
+    // Gemma-2 as built: four norms a layer (each with its weight: the count is exact) and the
+    // softcapped logits' tanh output kept for backward.
+    let gemma = model("gemma2-2b");
+    assert!(gemma.quirks.sandwich_norms && gemma.quirks.softcapped_logits);
+    assert_eq!(gemma.parameters(), 2_614_341_888.0);
+    let plain = crate::decision::shape::ModelShape {
+        quirks: Default::default(),
+        ..gemma
+    };
+    let per_token = gemma.activation_peak_per_token(false) - plain.activation_peak_per_token(false);
+    assert_eq!(per_token, 26.0 * 16.0 * 2304.0 + 2.0 * 256_000.0);
+}
