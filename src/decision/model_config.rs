@@ -307,12 +307,22 @@ fn shape_of(cfg: &Map<String, Value>, top: &Map<String, Value>) -> Result<ModelS
         open: None,
         quirks: crate::decision::shape::Quirks {
             sandwich_norms: SANDWICH_NORMS.contains(&model_type),
-            softcapped_logits: cfg
-                .get("final_logit_softcapping")
-                .and_then(Value::as_f64)
-                .is_some_and(|c| c > 0.0),
+            softcapped_logits: positive(cfg, "final_logit_softcapping")?,
+            softcapped_attention: positive(cfg, "attn_logit_softcapping")?,
         },
     })
+}
+
+/// Whether a number field is present and above zero (absent or `null`: not).
+fn positive(cfg: &Map<String, Value>, key: &str) -> Result<bool, String> {
+    match cfg.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(v) => v
+            .as_f64()
+            .filter(|c| c.is_finite())
+            .map(|c| c > 0.0)
+            .ok_or_else(|| format!("{key} is {v}, not a number")),
+    }
 }
 
 /// `model_type`s with a norm before and after both attention and the MLP.

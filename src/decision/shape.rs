@@ -135,6 +135,10 @@ pub struct Quirks {
     /// back): `tanh` keeps its 16-bit output for backward, 2 bytes per token per vocabulary
     /// entry beside the loss's fp32 log-softmax.
     pub softcapped_logits: bool,
+    /// Attention scores softcapped (`attn_logit_softcapping`): counted as a fused attention
+    /// keeps it (SDPA, FlashAttention with softcapping); an eager attention also keeps each
+    /// layer's sequence² scores, which the count does not cover and the reasons say.
+    pub softcapped_attention: bool,
 }
 
 /// Bytes per token per vocabulary entry the softcapped logits keep for backward: `tanh`'s
@@ -545,8 +549,20 @@ impl ModelShape {
                 )
             })
             .unwrap_or_default();
+        let mut quirks = String::new();
+        if self.quirks.sandwich_norms {
+            quirks.push_str(", four norms a layer");
+        }
+        if self.quirks.softcapped_logits {
+            quirks.push_str(", softcapped logits");
+        }
+        if self.quirks.softcapped_attention {
+            quirks.push_str(
+                ", softcapped attention counted as a fused one (SDPA or FlashAttention) keeps it: an eager attention keeps each layer's sequence² scores too, which this count does not cover",
+            );
+        }
         format!(
-            "{}, width {} × {} layers, MLP {}, {} heads ({} key/value), vocabulary {}{}{}{experts}",
+            "{}, width {} × {} layers, MLP {}, {} heads ({} key/value), vocabulary {}{}{}{experts}{quirks}",
             self.block,
             self.hidden,
             self.layers,

@@ -131,6 +131,8 @@ fn every_wrong_config_names_the_field() {
         (base(r#", "num_key_value_heads": "8""#), "num_key_value_heads is \"8\", not a whole number"),
         (base(r#", "num_key_value_heads": -8"#), "num_key_value_heads is -8, not a whole number"),
         (base(r#", "tie_word_embeddings": "yes""#), "tie_word_embeddings is \"yes\", not true or false"),
+        (base(r#", "final_logit_softcapping": "30""#), "final_logit_softcapping is \"30\", not a number"),
+        (base(r#", "attn_logit_softcapping": [50]"#), "attn_logit_softcapping is [50], not a number"),
         (base(r#", "num_local_experts": 8"#), "has experts but no num_experts_per_tok"),
         (base(r#", "num_local_experts": 8, "num_experts_per_tok": 9"#), "num_experts_per_tok 9 is more than the 8 experts"),
         (

@@ -499,7 +499,19 @@ fn recorded_h100_runs_of_the_newer_model_types_are_never_under() {
     // Gemma-2 as built: four norms a layer (each with its weight: the count is exact) and the
     // softcapped logits' tanh output kept for backward.
     let gemma = model("gemma2-2b");
-    assert!(gemma.quirks.sandwich_norms && gemma.quirks.softcapped_logits);
+    assert!(
+        gemma.quirks.sandwich_norms
+            && gemma.quirks.softcapped_logits
+            && gemma.quirks.softcapped_attention
+    );
+    let said = gemma.describe();
+    assert!(
+        said.contains(
+            "four norms a layer, softcapped logits, softcapped attention counted as a fused one"
+        ),
+        "{said}"
+    );
+    assert!(!model("llama-8b").describe().contains("norms a layer"));
     assert_eq!(gemma.parameters(), 2_614_341_888.0);
     let plain = crate::decision::shape::ModelShape {
         quirks: Default::default(),
