@@ -89,6 +89,11 @@ struct ExplainArgs {
     /// what offload can put on the host.
     #[arg(long = "node-memory")]
     node_memory: Vec<String>,
+    /// A node's allocatable CPUs (`NAME=QUANTITY`, e.g. `h200=16` or `h200=15500m`; offline):
+    /// a pod without a CPU limit shares them with the job's other pods on the node, and a
+    /// report without the self-test's thread count is read as measured with all of them.
+    #[arg(long = "node-cpus")]
+    node_cpus: Vec<String>,
     /// An OffloadProfile manifest (offline; the built-in `default` profile when none).
     #[arg(long = "profile")]
     profiles: Vec<PathBuf>,
@@ -400,7 +405,9 @@ fn offline_inputs(
         .iter()
         .map(|a| explain::node_from_report(a))
         .collect();
-    let nodes = nodes.and_then(|n| explain::with_node_memory(n, &args.node_memory));
+    let nodes = nodes
+        .and_then(|n| explain::with_node_memory(n, &args.node_memory))
+        .and_then(|n| explain::with_node_cpus(n, &args.node_cpus));
     let dra = offload_operator::dra::DraOptions::default();
     let nodes = nodes.and_then(|n| {
         let slices = explain::slices_from_files(&args.resource_slices)?;

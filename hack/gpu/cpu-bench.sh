@@ -65,11 +65,13 @@ if sys.argv[4]:
 open(sys.argv[2], "w").write(text)
 EOF
   "$ops" explain -f "$job" --node-report "h200=$node" --node-memory "h200=$hostmem" \
-    --profile "$here/loop/profile-learn.yaml" --deepspeed-config "loop-ds=$here/loop/ds.json" \
+    --node-cpus "h200=$(nproc)" --profile "$here/loop/profile-learn.yaml" \
+    --deepspeed-config "loop-ds=$here/loop/ds.json" \
     --model-config "loop-model=$here/models/$model.json" -o json >"$out/decision-$tag.json" \
     2>>"$out/explain.log"
   "$ops" explain -f "$job" --node-report "h200=$node" --node-memory "h200=$hostmem" \
-    --profile "$here/loop/profile-learn.yaml" --deepspeed-config "loop-ds=$here/loop/ds.json" \
+    --node-cpus "h200=$(nproc)" --profile "$here/loop/profile-learn.yaml" \
+    --deepspeed-config "loop-ds=$here/loop/ds.json" \
     --model-config "loop-model=$here/models/$model.json" >"$out/decision-$tag.txt" 2>&1
   python3 - "$out/decision-$tag.json" "$out/ds-$tag.json" <<'EOF'
 import json, sys

@@ -144,6 +144,33 @@ pub fn with_node_memory(
     Ok(nodes)
 }
 
+/// The nodes with the allocatable CPUs `NAME=QUANTITY` arguments give them (whole cores,
+/// rounded up, as a Node's `status.allocatable` is read).
+pub fn with_node_cpus(
+    mut nodes: Vec<crate::index::NodeInfo>,
+    args: &[String],
+) -> Result<Vec<crate::index::NodeInfo>, ExplainError> {
+    for a in args {
+        let (name, quantity) = a.split_once('=').ok_or_else(|| {
+            ExplainError::Manifest(format!("--node-cpus {a}: use NAME=QUANTITY (e.g. h200=16)"))
+        })?;
+        let cpus = crate::index::cpu_cores(quantity).ok_or_else(|| {
+            ExplainError::Manifest(format!(
+                "--node-cpus {a}: {quantity:?} is not a CPU quantity (16, 15500m)"
+            ))
+        })?;
+        let node = nodes.iter_mut().find(|n| n.name == name).ok_or_else(|| {
+            ExplainError::Manifest(format!(
+                "--node-cpus {a}: no --node-report names node {name:?}"
+            ))
+        })?;
+        let mut allocatable = node.allocatable;
+        allocatable.cpus = Some(cpus);
+        *node = node.clone().with_allocatable(allocatable);
+    }
+    Ok(nodes)
+}
+
 /// Profiles from manifest files; the built-in `default` profile when none is given.
 pub fn profiles_from_files(
     paths: &[std::path::PathBuf],

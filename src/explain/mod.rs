@@ -30,7 +30,7 @@ pub use candidates::{Candidate, CandidateMemory};
 pub use inputs::{
     Inputs, MAX_INPUT_BYTES, claim_templates_from_files, deepspeed_configs_from_files,
     inputs_from_cluster, model_configs_from_files, node_from_report, profiles_from_files,
-    read_bounded, read_manifests, slices_from_files, with_node_memory, with_slices,
+    read_bounded, read_manifests, slices_from_files, with_node_cpus, with_node_memory, with_slices,
 };
 pub use observed::{Evidence, LoopStep, Outcome, explain_after, read_evidence};
 pub use text::to_text;

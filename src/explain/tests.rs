@@ -550,3 +550,27 @@ spec:
         "{text}"
     );
 }
+
+/// `--node-cpus` gives an offline node its allocatable CPUs, read as a Node's are; what does not
+/// read, or names no node given, is refused with the argument.
+#[test]
+fn node_cpus_are_given_offline_and_bad_ones_refused() {
+    let nodes = || {
+        vec![NodeInfo::from_report(
+            "h200",
+            &NodeReport::parse(fixtures::H200_READING).unwrap(),
+        )]
+    };
+    let given = with_node_cpus(nodes(), &["h200=15500m".into()]).unwrap();
+    assert_eq!(given[0].allocatable.cpus, Some(16));
+    for (arg, expected) in [
+        ("h200", "use NAME=QUANTITY"),
+        ("h200=lots", "\"lots\" is not a CPU quantity"),
+        ("gpu-9=4", "no --node-report names node \"gpu-9\""),
+    ] {
+        let e = with_node_cpus(nodes(), &[arg.into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(expected), "{arg}: {e}");
+    }
+}

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-pub use node::{Allocatable, NodeInfo, NodeTaint, Standing, Witness};
+pub use node::{Allocatable, NodeInfo, NodeTaint, Standing, Witness, cpu_cores};
 
 use offload_api::v1alpha1::NodeClass;
 

@@ -75,7 +75,7 @@ impl Allocatable {
 }
 
 /// A CPU quantity (`72`, `71500m`) in whole cores, rounded up; `None` where it does not read.
-fn cpu_cores(q: &str) -> Option<u64> {
+pub fn cpu_cores(q: &str) -> Option<u64> {
     match q.strip_suffix('m') {
         Some(milli) => milli.parse::<u64>().ok().map(|m| m.div_ceil(1000)),
         None => q.parse::<u64>().ok(),
