@@ -19,20 +19,15 @@ shift 4
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 start=$SECONDS
-mkdir -p "$out"
+# shellcheck source=hack/gpu/common.sh
+source "$here/common.sh"
+gpu_python || exit 1
+# This bench's log is loop.txt.
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$out/loop.txt"; }
 
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site "$root"/.whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
-  TORCH_EXTENSIONS_DIR=/tmp/torch-ext NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-mkdir -p /tmp/torch-ext
-[[ -f $root/.gpucache/ext.tgz ]] && tar xzf "$root/.gpucache/ext.tgz" -C /tmp/torch-ext
-
-node=$out/node-report.json
-[[ -s $node ]] || "$agent" probe >"$node" 2>>"$out/agent.log"
+node=$(node_report "$agent")
 log "node report: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["node"], r["memoryModel"], [g["name"] + " " + str(g["memoryTotalBytes"]) for g in r["gpus"]])' "$node")"
-hostmem=$(awk '/MemTotal/ {printf "%d", $2 / 1048576}' /proc/meminfo)Gi
+hostmem=$(host_memory)
 
 for case in "$@"; do
   IFS=: read -r name profile model phases max <<<"$case"

@@ -18,20 +18,13 @@ shift 6
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 start=$SECONDS
-mkdir -p "$out"
-log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$out/log.txt"; }
-
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site "$root"/.whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
-  TORCH_EXTENSIONS_DIR=/tmp/torch-ext NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-mkdir -p /tmp/torch-ext
-[[ -f $root/.gpucache/ext.tgz ]] && tar xzf "$root/.gpucache/ext.tgz" -C /tmp/torch-ext
+# shellcheck source=hack/gpu/common.sh
+source "$here/common.sh"
+gpu_python || exit 1
 log "cores: $(nproc); $(lscpu 2>/dev/null | grep -E '^(Model name|NUMA node\(s\))' | tr -s ' ' | paste -sd';')"
 
-node=$out/node-report.json
-[[ -s $node ]] || "$agent" probe >"$node" 2>>"$out/agent.log"
-hostmem=$(awk '/MemTotal/ {printf "%d", $2 / 1048576}' /proc/meminfo)Gi
+node=$(node_report "$agent")
+hostmem=$(host_memory)
 IFS=x read -r micro seq <<<"${phases%%,*}"
 
 # A cgroup with a CFS quota of N cores for the run, where this machine lets one be made: cgroup

@@ -10,12 +10,9 @@ out=$1 deadline=$2
 shift 2
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site "$root"/.whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
-  TORCH_EXTENSIONS_DIR=/tmp/torch-ext NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-mkdir -p "$out" /tmp/torch-ext
-[[ -f $root/.gpucache/ext.tgz ]] && tar xzf "$root/.gpucache/ext.tgz" -C /tmp/torch-ext
+# shellcheck source=hack/gpu/common.sh
+source "$here/common.sh"
+gpu_python || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/nvidia-smi.csv" 2>&1
 python3 -c 'import torch, transformers, deepspeed; print("torch", torch.__version__, "transformers", transformers.__version__, "deepspeed", deepspeed.__version__, "cuda total", torch.cuda.mem_get_info())' 2>&1 | grep -v Warn | tee "$out/log.txt"
 python3 "$here/hf_sweep.py" --out "$out" --deadline-s "$deadline" "$@" 2>&1 | tee -a "$out/log.txt"

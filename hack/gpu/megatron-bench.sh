@@ -19,19 +19,16 @@ shift 4
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 start=$SECONDS
-mkdir -p "$out"
-log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$out/log.txt"; }
-
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site "$root"/.whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 \
-  TORCH_SYMM_MEM_DISABLE_MULTICAST=1 CUDA_DEVICE_MAX_CONNECTIONS=1
+# shellcheck source=hack/gpu/common.sh
+source "$here/common.sh"
+gpu_python || exit 1
+# Megatron-core's tensor parallelism orders its kernels on one connection.
+export CUDA_DEVICE_MAX_CONNECTIONS=1
 python3 -c 'import torch, megatron.core as m; print("torch", torch.__version__, "megatron-core", m.__version__, "gpus", torch.cuda.device_count())' 2>&1 | tail -1 | tee -a "$out/log.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/nvidia-smi.csv" 2>&1
 
-node=$out/node-report.json
-[[ -s $node ]] || "$agent" probe >"$node" 2>>"$out/agent.log"
-hostmem=$(awk '/MemTotal/ {printf "%d", $2 / 1048576}' /proc/meminfo)Gi
+node=$(node_report "$agent")
+hostmem=$(host_memory)
 
 # The TrainingJob of a case, with the offload fixed at a fraction where one is given.
 job() { # NAME LAYERS HIDDEN HEADS SEQ TP [FRACTION]
