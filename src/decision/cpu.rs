@@ -162,45 +162,42 @@ fn measured_threads(node: &NodeInfo) -> Option<f64> {
 }
 
 /// The largest partial share of the optimizer state that runs faster than offloading optimizer
-/// state and parameters whole, for `job`'s training container on the slowest of `nodes`, with
-/// its cores in words where they moved it.
+/// state and parameters whole, for `job`'s training container on the node of `nodes` that
+/// gives it the fewest cores, with those cores in words where they moved it.
 ///
-/// Measured (`docs/benchmarks/memory-h200.md`): up to [`PARTIAL_BEFORE_PARAMS_UP_TO`] with all
-/// 16 cores of a PCIe H200. First order, per step: a partial share `r` costs a fixed `a` plus
-/// `r` of the CPU's update of the whole state, `C / c` on `c` cores; both offloaded cost `b`
-/// plus all of it. The measured crossover gives `b − a = −(1 − r*)·C/16`; on a pod with a
-/// share `s` of the cores the self-test measured with, the crossover is
-/// `1 − (1 − r*)·s`. Fewer cores raise it (the whole state on the CPU costs more, a share of it
-/// less); more are not extrapolated (the measured share stands), and the share is at most
-/// [`MAX_PARTIAL_BEFORE_PARAMS`]. To be measured per core count: `hack/gpu/cpu-bench.sh`.
+/// Measured (`docs/benchmarks/memory-h200.md`): up to [`PARTIAL_BEFORE_PARAMS_UP_TO`] with the
+/// [`CROSSOVER_CORES`] cores of a PCIe H200's host. First order, per step: a partial share `r`
+/// costs a fixed `a` plus `r` of the CPU's update of the whole state, `C / c` on `c` cores;
+/// both offloaded cost `b` plus all of it. The measured crossover gives
+/// `b − a = −(1 − r*)·C/16`; on `c` cores the crossover is `1 − (1 − r*)·c/16`. Fewer cores
+/// raise it (the whole state on the CPU costs more, a share of it less); more are not
+/// extrapolated (the measured share stands: a GPU of an 8-GPU node with 28 cores each keeps
+/// it), nor is a core's speed (a core counts as one of the H200 host's), and the share is at
+/// most [`MAX_PARTIAL_BEFORE_PARAMS`]. To be measured per core count:
+/// `hack/gpu/cpu-bench.sh`.
 pub fn partial_before_params<'n>(
     job: &JobRequest,
     nodes: impl IntoIterator<Item = &'n NodeCpu>,
 ) -> (f64, Option<String>) {
     use super::memory::PARTIAL_BEFORE_PARAMS_UP_TO;
-    let slowest = nodes
+    let fewest = nodes
         .into_iter()
-        .filter_map(|n| {
-            let cores = PodCores::of(job, n)?;
-            let share = cores.share_of(n.threads?);
-            Some((share, cores, n.threads?))
-        })
-        .min_by(|a, b| a.0.total_cmp(&b.0));
-    match slowest {
-        Some((share, cores, threads)) if share < 1.0 => {
-            let crossover = (1.0 - (1.0 - PARTIAL_BEFORE_PARAMS_UP_TO) * share)
+        .filter_map(|n| PodCores::of(job, n))
+        .min_by(|a, b| a.cores.total_cmp(&b.cores));
+    match fewest {
+        Some(cores) if cores.cores < CROSSOVER_CORES => {
+            let crossover = (1.0
+                - (1.0 - PARTIAL_BEFORE_PARAMS_UP_TO) * cores.cores.max(0.0) / CROSSOVER_CORES)
                 .clamp(PARTIAL_BEFORE_PARAMS_UP_TO, MAX_PARTIAL_BEFORE_PARAMS);
-            (
-                crossover,
-                Some(format!(
-                    "{} of the {threads:.0} threads the node's self-test measured",
-                    cores.describe()
-                )),
-            )
+            (crossover, Some(cores.describe()))
         }
         _ => (PARTIAL_BEFORE_PARAMS_UP_TO, None),
     }
 }
+
+/// The cores of the host the crossover [`super::memory::PARTIAL_BEFORE_PARAMS_UP_TO`] was
+/// measured with (a PCIe H200's, all of them for its one GPU).
+pub const CROSSOVER_CORES: f64 = 16.0;
 
 /// The largest share [`partial_before_params`] ever gives: past it a partial share keeps too
 /// little on the GPU to be worth two optimizers.

@@ -237,7 +237,7 @@ pub(super) fn fastest(
             .filter(|_| r > PARTIAL_BEFORE_PARAMS_UP_TO && allowed.with_params)
         {
             c.figures.push_str(&format!(
-                "; with {cores}, a partial share up to {:.0}% runs faster than offloading parameters too (measured up to {:.0}% with the 16 cores of a PCIe H200: the CPU steps all of the optimizer state then, this share of it here)",
+                "; with {cores}, a partial share up to {:.0}% runs faster than offloading parameters too (measured up to {:.0}% with the 16 cores of a PCIe H200's host: the CPU steps all of the optimizer state then, this share of it here)",
                 allowed.partial_before_params * 100.0,
                 PARTIAL_BEFORE_PARAMS_UP_TO * 100.0
             ));

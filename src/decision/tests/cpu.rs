@@ -124,7 +124,7 @@ fn fewer_cores_keep_a_partial_share_before_offloading_parameters_too() {
     assert!(r > PARTIAL_BEFORE_PARAMS_UP_TO, "{r}");
     let why = reason(&two, Field::OffloadRatio);
     assert!(
-        why.contains("with the training container's 2 cores (its CPU limit, a CFS quota) of the 16 threads the node's self-test measured, a partial share up to 93% runs faster than offloading parameters too"),
+        why.contains("with the training container's 2 cores (its CPU limit, a CFS quota), a partial share up to 93% runs faster than offloading parameters too"),
         "{why}"
     );
     // Twelve of sixteen: the crossover moves to 59 %, below the share: parameters go too.
@@ -138,31 +138,38 @@ fn fewer_cores_keep_a_partial_share_before_offloading_parameters_too() {
         why.contains("a partial share runs faster than offloading parameters too only up to 59%, and this job needs 62%"),
         "{why}"
     );
-    // The crossover itself: the measured one for all the cores (and more are not
-    // extrapolated), 1 − (1 − 0.45)·share below, never past its bound.
-    let cpu = |threads| crate::decision::cpu::NodeCpu {
-        cpus: Some(16),
-        gpus: 1,
+    // The crossover itself: the measured one with the 16 cores it was measured with or more
+    // (more are not extrapolated), 1 − (1 − 0.45) × cores / 16 below, never past its bound;
+    // a pod that shares its node counts its share of the node's cores.
+    let cpu = |cpus| crate::decision::cpu::NodeCpu {
+        cpus: Some(cpus),
+        gpus: 8,
         static_policy: false,
-        threads: Some(threads),
+        threads: Some(64.0),
     };
     let mut limited = job.clone();
-    for (cores, threads, expected) in [
-        (16.0, 16.0, PARTIAL_BEFORE_PARAMS_UP_TO),
-        (32.0, 16.0, PARTIAL_BEFORE_PARAMS_UP_TO),
-        (8.0, 16.0, 1.0 - 0.55 * 0.5),
-        (0.5, 64.0, MAX_PARTIAL_BEFORE_PARAMS),
+    for (cores, expected) in [
+        (Some(16.0), PARTIAL_BEFORE_PARAMS_UP_TO),
+        (Some(32.0), PARTIAL_BEFORE_PARAMS_UP_TO),
+        (Some(8.0), 1.0 - 0.55 * 0.5),
+        (Some(0.5), MAX_PARTIAL_BEFORE_PARAMS),
+        // An 8-GPU node of 224 cores: 28 for a one-GPU pod, more than the crossover's 16.
+        (None, PARTIAL_BEFORE_PARAMS_UP_TO),
     ] {
-        limited.cpu_limit = Some((cores, None));
-        let (got, note) = partial_before_params(&limited, [&cpu(threads)]);
-        assert!((got - expected).abs() < 1e-9, "{cores}/{threads}: {got}");
-        assert_eq!(note.is_some(), cores < threads, "{cores}/{threads}");
+        limited.cpu_limit = cores.map(|c| (c, None));
+        let (got, note) = partial_before_params(&limited, [&cpu(224)]);
+        assert!((got - expected).abs() < 1e-9, "{cores:?}: {got}");
+        assert_eq!(note.is_some(), cores.is_some_and(|c| c < 16.0), "{cores:?}");
     }
-    // Without a limit, a pod's share of the node's cores counts the same way; with no figure
-    // for the threads nothing moves.
+    // The same node of 64 cores: 8 a pod, half of what the crossover was measured with.
+    limited.cpu_limit = None;
+    let (got, note) = partial_before_params(&limited, [&cpu(64)]);
+    assert!((got - (1.0 - 0.55 * 0.5)).abs() < 1e-9, "{got}");
+    assert!(note.unwrap().contains("share of the node's cores"));
+    // Where neither a limit nor the node's cores are known, nothing moves.
     let unknown = crate::decision::cpu::NodeCpu {
-        threads: None,
-        ..cpu(16.0)
+        cpus: None,
+        ..cpu(16)
     };
     assert_eq!(
         partial_before_params(&limited, [&unknown]).0,
