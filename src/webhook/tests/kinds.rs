@@ -690,6 +690,13 @@ async fn megatron_pytorchjobs_take_their_layout_from_annotations() {
     let (object, split) = admit_ptj(ptj(megatron(Some("2")))).await;
     assert_eq!(split["allowed"], true, "{split}");
     let split = fraction(&patched(&object, &split));
+    // Declared sequence parallel, every activation splits over the two: less is offloaded.
+    let mut sequence = megatron(Some("2"));
+    sequence["offload.dev/megatron-sequence-parallel"] = json!("true");
+    let (object, r) = admit_ptj(ptj(sequence)).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    let with_sequence = fraction(&patched(&object, &r));
+    assert!(with_sequence < split, "{with_sequence} against {split}");
     // Without the annotation each GPU is read as holding the whole model (data-parallel over
     // two): it fits no GH200, and the refusal says which annotation would fit it.
     let (_, whole) = admit_ptj(ptj(megatron(None))).await;
