@@ -51,6 +51,10 @@ pub(crate) const MODELS: &[(&str, &str)] = &[
         "phi3-mini",
         include_str!("../../../hack/gpu/models/phi3-mini.json"),
     ),
+    (
+        "qwen3-8b",
+        include_str!("../../../hack/gpu/models/qwen3-8b.json"),
+    ),
 ];
 
 pub(crate) fn model(name: &str) -> ModelShape {
