@@ -73,8 +73,10 @@ fn the_megatron_bench_reads_every_flag_set_the_operator_renders() {
         (true, true, true),
         (true, true, false),
     ] {
-        let args = offload_operator::render::megatron::args(&plan(cpu_offload, overlap), pinned);
-        sets.push(args.join(" "));
+        sets.push(offload_operator::render::megatron::args_line(
+            &plan(cpu_offload, overlap),
+            pinned,
+        ));
     }
     // The bench's own `offload_flags`, taken from its source (the module imports torch).
     let program = r#"

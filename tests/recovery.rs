@@ -42,6 +42,25 @@ async fn create_through_webhook(api: &Api<TrainingJob>, tj: &TrainingJob) {
     .await;
 }
 
+/// TrainingJob `name` once it ran out of memory once and runs again, re-decided with offload.
+async fn redecided_and_running(api: &Api<TrainingJob>, name: &str) -> TrainingJob {
+    wait_list(
+        api.clone(),
+        watcher::Config::default().fields(&format!("metadata.name={name}")),
+        &format!("{name} re-decided, recreated and running"),
+        WAIT,
+        |jobs| {
+            let tj = jobs.first()?;
+            let s = tj.status.as_ref()?;
+            (s.phase == Some(JobPhase::Running)
+                && s.memory_failures.len() == 1
+                && tj.spec.offload.mode == ModeSetting::CpuCopy)
+                .then(|| TrainingJob::clone(tj))
+        },
+    )
+    .await
+}
+
 /// The field managers that own `status.<field>` of `tj`.
 fn owners_of(tj: &TrainingJob, field: &str) -> Vec<String> {
     tj.metadata
@@ -69,21 +88,7 @@ async fn one_gpu_oom_with_the_webhook_on_is_redecided_and_recreated() {
     // Without offload by the model; its pod runs out of GPU memory there, and runs with
     // offload.
     create_through_webhook(&api, &oom_job("mistral", &ns, "GPU", 32, 4096)).await;
-    let running = wait_list(
-        api.clone(),
-        watcher::Config::default().fields("metadata.name=mistral"),
-        "mistral re-decided, recreated and running",
-        WAIT,
-        |jobs| {
-            let tj = jobs.first()?;
-            let s = tj.status.as_ref()?;
-            (s.phase == Some(JobPhase::Running)
-                && s.memory_failures.len() == 1
-                && tj.spec.offload.mode == ModeSetting::CpuCopy)
-                .then(|| TrainingJob::clone(tj))
-        },
-    )
-    .await;
+    let running = redecided_and_running(&api, "mistral").await;
     let status = running.status.clone().unwrap();
     let failure = &status.memory_failures[0];
     assert_eq!(failure.kind, MemoryKind::Gpu);
@@ -401,21 +406,7 @@ async fn a_megatron_job_that_runs_out_is_redecided_with_an_offload_fraction() {
     tj.spec.framework =
         serde_json::from_value(json!({"name": "Megatron", "version": "0.14.0"})).unwrap();
     create_through_webhook(&api, &tj).await;
-    let running = wait_list(
-        api.clone(),
-        watcher::Config::default().fields("metadata.name=gpt"),
-        "gpt re-decided, recreated and running",
-        WAIT,
-        |jobs| {
-            let tj = jobs.first()?;
-            let s = tj.status.as_ref()?;
-            (s.phase == Some(JobPhase::Running)
-                && s.memory_failures.len() == 1
-                && tj.spec.offload.mode == ModeSetting::CpuCopy)
-                .then(|| TrainingJob::clone(tj))
-        },
-    )
-    .await;
+    let running = redecided_and_running(&api, "gpt").await;
     let status = running.status.unwrap();
     assert!(
         status.memory_failures[0]

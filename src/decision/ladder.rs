@@ -69,9 +69,19 @@ pub(super) struct Allowed {
 }
 
 impl Allowed {
-    /// How fast a placement runs for this job, in [`fastest`]'s order (lower is faster).
+    /// How fast a placement runs for this job, for comparing choices (lower is faster), in
+    /// [`fastest`]'s order: a partial share up to [`Allowed::partial_before_params`] before
+    /// optimizer state and parameters.
     pub(super) fn speed_rank(&self, p: Placement) -> (u8, u32) {
-        speed_rank(p, self.partial_before_params)
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let hundredths = |r: f64| (r * 100.0).round() as u32;
+        match p {
+            Placement::NoOffload => (0, 0),
+            Placement::PartialOptimizer(r) if r <= self.partial_before_params => (1, hundredths(r)),
+            Placement::OptimizerAndParams => (2, 0),
+            Placement::PartialOptimizer(r) => (3, hundredths(r)),
+            Placement::Optimizer => (4, 0),
+        }
     }
 }
 
@@ -84,20 +94,6 @@ pub(super) enum PartialRatio {
     Fixed(f64),
     /// Not possible, and why.
     No(String),
-}
-
-/// How fast a placement runs, for comparing choices (lower is faster), in [`fastest`]'s order:
-/// a partial share up to `crossover` before optimizer state and parameters.
-pub(super) fn speed_rank(p: Placement, crossover: f64) -> (u8, u32) {
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let hundredths = |r: f64| (r * 100.0).round() as u32;
-    match p {
-        Placement::NoOffload => (0, 0),
-        Placement::PartialOptimizer(r) if r <= crossover => (1, hundredths(r)),
-        Placement::OptimizerAndParams => (2, 0),
-        Placement::PartialOptimizer(r) => (3, hundredths(r)),
-        Placement::Optimizer => (4, 0),
-    }
 }
 
 /// What may be placed where, from the framework, its version and stage, the class, and the

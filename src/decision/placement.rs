@@ -92,7 +92,7 @@ impl PlacementInputs<'_> {
             offload,
             fixed.map(|(r, _)| r),
         );
-        // The pod's CPU: fewer cores than the self-test measured with keep a partial share
+        // The pod's CPU: fewer cores than the crossover was measured with keep a partial share
         // faster than offloading parameters too for longer.
         let cpus = class.fact(|nodes| {
             NodeCpus({

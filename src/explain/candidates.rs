@@ -225,7 +225,7 @@ fn placement_candidate(
 fn megatron_args(res: &Resolution) -> Option<String> {
     match &res.framework {
         crate::decision::FrameworkPlan::Megatron(p) => {
-            Some(crate::render::megatron::args(p, res.pin_memory).join(" "))
+            Some(crate::render::megatron::args_line(p, res.pin_memory))
         }
         _ => None,
     }

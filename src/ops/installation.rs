@@ -110,15 +110,10 @@ pub async fn remove_runtime_objects(what: &Cleanup) -> Result<Vec<String>, Check
     use k8s_openapi::api::apps::v1::Deployment;
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::api::core::v1::{Pod, Secret};
-    use kube::api::{DeleteParams, Patch, PatchParams};
+    use kube::api::{Patch, PatchParams};
     let client = Client::try_default().await.map_err(CheckError::Client)?;
     let ns = what.namespace.as_str();
     let mut done = Vec::new();
-    let gone = |r: Result<(), kube::Error>| match r {
-        Ok(()) => Ok(true),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
-        Err(e) => Err(e),
-    };
     if let Some(name) = &what.deployment {
         let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
         let scaled = gone(
@@ -163,35 +158,53 @@ pub async fn remove_runtime_objects(what: &Cleanup) -> Result<Vec<String>, Check
             done.push(format!("Deployment {ns}/{name}: not present"));
         }
     }
-    let deleted = gone(
-        Api::<Secret>::namespaced(client.clone(), ns)
-            .delete(&what.secret, &DeleteParams::default())
-            .await
-            .map(|_| ()),
+    let deleted = delete_if_present(
+        Api::<Secret>::namespaced(client.clone(), ns),
+        &what.secret,
+        "deleting the webhook certificate Secret",
     )
-    .map_err(|source| CheckError::Step {
-        step: "deleting the webhook certificate Secret",
-        source,
-    })?;
-    done.push(format!(
-        "Secret {ns}/{}: {}",
-        what.secret,
-        if deleted { "deleted" } else { "not present" }
-    ));
-    let deleted = gone(
-        Api::<Lease>::namespaced(client, ns)
-            .delete(&what.lease, &DeleteParams::default())
-            .await
-            .map(|_| ()),
+    .await?;
+    done.push(deleted_line("Secret", ns, &what.secret, deleted));
+    let deleted = delete_if_present(
+        Api::<Lease>::namespaced(client, ns),
+        &what.lease,
+        "deleting the leader Lease",
     )
-    .map_err(|source| CheckError::Step {
-        step: "deleting the leader Lease",
-        source,
-    })?;
-    done.push(format!(
-        "Lease {ns}/{}: {}",
-        what.lease,
-        if deleted { "deleted" } else { "not present" }
-    ));
+    .await?;
+    done.push(deleted_line("Lease", ns, &what.lease, deleted));
     Ok(done)
+}
+
+/// `Ok(true)` where the request did it, `Ok(false)` where the object was not there (404).
+fn gone(r: Result<(), kube::Error>) -> Result<bool, kube::Error> {
+    match r {
+        Ok(()) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Deletes `name` through `api`: whether it was there; `step` names a failure.
+async fn delete_if_present<K>(
+    api: Api<K>,
+    name: &str,
+    step: &'static str,
+) -> Result<bool, CheckError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    gone(
+        api.delete(name, &kube::api::DeleteParams::default())
+            .await
+            .map(|_| ()),
+    )
+    .map_err(|source| CheckError::Step { step, source })
+}
+
+/// One cleanup line: `Secret ns/name: deleted` (or `not present`).
+fn deleted_line(kind: &str, ns: &str, name: &str, deleted: bool) -> String {
+    format!(
+        "{kind} {ns}/{name}: {}",
+        if deleted { "deleted" } else { "not present" }
+    )
 }

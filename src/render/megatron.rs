@@ -34,6 +34,11 @@ pub fn args(plan: &MegatronPlan, pin_memory: bool) -> Vec<String> {
     out
 }
 
+/// The flags as one line, what `OFFLOAD_MEGATRON_ARGS` holds for the launch line to expand.
+pub fn args_line(plan: &MegatronPlan, pin_memory: bool) -> String {
+    args(plan, pin_memory).join(" ")
+}
+
 /// The same settings as `optimizer.*` overrides of NeMo / Megatron-Bridge, whose optimizer
 /// config is Megatron-core's `OptimizerConfig` (the same field names).
 pub fn nemo_overrides(plan: &MegatronPlan, pin_memory: bool) -> Vec<String> {

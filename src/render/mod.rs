@@ -71,7 +71,7 @@ pub fn env_vars(res: &Resolution, config_file: Option<&str>) -> Vec<EnvVar> {
     if let FrameworkPlan::Megatron(plan) = &res.framework {
         out.push(env(
             names::ENV_MEGATRON_ARGS,
-            &megatron::args(plan, res.pin_memory).join(" "),
+            &megatron::args_line(plan, res.pin_memory),
         ));
         out.push(env(
             names::ENV_NEMO_OVERRIDES,

@@ -27,6 +27,19 @@ pub(super) fn h200() -> ClassMemory {
     }
 }
 
+/// Asserts that an estimate is never under what was measured, and at most `over` (a share of
+/// it) above; `what` names the run in the message.
+pub(super) fn never_under(what: &str, estimate: f64, measured: f64, over: f64) {
+    let err = estimate / measured - 1.0;
+    assert!(
+        (0.0..=over).contains(&err),
+        "{what}: estimate {} against {} measured ({:+.1}%)",
+        gib(estimate),
+        gib(measured),
+        err * 100.0
+    );
+}
+
 pub(super) fn job(shape: ModelShape, tokens: f64) -> JobMemory {
     JobMemory {
         parameters: shape.parameters(),
