@@ -46,13 +46,18 @@ run_line() {
   local failed=0
   while read -r name dir exe; do
     local t0=$SECONDS
-    if (cd "$dir" && "$exe") >"$logs/$name.log" 2>&1; then
-      printf '[%s] %-22s ok      %4d s\n' "$line" "$name" $((SECONDS - t0))
-    else
-      printf '[%s] %-22s FAILED  %4d s (%s)\n' "$line" "$name" $((SECONDS - t0)) "$logs/$name.log"
+    local status=ok
+    if ! (cd "$dir" && "$exe") >"$logs/$name.log" 2>&1; then
+      status=FAILED
       echo "$name" >>"$logs/failed"
       failed=1
     fi
+    # One write per binary (the two lines print side by side): its line, then the test harness's
+    # own count and result lines, as `cargo test` prints them.
+    local where=""
+    [[ $status == ok ]] || where=" ($logs/$name.log)"
+    printf '[%s] %-22s %-7s %4d s%s\n%s\n' "$line" "$name" "$status" $((SECONDS - t0)) "$where" \
+      "$(grep -E '^(running [0-9]+ tests?|test result: )' "$logs/$name.log")"
   done
   return $failed
 }
