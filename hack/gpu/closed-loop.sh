@@ -63,6 +63,11 @@ print("mode=%s ratio=%s offload_optimizer=%s%s offload_param=%s" % (
     ("(ratio %s)" % opt["ratio"]) if "ratio" in opt else "", par.get("device", "none")))
 EOF
 )
+    if [[ -z $summary ]]; then
+      # No configuration (a held job): its reason is the result; nothing is trained.
+      log "$name $model decision $k: none — $(head -c 600 "$out/$name-$model-decision-$k.txt")"
+      break
+    fi
     log "$name $model decision $k: $summary"
     if [[ -n ${trained[$summary]:-} ]]; then
       log "$name: decision $k repeats the configuration that trained in run ${trained[$summary]}: the loop is done"

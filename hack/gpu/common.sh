@@ -9,6 +9,15 @@ gpu_python() {
   export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
     TORCH_EXTENSIONS_DIR=/tmp/torch-ext NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
   mkdir -p /tmp/torch-ext "$out"
+  # A device image without DeepSpeed: a pure-Python wheel from the carried sdist (its ops
+  # JIT-compile on first use; .gpucache holds them once built).
+  if ! python3 -c 'import deepspeed' 2>/dev/null; then
+    DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps --no-build-isolation --no-index \
+      -w /tmp/ds-wheel "$root"/.whl/deepspeed-*.tar.gz >"$out/ds-wheel.log" 2>&1 &&
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+        /tmp/ds-wheel/deepspeed-*.whl >>"$out/ds-wheel.log" 2>&1 ||
+      { tail -n 20 "$out/ds-wheel.log"; return 1; }
+  fi
   if [[ -f $root/.gpucache/ext.tgz ]]; then
     tar xzf "$root/.gpucache/ext.tgz" -C /tmp/torch-ext
   fi

@@ -4,7 +4,8 @@
 # (`offload-operator explain`: the offload share, overlap, and the OMP_NUM_THREADS it renders),
 # that configuration trained (hack/gpu/hf_step.py) with the training process held to that many
 # cores — a CFS quota in a cgroup of its own where this machine lets one be made, and a cpuset
-# (taskset) of that many cores always — once with the threads as rendered and once with
+# (taskset) of that many cores unless CPUSET=0 (the quota alone, as a pod without the static CPU
+# manager gets it) — once with the threads as rendered and once with
 # DeepSpeed's default (no OMP_NUM_THREADS: a thread per visible core); and the decision of the
 # unlimited job run under the same limit, so the step times say whether each limit's decision is
 # the faster one there.
@@ -91,9 +92,12 @@ run() { # LABEL CORES DS THREADS(- for DeepSpeed's default)
   cg=$(quota_cgroup "$n")
   local env=(env -u OMP_NUM_THREADS)
   [[ $threads != - ]] && env=(env OMP_NUM_THREADS="$threads")
+  # CPUSET=0: the quota alone, every core visible (a pod without the static CPU manager).
+  local pin=(taskset -c "0-$((n - 1))")
+  [[ ${CPUSET:-1} == 0 ]] && pin=()
   local result
   result=$(bash -c '[[ -n $1 ]] && echo $$ >"$1"; shift; exec "$@"' _ "$cg" \
-    "${env[@]}" taskset -c "0-$((n - 1))" python3 "$here/hf_step.py" --config "$ds" \
+    "${env[@]}" "${pin[@]}" python3 "$here/hf_step.py" --config "$ds" \
     --model "$here/models/$model.json" --phases "$phases" --steps "${STEPS:-6}" \
     --label "$label" 2>"$out/$label.log" | grep '^{' | tail -1)
   [[ -z $result ]] && result='{"ended": "no output"}'
@@ -102,11 +106,12 @@ import json, sys
 r = json.loads(sys.argv[1])
 r.update({"label": sys.argv[2], "cores": int(sys.argv[3]), "quota": bool(sys.argv[4]),
           "omp_num_threads": sys.argv[5], "config": sys.argv[6]})
-print(json.dumps(r))' "$result" "$label" "$n" "$cg" "$threads" "$(basename "$ds")" >>"$out/cpu.jsonl"
+r["cpuset"] = sys.argv[7] != "0"
+print(json.dumps(r))' "$result" "$label" "$n" "$cg" "$threads" "$(basename "$ds")" "${CPUSET:-1}" >>"$out/cpu.jsonl"
   log "$label: $(tail -1 "$out/cpu.jsonl" | python3 -c '
 import json, sys
 r = json.load(sys.stdin)
-print("quota" if r["quota"] else "cpuset only", "median", r.get("medianMs"), "ms", r.get("error", "")[:160])')"
+print(("quota" if r["quota"] else "no quota") + (" + cpuset" if r["cpuset"] else ", every core visible"), "median", r.get("medianMs"), "ms", r.get("error", "")[:160])')"
 }
 
 read -r r0 o0 t0 <<<"$(decide "")"
