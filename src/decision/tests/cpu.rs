@@ -51,6 +51,16 @@ fn a_cpu_limit_is_the_cores_the_update_check_counts() {
         "{why}"
     );
     assert_eq!((res.cpu_cores, res.cpu_threads), (Some(2.0), Some(2)));
+    let threads = reason(&res, Field::Framework);
+    assert!(
+        threads.contains("OMP_NUM_THREADS=2 where the training container sets none")
+            && threads.contains("its CPU limit is 2 cores,"),
+        "{threads}"
+    );
+    assert!(
+        !reason(&unlimited, Field::Framework).contains("OMP_NUM_THREADS"),
+        "no limit, no threads rendered"
+    );
     // A namespace's default limit says whose it is.
     limited.cpu_limit = Some((2.0, Some("team-defaults".into())));
     let why = reason(
@@ -58,6 +68,14 @@ fn a_cpu_limit_is_the_cores_the_update_check_counts() {
         Field::OffloadRatio,
     );
     assert!(why.contains("LimitRange \"team-defaults\""), "{why}");
+    let threads = reason(
+        &resolve(&limited, &[node("h", 1, None)]).unwrap(),
+        Field::Framework,
+    );
+    assert!(
+        threads.contains("its CPU limit is 2 cores, LimitRange \"team-defaults\"'s default"),
+        "{threads}"
+    );
 }
 
 #[test]
