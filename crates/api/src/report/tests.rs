@@ -176,3 +176,21 @@ fn a_mixed_node_is_not_coherent() {
     assert_eq!(NodeMemoryModel::classify(&mixed), NodeMemoryModel::Unknown);
     assert_eq!(NodeMemoryModel::classify(&[]), NodeMemoryModel::NoGpu);
 }
+
+/// The agent's own probe on a real H100 node (2026-12-06, release binary, real NVML and sysfs):
+/// each GPU's local CPUs from its PCI device, the node's NUMA nodes from the kernel.
+#[test]
+fn a_real_h100_probe_names_its_gpus_local_cores() {
+    let text = include_str!(
+        "../../../../docs/benchmarks/raw/2026-12-06-h100-converge/loop/node-report.json"
+    );
+    let r = NodeReport::parse(text).unwrap();
+    assert_eq!(r.memory_model, NodeMemoryModel::Discrete);
+    assert_eq!(r.os_numa_nodes, Some(1));
+    let gpu = &r.gpus[0];
+    assert_eq!(gpu.name, "NVIDIA H100 80GB HBM3");
+    assert_eq!(
+        (gpu.local_cpus.as_deref(), gpu.local_cpu_count),
+        (Some("0-15"), Some(16))
+    );
+}
