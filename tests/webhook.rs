@@ -137,11 +137,17 @@ fn env_names(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<String> {
 /// pods it cannot configure yet, with ProfileNotFound or NoReportedNodes) and while the API
 /// server's ServiceAccount cache has not seen the new namespace's `default` account.
 async fn create_configured_pod(pods: &Api<Pod>, name: &str) -> Pod {
+    create_admitted(pods, &pod(name, true)).await
+}
+
+/// [`create_configured_pod`] for any pod.
+async fn create_admitted(pods: &Api<Pod>, pod: &Pod) -> Pod {
+    let name = pod.metadata.name.clone().unwrap_or_default();
     poll(
         &format!("the webhook to configure pod {name}"),
         Duration::from_secs(30),
         || async {
-            match pods.create(&PostParams::default(), &pod(name, true)).await {
+            match pods.create(&PostParams::default(), pod).await {
                 Ok(p) => Some(p),
                 Err(kube::Error::Api(e))
                     if e.message.contains("does not exist")
@@ -635,4 +641,65 @@ async fn trainer_2_1_gets_pod_template_overrides(
         cluster,
         dir.join("trainer/trainer.kubeflow.org_trainjobs.yaml"),
     );
+}
+
+/// A profile's `wholeCores` through the real API server: a labelled pod whose container
+/// requests less than its whole-core CPU limit and its memory limit is stored Guaranteed (the
+/// API server's own QoS class) where the profile's nodes run the static CPU manager; the same
+/// pod on a profile without it stays Burstable, as written.
+#[tokio::test]
+async fn whole_cores_store_a_labelled_pod_guaranteed() {
+    let (_cluster, client, _served) = setup().await;
+    let pool = "webhook-near";
+    let mut report = test_node_report("webhook-near-h200", fixtures::H200_READING);
+    report.cpu_manager_policy = Some("static".into());
+    let mut labels: Vec<(String, String)> = offload_api::labels::published(&report)
+        .into_iter()
+        .collect();
+    labels.push(("offload.dev/test-pool".into(), pool.into()));
+    let refs: Vec<(&str, &str)> = labels
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let annotation = report.to_annotation().unwrap();
+    let node = kwok_node(
+        "webhook-near-h200",
+        &refs,
+        &[(
+            offload_api::names::ANNOTATION_NODE_REPORT,
+            annotation.as_str(),
+        )],
+    );
+    let _ = Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await;
+    let _ = Api::<OffloadProfile>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &pool_profile("near", pool, json!({"wholeCores": true})),
+        )
+        .await;
+    let ns = namespace(&client, "whole").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pod = |name: &str, profile: &str| -> Pod {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"offload.dev/profile": profile}},
+            "spec": {"containers": [{"name": "train", "image": "busybox", "resources": {
+                "requests": {"cpu": "1", "memory": "1Gi"},
+                "limits": {"cpu": "4", "memory": "2Gi"}}}]}
+        }))
+        .unwrap()
+    };
+    let qos = |p: &Pod| p.status.as_ref().and_then(|s| s.qos_class.clone());
+    let near = create_admitted(&pods, &pod("near", "near")).await;
+    let r = near.spec.as_ref().unwrap().containers[0]
+        .resources
+        .clone()
+        .unwrap();
+    assert_eq!(qos(&near).as_deref(), Some("Guaranteed"), "{r:?}");
+    assert_eq!(r.requests.as_ref().unwrap()["cpu"].0, "4");
+    assert_eq!(r.requests.as_ref().unwrap()["memory"].0, "2Gi");
+    let plain = create_admitted(&pods, &pod("plain", "auto")).await;
+    assert_eq!(qos(&plain).as_deref(), Some("Burstable"));
 }

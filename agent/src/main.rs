@@ -145,6 +145,10 @@ struct VerifyArgs {
     /// runs with the same limit and checks its cgroup gives them.
     #[arg(long)]
     cpu_cores: Option<f64>,
+    /// The pod asked for whole cores of its own near its GPUs: warn where its cpuset is not
+    /// its own or not local to its GPUs.
+    #[arg(long)]
+    whole_cores: bool,
     /// Where this container's cgroup is mounted.
     #[arg(long, default_value = "/sys/fs/cgroup")]
     cgroup_root: std::path::PathBuf,
@@ -379,6 +383,7 @@ fn verify(args: &VerifyArgs) -> ExitCode {
         pin_memory: args.pin_memory == "1",
         node: args.node_name.clone(),
         cpu_cores: args.cpu_cores.filter(|c| c.is_finite() && *c > 0.0),
+        whole_cores: args.whole_cores,
     };
     let cpu = offload_agent::verify::CpuSeen::read(&args.cgroup_root);
     let pin = || offload_agent::selftest::pin_probe(0, PIN_PROBE_BYTES).map_err(|e| e.to_string());

@@ -52,6 +52,31 @@ pub fn cpu_list_count(list: &str) -> Option<u32> {
     (n > 0).then_some(n)
 }
 
+/// Most CPUs a list may name for [`cpu_list`] (Linux's `CONFIG_NR_CPUS` tops out at 8192).
+pub const MAX_LISTED_CPUS: u32 = 8192;
+
+/// The CPUs a kernel CPU list names (`0-3,8` → 0, 1, 2, 3, 8), in order; `None` where it does
+/// not read or names a CPU past [`MAX_LISTED_CPUS`].
+pub fn cpu_list(list: &str) -> Option<Vec<u32>> {
+    let mut cpus = Vec::new();
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        let (a, b): (u32, u32) = match part.split_once('-') {
+            Some((a, b)) => (a.trim().parse().ok()?, b.trim().parse().ok()?),
+            None => {
+                let a = part.trim().parse().ok()?;
+                (a, a)
+            }
+        };
+        if a > b || b >= MAX_LISTED_CPUS {
+            return None;
+        }
+        cpus.extend(a..=b);
+    }
+    cpus.sort_unstable();
+    cpus.dedup();
+    (!cpus.is_empty()).then_some(cpus)
+}
+
 /// The CPUs local to the PCI device `bus_id` (NVML's form), and how many.
 pub fn local_cpus(sys: &Path, bus_id: &str) -> Option<(String, u32)> {
     let name = sysfs_pci_name(bus_id)?;
@@ -100,6 +125,20 @@ mod tests {
         assert_eq!(cpu_list_count("5-2"), None);
         assert_eq!(cpu_list_count("a-b"), None);
         assert_eq!(cpu_list_count("0-4294967295,1"), None, "no overflow");
+    }
+
+    #[test]
+    fn cpu_lists_name_their_cpus() {
+        assert_eq!(cpu_list("0-3,8\n"), Some(vec![0, 1, 2, 3, 8]));
+        assert_eq!(cpu_list("8,0-1,1"), Some(vec![0, 1, 8]));
+        assert_eq!(cpu_list(""), None);
+        assert_eq!(cpu_list("5-2"), None);
+        assert_eq!(
+            cpu_list("0-4294967295"),
+            None,
+            "bounded, not four billion entries"
+        );
+        assert_eq!(cpu_list("x"), None);
     }
 
     #[test]

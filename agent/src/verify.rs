@@ -26,6 +26,9 @@ pub struct Expected {
     /// The CPU cores the decision counted on for the optimizer update (the training
     /// container's CPU limit), where it counted on a limit.
     pub cpu_cores: Option<f64>,
+    /// The pod asked for whole cores of its own near its GPUs (a Guaranteed pod under the
+    /// kubelet's static CPU manager): the guard says whether it got them.
+    pub whole_cores: bool,
 }
 
 /// The CPU this container gets, as its cgroup and its affinity say.
@@ -36,6 +39,8 @@ pub struct CpuSeen {
     pub quota_cores: Option<f64>,
     /// CPUs the process may run on (its affinity: the cpuset).
     pub cpuset: Option<u32>,
+    /// Those CPUs by number, in order.
+    pub cpus: Vec<u32>,
 }
 
 impl CpuSeen {
@@ -51,9 +56,11 @@ impl CpuSeen {
                 quota_v1(&quota, &period)
             })
         };
+        let cpus = affinity_list();
         CpuSeen {
             quota_cores: v2.or_else(v1).flatten(),
-            cpuset: affinity_cpus(),
+            cpuset: u32::try_from(cpus.len()).ok().filter(|n| *n > 0),
+            cpus,
         }
     }
 
@@ -98,18 +105,62 @@ pub fn quota_v1(quota: &str, period: &str) -> Option<Option<f64>> {
     (q > 0 && p > 0.0).then_some(Some(q as f64 / p))
 }
 
-/// CPUs in this process's affinity mask.
-fn affinity_cpus() -> Option<u32> {
+/// The CPUs in this process's affinity mask, in order (empty where it cannot be read).
+fn affinity_list() -> Vec<u32> {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity writes at most its size.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     let rc =
         unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw mut set) };
     if rc != 0 {
+        return Vec::new();
+    }
+    let size = u32::try_from(libc::CPU_SETSIZE).unwrap_or(0);
+    // SAFETY: `set` was filled by the kernel above; every index is below CPU_SETSIZE.
+    (0..size)
+        .filter(|&i| unsafe { libc::CPU_ISSET(i as usize, &set) })
+        .collect()
+}
+
+/// Where whole cores were asked: whether the cpuset is the pod's own (as many CPUs as counted)
+/// and on its GPUs' socket (within their local CPUs), as a warning where not. `None`: it is.
+fn whole_cores_warning(
+    cpu: &CpuSeen,
+    counted: Option<f64>,
+    gpus: &[GpuReport],
+    node: &str,
+) -> Option<String> {
+    let set = u32::try_from(cpu.cpus.len()).ok()?;
+    if let Some(counted) = counted
+        && f64::from(set) > counted + 0.01
+    {
+        return Some(format!(
+            "whole cores were asked ({counted}), but this pod's cpuset on node {node} has {set} CPUs: the kubelet did not give it cores of its own (its cpuManagerPolicy is not static, or the pod is not Guaranteed), so the optimizer update runs under a quota wherever the kernel places it"
+        ));
+    }
+    let local: Vec<u32> = gpus
+        .iter()
+        .filter_map(|g| g.local_cpus.as_deref().and_then(crate::topology::cpu_list))
+        .flatten()
+        .collect();
+    if local.is_empty() {
         return None;
     }
-    // SAFETY: `set` was filled by the kernel above.
-    let n = unsafe { libc::CPU_COUNT(&set) };
-    u32::try_from(n).ok().filter(|n| *n > 0)
+    let away: Vec<String> = cpu
+        .cpus
+        .iter()
+        .filter(|c| !local.contains(c))
+        .map(u32::to_string)
+        .collect();
+    (!away.is_empty()).then(|| {
+        format!(
+            "this pod's cores {} on node {node} are not local to its GPUs (local CPUs {}): every copy of offloaded state crosses the socket link; the kubelet aligns cores with GPUs only under topologyManagerPolicy single-numa-node or restricted",
+            away.join(","),
+            gpus.iter()
+                .filter_map(|g| g.local_cpus.as_deref())
+                .collect::<Vec<_>>()
+                .join(" and ")
+        )
+    })
 }
 
 /// The node matches; with anything worth a line in the pod's log.
@@ -287,6 +338,14 @@ pub fn verify(
             node,
         });
     }
+    if expected.whole_cores {
+        warnings.extend(whole_cores_warning(
+            cpu,
+            expected.cpu_cores,
+            &reading.gpus,
+            &node,
+        ));
+    }
     let gpus: Vec<String> = reading
         .gpus
         .iter()
@@ -321,6 +380,7 @@ mod tests {
             pin_memory: pin,
             node: "gpu-7".into(),
             cpu_cores: None,
+            whole_cores: false,
         }
     }
 
@@ -430,6 +490,7 @@ mod tests {
         let two = CpuSeen {
             quota_cores: Some(2.0),
             cpuset: Some(16),
+            ..CpuSeen::default()
         };
         let err = verify(&h200, &counted, &pins, &two).unwrap_err();
         assert!(matches!(err, Mismatch::CpuShort { .. }));
@@ -444,10 +505,12 @@ mod tests {
             CpuSeen {
                 quota_cores: Some(8.0),
                 cpuset: Some(16),
+                ..CpuSeen::default()
             },
             CpuSeen {
                 quota_cores: None,
                 cpuset: Some(8),
+                ..CpuSeen::default()
             },
         ] {
             verify(&h200, &counted, &pins, &seen).unwrap();
@@ -455,8 +518,58 @@ mod tests {
         let narrow = CpuSeen {
             quota_cores: None,
             cpuset: Some(4),
+            ..CpuSeen::default()
         };
         assert!(verify(&h200, &counted, &pins, &narrow).is_err());
+    }
+
+    /// Whole cores asked (a Guaranteed pod under the static CPU manager, GPU 0 local to CPUs
+    /// 0-15 as the agent read a real H100 node): the guard passes and says what the kubelet
+    /// gave: cores of the pod's own on the GPU's socket, or which of that is missing.
+    #[test]
+    fn whole_cores_are_checked_for_being_the_pods_own_and_near_its_gpu() {
+        let mut report: serde_json::Value = serde_json::from_str(fixtures::H200_READING).unwrap();
+        report["gpus"][0]["localCpus"] = "0-15".into();
+        report["gpus"][0]["localCpuCount"] = 16.into();
+        let node = RecordedNvml::from_report(&report.to_string()).unwrap();
+        let asked = Expected {
+            cpu_cores: Some(4.0),
+            whole_cores: true,
+            ..expected(OffloadMode::CpuCopy, NodeClass::Discrete, false)
+        };
+        let seen = |cpus: Vec<u32>| CpuSeen {
+            quota_cores: Some(4.0),
+            cpuset: u32::try_from(cpus.len()).ok(),
+            cpus,
+        };
+        let own_near = verify(&node, &asked, &pins, &seen(vec![4, 5, 6, 7])).unwrap();
+        assert!(own_near.warnings.is_empty(), "{:?}", own_near.warnings);
+        let shared = verify(&node, &asked, &pins, &seen((0..32).collect())).unwrap();
+        assert!(
+            shared.warnings[0].contains("cpuset on node gpu-7 has 32 CPUs")
+                && shared.warnings[0].contains("not static, or the pod is not Guaranteed"),
+            "{:?}",
+            shared.warnings
+        );
+        let far = verify(&node, &asked, &pins, &seen(vec![14, 15, 16, 17])).unwrap();
+        assert!(
+            far.warnings[0]
+                .contains("cores 16,17 on node gpu-7 are not local to its GPUs (local CPUs 0-15)")
+                && far.warnings[0].contains("single-numa-node or restricted"),
+            "{:?}",
+            far.warnings
+        );
+        // Not asked: nothing said of the cores.
+        let plain = Expected {
+            whole_cores: false,
+            ..asked
+        };
+        assert!(
+            verify(&node, &plain, &pins, &seen(vec![14, 15, 16, 17]))
+                .unwrap()
+                .warnings
+                .is_empty()
+        );
     }
 
     #[test]

@@ -42,6 +42,7 @@ mod settings;
 pub mod shape;
 mod sizing;
 mod user_config;
+mod whole_cores;
 
 pub use constraints::PodConstraints;
 pub use entry::{ClusterView, Unresolved, check_training_job, decide, decide_request, lesson_of};
@@ -68,6 +69,7 @@ pub use resolve::{class_admits, estimate_placement, resolve_offload};
 pub use settings::{
     DEFAULT_ZERO_STAGE, MAX_EXCLUDED_NODES, MIN_AUTO_RATIO, SUPER_OFFLOAD_CPU_SHARE,
 };
+pub use whole_cores::WholeCores;
 
 #[cfg(test)]
 mod tests;

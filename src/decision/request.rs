@@ -69,6 +69,11 @@ pub struct JobRequest {
     pub cpu_limit: Option<(f64, Option<String>)>,
     /// The training container's CPU request (cores).
     pub cpu_request: Option<f64>,
+    /// The training container's memory limit (bytes; its own, or its namespace's).
+    pub training_memory_limit: Option<u64>,
+    /// The pod's other containers that keep it from being Guaranteed (no CPU or memory limit,
+    /// or a request other than it).
+    pub not_guaranteed: Vec<String>,
     /// The training container (index in the pod template) and its memory request as written:
     /// the decision raises the request to the host memory it counts on.
     pub training_container: Option<(usize, Option<u64>)>,
@@ -111,6 +116,8 @@ impl Default for JobRequest {
             pod_memory_limit_source: None,
             cpu_limit: None,
             cpu_request: None,
+            training_memory_limit: None,
+            not_guaranteed: Vec::new(),
             training_container: None,
             config: ConfigFacts::default(),
             hold_for_capacity: true,
@@ -205,6 +212,8 @@ impl JobRequest {
             pod_memory_limit_source: resources.memory_limit_source.clone(),
             cpu_limit: resources.training_cpu_limit.clone(),
             cpu_request: resources.training_cpu_request,
+            training_memory_limit: resources.training_memory_limit,
+            not_guaranteed: resources.not_guaranteed.clone(),
             training_container: resources
                 .training_container
                 .map(|i| (i, resources.training_memory_request)),
@@ -292,6 +301,8 @@ impl JobRequest {
                 pod_memory_limit_source: resources.memory_limit_source.clone(),
                 cpu_limit: resources.training_cpu_limit.clone(),
                 cpu_request: resources.training_cpu_request,
+                training_memory_limit: resources.training_memory_limit,
+                not_guaranteed: resources.not_guaranteed.clone(),
                 training_container: resources
                     .training_container
                     .map(|i| (i, resources.training_memory_request)),

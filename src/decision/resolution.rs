@@ -125,6 +125,9 @@ pub struct Resolution {
     pub cpu_threads: Option<u32>,
     /// The training container's index in the pod template, where the pod has containers.
     pub training_container: Option<usize>,
+    /// Where the profile asks for whole cores near the GPU and the nodes and pod allow it: the
+    /// training container's CPU and memory, requests equal to limits (the pod Guaranteed).
+    pub whole_cores: Option<super::WholeCores>,
 }
 
 /// The host memory the decision counts on, written as the training container's memory request

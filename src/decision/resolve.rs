@@ -64,6 +64,16 @@ pub fn resolve_offload(
         reasons.add(Field::Mode, why);
     }
     reasons.add(Field::NodeClass, &placement.class_why);
+    let (whole_cores, why) = super::whole_cores::ask(
+        job,
+        profile.whole_cores,
+        placement.mode,
+        placement.chosen,
+        memory_request,
+    );
+    if let Some(why) = why {
+        reasons.add(Field::Mode, why);
+    }
 
     let (overlap, overlap_efficiency, why) = overlap::resolve_overlap(job, profile, &placement);
     reasons.add(Field::Overlap, why);
@@ -122,7 +132,10 @@ pub fn resolve_offload(
             .memory
             .as_ref()
             .is_some_and(|c| c.proven && c.trial.is_none()),
-        cpu_cores: job.cpu_limit.as_ref().map(|(c, _)| *c),
+        cpu_cores: whole_cores
+            .map(|w| f64::from(w.cores))
+            .or_else(|| job.cpu_limit.as_ref().map(|(c, _)| *c)),
+        whole_cores,
         cpu_threads: cpu_threads(job),
         memory_request,
         requested: job.offload.clone(),

@@ -32,6 +32,57 @@ pub struct PodResources {
     pub training_cpu_limit: Option<(f64, Option<String>)>,
     /// The training container's CPU request (cores).
     pub training_cpu_request: Option<f64>,
+    /// The training container's memory limit (its own, or its namespace's default or max).
+    pub training_memory_limit: Option<u64>,
+    /// The pod's other containers (init containers too, but the start-up guard, which the
+    /// operator writes) that do not set CPU and memory limits equal to their requests: each
+    /// keeps the pod from being Guaranteed.
+    pub not_guaranteed: Vec<String>,
+}
+
+/// Whether a container sets CPU and memory limits, with requests equal to them (or none, which
+/// Kubernetes then takes from the limits): what a Guaranteed pod needs of every container.
+fn guaranteed_ready(c: &k8s_openapi::api::core::v1::Container) -> bool {
+    let r = c.resources.as_ref();
+    let limits = r.and_then(|r| r.limits.as_ref());
+    let requests = r.and_then(|r| r.requests.as_ref());
+    let same = |name: &str,
+                read: &dyn Fn(
+        &k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+    ) -> Option<f64>| {
+        let Some(limit) = limits.and_then(|l| l.get(name)).and_then(read) else {
+            return false;
+        };
+        requests
+            .and_then(|r| r.get(name))
+            .is_none_or(|q| read(q).is_some_and(|v| (v - limit).abs() < 1e-9))
+    };
+    #[allow(clippy::cast_precision_loss)]
+    let bytes = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
+        quantity::bytes(q).ok().map(|b| b as f64)
+    };
+    same("cpu", &|q| quantity::cpu_cores(q).ok()) && same("memory", &bytes)
+}
+
+/// The pod's containers other than the training one (and its init containers other than the
+/// operator's guard) that keep it from being Guaranteed, by name.
+fn not_guaranteed(spec: &PodSpec, training: Option<usize>) -> Vec<String> {
+    let others = spec
+        .containers
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| Some(*i) != training)
+        .map(|(_, c)| c);
+    let inits = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| c.name != crate::render::GUARD_CONTAINER);
+    others
+        .chain(inits)
+        .filter(|c| !guaranteed_ready(c))
+        .map(|c| c.name.clone())
+        .collect()
 }
 
 /// A container's memory limit once its namespace's LimitRanges applied (`own`: its own), and
@@ -151,6 +202,8 @@ impl PodResources {
             memory_limit_source: from_range,
             training_cpu_limit: cpu_limit,
             training_cpu_request: cpu_request,
+            training_memory_limit: training_limit,
+            not_guaranteed: not_guaranteed(spec, training),
         })
     }
 

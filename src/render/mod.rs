@@ -239,6 +239,11 @@ pub fn startup_guard_container(
     if let Some(q) = &cores {
         args.push(format!("--cpu-cores={}", q.0));
     }
+    // Whole cores asked: the guard says whether the kubelet gave cores of the pod's own, on its
+    // GPUs' socket.
+    if res.whole_cores.is_some() {
+        args.push("--whole-cores".to_string());
+    }
     // Device-plugin GPUs by count; DRA GPUs by sharing the pod's claims.
     let gpu = if gpus > 0 {
         BTreeMap::from([(names::GPU_RESOURCE.to_string(), Quantity(gpus.to_string()))])
@@ -266,8 +271,14 @@ pub fn startup_guard_container(
         }
         None => {}
     }
-    if requested.contains("memory") {
-        requests.insert("memory".into(), Quantity("64Mi".into()));
+    if requested.contains("memory") || res.whole_cores.is_some() {
+        // A Guaranteed pod's init containers set requests equal to limits too.
+        let request = if res.whole_cores.is_some() {
+            "256Mi"
+        } else {
+            "64Mi"
+        };
+        requests.insert("memory".into(), Quantity(request.into()));
         // The pin probe page-locks 64 MiB.
         limits.insert("memory".into(), Quantity("256Mi".into()));
     }
@@ -431,6 +442,7 @@ pub fn apply_to_pod_spec(
     }
     merge_affinity(spec, &node_requirements(res));
     raise_memory_request(spec, res);
+    give_whole_cores(spec, res);
     // A training process that dies of CUDA out-of-memory leaves its last log lines as its
     // termination message, which is how the operator tells (and recovers from) it.
     if let Some(c) = res
@@ -461,6 +473,41 @@ fn raise_memory_request(spec: &mut PodSpec, res: &Resolution) {
         .and_then(|q| offload_api::quantity::bytes(q).ok());
     if current.is_none_or(|c| c < r.bytes) {
         requests.insert("memory".into(), Quantity(format!("{}Mi", r.bytes >> 20)));
+    }
+}
+
+/// Where the decision asks for whole cores near the GPU: the training container's CPU and
+/// memory requests equal to its limits, so the pod is Guaranteed. The user's memory limit is
+/// kept as written (and becomes the request); without one, the decision's figure is both.
+fn give_whole_cores(spec: &mut PodSpec, res: &Resolution) {
+    let Some(w) = res.whole_cores else {
+        return;
+    };
+    let Some(container) = spec.containers.get_mut(w.container) else {
+        return;
+    };
+    let resources = container
+        .resources
+        .get_or_insert_with(ResourceRequirements::default);
+    let limits = resources.limits.get_or_insert_with(BTreeMap::new);
+    let cores = Quantity(w.cores.to_string());
+    limits.insert("cpu".into(), cores.clone());
+    let memory = limits
+        .get("memory")
+        .cloned()
+        .unwrap_or_else(|| Quantity(memory_quantity(w.memory_bytes)));
+    limits.insert("memory".into(), memory.clone());
+    let requests = resources.requests.get_or_insert_with(BTreeMap::new);
+    requests.insert("cpu".into(), cores);
+    requests.insert("memory".into(), memory);
+}
+
+/// Bytes as a quantity: in MiB where whole (`117000Mi`), else in bytes.
+fn memory_quantity(bytes: u64) -> String {
+    if bytes.is_multiple_of(1 << 20) {
+        format!("{}Mi", bytes >> 20)
+    } else {
+        bytes.to_string()
     }
 }
 

@@ -726,6 +726,79 @@ fn threads_fit_the_quota_and_the_guard_checks_the_cores() {
     assert!(!env.contains_key("OMP_NUM_THREADS"));
 }
 
+/// Whole cores near the GPU: the training container's CPU and memory requests equal its
+/// limits (the user's memory limit kept as written), the guard's too, and the guard told to
+/// check the cores: the pod is Guaranteed.
+#[test]
+fn whole_cores_make_the_pod_guaranteed_and_the_guard_checks_them() {
+    let mut res = resolved(Framework::DeepSpeed, Some("0.19.8"), fixtures::H200_READING);
+    res.cpu_cores = Some(8.0);
+    res.cpu_threads = Some(8);
+    res.training_container = Some(0);
+    res.whole_cores = Some(crate::decision::WholeCores {
+        container: 0,
+        cores: 8,
+        memory_bytes: 100 << 30,
+    });
+    let opts = RenderOptions {
+        guard_image: Some("registry/offload-agent:1".into()),
+    };
+    let mut t = template();
+    apply_to_pod_template(&mut t, &res, None, &opts);
+    let spec = t.spec.as_ref().unwrap();
+    let r = spec.containers[0].resources.as_ref().unwrap();
+    let (limits, requests) = (r.limits.as_ref().unwrap(), r.requests.as_ref().unwrap());
+    assert_eq!(
+        (limits["cpu"].0.as_str(), requests["cpu"].0.as_str()),
+        ("8", "8")
+    );
+    assert_eq!(
+        (limits["memory"].0.as_str(), requests["memory"].0.as_str()),
+        ("102400Mi", "102400Mi")
+    );
+    let guard = &spec.init_containers.as_ref().unwrap()[0];
+    assert!(
+        guard
+            .args
+            .as_ref()
+            .unwrap()
+            .contains(&"--whole-cores".to_string())
+    );
+    let g = guard.resources.as_ref().unwrap();
+    for name in ["cpu", "memory"] {
+        assert_eq!(
+            g.limits.as_ref().unwrap()[name],
+            g.requests.as_ref().unwrap()[name],
+            "the guard's {name}: requests equal limits"
+        );
+    }
+    // A memory limit of the user's stays as written and becomes the request.
+    let mut mine = template();
+    mine.spec.as_mut().unwrap().containers[0]
+        .resources
+        .get_or_insert_with(Default::default)
+        .limits
+        .get_or_insert_with(Default::default)
+        .insert("memory".into(), Quantity("120G".into()));
+    apply_to_pod_template(&mut mine, &res, None, &opts);
+    let r = mine.spec.unwrap().containers[0].resources.clone().unwrap();
+    assert_eq!(r.limits.unwrap()["memory"].0, "120G");
+    assert_eq!(r.requests.unwrap()["memory"].0, "120G");
+    // Not asked: no limit written, no flag.
+    let mut plain = res.clone();
+    plain.whole_cores = None;
+    let mut t = template();
+    apply_to_pod_template(&mut t, &plain, None, &opts);
+    let spec = t.spec.unwrap();
+    assert!(
+        !spec.init_containers.unwrap()[0]
+            .args
+            .as_ref()
+            .unwrap()
+            .contains(&"--whole-cores".to_string())
+    );
+}
+
 /// The reporter runs in a real Python process (a stand-in `torch` module, named as such: no
 /// GPU here) and reports at a normal exit, on an exception, and before `os._exit` (which skips
 /// `atexit`: the GPU run of 2026-12-06 lost every figure to it), once each.

@@ -200,3 +200,124 @@ fn with_allocatable_memory(node: NodeInfo, bytes: u64) -> NodeInfo {
     a.memory = Some(bytes);
     node.with_allocatable(a)
 }
+
+/// A profile's `wholeCores`: the training container asks for its CPU limit as whole cores of
+/// its own, its memory request equal to its limit (the pod Guaranteed), only where every node of
+/// the class runs the static CPU manager and the pod's other containers allow Guaranteed; each
+/// missing condition is said.
+#[test]
+fn whole_cores_are_asked_only_where_the_nodes_and_the_pod_can_have_them() {
+    let whole = OffloadProfileSpec {
+        whole_cores: true,
+        ..profile()
+    };
+    let decide = |job: &JobRequest, nodes: &[NodeInfo]| {
+        resolve_offload(job, "near", &whole, &idx(nodes)).unwrap()
+    };
+    let mut job = job();
+    job.training_container = Some((0, None));
+    job.cpu_limit = Some((8.0, None));
+    let statics = [node("a", 1, Some("static")), node("b", 1, Some("static"))];
+    let res = decide(&job, &statics);
+    let w = res.whole_cores.expect("whole cores asked");
+    let counted = res.memory_request.expect("host memory counted").bytes;
+    assert_eq!((w.container, w.cores, w.memory_bytes), (0, 8, counted));
+    assert_eq!(res.cpu_cores, Some(8.0));
+    let why = reason(&res, Field::Mode);
+    assert!(
+        why.contains("asks for 8 whole cores")
+            && why.contains("the host memory the decision counts on")
+            && why.contains("topologyManagerPolicy is single-numa-node or restricted"),
+        "{why}"
+    );
+    // The user's memory limit stays the figure.
+    job.training_memory_limit = Some(200 << 30);
+    assert_eq!(
+        decide(&job, &statics).whole_cores.unwrap().memory_bytes,
+        200 << 30
+    );
+
+    let not = |job: &JobRequest, nodes: &[NodeInfo], says: &str| {
+        let res = decide(job, nodes);
+        assert!(res.whole_cores.is_none(), "{says}");
+        let why = reason(&res, Field::Mode);
+        assert!(
+            why.contains("whole cores not asked") && why.contains(says),
+            "{why}"
+        );
+        assert_eq!(res.cpu_cores, job.cpu_limit.as_ref().map(|(c, _)| *c));
+    };
+    not(
+        &job,
+        &[node("a", 1, Some("static")), node("b", 1, None)],
+        "1 node(s) of the class run no static CPU manager policy as the agent read it (the kubelet's cpu_manager_state; chart value agent.cpuManagerState): b —",
+    );
+    let mut sidecar = job.clone();
+    sidecar.not_guaranteed = vec!["log-shipper".into()];
+    not(
+        &sidecar,
+        &statics,
+        "container(s) \"log-shipper\" do not set CPU and memory limits",
+    );
+    let mut fraction = job.clone();
+    fraction.cpu_limit = Some((7.5, None));
+    not(
+        &fraction,
+        &statics,
+        "CPU limit is 7.5 cores, not a whole number",
+    );
+    let mut unlimited = job.clone();
+    unlimited.cpu_limit = None;
+    not(&unlimited, &statics, "states no CPU limit of its own");
+    let mut defaulted = job.clone();
+    defaulted.cpu_limit = Some((8.0, Some("team-defaults".into())));
+    not(&defaulted, &statics, "states no CPU limit of its own");
+    // The profile did not ask: nothing said.
+    assert!(
+        !reason(&resolve(&job, &statics).unwrap(), Field::Mode).contains("whole cores"),
+        "off by default"
+    );
+}
+
+/// Which of a pod's other containers keep it from being Guaranteed: any without a CPU or memory
+/// limit, or with a request other than its limit; the operator's own guard is not one.
+#[test]
+fn the_containers_that_keep_a_pod_from_being_guaranteed_are_named() {
+    use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let q = |pairs: &[(&str, &str)]| {
+        Some(
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), Quantity((*v).into())))
+                .collect(),
+        )
+    };
+    let c = |name: &str, requests: &[(&str, &str)], limits: &[(&str, &str)]| Container {
+        name: name.into(),
+        resources: Some(ResourceRequirements {
+            requests: q(requests),
+            limits: q(limits),
+            claims: None,
+        }),
+        ..Default::default()
+    };
+    let both = [("cpu", "1"), ("memory", "1Gi")];
+    let spec = PodSpec {
+        containers: vec![
+            c("train", &[], &[("cpu", "8"), ("nvidia.com/gpu", "1")]),
+            c("limits-only", &[], &both),
+            c("equal", &[("cpu", "1000m"), ("memory", "1024Mi")], &both),
+            c("less", &[("cpu", "500m"), ("memory", "1Gi")], &both),
+            c("no-memory", &[], &[("cpu", "1")]),
+        ],
+        init_containers: Some(vec![
+            c(crate::render::GUARD_CONTAINER, &[], &[]),
+            c("fetch", &[], &[]),
+        ]),
+        ..Default::default()
+    };
+    let r = PodResources::of(Some(&spec)).unwrap();
+    assert_eq!(r.training_container, Some(0));
+    assert_eq!(r.not_guaranteed, ["less", "no-memory", "fetch"]);
+}

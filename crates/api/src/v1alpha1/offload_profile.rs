@@ -166,6 +166,19 @@ pub struct OffloadProfileSpec {
     /// `PYTHONPATH` would lose it. Without it, the device's figure is learned as an upper bound.
     #[serde(default)]
     pub report_allocator_peaks: bool,
+
+    /// Whether the training container asks for its cores as whole cores of its own, near its
+    /// GPU: its CPU limit (whole cores, which the job states) becomes its CPU request too, and
+    /// its memory limit and request one figure (the user's limit, else the host memory the
+    /// decision counts on), so the pod is Guaranteed. Only where every node of the chosen class
+    /// runs the kubelet's `static` CPU manager (as the agent reads it) and the pod's other
+    /// containers already set requests equal to limits; the reasons say which condition is
+    /// missing otherwise. The cores lie on the GPU's socket only where the kubelet's
+    /// `topologyManagerPolicy` is `single-numa-node` or `restricted`: the start-up guard checks
+    /// the cores it got against its GPUs' local CPUs and warns when they are not. A Guaranteed
+    /// pod is killed at its memory limit. Off by default.
+    #[serde(default)]
+    pub whole_cores: bool,
 }
 
 /// How a job the memory model cannot size starts.
@@ -211,6 +224,7 @@ impl Default for OffloadProfileSpec {
             faster_trials: DEFAULT_FASTER_TRIALS,
             unknown_size: UnknownSize::Safest,
             report_allocator_peaks: false,
+            whole_cores: false,
         }
     }
 }
