@@ -451,7 +451,7 @@ fn a_small_partial_share_costs_more_gpu_memory_than_it_frees() {
 /// docs/benchmarks/raw/2026-12-06-h100-loop/): model types outside the H200 set, at the share
 /// and sub-group size the operator wrote, tokens per micro-batch, and PyTorch's allocated peak.
 const MEASURED_H100: &[(&str, f64, f64, f64, f64)] = &[
-    // Gemma-2 (never measured: its margin, its extra norms and softcapped logits counted).
+    // Gemma-2 (its extra norms and softcapped logits counted, ×1.06 measured on its blocks).
     ("gemma2-2b", 0.32, 2.7e7, 5120.0, 79_645_490_688.0),
     ("qwen3-4b", 0.44, 4.1e7, 4096.0, 80_362_691_072.0),
     ("phi3-mini", 0.26, 3.9e7, 4096.0, 76_814_870_016.0),
@@ -534,6 +534,99 @@ fn the_issues_h200_runs_are_never_under_and_what_ran_out_does_not_fit() {
         assert_eq!(fit.ok(), trained, "{name} {placement:?}: {}", gib(est.gpu));
         if trained {
             assert!(est.gpu / measured - 1.0 <= 0.05, "{name} {placement:?}");
+        }
+    }
+}
+
+/// The H100 loop with the allocator reporter run to its end, and the sweep beside it
+/// (docs/benchmarks/raw/2026-12-06-h100-converge/): the share (none for no offload), the
+/// operator's sub-group size, the tokens, PyTorch's allocated peak as the reporter gave it (for
+/// a run that ran out, what it held plus what it asked for), and whether it trained.
+const CONVERGED_H100: &[(&str, Option<f64>, f64, f64, f64, bool)] = &[
+    (
+        "gemma2-2b",
+        Some(0.30),
+        2.7e7,
+        4096.0,
+        71_616_568_832.0,
+        true,
+    ),
+    (
+        "gemma2-2b",
+        Some(0.21),
+        2.7e7,
+        4096.0,
+        74_678_705_664.0,
+        true,
+    ),
+    ("gemma2-2b", None, 2.7e7, 4096.0, 76_331_873_280.0, true),
+    (
+        "mistral-7b",
+        Some(0.67),
+        7.3e7,
+        4096.0,
+        80_579_620_352.0,
+        true,
+    ),
+    (
+        "mistral-7b",
+        Some(0.66),
+        7.3e7,
+        4096.0,
+        82_190_364_160.0,
+        true,
+    ),
+    (
+        "mistral-7b",
+        Some(0.62),
+        7.3e7,
+        4096.0,
+        (77.42 + 0.11) * GIB,
+        false,
+    ),
+    (
+        "qwen3-4b",
+        Some(0.44),
+        4.1e7,
+        4096.0,
+        80_362_691_072.0,
+        true,
+    ),
+    (
+        "qwen3-4b",
+        Some(0.40),
+        4.1e7,
+        4096.0,
+        (74.80 + 2.32) * GIB,
+        false,
+    ),
+];
+
+#[test]
+fn the_converged_h100_loop_is_never_under_and_what_ran_out_does_not_fit() {
+    let h100 = ClassMemory {
+        gpu_bytes: 85_520_809_984,
+        gpu_node: "h100-0".into(),
+        ..h200()
+    };
+    for &(name, share, group, tokens, measured, trained) in CONVERGED_H100 {
+        let mut j = job(model(name), tokens);
+        j.sub_group_size = Some(group);
+        let placement = share.map_or(Placement::NoOffload, Placement::PartialOptimizer);
+        let (est, fit) = j.estimate_checked(placement, &h100);
+        let what = format!("{name} {placement:?}");
+        if trained {
+            // Gemma-2 counted as measured (×1.06): within 0.5 % here, where the margin of a
+            // type never measured kept 8–9 % more and offloaded 30 % that did not need it.
+            never_under(&format!("{what}: GPU"), est.gpu, measured, 0.05);
+        } else {
+            assert!(
+                est.gpu >= measured,
+                "{what}: {} < {}",
+                gib(est.gpu),
+                gib(measured)
+            );
+            assert!(!fit.ok(), "{what} ran out: the model must not fit it");
         }
     }
 }
