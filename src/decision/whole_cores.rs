@@ -47,33 +47,67 @@ pub(super) fn ask(
     if !wanted {
         return (None, None);
     }
-    let not = |why: String| (None, Some(format!("whole cores not asked: {why}")));
-    if mode == OffloadMode::Disabled {
-        return not("nothing is offloaded, so the CPU updates no optimizer state".into());
-    }
-    let Some((container, user_request)) = job.training_container else {
-        return not("the pod template has no containers".into());
+    let asked = || -> Result<(WholeCores, String), String> {
+        if mode == OffloadMode::Disabled {
+            return Err("nothing is offloaded, so the CPU updates no optimizer state".into());
+        }
+        let (container, _) = job
+            .training_container
+            .ok_or("the pod template has no containers")?;
+        let cores = whole_cpu_limit(job)?;
+        let class = chosen.ok_or("no node class was chosen")?;
+        all_static(class)?;
+        if !job.not_guaranteed.is_empty() {
+            return Err(format!(
+                "container(s) {} do not set CPU and memory limits equal to their requests, so the pod cannot be Guaranteed, and the kubelet gives cores of their own only to Guaranteed pods",
+                job.not_guaranteed
+                    .iter()
+                    .map(|n| format!("{n:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        let (memory_bytes, whose) = memory(job, memory_request)?;
+        #[allow(clippy::cast_precision_loss)]
+        let memory = super::memory::gib(memory_bytes as f64);
+        let why = format!(
+            "whole cores near the GPU: the training container asks for {cores} whole cores and {memory} of memory, requests equal to limits ({whose}), so the pod is Guaranteed and every node of the class ({} in all) runs the static CPU manager, which gives it cores of its own; they lie on its GPU's socket where the kubelet's topologyManagerPolicy is single-numa-node or restricted, which the start-up guard checks in the pod. A Guaranteed pod is killed at its memory limit",
+            class.len()
+        );
+        Ok((
+            WholeCores {
+                container,
+                cores,
+                memory_bytes,
+            },
+            why,
+        ))
     };
-    let cores = match &job.cpu_limit {
+    match asked() {
+        Ok((whole, why)) => (Some(whole), Some(why)),
+        Err(why) => (None, Some(format!("whole cores not asked: {why}"))),
+    }
+}
+
+/// The training container's own CPU limit as whole cores.
+fn whole_cpu_limit(job: &JobRequest) -> Result<u32, String> {
+    match &job.cpu_limit {
         Some((c, None)) if c.fract() == 0.0 && *c >= 1.0 && *c <= f64::from(u32::MAX) => {
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             let whole = *c as u32;
-            whole
+            Ok(whole)
         }
-        Some((c, None)) => {
-            return not(format!(
-                "the training container's CPU limit is {c} cores, not a whole number: the static CPU manager gives cores of their own only to whole-core requests"
-            ));
-        }
-        _ => {
-            return not(
-                "the training container states no CPU limit of its own (e.g. resources.limits.cpu: \"8\"): the operator does not choose a pod's cores for it".into(),
-            );
-        }
-    };
-    let Some(class) = chosen else {
-        return not("no node class was chosen".into());
-    };
+        Some((c, None)) => Err(format!(
+            "the training container's CPU limit is {c} cores, not a whole number: the static CPU manager gives cores of their own only to whole-core requests"
+        )),
+        _ => Err(
+            "the training container states no CPU limit of its own (e.g. resources.limits.cpu: \"8\"): the operator does not choose a pod's cores for it".into(),
+        ),
+    }
+}
+
+/// Every node of `class` runs the kubelet's static CPU manager, else which do not.
+fn all_static(class: &ClassNodes<'_>) -> Result<(), String> {
     let without = class.fact(|nodes| {
         let mut w = WithoutStatic {
             count: 0,
@@ -89,60 +123,33 @@ pub(super) fn ask(
         }
         w
     });
-    if without.count > 0 {
-        let more = without.count.saturating_sub(without.first.len());
-        return not(format!(
-            "{} node(s) of the class run no static CPU manager policy as the agent read it (the kubelet's cpu_manager_state; chart value agent.cpuManagerState): {}{} — whole cores there would still be a quota the kernel places anywhere",
-            without.count,
-            without.first.join(", "),
-            if more > 0 {
-                format!(" and {more} more")
-            } else {
-                String::new()
-            }
-        ));
+    if without.count == 0 {
+        return Ok(());
     }
-    if !job.not_guaranteed.is_empty() {
-        return not(format!(
-            "container(s) {} do not set CPU and memory limits equal to their requests, so the pod cannot be Guaranteed, and the kubelet gives cores of their own only to Guaranteed pods",
-            job.not_guaranteed
-                .iter()
-                .map(|n| format!("{n:?}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-    }
-    // The memory limit stays the user's; without one, the host memory the decision counts on
-    // (else the user's request) becomes both.
-    let (memory_bytes, whose) = match (
-        job.training_memory_limit,
-        memory_request.map(|r| r.bytes),
-        user_request,
-    ) {
-        (Some(limit), _, _) => (limit, "its memory limit"),
-        (None, Some(counted), _) => (counted, "the host memory the decision counts on"),
-        (None, None, Some(request)) => (request, "its memory request"),
-        (None, None, None) => {
-            return not(
-                "the training container states no memory limit or request, and the decision counts no host memory to make one of (set resources.limits.memory)".into(),
-            );
+    let more = without.count.saturating_sub(without.first.len());
+    Err(format!(
+        "{} node(s) of the class run no static CPU manager policy as the agent read it (the kubelet's cpu_manager_state; chart value agent.cpuManagerState): {}{} — whole cores there would still be a quota the kernel places anywhere",
+        without.count,
+        without.first.join(", "),
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
         }
-    };
-    let why = format!(
-        "whole cores near the GPU: the training container asks for {cores} whole cores and {} of memory, requests equal to limits ({whose}), so the pod is Guaranteed and every node of the class ({} in all) runs the static CPU manager, which gives it cores of its own; they lie on its GPU's socket where the kubelet's topologyManagerPolicy is single-numa-node or restricted, which the start-up guard checks in the pod. A Guaranteed pod is killed at its memory limit",
-        {
-            #[allow(clippy::cast_precision_loss)]
-            let b = memory_bytes as f64;
-            super::memory::gib(b)
-        },
-        class.len()
-    );
-    (
-        Some(WholeCores {
-            container,
-            cores,
-            memory_bytes,
-        }),
-        Some(why),
-    )
+    ))
+}
+
+/// The memory request and limit of a Guaranteed training container, and whose figure it is:
+/// its limit stays; without one, the host memory the decision counts on (else its request)
+/// becomes both.
+fn memory(job: &JobRequest, counted: Option<MemoryRequest>) -> Result<(u64, &'static str), String> {
+    let user_request = job.training_container.and_then(|(_, r)| r);
+    match (job.training_memory_limit, counted.map(|r| r.bytes), user_request) {
+        (Some(limit), _, _) => Ok((limit, "its memory limit")),
+        (None, Some(counted), _) => Ok((counted, "the host memory the decision counts on")),
+        (None, None, Some(request)) => Ok((request, "its memory request")),
+        (None, None, None) => Err(
+            "the training container states no memory limit or request, and the decision counts no host memory to make one of (set resources.limits.memory)".into(),
+        ),
+    }
 }

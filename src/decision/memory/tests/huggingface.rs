@@ -542,7 +542,10 @@ fn the_issues_h200_runs_are_never_under_and_what_ran_out_does_not_fit() {
 /// (docs/benchmarks/raw/2026-12-06-h100-converge/): the share (none for no offload), the
 /// operator's sub-group size, the tokens, PyTorch's allocated peak as the reporter gave it (for
 /// a run that ran out, what it held plus what it asked for), and whether it trained.
-const CONVERGED_H100: &[(&str, Option<f64>, f64, f64, f64, bool)] = &[
+/// (model, share, sub-group size, tokens, allocated peak, trained)
+type Recorded = (&'static str, Option<f64>, f64, f64, f64, bool);
+
+const CONVERGED_H100: &[Recorded] = &[
     (
         "gemma2-2b",
         Some(0.30),
