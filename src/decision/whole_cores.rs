@@ -32,7 +32,7 @@ struct WithoutStatic {
     first: Vec<String>,
 }
 
-/// Nodes named in a reason, at most.
+/// Nodes (or containers) named in a reason, at most.
 const NAMED: usize = 3;
 
 /// Whether `job`'s training container asks for whole cores (the profile asked, `wanted`), and
@@ -58,13 +58,20 @@ pub(super) fn ask(
         let class = chosen.ok_or("no node class was chosen")?;
         all_static(class)?;
         if !job.not_guaranteed.is_empty() {
+            let more = job.not_guaranteed.len().saturating_sub(NAMED);
             return Err(format!(
-                "container(s) {} do not set CPU and memory limits equal to their requests, so the pod cannot be Guaranteed, and the kubelet gives cores of their own only to Guaranteed pods",
+                "container(s) {}{} do not set CPU and memory limits equal to their requests, so the pod cannot be Guaranteed, and the kubelet gives cores of their own only to Guaranteed pods",
                 job.not_guaranteed
                     .iter()
+                    .take(NAMED)
                     .map(|n| format!("{n:?}"))
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
             ));
         }
         let (memory_bytes, whose) = memory(job, memory_request)?;

@@ -259,6 +259,12 @@ fn whole_cores_are_asked_only_where_the_nodes_and_the_pod_can_have_them() {
         &statics,
         "container(s) \"log-shipper\" do not set CPU and memory limits",
     );
+    sidecar.not_guaranteed = (0..5).map(|i| format!("s{i}")).collect();
+    not(
+        &sidecar,
+        &statics,
+        "container(s) \"s0\", \"s1\", \"s2\" and 2 more do not",
+    );
     let mut fraction = job.clone();
     fraction.cpu_limit = Some((7.5, None));
     not(
