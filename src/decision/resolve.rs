@@ -98,7 +98,7 @@ pub fn resolve_offload(
     for why in whys {
         reasons.add(Field::Framework, why);
     }
-    if let Some(why) = threads_reason(job) {
+    if let Some(why) = threads_reason(job, whole_cores.is_some()) {
         reasons.add(Field::Framework, why);
     }
     let (gpu_claims, exclude_nodes) =
@@ -194,10 +194,17 @@ fn cpu_threads(job: &JobRequest) -> Option<u32> {
 }
 
 /// Why the training process gets the threads it does, where its container has a CPU limit:
-/// said whether or not anything is offloaded, since the render writes them either way.
-fn threads_reason(job: &JobRequest) -> Option<String> {
+/// said whether or not anything is offloaded, since the render writes them either way. With
+/// whole cores asked (`whole`) the limit is a cpuset of its own, which OpenMP's default counts
+/// right already.
+fn threads_reason(job: &JobRequest, whole: bool) -> Option<String> {
     let (cores, whose) = job.cpu_limit.as_ref()?;
     let threads = cpu_threads(job)?;
+    if whole {
+        return Some(format!(
+            "CPU threads: OMP_NUM_THREADS={threads} where the training container sets none — its {cores} whole cores of its own"
+        ));
+    }
     let whose = whose.as_ref().map_or_else(String::new, |name| {
         format!(", LimitRange {name:?}'s default")
     });

@@ -223,6 +223,11 @@ fn whole_cores_are_asked_only_where_the_nodes_and_the_pod_can_have_them() {
     let counted = res.memory_request.expect("host memory counted").bytes;
     assert_eq!((w.container, w.cores, w.memory_bytes), (0, 8, counted));
     assert_eq!(res.cpu_cores, Some(8.0));
+    assert!(
+        reason(&res, Field::Framework).contains("OMP_NUM_THREADS=8 where the training container sets none — its 8 whole cores of its own"),
+        "{}",
+        reason(&res, Field::Framework)
+    );
     let why = reason(&res, Field::Mode);
     assert!(
         why.contains("asks for 8 whole cores")
