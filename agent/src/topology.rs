@@ -35,21 +35,7 @@ pub fn sysfs_pci_name(nvml_bus_id: &str) -> Option<String> {
 
 /// How many CPUs a kernel CPU list names (`0-31,64-95` → 64); `None` where it does not read.
 pub fn cpu_list_count(list: &str) -> Option<u32> {
-    let mut n: u32 = 0;
-    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
-        let count = match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (u32, u32) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
-                b.checked_sub(a)?.checked_add(1)?
-            }
-            None => {
-                part.trim().parse::<u32>().ok()?;
-                1
-            }
-        };
-        n = n.checked_add(count)?;
-    }
-    (n > 0).then_some(n)
+    cpu_list(list).and_then(|cpus| u32::try_from(cpus.len()).ok())
 }
 
 /// Most CPUs a list may name for [`cpu_list`] (Linux's `CONFIG_NR_CPUS` tops out at 8192).

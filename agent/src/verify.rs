@@ -37,9 +37,8 @@ pub struct CpuSeen {
     /// The CFS quota in cores (`cpu.max`, or v1's `cpu.cfs_quota_us` over its period); `None`:
     /// no quota.
     pub quota_cores: Option<f64>,
-    /// CPUs the process may run on (its affinity: the cpuset).
-    pub cpuset: Option<u32>,
-    /// Those CPUs by number, in order.
+    /// The CPUs the process may run on (its affinity: the cpuset), by number, in order; empty
+    /// where unknown.
     pub cpus: Vec<u32>,
 }
 
@@ -56,17 +55,20 @@ impl CpuSeen {
                 quota_v1(&quota, &period)
             })
         };
-        let cpus = affinity_list();
         CpuSeen {
             quota_cores: v2.or_else(v1).flatten(),
-            cpuset: u32::try_from(cpus.len()).ok().filter(|n| *n > 0),
-            cpus,
+            cpus: affinity_list(),
         }
+    }
+
+    /// How many CPUs the cpuset holds; `None` where unknown.
+    pub fn cpuset(&self) -> Option<u32> {
+        u32::try_from(self.cpus.len()).ok().filter(|n| *n > 0)
     }
 
     /// The cores available: the quota, bounded by the cpuset.
     pub fn cores(&self) -> Option<f64> {
-        match (self.quota_cores, self.cpuset) {
+        match (self.quota_cores, self.cpuset()) {
             (Some(q), Some(s)) => Some(q.min(f64::from(s))),
             (q, s) => q.or(s.map(f64::from)),
         }
@@ -77,7 +79,7 @@ impl CpuSeen {
             format!("a CFS quota of {q} cores")
         });
         let set = self
-            .cpuset
+            .cpuset()
             .map_or(String::new(), |s| format!(" and {s} CPUs in its cpuset"));
         format!("{quota}{set}")
     }
@@ -129,7 +131,7 @@ fn whole_cores_warning(
     gpus: &[GpuReport],
     node: &str,
 ) -> Option<String> {
-    let set = u32::try_from(cpu.cpus.len()).ok()?;
+    let set = cpu.cpuset()?;
     if let Some(counted) = counted
         && f64::from(set) > counted + 0.01
     {
@@ -489,8 +491,7 @@ mod tests {
         };
         let two = CpuSeen {
             quota_cores: Some(2.0),
-            cpuset: Some(16),
-            ..CpuSeen::default()
+            cpus: (0..16).collect(),
         };
         let err = verify(&h200, &counted, &pins, &two).unwrap_err();
         assert!(matches!(err, Mismatch::CpuShort { .. }));
@@ -504,21 +505,18 @@ mod tests {
         for seen in [
             CpuSeen {
                 quota_cores: Some(8.0),
-                cpuset: Some(16),
-                ..CpuSeen::default()
+                cpus: (0..16).collect(),
             },
             CpuSeen {
                 quota_cores: None,
-                cpuset: Some(8),
-                ..CpuSeen::default()
+                cpus: (0..8).collect(),
             },
         ] {
             verify(&h200, &counted, &pins, &seen).unwrap();
         }
         let narrow = CpuSeen {
             quota_cores: None,
-            cpuset: Some(4),
-            ..CpuSeen::default()
+            cpus: (0..4).collect(),
         };
         assert!(verify(&h200, &counted, &pins, &narrow).is_err());
     }
@@ -539,7 +537,6 @@ mod tests {
         };
         let seen = |cpus: Vec<u32>| CpuSeen {
             quota_cores: Some(4.0),
-            cpuset: u32::try_from(cpus.len()).ok(),
             cpus,
         };
         let own_near = verify(&node, &asked, &pins, &seen(vec![4, 5, 6, 7])).unwrap();
@@ -585,6 +582,6 @@ mod tests {
         std::fs::write(dir.path().join("cpu.max"), "300000 100000\n").unwrap();
         assert_eq!(CpuSeen::read(dir.path()).quota_cores, Some(3.0));
         // This process's own affinity is read (at least one CPU).
-        assert!(CpuSeen::read(dir.path()).cpuset.is_some_and(|n| n >= 1));
+        assert!(CpuSeen::read(dir.path()).cpuset().is_some_and(|n| n >= 1));
     }
 }

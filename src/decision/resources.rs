@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::PodSpec;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use offload_api::names;
 use offload_api::quantity::{self, MAX_GPUS};
 
@@ -44,24 +45,23 @@ pub struct PodResources {
 /// Kubernetes then takes from the limits): what a Guaranteed pod needs of every container.
 fn guaranteed_ready(c: &k8s_openapi::api::core::v1::Container) -> bool {
     let r = c.resources.as_ref();
-    let limits = r.and_then(|r| r.limits.as_ref());
-    let requests = r.and_then(|r| r.requests.as_ref());
-    let same = |name: &str,
-                read: &dyn Fn(
-        &k8s_openapi::apimachinery::pkg::api::resource::Quantity,
-    ) -> Option<f64>| {
-        let Some(limit) = limits.and_then(|l| l.get(name)).and_then(read) else {
-            return false;
-        };
-        requests
-            .and_then(|r| r.get(name))
-            .is_none_or(|q| read(q).is_some_and(|v| (v - limit).abs() < 1e-9))
+    let read = |m: Option<&BTreeMap<String, Quantity>>, name: &str| {
+        m.and_then(|m| m.get(name)).map(|q| match name {
+            "cpu" => quantity::cpu_cores(q).ok(),
+            #[allow(clippy::cast_precision_loss)]
+            _ => quantity::bytes(q).ok().map(|b| b as f64),
+        })
     };
-    #[allow(clippy::cast_precision_loss)]
-    let bytes = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
-        quantity::bytes(q).ok().map(|b| b as f64)
-    };
-    same("cpu", &|q| quantity::cpu_cores(q).ok()) && same("memory", &bytes)
+    ["cpu", "memory"].into_iter().all(|name| {
+        match (
+            read(r.and_then(|r| r.limits.as_ref()), name),
+            read(r.and_then(|r| r.requests.as_ref()), name),
+        ) {
+            (Some(Some(_)), None) => true,
+            (Some(Some(limit)), Some(Some(request))) => (limit - request).abs() < 1e-9,
+            _ => false,
+        }
+    })
 }
 
 /// The pod's containers other than the training one (and its init containers other than the

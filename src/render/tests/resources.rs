@@ -97,17 +97,24 @@ fn the_allocator_reporter_is_put_on_pythonpath_only_where_asked_and_free() {
     );
 }
 
-/// Issue #50: the training process's threads fit its CPU quota, and the start-up guard runs
-/// with the same CPU limit so it can check the pod gets the cores the decision counted.
-#[test]
-fn threads_fit_the_quota_and_the_guard_checks_the_cores() {
+/// A DeepSpeed resolution whose training container (the first) was counted `cores` CPU cores
+/// and `threads` threads, and options that render the start-up guard.
+fn counted_cores(cores: f64, threads: u32) -> (Resolution, RenderOptions) {
     let mut res = resolved(Framework::DeepSpeed, Some("0.19.8"), fixtures::H200_READING);
-    res.cpu_cores = Some(2.5);
-    res.cpu_threads = Some(2);
+    res.cpu_cores = Some(cores);
+    res.cpu_threads = Some(threads);
     res.training_container = Some(0);
     let opts = RenderOptions {
         guard_image: Some("registry/offload-agent:1".into()),
     };
+    (res, opts)
+}
+
+/// Issue #50: the training process's threads fit its CPU quota, and the start-up guard runs
+/// with the same CPU limit so it can check the pod gets the cores the decision counted.
+#[test]
+fn threads_fit_the_quota_and_the_guard_checks_the_cores() {
+    let (res, opts) = counted_cores(2.5, 2);
     let mut t = template();
     t.spec.as_mut().unwrap().containers.push(Container {
         name: "sidecar".into(),
@@ -163,18 +170,12 @@ fn threads_fit_the_quota_and_the_guard_checks_the_cores() {
 /// check the cores: the pod is Guaranteed.
 #[test]
 fn whole_cores_make_the_pod_guaranteed_and_the_guard_checks_them() {
-    let mut res = resolved(Framework::DeepSpeed, Some("0.19.8"), fixtures::H200_READING);
-    res.cpu_cores = Some(8.0);
-    res.cpu_threads = Some(8);
-    res.training_container = Some(0);
+    let (mut res, opts) = counted_cores(8.0, 8);
     res.whole_cores = Some(crate::decision::WholeCores {
         container: 0,
         cores: 8,
         memory_bytes: 100 << 30,
     });
-    let opts = RenderOptions {
-        guard_image: Some("registry/offload-agent:1".into()),
-    };
     let mut t = template();
     apply_to_pod_template(&mut t, &res, None, &opts);
     let spec = t.spec.as_ref().unwrap();
