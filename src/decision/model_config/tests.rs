@@ -165,14 +165,19 @@ fn a_model_type_never_measured_keeps_a_stated_margin_and_a_measured_one_its_meas
         read(include_str!("../../../hack/gpu/models/qwen3-8b.json")),
         TypeStanding::Measured("qwen3", 1.16)
     );
-    let olmo = read(include_str!("../../../hack/gpu/models/olmo2-7b.json"));
-    assert_eq!(olmo, TypeStanding::Unmeasured);
-    assert!((olmo.factor() - 1.25).abs() < 1e-12);
-    let said = olmo.said().unwrap();
-    assert!(said.contains("never measured: +25 %"), "{said}");
+    let starcoder = read(include_str!("../../../hack/gpu/models/starcoder2-7b.json"));
+    assert_eq!(starcoder, TypeStanding::Unmeasured);
+    assert!((starcoder.factor() - 1.40).abs() < 1e-12);
+    let said = starcoder.said().unwrap();
+    assert!(said.contains("never measured: +40 %"), "{said}");
     assert_eq!(TypeStanding::Counted.said(), None);
-    // The margin is above what every measured type needed over the count.
-    for (name, f) in MEASURED_TYPES {
+    // The margin is above what every measured type needed over the count, and above what
+    // OLMo-2 needed over a Llama-style count that did not yet count its query and key norms
+    // (×1.36 in three runs on an H100, docs/benchmarks/raw/2026-12-06-h100-olmo2-starcoder2/).
+    for (name, f) in MEASURED_TYPES
+        .iter()
+        .chain([&("olmo2 (norms not counted)", 1.36)])
+    {
         assert!(TypeStanding::Unmeasured.factor() > *f, "{name} needed ×{f}");
     }
 }

@@ -55,6 +55,14 @@ pub(crate) const MODELS: &[(&str, &str)] = &[
         "qwen3-8b",
         include_str!("../../../hack/gpu/models/qwen3-8b.json"),
     ),
+    (
+        "olmo2-7b",
+        include_str!("../../../hack/gpu/models/olmo2-7b.json"),
+    ),
+    (
+        "starcoder2-7b",
+        include_str!("../../../hack/gpu/models/starcoder2-7b.json"),
+    ),
 ];
 
 pub(crate) fn model(name: &str) -> ModelShape {

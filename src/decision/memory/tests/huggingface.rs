@@ -633,3 +633,80 @@ fn the_converged_h100_loop_is_never_under_and_what_ran_out_does_not_fit() {
         }
     }
 }
+
+/// The H100 loop for two model types never measured before (OLMo-2 7B, StarCoder2 7B, 1 ×
+/// 4,096 tokens; docs/benchmarks/raw/2026-12-06-h100-olmo2-starcoder2/): as [`Recorded`].
+const NEW_TYPES_H100: &[Recorded] = &[
+    (
+        "olmo2-7b",
+        Some(0.78),
+        7.3e7,
+        4096.0,
+        (76.47 + 1.53) * GIB,
+        false,
+    ),
+    (
+        "olmo2-7b",
+        Some(0.88),
+        7.3e7,
+        4096.0,
+        72_245_530_112.0,
+        true,
+    ),
+    (
+        "olmo2-7b",
+        Some(0.82),
+        7.3e7,
+        4096.0,
+        78_722_059_776.0,
+        true,
+    ),
+    (
+        "starcoder2-7b",
+        Some(0.69),
+        7.5e7,
+        4096.0,
+        76_016_355_328.0,
+        true,
+    ),
+    (
+        "starcoder2-7b",
+        Some(0.67),
+        7.5e7,
+        4096.0,
+        77_375_604_736.0,
+        true,
+    ),
+];
+
+#[test]
+fn olmo2_counted_with_its_query_key_norms_is_never_under_and_its_first_run_would_not_fit() {
+    let h100 = ClassMemory {
+        gpu_bytes: 85_520_809_984,
+        gpu_node: "h100-0".into(),
+        ..h200()
+    };
+    for &(name, share, group, tokens, measured, trained) in NEW_TYPES_H100 {
+        let mut j = job(model(name), tokens);
+        j.sub_group_size = Some(group);
+        let placement = share.map_or(Placement::NoOffload, Placement::PartialOptimizer);
+        let (est, fit) = j.estimate_checked(placement, &h100);
+        let what = format!("{name} {placement:?}");
+        if name == "olmo2-7b" {
+            // Its query and key norms counted and ×1.06 measured: within 0.5 % of all three
+            // runs (the +25 % margin a type never measured had then was 4 % under the first).
+            assert!(j.shape.quirks.query_key_norms, "{what}");
+            assert_eq!(j.shape.standing.factor(), 1.06, "{what}");
+            never_under(&format!("{what}: GPU"), est.gpu, measured, 0.01);
+        } else {
+            // StarCoder2 keeps the margin of a type never measured: over by 8 % here with the
+            // +25 % it had then (the loop took that back in one run: 69 % → 67 %), more with
+            // the +40 % that covers OLMo-2's uncounted norms.
+            assert_eq!(j.shape.standing.factor(), 1.40, "{what}");
+            never_under(&format!("{what}: GPU"), est.gpu, measured, 0.30);
+        }
+        if !trained {
+            assert!(!fit.ok(), "{what} ran out: the model must not fit it");
+        }
+    }
+}
