@@ -43,7 +43,7 @@ metadata: {name: $1, namespace: bench, annotations: {offload.dev/profile: defaul
 spec:
   replicas: $6
   framework: {name: Megatron, version: "0.14.0"}
-  megatron: {tensorParallel: $6, sequenceParallel: true}
+  megatron: {tensorParallel: $6, sequenceParallel: true, transformerImpl: Local}
   model: {architecture: GPT, hiddenSize: $3, layers: $2, attentionHeads: $4, vocabSize: 50304, tokensPerStep: $5}
   offload: $offload
   template:

@@ -107,8 +107,8 @@ pub(super) fn model_annotations(
 }
 
 /// Megatron-core's layout of another kind's job, from `offload.dev/megatron-tensor-parallel`,
-/// `offload.dev/megatron-pipeline-parallel`, `offload.dev/megatron-distributed-optimizer` and
-/// `offload.dev/megatron-sequence-parallel`,
+/// `offload.dev/megatron-pipeline-parallel`, `offload.dev/megatron-distributed-optimizer`,
+/// `offload.dev/megatron-sequence-parallel` and `offload.dev/megatron-transformer-impl`,
 /// as `spec.megatron` of a TrainingJob; refused on a job whose framework is not Megatron.
 pub(super) fn megatron_annotations(
     annotations: &BTreeMap<String, String>,
@@ -120,6 +120,7 @@ pub(super) fn megatron_annotations(
         names::ANNOTATION_MEGATRON_PIPELINE_PARALLEL,
         names::ANNOTATION_MEGATRON_DISTRIBUTED_OPTIMIZER,
         names::ANNOTATION_MEGATRON_SEQUENCE_PARALLEL,
+        names::ANNOTATION_MEGATRON_TRANSFORMER_IMPL,
     ];
     if framework != offload_api::v1alpha1::Framework::Megatron
         && let Some(key) = keys.iter().find(|k| annotations.contains_key(**k))
@@ -152,6 +153,17 @@ pub(super) fn megatron_annotations(
             annotations,
             names::ANNOTATION_MEGATRON_SEQUENCE_PARALLEL,
         )?,
+        transformer_impl: annotations
+            .get(names::ANNOTATION_MEGATRON_TRANSFORMER_IMPL)
+            .map(|v| match v.trim() {
+                "local" => Ok(offload_api::v1alpha1::TransformerImpl::Local),
+                "transformer_engine" => Ok(offload_api::v1alpha1::TransformerImpl::TransformerEngine),
+                _ => Err(format!(
+                    "annotation {}: {v:?} is not local or transformer_engine (Megatron-LM's --transformer-impl)",
+                    names::ANNOTATION_MEGATRON_TRANSFORMER_IMPL
+                )),
+            })
+            .transpose()?,
     })
 }
 

@@ -386,6 +386,7 @@ fn megatron_advice(
         model_parallel,
         distributed,
         sequence,
+        unfused_attention,
     } = jm.sharding
     else {
         return;
@@ -405,6 +406,7 @@ fn megatron_advice(
                 model_parallel,
                 distributed: true,
                 sequence,
+                unfused_attention,
             },
             ..jm.clone()
         };
@@ -422,6 +424,7 @@ fn megatron_advice(
                 model_parallel,
                 distributed,
                 sequence: true,
+                unfused_attention,
             },
             ..jm.clone()
         };
@@ -441,6 +444,7 @@ fn megatron_advice(
                 model_parallel: groups,
                 distributed,
                 sequence,
+                unfused_attention,
             },
             ..jm.clone()
         };

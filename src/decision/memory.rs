@@ -150,6 +150,9 @@ pub enum Sharding {
         distributed: bool,
         /// `--sequence-parallel`.
         sequence: bool,
+        /// `--transformer-impl local`: unfused attention, whose sequence² scores a layer
+        /// holds while it runs.
+        unfused_attention: bool,
     },
     /// Unknown to the operator (`Generic`): nothing assumed sharded.
     Unsharded,
@@ -461,7 +464,7 @@ impl JobMemory {
                 }
                 (Sharding::Zero(_), _) => ((b + b + o + f) * p + act + c) * UNMEASURED_SAFETY,
                 (Sharding::Megatron { .. }, _) => {
-                    self.megatron_gpu(kept, act, c) * UNMEASURED_SAFETY
+                    self.megatron_gpu(kept, act, factor, c) * self.megatron_safety()
                 }
                 (Sharding::Unsharded, _) => {
                     ((b + b) * p + o * kept * p + act.max(f * kept * p) + c) * UNMEASURED_SAFETY

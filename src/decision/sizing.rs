@@ -246,6 +246,8 @@ fn job_memory_of(
                     model_parallel: tensor.saturating_mul(pipeline),
                     distributed: job.megatron.distributed_optimizer != Some(false),
                     sequence: job.megatron.sequence_parallel == Some(true),
+                    unfused_attention: job.megatron.transformer_impl
+                        == Some(offload_api::v1alpha1::TransformerImpl::Local),
                 }
             }
             Framework::Generic => Sharding::Unsharded,

@@ -97,6 +97,10 @@ pub const ANNOTATION_MEGATRON_DISTRIBUTED_OPTIMIZER: &str =
 /// Annotation on other job kinds and Pods of a Megatron-core job: `true` where it runs with
 /// `--sequence-parallel`, as `spec.megatron.sequenceParallel` (off when unset).
 pub const ANNOTATION_MEGATRON_SEQUENCE_PARALLEL: &str = "offload.dev/megatron-sequence-parallel";
+/// Annotation on other job kinds and Pods of a Megatron-core job: `local` or
+/// `transformer_engine`, Megatron-LM's `--transformer-impl`, as
+/// `spec.megatron.transformerImpl` (`transformer_engine` when unset).
+pub const ANNOTATION_MEGATRON_TRANSFORMER_IMPL: &str = "offload.dev/megatron-transformer-impl";
 /// Annotation on other job kinds and Pods: the model's total parameters, as in
 /// `spec.model.parameters` of a TrainingJob (`8B`, `8000000000`).
 pub const ANNOTATION_MODEL_PARAMETERS: &str = "offload.dev/model-parameters";

@@ -123,7 +123,15 @@ impl std::fmt::Display for super::Sharding {
                 model_parallel,
                 distributed,
                 sequence,
-            } => super::megatron::describe(f, *tensor, *model_parallel, *distributed, *sequence),
+                unfused_attention,
+            } => super::megatron::describe(
+                f,
+                *tensor,
+                *model_parallel,
+                *distributed,
+                *sequence,
+                *unfused_attention,
+            ),
             super::Sharding::Unsharded => f.write_str("no sharding"),
         }
     }

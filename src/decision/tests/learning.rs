@@ -304,7 +304,7 @@ fn a_run_that_trained_never_makes_the_next_decision_offload_more() {
 #[test]
 fn a_megatron_job_learns_like_a_deepspeed_job() {
     let mut job = megatron("0.14.0");
-    job.model = Some(bench_hints(9_000_000_000, 4096, 36));
+    job.model = Some(bench_hints(8_000_000_000, 4096, 36));
     let first = resolve(&job, &[node()]).unwrap();
     let r1 = share(&first);
     assert!(r1 > 0.0 && r1 < 1.0, "{}", first.summary());

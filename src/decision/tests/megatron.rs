@@ -169,6 +169,7 @@ fn without_sequence_parallelism_a_third_of_the_activations_stays_whole_on_each_r
             model_parallel: 2,
             distributed: true,
             sequence,
+            unfused_attention: false,
         }
         .to_string()
     };

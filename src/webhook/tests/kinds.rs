@@ -693,10 +693,30 @@ async fn megatron_pytorchjobs_take_their_layout_from_annotations() {
     // Declared sequence parallel, every activation splits over the two: less is offloaded.
     let mut sequence = megatron(Some("2"));
     sequence["offload.dev/megatron-sequence-parallel"] = json!("true");
-    let (object, r) = admit_ptj(ptj(sequence)).await;
+    let (object, r) = admit_ptj(ptj(sequence.clone())).await;
     assert_eq!(r["allowed"], true, "{r}");
     let with_sequence = fraction(&patched(&object, &r));
     assert!(with_sequence < split, "{with_sequence} against {split}");
+    // Declared on Megatron-core's local layers, each layer's unfused attention holds its
+    // sequence² scores: no less is offloaded. A value Megatron-LM does not take is refused.
+    let mut local = sequence.clone();
+    local["offload.dev/megatron-transformer-impl"] = json!("local");
+    let (object, r) = admit_ptj(ptj(local.clone())).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    let with_local = fraction(&patched(&object, &r));
+    assert!(
+        with_local >= with_sequence,
+        "{with_local} against {with_sequence}"
+    );
+    local["offload.dev/megatron-transformer-impl"] = json!("fused");
+    let (_, r) = admit_ptj(ptj(local)).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    assert!(
+        r["status"]["message"].as_str().unwrap().contains(
+            "offload.dev/megatron-transformer-impl: \"fused\" is not local or transformer_engine"
+        ),
+        "{r}"
+    );
     // Without the annotation each GPU is read as holding the whole model (data-parallel over
     // two): it fits no GH200, and the refusal says which annotation would fit it.
     let (_, whole) = admit_ptj(ptj(megatron(None))).await;

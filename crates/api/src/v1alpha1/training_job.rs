@@ -239,6 +239,23 @@ pub struct MegatronSpec {
     /// and the estimate counts them so. The operator reads it; the launch line sets it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequence_parallel: Option<bool>,
+    /// Megatron-LM's `--transformer-impl`: `TransformerEngine` (its default; fused attention
+    /// keeps no sequence² scores) or `Local` (Megatron-core's own modules: each layer's
+    /// attention holds its heads' sequence² scores while it runs and in its backward, which
+    /// the estimate counts). `TransformerEngine` when unset. The operator reads it; the launch
+    /// line sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transformer_impl: Option<TransformerImpl>,
+}
+
+/// Which modules build a Megatron-core model's layers (Megatron-LM's `--transformer-impl`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum TransformerImpl {
+    /// Transformer Engine's layers, with fused attention (`transformer_engine`).
+    #[default]
+    TransformerEngine,
+    /// Megatron-core's own layers, with unfused attention (`local`).
+    Local,
 }
 
 /// A key of a ConfigMap in the job's namespace.
