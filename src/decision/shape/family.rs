@@ -1,0 +1,76 @@
+//! What a model family builds beyond the Llama-style block, and how well the memory model knows
+//! what a `model_type`'s blocks keep for backward.
+
+/// What a model family builds beyond the Llama-style block, read from its `config.json`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Quirks {
+    /// A norm before and after both attention and the MLP, four a layer (Gemma-2 and -3):
+    /// each keeps what a Llama-style norm keeps (8 bytes per unit of width per token), and has
+    /// its own weight.
+    pub sandwich_norms: bool,
+    /// A norm over the whole query and the whole key (OLMo-2's `q_norm` / `k_norm`, after the
+    /// projections, before the heads are split): each keeps what a Llama-style norm keeps, 8
+    /// bytes per unit of its width per token, and has its own weight.
+    pub query_key_norms: bool,
+    /// The final logits softcapped (`final_logit_softcapping`: divided, `tanh`, multiplied
+    /// back): `tanh` keeps its 16-bit output for backward, 2 bytes per token per vocabulary
+    /// entry beside the loss's fp32 log-softmax.
+    pub softcapped_logits: bool,
+    /// Attention scores softcapped (`attn_logit_softcapping`): counted as a fused attention
+    /// keeps it (SDPA, FlashAttention with softcapping); an eager attention also keeps each
+    /// layer's sequence² scores, which the count does not cover and the reasons say.
+    pub softcapped_attention: bool,
+}
+
+/// Bytes per token per vocabulary entry the softcapped logits keep for backward: `tanh`'s
+/// 16-bit output.
+pub const SOFTCAP_SAVED_BYTES: f64 = 2.0;
+
+/// How the memory model knows what a model type's blocks keep for backward (its activations),
+/// from measurements on the H200 (docs/benchmarks/memory-h200.md).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TypeStanding {
+    /// Measured, and its blocks' terms count it (Llama, Mistral, Qwen2, Mixtral, GPT-NeoX, and
+    /// shapes given as hints, which describe those blocks).
+    Counted,
+    /// Measured: its blocks keep more than the terms count (per-head query/key norms, fused
+    /// projections), by this factor on the activations.
+    Measured(&'static str, f64),
+    /// A `model_type` never measured: [`UNMEASURED_TYPE_MARGIN`] more is kept on the
+    /// activations.
+    Unmeasured,
+}
+
+/// The margin kept on the activations of a `model_type` never measured: above what every type
+/// measured so far needed over the Llama-style count of its blocks, so that none of them would
+/// have run out with it: OLMo-2 +36 % before its query and key norms were counted (three runs
+/// on an H100, one of them out of memory under the +25 % this margin was before), Phi-3 +19 %,
+/// Qwen3 +16 %, Gemma-2 +6 % with its extra norms and softcapped logits counted. A type never
+/// measured may build what no count has seen (OLMo-3 has OLMo-2's norms, under another name).
+pub const UNMEASURED_TYPE_MARGIN: f64 = 0.40;
+
+impl TypeStanding {
+    /// The factor on the counted activations.
+    pub fn factor(self) -> f64 {
+        match self {
+            TypeStanding::Counted => 1.0,
+            TypeStanding::Measured(_, f) => f,
+            TypeStanding::Unmeasured => 1.0 + UNMEASURED_TYPE_MARGIN,
+        }
+    }
+
+    /// What a decision's reason says of it; nothing for a counted type.
+    pub fn said(self) -> Option<String> {
+        match self {
+            TypeStanding::Counted => None,
+            TypeStanding::Measured(name, f) => Some(format!(
+                "model_type {name} measured: its blocks keep {:.0} % more activations than the Llama-style count, counted",
+                (f - 1.0) * 100.0
+            )),
+            TypeStanding::Unmeasured => Some(format!(
+                "its model_type was never measured: +{:.0} % kept on the activations (what runs of it teach replaces this)",
+                UNMEASURED_TYPE_MARGIN * 100.0
+            )),
+        }
+    }
+}
