@@ -12,6 +12,7 @@
 # A CASE is NAME:LAYERSxHIDDEN:HEADS:SEQ[:SWEEP[:TP]] — a GPT of LAYERS blocks of width HIDDEN
 # with HEADS heads, SEQ tokens a step, vocabulary 50304; SWEEP the fractions to try besides the
 # decision's (comma-separated, 0 for no offload); TP the tensor-parallel size (GPUs: TP).
+# MANUAL_GC=1 adds Megatron-LM's --manual-gc to every run (a collection before the first step).
 # Leaves OUT/megatron.jsonl (one object a run), OUT/log.txt and the decisions.
 set -uo pipefail
 ops=$1 agent=$2 out=$3 deadline=$4
@@ -107,6 +108,8 @@ for case in "$@"; do
       [[ $args == *--optimizer-cpu-offload* || $f == 0 ]] ||
         args="$args --optimizer-cpu-offload --use-precision-aware-optimizer --optimizer-offload-fraction $f"
     fi
+    # MANUAL_GC=1: each run with Megatron-LM's --manual-gc (a collection before the first step).
+    [[ ${MANUAL_GC:-0} == 1 ]] && args="$args --manual-gc"
     log "$name $f: $placement (estimate GPU $gpu, host $host): $args"
     result=$(timeout 300 torchrun --standalone --nproc-per-node "$tp" "$here/megatron_step.py" \
       --layers "$layers" --hidden "$hidden" --heads "$heads" --vocab 50304 --seq "$seq" \
@@ -128,4 +131,6 @@ print(r.get("ended"), "allocated", g and round(g / 2**30, 1), "GiB, estimate",
       r.get("error", "")[:200])')"
   done
 done
+# One archive beside the folder: the device returns a limited number of files.
+tar czf "$out.tgz" -C "$out" .
 exit 0
