@@ -35,6 +35,14 @@ fn decide(model: &str, runs: usize) -> serde_json::Value {
 
 /// [`decide`] for the loop recorded in `folder`.
 fn decide_in(folder: &str, model: &str, runs: usize) -> serde_json::Value {
+    let files: Vec<PathBuf> = (1..=runs)
+        .map(|k| recorded_in(folder, &format!("cfg-{model}-run-{k}.json")))
+        .collect();
+    decide_after(folder, model, &files)
+}
+
+/// [`decide_in`] after the observed runs `files`, in order.
+fn decide_after(folder: &str, model: &str, files: &[PathBuf]) -> serde_json::Value {
     let recorded = |name: &str| recorded_in(folder, name);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_offload-operator"));
     cmd.arg("explain")
@@ -58,9 +66,8 @@ fn decide_in(folder: &str, model: &str, runs: usize) -> serde_json::Value {
                 .join(format!("hack/gpu/models/{model}.json"))
                 .display()
         ));
-    for k in 1..=runs {
-        cmd.arg("--observed")
-            .arg(recorded(&format!("cfg-{model}-run-{k}.json")));
+    for file in files {
+        cmd.arg("--observed").arg(file);
     }
     let out = cmd
         .args(["-o", "json"])
@@ -258,4 +265,42 @@ fn starcoder2_keeps_the_margin_and_its_loop_moves_only_toward_less_offload() {
         assert!(now <= before, "after {k} run(s): {now} > {before}");
         before = now;
     }
+}
+
+#[test]
+fn a_run_that_recorded_another_configuration_teaches_nothing_and_says_so() {
+    // OLMo-2's first run ran out at 78 %; the decision now is 81 %. The run recorded as the
+    // agent records it now (the OFFLOAD_* variables it was given) is not read as a run of 81 %.
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let with = |ratio: &str| {
+        let text = std::fs::read_to_string(recorded_in(NEW_TYPES, "cfg-olmo2-7b-run-1.json"))
+            .expect("the recorded run");
+        let mut run: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        run["configuration"] =
+            serde_json::json!({"OFFLOAD_MODE": "cpu-copy", "OFFLOAD_RATIO": ratio});
+        let file = dir.path().join(format!("run-{ratio}.json"));
+        std::fs::write(&file, run.to_string()).expect("written");
+        file
+    };
+    let now = ratio(&decide_in(NEW_TYPES, "olmo2-7b", 0));
+    let after = decide_after(NEW_TYPES, "olmo2-7b", &[with("0.78")]);
+    assert_eq!(ratio(&after), now, "{after}");
+    let step = &after["closedLoop"][0];
+    assert_eq!(
+        step["configuration"], "OFFLOAD_MODE=cpu-copy OFFLOAD_RATIO=0.78",
+        "{step}"
+    );
+    let said = step["outcome"].as_str().unwrap_or_default();
+    assert!(
+        said.contains("not the configuration decided now") && said.contains("teach nothing"),
+        "{said}"
+    );
+    assert!(step.get("lesson").is_none(), "{step}");
+    // The same out-of-memory recorded at the share decided now is learned from: more offload.
+    let learned = decide_after(NEW_TYPES, "olmo2-7b", &[with(&format!("{now}"))]);
+    assert!(ratio(&learned) > now, "{learned}");
+    assert!(
+        learned["closedLoop"][0].get("lesson").is_some(),
+        "{learned}"
+    );
 }

@@ -167,6 +167,7 @@ pub fn observe_command<S: UtilizationSource + ?Sized>(
             host_memory_source: host.map(|_| HostMemorySource::ProcessPeakRss),
             allocator_peak_bytes: reported,
         },
+        configuration: run_configuration(std::env::vars()),
     })
 }
 
@@ -223,5 +224,42 @@ mod tests {
         assert_eq!(ObservedRun::parse(&json).unwrap(), run);
         assert!(observe_command(&gpu, &[], Duration::ZERO, &[]).is_err());
         assert!(observe_command(&gpu, &[], Duration::ZERO, &["/no/such".into()]).is_err());
+    }
+}
+
+/// The offload configuration a run was given, from the environment it inherits: the variables
+/// the operator renders that say which configuration ran, each cut to what a record keeps.
+fn run_configuration(
+    vars: impl Iterator<Item = (String, String)>,
+) -> std::collections::BTreeMap<String, String> {
+    use offload_api::observed::{MAX_CONFIGURATION_VALUE, RUN_CONFIGURATION_KEYS};
+    vars.filter(|(k, _)| RUN_CONFIGURATION_KEYS.contains(&k.as_str()))
+        .map(|(k, v)| (k, v.chars().take(MAX_CONFIGURATION_VALUE).collect()))
+        .collect()
+}
+
+#[cfg(test)]
+mod configuration_tests {
+    use super::run_configuration;
+
+    #[test]
+    fn a_run_records_only_the_rendered_offload_variables_and_cuts_long_values() {
+        let vars = [
+            ("OFFLOAD_MODE", "cpu-copy".to_string()),
+            ("OFFLOAD_RATIO", "0.78".to_string()),
+            (
+                "OFFLOAD_CONFIG_FILE",
+                "/etc/offload/ds_config.json".to_string(),
+            ),
+            ("PATH", "/usr/bin".to_string()),
+            ("OFFLOAD_PROFILE", "p".repeat(200)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v));
+        let c = run_configuration(vars);
+        assert_eq!(c.len(), 3, "{c:?}");
+        assert_eq!(c["OFFLOAD_MODE"], "cpu-copy");
+        assert_eq!(c["OFFLOAD_RATIO"], "0.78");
+        assert_eq!(c["OFFLOAD_PROFILE"].chars().count(), 64);
     }
 }

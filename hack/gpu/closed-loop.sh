@@ -81,7 +81,14 @@ EOF
       mkdir -p "$out/reporter" && cp "$root/src/render/memory_report.py" "$out/reporter/sitecustomize.py"
       pypath=$out/reporter:/tmp/site
     fi
-    PYTHONPATH=$pypath "$agent" observe --interval-ms 100 --out "$run" -- \
+    # The decision's rendered variables in the run's environment, as a pod has them: the agent
+    # records the configuration the run was given (OFFLOAD_MODE, OFFLOAD_RATIO, …).
+    mapfile -t runenv < <(python3 -c '
+import json, sys
+for v in json.load(open(sys.argv[1])).get("env", []):
+    if v.get("name", "").startswith("OFFLOAD_") and "value" in v:
+        print("%s=%s" % (v["name"], v["value"]))' "$decision")
+    env "${runenv[@]}" PYTHONPATH=$pypath "$agent" observe --interval-ms 100 --out "$run" -- \
       python3 "$here/hf_step.py" --config "$out/$name-$model-ds-$k.json" --model "$here/models/$model.json" \
       --phases "$phases" --steps "${STEPS:-6}" --label "$name $model run $k" 2>"$out/$name-$model-run-$k.log"
     grep '^{' "$out/$name-$model-run-$k.log" | tail -1 >"$out/$name-$model-step-$k.json"

@@ -1,7 +1,9 @@
 //! `explain --observed FILE`: the evidence of runs, offline. Each file is a run of the job as
 //! the agent saw it (`offload-agent observe -- COMMAND`, or a node's `offload.dev/observed`
 //! summary holding the job's pods); in order, each is taken as a run of the configuration
-//! decided at that point. A run that ran teaches the memory model what it used; one that ran out
+//! decided at that point — unless it recorded the configuration it was given (the agent keeps
+//! the run's `OFFLOAD_*` variables) and that is another: then it teaches nothing, and the step
+//! says what it ran. A run that ran teaches the memory model what it used; one that ran out
 //! of GPU or host memory is recorded as the controller records it (`status.memoryFailures`) and
 //! teaches that it needed more. The decision shown is the one the operator makes next.
 
@@ -39,6 +41,9 @@ pub struct Evidence {
     /// It finished its training: the process exited 0 (a node's summary of a running pod
     /// says only that it ran so far).
     pub trained: bool,
+    /// The offload configuration the run recorded it was given (`OFFLOAD_MODE`,
+    /// `OFFLOAD_RATIO`, …); empty where it recorded none.
+    pub configuration: std::collections::BTreeMap<String, String>,
 }
 
 /// One step of the loop, as `explain` shows it.
@@ -98,6 +103,7 @@ pub fn read_evidence(source: &str, text: &str, job: &str) -> Result<Evidence, St
             trained: run.succeeded(),
             pod: run.pod,
             outcome,
+            configuration: run.configuration,
         });
     }
     let summary = ObservedSummary::parse(text).map_err(|e| {
@@ -140,6 +146,26 @@ pub fn read_evidence(source: &str, text: &str, job: &str) -> Result<Evidence, St
         pod: merged.ok_or_else(|| format!("{source}: no pod"))?,
         outcome: Outcome::Ran,
         trained: false,
+        configuration: Default::default(),
+    })
+}
+
+/// Where a run recorded the configuration it was given and that is not `res`'s (the decision
+/// made now, from what the model and the runs before it know): what it ran, in words. Its
+/// figures are of another configuration, so they are not read as a run of this one.
+fn ran_another(ev: &Evidence, res: &crate::decision::Resolution) -> Option<String> {
+    use offload_api::names::{ENV_MODE, ENV_RATIO};
+    let mode = ev.configuration.get(ENV_MODE)?;
+    let ratio = ev.configuration.get(ENV_RATIO);
+    let now_ratio = crate::render::format_ratio(res.ratio);
+    let same_ratio = ratio.is_none_or(|r| {
+        r == &now_ratio || r.parse::<f64>().is_ok_and(|r| (r - res.ratio).abs() < 1e-9)
+    });
+    (mode != res.mode.env_value() || !same_ratio).then(|| {
+        format!(
+            "{ENV_MODE}={mode}{}",
+            ratio.map_or(String::new(), |r| format!(" {ENV_RATIO}={r}"))
+        )
     })
 }
 
@@ -234,6 +260,18 @@ pub fn explain_after(tj: &TrainingJob, inputs: &mut Inputs, evidence: &[Evidence
         if let Some(held) = held_after_retries(&tj, inputs, &status.profile) {
             steps.push(step(held, None));
             break;
+        }
+        if let Some(ran) = ran_another(ev, &res) {
+            let mut taken = step(
+                format!(
+                    "{}; it ran {ran}, not the configuration decided now: its figures are of another configuration and teach nothing here",
+                    outcome_said(&ev.outcome)
+                ),
+                None,
+            );
+            taken.configuration = ran;
+            steps.push(taken);
+            continue;
         }
         if let Some(why) = implausible(&ev.pod, inputs) {
             steps.push(step(

@@ -405,6 +405,18 @@ fn recorded_runs_give_the_next_decision_offline() {
             .unwrap_err()
             .contains("neither an observed run")
     );
+    // A recorded configuration holds only the rendered variables, each short.
+    let mut configured = other.clone();
+    configured["configuration"] =
+        serde_json::json!({"OFFLOAD_MODE": "cpu-copy", "OFFLOAD_RATIO": "0.5"});
+    let read = read_evidence("x", &configured.to_string(), "j").unwrap();
+    assert_eq!(read.configuration["OFFLOAD_RATIO"], "0.5");
+    configured["configuration"]["LD_PRELOAD"] = "x".into();
+    let e = read_evidence("x", &configured.to_string(), "j").unwrap_err();
+    assert!(e.contains("a configuration variable \"LD_PRELOAD\""), "{e}");
+    configured["configuration"] = serde_json::json!({"OFFLOAD_MODE": "c".repeat(65)});
+    let e = read_evidence("x", &configured.to_string(), "j").unwrap_err();
+    assert!(e.contains("at most 64 characters"), "{e}");
     other["pod"]["gpuMemoryPeakBytes"] = (200u64 << 30).into();
     assert!(
         read_evidence("x", &other.to_string(), "j")

@@ -248,7 +248,24 @@ pub struct ObservedRun {
     pub message: String,
     /// Its GPUs and host memory over the run, as a pod's are over a window.
     pub pod: PodObservation,
+    /// The configuration the run was given: the offload variables of its environment as the
+    /// operator renders them ([`RUN_CONFIGURATION_KEYS`]: `OFFLOAD_MODE`, `OFFLOAD_RATIO`, …).
+    /// Empty where it had none (a run the operator did not configure, or an older agent).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub configuration: std::collections::BTreeMap<String, String>,
 }
+
+/// The variables of a run's environment an observed run records: what says which offload
+/// configuration it ran.
+pub const RUN_CONFIGURATION_KEYS: [&str; 4] = [
+    crate::names::ENV_MODE,
+    crate::names::ENV_RATIO,
+    crate::names::ENV_OVERLAP,
+    crate::names::ENV_PROFILE,
+];
+
+/// Longest value of a recorded configuration variable.
+pub const MAX_CONFIGURATION_VALUE: usize = 64;
 
 impl ObservedRun {
     /// Parses an observed run: size first, then version, then fields, then figures.
@@ -269,6 +286,16 @@ impl ObservedRun {
             return impossible(format!(
                 "busy fraction {} from {} samples",
                 run.pod.gpu_busy, run.pod.samples
+            ));
+        }
+        if let Some((k, v)) = run.configuration.iter().find(|(k, v)| {
+            !RUN_CONFIGURATION_KEYS.contains(&k.as_str())
+                || v.chars().count() > MAX_CONFIGURATION_VALUE
+        }) {
+            return impossible(format!(
+                "a configuration variable {k:?} = {:?} (recorded: {} of at most {MAX_CONFIGURATION_VALUE} characters)",
+                v.chars().take(MAX_CONFIGURATION_VALUE).collect::<String>(),
+                RUN_CONFIGURATION_KEYS.join(", ")
             ));
         }
         check_memory(&run.pod)?;
