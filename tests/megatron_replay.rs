@@ -143,13 +143,9 @@ fn every_run_that_trained_is_never_under_and_within_its_bound() {
             assert!(gpu > allocated + GIB, "{what}: {gpu}");
             continue;
         }
-        // No offload and the whole state offloaded within 5 %; a partial fraction lands on
-        // whole tensors past it, which the GPU estimate does not count on: within 7 %.
-        let bound = if f == 0.0 || f == 1.0 { 0.05 } else { 0.07 };
-        assert!(
-            gpu / allocated - 1.0 <= bound,
-            "{what}: {gpu} / {allocated}"
-        );
+        // Within 5 % (a partial fraction lands on whole tensors past it: the GPU estimate
+        // counts the fraction itself, the most the GPU can keep).
+        assert!(gpu / allocated - 1.0 <= 0.05, "{what}: {gpu} / {allocated}");
         if let Some(host) = host {
             assert!(host >= rss, "{what}: host {host} < {rss}");
         }
@@ -163,6 +159,8 @@ fn what_ran_out_in_the_second_call_does_not_fit_and_what_trained_is_never_under(
         ("gpt3b32", 0.0, 75.4 + 0.11, false),
         ("gpt3b32", 0.2, 75.2 + 1.5, false),
         ("gpt5b", 0.5, 75.2 + 1.0, false),
+        // 70 % of the 5.3B: 74.3 GiB needed with 1.7 GiB free; the estimate is over it and
+        // over the budget, which keeps the allocator's measured reserve free.
         ("gpt5b", 0.7, 72.3 + 2.0, false),
         // These two ran without the hybrid optimizer's first copy (the collector freed it):
         // the estimate counts it, 15-20 % over here.

@@ -299,6 +299,9 @@ pub enum PartialShares {
     Groups(Vec<f64>),
     /// Only a bound: the share lands within this much of the ratio.
     Within(f64),
+    /// The share is the ratio or more, by at most this much (whole tensors offloaded until the
+    /// ratio is reached: Megatron-core's hybrid device optimizer).
+    AtLeast(f64),
 }
 
 impl PartialShares {
@@ -310,6 +313,7 @@ impl PartialShares {
                 (s, s)
             }
             PartialShares::Within(g) => ((ratio - g).max(0.0), (ratio + g).min(1.0)),
+            PartialShares::AtLeast(g) => (ratio, (ratio + g).min(1.0)),
         }
     }
 }
@@ -547,7 +551,7 @@ impl JobMemory {
         let (gpu_share, host_share) = shares.bounds(ratio);
         let groups = match shares {
             PartialShares::Groups(g) => Some(g.as_slice()),
-            PartialShares::Within(_) => None,
+            PartialShares::Within(_) | PartialShares::AtLeast(_) => None,
         };
         let on_gpu = self.estimate_with(placement, gpu_share, groups, flushes, class);
         let on_host = self.estimate_with(placement, host_share, groups, flushes, class);
@@ -587,15 +591,24 @@ impl JobMemory {
         }
     }
 
-    /// GPU memory this job's estimates may use on `class`: the class's budget, less what the
-    /// allocator needs to place the step's largest activation where that is more than the
-    /// fragmentation share ([`LARGE_ALLOCATION_FRAGMENTATION`]).
+    /// GPU memory this job's estimates may use on `class`: the class's budget, less the room
+    /// the allocator needs ([`JobMemory::allocator_room`]) where that is more than the
+    /// fragmentation share.
     pub fn gpu_budget(&self, class: &ClassMemory) -> f64 {
         let total = as_f64(class.gpu_bytes);
-        let largest = self.largest_activation();
-        let fragmentation =
-            (FRAGMENTATION_SHARE * total).max(LARGE_ALLOCATION_FRAGMENTATION * largest);
+        let fragmentation = (FRAGMENTATION_SHARE * total).max(self.allocator_room());
         (total - CONTEXT_RESERVE_BYTES - fragmentation).max(0.0)
+    }
+
+    /// What the caching allocator holds beyond what is allocated at the peak: room to place the
+    /// step's largest activation ([`LARGE_ALLOCATION_FRAGMENTATION`] of it), and for
+    /// Megatron-core the reserve measured with it ([`megatron::MEGATRON_ALLOCATOR_RESERVE`]).
+    pub fn allocator_room(&self) -> f64 {
+        let largest = LARGE_ALLOCATION_FRAGMENTATION * self.largest_activation();
+        match self.sharding {
+            Sharding::Megatron { .. } => largest.max(megatron::MEGATRON_ALLOCATOR_RESERVE),
+            _ => largest,
+        }
     }
 
     /// Bytes of the step's largest single activation: the loss's fp32 logits of a micro-batch
@@ -610,13 +623,12 @@ impl JobMemory {
     }
 }
 
-/// The memory a GPU must have for an estimate of `estimate` bytes to fit it, with `largest`
-/// bytes of the step's largest activation: the inverse of [`JobMemory::gpu_budget`], rounded up
-/// to MiB (what a DRA claim's selector asks for).
-pub fn gpu_memory_for(estimate: f64, largest: f64) -> u64 {
+/// The memory a GPU must have for an estimate of `estimate` bytes to fit it, with `room` bytes
+/// the allocator needs beyond it ([`JobMemory::allocator_room`]): the inverse of
+/// [`JobMemory::gpu_budget`], rounded up to MiB (what a DRA claim's selector asks for).
+pub fn gpu_memory_for(estimate: f64, room: f64) -> u64 {
     let needed = estimate.max(0.0) + CONTEXT_RESERVE_BYTES;
-    let total = (needed / (1.0 - FRAGMENTATION_SHARE))
-        .max(needed + LARGE_ALLOCATION_FRAGMENTATION * largest.max(0.0));
+    let total = (needed / (1.0 - FRAGMENTATION_SHARE)).max(needed + room.max(0.0));
     bytes(total).div_ceil(1 << 20).saturating_mul(1 << 20)
 }
 

@@ -157,8 +157,9 @@ pub struct MemoryEstimate {
     pub host_budget_bytes: Option<u64>,
     /// Of `gpu_bytes`, the part without activations (counted exactly).
     pub gpu_structural_bytes: u64,
-    /// Bytes of the step's largest single activation (what the allocator must place at once).
-    pub gpu_largest_activation_bytes: u64,
+    /// Bytes the caching allocator needs beyond the estimate: room for the step's largest
+    /// single activation, or the framework's measured reserve.
+    pub gpu_allocator_room_bytes: u64,
     /// The job's shape key.
     pub shape: String,
     /// What was learned for the shape on the class, in effect in these figures.
@@ -178,7 +179,7 @@ impl MemoryEstimate {
             host_bytes_per_pod: memory::bytes(est.host_per_pod),
             host_budget_bytes: cm.host_per_pod,
             gpu_structural_bytes: memory::bytes(est.structural),
-            gpu_largest_activation_bytes: memory::bytes(jm.largest_activation()),
+            gpu_allocator_room_bytes: memory::bytes(jm.allocator_room()),
             shape: jm.shape_key.clone(),
             learned: est.learned,
         }

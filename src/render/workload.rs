@@ -285,7 +285,7 @@ pub fn pin_claims(
     let min_gpu_memory = res.memory.as_ref().map(|m| {
         crate::decision::memory::gpu_memory_for(
             m.gpu_bytes as f64,
-            m.gpu_largest_activation_bytes as f64,
+            m.gpu_allocator_room_bytes as f64,
         )
     });
     // Nothing to pin: any class, and no memory the GPUs must have.

@@ -652,8 +652,8 @@ async fn megatron_pytorchjobs_take_their_layout_from_annotations() {
     let megatron = |tensor: Option<&str>| {
         let mut a = json!({
             "offload.dev/framework": "Megatron", "offload.dev/framework-version": "0.14.0",
-            "offload.dev/model-parameters": "20B", "offload.dev/architecture": "GPT",
-            "offload.dev/hidden-size": "6144", "offload.dev/layers": "44",
+            "offload.dev/model-parameters": "18B", "offload.dev/architecture": "GPT",
+            "offload.dev/hidden-size": "6144", "offload.dev/layers": "40",
             "offload.dev/tokens-per-step": "4096"});
         if let Some(t) = tensor {
             a["offload.dev/megatron-tensor-parallel"] = json!(t);

@@ -406,7 +406,7 @@ fn the_headroom_for_the_largest_activation_keeps_what_ran_out_out_and_what_stepp
     };
     assert_eq!(unknown.gpu_budget(&h200()), h200().gpu_budget());
     // What a DRA selector asks for is the inverse of the budget.
-    let asked = crate::decision::memory::gpu_memory_for(est.gpu, j.largest_activation());
+    let asked = crate::decision::memory::gpu_memory_for(est.gpu, j.allocator_room());
     let class = ClassMemory {
         gpu_bytes: asked,
         ..h200()
