@@ -247,3 +247,32 @@ fn columns(kind: &str) -> Vec<String> {
         .chain(printed.map(|c| c.name.to_uppercase()))
         .collect()
 }
+
+#[tokio::test]
+async fn a_component_that_exits_is_named_with_the_end_of_its_log() {
+    // What a test that timed out waiting on the cluster reports (support::wait and poll).
+    let cluster = offload_testenv::devcluster::DevCluster::start(ClusterOptions::default())
+        .await
+        .unwrap();
+    assert!(cluster.exited_components().is_empty());
+    let pid = cluster.pids()["kube-apiserver"];
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let cluster = &cluster;
+    let gone = poll(
+        "the killed kube-apiserver to be named",
+        Duration::from_secs(30),
+        || async move {
+            let e = cluster.exited_components();
+            e.iter()
+                .any(|(name, _)| *name == "kube-apiserver")
+                .then_some(e)
+        },
+    )
+    .await;
+    assert_eq!(gone.len(), 1, "{gone:?}");
+    assert!(!gone[0].1.trim().is_empty(), "its log's last lines");
+}

@@ -439,6 +439,30 @@ impl DevCluster {
         self.procs.iter().map(|p| (p.name, p.child.id())).collect()
     }
 
+    /// The components that are no longer running (their process gone or a zombie), each with
+    /// the last lines of its log: what a test that timed out waiting on the cluster reports.
+    pub fn exited_components(&self) -> Vec<(&'static str, String)> {
+        self.procs
+            .iter()
+            .filter(|p| {
+                let stat = fs::read_to_string(format!("/proc/{}/stat", p.child.id()));
+                // The state follows the command's closing parenthesis: `Z` or `X` is gone.
+                stat.map_or(true, |s| {
+                    s.rsplit_once(") ")
+                        .is_none_or(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X'))
+                })
+            })
+            .map(|p| {
+                let text = fs::read_to_string(&p.log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                (
+                    p.name,
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+                )
+            })
+            .collect()
+    }
+
     /// Resident memory of each running component, in KiB (from `/proc`), for benchmarks.
     pub fn memory_kib(&self) -> BTreeMap<&'static str, u64> {
         self.procs

@@ -21,10 +21,26 @@ use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, Resource};
 use serde_json::json;
 
+/// The shared cluster of this test binary, once started.
+static CLUSTER: OnceLock<DevCluster> = OnceLock::new();
+
+/// What is wrong with the shared cluster, for a test that timed out waiting on it: the
+/// components that exited, with their logs' last lines; empty where all run (or none started).
+fn cluster_health() -> String {
+    CLUSTER
+        .get()
+        .map(|c| {
+            c.exited_components()
+                .into_iter()
+                .map(|(name, tail)| format!("\n{name} is no longer running; its log ends:\n{tail}"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The shared cluster of this test binary, started on first use with `options`. Every test of
 /// one binary must ask for the same options.
 pub fn cluster(options: ClusterOptions) -> &'static DevCluster {
-    static CLUSTER: OnceLock<DevCluster> = OnceLock::new();
     let cluster = CLUSTER.get_or_init(|| {
         // Started on its own runtime: each #[tokio::test] has a runtime of its own that ends
         // with the test, and the cluster outlives them all.
@@ -136,7 +152,10 @@ pub async fn apply_crds(client: &Client) {
 pub async fn wait<T>(what: &str, timeout: Duration, fut: impl Future<Output = T>) -> T {
     match tokio::time::timeout(timeout, fut).await {
         Ok(v) => v,
-        Err(_) => panic!("timed out after {timeout:?} waiting for {what}"),
+        Err(_) => panic!(
+            "timed out after {timeout:?} waiting for {what}{}",
+            cluster_health()
+        ),
     }
 }
 
@@ -199,7 +218,8 @@ where
         }
         assert!(
             start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
+            "timed out after {timeout:?} waiting for {what}{}",
+            cluster_health()
         );
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(500));
