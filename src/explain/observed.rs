@@ -157,10 +157,8 @@ fn ran_another(ev: &Evidence, res: &crate::decision::Resolution) -> Option<Strin
     use offload_api::names::{ENV_MODE, ENV_RATIO};
     let mode = ev.configuration.get(ENV_MODE)?;
     let ratio = ev.configuration.get(ENV_RATIO);
-    let now_ratio = crate::render::format_ratio(res.ratio);
-    let same_ratio = ratio.is_none_or(|r| {
-        r == &now_ratio || r.parse::<f64>().is_ok_and(|r| (r - res.ratio).abs() < 1e-9)
-    });
+    let same_ratio =
+        ratio.is_none_or(|r| r.parse::<f64>().is_ok_and(|r| (r - res.ratio).abs() < 1e-9));
     (mode != res.mode.env_value() || !same_ratio).then(|| {
         format!(
             "{ENV_MODE}={mode}{}",

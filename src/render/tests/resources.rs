@@ -97,6 +97,11 @@ fn the_allocator_reporter_is_put_on_pythonpath_only_where_asked_and_free() {
     );
 }
 
+/// The start-up guard's arguments.
+fn guard_args(guard: &Container) -> &[String] {
+    guard.args.as_deref().unwrap_or_default()
+}
+
 /// A DeepSpeed resolution whose training container (the first) was counted `cores` CPU cores
 /// and `threads` threads, and options that render the start-up guard.
 fn counted_cores(cores: f64, threads: u32) -> (Resolution, RenderOptions) {
@@ -131,11 +136,7 @@ fn threads_fit_the_quota_and_the_guard_checks_the_cores() {
     );
     let guard = &spec.init_containers.as_ref().unwrap()[0];
     assert!(
-        guard
-            .args
-            .as_ref()
-            .unwrap()
-            .contains(&"--cpu-cores=2500m".to_string()),
+        guard_args(guard).contains(&"--cpu-cores=2500m".to_string()),
         "{:?}",
         guard.args
     );
@@ -190,13 +191,7 @@ fn whole_cores_make_the_pod_guaranteed_and_the_guard_checks_them() {
         ("102400Mi", "102400Mi")
     );
     let guard = &spec.init_containers.as_ref().unwrap()[0];
-    assert!(
-        guard
-            .args
-            .as_ref()
-            .unwrap()
-            .contains(&"--whole-cores".to_string())
-    );
+    assert!(guard_args(guard).contains(&"--whole-cores".to_string()));
     let g = guard.resources.as_ref().unwrap();
     for name in ["cpu", "memory"] {
         assert_eq!(

@@ -3,6 +3,15 @@
 use super::*;
 use crate::decision::shape::tests::model;
 
+/// The H100 80GB HBM3 of the recorded H100 runs (its NVML total), otherwise the H200's class.
+fn h100() -> ClassMemory {
+    ClassMemory {
+        gpu_bytes: 85_520_809_984,
+        gpu_node: "h100-0".into(),
+        ..h200()
+    }
+}
+
 /// Every Hugging Face run on the H200 (call1/call2-memory.jsonl of
 /// docs/benchmarks/raw/2026-12-01-h200-arch): the model, what was offloaded, tokens per
 /// micro-batch, the peak GPU memory allocated, the process's peak RSS, and whether it trained
@@ -459,11 +468,7 @@ const MEASURED_H100: &[(&str, f64, f64, f64, f64)] = &[
 
 #[test]
 fn recorded_h100_runs_of_the_newer_model_types_are_never_under() {
-    let h100 = ClassMemory {
-        gpu_bytes: 85_520_809_984,
-        gpu_node: "h100-0".into(),
-        ..h200()
-    };
+    let h100 = h100();
     for &(name, share, group, tokens, measured) in MEASURED_H100 {
         let mut j = job(model(name), tokens);
         j.sub_group_size = Some(group);
@@ -607,11 +612,7 @@ const CONVERGED_H100: &[Recorded] = &[
 
 #[test]
 fn the_converged_h100_loop_is_never_under_and_what_ran_out_does_not_fit() {
-    let h100 = ClassMemory {
-        gpu_bytes: 85_520_809_984,
-        gpu_node: "h100-0".into(),
-        ..h200()
-    };
+    let h100 = h100();
     for &(name, share, group, tokens, measured, trained) in CONVERGED_H100 {
         let mut j = job(model(name), tokens);
         j.sub_group_size = Some(group);
@@ -681,11 +682,7 @@ const NEW_TYPES_H100: &[Recorded] = &[
 
 #[test]
 fn olmo2_counted_with_its_query_key_norms_is_never_under_and_its_first_run_would_not_fit() {
-    let h100 = ClassMemory {
-        gpu_bytes: 85_520_809_984,
-        gpu_node: "h100-0".into(),
-        ..h200()
-    };
+    let h100 = h100();
     for &(name, share, group, tokens, measured, trained) in NEW_TYPES_H100 {
         let mut j = job(model(name), tokens);
         j.sub_group_size = Some(group);
