@@ -110,6 +110,13 @@ pub enum DevClusterError {
     Node(String),
 }
 
+impl DevClusterError {
+    /// Whether a component stopped because its port was taken ("address already in use").
+    pub fn lost_a_port(&self) -> bool {
+        matches!(self, DevClusterError::NotReady { tail, .. } if tail.contains("address already in use"))
+    }
+}
+
 pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> DevClusterError {
     let what = what.into();
     move |source| DevClusterError::Io { what, source }
@@ -189,7 +196,24 @@ fn remove_stale_dirs() {
 impl DevCluster {
     /// Starts etcd and kube-apiserver (and whatever `options` asks for) and waits until the API
     /// server answers `/readyz`.
+    ///
+    /// A component that could not bind its port (taken between [`free_port`]'s check and the
+    /// component's bind, by a test process beside this one) is no fault of the cluster: the
+    /// start is tried again on new ports, up to three times in all.
     pub async fn start(options: ClusterOptions) -> Result<DevCluster, DevClusterError> {
+        let mut tries = 1;
+        loop {
+            match Self::start_once(options).await {
+                Err(e) if tries < 3 && e.lost_a_port() => {
+                    eprintln!("a component lost its port to another process, starting again: {e}");
+                    tries += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn start_once(options: ClusterOptions) -> Result<DevCluster, DevClusterError> {
         let bin_dir = ensure_binaries()?;
         for bin in ["etcd", "kube-apiserver", "kubectl"] {
             if !bin_dir.join(bin).is_file() {
