@@ -148,7 +148,8 @@ impl DevCluster {
         Ok(extra)
     }
 
-    pub(super) fn start_controller_manager(&mut self) -> Result<(), DevClusterError> {
+    /// Launches kube-controller-manager; the port it serves on.
+    pub(super) fn start_controller_manager(&mut self) -> Result<u16, DevClusterError> {
         let port = free_port()?;
         let kc = self.kubeconfig.display().to_string();
         let root = self.root.clone();
@@ -182,10 +183,12 @@ impl DevCluster {
                 "--kube-api-burst=400".into(),
                 "--v=1".into(),
             ],
-        )
+        )?;
+        Ok(port)
     }
 
-    pub(super) fn start_scheduler(&mut self) -> Result<(), DevClusterError> {
+    /// Launches kube-scheduler; the port it serves on.
+    pub(super) fn start_scheduler(&mut self) -> Result<u16, DevClusterError> {
         let port = free_port()?;
         let kc = self.kubeconfig.display().to_string();
         self.launch(
@@ -201,10 +204,12 @@ impl DevCluster {
                 "--kube-api-burst=400".into(),
                 "--v=1".into(),
             ],
-        )
+        )?;
+        Ok(port)
     }
 
-    pub(super) fn start_kwok(&mut self) -> Result<(), DevClusterError> {
+    /// Launches kwok; the port it serves on.
+    pub(super) fn start_kwok(&mut self) -> Result<u16, DevClusterError> {
         let stages = self.bin_dir.join("../kwok-stages");
         let mut configs = Vec::new();
         if let Ok(entries) = fs::read_dir(&stages) {
@@ -244,6 +249,43 @@ impl DevCluster {
             "--node-ip=10.244.0.1".into(),
         ];
         args.extend(configs);
-        self.launch("kwok", &args)
+        self.launch("kwok", &args)?;
+        Ok(port)
+    }
+
+    /// Waits until each component listens on its port. One that exits first (its port taken
+    /// by another process, most often) is an error with the end of its log, so a cluster never
+    /// starts without a scheduler or controller manager that tests then wait on in vain.
+    pub(super) async fn wait_listening(
+        &mut self,
+        components: &[(&'static str, u16)],
+        timeout: Duration,
+    ) -> Result<(), DevClusterError> {
+        let start = Instant::now();
+        let mut delay = Duration::from_millis(50);
+        let mut waiting: Vec<(&'static str, u16)> = components.to_vec();
+        loop {
+            let mut still = Vec::new();
+            for (name, port) in waiting {
+                if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .is_err()
+                {
+                    still.push((name, port));
+                }
+            }
+            waiting = still;
+            let Some(&(first, _)) = waiting.first() else {
+                return Ok(());
+            };
+            if let Some(exited) = self.exited() {
+                return Err(self.not_ready(exited, start.elapsed()));
+            }
+            if start.elapsed() > timeout {
+                return Err(self.not_ready(first, start.elapsed()));
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(500));
+        }
     }
 }

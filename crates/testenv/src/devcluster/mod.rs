@@ -265,15 +265,22 @@ impl DevCluster {
             });
         }
         cluster.start_etcd_and_apiserver().await?;
+        let mut serving = Vec::new();
         if options.controller_manager {
-            cluster.start_controller_manager()?;
+            serving.push((
+                "kube-controller-manager",
+                cluster.start_controller_manager()?,
+            ));
         }
         if options.scheduler {
-            cluster.start_scheduler()?;
+            serving.push(("kube-scheduler", cluster.start_scheduler()?));
         }
         if options.kwok {
-            cluster.start_kwok()?;
+            serving.push(("kwok", cluster.start_kwok()?));
         }
+        cluster
+            .wait_listening(&serving, Duration::from_secs(60))
+            .await?;
         if options.real_node {
             cluster.start_real_node().await?;
         }
