@@ -22,6 +22,14 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
+step "shipped source files of at most 650 lines (functions: clippy's too_many_lines, clippy.toml)"
+long=$(git ls-files '*.rs' | grep -Ev '(^|/)tests(/|\.rs$)|^crates/testenv/|^vendor/' |
+  xargs wc -l | awk '$2 != "total" && $1 > 650 {print $2 " (" $1 " lines)"}')
+if [ -n "$long" ]; then
+  echo "error: shipped files over 650 lines, split by what they hold: $long" >&2
+  exit 1
+fi
+
 step "cargo test --workspace --no-run: every test binary (unit, property, CRD drift, integration)"
 binaries=target/test-binaries.txt
 cargo test --workspace --no-run --message-format=json-render-diagnostics |

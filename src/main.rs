@@ -1,5 +1,8 @@
 //! `offload-operator`: the operator binary (controller and admission webhook).
 
+// Functions fit on a screen (clippy.toml has the threshold).
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,6 +1,9 @@
 //! `offload-agent`: the node agent. Reads NVML, classifies the node's memory model, runs the
 //! overlap self-test and publishes labels and a report on its own Node.
 
+// Functions fit on a screen (clippy.toml has the threshold).
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 use offload_agent::{assemble, daemon, probe};
 
 use std::net::SocketAddr;

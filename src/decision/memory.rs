@@ -74,8 +74,6 @@ pub const ACTIVATION_MARGIN_SHARE: f64 = 0.10;
 /// Partial offload of up to this share runs faster than offloading optimizer state and
 /// parameters whole (measured crossover 0.43 at 1.1B parameters, 0.53 at 3.8B on an H200).
 pub const PARTIAL_BEFORE_PARAMS_UP_TO: f64 = 0.45;
-/// Tensors past which the sub-groups are bounded rather than walked.
-const MAX_TENSORS: usize = 20_000;
 
 /// DeepSpeed's reduce bucket (`reduce_bucket_size` 5·10⁸ in 16-bit), allocated at start.
 const BUCKET_BYTES: f64 = 1e9;
@@ -87,8 +85,6 @@ const FRAMEWORK_BYTES: f64 = 0.12e9;
 const OFFLOAD_STREAM_BYTES: f64 = 0.1e9;
 /// `stage3_max_live_parameters`: gathered parameters alive at once.
 const MAX_LIVE_PARAMETERS: f64 = 1e9;
-/// `sub_group_size`'s default.
-const DEFAULT_SUB_GROUP: f64 = 1e9;
 /// Safety on the estimates of what was not measured (ZeRO-1/2, FSDP, `Generic`).
 const UNMEASURED_SAFETY: f64 = 1.05;
 
@@ -292,32 +288,6 @@ pub fn bytes(value: f64) -> u64 {
     b
 }
 
-/// How a partial ratio maps to the share DeepSpeed really offloads.
-#[derive(Clone, Debug)]
-pub enum PartialShares {
-    /// The model's sub-groups, walked: the share of each ratio is exact.
-    Groups(Vec<f64>),
-    /// Only a bound: the share lands within this much of the ratio.
-    Within(f64),
-    /// The share is the ratio or more, by at most this much (whole tensors offloaded until the
-    /// ratio is reached: Megatron-core's hybrid device optimizer).
-    AtLeast(f64),
-}
-
-impl PartialShares {
-    /// The share on the GPU side and the share on the host side to check for `ratio`.
-    pub fn bounds(&self, ratio: f64) -> (f64, f64) {
-        match self {
-            PartialShares::Groups(g) => {
-                let s = shape::offloaded_share(g, ratio);
-                (s, s)
-            }
-            PartialShares::Within(g) => ((ratio - g).max(0.0), (ratio + g).min(1.0)),
-            PartialShares::AtLeast(g) => (ratio, (ratio + g).min(1.0)),
-        }
-    }
-}
-
 impl JobMemory {
     fn shard(&self) -> f64 {
         self.parameters / as_f64(self.ranks.max(1))
@@ -351,57 +321,6 @@ impl JobMemory {
             }
             None => as_f64(class.gpu_bytes) * ACTIVATION_MARGIN_SHARE,
         }
-    }
-
-    /// The sub-group size in effect: the user's, else DeepSpeed's default, or for a partial
-    /// ratio the operator's.
-    fn group_size(&self, partial: bool) -> f64 {
-        self.sub_group_size.unwrap_or_else(|| {
-            if partial {
-                as_f64(operator_sub_group_size(self.parameters, self.ranks))
-            } else {
-                DEFAULT_SUB_GROUP
-            }
-        })
-    }
-
-    /// How partial ratios map to the offloaded share for this job: walked over the model's
-    /// tensors when its shape is known, else bounded by a sub-group and the largest tensor.
-    pub fn partial_shares(&self) -> PartialShares {
-        if let Some(shares) = self.megatron_partial_shares() {
-            return shares;
-        }
-        if let Some(groups) = self.walked_groups(true) {
-            return PartialShares::Groups(groups);
-        }
-        let shard = self.shard().max(1.0);
-        PartialShares::Within((self.group_bound(true) / shard).min(1.0))
-    }
-
-    /// DeepSpeed's optimizer sub-groups of one rank's partition (parameters in each), walked
-    /// over the model's tensors when its shape is known; `partial`: with the sub-group size a
-    /// partial ratio is written with.
-    fn walked_groups(&self, partial: bool) -> Option<Vec<f64>> {
-        if !self.shape.known {
-            return None;
-        }
-        let ranks = as_f64(self.ranks.max(1));
-        let tensors = self.shape.tensors(MAX_TENSORS)?;
-        let partitions: Vec<f64> = tensors.iter().map(|t| (t / ranks).ceil()).collect();
-        Some(shape::sub_groups(&partitions, self.group_size(partial)))
-    }
-
-    /// The most parameters one sub-group can hold: it closes at the first tensor that takes it
-    /// to the sub-group size.
-    fn group_bound(&self, partial: bool) -> f64 {
-        let largest = self.shape.largest_tensor() / as_f64(self.ranks.max(1));
-        (self.group_size(partial) + largest).min(self.shard().max(1.0))
-    }
-
-    /// The largest optimizer sub-group without offload (what the step converts to fp32 at once).
-    fn largest_group(&self) -> f64 {
-        let ranks = as_f64(self.ranks.max(1));
-        (self.group_size(false) + self.shape.largest_tensor() / ranks).min(self.shard())
     }
 
     /// The bytes `placement` needs on each GPU and on the host, with `share` of the optimizer
@@ -632,18 +551,10 @@ pub fn gpu_memory_for(estimate: f64, room: f64) -> u64 {
     bytes(total).div_ceil(1 << 20).saturating_mul(1 << 20)
 }
 
-/// The sub-group size the operator writes with a partial ratio where the user's config has
-/// none: about a hundredth of the rank's shard (so the offloaded share lands within a few
-/// hundredths of the ratio), between 10⁷ and 10⁹ parameters.
-pub fn operator_sub_group_size(parameters: f64, ranks: u64) -> u64 {
-    let per_rank = parameters / as_f64(ranks.max(1));
-    let group = (per_rank / 100.0 / 1e6).ceil() * 1e6;
-    bytes(group.clamp(1e7, 1e9))
-}
-
 mod corrections;
 mod describe;
 mod flushes;
+mod groups;
 mod host;
 mod megatron;
 
@@ -651,6 +562,8 @@ pub use corrections::{
     Corrections, GPU_FAILURE_MARGIN, HOST_FAILURE_MARGIN, HOST_FAILURE_MIN_BYTES,
 };
 use flushes::Flush;
+use groups::MAX_TENSORS;
+pub use groups::{PartialShares, operator_sub_group_size};
 
 #[cfg(test)]
 mod tests;

@@ -59,21 +59,7 @@ pub fn resolve_offload(
     )?;
     megatron_can_take(job, &facts, &placement)?;
     reasons.add(Field::Mode, &placement.mode_why);
-    let memory_request = memory_request(job, placement.memory.as_ref());
-    if let Some(why) = memory_request.map(|r| memory_request_reason(job, &r)) {
-        reasons.add(Field::Mode, why);
-    }
-    reasons.add(Field::NodeClass, &placement.class_why);
-    let (whole_cores, why) = super::whole_cores::ask(
-        job,
-        profile.whole_cores,
-        placement.mode,
-        placement.chosen,
-        memory_request,
-    );
-    if let Some(why) = why {
-        reasons.add(Field::Mode, why);
-    }
+    let (memory_request, whole_cores) = host_side(job, profile, &placement, &mut reasons);
 
     let (overlap, overlap_efficiency, why) = overlap::resolve_overlap(job, profile, &placement);
     reasons.add(Field::Overlap, why);
@@ -95,10 +81,10 @@ pub fn resolve_offload(
         profile.allow_zen_flow,
         memory_plan,
     );
-    for why in whys {
-        reasons.add(Field::Framework, why);
-    }
-    if let Some(why) = threads_reason(job, whole_cores.is_some()) {
+    for why in whys
+        .into_iter()
+        .chain(threads_reason(job, whole_cores.is_some()))
+    {
         reasons.add(Field::Framework, why);
     }
     let (gpu_claims, exclude_nodes) =
@@ -141,6 +127,37 @@ pub fn resolve_offload(
         requested: job.offload.clone(),
         training_container: job.training_container.map(|(i, _)| i),
     })
+}
+
+/// The host side of the decision: the host memory the training container is asked to request
+/// for the chosen configuration, and the whole cores the profile asks for where it does, each
+/// with its reason (the memory request's under the mode, then the node class's reason, then the
+/// cores').
+fn host_side(
+    job: &JobRequest,
+    profile: &OffloadProfileSpec,
+    placement: &placement::ModeAndClass<'_, '_>,
+    reasons: &mut Reasons,
+) -> (
+    Option<MemoryRequest>,
+    Option<super::whole_cores::WholeCores>,
+) {
+    let memory_request = memory_request(job, placement.memory.as_ref());
+    if let Some(why) = memory_request.map(|r| memory_request_reason(job, &r)) {
+        reasons.add(Field::Mode, why);
+    }
+    reasons.add(Field::NodeClass, &placement.class_why);
+    let (whole_cores, why) = super::whole_cores::ask(
+        job,
+        profile.whole_cores,
+        placement.mode,
+        placement.chosen,
+        memory_request,
+    );
+    if let Some(why) = why {
+        reasons.add(Field::Mode, why);
+    }
+    (memory_request, whole_cores)
 }
 
 /// A Megatron job whose decision needs offload its Megatron-core cannot do (a profile's mode,

@@ -224,6 +224,45 @@ pub fn startup_guard_container(
     {
         return None;
     }
+    let cores = res.cpu_cores.map(cpu_quantity);
+    let args = guard_args(res, cores.as_ref());
+    let resources = guard_resources(res, gpus, requested, cores);
+    Some(Container {
+        name: GUARD_CONTAINER.to_string(),
+        image: Some(image.clone()),
+        args: Some(args),
+        env: Some(vec![
+            EnvVar {
+                name: "NODE_NAME".into(),
+                value: None,
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "spec.nodeName".into(),
+                        api_version: None,
+                    }),
+                    ..EnvVarSource::default()
+                }),
+            },
+            env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+        ]),
+        resources: Some(resources),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: None,
+            }),
+            ..SecurityContext::default()
+        }),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Container::default()
+    })
+}
+
+/// The start-up guard's arguments: what the configuration counts on, for `verify` to check.
+fn guard_args(res: &Resolution, cores: Option<&Quantity>) -> Vec<String> {
     let mut args = vec![
         "verify".to_string(),
         format!("--mode={}", res.mode.env_value()),
@@ -235,8 +274,7 @@ pub fn startup_guard_container(
     // The cores the decision counted on: the guard gets the same CPU limit as the training
     // container, so its own cgroup shows the quota (and, under a static CPU manager, the
     // cpuset) the training process will run under.
-    let cores = res.cpu_cores.map(cpu_quantity);
-    if let Some(q) = &cores {
+    if let Some(q) = cores {
         args.push(format!("--cpu-cores={}", q.0));
     }
     // Whole cores asked: the guard says whether the kubelet gave cores of the pod's own, on its
@@ -244,6 +282,18 @@ pub fn startup_guard_container(
     if res.whole_cores.is_some() {
         args.push("--whole-cores".to_string());
     }
+    args
+}
+
+/// The start-up guard's resources: the pod's GPUs (by count, or its claims), the training
+/// container's CPU limit where the decision counted on one, and memory where the namespace's
+/// quota asks for it or the pod is to be Guaranteed.
+fn guard_resources(
+    res: &Resolution,
+    gpus: u64,
+    requested: &std::collections::BTreeSet<String>,
+    cores: Option<Quantity>,
+) -> ResourceRequirements {
     // Device-plugin GPUs by count; DRA GPUs by sharing the pod's claims.
     let gpu = if gpus > 0 {
         BTreeMap::from([(names::GPU_RESOURCE.to_string(), Quantity(gpus.to_string()))])
@@ -282,42 +332,11 @@ pub fn startup_guard_container(
         // The pin probe page-locks 64 MiB.
         limits.insert("memory".into(), Quantity("256Mi".into()));
     }
-    Some(Container {
-        name: GUARD_CONTAINER.to_string(),
-        image: Some(image.clone()),
-        args: Some(args),
-        env: Some(vec![
-            EnvVar {
-                name: "NODE_NAME".into(),
-                value: None,
-                value_from: Some(EnvVarSource {
-                    field_ref: Some(ObjectFieldSelector {
-                        field_path: "spec.nodeName".into(),
-                        api_version: None,
-                    }),
-                    ..EnvVarSource::default()
-                }),
-            },
-            env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
-        ]),
-        resources: Some(ResourceRequirements {
-            requests: Some(requests),
-            limits: Some(limits),
-            claims,
-        }),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                add: None,
-            }),
-            ..SecurityContext::default()
-        }),
-        termination_message_policy: Some("FallbackToLogsOnError".into()),
-        ..Container::default()
-    })
+    ResourceRequirements {
+        requests: Some(requests),
+        limits: Some(limits),
+        claims,
+    }
 }
 
 /// GPUs the pod's containers ask for explicitly (limits, else requests); 0 when none does or

@@ -13,6 +13,9 @@
 //! flavors, a ClusterQueue and a LocalQueue of one GPU each, and shows a queued job waiting for
 //! quota with Kueue's reason, then admitted once the job before it finishes.
 
+// Functions fit on a screen (clippy.toml has the threshold).
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};

@@ -123,45 +123,13 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
     let (Some(ns), name) = (tj.namespace(), tj.name_any()) else {
         return Ok(Action::await_change());
     };
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
-
-    // Frozen once the workload exists: only phase and the workload reference follow it. A
-    // Job in the cache exists (its deletion would have removed it); one not there yet may have
-    // just been created, so absence is asked of the API server, never taken from the cache.
-    let cached = ctx
-        .workloads
-        .as_ref()
-        .and_then(|w| w.get(&kube::runtime::reflector::ObjectRef::new(&name).within(&ns)));
-    let existing = match cached {
-        Some(job) => Some((*job).clone()),
-        None => jobs
-            .get_opt(&name)
-            .await
-            .map_err(kube_err("reading the workload Job"))?,
-    };
-    if let Some(job) = existing {
+    if let Some(job) = existing_workload(ctx, &ns, &name).await? {
         return follow_workload(tj, ctx, &job).await;
     }
-    // No Job, but the copy says it had one: its Job was deleted to be recreated (after running
-    // out of memory), and the copy may be from before the failure was recorded. The decision
-    // must see every failure, so the job is read again.
-    let fresh;
-    let tj = if tj.status.as_ref().is_some_and(|s| s.workload.is_some()) {
-        let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &ns);
-        match api
-            .get_opt(&name)
-            .await
-            .map_err(kube_err("reading the TrainingJob again"))?
-        {
-            Some(t) => {
-                fresh = t;
-                &fresh
-            }
-            None => return Ok(Action::await_change()),
-        }
-    } else {
-        tj
+    let Some(latest) = latest_copy(tj, ctx, &ns, &name).await? else {
+        return Ok(Action::await_change());
     };
+    let tj: &TrainingJob = &latest;
 
     if !opted_in(tj) {
         return run_without_offload(tj, ctx).await;
@@ -222,6 +190,45 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
     let summary = render::resolved_summary(&res);
     announce_created(ctx, tj, format!("created Job {name} with {summary}")).await;
     Ok(Action::await_change())
+}
+
+/// The job's workload Job, if it exists. Frozen once the workload exists: only phase and the
+/// workload reference follow it. A Job in the cache exists (its deletion would have removed
+/// it); one not there yet may have just been created, so absence is asked of the API server,
+/// never taken from the cache.
+async fn existing_workload(ctx: &Context, ns: &str, name: &str) -> Result<Option<Job>, Error> {
+    let cached = ctx
+        .workloads
+        .as_ref()
+        .and_then(|w| w.get(&kube::runtime::reflector::ObjectRef::new(name).within(ns)));
+    match cached {
+        Some(job) => Ok(Some((*job).clone())),
+        None => Api::<Job>::namespaced(ctx.client.clone(), ns)
+            .get_opt(name)
+            .await
+            .map_err(kube_err("reading the workload Job")),
+    }
+}
+
+/// The copy of the job to decide on; `None` where it is gone. No Job, but the copy says it had
+/// one: its Job was deleted to be recreated (after running out of memory), and the copy may be
+/// from before the failure was recorded. The decision must see every failure, so the job is
+/// read again.
+async fn latest_copy<'a>(
+    tj: &'a TrainingJob,
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+) -> Result<Option<std::borrow::Cow<'a, TrainingJob>>, Error> {
+    if tj.status.as_ref().is_none_or(|s| s.workload.is_none()) {
+        return Ok(Some(std::borrow::Cow::Borrowed(tj)));
+    }
+    let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), ns);
+    Ok(api
+        .get_opt(name)
+        .await
+        .map_err(kube_err("reading the TrainingJob again"))?
+        .map(std::borrow::Cow::Owned))
 }
 
 /// Patches the concrete values into `spec.offload` before any pod can exist (server-side apply,

@@ -3,6 +3,7 @@
 
 mod cpu;
 mod framework;
+mod hints;
 mod learning;
 mod megatron;
 mod memory;

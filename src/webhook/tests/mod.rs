@@ -8,6 +8,7 @@ mod profiles;
 mod second_pass;
 mod third_pass;
 mod training_jobs;
+mod trainjobs;
 
 // The cluster view is an in-memory set of profiles and recorded nodes.
 

@@ -14,6 +14,9 @@
 //! - `memory`: the memory model beside the peaks the GPU harness measured;
 //! - `noop-operator` (hidden): the peer `scale --peer noop` runs instead of the operator.
 
+// Functions fit on a screen (clippy.toml has the threshold).
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 /// The operator's allocator, so that the in-process figures are the operator's.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
