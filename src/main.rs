@@ -2,6 +2,9 @@
 
 // Functions fit on a screen (clippy.toml has the threshold).
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
+// No unwrap or expect outside tests (clippy.toml allows them there) and start-up, where each
+// is allowed by name.
+#![warn(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -16,6 +16,9 @@
 // Shipped functions fit on a screen (clippy counts code lines, not comments; threshold in
 // clippy.toml); tests, which read as scenarios, are not held to it.
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
+// No unwrap or expect outside tests (clippy.toml allows them there) and start-up, where each
+// is allowed by name.
+#![warn(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod duration;
 pub mod hints;

@@ -5,6 +5,9 @@
 // Shipped functions fit on a screen (clippy counts code lines, not comments; threshold in
 // clippy.toml); tests, which read as scenarios, are not held to it.
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
+// No unwrap or expect outside tests (clippy.toml allows them there) and start-up, where each
+// is allowed by name.
+#![warn(clippy::unwrap_used, clippy::expect_used)]
 
 use tokio_util::sync::CancellationToken;
 
@@ -12,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 ///
 /// # Panics
 /// When the operating system refuses the runtime's threads or its I/O driver (start-up only).
+#[allow(clippy::expect_used)] // start-up
 pub fn runtime(workers: usize) -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers.max(1))

@@ -15,6 +15,9 @@
 
 // Functions fit on a screen (clippy.toml has the threshold).
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
+// No unwrap or expect outside tests (clippy.toml allows them there) and start-up, where each
+// is allowed by name.
+#![warn(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -518,6 +521,7 @@ fn show_job(cluster: &DevCluster, job: &str) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    #[allow(clippy::expect_used)] // start-up
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

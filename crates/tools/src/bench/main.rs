@@ -16,6 +16,9 @@
 
 // Functions fit on a screen (clippy.toml has the threshold).
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
+// No unwrap or expect outside tests (clippy.toml allows them there) and start-up, where each
+// is allowed by name.
+#![warn(clippy::unwrap_used, clippy::expect_used)]
 
 /// The operator's allocator, so that the in-process figures are the operator's.
 #[global_allocator]
@@ -159,6 +162,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Figures on stdout: `offload-bench … | head` ends it quietly.
     offload_process::quiet_on_closed_pipe();
+    #[allow(clippy::expect_used)] // start-up
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
