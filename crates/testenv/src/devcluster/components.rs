@@ -261,12 +261,10 @@ impl DevCluster {
         components: &[(&'static str, u16)],
         timeout: Duration,
     ) -> Result<(), DevClusterError> {
-        let start = Instant::now();
-        let mut delay = Duration::from_millis(50);
         let mut waiting: Vec<(&'static str, u16)> = components.to_vec();
-        loop {
+        self.poll_ready(timeout, async || {
             let mut still = Vec::new();
-            for (name, port) in waiting {
+            for (name, port) in waiting.drain(..) {
                 if tokio::net::TcpStream::connect(("127.0.0.1", port))
                     .await
                     .is_err()
@@ -275,17 +273,8 @@ impl DevCluster {
                 }
             }
             waiting = still;
-            let Some(&(first, _)) = waiting.first() else {
-                return Ok(());
-            };
-            if let Some(exited) = self.exited() {
-                return Err(self.not_ready(exited, start.elapsed()));
-            }
-            if start.elapsed() > timeout {
-                return Err(self.not_ready(first, start.elapsed()));
-            }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_millis(500));
-        }
+            waiting.first().map(|&(name, _)| name)
+        })
+        .await
     }
 }

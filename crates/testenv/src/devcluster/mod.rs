@@ -348,22 +348,39 @@ impl DevCluster {
         component: &'static str,
         timeout: Duration,
     ) -> Result<(), DevClusterError> {
-        let start = Instant::now();
         let client = self.client().await?;
-        let mut delay = Duration::from_millis(50);
-        loop {
+        self.poll_ready(timeout, async || {
             let req = http::Request::get("/readyz").body(Vec::new());
             if let Ok(req) = req
                 && let Ok(body) = client.request_text(req).await
                 && body.trim() == "ok"
             {
-                return Ok(());
+                return None;
             }
+            Some(component)
+        })
+        .await
+    }
+
+    /// Polls `pending` (the component still waited on, `None` once all are ready) until it is
+    /// `None`; a component's process that exits first, or `timeout`, is an error with the end
+    /// of that component's log.
+    pub(super) async fn poll_ready(
+        &mut self,
+        timeout: Duration,
+        mut pending: impl AsyncFnMut() -> Option<&'static str>,
+    ) -> Result<(), DevClusterError> {
+        let start = Instant::now();
+        let mut delay = Duration::from_millis(50);
+        loop {
+            let Some(waiting_on) = pending().await else {
+                return Ok(());
+            };
             if let Some(exited) = self.exited() {
                 return Err(self.not_ready(exited, start.elapsed()));
             }
             if start.elapsed() > timeout {
-                return Err(self.not_ready(component, start.elapsed()));
+                return Err(self.not_ready(waiting_on, start.elapsed()));
             }
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_millis(500));

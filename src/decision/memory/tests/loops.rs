@@ -168,15 +168,21 @@ const CONVERGED_H100: &[Recorded] = &[
     ),
 ];
 
+/// A recorded H100 run read against the model: its name and placement, the estimate and fit
+/// at its share and sub-group size, what it allocated, and whether it trained.
+fn read_on_the_h100(run: &Recorded) -> (String, Estimate, Fit, f64, bool) {
+    let &(name, share, group, tokens, measured, trained) = run;
+    let mut j = job(model(name), tokens);
+    j.sub_group_size = Some(group);
+    let placement = share.map_or(Placement::NoOffload, Placement::PartialOptimizer);
+    let (est, fit) = j.estimate_checked(placement, &h100());
+    (format!("{name} {placement:?}"), est, fit, measured, trained)
+}
+
 #[test]
 fn the_converged_h100_loop_is_never_under_and_what_ran_out_does_not_fit() {
-    let h100 = h100();
-    for &(name, share, group, tokens, measured, trained) in CONVERGED_H100 {
-        let mut j = job(model(name), tokens);
-        j.sub_group_size = Some(group);
-        let placement = share.map_or(Placement::NoOffload, Placement::PartialOptimizer);
-        let (est, fit) = j.estimate_checked(placement, &h100);
-        let what = format!("{name} {placement:?}");
+    for run in CONVERGED_H100 {
+        let (what, est, fit, measured, trained) = read_on_the_h100(run);
         if trained {
             // Gemma-2 counted as measured (×1.06): within 0.5 % here, where the margin of a
             // type never measured kept 8–9 % more and offloaded 30 % that did not need it.
@@ -240,13 +246,10 @@ const NEW_TYPES_H100: &[Recorded] = &[
 
 #[test]
 fn olmo2_and_starcoder2_counted_are_never_under_and_olmo2s_first_run_would_not_fit() {
-    let h100 = h100();
-    for &(name, share, group, tokens, measured, trained) in NEW_TYPES_H100 {
-        let mut j = job(model(name), tokens);
-        j.sub_group_size = Some(group);
-        let placement = share.map_or(Placement::NoOffload, Placement::PartialOptimizer);
-        let (est, fit) = j.estimate_checked(placement, &h100);
-        let what = format!("{name} {placement:?}");
+    for run in NEW_TYPES_H100 {
+        let (what, est, fit, measured, trained) = read_on_the_h100(run);
+        let name = run.0;
+        let j = job(model(name), run.3);
         if name == "olmo2-7b" {
             // Its query and key norms counted and ×1.06 measured: within 0.5 % of all three
             // runs (the +25 % margin a type never measured had then was 4 % under the first).
