@@ -43,11 +43,19 @@ fn decide_in(folder: &str, model: &str, runs: usize) -> serde_json::Value {
 
 /// [`decide_in`] after the observed runs `files`, in order.
 fn decide_after(folder: &str, model: &str, files: &[PathBuf]) -> serde_json::Value {
+    let job = recorded_in(folder, &format!("job-cfg-{model}.yaml"));
+    explain(&job, folder, model, files)
+}
+
+/// The operator's decision for the TrainingJob in `job`, with the node, profile, DeepSpeed
+/// config and host memory of the loop recorded in `folder`, `model`'s `config.json`, after the
+/// observed runs `files`, as JSON.
+fn explain(job: &Path, folder: &str, model: &str, files: &[PathBuf]) -> serde_json::Value {
     let recorded = |name: &str| recorded_in(folder, name);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_offload-operator"));
     cmd.arg("explain")
         .arg("-f")
-        .arg(recorded(&format!("job-cfg-{model}.yaml")))
+        .arg(job)
         .arg("--node-report")
         .arg(format!("h200={}", recorded("node-report.json").display()))
         // The node's memory as the loop gave it (the H100 host's, as `explain` read it then).
@@ -311,4 +319,51 @@ fn a_run_that_recorded_another_configuration_teaches_nothing_and_says_so() {
         learned["closedLoop"][0].get("lesson").is_some(),
         "{learned}"
     );
+}
+
+#[test]
+fn on_the_h100_the_pods_cores_change_the_rung_where_the_crossover_says() {
+    // Qwen3-4B at 1 × 5,120 tokens on the H100 the loop ran on (its node report, 16 cores,
+    // 125 GiB): with all 16 cores the CPU updates the whole optimizer state fast enough that
+    // offloading everything beats the smallest share that fits (60 %); with 8, 4 or 2 cores of
+    // a CPU limit the share keeps beating it (docs/benchmarks/cpu-h200.md, "Next": the call
+    // that measures it). At 1 × 4,096 tokens the share is 44 % at every limit.
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let decide = |tokens: u32, cores: Option<u32>| {
+        let text = std::fs::read_to_string(recorded_in(CONVERGE, "job-cfg-qwen3-4b.yaml"))
+            .expect("the loop's job");
+        let mut job = text.replace("tokensPerStep: 4096", &format!("tokensPerStep: {tokens}"));
+        if let Some(c) = cores {
+            job = job.replace(
+                "              nvidia.com/gpu: 1",
+                &format!(
+                    "              nvidia.com/gpu: 1\n              cpu: \"{c}\"\n            requests:\n              cpu: \"{c}\""
+                ),
+            );
+        }
+        let file = dir.path().join(format!("job-{tokens}-{cores:?}.yaml"));
+        std::fs::write(&file, job).expect("written");
+        explain(&file, CONVERGE, "qwen3-4b", &[])
+    };
+    let whole = decide(5120, None);
+    assert_eq!(whole["decision"]["mode"], "CPUCopy", "{whole}");
+    assert_eq!(whole["decision"]["ratio"], 1.0, "{whole}");
+    assert!(
+        whole
+            .to_string()
+            .contains("optimizer state and parameters offloaded"),
+        "{whole}"
+    );
+    for cores in [8, 4, 2] {
+        let limited = decide(5120, Some(cores));
+        let r = ratio(&limited);
+        assert!((0.5..0.7).contains(&r), "{cores} cores: {r}: {limited}");
+        assert!(
+            limited.to_string().contains(&format!("{cores} cores")),
+            "the reason names the limit: {limited}"
+        );
+    }
+    for cores in [None, Some(8), Some(2)] {
+        assert_eq!(ratio(&decide(4096, cores)), 0.44, "{cores:?}");
+    }
 }
