@@ -288,7 +288,8 @@ fn shape_of(cfg: &Map<String, Value>, top: &Map<String, Value>) -> Result<ModelS
             "num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
         ));
     }
-    let head_dim = match whole(cfg, "head_dim", 100_000)? {
+    let latent = latent_attention_head(cfg)?;
+    let head_dim = match latent.or(whole(cfg, "head_dim", 100_000)?) {
         Some(d) => d,
         None if hidden % heads == 0.0 => hidden / heads,
         None => {
@@ -333,8 +334,41 @@ fn shape_of(cfg: &Map<String, Value>, top: &Map<String, Value>) -> Result<ModelS
             query_key_norms: QUERY_KEY_NORMS.contains(&model_type),
             softcapped_logits: positive(cfg, "final_logit_softcapping")?,
             softcapped_attention: positive(cfg, "attn_logit_softcapping")?,
+            latent_attention: latent.is_some(),
         },
+        tower: vision_tower(top, hidden)?,
     })
+}
+
+/// The head width to count a multi-head latent attention with (DeepSeek-V2/V3's
+/// `kv_lora_rank`): its queries' and keys' width, `qk_nope_head_dim` + `qk_rope_head_dim`, as
+/// full attention — more parameters and activations than the compressed keys and values keep,
+/// never fewer; `None` without latent attention.
+fn latent_attention_head(cfg: &Map<String, Value>) -> Result<Option<f64>, String> {
+    if whole(cfg, "kv_lora_rank", 1_000_000)?.is_none() {
+        return Ok(None);
+    }
+    let nope = whole(cfg, "qk_nope_head_dim", 100_000)?
+        .ok_or("has kv_lora_rank (latent attention) but no qk_nope_head_dim")?;
+    let rope = whole(cfg, "qk_rope_head_dim", 100_000)?
+        .ok_or("has kv_lora_rank (latent attention) but no qk_rope_head_dim")?;
+    let v = whole(cfg, "v_head_dim", 100_000)?.unwrap_or(nope);
+    Ok(Some((nope + rope).max(v)))
+}
+
+/// A multimodal config's vision tower (`vision_config` beside the language model's config),
+/// counted with the model: a fine-tune trains it unless the training code freezes it.
+fn vision_tower(
+    top: &Map<String, Value>,
+    text_hidden: f64,
+) -> Result<Option<crate::decision::shape::VisionTower>, String> {
+    match top.get("vision_config") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(vision)) => {
+            crate::decision::shape::VisionTower::read(vision, text_hidden).map(Some)
+        }
+        Some(v) => Err(format!("vision_config is {v}, not an object")),
+    }
 }
 
 /// Whether a number field is present and above zero (absent or `null`: not).

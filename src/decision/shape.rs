@@ -122,6 +122,8 @@ pub struct ModelShape {
     /// What a family builds beyond the Llama-style block (Gemma-2's extra norms and softcapped
     /// logits).
     pub quirks: Quirks,
+    /// A vision tower ahead of the language model (a multimodal `config.json`).
+    pub tower: Option<VisionTower>,
 }
 
 impl ModelShape {
@@ -149,6 +151,7 @@ impl ModelShape {
             standing: TypeStanding::Counted,
             open: None,
             quirks: Quirks::default(),
+            tower: None,
         };
         shape.layers = layers.unwrap_or_else(|| {
             let per_layer = shape.layer_parameters(false).max(1.0);
@@ -242,6 +245,7 @@ impl ModelShape {
         self.embedding_parameters()
             + dense * self.layer_parameters(false)
             + moe * self.layer_parameters(true)
+            + self.tower.map_or(0.0, |t| t.parameters())
     }
 
     /// The largest single parameter tensor.
@@ -249,7 +253,12 @@ impl ModelShape {
         let mut t = Vec::with_capacity(16);
         self.layer_tensors(self.experts.is_some(), &mut t);
         self.layer_tensors(false, &mut t);
-        t.into_iter().fold(self.vocab * self.hidden, f64::max)
+        t.into_iter().fold(
+            self.tower
+                .map_or(0.0, |tower| tower.largest_tensor())
+                .max(self.vocab * self.hidden),
+            f64::max,
+        )
     }
 
     /// Parameters of the largest layer (what ZeRO-3 gathers at once for it).
@@ -267,7 +276,13 @@ impl ModelShape {
         };
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let layers = self.layers.max(0.0) as usize;
-        if layers.saturating_mul(per_layer).saturating_add(4) > max {
+        let tower = self.tower.map_or(0, |t| t.tensor_count());
+        if layers
+            .saturating_mul(per_layer)
+            .saturating_add(4)
+            .saturating_add(tower)
+            > max
+        {
             return None;
         }
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -292,6 +307,10 @@ impl ModelShape {
         } = self.layout(max)?;
         let h = self.hidden;
         let mut out = Vec::with_capacity(layers * per_layer + 4);
+        // A multimodal model registers its vision tower (and projector) first.
+        if let Some(tower) = self.tower {
+            tower.tensors(&mut out);
+        }
         out.push(self.vocab * h);
         if self.positions > 0.0 {
             out.push(self.positions * h);
@@ -398,6 +417,13 @@ impl ModelShape {
         push(&[self.vocab * h], freed);
         if self.positions > 0.0 {
             push(&[self.positions * h], freed);
+        }
+        // The vision tower's gradients complete last (what it keeps is not counted).
+        if let Some(tower) = self.tower {
+            let mut tensors = Vec::with_capacity(tower.tensor_count());
+            tower.tensors(&mut tensors);
+            tensors.reverse();
+            push(&tensors, freed);
         }
         Some(out)
     }
@@ -507,6 +533,15 @@ impl ModelShape {
                 ", softcapped attention counted as a fused one (SDPA or FlashAttention) keeps it: an eager attention keeps each layer's sequence² scores too, which this count does not cover",
             );
         }
+        if self.quirks.latent_attention {
+            quirks.push_str(
+                ", latent attention counted as full attention at its query and key head width (over)",
+            );
+        }
+        if let Some(tower) = self.tower {
+            quirks.push_str(", ");
+            quirks.push_str(&tower.describe());
+        }
         format!(
             "{}, width {} × {} layers, MLP {}, {} heads ({} key/value), vocabulary {}{}{}{experts}{quirks}",
             self.block,
@@ -579,8 +614,10 @@ pub fn first_on_host(groups: usize, ratio: f64) -> usize {
 
 mod family;
 mod open;
+mod tower;
 pub use family::{Quirks, SOFTCAP_SAVED_BYTES, TypeStanding, UNMEASURED_TYPE_MARGIN};
 pub use open::OpenShape;
+pub use tower::VisionTower;
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -343,6 +343,7 @@ fn model_shape(
         standing: super::shape::TypeStanding::Counted,
         open: None,
         quirks: super::shape::Quirks::default(),
+        tower: None,
     };
     Ok(bounded_by_count(
         shape,

@@ -215,3 +215,145 @@ fn a_config_map_without_the_key_says_what_it_holds() {
         "{e}"
     );
 }
+
+/// Gemma-3-4B as published (`Gemma3ForConditionalGeneration`: the language model under
+/// `text_config`, a SigLIP tower under `vision_config`): 4,300,079,472 parameters.
+const GEMMA3_4B: &str = r#"{"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "mm_tokens_per_image": 256,
+  "text_config": {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 262208, "final_logit_softcapping": null, "attn_logit_softcapping": null},
+  "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152, "num_hidden_layers": 27, "intermediate_size": 4304, "num_attention_heads": 16, "image_size": 896, "patch_size": 14}}"#;
+
+/// Qwen2-VL-7B as published (`embed_dim` the tower's width, `hidden_size` its merger's output,
+/// images of any size): 8,291,375,616 parameters.
+const QWEN2_VL_7B: &str = r#"{"architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": false,
+  "vision_config": {"depth": 32, "embed_dim": 1280, "mlp_ratio": 4, "num_heads": 16, "in_chans": 3, "hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2}}"#;
+
+#[test]
+fn a_multimodal_models_vision_tower_is_counted_and_its_images_are_said() {
+    let gemma = parse(GEMMA3_4B, "gemma3").unwrap();
+    let tower = gemma.tower.expect("the vision tower is read");
+    assert_eq!(
+        (tower.hidden, tower.layers, tower.intermediate),
+        (1152.0, 27.0, 4304.0)
+    );
+    assert_eq!(tower.patches, 4096.0);
+    // Never fewer than the published count, and close to it (the projector is counted as up
+    // to two layers).
+    let published = 4_300_079_472.0;
+    let counted = gemma.parameters();
+    assert!(
+        counted >= published && counted <= published * 1.005,
+        "{counted} against {published}"
+    );
+    // Without its tower the count would be 0.42B under.
+    let text_only = ModelShape {
+        tower: None,
+        ..gemma
+    };
+    assert!(published - text_only.parameters() > 0.41e9);
+    let said = gemma.describe();
+    assert!(
+        said.contains("a vision tower of 27 blocks, width 1152, 0.43B parameters counted")
+            && said.contains("about 3.7 GiB an image at 4096 patches, is not counted"),
+        "{said}"
+    );
+    // Its tensors come first, in the order the model registers them, and sum to the count.
+    let tensors = gemma.tensors(100_000).unwrap();
+    assert_eq!(
+        tensors.len(),
+        text_only.tensors(100_000).unwrap().len() + tower.tensor_count()
+    );
+    assert!((tensors.iter().sum::<f64>() - counted).abs() < 1.0);
+
+    let qwen = parse(QWEN2_VL_7B, "qwen2-vl").unwrap();
+    let tower = qwen.tower.expect("the vision tower is read");
+    assert_eq!(
+        (tower.hidden, tower.layers, tower.intermediate),
+        (1280.0, 32.0, 5120.0)
+    );
+    assert_eq!(tower.patches, 0.0, "images of any size");
+    let published = 8_291_375_616.0;
+    let counted = qwen.parameters();
+    assert!(
+        counted >= published && counted <= published * 1.005,
+        "{counted} against {published}"
+    );
+    assert!(
+        qwen.describe()
+            .contains("depends on each image's size and is not counted"),
+        "{}",
+        qwen.describe()
+    );
+}
+
+#[test]
+fn a_vision_config_that_cannot_be_counted_is_refused_with_the_field_named() {
+    let with = |vision: &str| {
+        err(&format!(
+            r#"{{"model_type": "llava", "text_config": {{"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 32064}}, "vision_config": {vision}}}"#
+        ))
+    };
+    let no_width = with(r#"{"num_hidden_layers": 24, "intermediate_size": 4096}"#);
+    assert!(
+        no_width.contains("vision_config has no hidden_size (nor embed_dim)"),
+        "{no_width}"
+    );
+    let no_depth = with(r#"{"hidden_size": 1024, "intermediate_size": 4096}"#);
+    assert!(
+        no_depth.contains("vision_config has no num_hidden_layers"),
+        "{no_depth}"
+    );
+    let bad = with(r#"{"hidden_size": -1, "num_hidden_layers": 24}"#);
+    assert!(bad.contains("vision_config.hidden_size is -1"), "{bad}");
+    let huge = with(r#"{"hidden_size": 1e300, "num_hidden_layers": 24}"#);
+    assert!(huge.contains("not a number from 1 to 10,000,000"), "{huge}");
+    let not_object = with("[1, 2]");
+    assert!(
+        not_object.contains("vision_config is [1,2], not an object"),
+        "{not_object}"
+    );
+    // LLaVA-1.5-7B's CLIP tower (24 blocks of 1024, patch 14 at 336) is read and counted.
+    let llava = parse(
+        r#"{"model_type": "llava", "text_config": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 32064}, "vision_config": {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24, "image_size": 336, "patch_size": 14}}"#,
+        "llava",
+    )
+    .unwrap();
+    // LLaVA-1.5-7B: 7,063,427,072 parameters (its tower's last block included).
+    let counted = llava.parameters();
+    assert!(
+        (7_063_427_072.0..=7_063_427_072.0 * 1.005).contains(&counted),
+        "{counted}"
+    );
+}
+
+#[test]
+fn latent_attention_is_counted_as_full_attention_and_said() {
+    // DeepSeek-V2-Lite as published: 15,706,484,224 parameters; its attention compresses keys
+    // and values (kv_lora_rank 512). Counted as full attention at the queries' head width
+    // (128 + 64): 2 % over, never under.
+    let ds = parse(
+        r#"{"model_type": "deepseek_v2", "hidden_size": 2048, "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16, "n_shared_experts": 2, "n_routed_experts": 64, "num_experts_per_tok": 6, "first_k_dense_replace": 1, "kv_lora_rank": 512, "q_lora_rank": null, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 102400, "tie_word_embeddings": false}"#,
+        "deepseek-v2-lite",
+    )
+    .unwrap();
+    assert_eq!(ds.head_dim, 192.0);
+    assert!(ds.quirks.latent_attention);
+    let published = 15_706_484_224.0;
+    let counted = ds.parameters();
+    assert!(
+        counted >= published && counted <= published * 1.03,
+        "{counted} against {published}"
+    );
+    assert!(
+        ds.describe()
+            .contains("latent attention counted as full attention"),
+        "{}",
+        ds.describe()
+    );
+    let missing = err(
+        r#"{"model_type": "deepseek_v2", "hidden_size": 2048, "intermediate_size": 10944, "num_hidden_layers": 27, "num_attention_heads": 16, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "vocab_size": 102400}"#,
+    );
+    assert!(
+        missing.contains("has kv_lora_rank (latent attention) but no qk_nope_head_dim"),
+        "{missing}"
+    );
+}

@@ -20,6 +20,9 @@ pub struct Quirks {
     /// keeps it (SDPA, FlashAttention with softcapping); an eager attention also keeps each
     /// layer's sequence² scores, which the count does not cover and the reasons say.
     pub softcapped_attention: bool,
+    /// Multi-head latent attention (DeepSeek-V2/V3's `kv_lora_rank`), counted as full attention
+    /// at the queries' and keys' head width: over, never under.
+    pub latent_attention: bool,
 }
 
 /// Bytes per token per vocabulary entry the softcapped logits keep for backward: `tanh`'s

@@ -183,6 +183,7 @@ pub(crate) fn bench_gpt(hidden: f64, layers: f64) -> ModelShape {
         standing: TypeStanding::Counted,
         open: None,
         quirks: super::Quirks::default(),
+        tower: None,
     }
 }
 

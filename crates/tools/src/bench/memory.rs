@@ -79,6 +79,7 @@ fn gpt_decoder(size: &str) -> Option<ModelShape> {
         standing: offload_operator::decision::shape::TypeStanding::Counted,
         open: None,
         quirks: offload_operator::decision::shape::Quirks::default(),
+        tower: None,
     })
 }
 

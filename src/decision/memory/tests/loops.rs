@@ -61,6 +61,7 @@ fn recorded_h100_runs_of_the_newer_model_types_are_never_under() {
     assert_eq!(gemma.parameters(), 2_614_341_888.0);
     let plain = crate::decision::shape::ModelShape {
         quirks: Default::default(),
+        tower: None,
         ..gemma
     };
     let per_token = gemma.activation_peak_per_token(false) - plain.activation_peak_per_token(false);
