@@ -332,6 +332,7 @@ fn shape_of(cfg: &Map<String, Value>, top: &Map<String, Value>) -> Result<ModelS
         quirks: crate::decision::shape::Quirks {
             sandwich_norms: SANDWICH_NORMS.contains(&model_type),
             query_key_norms: QUERY_KEY_NORMS.contains(&model_type),
+            head_norms: HEAD_NORMS.contains(&model_type),
             softcapped_logits: positive(cfg, "final_logit_softcapping")?,
             softcapped_attention: positive(cfg, "attn_logit_softcapping")?,
             latent_attention: latent.is_some(),
@@ -387,6 +388,9 @@ fn positive(cfg: &Map<String, Value>, key: &str) -> Result<bool, String> {
 /// per-head norms are its measured factor).
 const QUERY_KEY_NORMS: &[&str] = &["olmo2"];
 
+/// `model_type`s with a norm over each query and key head.
+const HEAD_NORMS: &[&str] = &["qwen3", "qwen3_moe", "gemma3_text", "gemma3"];
+
 /// `model_type`s with a norm before and after both attention and the MLP.
 const SANDWICH_NORMS: &[&str] = &["gemma2", "gemma3_text", "gemma3"];
 
@@ -411,6 +415,7 @@ fn experts(
         ));
     }
     let expert_size = whole(cfg, "moe_intermediate_size", 10_000_000)?.unwrap_or(intermediate);
+    let shared_gate = cfg.contains_key("shared_expert_intermediate_size");
     let (shared, shared_intermediate) = match (
         whole(cfg, "n_shared_experts", 1_000_000)?,
         whole(cfg, "shared_expert_intermediate_size", 10_000_000)?,
@@ -441,6 +446,7 @@ fn experts(
         intermediate: expert_size,
         shared,
         shared_intermediate,
+        shared_gate,
         dense_layers,
     }))
 }

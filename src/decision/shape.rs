@@ -78,6 +78,9 @@ pub struct Experts {
     pub shared: f64,
     /// MLP size of one shared expert.
     pub shared_intermediate: f64,
+    /// The shared experts' output is gated per token (Qwen-MoE's `shared_expert_gate`, one
+    /// weight per unit of width).
+    pub shared_gate: bool,
     /// Leading layers with a dense MLP instead (DeepSeek's `first_k_dense_replace`).
     pub dense_layers: f64,
 }
@@ -207,6 +210,9 @@ impl ModelShape {
                 if self.quirks.query_key_norms {
                     out.extend([q, kv]);
                 }
+                if self.quirks.head_norms {
+                    out.extend([self.head_dim, self.head_dim]);
+                }
                 match (moe, self.experts) {
                     (true, Some(e)) => {
                         out.push(e.count * h);
@@ -215,6 +221,9 @@ impl ModelShape {
                         if e.shared > 0.0 {
                             let fs = e.shared * e.shared_intermediate;
                             out.extend([h * fs, h * fs, fs * h]);
+                            if e.shared_gate {
+                                out.push(h);
+                            }
                         }
                     }
                     _ => out.extend([h * f, h * f, f * h]),
@@ -271,7 +280,7 @@ impl ModelShape {
     /// tensors.
     fn layout(&self, max: usize) -> Option<Layout> {
         let per_layer = match self.block {
-            Block::Gated => 17,
+            Block::Gated => 21,
             Block::Plain => 12,
         };
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -340,6 +349,9 @@ impl ModelShape {
                 match (moe, self.experts) {
                     (true, Some(e)) => {
                         if e.shared > 0.0 {
+                            if e.shared_gate {
+                                out.push(h);
+                            }
                             let fs = e.shared * e.shared_intermediate;
                             out.extend([fs * h, h * fs, h * fs]);
                         }
@@ -354,6 +366,9 @@ impl ModelShape {
                 }
                 if self.quirks.query_key_norms {
                     out.extend([kv, q]);
+                }
+                if self.quirks.head_norms {
+                    out.extend([self.head_dim, self.head_dim]);
                 }
                 out.extend([h, q * h]);
                 for _ in 0..2 {

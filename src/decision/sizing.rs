@@ -337,6 +337,7 @@ fn model_shape(
             intermediate: size.unwrap_or(intermediate),
             shared,
             shared_intermediate: size.unwrap_or(intermediate),
+            shared_gate: false,
             dense_layers: 0.0,
         }),
         known: intermediate_known && given.vocab.is_some(),

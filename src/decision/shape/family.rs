@@ -12,6 +12,10 @@ pub struct Quirks {
     /// projections, before the heads are split): each keeps what a Llama-style norm keeps, 8
     /// bytes per unit of its width per token, and has its own weight.
     pub query_key_norms: bool,
+    /// A norm over each head of the query and of the key (Qwen3's and Gemma-3's `q_norm` /
+    /// `k_norm`, one head wide): their weights are counted; what they keep for backward is in
+    /// the type's measured factor.
+    pub head_norms: bool,
     /// The final logits softcapped (`final_logit_softcapping`: divided, `tanh`, multiplied
     /// back): `tanh` keeps its 16-bit output for backward, 2 bytes per token per vocabulary
     /// entry beside the loss's fp32 log-softmax.

@@ -249,3 +249,34 @@ fn the_backward_completes_every_gradient_once_and_frees_what_it_is_done_with() {
         assert!(m.backward_gradients(false, 10).is_none(), "{name}: bounded");
     }
 }
+
+#[test]
+fn published_models_are_counted_to_the_parameter() {
+    // The published parameter counts of the models these configs come from (their model
+    // cards' safetensors totals): Qwen-MoE's shared-expert gate and Qwen3's per-head query and
+    // key norms included.
+    for (name, published) in [
+        ("qwen2moe-a2.7b", 14_315_784_192.0),
+        ("olmo2-7b", 7_298_617_344.0),
+        ("phi3-mini", 3_821_079_552.0),
+        ("qwen3-8b", 8_190_735_360.0),
+        ("qwen3-4b", 4_022_468_096.0),
+        ("gemma2-9b", 9_241_705_984.0),
+    ] {
+        let text = std::fs::read_to_string(format!("hack/gpu/models/{name}.json")).unwrap();
+        let shape = model_config::parse(&text, name).unwrap();
+        assert_eq!(shape.parameters(), published, "{name}");
+        let tensors: f64 = shape.tensors(100_000).unwrap().iter().sum();
+        assert_eq!(
+            tensors, published,
+            "{name}: the tensors add up to the count"
+        );
+    }
+    // Cohere's block has one norm where a Llama-style block has two: a norm's weight over a
+    // layer (4,096 of 8,028,033,024 Aya-23-8B has), never under.
+    let text = std::fs::read_to_string("hack/gpu/models/cohere-8b.json").unwrap();
+    let cohere = model_config::parse(&text, "cohere-8b")
+        .unwrap()
+        .parameters();
+    assert_eq!(cohere - 8_028_033_024.0, 32.0 * 4096.0);
+}
