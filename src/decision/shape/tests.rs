@@ -272,6 +272,26 @@ fn published_models_are_counted_to_the_parameter() {
             "{name}: the tensors add up to the count"
         );
     }
+    for (name, text, published) in [
+        (
+            "Mixtral-8x7B",
+            r#"{"model_type":"mixtral","hidden_size":4096,"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"intermediate_size":14336,"num_local_experts":8,"num_experts_per_tok":2,"vocab_size":32000,"tie_word_embeddings":false}"#,
+            46_702_792_704.0,
+        ),
+        (
+            "Mistral-Nemo",
+            r#"{"model_type":"mistral","hidden_size":5120,"num_hidden_layers":40,"num_attention_heads":32,"num_key_value_heads":8,"head_dim":128,"intermediate_size":14336,"vocab_size":131072,"tie_word_embeddings":false}"#,
+            12_247_782_400.0,
+        ),
+        (
+            "Llama-3.1-70B",
+            r#"{"model_type":"llama","hidden_size":8192,"num_hidden_layers":80,"num_attention_heads":64,"num_key_value_heads":8,"intermediate_size":28672,"vocab_size":128256,"tie_word_embeddings":false}"#,
+            70_553_706_496.0,
+        ),
+    ] {
+        let shape = model_config::parse(text, name).unwrap();
+        assert_eq!(shape.parameters(), published, "{name}");
+    }
     // Cohere's block has one norm where a Llama-style block has two: a norm's weight over a
     // layer (4,096 of 8,028,033,024 Aya-23-8B has), never under.
     let text = std::fs::read_to_string("hack/gpu/models/cohere-8b.json").unwrap();
