@@ -357,3 +357,27 @@ fn latent_attention_is_counted_as_full_attention_and_said() {
         "{missing}"
     );
 }
+
+#[test]
+fn a_tiled_vision_tower_counts_its_global_blocks_and_tile_positions() {
+    // Llama-3.2-11B-Vision (`mllama`): 32 local and 8 global blocks, images in up to 4 tiles
+    // with a position embedding per aspect ratio, tile and patch, a projector from 7,680 (five
+    // blocks' outputs side by side): 10,670,220,835 parameters as published.
+    let m = parse(
+        r#"{"model_type": "mllama", "text_config": {"model_type": "mllama_text_model", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": false, "cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38]},
+            "vision_config": {"model_type": "mllama_vision_model", "hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32, "num_global_layers": 8, "image_size": 560, "patch_size": 14, "num_channels": 3, "max_num_tiles": 4, "vision_output_dim": 7680, "supported_aspect_ratios": [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2], [3, 1], [4, 1]]}}"#,
+        "mllama",
+    )
+    .unwrap();
+    let tower = m.tower.expect("the vision tower is read");
+    assert_eq!(
+        (tower.layers, tower.tiles, tower.patches),
+        (40.0, 4.0, 1600.0)
+    );
+    let published = 10_670_220_835.0;
+    let counted = m.parameters();
+    assert!(
+        counted >= published && counted <= published * 1.02,
+        "{counted} against {published}"
+    );
+}

@@ -20,9 +20,13 @@ pub struct VisionTower {
     /// Patches of one image at the tower's image size (its tokens); 0 where the tower takes
     /// images of any size (Qwen2-VL).
     pub patches: f64,
+    /// Tiles an image is cut into at most (Mllama), 1 otherwise: an image keeps this many
+    /// times a tile's patches.
+    pub tiles: f64,
     /// The patch embedding (its weight and bias).
     pub patch_embedding: f64,
-    /// Learned position embeddings (patches × width); 0 for rotary positions.
+    /// Learned position embeddings (patches × width, and per tile and aspect ratio where images
+    /// are tiled); 0 for rotary positions.
     pub positions: f64,
     /// The projector into the language model, counted as up to two layers wide at the larger
     /// of its two widths (LLaVA's two-layer MLP, Qwen2-VL's merger, Gemma-3's single layer):
@@ -63,9 +67,10 @@ impl VisionTower {
         let hidden = first(&["embed_dim", "hidden_size", "width"])?.ok_or(
             "vision_config has no hidden_size (nor embed_dim): the vision tower's width is needed to count it",
         )?;
+        // Mllama's tower has global blocks after its local ones.
         let layers = first(&["num_hidden_layers", "depth", "layers"])?.ok_or(
             "vision_config has no num_hidden_layers (nor depth): the vision tower's depth is needed to count it",
-        )?;
+        )? + first(&["num_global_layers"])?.unwrap_or(0.0);
         let intermediate = match (first(&["intermediate_size"])?, number("mlp_ratio")?) {
             (Some(i), _) => i,
             (None, Some(ratio)) => (ratio * hidden).ceil(),
@@ -76,20 +81,35 @@ impl VisionTower {
         let temporal = first(&["temporal_patch_size"])?.unwrap_or(1.0);
         let patches = first(&["image_size"])?.map_or(0.0, |size| (size / patch).ceil().powi(2));
         let merge = first(&["spatial_merge_size"])?.unwrap_or(1.0);
-        let into = merge * merge * hidden;
+        // What the projector takes: the merged patches (Qwen2-VL), several blocks' outputs side
+        // by side (Mllama's `vision_output_dim`), or the tower's width.
+        let into = first(&["vision_output_dim"])?.unwrap_or(merge * merge * hidden);
         let learned_positions = patches > 0.0 && number("temporal_patch_size")?.is_none();
+        // Images cut into tiles (Mllama): a position embedding per aspect ratio, tile and patch.
+        let tiles = first(&["max_num_tiles"])?.unwrap_or(1.0);
+        let ratios = match vision.get("supported_aspect_ratios") {
+            Some(Value::Array(list)) => u32::try_from(list.len()).map_or(f64::MAX, f64::from),
+            _ => 0.0,
+        };
+        let tile_positions = if tiles > 1.0 {
+            (ratios + 1.0) * tiles * (patches + 1.0) * hidden
+        } else {
+            0.0
+        };
         Ok(VisionTower {
             hidden,
             layers,
             intermediate,
             patches,
             patch_embedding: patch * patch * channels * temporal * hidden + hidden,
-            positions: if learned_positions {
-                // CLIP's class token has a position too.
-                (patches + 1.0) * hidden
-            } else {
-                0.0
-            },
+            positions: tile_positions
+                + if learned_positions {
+                    // CLIP's class token has a position too.
+                    (patches + 1.0) * hidden
+                } else {
+                    0.0
+                },
+            tiles,
             projector: into * into + into * text_hidden + text_hidden * text_hidden,
         })
     }
@@ -163,8 +183,12 @@ impl VisionTower {
     /// attention: what a GPT-style block keeps, 16 bytes per unit of width and 4 per MLP unit,
     /// per patch and block); `None` where images come in any size.
     pub fn saved_per_image(&self) -> Option<f64> {
-        (self.patches > 0.0)
-            .then_some(self.patches * self.layers * (16.0 * self.hidden + 4.0 * self.intermediate))
+        (self.patches > 0.0).then_some(
+            self.tiles
+                * self.patches
+                * self.layers
+                * (16.0 * self.hidden + 4.0 * self.intermediate),
+        )
     }
 
     /// What the reasons say of it.
