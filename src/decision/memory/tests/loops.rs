@@ -85,10 +85,7 @@ const GIB: f64 = 1_073_741_824.0;
 #[test]
 fn the_issues_h200_runs_are_never_under_and_what_ran_out_does_not_fit() {
     for &(name, share, tokens, measured, trained) in FROM_THE_ISSUES {
-        let mut j = job(model(name), tokens);
-        j.sub_group_size = Some(8.2e7);
-        let placement = share.map_or(Placement::NoOffload, Placement::PartialOptimizer);
-        let (est, fit) = j.estimate_checked(placement, &h200());
+        let (_, placement, est, fit) = read_on(&h200(), name, share, 8.2e7, tokens);
         assert!(
             est.gpu >= measured,
             "{name} {placement:?}: {} against {} needed",
@@ -173,11 +170,25 @@ const CONVERGED_H100: &[Recorded] = &[
 /// at its share and sub-group size, what it allocated, and whether it trained.
 fn read_on_the_h100(run: &Recorded) -> (String, Estimate, Fit, f64, bool) {
     let &(name, share, group, tokens, measured, trained) = run;
+    let (_, placement, est, fit) = read_on(&h100(), name, share, group, tokens);
+    (format!("{name} {placement:?}"), est, fit, measured, trained)
+}
+
+/// `name` at `tokens` with `share` of its optimizer state offloaded (none: no offload) and the
+/// sub-group size `group`, read against the model on `class`: the job, its placement, the
+/// estimate and the fit.
+fn read_on(
+    class: &ClassMemory,
+    name: &str,
+    share: Option<f64>,
+    group: f64,
+    tokens: f64,
+) -> (JobMemory, Placement, Estimate, Fit) {
     let mut j = job(model(name), tokens);
     j.sub_group_size = Some(group);
     let placement = share.map_or(Placement::NoOffload, Placement::PartialOptimizer);
-    let (est, fit) = j.estimate_checked(placement, &h100());
-    (format!("{name} {placement:?}"), est, fit, measured, trained)
+    let (est, fit) = j.estimate_checked(placement, class);
+    (j, placement, est, fit)
 }
 
 #[test]
@@ -447,10 +458,7 @@ fn the_per_type_table_is_never_under_and_nothing_that_fits_ran_out() {
     // model alone). `--nocapture` prints the table's rows.
     for &(name, on_h200, share, group, tokens, measured, trained) in PER_TYPE {
         let class = if on_h200 { h200() } else { h100() };
-        let mut j = job(model(name), tokens);
-        j.sub_group_size = Some(group);
-        let placement = share.map_or(Placement::NoOffload, Placement::PartialOptimizer);
-        let (est, fit) = j.estimate_checked(placement, &class);
+        let (j, placement, est, fit) = read_on(&class, name, share, group, tokens);
         let budget = j.gpu_budget(&class);
         let what = format!("{name} {placement:?} {tokens}");
         println!(
