@@ -59,22 +59,23 @@ fn every_gpu_script_parses() {
 
 #[test]
 fn the_megatron_bench_reads_every_flag_set_the_operator_renders() {
-    let plan = |cpu_offload, overlap| MegatronPlan {
+    let plan = |cpu_offload, overlap, manual_gc| MegatronPlan {
         version: FrameworkVersion::parse("0.14.0").unwrap(),
         cpu_offload,
         fraction: 0.37,
         overlap,
         distributed_optimizer: true,
+        manual_gc,
     };
     let mut sets = Vec::new();
-    for (cpu_offload, overlap, pinned) in [
-        (false, false, true),
-        (true, false, true),
-        (true, true, true),
-        (true, true, false),
+    for (cpu_offload, overlap, pinned, manual_gc) in [
+        (false, false, true, false),
+        (true, false, true, true),
+        (true, true, true, true),
+        (true, true, false, false),
     ] {
         sets.push(offload_operator::render::megatron::args_line(
-            &plan(cpu_offload, overlap),
+            &plan(cpu_offload, overlap, manual_gc),
             pinned,
         ));
     }
@@ -106,4 +107,7 @@ print(json.dumps([vars(ns["offload_flags"](s)) for s in sys.argv[2:]]))
     assert_eq!(read[3]["pin_cpu_grads"], false);
     assert_eq!(read[3]["pin_cpu_params"], false);
     assert_eq!(read[1]["use_precision_aware_optimizer"], true);
+    assert_eq!(read[1]["manual_gc"], true);
+    assert_eq!(read[1]["manual_gc_interval"], 100);
+    assert_eq!(read[3]["manual_gc"], false);
 }

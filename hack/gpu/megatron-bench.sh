@@ -12,7 +12,9 @@
 # A CASE is NAME:LAYERSxHIDDEN:HEADS:SEQ[:SWEEP[:TP]] — a GPT of LAYERS blocks of width HIDDEN
 # with HEADS heads, SEQ tokens a step, vocabulary 50304; SWEEP the fractions to try besides the
 # decision's (comma-separated, 0 for no offload); TP the tensor-parallel size (GPUs: TP).
-# MANUAL_GC=1 adds Megatron-LM's --manual-gc to every run (a collection before the first step).
+# The operator renders Megatron-LM's --manual-gc (a collection before the first step) with the
+# offload flags; MANUAL_GC=1 adds it to every run (those without offload too), MANUAL_GC=0
+# declares `manualGc: false` in every job (no collection rendered, the first copy counted).
 # Leaves OUT/megatron.jsonl (one object a run), OUT/log.txt and the decisions.
 set -uo pipefail
 ops=$1 agent=$2 out=$3 deadline=$4
@@ -33,7 +35,8 @@ hostmem=$(host_memory)
 
 # The TrainingJob of a case, with the offload fixed at a fraction where one is given.
 job() { # NAME LAYERS HIDDEN HEADS SEQ TP [FRACTION]
-  local offload="{mode: Auto, overlap: Auto}"
+  local offload="{mode: Auto, overlap: Auto}" gc=""
+  [[ ${MANUAL_GC:-} == 0 ]] && gc=", manualGc: false"
   if [[ -n ${7:-} ]]; then
     if [[ $7 == 0 ]]; then offload="{mode: Disabled}"; else offload="{mode: CPUCopy, overlap: Auto, offloadRatio: \"$7\"}"; fi
   fi
@@ -44,7 +47,7 @@ metadata: {name: $1, namespace: bench, annotations: {offload.dev/profile: defaul
 spec:
   replicas: $6
   framework: {name: Megatron, version: "0.14.0"}
-  megatron: {tensorParallel: $6, sequenceParallel: true, transformerImpl: Local}
+  megatron: {tensorParallel: $6, sequenceParallel: true, transformerImpl: Local$gc}
   model: {architecture: GPT, hiddenSize: $3, layers: $2, attentionHeads: $4, vocabSize: 50304, tokensPerStep: $5}
   offload: $offload
   template:
@@ -109,7 +112,7 @@ for case in "$@"; do
         args="$args --optimizer-cpu-offload --use-precision-aware-optimizer --optimizer-offload-fraction $f"
     fi
     # MANUAL_GC=1: each run with Megatron-LM's --manual-gc (a collection before the first step).
-    [[ ${MANUAL_GC:-0} == 1 ]] && args="$args --manual-gc"
+    [[ ${MANUAL_GC:-} == 1 && $args != *--manual-gc* ]] && args="$args --manual-gc"
     log "$name $f: $placement (estimate GPU $gpu, host $host): $args"
     result=$(timeout 300 torchrun --standalone --nproc-per-node "$tp" "$here/megatron_step.py" \
       --layers "$layers" --hidden "$hidden" --heads "$heads" --vocab 50304 --seq "$seq" \

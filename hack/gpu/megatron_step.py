@@ -46,8 +46,11 @@ def offload_flags(text):
     p.add_argument("--no-pin-cpu-params", dest="pin_cpu_params", action="store_false")
     # Not an offload flag: Megatron-LM's training loop runs `gc.disable(); gc.collect()` before
     # its first step under it, which frees what the first hybrid optimizer left (the bench does
-    # the same, where the flag is given: MANUAL_GC=1 of megatron-bench.sh).
+    # the same where the flag is given: the operator renders it with the offload flags, and
+    # MANUAL_GC=1 of megatron-bench.sh adds it to runs without offload), and then one every
+    # --manual-gc-interval steps (0: none).
     p.add_argument("--manual-gc", action="store_true")
+    p.add_argument("--manual-gc-interval", type=int, default=0)
     return p.parse_args(shlex.split(text or ""))
 
 
@@ -238,6 +241,11 @@ def main():
             if step == 0:
                 out["first_step_allocated_peak_bytes"] = torch.cuda.max_memory_allocated()
                 out["after_first_step_allocated_bytes"] = torch.cuda.memory_allocated()
+            every = flags.manual_gc_interval
+            if flags.manual_gc and every > 0 and (step + 1) % every == 0:
+                import gc
+
+                gc.collect()
         out["ended"] = "trained"
         out["loss"] = float(loss.item())
     except torch.OutOfMemoryError as e:

@@ -108,7 +108,8 @@ pub(super) fn model_annotations(
 
 /// Megatron-core's layout of another kind's job, from `offload.dev/megatron-tensor-parallel`,
 /// `offload.dev/megatron-pipeline-parallel`, `offload.dev/megatron-distributed-optimizer`,
-/// `offload.dev/megatron-sequence-parallel` and `offload.dev/megatron-transformer-impl`,
+/// `offload.dev/megatron-sequence-parallel`, `offload.dev/megatron-transformer-impl` and
+/// `offload.dev/megatron-manual-gc`,
 /// as `spec.megatron` of a TrainingJob; refused on a job whose framework is not Megatron.
 pub(super) fn megatron_annotations(
     annotations: &BTreeMap<String, String>,
@@ -121,6 +122,7 @@ pub(super) fn megatron_annotations(
         names::ANNOTATION_MEGATRON_DISTRIBUTED_OPTIMIZER,
         names::ANNOTATION_MEGATRON_SEQUENCE_PARALLEL,
         names::ANNOTATION_MEGATRON_TRANSFORMER_IMPL,
+        names::ANNOTATION_MEGATRON_MANUAL_GC,
     ];
     if framework != offload_api::v1alpha1::Framework::Megatron
         && let Some(key) = keys.iter().find(|k| annotations.contains_key(**k))
@@ -164,6 +166,7 @@ pub(super) fn megatron_annotations(
                 )),
             })
             .transpose()?,
+        manual_gc: flag_annotation(annotations, names::ANNOTATION_MEGATRON_MANUAL_GC)?,
     })
 }
 

@@ -72,7 +72,15 @@ pub struct MegatronPlan {
     pub overlap: bool,
     /// `--use-distributed-optimizer`.
     pub distributed_optimizer: bool,
+    /// `--manual-gc` (with `--manual-gc-interval`): with offload, a collection as training
+    /// starts frees the hybrid device optimizer's first copy of the parameters.
+    pub manual_gc: bool,
 }
+
+/// Steps between Megatron-LM's collections under `--manual-gc` (`--manual-gc-interval`, as
+/// NVIDIA's own performance recipes set it): 0 would leave Python's collector off for the whole
+/// run.
+pub const MANUAL_GC_INTERVAL: u32 = 100;
 
 /// Validated framework facts.
 pub(super) struct FrameworkFacts {

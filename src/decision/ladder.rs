@@ -387,6 +387,7 @@ fn megatron_advice(
         distributed,
         sequence,
         unfused_attention,
+        first_copy_freed,
     } = jm.sharding
     else {
         return;
@@ -407,6 +408,7 @@ fn megatron_advice(
                 distributed: true,
                 sequence,
                 unfused_attention,
+                first_copy_freed,
             },
             ..jm.clone()
         };
@@ -425,6 +427,7 @@ fn megatron_advice(
                 distributed,
                 sequence: true,
                 unfused_attention,
+                first_copy_freed,
             },
             ..jm.clone()
         };
@@ -445,6 +448,7 @@ fn megatron_advice(
                 distributed,
                 sequence,
                 unfused_attention,
+                first_copy_freed,
             },
             ..jm.clone()
         };

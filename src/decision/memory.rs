@@ -149,6 +149,9 @@ pub enum Sharding {
         /// `--transformer-impl local`: unfused attention, whose sequence² scores a layer
         /// holds while it runs.
         unfused_attention: bool,
+        /// Megatron-LM's `--manual-gc`: the hybrid device optimizer's first copy
+        /// ([`megatron::FIRST_HYBRID_COPY_BYTES`]) is collected before the first step.
+        first_copy_freed: bool,
     },
     /// Unknown to the operator (`Generic`): nothing assumed sharded.
     Unsharded,

@@ -48,7 +48,7 @@ pub use constraints::PodConstraints;
 pub use entry::{ClusterView, Unresolved, check_training_job, decide, decide_request, lesson_of};
 pub use error::ResolveError;
 pub use framework::{
-    DeepSpeedPlan, FrameworkPlan, FsdpPlan, MegatronPlan, ZENFLOW_TOPK_RATIO,
+    DeepSpeedPlan, FrameworkPlan, FsdpPlan, MANUAL_GC_INTERVAL, MegatronPlan, ZENFLOW_TOPK_RATIO,
     ZENFLOW_UPDATE_INTERVAL,
 };
 pub use model_config::{MODEL_CONFIG_KEY, ModelConfigError};

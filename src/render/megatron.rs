@@ -4,9 +4,12 @@
 //! decision's plan has offload only from 0.12.0, where `--optimizer-cpu-offload`,
 //! `--optimizer-offload-fraction`, `--overlap-cpu-optimizer-d2h-h2d`,
 //! `--use-precision-aware-optimizer` and `--no-pin-cpu-grads` / `--no-pin-cpu-params` came
-//! together; `--use-distributed-optimizer` is older than every supported version.
+//! together; `--use-distributed-optimizer`, `--manual-gc` and `--manual-gc-interval` are older
+//! than every supported version (0.12.0's parser has them). The NeMo form writes Megatron-Bridge's
+//! `optimizer.*` (Megatron-core's `OptimizerConfig`) and `train.manual_gc*` (its
+//! `TrainingConfig`).
 
-use crate::decision::MegatronPlan;
+use crate::decision::{MANUAL_GC_INTERVAL, MegatronPlan};
 
 use super::format_ratio;
 
@@ -29,6 +32,11 @@ pub fn args(plan: &MegatronPlan, pin_memory: bool) -> Vec<String> {
         if !pin_memory {
             out.push("--no-pin-cpu-grads".to_string());
             out.push("--no-pin-cpu-params".to_string());
+        }
+        if plan.manual_gc {
+            out.push("--manual-gc".to_string());
+            out.push("--manual-gc-interval".to_string());
+            out.push(MANUAL_GC_INTERVAL.to_string());
         }
     }
     out
@@ -63,6 +71,10 @@ pub fn nemo_overrides(plan: &MegatronPlan, pin_memory: bool) -> Vec<String> {
         ));
         out.push(format!("optimizer.pin_cpu_grads={}", flag(pin_memory)));
         out.push(format!("optimizer.pin_cpu_params={}", flag(pin_memory)));
+        if plan.manual_gc {
+            out.push("train.manual_gc=true".to_string());
+            out.push(format!("train.manual_gc_interval={MANUAL_GC_INTERVAL}"));
+        }
     }
     out
 }
@@ -134,7 +146,7 @@ mod tests {
         assert_eq!(
             env["OFFLOAD_MEGATRON_ARGS"],
             format!(
-                "--use-distributed-optimizer --optimizer-cpu-offload --use-precision-aware-optimizer --optimizer-offload-fraction 0.4{overlap}"
+                "--use-distributed-optimizer --optimizer-cpu-offload --use-precision-aware-optimizer --optimizer-offload-fraction 0.4{overlap} --manual-gc --manual-gc-interval 100"
             )
         );
         let nemo = &env["OFFLOAD_NEMO_OVERRIDES"];
@@ -144,6 +156,8 @@ mod tests {
             "optimizer.use_precision_aware_optimizer=true",
             "optimizer.optimizer_offload_fraction=0.4",
             "optimizer.pin_cpu_grads=true",
+            "train.manual_gc=true",
+            "train.manual_gc_interval=100",
         ] {
             assert!(nemo.split(' ').any(|o| o == want), "{want} in {nemo}");
         }
@@ -163,6 +177,42 @@ mod tests {
         let nemo = nemo_overrides(plan(&res), res.pin_memory);
         assert!(nemo.contains(&"optimizer.pin_cpu_params=false".to_string()));
         assert!(nemo.contains(&"optimizer.overlap_cpu_optimizer_d2h_h2d=false".to_string()));
+    }
+
+    #[test]
+    fn manual_gc_false_renders_no_collection() {
+        let decide = |manual_gc: Option<bool>| {
+            resolved("0.14.0", fixtures::H200_READING, |j| {
+                j.offload.mode = ModeSetting::CpuCopy;
+                j.offload.offload_ratio = RatioSetting::Fixed(0.4);
+                j.megatron.manual_gc = manual_gc;
+            })
+        };
+        let (on, off) = (decide(None), decide(Some(false)));
+        assert!(plan(&on).manual_gc && !plan(&off).manual_gc);
+        let args = args(plan(&off), off.pin_memory);
+        assert!(
+            !args.iter().any(|a| a.starts_with("--manual-gc")),
+            "{args:?}"
+        );
+        let nemo = nemo_overrides(plan(&off), off.pin_memory);
+        assert!(
+            !nemo.iter().any(|o| o.starts_with("train.manual_gc")),
+            "{nemo:?}"
+        );
+        assert!(
+            off.reasons
+                .iter()
+                .any(|r| r.message.contains("--manual-gc off")),
+            "{:?}",
+            off.reasons
+        );
+        // No offload: nothing to collect, nothing rendered whatever the field says.
+        let none = resolved("0.14.0", fixtures::H200_READING, |j| {
+            j.offload.mode = ModeSetting::Disabled;
+            j.megatron.manual_gc = Some(true);
+        });
+        assert!(!plan(&none).manual_gc);
     }
 
     #[test]

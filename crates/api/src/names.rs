@@ -101,6 +101,9 @@ pub const ANNOTATION_MEGATRON_SEQUENCE_PARALLEL: &str = "offload.dev/megatron-se
 /// `transformer_engine`, Megatron-LM's `--transformer-impl`, as
 /// `spec.megatron.transformerImpl` (`transformer_engine` when unset).
 pub const ANNOTATION_MEGATRON_TRANSFORMER_IMPL: &str = "offload.dev/megatron-transformer-impl";
+/// Annotation on other job kinds and Pods of a Megatron-core job: `false` where its training
+/// loop does not run Megatron-LM's `--manual-gc`, as `spec.megatron.manualGc` (on when unset).
+pub const ANNOTATION_MEGATRON_MANUAL_GC: &str = "offload.dev/megatron-manual-gc";
 /// Annotation on other job kinds and Pods: the model's total parameters, as in
 /// `spec.model.parameters` of a TrainingJob (`8B`, `8000000000`).
 pub const ANNOTATION_MODEL_PARAMETERS: &str = "offload.dev/model-parameters";

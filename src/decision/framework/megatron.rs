@@ -4,7 +4,7 @@
 use offload_api::v1alpha1::{ModeSetting, OffloadMode};
 use offload_api::version::{self, FrameworkVersion};
 
-use super::{FrameworkFacts, FrameworkPlan, MegatronPlan, say};
+use super::{FrameworkFacts, FrameworkPlan, MANUAL_GC_INTERVAL, MegatronPlan, say};
 use crate::decision::error::ResolveError;
 use crate::decision::request::JobRequest;
 
@@ -110,11 +110,26 @@ pub(super) fn megatron_plan(
             },
         );
     }
+    let manual_gc = cpu_offload && job.megatron.manual_gc != Some(false);
+    if manual_gc {
+        say(
+            why,
+            format!(
+                "--manual-gc --manual-gc-interval {MANUAL_GC_INTERVAL}: Megatron-LM collects garbage as training starts, which frees the hybrid device optimizer's first copy of the parameters (4 bytes a parameter) before the first step, and every {MANUAL_GC_INTERVAL} steps after; the estimate counts the copy freed (spec.megatron.manualGc: false, or annotation offload.dev/megatron-manual-gc: \"false\", where the training loop is not Megatron-LM's or Megatron-Bridge's)"
+            ),
+        );
+    } else if cpu_offload {
+        say(
+            why,
+            "--manual-gc off (spec.megatron.manualGc: false): the hybrid device optimizer's first copy of the parameters is counted as held to the peak",
+        );
+    }
     FrameworkPlan::Megatron(MegatronPlan {
         version: version.clone(),
         cpu_offload,
         fraction: if cpu_offload { ratio } else { 0.0 },
         overlap: cpu_offload && overlap,
         distributed_optimizer,
+        manual_gc,
     })
 }

@@ -124,6 +124,7 @@ impl std::fmt::Display for super::Sharding {
                 distributed,
                 sequence,
                 unfused_attention,
+                ..
             } => super::megatron::describe(
                 f,
                 *tensor,

@@ -167,6 +167,7 @@ fn without_sequence_parallelism_a_third_of_the_activations_stays_whole_on_each_r
             distributed: true,
             sequence,
             unfused_attention: false,
+            first_copy_freed: true,
         }
         .to_string()
     };
@@ -193,5 +194,43 @@ fn without_sequence_parallelism_a_third_of_the_activations_stays_whole_on_each_r
     assert!(
         err.contains("sequence parallelism (--sequence-parallel"),
         "{err}"
+    );
+}
+
+#[test]
+fn manual_gc_frees_the_first_copy_and_a_smaller_fraction_fits() {
+    // 12B on one H200 with offload: with --manual-gc (the default) the hybrid optimizer's first
+    // copy (4 bytes a kept parameter on the GPU, 4 an offloaded one on the host) is counted
+    // freed; without it, held to the peak, so the same fraction needs more and the decision
+    // offloads more.
+    let job = |manual_gc: Option<bool>, ratio: Option<f64>| {
+        let mut j = sized("0.14.0", 12_000_000_000, 40, 1);
+        j.megatron.manual_gc = manual_gc;
+        if let Some(r) = ratio {
+            j.offload.mode = ModeSetting::CpuCopy;
+            j.offload.offload_ratio = offload_api::v1alpha1::RatioSetting::Fixed(r);
+        }
+        j
+    };
+    let on = resolve(&job(None, Some(0.9)), &h200s()).unwrap();
+    let off = resolve(&job(Some(false), Some(0.9)), &h200s()).unwrap();
+    assert!(plan(&on).manual_gc && !plan(&off).manual_gc);
+    let (m_on, m_off) = (on.memory.as_ref().unwrap(), off.memory.as_ref().unwrap());
+    let kept = 0.1 * 12e9;
+    let gpu = (m_off.gpu_bytes - m_on.gpu_bytes) as f64;
+    assert!(
+        (gpu - 4.0 * kept).abs() < 1e6,
+        "the first copy of the kept 10 %: {gpu}"
+    );
+    assert!(m_off.host_bytes_per_pod > m_on.host_bytes_per_pod);
+    assert!(reason(&on, Field::Framework).contains("--manual-gc --manual-gc-interval 100"));
+    let fraction = |r: &Resolution| plan(r).fraction;
+    let auto_on = resolve(&job(None, None), &h200s()).unwrap();
+    let auto_off = resolve(&job(Some(false), None), &h200s()).unwrap();
+    assert!(
+        fraction(&auto_on) < fraction(&auto_off),
+        "{} vs {}",
+        fraction(&auto_on),
+        fraction(&auto_off)
     );
 }

@@ -588,6 +588,29 @@ async fn megatron_pytorchjobs_take_their_layout_from_annotations() {
         with_local >= with_sequence,
         "{with_local} against {with_sequence}"
     );
+    // A training loop that does not run --manual-gc: no collection rendered, the first copy
+    // counted (no less offloaded); a value that is not a boolean is refused.
+    let mut no_gc = sequence.clone();
+    no_gc["offload.dev/megatron-manual-gc"] = json!("false");
+    let (object, r) = admit_ptj(ptj(no_gc.clone())).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    let out = patched(&object, &r);
+    let env = env_of(&out["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]);
+    assert!(
+        !env["OFFLOAD_MEGATRON_ARGS"].contains("--manual-gc"),
+        "{env:?}"
+    );
+    assert!(fraction(&out) >= with_sequence);
+    no_gc["offload.dev/megatron-manual-gc"] = json!("sometimes");
+    let (_, r) = admit_ptj(ptj(no_gc)).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("offload.dev/megatron-manual-gc"),
+        "{r}"
+    );
     local["offload.dev/megatron-transformer-impl"] = json!("fused");
     let (_, r) = admit_ptj(ptj(local)).await;
     assert_eq!(r["allowed"], false, "{r}");

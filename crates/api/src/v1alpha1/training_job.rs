@@ -246,6 +246,15 @@ pub struct MegatronSpec {
     /// line sets it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transformer_impl: Option<TransformerImpl>,
+    /// Megatron-LM's `--manual-gc`: one garbage collection as training starts, which frees the
+    /// hybrid device optimizer's first copy of the parameters (4 bytes a parameter the GPU
+    /// keeps, and 4 a parameter it offloads on the host) before the first step. On when unset:
+    /// with optimizer offload the operator renders `--manual-gc --manual-gc-interval 100`
+    /// (Megatron-Bridge: `train.manual_gc`, `train.manual_gc_interval`) and counts the copy
+    /// freed. `false` renders neither and counts the copy: for a launch line whose training
+    /// loop is not Megatron-LM's or Megatron-Bridge's, which would not collect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manual_gc: Option<bool>,
 }
 
 /// Which modules build a Megatron-core model's layers (Megatron-LM's `--transformer-impl`).
