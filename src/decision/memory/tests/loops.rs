@@ -438,6 +438,15 @@ const PER_TYPE: &[TableRow] = &[
         false,
     ),
     (
+        "olmo2-7b",
+        false,
+        Some(0.80),
+        7.3e7,
+        4096.0,
+        (74.80 + 1.53) * GIB,
+        false,
+    ),
+    (
         "starcoder2-7b",
         false,
         Some(0.67),
@@ -445,6 +454,35 @@ const PER_TYPE: &[TableRow] = &[
         4096.0,
         77_375_604_736.0,
         true,
+    ),
+    // The first decision since StarCoder2 is counted, and the two rungs below it
+    // (2026-12-06, sixth call, raw/2026-12-06-h100-sixth/sweep*).
+    (
+        "starcoder2-7b",
+        false,
+        Some(0.64),
+        7.5e7,
+        4096.0,
+        80_849_315_840.0,
+        true,
+    ),
+    (
+        "starcoder2-7b",
+        false,
+        Some(0.62),
+        7.5e7,
+        4096.0,
+        (77.19 + 0.75) * GIB,
+        false,
+    ),
+    (
+        "starcoder2-7b",
+        false,
+        Some(0.60),
+        7.5e7,
+        4096.0,
+        (77.42 + 0.035) * GIB,
+        false,
     ),
 ];
 
