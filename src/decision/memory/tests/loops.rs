@@ -292,7 +292,8 @@ fn olmo2_and_starcoder2_counted_are_never_under_and_olmo2s_first_run_would_not_f
 /// table", prints these rows.
 type TableRow = (&'static str, bool, Option<f64>, f64, f64, f64, bool);
 
-const PER_TYPE: &[TableRow] = &[
+/// The table's runs recorded nowhere else in this file: as [`TableRow`].
+const PER_TYPE_OWN: &[TableRow] = &[
     (
         "llama-8b",
         true,
@@ -310,24 +311,6 @@ const PER_TYPE: &[TableRow] = &[
         4096.0,
         144_967_540_224.0,
         true,
-    ),
-    (
-        "mistral-7b",
-        false,
-        Some(0.66),
-        7.3e7,
-        4096.0,
-        82_190_364_160.0,
-        true,
-    ),
-    (
-        "mistral-7b",
-        false,
-        Some(0.62),
-        7.3e7,
-        4096.0,
-        (77.42 + 0.11) * GIB,
-        false,
     ),
     (
         "qwen-7b",
@@ -357,42 +340,6 @@ const PER_TYPE: &[TableRow] = &[
         true,
     ),
     (
-        "qwen3-8b",
-        true,
-        Some(0.30),
-        8.2e7,
-        4096.0,
-        134.1 * GIB,
-        true,
-    ),
-    (
-        "qwen3-8b",
-        true,
-        Some(0.25),
-        8.2e7,
-        4096.0,
-        (136.30 + 2.32) * GIB,
-        false,
-    ),
-    (
-        "qwen3-4b",
-        false,
-        Some(0.44),
-        4.1e7,
-        4096.0,
-        80_362_691_072.0,
-        true,
-    ),
-    (
-        "qwen3-4b",
-        false,
-        Some(0.40),
-        4.1e7,
-        4096.0,
-        (74.80 + 2.32) * GIB,
-        false,
-    ),
-    (
         "phi3-mini",
         false,
         Some(0.26),
@@ -411,33 +358,6 @@ const PER_TYPE: &[TableRow] = &[
         false,
     ),
     (
-        "gemma2-2b",
-        false,
-        None,
-        2.7e7,
-        4096.0,
-        76_331_873_280.0,
-        true,
-    ),
-    (
-        "olmo2-7b",
-        false,
-        Some(0.82),
-        7.3e7,
-        4096.0,
-        78_722_059_776.0,
-        true,
-    ),
-    (
-        "olmo2-7b",
-        false,
-        Some(0.78),
-        7.3e7,
-        4096.0,
-        (76.47 + 1.53) * GIB,
-        false,
-    ),
-    (
         "olmo2-7b",
         false,
         Some(0.80),
@@ -446,17 +366,6 @@ const PER_TYPE: &[TableRow] = &[
         (74.80 + 1.53) * GIB,
         false,
     ),
-    (
-        "starcoder2-7b",
-        false,
-        Some(0.67),
-        7.5e7,
-        4096.0,
-        77_375_604_736.0,
-        true,
-    ),
-    // The first decision since StarCoder2 is counted, and the two rungs below it
-    // (2026-12-06, sixth call, raw/2026-12-06-h100-sixth/sweep*).
     (
         "starcoder2-7b",
         false,
@@ -486,6 +395,48 @@ const PER_TYPE: &[TableRow] = &[
     ),
 ];
 
+/// The table's rows in order, the runs recorded in [`CONVERGED_H100`], [`NEW_TYPES_H100`] and
+/// [`FROM_THE_ISSUES`] taken from there.
+fn per_type() -> Vec<TableRow> {
+    let from_the_issues = |name: &str, share: Option<f64>| -> TableRow {
+        let &(name, share, tokens, measured, trained) = FROM_THE_ISSUES
+            .iter()
+            .find(|r| r.0 == name && r.1 == share)
+            .unwrap_or_else(|| panic!("{name} at {share:?} in FROM_THE_ISSUES"));
+        (name, true, share, 8.2e7, tokens, measured, trained)
+    };
+    let on_the_h100 = |runs: &[Recorded], name: &str, share: Option<f64>| -> TableRow {
+        let &(name, share, group, tokens, measured, trained) = runs
+            .iter()
+            .find(|r| r.0 == name && r.1 == share)
+            .unwrap_or_else(|| panic!("{name} at {share:?} recorded"));
+        (name, false, share, group, tokens, measured, trained)
+    };
+    vec![
+        PER_TYPE_OWN[0],
+        PER_TYPE_OWN[1],
+        on_the_h100(CONVERGED_H100, "mistral-7b", Some(0.66)),
+        on_the_h100(CONVERGED_H100, "mistral-7b", Some(0.62)),
+        PER_TYPE_OWN[2],
+        PER_TYPE_OWN[3],
+        PER_TYPE_OWN[4],
+        from_the_issues("qwen3-8b", Some(0.30)),
+        from_the_issues("qwen3-8b", Some(0.25)),
+        on_the_h100(CONVERGED_H100, "qwen3-4b", Some(0.44)),
+        on_the_h100(CONVERGED_H100, "qwen3-4b", Some(0.40)),
+        PER_TYPE_OWN[5],
+        PER_TYPE_OWN[6],
+        on_the_h100(CONVERGED_H100, "gemma2-2b", None),
+        on_the_h100(NEW_TYPES_H100, "olmo2-7b", Some(0.82)),
+        on_the_h100(NEW_TYPES_H100, "olmo2-7b", Some(0.78)),
+        PER_TYPE_OWN[7],
+        on_the_h100(NEW_TYPES_H100, "starcoder2-7b", Some(0.67)),
+        PER_TYPE_OWN[8],
+        PER_TYPE_OWN[9],
+        PER_TYPE_OWN[10],
+    ]
+}
+
 #[test]
 fn the_per_type_table_is_never_under_and_nothing_that_fits_ran_out() {
     // Ten model types (Llama, Mistral, Qwen2, Mixtral, GPT-NeoX counted; Qwen3, Phi-3, Gemma-2,
@@ -494,7 +445,7 @@ fn the_per_type_table_is_never_under_and_nothing_that_fits_ran_out() {
     // out is refused ("does not fit"), so nothing the model says fits ran out (Mistral's 66 %
     // on the H100 trained at the budget's edge, where the loop's lesson placed it, not the
     // model alone). `--nocapture` prints the table's rows.
-    for &(name, on_h200, share, group, tokens, measured, trained) in PER_TYPE {
+    for &(name, on_h200, share, group, tokens, measured, trained) in &per_type() {
         let class = if on_h200 { h200() } else { h100() };
         let (j, placement, est, fit) = read_on(&class, name, share, group, tokens);
         let budget = j.gpu_budget(&class);
@@ -517,6 +468,6 @@ fn the_per_type_table_is_never_under_and_nothing_that_fits_ran_out() {
             assert!(!fit.ok(), "{what} ran out: it must not fit");
         }
     }
-    let names: std::collections::BTreeSet<&str> = PER_TYPE.iter().map(|r| r.0).collect();
+    let names: std::collections::BTreeSet<&str> = per_type().iter().map(|r| r.0).collect();
     assert!(names.len() >= 10, "{names:?}");
 }
