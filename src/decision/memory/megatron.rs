@@ -139,11 +139,13 @@ impl JobMemory {
             } => (tensor, sequence, unfused_attention),
             _ => (1, false, false),
         };
-        let first_copy_bytes = self.first_copy_bytes();
         let p = self.parameters;
         let (on_gpu, stepped) = self.megatron_parts().unwrap_or((p, p));
         let (stream, first_copy) = if kept < 1.0 {
-            (OFFLOAD_STREAM_BYTES, first_copy_bytes * kept * on_gpu)
+            (
+                OFFLOAD_STREAM_BYTES,
+                self.first_copy_bytes() * kept * on_gpu,
+            )
         } else {
             (0.0, 0.0)
         };
