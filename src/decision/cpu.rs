@@ -166,15 +166,19 @@ fn measured_threads(node: &NodeInfo) -> Option<f64> {
 /// gives it the fewest cores, with those cores in words where they moved it.
 ///
 /// Measured (`docs/benchmarks/memory-h200.md`): up to [`PARTIAL_BEFORE_PARAMS_UP_TO`] with the
-/// [`CROSSOVER_CORES`] cores of a PCIe H200's host. First order, per step: a partial share `r`
-/// costs a fixed `a` plus `r` of the CPU's update of the whole state, `C / c` on `c` cores;
-/// both offloaded cost `b` plus all of it. The measured crossover gives
-/// `b − a = −(1 − r*)·C/16`; on `c` cores the crossover is `1 − (1 − r*)·c/16`. Fewer cores
-/// raise it (the whole state on the CPU costs more, a share of it less); more are not
-/// extrapolated (the measured share stands: a GPU of an 8-GPU node with 28 cores each keeps
-/// it), nor is a core's speed (a core counts as one of the H200 host's), and the share is at
-/// most [`MAX_PARTIAL_BEFORE_PARAMS`]. To be measured per core count:
-/// `hack/gpu/cpu-bench.sh`.
+/// [`CROSSOVER_CORES`] cores of a PCIe H200's host. Fewer cores raise it (the whole state on
+/// the CPU costs more, a share of it less), but not in proportion to them: on an H100's
+/// 16-core host (`docs/benchmarks/cpu-h200.md`, Qwen3-4B at 1 × 5,120 tokens) everything
+/// offloaded stepped in 2.69 s at 16 cores, 3.12 at 8, 3.45 at 4 and 6.46 at 2, while a 60 %
+/// share stepped in 3.33, 3.18 and 5.51 s at 8, 4 and 2: the CPU's update streams the state
+/// through host memory, whose bandwidth, not the cores, bounds it until few are left, and a
+/// share at the GPU's limit pays the allocator's retries whatever the cores. A step time in
+/// proportion to `1/c` would put that crossover at 11.6 cores; it lies between 4 and 8. The
+/// crossover on `c` cores is `1 − (1 − r*)·(c/16)^k` with `k` =
+/// [`CROSSOVER_CORE_EXPONENT`], which holds both measured crossovers (any `k` from 0.23 to
+/// 0.46 does). More cores than 16 are not extrapolated (the measured share stands: a GPU of
+/// an 8-GPU node with 28 cores each keeps it), nor is a core's speed, and the share is at
+/// most [`MAX_PARTIAL_BEFORE_PARAMS`]. To be measured per core count: `hack/gpu/cpu-bench.sh`.
 pub fn partial_before_params<'n>(
     job: &JobRequest,
     nodes: impl IntoIterator<Item = &'n NodeCpu>,
@@ -187,8 +191,9 @@ pub fn partial_before_params<'n>(
     match fewest {
         Some(cores) if cores.cores < CROSSOVER_CORES => {
             let crossover = (1.0
-                - (1.0 - PARTIAL_BEFORE_PARAMS_UP_TO) * cores.cores.max(0.0) / CROSSOVER_CORES)
-                .clamp(PARTIAL_BEFORE_PARAMS_UP_TO, MAX_PARTIAL_BEFORE_PARAMS);
+                - (1.0 - PARTIAL_BEFORE_PARAMS_UP_TO)
+                    * (cores.cores.max(0.0) / CROSSOVER_CORES).powf(CROSSOVER_CORE_EXPONENT))
+            .clamp(PARTIAL_BEFORE_PARAMS_UP_TO, MAX_PARTIAL_BEFORE_PARAMS);
             (crossover, Some(cores.describe()))
         }
         _ => (PARTIAL_BEFORE_PARAMS_UP_TO, None),
@@ -198,6 +203,11 @@ pub fn partial_before_params<'n>(
 /// The cores of the host the crossover [`super::memory::PARTIAL_BEFORE_PARAMS_UP_TO`] was
 /// measured with (a PCIe H200's, all of them for its one GPU).
 pub const CROSSOVER_CORES: f64 = 16.0;
+
+/// How the crossover moves with the pod's share of [`CROSSOVER_CORES`]: its cube root, the
+/// middle of the exponents (0.23 to 0.46) that hold the crossovers measured at 16 cores (45 %,
+/// H200) and between 4 and 8 cores (60 %, H100) — see [`partial_before_params`].
+pub const CROSSOVER_CORE_EXPONENT: f64 = 1.0 / 3.0;
 
 /// The largest share [`partial_before_params`] ever gives: past it a partial share keeps too
 /// little on the GPU to be worth two optimizers.
