@@ -9,6 +9,7 @@
 //! ran out and the one that trained. The second loop (`2026-12-06-h100-converge/`) ran with
 //! the allocator reporter on, every case to its end: its replay is exact.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -321,12 +322,19 @@ fn a_run_that_recorded_another_configuration_teaches_nothing_and_says_so() {
     );
 }
 
+/// Under one CPU limit: the step time (ms) of everything offloaded, and the partial share with
+/// its step time.
+type UnderLimit = (Option<f64>, Option<(f64, f64)>);
+
 /// The step times the H100 measured for Qwen3-4B at 1 × 5,120 tokens under a CPU limit
 /// (`docs/benchmarks/raw/2026-12-06-h100-seventh/cpu-*/cpu.jsonl`): per limit, the median of
 /// the runs of everything offloaded and of the partial share, threads as rendered and as
 /// DeepSpeed's default alike.
-fn measured_under_limits() -> std::collections::BTreeMap<u32, (Option<f64>, Option<(f64, f64)>)> {
-    let mut runs: std::collections::BTreeMap<u32, (Vec<f64>, Vec<(f64, f64)>)> = Default::default();
+fn measured_under_limits() -> BTreeMap<u32, UnderLimit> {
+    // Per limit: the step times of everything offloaded; the share and step time of each
+    // partial run.
+    let mut whole: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
+    let mut partial: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
     for folder in ["cpu-16-8", "cpu-4-2"] {
         let file = recorded_in("2026-12-06-h100-seventh", &format!("{folder}/cpu.jsonl"));
         for line in std::fs::read_to_string(file).expect("the runs").lines() {
@@ -334,21 +342,27 @@ fn measured_under_limits() -> std::collections::BTreeMap<u32, (Option<f64>, Opti
             assert_eq!(r["ok"], true, "{r}");
             let cores = u32::try_from(r["cores"].as_u64().expect("cores")).expect("cores");
             let ms = r["medianMs"].as_f64().expect("a step time");
-            let entry = runs.entry(cores).or_default();
             match r["zero"]["offload_optimizer"]["ratio"].as_f64() {
-                Some(share) => entry.1.push((share, ms)),
-                None => entry.0.push(ms),
+                Some(share) => partial.entry(cores).or_default().push((share, ms)),
+                None => whole.entry(cores).or_default().push(ms),
             }
         }
     }
     let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
-    runs.into_iter()
-        .map(|(cores, (whole, partial))| {
-            let share = partial.first().map(|p| p.0);
-            let ms: Vec<f64> = partial.iter().map(|p| p.1).collect();
+    let out = whole
+        .into_iter()
+        .map(|(cores, whole)| {
+            let runs = partial.remove(&cores).unwrap_or_default();
+            let share = runs.first().map(|p| p.0);
+            let ms: Vec<f64> = runs.iter().map(|p| p.1).collect();
             (cores, (mean(&whole), share.zip(mean(&ms))))
         })
-        .collect()
+        .collect();
+    assert!(
+        partial.is_empty(),
+        "a limit with no run of everything offloaded: {partial:?}"
+    );
+    out
 }
 
 #[test]
