@@ -22,6 +22,7 @@ Rank 0 prints one JSON object: the peaks (`torch.cuda.max_memory_allocated` /
 the pinned bytes), the step times. A run that fails (CUDA out of memory) says so with its peaks.
 """
 import argparse
+import gc
 import json
 import os
 import resource
@@ -212,8 +213,6 @@ def main():
         model, opt = build(a, flags)
         if flags.manual_gc:
             # As Megatron-LM's `train()` does under --manual-gc, before the first step.
-            import gc
-
             gc.disable()
             gc.collect()
         torch.cuda.synchronize()
@@ -243,8 +242,6 @@ def main():
                 out["after_first_step_allocated_bytes"] = torch.cuda.memory_allocated()
             every = flags.manual_gc_interval
             if flags.manual_gc and every > 0 and (step + 1) % every == 0:
-                import gc
-
                 gc.collect()
         out["ended"] = "trained"
         out["loss"] = float(loss.item())

@@ -248,7 +248,7 @@ fn job_memory_of(
                     sequence: job.megatron.sequence_parallel == Some(true),
                     unfused_attention: job.megatron.transformer_impl
                         == Some(offload_api::v1alpha1::TransformerImpl::Local),
-                    first_copy_freed: job.megatron.manual_gc != Some(false),
+                    first_copy_freed: job.megatron.manual_gc_on(),
                 }
             }
             Framework::Generic => Sharding::Unsharded,

@@ -110,7 +110,7 @@ pub(super) fn megatron_plan(
             },
         );
     }
-    let manual_gc = cpu_offload && job.megatron.manual_gc != Some(false);
+    let manual_gc = cpu_offload && job.megatron.manual_gc_on();
     if manual_gc {
         say(
             why,

@@ -557,6 +557,15 @@ async fn megatron_pytorchjobs_take_their_layout_from_annotations() {
         .await;
         (object, r)
     };
+    // A PyTorchJob of these annotations, refused: the webhook's message.
+    let refusal = |annotations: Value| async move {
+        let (_, r) = admit_ptj(ptj(annotations)).await;
+        assert_eq!(r["allowed"], false, "{r}");
+        r["status"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
     let fraction = |out: &Value| -> f64 {
         let env = env_of(&out["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]);
         let args: Vec<&str> = env["OFFLOAD_MEGATRON_ARGS"].split(' ').collect();
@@ -602,29 +611,22 @@ async fn megatron_pytorchjobs_take_their_layout_from_annotations() {
     );
     assert!(fraction(&out) >= with_sequence);
     no_gc["offload.dev/megatron-manual-gc"] = json!("sometimes");
-    let (_, r) = admit_ptj(ptj(no_gc)).await;
-    assert_eq!(r["allowed"], false, "{r}");
+    let message = refusal(no_gc).await;
     assert!(
-        r["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("offload.dev/megatron-manual-gc"),
-        "{r}"
+        message.contains("offload.dev/megatron-manual-gc"),
+        "{message}"
     );
     local["offload.dev/megatron-transformer-impl"] = json!("fused");
-    let (_, r) = admit_ptj(ptj(local)).await;
-    assert_eq!(r["allowed"], false, "{r}");
+    let message = refusal(local).await;
     assert!(
-        r["status"]["message"].as_str().unwrap().contains(
+        message.contains(
             "offload.dev/megatron-transformer-impl: \"fused\" is not local or transformer_engine"
         ),
-        "{r}"
+        "{message}"
     );
     // Without the annotation each GPU is read as holding the whole model (data-parallel over
     // two): it fits no GH200, and the refusal says which annotation would fit it.
-    let (_, whole) = admit_ptj(ptj(megatron(None))).await;
-    assert_eq!(whole["allowed"], false, "{whole}");
-    let message = whole["status"]["message"].as_str().unwrap();
+    let message = refusal(megatron(None)).await;
     let placement = if split < 1.0 {
         format!("{:.0}% of the optimizer state offloaded", split * 100.0)
     } else {
@@ -638,33 +640,26 @@ async fn megatron_pytorchjobs_take_their_layout_from_annotations() {
     );
 
     // Three-way tensor parallel over two GPUs: no whole model-parallel group.
-    let (_, r) = admit_ptj(ptj(megatron(Some("3")))).await;
-    assert_eq!(r["allowed"], false, "{r}");
-    let message = r["status"]["message"].as_str().unwrap();
+    let message = refusal(megatron(Some("3"))).await;
     assert!(
         message.contains("not a whole number of model-parallel groups")
             && message.contains("offload.dev/megatron-tensor-parallel"),
         "{message}"
     );
     // Out of bounds, and on a job of another framework.
-    let (_, r) = admit_ptj(ptj(megatron(Some("0")))).await;
-    assert_eq!(r["allowed"], false, "{r}");
+    let message = refusal(megatron(Some("0"))).await;
     assert!(
-        r["status"]["message"].as_str().unwrap().contains(
+        message.contains(
             "offload.dev/megatron-tensor-parallel: \"0\" is not a whole number from 1 to 1024"
         ),
-        "{r}"
+        "{message}"
     );
     let mut deepspeed = megatron(Some("2"));
     deepspeed["offload.dev/framework"] = json!("DeepSpeed");
     deepspeed["offload.dev/framework-version"] = json!("0.19.8");
-    let (_, r) = admit_ptj(ptj(deepspeed)).await;
-    assert_eq!(r["allowed"], false, "{r}");
+    let message = refusal(deepspeed).await;
     assert!(
-        r["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("describes a Megatron-core job"),
-        "{r}"
+        message.contains("describes a Megatron-core job"),
+        "{message}"
     );
 }

@@ -257,6 +257,14 @@ pub struct MegatronSpec {
     pub manual_gc: Option<bool>,
 }
 
+impl MegatronSpec {
+    /// Whether the training loop runs Megatron-LM's `--manual-gc`: on unless `manualGc` is
+    /// `false`.
+    pub fn manual_gc_on(&self) -> bool {
+        self.manual_gc != Some(false)
+    }
+}
+
 /// Which modules build a Megatron-core model's layers (Megatron-LM's `--transformer-impl`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum TransformerImpl {
