@@ -176,7 +176,9 @@ fn measured_threads(node: &NodeInfo) -> Option<f64> {
 /// proportion to `1/c` would put that crossover at 11.6 cores; it lies between 4 and 8. The
 /// crossover on `c` cores is `1 − (1 − r*)·(c/16)^k` with `k` =
 /// [`CROSSOVER_CORE_EXPONENT`], which holds both measured crossovers (any `k` from 0.23 to
-/// 0.46 does). More cores than 16 are not extrapolated (the measured share stands: a GPU of
+/// 0.46 does) and put it at 60.3 % on 6 cores before 6 was measured: there the 60 % share and
+/// everything offloaded then stepped within 2 and 5 % of each other, the share faster in both
+/// of two calls (any `k` below 0.33 would have decided the slower). More cores than 16 are not extrapolated (the measured share stands: a GPU of
 /// an 8-GPU node with 28 cores each keeps it), nor is a core's speed, and the share is at
 /// most [`MAX_PARTIAL_BEFORE_PARAMS`]. To be measured per core count: `hack/gpu/cpu-bench.sh`.
 pub fn partial_before_params<'n>(
@@ -204,9 +206,9 @@ pub fn partial_before_params<'n>(
 /// measured with (a PCIe H200's, all of them for its one GPU).
 pub const CROSSOVER_CORES: f64 = 16.0;
 
-/// How the crossover moves with the pod's share of [`CROSSOVER_CORES`]: its cube root, the
-/// middle of the exponents (0.23 to 0.46) that hold the crossovers measured at 16 cores (45 %,
-/// H200) and between 4 and 8 cores (60 %, H100) — see [`partial_before_params`].
+/// How the crossover moves with the pod's share of [`CROSSOVER_CORES`]: its cube root, within
+/// the exponents (0.33 to 0.46) that hold the crossovers measured at 16 cores (45 %, H200),
+/// between 4 and 8 cores and at 6 cores (60 %, H100) — see [`partial_before_params`].
 pub const CROSSOVER_CORE_EXPONENT: f64 = 1.0 / 3.0;
 
 /// The largest share [`partial_before_params`] ever gives: past it a partial share keeps too
