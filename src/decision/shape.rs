@@ -85,6 +85,10 @@ pub struct Experts {
     pub dense_layers: f64,
 }
 
+/// Bytes per token a gated shared expert's gate keeps besides the expert's output: the
+/// sigmoid's 16-bit output and the product's other factor, one value each.
+pub const SHARED_GATE_SAVED_BYTES: f64 = 4.0;
+
 /// The model's shape.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ModelShape {
@@ -465,9 +469,17 @@ impl ModelShape {
             Block::Gated => {
                 let mlp = match (moe, self.experts) {
                     (true, Some(e)) => {
+                        // A gated shared expert's output, kept for the gate's product (Qwen2-
+                        // MoE: within 0.03 % of what its blocks kept, 2.0 % under without).
+                        let gate = if e.shared_gate && e.shared > 0.0 {
+                            2.0 * h + SHARED_GATE_SAVED_BYTES
+                        } else {
+                            0.0
+                        };
                         e.per_token * (8.0 * e.intermediate + 4.0 * h)
                             + 17.0 * e.count
                             + 8.0 * e.shared * e.shared_intermediate
+                            + gate
                     }
                     _ => 8.0 * self.intermediate,
                 };

@@ -63,6 +63,14 @@ pub(crate) const MODELS: &[(&str, &str)] = &[
         "starcoder2-7b",
         include_str!("../../../hack/gpu/models/starcoder2-7b.json"),
     ),
+    (
+        "cohere-4b",
+        include_str!("../../../hack/gpu/models/cohere-4b.json"),
+    ),
+    (
+        "qwen2moe-5b",
+        include_str!("../../../hack/gpu/models/qwen2moe-5b.json"),
+    ),
 ];
 
 pub(crate) fn model(name: &str) -> ModelShape {
@@ -112,6 +120,35 @@ fn what_the_blocks_keep_for_backward_is_what_was_measured() {
             "{name}: {saved} against {measured} ({err:+.4})"
         );
     }
+}
+
+#[test]
+fn cohere_is_counted_over_and_qwen2_moes_gated_shared_expert_exactly() {
+    // The first step's `savedActivationBytes` and parameters of the H100 loop's runs at
+    // 1 × 2,048 tokens (docs/benchmarks/raw/2026-12-06-h100-eighth/loop/cfg-*-step-1.json).
+    let moe = model("qwen2moe-5b");
+    assert_eq!(moe.parameters(), 5_178_427_392.0);
+    let saved = 2048.0 * moe.saved_per_token(false);
+    let err = saved / 9_950_013_324.0 - 1.0;
+    assert!(err.abs() < 0.002, "Qwen2-MoE: {saved} ({err:+.4})");
+    // Without its gate's term it would be 2 % under.
+    let ungated = ModelShape {
+        experts: moe.experts.map(|e| Experts {
+            shared_gate: false,
+            ..e
+        }),
+        ..moe
+    };
+    assert!(2048.0 * ungated.saved_per_token(false) < 0.985 * 9_950_013_324.0);
+    // Cohere read as a Llama-style block: over, never under, by 2.5 % on what its blocks keep
+    // (one norm a layer, attention and MLP on the same normed input), and by one norm's
+    // weights a layer on its parameters.
+    let cohere = model("cohere-4b");
+    let counted = cohere.parameters();
+    assert_eq!(counted - 4_538_306_560.0, 16.0 * 4096.0);
+    let saved = 2048.0 * cohere.saved_per_token(false);
+    let over = saved / 8_528_519_436.0 - 1.0;
+    assert!((0.0..0.03).contains(&over), "Cohere: {saved} ({over:+.4})");
 }
 
 #[test]
