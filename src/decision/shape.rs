@@ -232,7 +232,7 @@ impl ModelShape {
                     }
                     _ => out.extend([h * f, h * f, f * h]),
                 }
-                out.extend([h, h]);
+                out.extend(std::iter::repeat_n(h, self.quirks.layer_norms()));
                 if self.quirks.sandwich_norms {
                     out.extend([h, h]);
                 }
@@ -374,7 +374,9 @@ impl ModelShape {
                 if self.quirks.head_norms {
                     out.extend([self.head_dim, self.head_dim]);
                 }
-                out.extend([h, q * h]);
+                // The norm after attention (none in a parallel block), then its output.
+                out.extend(std::iter::repeat_n(h, self.quirks.layer_norms() - 1));
+                out.push(q * h);
                 for _ in 0..2 {
                     out.push(h * kv);
                     if self.attention_bias {
@@ -450,7 +452,7 @@ impl ModelShape {
     /// Bytes the final norm keeps for backward per token.
     fn final_norm_saved(&self) -> f64 {
         match self.block {
-            Block::Gated => 8.0 * self.hidden + 4.0,
+            Block::Gated => self.quirks.final_norm_saved(self.hidden),
             Block::Plain => 4.0 * self.hidden + 8.0,
         }
     }
@@ -493,7 +495,13 @@ impl ModelShape {
                 } else {
                     0.0
                 };
-                16.0 * h + sandwich + query_key + 8.0 + 4.0 * q + 4.0 * kv + 4.0 * heads + mlp
+                self.quirks.layer_norms_saved(h)
+                    + sandwich
+                    + query_key
+                    + 4.0 * q
+                    + 4.0 * kv
+                    + 4.0 * heads
+                    + mlp
             }
             Block::Plain => {
                 let rotated = if self.rotary {
@@ -545,33 +553,18 @@ impl ModelShape {
                 )
             })
             .unwrap_or_default();
-        let mut quirks = String::new();
-        if self.quirks.sandwich_norms {
-            quirks.push_str(", four norms a layer");
-        }
-        if self.quirks.query_key_norms {
-            quirks.push_str(", query and key norms");
-        }
-        if self.quirks.softcapped_logits {
-            quirks.push_str(", softcapped logits");
-        }
-        if self.quirks.softcapped_attention {
-            quirks.push_str(
-                ", softcapped attention counted as a fused one (SDPA or FlashAttention) keeps it: an eager attention keeps each layer's sequence² scores too, which this count does not cover",
-            );
-        }
-        if self.quirks.latent_attention {
-            quirks.push_str(
-                ", latent attention counted as full attention at its query and key head width (over)",
-            );
-        }
+        let mut quirks = self.quirks.describe();
         if let Some(tower) = self.tower {
             quirks.push_str(", ");
             quirks.push_str(&tower.describe());
         }
+        let block = if self.quirks.parallel_block {
+            "Cohere-style (one LayerNorm, attention and a gated MLP in parallel)".to_string()
+        } else {
+            self.block.to_string()
+        };
         format!(
-            "{}, width {} × {} layers, MLP {}, {} heads ({} key/value), vocabulary {}{}{}{experts}{quirks}",
-            self.block,
+            "{block}, width {} × {} layers, MLP {}, {} heads ({} key/value), vocabulary {}{}{}{experts}{quirks}",
             self.hidden,
             self.layers,
             self.intermediate,
