@@ -291,7 +291,7 @@ fn starcoder2_counted_now_starts_below_the_shares_that_trained_and_moves_only_to
 fn cohere_and_qwen2_moe_counted_now_start_where_their_loops_ended_and_never_offload_more() {
     // Recorded under the margin of a type never measured, every run trained: Cohere 37 %
     // (1,860.5 ms a step), 31 % (1,679.8), 27 % (1,616.1), where its loop settled; Qwen2-MoE
-    // 33 % (2,766.6), 31 % (2,609.5). Both are counted now (within 0.5 % of every run): the
+    // 33 % (2,766.6), 31 % (2,609.5). Both are counted now (within 0.2 % of every run): the
     // first decision says nothing of a margin and offloads no more than the last share that
     // trained, and the recorded runs read back never move it toward more offload.
     for (model, runs, last_trained) in [("cohere-4b", 3, 0.27), ("qwen2moe-5b", 2, 0.31)] {
