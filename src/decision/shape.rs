@@ -490,11 +490,7 @@ impl ModelShape {
                 } else {
                     0.0
                 };
-                let query_key = if self.quirks.query_key_norms {
-                    8.0 * (q + kv)
-                } else {
-                    0.0
-                };
+                let query_key = self.quirks.query_key_saved(q, kv, heads + self.kv_heads);
                 self.quirks.layer_norms_saved(h)
                     + sandwich
                     + query_key

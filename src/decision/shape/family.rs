@@ -13,8 +13,8 @@ pub struct Quirks {
     /// bytes per unit of its width per token, and has its own weight.
     pub query_key_norms: bool,
     /// A norm over each head of the query and of the key (Qwen3's and Gemma-3's `q_norm` /
-    /// `k_norm`, one head wide): their weights are counted; what they keep for backward is in
-    /// the type's measured factor.
+    /// `k_norm`, one head wide): their weights are counted, and what they keep for backward
+    /// ([`Quirks::query_key_saved`]).
     pub head_norms: bool,
     /// The final logits softcapped (`final_logit_softcapping`: divided, `tanh`, multiplied
     /// back): `tanh` keeps its 16-bit output for backward, 2 bytes per token per vocabulary
@@ -56,6 +56,27 @@ impl Quirks {
         } else {
             8.0 * hidden + 4.0
         }
+    }
+
+    /// Bytes the norms on the query and key keep for backward per token, their widths `q` and
+    /// `kv` and `heads` query and key/value heads in all: OLMo-2's whole-width norms
+    /// ([`Quirks::query_key_norms`], 8 bytes per unit of width), or per-head RMSNorms
+    /// ([`Quirks::head_norms`]: fp32 input and 16-bit output, 6 bytes per unit, and the
+    /// reciprocal, 4 bytes per head). Measured for the per-head norms: Qwen3-4B at 1 × 5,120
+    /// tokens on an H100 kept 34,605,240,908 bytes for backward against 34,602,577,920 counted
+    /// (−0.01 %; 16.5 % under without them; docs/benchmarks/raw/2026-12-06-h100-eighth/).
+    pub fn query_key_saved(self, q: f64, kv: f64, heads: f64) -> f64 {
+        let whole = if self.query_key_norms {
+            8.0 * (q + kv)
+        } else {
+            0.0
+        };
+        let per_head = if self.head_norms {
+            6.0 * (q + kv) + 4.0 * heads
+        } else {
+            0.0
+        };
+        whole + per_head
     }
 
     /// Norms of a layer outside attention (one weight each, a unit of width wide).

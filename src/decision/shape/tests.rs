@@ -111,6 +111,9 @@ fn what_the_blocks_keep_for_backward_is_what_was_measured() {
         ("qwen-7b", 2048.0, 14_230_856_140.0),
         ("llama-8b", 2048.0, 14_281_122_316.0),
         ("llama-10b", 2048.0, 20_073_718_540.0),
+        // Qwen3's per-head query and key norms (an H100 at 1 × 5,120 tokens,
+        // docs/benchmarks/raw/2026-12-06-h100-eighth/cpu-6-8/cpu.jsonl).
+        ("qwen3-4b", 5120.0, 34_605_240_908.0),
     ] {
         let m = model(name);
         let saved = tokens * m.saved_per_token(false);
