@@ -178,9 +178,10 @@ fn measured_threads(node: &NodeInfo) -> Option<f64> {
 /// [`CROSSOVER_CORE_EXPONENT`], which holds both measured crossovers (any `k` from 0.23 to
 /// 0.46 does) and put it at 60.3 % on 6 cores before 6 was measured: there the 60 % share and
 /// everything offloaded then stepped within 2 and 5 % of each other, the share faster in both
-/// of two calls (any `k` below 0.33 would have decided the slower). More cores than 16 are not extrapolated (the measured share stands: a GPU of
-/// an 8-GPU node with 28 cores each keeps it), nor is a core's speed, and the share is at
-/// most [`MAX_PARTIAL_BEFORE_PARAMS`]. To be measured per core count: `hack/gpu/cpu-bench.sh`.
+/// of two calls (any `k` below 0.33 would have decided the slower). More cores than 16 are
+/// not extrapolated (the measured share stands: a GPU of an 8-GPU node with 28 cores each
+/// keeps it), nor is a core's speed, and the share is at most
+/// [`MAX_PARTIAL_BEFORE_PARAMS`]. To be measured per core count: `hack/gpu/cpu-bench.sh`.
 pub fn partial_before_params<'n>(
     job: &JobRequest,
     nodes: impl IntoIterator<Item = &'n NodeCpu>,

@@ -54,8 +54,8 @@ const COUNTED_TYPES: &[&str] = &[
     "qwen3",
 ];
 /// `model_type`s measured whose blocks keep more than the terms count, by the factor measured
-/// (docs/benchmarks/memory-h200.md): Phi-3's fused projections (1 × 4,096 on an H100: 26 % trained at 71.54 GiB allocated, ×1.19 over
-/// the count; 14 % ran out needing 77.29 GiB, ×1.12 at least; 2 × 4,096 without offload on the
+/// (docs/benchmarks/memory-h200.md): Phi-3's fused projections (1 × 4,096 on an H100: 26 %
+/// trained at 71.54 GiB allocated, ×1.19 over the count; 14 % ran out needing 77.29 GiB, ×1.12 at least; 2 × 4,096 without offload on the
 /// H200 needed the count less 1.5 %, so ×1.20 is over there, never under;
 /// docs/benchmarks/raw/2026-12-06-h100-loop/), Gemma-2's blocks beyond its four norms and
 /// softcapped logits, which are counted (a 2B on an H100: at 1 × 5,120 with 32 % offloaded,

@@ -42,7 +42,7 @@ impl Quirks {
     /// or a parallel block's one LayerNorm.
     pub fn layer_norms_saved(self, hidden: f64) -> f64 {
         if self.parallel_block {
-            14.0 * hidden + 4.0
+            layer_norm_saved(hidden)
         } else {
             16.0 * hidden + 8.0
         }
@@ -52,7 +52,7 @@ impl Quirks {
     /// RMSNorm, or a parallel block's LayerNorm.
     pub fn final_norm_saved(self, hidden: f64) -> f64 {
         if self.parallel_block {
-            14.0 * hidden + 4.0
+            layer_norm_saved(hidden)
         } else {
             8.0 * hidden + 4.0
         }
@@ -106,6 +106,13 @@ impl Quirks {
         }
         said
     }
+}
+
+/// Bytes an fp32 LayerNorm without bias keeps for backward per token with its 16-bit output
+/// ([`Quirks::parallel_block`]): `x − mean` twice and the normalized value, 4 bytes each per
+/// unit of width, the output's 2, and the reciprocal's 4.
+fn layer_norm_saved(hidden: f64) -> f64 {
+    14.0 * hidden + 4.0
 }
 
 /// Bytes per token per vocabulary entry the softcapped logits keep for backward: `tanh`'s
