@@ -314,12 +314,20 @@ impl JobMemory {
         }
     }
 
+    /// The model at the step's tokens per micro-batch (its sliding window's sequence set).
+    pub fn shape_at_tokens(&self) -> ModelShape {
+        self.tokens
+            .map_or(self.shape, |tokens| self.shape.at_tokens(tokens))
+    }
+
     /// Activation bytes per GPU at the step's peak.
     pub fn activation_bytes(&self, class: &ClassMemory) -> f64 {
         match self.tokens {
             Some(tokens) => {
                 tokens
-                    * self.shape.activation_peak_per_token(self.checkpointing)
+                    * self
+                        .shape_at_tokens()
+                        .activation_peak_per_token(self.checkpointing)
                     * (self.value_bytes / 2.0)
             }
             None => as_f64(class.gpu_bytes) * ACTIVATION_MARGIN_SHARE,

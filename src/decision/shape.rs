@@ -17,6 +17,11 @@
 //!   MLP unit (the bench's own GPT decoder, measured within 0.02 %); with rotary position
 //!   embeddings 2 more per query and per key/value unit, the rotated copies (GPT-NeoX: 20 per
 //!   unit of width in all).
+//! - Beyond them, per family ([`Quirks`]): norms weighted in fp32 (Gemma, OLMo-2), extra norms,
+//!   query/key norms, a fused projection (Phi-3), a parallel block (Cohere); and a sliding
+//!   window the sequence reaches ([`Window`]): each such layer's mask and its keys and values
+//!   repeated to the queries' heads. Checked against the H100 runs' counts and, for shapes no
+//!   GPU ran, against the same count on the CPU (`hack/saved-bytes.py`).
 //! - The logits: the loss keeps the fp32 log-softmax (4 bytes per token per vocabulary entry) and
 //!   its backward holds two more fp32 copies at once (8 more): 12 in all at the step's peak.
 
@@ -131,6 +136,8 @@ pub struct ModelShape {
     pub quirks: Quirks,
     /// A vision tower ahead of the language model (a multimodal `config.json`).
     pub tower: Option<VisionTower>,
+    /// A sliding attention window, where the layers have one.
+    pub window: Option<Window>,
 }
 
 impl ModelShape {
@@ -159,6 +166,7 @@ impl ModelShape {
             open: None,
             quirks: Quirks::default(),
             tower: None,
+            window: None,
         };
         shape.layers = layers.unwrap_or_else(|| {
             let per_layer = shape.layer_parameters(false).max(1.0);
@@ -429,10 +437,11 @@ impl ModelShape {
             tensors.clear();
             self.layer_backward(moe, &mut tensors);
             push(&tensors, freed);
+            // A windowed layer's mask counted evenly over the layers.
             freed += if checkpointing {
                 2.0 * h
             } else {
-                self.layer_saved(moe)
+                self.layer_saved(moe) + self.window_extra() / self.layers.max(1.0)
             };
         }
         push(&[self.vocab * h], freed);
@@ -464,52 +473,6 @@ impl ModelShape {
         self.activation_peak_per_token(checkpointing) - (LOGIT_PEAK_BYTES - 4.0) * self.vocab
     }
 
-    /// Bytes one layer keeps for backward per token, in 16-bit.
-    fn layer_saved(&self, moe: bool) -> f64 {
-        let (h, q, kv, heads) = (self.hidden, self.query_width(), self.kv_width(), self.heads);
-        match self.block {
-            Block::Gated => {
-                let mlp = match (moe, self.experts) {
-                    (true, Some(e)) => {
-                        // A gated shared expert's output, kept for the gate's product (Qwen2-
-                        // MoE: within 0.03 % of what its blocks kept, 2.0 % under without).
-                        let gate = if e.shared_gate && e.shared > 0.0 {
-                            2.0 * h + SHARED_GATE_SAVED_BYTES
-                        } else {
-                            0.0
-                        };
-                        e.per_token * (8.0 * e.intermediate + 4.0 * h)
-                            + 17.0 * e.count
-                            + 8.0 * e.shared * e.shared_intermediate
-                            + gate
-                    }
-                    _ => 8.0 * self.intermediate,
-                };
-                let sandwich = if self.quirks.sandwich_norms {
-                    16.0 * h
-                } else {
-                    0.0
-                };
-                let query_key = self.quirks.query_key_saved(q, kv, heads + self.kv_heads);
-                self.quirks.layer_norms_saved(h)
-                    + sandwich
-                    + query_key
-                    + 4.0 * q
-                    + 4.0 * kv
-                    + 4.0 * heads
-                    + mlp
-            }
-            Block::Plain => {
-                let rotated = if self.rotary {
-                    2.0 * q + 2.0 * kv + 256.0
-                } else {
-                    0.0
-                };
-                16.0 * h + 4.0 * self.intermediate + 4.0 * heads + 16.0 + rotated
-            }
-        }
-    }
-
     /// Bytes kept for backward per token at the start of backward, in 16-bit: every layer's
     /// saved tensors (with activation checkpointing, each layer's input and one layer's saved
     /// tensors recomputed at a time), the final norm, and the loss's fp32 log-softmax; plus what
@@ -517,11 +480,18 @@ impl ModelShape {
     pub fn activation_peak_per_token(&self, checkpointing: bool) -> f64 {
         let moe = self.moe_layers();
         let dense = self.layers - moe;
+        let window = self.window_extra();
         let blocks = if checkpointing {
+            // The one layer recomputed at a time, a windowed one where there are.
+            let masked = window
+                / self
+                    .window
+                    .map_or(1.0, |w| w.layers.min(self.layers).max(1.0));
             2.0 * self.hidden * self.layers
                 + self.layer_saved(moe > 0.0).max(self.layer_saved(false))
+                + masked
         } else {
-            dense * self.layer_saved(false) + moe * self.layer_saved(true)
+            dense * self.layer_saved(false) + moe * self.layer_saved(true) + window
         };
         let softcap = if self.quirks.softcapped_logits {
             SOFTCAP_SAVED_BYTES
@@ -629,9 +599,11 @@ pub fn first_on_host(groups: usize, ratio: f64) -> usize {
 }
 
 mod family;
+mod kept;
 mod open;
 mod tower;
 pub use family::{Quirks, SOFTCAP_SAVED_BYTES, TypeStanding, UNMEASURED_TYPE_MARGIN};
+pub use kept::Window;
 pub use open::OpenShape;
 pub use tower::VisionTower;
 

@@ -346,6 +346,7 @@ fn model_shape(
         open: None,
         quirks: super::shape::Quirks::default(),
         tower: None,
+        window: None,
     };
     Ok(bounded_by_count(
         shape,

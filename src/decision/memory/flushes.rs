@@ -46,23 +46,21 @@ impl JobMemory {
             b * part + (8.0 * part.min(NORM_CHUNK_ELEMENTS)).max(4.0 * part)
         };
         let tokens = self.tokens;
-        let saved = self.shape.saved_per_token(self.checkpointing);
+        let shape = self.shape_at_tokens();
+        let saved = shape.saved_per_token(self.checkpointing);
         // Activations still kept when `freed` bytes per token are gone (the margin whole when
         // the step's tokens are not known).
         let alive = |freed: f64| match tokens {
             Some(t) => t * (saved - freed).max(0.0) * half,
             None => self.activation_bytes(class),
         };
-        let in_flight = tokens.map_or(0.0, |t| 4.0 * self.shape.hidden * t * half);
+        let in_flight = tokens.map_or(0.0, |t| 4.0 * shape.hidden * t * half);
         let tied = if self.shape.tied {
             b * self.shape.vocab * self.shape.hidden
         } else {
             0.0
         };
-        let Some(gradients) = self
-            .shape
-            .backward_gradients(self.checkpointing, MAX_TENSORS)
-        else {
+        let Some(gradients) = shape.backward_gradients(self.checkpointing, MAX_TENSORS) else {
             let largest = self.shape.largest_tensor();
             return vec![Flush {
                 alive: alive(0.0),

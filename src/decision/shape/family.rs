@@ -34,18 +34,43 @@ pub struct Quirks {
     /// of width 4,096, 1 × 2,048 tokens): what the blocks kept within 0.02 % of this count,
     /// where the Llama-style count was 2.5 % over.
     pub parallel_block: bool,
+    /// RMSNorms that multiply their weight in fp32 and cast after (Gemma's `x * (1 + w)`,
+    /// OLMo-2's `(w * x).to(dtype)`): each keeps the fp32 normalized value (4 bytes per unit of
+    /// its width) where a Llama-style norm keeps its 16-bit cast (2).
+    pub fp32_norm_weight: bool,
+    /// One fused query/key/value projection split into views (Phi-3's `qkv_proj`): attention
+    /// keeps the whole projection through the values' view (2 bytes per unit of the queries'
+    /// and the keys' width more), and its rotary concatenates the rotated queries, so the
+    /// kernel's output is laid out by head and copied for the output projection (2 bytes per
+    /// unit of the queries' width).
+    pub fused_qkv: bool,
+    /// A GPT-style block with separate query, key and value projections rotated in place
+    /// (StarCoder2): no rotated copies kept beside a fused projection's output, as GPT-NeoX
+    /// keeps.
+    pub split_projections: bool,
 }
 
 impl Quirks {
-    /// Bytes a layer's norms keep for backward per token with their 16-bit outputs: two
-    /// RMSNorms (6 bytes per unit of width and 4 for the reciprocal, each, and their outputs),
-    /// or a parallel block's one LayerNorm.
+    /// Bytes one RMSNorm of `width` keeps for backward per token without its output: its fp32
+    /// input and reciprocal, and the normalized value (16-bit, or fp32 with
+    /// [`Quirks::fp32_norm_weight`]).
+    fn rms_norm_saved(self, width: f64) -> f64 {
+        let normalized = if self.fp32_norm_weight { 4.0 } else { 2.0 };
+        (4.0 + normalized) * width + 4.0
+    }
+
+    /// Bytes a layer's norms keep for backward per token, with the attention's and the MLP's
+    /// 16-bit inputs (2 bytes per unit of width each, a norm's output or, for OLMo-2's norms
+    /// after the blocks, the residual stream): two RMSNorms (Llama: 16 bytes per unit of width
+    /// and 8 in all), four with [`Quirks::sandwich_norms`], or a parallel block's one
+    /// LayerNorm. Measured on an H100 and replicated on the CPU (the same tensors, the same
+    /// bytes): Gemma-2 keeps 36 bytes per unit and 16, OLMo-2 20 and 8.
     pub fn layer_norms_saved(self, hidden: f64) -> f64 {
         if self.parallel_block {
-            layer_norm_saved(hidden)
-        } else {
-            16.0 * hidden + 8.0
+            return layer_norm_saved(hidden);
         }
+        let norms = if self.sandwich_norms { 4.0 } else { 2.0 };
+        norms * self.rms_norm_saved(hidden) + 4.0 * hidden
     }
 
     /// Bytes the final norm of a Llama-style model keeps per token with its output: an
@@ -54,25 +79,26 @@ impl Quirks {
         if self.parallel_block {
             layer_norm_saved(hidden)
         } else {
-            8.0 * hidden + 4.0
+            self.rms_norm_saved(hidden) + 2.0 * hidden
         }
     }
 
     /// Bytes the norms on the query and key keep for backward per token, their widths `q` and
     /// `kv` and `heads` query and key/value heads in all: OLMo-2's whole-width norms
-    /// ([`Quirks::query_key_norms`], 8 bytes per unit of width), or per-head RMSNorms
-    /// ([`Quirks::head_norms`]: fp32 input and 16-bit output, 6 bytes per unit, and the
-    /// reciprocal, 4 bytes per head). Measured for the per-head norms: Qwen3-4B at 1 × 5,120
-    /// tokens on an H100 kept 34,605,240,908 bytes for backward against 34,602,577,920 counted
-    /// (−0.01 %; 16.5 % under without them; docs/benchmarks/raw/2026-12-06-h100-eighth/).
+    /// ([`Quirks::query_key_norms`]) or per-head norms ([`Quirks::head_norms`]), each an RMSNorm
+    /// without its output (rotary or the kernel keep what follows). Measured for the per-head
+    /// norms: Qwen3-4B at 1 × 5,120 tokens on an H100 kept 34,605,240,908 bytes for backward
+    /// against 34,602,577,920 counted (−0.01 %; 16.5 % under without them;
+    /// docs/benchmarks/raw/2026-12-06-h100-eighth/); for the whole-width ones OLMo-2-7B at
+    /// 1 × 4,096 kept 37,000,135,180 (docs/benchmarks/raw/2026-12-06-h100-olmo2-starcoder2/).
     pub fn query_key_saved(self, q: f64, kv: f64, heads: f64) -> f64 {
         let whole = if self.query_key_norms {
-            8.0 * (q + kv)
+            self.rms_norm_saved(q) + self.rms_norm_saved(kv)
         } else {
             0.0
         };
         let per_head = if self.head_norms {
-            6.0 * (q + kv) + 4.0 * heads
+            self.rms_norm_saved(q + kv) - 4.0 + 4.0 * heads
         } else {
             0.0
         };
@@ -90,6 +116,11 @@ impl Quirks {
         for (on, what) in [
             (self.sandwich_norms, ", four norms a layer"),
             (self.query_key_norms, ", query and key norms"),
+            (self.fp32_norm_weight, ", norms weighted in fp32"),
+            (
+                self.fused_qkv,
+                ", one fused query/key/value projection kept whole",
+            ),
             (self.softcapped_logits, ", softcapped logits"),
             (
                 self.softcapped_attention,

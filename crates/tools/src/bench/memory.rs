@@ -80,6 +80,7 @@ fn gpt_decoder(size: &str) -> Option<ModelShape> {
         open: None,
         quirks: offload_operator::decision::shape::Quirks::default(),
         tower: None,
+        window: None,
     })
 }
 
