@@ -391,6 +391,33 @@ fn a_sliding_window_reached_keeps_each_layer_s_mask_and_repeated_keys_and_values
             4096.0,
             1_987_723_276.0,
         ),
+        // Phi-3-medium: grouped heads (40, 10 key/value) past its window: the keys and values
+        // repeated, so its fused projection is not kept whole; below it, kept.
+        (
+            "phi3-medium 2 × 4,096",
+            with_layers(PHI3_MEDIUM, 2),
+            4096.0,
+            3_028_697_100.0,
+        ),
+        (
+            "phi3-medium 2 × 2,000",
+            with_layers(PHI3_MEDIUM, 2),
+            2000.0,
+            1_435_848_012.0,
+        ),
+        // Mistral-7B v0.1's 4,096 window: reached at 8,192, not at 4,000.
+        (
+            "mistral v0.1 2 × 8,192",
+            with_layers(MISTRAL_V01, 2),
+            8192.0,
+            5_081_694_220.0,
+        ),
+        (
+            "mistral v0.1 2 × 4,000",
+            with_layers(MISTRAL_V01, 2),
+            4000.0,
+            2_251_920_012.0,
+        ),
         // Gemma-3: per-head norms weighted in fp32, five windowed layers of six (1,024).
         (
             "gemma3 6 × 2,048",
@@ -421,3 +448,9 @@ fn a_sliding_window_reached_keeps_each_layer_s_mask_and_repeated_keys_and_values
 
 /// A Gemma-3 text model of six layers (Gemma-3-4B's width and heads).
 const GEMMA3_6: &str = r#"{"model_type": "gemma3_text", "hidden_size": 2560, "num_hidden_layers": 6, "intermediate_size": 10240, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 262208, "sliding_window": 1024, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131072, "final_logit_softcapping": null, "attn_logit_softcapping": null}"#;
+
+/// Phi-3-medium's shape (`Phi-3-medium-4k-instruct`).
+const PHI3_MEDIUM: &str = r#"{"model_type": "phi3", "hidden_size": 5120, "num_hidden_layers": 40, "intermediate_size": 17920, "num_attention_heads": 40, "num_key_value_heads": 10, "vocab_size": 32064, "tie_word_embeddings": false, "rope_theta": 10000.0, "max_position_embeddings": 4096, "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "hidden_act": "silu", "attention_bias": false, "sliding_window": 2047, "pad_token_id": 32000}"#;
+
+/// Mistral-7B v0.1's shape, with its 4,096-token window.
+const MISTRAL_V01: &str = r#"{"model_type": "mistral", "hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000, "tie_word_embeddings": false, "rope_theta": 10000.0, "max_position_embeddings": 32768, "rms_norm_eps": 1e-05, "hidden_act": "silu", "sliding_window": 4096}"#;
