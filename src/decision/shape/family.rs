@@ -157,8 +157,8 @@ pub enum TypeStanding {
     /// Measured, and its blocks' terms count it (Llama, Mistral, Qwen2, Mixtral, GPT-NeoX, and
     /// shapes given as hints, which describe those blocks).
     Counted,
-    /// Measured: its blocks keep more than the terms count (per-head query/key norms, fused
-    /// projections), by this factor on the activations.
+    /// Measured: its step's peak holds more activations than its blocks' terms count (what the
+    /// backward of a fused projection or of softcapped logits holds), by this factor.
     Measured(&'static str, f64),
     /// A `model_type` never measured: [`UNMEASURED_TYPE_MARGIN`] more is kept on the
     /// activations.
@@ -189,7 +189,7 @@ impl TypeStanding {
         match self {
             TypeStanding::Counted => None,
             TypeStanding::Measured(name, f) => Some(format!(
-                "model_type {name} measured: its blocks keep {:.0} % more activations than the Llama-style count, counted",
+                "model_type {name} measured: its step's peak holds {:.0} % more activations than its blocks' count, counted",
                 (f - 1.0) * 100.0
             )),
             TypeStanding::Unmeasured => Some(format!(
