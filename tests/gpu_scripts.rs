@@ -1,7 +1,8 @@
 //! The GPU machine's scripts (`hack/gpu/`) run only where a GPU is lent, so CI cannot run them;
-//! it checks what it can without one: every shell script and every Python file parses, and the
-//! Megatron-core bench's own reading of `OFFLOAD_MEGATRON_ARGS` (the flags Megatron-LM's
-//! argument parser defines for them) takes every set of flags the operator renders.
+//! it checks what it can without one: every shell script and every Python file parses (and
+//! `hack/saved-bytes.py`, which needs torch but no GPU), and the Megatron-core bench's own
+//! reading of `OFFLOAD_MEGATRON_ARGS` (the flags Megatron-LM's argument parser defines for
+//! them) takes every set of flags the operator renders.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -36,8 +37,10 @@ fn every_gpu_script_parses() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let pythons = files("py");
+    let mut pythons = files("py");
     assert!(pythons.len() >= 8, "{pythons:?}");
+    // The CPU's count of what the blocks keep (torch and transformers in a virtual environment).
+    pythons.push(gpu_dir().join("../saved-bytes.py"));
     for source in &pythons {
         // Parsed, not imported: torch and the frameworks are on the GPU machine only.
         let out = Command::new("python3")
