@@ -360,7 +360,7 @@ fn quirks(
         parallel_block: PARALLEL_BLOCKS.contains(&model_type),
         fp32_norm_weight: FP32_NORM_WEIGHT.contains(&model_type),
         fused_qkv: FUSED_QKV.contains(&model_type),
-        split_projections: model_type == "starcoder2",
+        split_projections: SPLIT_PROJECTIONS.contains(&model_type),
     })
 }
 
@@ -479,6 +479,8 @@ const PARALLEL_BLOCKS: &[&str] = &["cohere", "cohere2"];
 const FP32_NORM_WEIGHT: &[&str] = &["gemma", "gemma2", "gemma3_text", "gemma3", "olmo2"];
 /// `model_type`s with one fused query/key/value projection and a concatenating rotary.
 const FUSED_QKV: &[&str] = &["phi3"];
+/// GPT-style `model_type`s with separate query, key and value projections rotated in place.
+const SPLIT_PROJECTIONS: &[&str] = &["starcoder2"];
 
 fn experts(
     cfg: &Map<String, Value>,

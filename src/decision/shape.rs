@@ -432,16 +432,17 @@ impl ModelShape {
         }
         freed += self.final_norm_saved();
         let mut tensors = Vec::with_capacity(per_layer);
+        // A windowed layer's mask counted evenly over the layers.
+        let window = self.window_extra() / self.layers.max(1.0);
         for i in (0..layers).rev() {
             let moe = i >= dense;
             tensors.clear();
             self.layer_backward(moe, &mut tensors);
             push(&tensors, freed);
-            // A windowed layer's mask counted evenly over the layers.
             freed += if checkpointing {
                 2.0 * h
             } else {
-                self.layer_saved(moe) + self.window_extra() / self.layers.max(1.0)
+                self.layer_saved(moe) + window
             };
         }
         push(&[self.vocab * h], freed);
@@ -480,18 +481,13 @@ impl ModelShape {
     pub fn activation_peak_per_token(&self, checkpointing: bool) -> f64 {
         let moe = self.moe_layers();
         let dense = self.layers - moe;
-        let window = self.window_extra();
         let blocks = if checkpointing {
             // The one layer recomputed at a time, a windowed one where there are.
-            let masked = window
-                / self
-                    .window
-                    .map_or(1.0, |w| w.layers.min(self.layers).max(1.0));
             2.0 * self.hidden * self.layers
                 + self.layer_saved(moe > 0.0).max(self.layer_saved(false))
-                + masked
+                + self.masked_layer_extra()
         } else {
-            dense * self.layer_saved(false) + moe * self.layer_saved(true) + window
+            dense * self.layer_saved(false) + moe * self.layer_saved(true) + self.window_extra()
         };
         let softcap = if self.quirks.softcapped_logits {
             SOFTCAP_SAVED_BYTES

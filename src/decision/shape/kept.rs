@@ -121,15 +121,21 @@ impl ModelShape {
         extra
     }
 
-    /// Bytes per token the windowed layers keep beyond the same layers without a mask: each
-    /// one's 16-bit mask and what the mask changes in its attention.
-    pub(super) fn window_extra(&self) -> f64 {
+    /// Bytes per token one windowed layer keeps beyond the same layer without a mask: its
+    /// 16-bit mask and what the mask changes in its attention (none below the window).
+    pub(super) fn masked_layer_extra(&self) -> f64 {
         match self.window {
             Some(w) if w.masked() => {
-                w.layers.min(self.layers)
-                    * (2.0 * w.sequence + self.attention_extra(true) - self.attention_extra(false))
+                2.0 * w.sequence + self.attention_extra(true) - self.attention_extra(false)
             }
             _ => 0.0,
         }
+    }
+
+    /// Bytes per token all the windowed layers keep beyond the same layers without a mask.
+    pub(super) fn window_extra(&self) -> f64 {
+        self.window.map_or(0.0, |w| {
+            w.layers.min(self.layers) * self.masked_layer_extra()
+        })
     }
 }
