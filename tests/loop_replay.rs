@@ -27,6 +27,11 @@ const NEW_TYPES: &str = "2026-12-06-h100-olmo2-starcoder2";
 /// The loop for two more types never measured before, Cohere and Qwen2-MoE
 /// (`closed-loop-h200.md`, "Cohere and Qwen2-MoE").
 const EIGHTH: &str = "2026-12-06-h100-eighth/loop";
+/// The H200's loop for Qwen3-8B, StarCoder2 and OLMo-2 (`closed-loop-h200.md`, "on the H200").
+const H200_LOOP: &str = "2026-12-06-h200-tenth/loop";
+/// The H200's boundary runs, one a type, two of them types never run on a GPU before
+/// (`memory-h200.md`, "at the H200's boundary").
+const H200_ARCH: &str = "2026-12-06-h200-tenth/arch";
 
 fn recorded_in(folder: &str, name: &str) -> PathBuf {
     root().join("docs/benchmarks/raw").join(folder).join(name)
@@ -361,20 +366,28 @@ type UnderLimit = (Option<f64>, Option<(f64, f64)>);
 /// the runs of everything offloaded and of the partial share, threads as rendered and as
 /// DeepSpeed's default alike.
 fn measured_under_limits() -> BTreeMap<u32, UnderLimit> {
-    // Per limit: the step times of everything offloaded; the share and step time of each
-    // partial run.
-    let mut whole: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
-    let mut partial: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
-    let calls = [
+    measured_in(&[
         ("2026-12-06-h100-seventh", "cpu-16-8"),
         ("2026-12-06-h100-seventh", "cpu-4-2"),
         ("2026-12-06-h100-eighth", "cpu-6-12"),
         ("2026-12-06-h100-eighth", "cpu-6-8"),
-    ];
-    for (call, folder) in calls {
+    ])
+}
+
+/// [`measured_under_limits`] of the calls `calls` (call, folder).
+fn measured_in(calls: &[(&str, &str)]) -> BTreeMap<u32, UnderLimit> {
+    // Per limit: the step times of everything offloaded; the share and step time of each
+    // partial run.
+    let mut whole: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
+    let mut partial: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
+    for &(call, folder) in calls {
         let file = recorded_in(call, &format!("{folder}/cpu.jsonl"));
         for line in std::fs::read_to_string(file).expect("the runs").lines() {
             let r: serde_json::Value = serde_json::from_str(line).expect("a run");
+            // A run the bench's deadline left out.
+            if r["skipped"] == true {
+                continue;
+            }
             assert_eq!(r["ok"], true, "{r}");
             let cores = u32::try_from(r["cores"].as_u64().expect("cores")).expect("cores");
             let ms = r["medianMs"].as_f64().expect("a step time");
@@ -385,7 +398,7 @@ fn measured_under_limits() -> BTreeMap<u32, UnderLimit> {
         }
     }
     let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
-    let out = whole
+    let mut out: BTreeMap<u32, UnderLimit> = whole
         .into_iter()
         .map(|(cores, whole)| {
             let runs = partial.remove(&cores).unwrap_or_default();
@@ -394,10 +407,10 @@ fn measured_under_limits() -> BTreeMap<u32, UnderLimit> {
             (cores, (mean(&whole), share.zip(mean(&ms))))
         })
         .collect();
-    assert!(
-        partial.is_empty(),
-        "a limit with no run of everything offloaded: {partial:?}"
-    );
+    for (cores, runs) in partial {
+        let ms: Vec<f64> = runs.iter().map(|p| p.1).collect();
+        out.insert(cores, (None, Some(runs[0].0).zip(mean(&ms))));
+    }
     out
 }
 
@@ -444,7 +457,7 @@ fn on_the_h100_the_pods_cores_change_the_rung_to_the_faster_of_what_ran() {
             limited.to_string().contains(&format!("{cores} cores")),
             "the reason names the limit: {limited}"
         );
-        let whole = whole.expect("everything offloaded ran under every limit");
+        let whole = whole.expect("everything offloaded ran under every H100 limit");
         match partial {
             // 12 and 16 cores: the partial share was not run beside it (it is slower with
             // more cores than at 8, where it already lost).
@@ -460,5 +473,95 @@ fn on_the_h100_the_pods_cores_change_the_rung_to_the_faster_of_what_ran() {
     }
     for cores in [None, Some(8), Some(2)] {
         assert_eq!(ratio(&decide(4096, cores)), 0.44, "{cores:?}");
+    }
+}
+
+#[test]
+fn on_the_h200_every_first_decision_trained_and_no_run_moved_the_next_toward_more_offload() {
+    // Each case's first decision, trained once on the H200 with the allocator reporter on: every
+    // one trained, none out of memory. The tree decides now what it decided then (the same
+    // memory model), but for Gemma-3: run under the margin of a type never measured (everything
+    // offloaded, 86.4 GiB allocated of the 119.9 estimated), counted since (what its blocks kept
+    // within 0.03 % of the count), it now starts with less offload, without the margin. After
+    // its run no case's decision offloads more than the configuration that ran; the three the
+    // loop followed repeated it (the loop done after one run), Phi-3's estimate, 1.7 % over its
+    // peak, lets the next offload less.
+    for (folder, model) in [
+        (H200_LOOP, "qwen3-8b"),
+        (H200_LOOP, "starcoder2-7b"),
+        (H200_LOOP, "olmo2-7b"),
+        (H200_ARCH, "neox-7b"),
+        (H200_ARCH, "phi3-mini"),
+        (H200_ARCH, "cohere-8b"),
+        (H200_ARCH, "qwen-7b"),
+        (H200_ARCH, "mistral01-7b"),
+        (H200_ARCH, "gemma3-4b"),
+    ] {
+        assert!(trained(folder, model, 1), "{model}");
+        let recorded = recorded_decision_in(folder, model, 1);
+        let ran = share(&recorded);
+        let first = decide_in(folder, model, 0);
+        let after = decide_in(folder, model, 1);
+        assert!(
+            !first.to_string().contains("never measured"),
+            "{model}: {first}"
+        );
+        if model == "gemma3-4b" {
+            assert!(recorded.to_string().contains("never measured"));
+            assert_eq!(ran, 1.0);
+            assert!(
+                recorded
+                    .to_string()
+                    .contains("optimizer state and parameters offloaded"),
+                "{recorded}"
+            );
+            let now = ratio(&first);
+            assert!((0.3..1.0).contains(&now), "{model}: {first}");
+            assert!(share(&after) <= now, "{model}: {after}");
+            continue;
+        }
+        assert_eq!(
+            first["decision"]["mode"], recorded["decision"]["mode"],
+            "{model}"
+        );
+        assert_eq!(share(&first), ran, "{model}: {first}");
+        assert!(share(&after) <= ran, "{model} after its run: {after}");
+        // Where the loop went on, it decided then what the tree decides now.
+        if recorded_in(folder, &format!("cfg-{model}-decision-2.json")).exists() {
+            let second = recorded_decision_in(folder, model, 2);
+            assert_eq!(share(&after), share(&second), "{model}: {after}");
+        }
+    }
+}
+
+#[test]
+fn on_the_h200_the_share_decided_under_a_cpu_limit_is_not_slower_than_everything_offloaded() {
+    // Qwen3-4B at 1 × 12,288 tokens on the H200 (its own probe, 16 cores, 125 GiB; two calls,
+    // docs/benchmarks/raw/2026-12-06-h200-tenth/cpu*/): with 16 cores everything offloaded
+    // (the 45 % crossover measured on an H200 before); with 8, 4 and 2 cores 56 %, the smallest
+    // share that fits, inside the crossover the pod's cores move (56.3 % at 8). At 8 cores both
+    // ran in both calls: the share stepped no slower than everything offloaded.
+    let call = "2026-12-06-h200-tenth";
+    let measured = measured_in(&[(call, "cpu"), (call, "cpu2")]);
+    assert_eq!(measured.keys().copied().collect::<Vec<_>>(), [2, 4, 8, 16]);
+    let (whole, partial) = measured[&8];
+    let (share, partial_ms) = partial.expect("the share ran at 8 cores");
+    assert!((share - 0.56).abs() < 1e-9);
+    assert!(partial_ms <= whole.expect("everything offloaded ran at 8 cores"));
+    let job = std::fs::read_to_string(recorded_in(call, "cpu/job-8.yaml")).expect("the job");
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    for cores in [16, 8, 4, 2] {
+        let file = dir.path().join(format!("job-{cores}.yaml"));
+        std::fs::write(&file, job.replace("\"8\"", &format!("\"{cores}\""))).expect("written");
+        let d = explain(&file, &format!("{call}/cpu"), "qwen3-4b", &[]);
+        if cores == 16 {
+            assert!(
+                d.to_string()
+                    .contains("optimizer state and parameters offloaded"),
+                "{d}"
+            );
+        } else {
+            assert!((ratio(&d) - 0.56).abs() < 1e-9, "{cores} cores: {d}");
+        }
     }
 }

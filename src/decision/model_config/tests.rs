@@ -183,6 +183,11 @@ fn a_model_type_never_measured_keeps_a_stated_margin_and_a_measured_one_its_meas
         read(include_str!("../../../hack/gpu/models/olmo2-7b.json")),
         TypeStanding::Counted
     );
+    // Gemma-3's language model counted from its H200 run (within 0.03 % of what it kept).
+    assert_eq!(
+        read(include_str!("../../../hack/gpu/models/gemma3-4b.json")),
+        TypeStanding::Counted
+    );
     // Qwen3's per-head query and key norms are counted: what a 4B kept within 0.01 %.
     assert_eq!(
         read(include_str!("../../../hack/gpu/models/qwen3-8b.json")),
@@ -284,6 +289,9 @@ fn a_multimodal_models_vision_tower_is_counted_and_its_images_are_said() {
         ..gemma
     };
     assert!(published - text_only.parameters() > 0.41e9);
+    // Its language model is a counted type; the whole model, whose tower's activations are
+    // not counted, keeps the margin of a type never measured.
+    assert_eq!(gemma.standing, TypeStanding::Unmeasured);
     let said = gemma.describe();
     assert!(
         said.contains("a vision tower of 27 blocks, width 1152, 0.43B parameters counted")

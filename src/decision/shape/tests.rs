@@ -71,6 +71,18 @@ pub(crate) const MODELS: &[(&str, &str)] = &[
         "qwen2moe-5b",
         include_str!("../../../hack/gpu/models/qwen2moe-5b.json"),
     ),
+    (
+        "cohere-8b",
+        include_str!("../../../hack/gpu/models/cohere-8b.json"),
+    ),
+    (
+        "gemma3-4b",
+        include_str!("../../../hack/gpu/models/gemma3-4b.json"),
+    ),
+    (
+        "mistral01-7b",
+        include_str!("../../../hack/gpu/models/mistral01-7b.json"),
+    ),
 ];
 
 pub(crate) fn model(name: &str) -> ModelShape {
@@ -123,6 +135,17 @@ fn what_the_blocks_keep_for_backward_is_what_was_measured() {
         ("gemma2-2b", 5120.0, 31_441_147_310.0),
         ("olmo2-7b", 4096.0, 37_000_135_180.0),
         ("starcoder2-7b", 4096.0, 21_305_065_996.0),
+        // The H200's runs at its boundary (docs/benchmarks/raw/2026-12-06-h200-tenth/
+        // {loop,arch}/cfg-*-step-1.json), two of them types never run on a GPU before: Gemma-3
+        // (five windowed layers of six, 8,192 tokens past the 1,024 window) and Mistral-7B
+        // v0.1 (its 4,096 window reached by 8,192 tokens).
+        ("qwen3-8b", 4096.0, 34_378_302_028.0),
+        ("cohere-8b", 4096.0, 29_682_139_660.0),
+        ("neox-7b", 6144.0, 30_360_355_340.0),
+        ("phi3-mini", 16384.0, 89_550_291_460.0),
+        ("qwen-7b", 4096.0, 28_461_711_820.0),
+        ("gemma3-4b", 8192.0, 72_466_102_830.0),
+        ("mistral01-7b", 8192.0, 61_486_563_852.0),
     ] {
         let m = model(name).at_tokens(tokens);
         let saved = tokens * m.saved_per_token(false);

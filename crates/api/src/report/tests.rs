@@ -177,20 +177,36 @@ fn a_mixed_node_is_not_coherent() {
     assert_eq!(NodeMemoryModel::classify(&[]), NodeMemoryModel::NoGpu);
 }
 
-/// The agent's own probe on a real H100 node (2026-12-06, release binary, real NVML and sysfs):
-/// each GPU's local CPUs from its PCI device, the node's NUMA nodes from the kernel.
+/// The agent's own probe on real H100 and H200 nodes (2026-12-06, release binaries, real NVML
+/// and sysfs): each GPU's local CPUs from its PCI device, the node's NUMA nodes from the kernel.
 #[test]
-fn a_real_h100_probe_names_its_gpus_local_cores() {
-    let text = include_str!(
-        "../../../../docs/benchmarks/raw/2026-12-06-h100-converge/loop/node-report.json"
-    );
-    let r = NodeReport::parse(text).unwrap();
-    assert_eq!(r.memory_model, NodeMemoryModel::Discrete);
-    assert_eq!(r.os_numa_nodes, Some(1));
-    let gpu = &r.gpus[0];
-    assert_eq!(gpu.name, "NVIDIA H100 80GB HBM3");
-    assert_eq!(
-        (gpu.local_cpus.as_deref(), gpu.local_cpu_count),
-        (Some("0-15"), Some(16))
-    );
+fn a_real_probe_names_its_gpus_local_cores() {
+    for (text, name, memory) in [
+        (
+            include_str!(
+                "../../../../docs/benchmarks/raw/2026-12-06-h100-converge/loop/node-report.json"
+            ),
+            "NVIDIA H100 80GB HBM3",
+            None,
+        ),
+        (
+            include_str!("../../../../docs/benchmarks/raw/2026-12-06-h200-tenth/probe.json"),
+            "NVIDIA H200",
+            Some(150_754_820_096),
+        ),
+    ] {
+        let r = NodeReport::parse(text).unwrap();
+        assert_eq!(r.memory_model, NodeMemoryModel::Discrete, "{name}");
+        assert_eq!(r.os_numa_nodes, Some(1), "{name}");
+        let gpu = &r.gpus[0];
+        assert_eq!(gpu.name, name);
+        if let Some(bytes) = memory {
+            assert_eq!(gpu.memory_total_bytes, bytes);
+        }
+        assert_eq!(
+            (gpu.local_cpus.as_deref(), gpu.local_cpu_count),
+            (Some("0-15"), Some(16)),
+            "{name}"
+        );
+    }
 }
