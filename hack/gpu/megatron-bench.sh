@@ -9,9 +9,11 @@
 #      with the operator's estimate for that fraction (the job with offloadRatio fixed), so every
 #      row has its estimate beside what was measured.
 # Usage: hack/gpu/megatron-bench.sh OPERATOR AGENT OUT DEADLINE_S CASE...
-# A CASE is NAME:LAYERSxHIDDEN:HEADS:SEQ[:SWEEP[:TP]] — a GPT of LAYERS blocks of width HIDDEN
-# with HEADS heads, SEQ tokens a step, vocabulary 50304; SWEEP the fractions to try besides the
-# decision's (comma-separated, 0 for no offload); TP the tensor-parallel size (GPUs: TP).
+# A CASE is NAME:LAYERSxHIDDEN:HEADS:SEQ[:SWEEP[:TP[:DP]]] — a GPT of LAYERS blocks of width
+# HIDDEN with HEADS heads, SEQ tokens a step, vocabulary 50304; SWEEP the fractions to try
+# besides the decision's (comma-separated, 0 for no offload); TP the tensor-parallel size, DP the
+# data-parallel size, over which the distributed optimizer shards its state (GPUs: TP × DP, one
+# a pod in the TrainingJob).
 # The operator renders Megatron-LM's --manual-gc (a collection before the first step) with the
 # offload flags; MANUAL_GC=1 adds it to every run (those without offload too), MANUAL_GC=0
 # declares `manualGc: false` in every job (no collection rendered, the first copy counted).
@@ -34,18 +36,18 @@ node=$(node_report "$agent")
 hostmem=$(host_memory)
 
 # The TrainingJob of a case, with the offload fixed at a fraction where one is given.
-job() { # NAME LAYERS HIDDEN HEADS SEQ TP [FRACTION]
+job() { # NAME LAYERS HIDDEN HEADS SEQ TP DP [FRACTION]
   local offload="{mode: Auto, overlap: Auto}" gc=""
   [[ ${MANUAL_GC:-} == 0 ]] && gc=", manualGc: false"
-  if [[ -n ${7:-} ]]; then
-    if [[ $7 == 0 ]]; then offload="{mode: Disabled}"; else offload="{mode: CPUCopy, overlap: Auto, offloadRatio: \"$7\"}"; fi
+  if [[ -n ${8:-} ]]; then
+    if [[ $8 == 0 ]]; then offload="{mode: Disabled}"; else offload="{mode: CPUCopy, overlap: Auto, offloadRatio: \"$8\"}"; fi
   fi
   cat <<EOF
 apiVersion: offload.dev/v1alpha1
 kind: TrainingJob
 metadata: {name: $1, namespace: bench, annotations: {offload.dev/profile: default}}
 spec:
-  replicas: $6
+  replicas: $(($6 * $7))
   framework: {name: Megatron, version: "0.14.0"}
   megatron: {tensorParallel: $6, sequenceParallel: true, transformerImpl: Local$gc}
   model: {architecture: GPT, hiddenSize: $3, layers: $2, attentionHeads: $4, vocabSize: 50304, tokensPerStep: $5}
@@ -78,9 +80,9 @@ print("\x1f".join([env.get("OFFLOAD_MEGATRON_ARGS", ""), str(m.get("gpuBytes", "
 }
 
 for case in "$@"; do
-  IFS=: read -r name shape heads seq sweep tp <<<"$case"
+  IFS=: read -r name shape heads seq sweep tp dp <<<"$case"
   IFS=x read -r layers hidden <<<"$shape"
-  tp=${tp:-1}
+  tp=${tp:-1} dp=${dp:-1}
   fractions=(decision)
   [[ -n ${sweep:-} ]] && IFS=, read -r -a more <<<"$sweep" && fractions+=("${more[@]}")
   for f in "${fractions[@]}"; do
@@ -90,8 +92,8 @@ for case in "$@"; do
       continue
     fi
     file=$out/$name-$f.yaml
-    if [[ $f == decision ]]; then job "$name" "$layers" "$hidden" "$heads" "$seq" "$tp" >"$file"
-    else job "$name" "$layers" "$hidden" "$heads" "$seq" "$tp" "$f" >"$file"; fi
+    if [[ $f == decision ]]; then job "$name" "$layers" "$hidden" "$heads" "$seq" "$tp" "$dp" >"$file"
+    else job "$name" "$layers" "$hidden" "$heads" "$seq" "$tp" "$dp" "$f" >"$file"; fi
     IFS=$'\x1f' read -r args gpu host placement <<<"$(decide "$file")"
     if [[ $f == decision ]]; then
       if [[ -z $args ]]; then
@@ -114,7 +116,7 @@ for case in "$@"; do
     # MANUAL_GC=1: each run with Megatron-LM's --manual-gc (a collection before the first step).
     [[ ${MANUAL_GC:-} == 1 && $args != *--manual-gc* ]] && args="$args --manual-gc"
     log "$name $f: $placement (estimate GPU $gpu, host $host): $args"
-    result=$(timeout 300 torchrun --standalone --nproc-per-node "$tp" "$here/megatron_step.py" \
+    result=$(timeout 300 torchrun --standalone --nproc-per-node "$((tp * dp))" "$here/megatron_step.py" \
       --layers "$layers" --hidden "$hidden" --heads "$heads" --vocab 50304 --seq "$seq" \
       --tp "$tp" --sequence-parallel --args="$args" --label "$name-$f" \
       2>>"$out/$name-$f.err" | grep '^{' | tail -1)
