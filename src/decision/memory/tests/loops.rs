@@ -78,7 +78,7 @@ fn recorded_h100_runs_of_the_newer_model_types_are_never_under() {
 /// its optimizer state offloaded; Phi-3-mini at 4 × 4,096 without offload): the share (none for
 /// no offload), the tokens, PyTorch's allocated peak (for a run that ran out, what it held plus
 /// what it asked for), and whether it trained. Sub-groups as the operator writes them.
-const FROM_THE_ISSUES: &[(&str, Option<f64>, f64, f64, bool)] = &[
+pub(super) const FROM_THE_ISSUES: &[(&str, Option<f64>, f64, f64, bool)] = &[
     ("qwen3-8b", Some(0.25), 4096.0, (136.30 + 2.32) * GIB, false),
     ("qwen3-8b", Some(0.30), 4096.0, 134.1 * GIB, true),
     ("qwen3-8b", Some(0.36), 4096.0, 128.3 * GIB, true),
@@ -86,7 +86,7 @@ const FROM_THE_ISSUES: &[(&str, Option<f64>, f64, f64, bool)] = &[
     ("phi3-mini", None, 16384.0, (132.3 + 2.0) * GIB, false),
 ];
 
-const GIB: f64 = 1_073_741_824.0;
+pub(super) const GIB: f64 = 1_073_741_824.0;
 
 #[test]
 fn the_issues_h200_runs_are_never_under_and_what_ran_out_does_not_fit() {
@@ -110,9 +110,9 @@ fn the_issues_h200_runs_are_never_under_and_what_ran_out_does_not_fit() {
 /// operator's sub-group size, the tokens, PyTorch's allocated peak as the reporter gave it (for
 /// a run that ran out, what it held plus what it asked for), and whether it trained.
 /// (model, share, sub-group size, tokens, allocated peak, trained)
-type Recorded = (&'static str, Option<f64>, f64, f64, f64, bool);
+pub(super) type Recorded = (&'static str, Option<f64>, f64, f64, f64, bool);
 
-const CONVERGED_H100: &[Recorded] = &[
+pub(super) const CONVERGED_H100: &[Recorded] = &[
     (
         "gemma2-2b",
         Some(0.30),
@@ -183,7 +183,7 @@ fn read_on_the_h100(run: &Recorded) -> (String, Estimate, Fit, f64, bool) {
 /// `name` at `tokens` with `share` of its optimizer state offloaded (none: no offload) and the
 /// sub-group size `group`, read against the model on `class`: the job, its placement, the
 /// estimate and the fit.
-fn read_on(
+pub(super) fn read_on(
     class: &ClassMemory,
     name: &str,
     share: Option<f64>,
@@ -219,7 +219,7 @@ fn the_converged_h100_loop_is_never_under_and_what_ran_out_does_not_fit() {
 
 /// The H100 loop for two model types never measured before (OLMo-2 7B, StarCoder2 7B, 1 ×
 /// 4,096 tokens; docs/benchmarks/raw/2026-12-06-h100-olmo2-starcoder2/): as [`Recorded`].
-const NEW_TYPES_H100: &[Recorded] = &[
+pub(super) const NEW_TYPES_H100: &[Recorded] = &[
     (
         "olmo2-7b",
         Some(0.78),
@@ -266,7 +266,7 @@ const NEW_TYPES_H100: &[Recorded] = &[
 /// H100 from their first decisions under the margin of a type never measured
 /// (docs/benchmarks/raw/2026-12-06-h100-eighth/loop/): every run trained, PyTorch's allocated
 /// peak as the reporter gave it.
-const EIGHTH_H100: &[Recorded] = &[
+pub(super) const EIGHTH_H100: &[Recorded] = &[
     (
         "cohere-4b",
         Some(0.37),
@@ -363,283 +363,4 @@ fn olmo2_and_starcoder2_counted_are_never_under_and_olmo2s_first_run_would_not_f
             assert!(!fit.ok(), "{what} ran out: the model must not fit it");
         }
     }
-}
-
-/// One run a model type, the one nearest its GPU's limit, and beside it the next faster rung
-/// where it was run: (model, the GPU (`true`: the H200, `false`: the H100), share (none for no
-/// offload), sub-group size, tokens, PyTorch's allocated peak (for a run that ran out, what it
-/// held and asked for), whether it trained). docs/benchmarks/memory-h200.md, "The per-type
-/// table", prints these rows.
-type TableRow = (&'static str, bool, Option<f64>, f64, f64, f64, bool);
-
-/// The table's runs recorded nowhere else in this file: as [`TableRow`].
-const PER_TYPE_OWN: &[TableRow] = &[
-    (
-        "llama-8b",
-        true,
-        None,
-        8.1e7,
-        2048.0,
-        145_934_119_936.0,
-        true,
-    ),
-    (
-        "mistral-7b",
-        true,
-        None,
-        7.3e7,
-        4096.0,
-        144_967_540_224.0,
-        true,
-    ),
-    (
-        "qwen-7b",
-        true,
-        None,
-        7.6e7,
-        2048.0,
-        139_662_472_704.0,
-        true,
-    ),
-    (
-        "mixtral-5b",
-        true,
-        None,
-        4.8e7,
-        4096.0,
-        88_843_604_992.0,
-        true,
-    ),
-    (
-        "neox-7b",
-        true,
-        None,
-        6.9e7,
-        4096.0,
-        132_692_467_200.0,
-        true,
-    ),
-    (
-        "phi3-mini",
-        false,
-        Some(0.26),
-        3.9e7,
-        4096.0,
-        76_814_870_016.0,
-        true,
-    ),
-    (
-        "phi3-mini",
-        false,
-        Some(0.14),
-        3.9e7,
-        4096.0,
-        77.29 * GIB,
-        false,
-    ),
-    (
-        "olmo2-7b",
-        false,
-        Some(0.80),
-        7.3e7,
-        4096.0,
-        (74.80 + 1.53) * GIB,
-        false,
-    ),
-    (
-        "starcoder2-7b",
-        false,
-        Some(0.64),
-        7.5e7,
-        4096.0,
-        80_849_315_840.0,
-        true,
-    ),
-    (
-        "starcoder2-7b",
-        false,
-        Some(0.62),
-        7.5e7,
-        4096.0,
-        (77.19 + 0.75) * GIB,
-        false,
-    ),
-    (
-        "starcoder2-7b",
-        false,
-        Some(0.60),
-        7.5e7,
-        4096.0,
-        (77.42 + 0.035) * GIB,
-        false,
-    ),
-];
-
-/// The H200's tenth call (docs/benchmarks/raw/2026-12-06-h200-tenth/{loop,arch}/): each case's
-/// first decision at the H200's boundary, every one trained (Phi-3 at 4 × 4,096 the issue's
-/// out-of-memory case, GPT-NeoX at 1 × 6,144, Mistral-7B v0.1 past its window at 1 × 8,192);
-/// PyTorch's allocated peak.
-const TENTH_H200: &[TableRow] = &[
-    (
-        "qwen3-8b",
-        true,
-        Some(0.29),
-        8.2e7,
-        4096.0,
-        145_418_118_656.0,
-        true,
-    ),
-    (
-        "starcoder2-7b",
-        true,
-        None,
-        8.2e7,
-        4096.0,
-        142_391_184_896.0,
-        true,
-    ),
-    (
-        "olmo2-7b",
-        true,
-        Some(0.20),
-        7.3e7,
-        4096.0,
-        145_282_780_672.0,
-        true,
-    ),
-    (
-        "neox-7b",
-        true,
-        None,
-        8.2e7,
-        6144.0,
-        143_639_109_120.0,
-        true,
-    ),
-    (
-        "phi3-mini",
-        true,
-        Some(0.31),
-        3.9e7,
-        16384.0,
-        143_501_370_880.0,
-        true,
-    ),
-    (
-        "cohere-8b",
-        true,
-        Some(0.37),
-        8.1e7,
-        4096.0,
-        141_765_946_880.0,
-        true,
-    ),
-    (
-        "qwen-7b",
-        true,
-        Some(0.18),
-        7.7e7,
-        4096.0,
-        144_277_007_872.0,
-        true,
-    ),
-    (
-        "mistral01-7b",
-        true,
-        Some(0.41),
-        7.3e7,
-        8192.0,
-        145_658_621_440.0,
-        true,
-    ),
-];
-
-/// The table's rows in order, the runs recorded in [`CONVERGED_H100`], [`NEW_TYPES_H100`] and
-/// [`FROM_THE_ISSUES`] taken from there.
-fn per_type() -> Vec<TableRow> {
-    let from_the_issues = |name: &str, share: Option<f64>| -> TableRow {
-        let &(name, share, tokens, measured, trained) = FROM_THE_ISSUES
-            .iter()
-            .find(|r| r.0 == name && r.1 == share)
-            .unwrap_or_else(|| panic!("{name} at {share:?} in FROM_THE_ISSUES"));
-        (name, true, share, 8.2e7, tokens, measured, trained)
-    };
-    let on_the_h100 = |runs: &[Recorded], name: &str, share: Option<f64>| -> TableRow {
-        let &(name, share, group, tokens, measured, trained) = runs
-            .iter()
-            .find(|r| r.0 == name && r.1 == share)
-            .unwrap_or_else(|| panic!("{name} at {share:?} recorded"));
-        (name, false, share, group, tokens, measured, trained)
-    };
-    vec![
-        PER_TYPE_OWN[0],
-        PER_TYPE_OWN[1],
-        on_the_h100(CONVERGED_H100, "mistral-7b", Some(0.66)),
-        on_the_h100(CONVERGED_H100, "mistral-7b", Some(0.62)),
-        PER_TYPE_OWN[2],
-        PER_TYPE_OWN[3],
-        PER_TYPE_OWN[4],
-        from_the_issues("qwen3-8b", Some(0.30)),
-        from_the_issues("qwen3-8b", Some(0.25)),
-        on_the_h100(CONVERGED_H100, "qwen3-4b", Some(0.44)),
-        on_the_h100(CONVERGED_H100, "qwen3-4b", Some(0.40)),
-        PER_TYPE_OWN[5],
-        PER_TYPE_OWN[6],
-        on_the_h100(CONVERGED_H100, "gemma2-2b", None),
-        on_the_h100(NEW_TYPES_H100, "olmo2-7b", Some(0.82)),
-        on_the_h100(NEW_TYPES_H100, "olmo2-7b", Some(0.78)),
-        PER_TYPE_OWN[7],
-        on_the_h100(NEW_TYPES_H100, "starcoder2-7b", Some(0.67)),
-        PER_TYPE_OWN[8],
-        PER_TYPE_OWN[9],
-        PER_TYPE_OWN[10],
-        on_the_h100(EIGHTH_H100, "cohere-4b", Some(0.27)),
-        on_the_h100(EIGHTH_H100, "qwen2moe-5b", Some(0.31)),
-    ]
-    .into_iter()
-    .chain(TENTH_H200.iter().copied())
-    .collect()
-}
-
-#[test]
-fn the_per_type_table_is_never_under_and_nothing_that_fits_ran_out() {
-    // Twelve model types (Llama, Mistral, Qwen2, Mixtral, GPT-NeoX counted; Qwen3, Phi-3,
-    // Gemma-2, OLMo-2 measured; StarCoder2, Cohere and Qwen2-MoE counted from their runs), each
-    // at its run nearest the limit, and the H200's tenth call (eight more rows, at its
-    // boundary): every estimate that trained within 1 % over its peak (a measured type's
-    // within 5 %), never under; every run that ran
-    // out is refused ("does not fit"), so nothing the model says fits ran out (Mistral's 66 %
-    // on the H100 trained at the budget's edge, where the loop's lesson placed it, not the
-    // model alone). `--nocapture` prints the table's rows.
-    for &(name, on_h200, share, group, tokens, measured, trained) in &per_type() {
-        let class = if on_h200 { h200() } else { h100() };
-        let (j, placement, est, fit) = read_on(&class, name, share, group, tokens);
-        let budget = j.gpu_budget(&class);
-        let what = format!("{name} {placement:?} {tokens}");
-        println!(
-            "| {name} | {} | {tokens} | {placement:?} | {} | {:.2} GiB | {:.2} GiB ({:+.1} %) | {:.2} GiB ({:.1} %) | {} |",
-            if on_h200 { "H200" } else { "H100" },
-            if trained { "✓" } else { "✗" },
-            measured / GIB,
-            est.gpu / GIB,
-            (est.gpu / measured - 1.0) * 100.0,
-            budget / GIB,
-            measured / budget * 100.0,
-            if fit.ok() { "fits" } else { "does not fit" },
-        );
-        assert!(est.gpu >= measured, "{what}: under");
-        if trained {
-            // A counted type within 1 %; a measured type's factor is for the peak of the run it
-            // was measured on, and keeps the issue's +5 % (Phi-3 at 4 × 4,096 on the H200: +1.7 %).
-            let over = match j.shape.standing {
-                crate::decision::shape::TypeStanding::Measured(..) => 0.05,
-                _ => 0.01,
-            };
-            never_under(&format!("{what}: GPU"), est.gpu, measured, over);
-        } else {
-            assert!(!fit.ok(), "{what} ran out: it must not fit");
-        }
-    }
-    let names: std::collections::BTreeSet<&str> = per_type().iter().map(|r| r.0).collect();
-    assert!(names.len() >= 12, "{names:?}");
 }

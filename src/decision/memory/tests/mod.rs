@@ -1,8 +1,8 @@
 //! The memory model against what was measured on the H200 and against DeepSpeed's own
 //! estimator, one file per family of runs: the Hugging Face decoders ([`huggingface`]), the
 //! bench's own GPT decoder and DeepSpeed's estimator ([`gpt`]), the closed loop's recorded runs
-//! ([`loops`]), the model's own rules ([`rules`]) and the host's pinned blocks and the
-//! backward's gradient flushes ([`host`]).
+//! ([`loops`]), the per-type table at each GPU's limit ([`per_type`]), the model's own rules
+//! ([`rules`]) and the host's pinned blocks and the backward's gradient flushes ([`host`]).
 //! Measured: `docs/benchmarks/raw/2026-12-01-h200-arch/` (Hugging Face decoders,
 //! `hack/gpu/hf-bench.sh`) and `docs/benchmarks/raw/2026-12-01-h200/` (the bench's own GPT
 //! decoder, `hack/gpu/memory-bench.sh`).
@@ -16,6 +16,7 @@ mod gpt;
 mod host;
 mod huggingface;
 mod loops;
+mod per_type;
 mod rules;
 
 /// The H200 of the measurements: 150,754,820,096 bytes of HBM (NVML), 125 GiB of host memory.
