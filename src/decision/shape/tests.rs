@@ -146,6 +146,10 @@ fn what_the_blocks_keep_for_backward_is_what_was_measured() {
         ("qwen-7b", 4096.0, 28_461_711_820.0),
         ("gemma3-4b", 8192.0, 72_466_102_830.0),
         ("mistral01-7b", 8192.0, 61_486_563_852.0),
+        // The H100's eleventh call (docs/benchmarks/raw/2026-12-07-h100-eleventh/arch/): Gemma-3
+        // at 2,048 tokens (past the window of five layers of six by 1,024), Mixtral at 8,192.
+        ("gemma3-4b", 2048.0, 17_387_821_614.0),
+        ("mixtral-5b", 8192.0, 21_076_280_076.0),
     ] {
         let m = model(name).at_tokens(tokens);
         let saved = tokens * m.saved_per_token(false);
