@@ -110,6 +110,17 @@ fn parameters_are_counted_exactly_as_the_model_builds_them() {
     }
 }
 
+/// Asserts that what `m` counts its blocks keep for backward at `tokens` is within 0.2 % of
+/// `kept` (a run's `savedActivationBytes`, or the CPU replica's count); `what` names it.
+fn keeps_what_was_kept(what: &str, m: &ModelShape, tokens: f64, kept: f64) {
+    let saved = tokens * m.at_tokens(tokens).saved_per_token(false);
+    let err = saved / kept - 1.0;
+    assert!(
+        err.abs() < 0.002,
+        "{what}: {saved} against {kept} ({err:+.4})"
+    );
+}
+
 #[test]
 fn what_the_blocks_keep_for_backward_is_what_was_measured() {
     // `savedActivationBytes` of the first step (saved_tensors_hooks, unique storages, weights
@@ -151,13 +162,7 @@ fn what_the_blocks_keep_for_backward_is_what_was_measured() {
         ("gemma3-4b", 2048.0, 17_387_821_614.0),
         ("mixtral-5b", 8192.0, 21_076_280_076.0),
     ] {
-        let m = model(name).at_tokens(tokens);
-        let saved = tokens * m.saved_per_token(false);
-        let err = saved / measured - 1.0;
-        assert!(
-            err.abs() < 0.002,
-            "{name}: {saved} against {measured} ({err:+.4})"
-        );
+        keeps_what_was_kept(name, &model(name), tokens, measured);
     }
 }
 
@@ -167,9 +172,7 @@ fn cohere_s_parallel_block_and_qwen2_moe_s_gated_shared_expert_are_counted() {
     // 1 × 2,048 tokens (docs/benchmarks/raw/2026-12-06-h100-eighth/loop/cfg-*-step-1.json).
     let moe = model("qwen2moe-5b");
     assert_eq!(moe.parameters(), 5_178_427_392.0);
-    let saved = 2048.0 * moe.saved_per_token(false);
-    let err = saved / 9_950_013_324.0 - 1.0;
-    assert!(err.abs() < 0.002, "Qwen2-MoE: {saved} ({err:+.4})");
+    keeps_what_was_kept("Qwen2-MoE", &moe, 2048.0, 9_950_013_324.0);
     // Without its gate's term it would be 2 % under.
     let ungated = ModelShape {
         experts: moe.experts.map(|e| Experts {
@@ -185,9 +188,7 @@ fn cohere_s_parallel_block_and_qwen2_moe_s_gated_shared_expert_are_counted() {
     let cohere = model("cohere-4b");
     assert!(cohere.quirks.parallel_block);
     assert_eq!(cohere.parameters(), 4_538_306_560.0);
-    let saved = 2048.0 * cohere.saved_per_token(false);
-    let err = saved / 8_528_519_436.0 - 1.0;
-    assert!(err.abs() < 0.002, "Cohere: {saved} ({err:+.4})");
+    keeps_what_was_kept("Cohere", &cohere, 2048.0, 8_528_519_436.0);
     let llama_style = ModelShape {
         quirks: super::Quirks {
             parallel_block: false,
@@ -453,12 +454,7 @@ fn a_sliding_window_reached_keeps_each_layer_s_mask_and_repeated_keys_and_values
             4_882_085_902.0,
         ),
     ] {
-        let saved = tokens * m.at_tokens(tokens).saved_per_token(false);
-        let err = saved / replica - 1.0;
-        assert!(
-            err.abs() < 0.002,
-            "{name}: {saved} against {replica} ({err:+.4})"
-        );
+        keeps_what_was_kept(name, &m, tokens, replica);
     }
     // Below the window nothing is added; at it, each windowed layer keeps its mask.
     let g = model("gemma2-2b");
@@ -504,12 +500,6 @@ fn the_moe_types_at_the_h200_s_planned_lengths_keep_what_the_cpu_replica_kept() 
             9_843_499_084.0,
         ),
     ] {
-        let m = with_layers(config, layers);
-        let saved = tokens * m.at_tokens(tokens).saved_per_token(false);
-        let err = saved / replica - 1.0;
-        assert!(
-            err.abs() < 0.002,
-            "{name}: {saved} against {replica} ({err:+.4})"
-        );
+        keeps_what_was_kept(name, &with_layers(config, layers), tokens, replica);
     }
 }
