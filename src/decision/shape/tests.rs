@@ -479,17 +479,22 @@ const PHI3_MEDIUM: &str = r#"{"model_type": "phi3", "hidden_size": 5120, "num_hi
 const MISTRAL_V01: &str = r#"{"model_type": "mistral", "hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000, "tie_word_embeddings": false, "rope_theta": 10000.0, "max_position_embeddings": 32768, "rms_norm_eps": 1e-05, "hidden_act": "silu", "sliding_window": 4096}"#;
 
 #[test]
-fn the_moe_types_at_the_h200_s_planned_lengths_keep_what_the_cpu_replica_kept() {
+fn the_h200_s_planned_shapes_keep_what_the_cpu_replica_kept() {
     // The shapes `gpu-open.md` plans on the H200 and no GPU ran yet (Mixtral at 24,576 tokens,
-    // Qwen2-MoE at 12,288), what their blocks keep counted on the CPU (`hack/saved-bytes.py
+    // Qwen2-MoE at 12,288, Gemma-2-9B at 2,048), what their blocks keep counted on the CPU (`hack/saved-bytes.py
     // CONFIG LAYERS SEQUENCE`, transformers 5.17, torch 2.11; a test double of the GPU for what
     // is kept, within 0.01 % of every H100 run it was checked against). Qwen2-MoE at two
-    // layers did not fit this machine's 24 GiB. The replica keeps 0.06–0.17 % more than the
-    // count here: about 12 MB at 24,576 tokens outside the layers (the size of one rotary
-    // table), which over Mixtral's sixteen layers is 0.01 % of what it keeps.
+    // layers did not fit this machine's 24 GiB. The replica keeps 0.05–0.17 % more than the
+    // count here, nearly all of it outside the layers and the size of one fp32 rotary table
+    // (tokens × the head's width × 4 bytes: 12.6 MB for Mixtral at 24,576 tokens, 2.1 MB for
+    // Gemma-2-9B at 2,048): 0.01 % of what a whole model keeps.
     let mixtral = include_str!("../../../hack/gpu/models/mixtral-5b.json");
     let qwen2moe = include_str!("../../../hack/gpu/models/qwen2moe-5b.json");
+    let gemma2 = include_str!("../../../hack/gpu/models/gemma2-9b.json");
     for (name, layers, config, tokens, replica) in [
+        // Gemma-2-9B, planned at 2,048 tokens (below its 4,096 window; 256 a head).
+        ("gemma2-9b 1 × 2,048", 1, gemma2, 2048.0, 3_770_955_790.0),
+        ("gemma2-9b 2 × 2,048", 2, gemma2, 2048.0, 4_320_630_798.0),
         ("mixtral 1 × 24,576", 1, mixtral, 24576.0, 7_290_667_052.0),
         ("mixtral 2 × 24,576", 2, mixtral, 24576.0, 11_019_878_476.0),
         (
