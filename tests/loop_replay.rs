@@ -478,6 +478,23 @@ fn on_the_h100_the_pods_cores_change_the_rung_to_the_faster_of_what_ran() {
     }
 }
 
+/// A one-run loop recorded in `folder` for `model`, read back: asserts that the run trained and
+/// that the tree's first decision is not under the margin of a type never measured; returns the
+/// recorded first decision, the tree's first decision and the tree's decision after the run.
+fn one_run_loop(
+    folder: &str,
+    model: &str,
+) -> (serde_json::Value, serde_json::Value, serde_json::Value) {
+    assert!(trained(folder, model, 1), "{model}");
+    let recorded = recorded_decision_in(folder, model, 1);
+    let first = decide_in(folder, model, 0);
+    assert!(
+        !first.to_string().contains("never measured"),
+        "{model}: {first}"
+    );
+    (recorded, first, decide_in(folder, model, 1))
+}
+
 #[test]
 fn on_the_h200_every_first_decision_trained_and_no_run_moved_the_next_toward_more_offload() {
     // Each case's first decision, trained once on the H200 with the allocator reporter on: every
@@ -499,15 +516,8 @@ fn on_the_h200_every_first_decision_trained_and_no_run_moved_the_next_toward_mor
         (H200_ARCH, "mistral01-7b"),
         (H200_ARCH, "gemma3-4b"),
     ] {
-        assert!(trained(folder, model, 1), "{model}");
-        let recorded = recorded_decision_in(folder, model, 1);
+        let (recorded, first, after) = one_run_loop(folder, model);
         let ran = share(&recorded);
-        let first = decide_in(folder, model, 0);
-        let after = decide_in(folder, model, 1);
-        assert!(
-            !first.to_string().contains("never measured"),
-            "{model}: {first}"
-        );
         if model == "gemma3-4b" {
             assert!(recorded.to_string().contains("never measured"));
             assert_eq!(ran, 1.0);
@@ -585,16 +595,9 @@ fn on_the_h100_each_first_decision_at_its_boundary_trained_and_the_next_never_of
         ("qwen2moe-5b", 0.29, 0.27),
         ("cohere-4b", 0.27, 0.27),
     ] {
-        assert!(trained(ELEVENTH, model, 1), "{model}");
-        let recorded = recorded_decision_in(ELEVENTH, model, 1);
+        let (recorded, first, after) = one_run_loop(ELEVENTH, model);
         assert_eq!(ratio(&recorded), decided, "{model}: {recorded}");
-        let first = decide_in(ELEVENTH, model, 0);
         assert_eq!(ratio(&first), decided, "{model}: {first}");
-        assert!(
-            !first.to_string().contains("never measured"),
-            "{model}: {first}"
-        );
-        let after = decide_in(ELEVENTH, model, 1);
         assert_eq!(share(&after), next, "{model} after its run: {after}");
         if next < decided {
             assert!(
