@@ -143,18 +143,22 @@ fn trained(folder: &str, model: &str, k: usize) -> bool {
 
 #[test]
 fn the_recorded_h100_loop_replays_and_the_model_now_foresees_its_out_of_memory() {
-    // Qwen3-4B: 44 % trained at the first decision; the next is the same, never more.
+    // Qwen3-4B: 44 % trained at the first decision; the loop repeated it. The tree now tries
+    // 42 % after it, spending the allocator's room beside the step's logits (the run's figure
+    // was NVML's, capped at the budget: the reporter did not report then); never more.
     let first = ratio(&decide("qwen3-4b", 0));
     assert!(
         (first - recorded_ratio("qwen3-4b", 1)).abs() < 1e-9,
         "{first}"
     );
-    let next = ratio(&decide("qwen3-4b", 1));
+    assert!((recorded_ratio("qwen3-4b", 2) - first).abs() < 1e-9);
+    let next = decide("qwen3-4b", 1);
+    assert_eq!(ratio(&next), 0.42, "{next}");
     assert!(
-        (next - recorded_ratio("qwen3-4b", 2)).abs() < 1e-9,
+        next.to_string()
+            .contains("a trial spends the room kept for the allocator"),
         "{next}"
     );
-    assert!(next <= first + 1e-9, "{first} then {next}");
 
     // Phi-3-mini: the loop's first decision, 14 %, ran out of GPU memory; 26 % trained. The
     // model counts Phi-3's blocks from those runs now: its first decision offloads more than
@@ -182,37 +186,36 @@ fn the_loop_with_the_allocator_reporter_moves_only_toward_less_offload_and_stops
     // Each case as the loop ran it on the H100 with the reporter on, every run trained:
     // Gemma-2 2B 30 % → 21 % → no offload (the fastest of all); Mistral 7B 67 % → 66 % (62 % ran
     // out in the sweep beside it); Qwen3-4B 44 % (40 % ran out). Replayed: the same decisions,
-    // each no more offload than the one before, and the last one repeated (the loop is done).
-    for (model, runs) in [("mistral-7b", 2), ("qwen3-4b", 1)] {
+    // each no more offload than the one before. After the last run Mistral repeats 66 % (the
+    // loop is done); Qwen3-4B tries 42 %, above the 40 % that ran out in the sweep, past the
+    // budget a first decision keeps (a trial spends the allocator's room beside the step's
+    // logits; should it run out, the job goes back to 44 %: `decision::proven`'s tests).
+    for (model, runs, after) in [("mistral-7b", 2, 0.66), ("qwen3-4b", 1, 0.42)] {
         let mut before = f64::INFINITY;
-        for k in 0..=runs {
-            let now = decide_in(CONVERGE, model, k);
-            let got = share(&now);
-            if k < runs {
-                let then = share(&recorded_decision_in(CONVERGE, model, k + 1));
-                assert!(
-                    (got - then).abs() < 1e-9,
-                    "{model} decision {}: {got}, recorded {then}",
-                    k + 1
-                );
-                assert!(
-                    trained(CONVERGE, model, k + 1),
-                    "{model} run {} trained",
-                    k + 1
-                );
-            }
+        for k in 0..runs {
+            let got = share(&decide_in(CONVERGE, model, k));
+            let then = share(&recorded_decision_in(CONVERGE, model, k + 1));
+            assert!(
+                (got - then).abs() < 1e-9,
+                "{model} decision {}: {got}, recorded {then}",
+                k + 1
+            );
+            assert!(
+                trained(CONVERGE, model, k + 1),
+                "{model} run {} trained",
+                k + 1
+            );
             assert!(
                 got <= before + 1e-9,
                 "{model}: {before} then {got}: a run that trained never raises the share"
             );
             before = got;
         }
-        // The last decision is the one the last run trained with.
-        let last = share(&recorded_decision_in(CONVERGE, model, runs));
-        assert!(
-            (before - last).abs() < 1e-9,
-            "{model}: {before} after the loop, {last} trained last"
-        );
+        let last = decide_in(CONVERGE, model, runs);
+        assert_eq!(share(&last), after, "{model} after the loop: {last}");
+        let trial = last.to_string().contains("a trial (1 of at most 2");
+        assert_eq!(trial, after < before, "{model}: {last}");
+        assert!(after <= before, "{model}: {before} then {after}");
     }
 }
 
@@ -583,25 +586,28 @@ fn on_the_h100_each_first_decision_at_its_boundary_trained_and_the_next_never_of
     // The eleventh call (docs/benchmarks/raw/2026-12-07-h100-eleventh/arch/): Gemma-3's
     // language model at a counted decision, Mixtral, Qwen2-MoE and Cohere, each decided at the
     // H100's boundary and trained. The tree decides what it decided then; read back, the run
-    // never moves toward more offload (it trained). Three repeat: their runs held 98.6–99.4 %
-    // of the budget and left no room for a trial (Mixtral's 34 % ran out beside its 36 %;
-    // Gemma-3's 21 % and Cohere's 25 % trained past the allocator's room, `memory-h200.md`).
-    // Qwen2-MoE's estimate of 27 % was 0.1 GiB over its budget; its run's own peak (0.14 GiB
-    // under the estimate) lets 27 % fit, so the next run is a trial of 27 %, which trained
-    // beside it (76.58 GiB allocated, `next/`).
+    // never moves toward more offload (it trained). Mixtral repeats: its run held 98.6 % of the
+    // budget, and 34 % ran out beside it. The other three try a faster rung, each the one that
+    // trained beside it (`next/`, `speed/`): Qwen2-MoE's 27 % (its run's own peak, 0.14 GiB
+    // under the estimate, lets it fit the budget); Gemma-3's 21 % and Cohere's 25 %, 6.9 % and
+    // 6.3 % faster, past the budget a first decision keeps: a trial spends the allocator's
+    // room beside the step's logits, which only a run tells whether the step needs.
     for (model, decided, next) in [
-        ("gemma3-4b", 0.23, 0.23),
+        ("gemma3-4b", 0.23, 0.21),
         ("mixtral-5b", 0.36, 0.36),
         ("qwen2moe-5b", 0.29, 0.27),
-        ("cohere-4b", 0.27, 0.27),
+        ("cohere-4b", 0.27, 0.25),
     ] {
         let (recorded, first, after) = one_run_loop(ELEVENTH, model);
         assert_eq!(ratio(&recorded), decided, "{model}: {recorded}");
         assert_eq!(ratio(&first), decided, "{model}: {first}");
         assert_eq!(share(&after), next, "{model} after its run: {after}");
         if next < decided {
-            assert!(
-                after.to_string().contains("a trial (1 of at most"),
+            let text = after.to_string();
+            assert!(text.contains("a trial (1 of at most"), "{after}");
+            assert_eq!(
+                text.contains("a trial spends the room kept for the allocator"),
+                model != "qwen2moe-5b",
                 "{after}"
             );
         }

@@ -204,6 +204,11 @@ pub struct JobMemory {
         offload_api::v1alpha1::NodeClass,
         Vec<super::learned::RanRecord>,
     >,
+    /// Whether the budget keeps the allocator's room for the step's largest activation
+    /// ([`LARGE_ALLOCATION_FRAGMENTATION`] of the fp32 logits). `true` for every decision but a
+    /// trial of a faster rung ([`super::proven`]), which keeps the fragmentation share alone
+    /// and lets its run tell whether the step needed more: it falls back should it run out.
+    pub logits_room: bool,
 }
 
 /// What one node class offers a job: its smallest GPU, and the least host memory one of the
@@ -534,7 +539,11 @@ impl JobMemory {
     /// step's largest activation ([`LARGE_ALLOCATION_FRAGMENTATION`] of it), and for
     /// Megatron-core the reserve measured with it ([`megatron::MEGATRON_ALLOCATOR_RESERVE`]).
     pub fn allocator_room(&self) -> f64 {
-        let largest = LARGE_ALLOCATION_FRAGMENTATION * self.largest_activation();
+        let largest = if self.logits_room {
+            LARGE_ALLOCATION_FRAGMENTATION * self.largest_activation()
+        } else {
+            0.0
+        };
         match self.sharding {
             Sharding::Megatron { .. } => largest.max(megatron::MEGATRON_ALLOCATOR_RESERVE),
             _ => largest,

@@ -11,9 +11,11 @@
 //! - **A trial of a faster rung.** Where the model's choice is the fastest configuration that
 //!   trained, and the runs' own figures — the largest need a run that trained showed, without
 //!   the store's smoothing (one run below moves a factor half-way; one above adds a margin; a
-//!   failure's lower bound counts as a need) — say a faster rung fits with the usual headroom,
-//!   a TrainingJob may try it: half-way to the share those
-//!   figures allow (a partial share; no offload where it fits whole), bounded by the profile's
+//!   failure's lower bound counts as a need) — say a faster rung fits, a TrainingJob may try
+//!   it: half-way to the share those figures allow (a partial share; no offload where it fits
+//!   whole), keeping the GPU's context and fragmentation share but not the allocator's room
+//!   beside the step's logits (a first decision keeps it; only a run tells whether the step's
+//!   allocations need it), bounded by the profile's
 //!   `fasterTrials` per shape, never a configuration that ran out for the shape nor one faster,
 //!   and never after this job ran out of memory. Should it run out, the job goes back to what
 //!   trained, and the failure bounds every later trial.
@@ -222,7 +224,13 @@ fn trial(
         .filter(|r| r.trained)
         .map(|r| r.activations)
         .fold(best.activations, f64::max);
-    let by_runs = with_activations(jm, cm, exact);
+    // A trial keeps the GPU's fragmentation share but not the room kept beside the step's
+    // logits: whether the step's allocations needed it, no job field says; its run does, and
+    // should it run out the job goes back to what trained.
+    let by_runs = JobMemory {
+        logits_room: false,
+        ..with_activations(jm, cm, exact)
+    };
     let floor = failed
         .iter()
         .filter_map(|p| match p {
@@ -269,13 +277,22 @@ fn trial(
         return None;
     }
     let when = best.at.strftime("%Y-%m-%d").to_string();
+    let kept = jm.gpu_budget(cm);
+    let spent = if est.gpu > kept {
+        format!(
+            " (past the {} a first decision may use: a trial spends the room kept for the allocator beside the step's logits, which only a run tells whether the step needs)",
+            gib(kept)
+        )
+    } else {
+        String::new()
+    };
     let note = format!(
-        "a trial ({} of at most {} for this shape): {ran} trained ({when}, needing about {} of each GPU), and by the largest need its runs showed {target} needs {} of the {} each GPU can hold; should it run out of GPU memory, the job goes back to {ran}",
+        "a trial ({} of at most {} for this shape): {ran} trained ({when}, needing about {} of each GPU), and by the largest need its runs showed {target} needs {} of the {} each GPU can hold{spent}; should it run out of GPU memory, the job goes back to {ran}",
         made + 1,
         allowed.trials,
         gib(needed(jm, cm, best)),
         gib(est.gpu),
-        gib(jm.gpu_budget(cm)),
+        gib(by_runs.gpu_budget(cm)),
     );
     let mut c = choice_of(&by_runs, cm, target, note.clone());
     c.trial = Some(Trial {

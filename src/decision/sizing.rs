@@ -265,6 +265,7 @@ fn job_memory_of(
         learned: std::collections::BTreeMap::new(),
         inferred: false,
         ran: std::collections::BTreeMap::new(),
+        logits_room: true,
     }))
 }
 

@@ -41,7 +41,10 @@ fn decide(job: &JobRequest, store: &LearnedMemory, profile: &OffloadProfileSpec)
         }),
         ..job.clone()
     };
-    resolve_offload(&job, "default", profile, &idx(&[node()])).unwrap()
+    match resolve_offload(&job, "default", profile, &idx(&[node()])) {
+        Ok(r) => r,
+        Err(e) => panic!("{e:?}"),
+    }
 }
 
 fn share(r: &Resolution) -> f64 {
@@ -348,4 +351,88 @@ fn no_trial_for_another_kind_a_fixed_share_no_learning_or_other_gpus() {
             small.summary()
         );
     }
+}
+
+/// A shape whose step holds large fp32 logits (a 256k vocabulary at 8,192 tokens): the room a
+/// first decision keeps for the allocator beside them is several GiB more than the GPU's
+/// fragmentation share. A trial spends that room (only a run tells whether the step's
+/// allocations need it, `memory-h200.md` "At the H100's boundary"); should it run out there,
+/// the job goes back to what trained and no later trial goes as far.
+#[test]
+fn a_trial_spends_the_allocators_room_and_a_failure_there_bounds_every_later_trial() {
+    let profile = profile();
+    let logits_job = |n: u32| {
+        let mut j = new_job(n);
+        j.model = Some(offload_api::v1alpha1::ModelHints {
+            vocab_size: Some(256_000),
+            ..bench_hints(8_000_000_000, 4096, 36)
+        });
+        j
+    };
+    let mut store = LearnedMemory::default();
+    let first = decide(&logits_job(0), &store, &profile);
+    let r1 = share(&first);
+    assert!(r1 > 0.0 && r1 < 1.0, "{}", first.summary());
+    let m1 = first.memory.clone().unwrap();
+    let room = m1.gpu_allocator_room_bytes;
+    assert!(
+        room as f64 > 0.02 * H200_GPU as f64 + 2.0 * GIB as f64,
+        "the logits' room: {room}"
+    );
+    // It trained needing what the model counted: no lesson of "less".
+    run(
+        &mut store,
+        &logits_job(0),
+        &first,
+        m1.gpu_bytes,
+        false,
+        "ns/l/0",
+    );
+
+    let next = logits_job(1);
+    let second = decide(&next, &store, &profile);
+    let r2 = share(&second);
+    let trial = second.trial.as_ref().expect("a trial");
+    assert_eq!(trial.fallback, first.placement);
+    let m2 = second.memory.clone().unwrap();
+    assert!(
+        r2 <= r1 - TRIAL_STEP + 1e-9 && m2.gpu_bytes > m1.gpu_budget_bytes,
+        "{r2} after {r1}: a trial past the {} a first decision may use: {}",
+        m1.gpu_budget_bytes,
+        second.summary()
+    );
+    // It keeps the context and the fragmentation share all the same.
+    let without_room = H200_GPU as f64 * 0.98 - 1.4 * GIB as f64;
+    assert!(m2.gpu_bytes as f64 <= without_room, "{}", second.summary());
+    let why = reason(&second, Field::OffloadRatio);
+    assert!(
+        why.contains("a trial spends the room kept for the allocator"),
+        "{why}"
+    );
+
+    // It ran out on the allocator's fragmentation: back to what trained.
+    let mut failed = next.clone();
+    run(
+        &mut store,
+        &failed,
+        &second,
+        m2.gpu_bytes + GIB,
+        true,
+        "ns/l/1",
+    );
+    failed
+        .memory_failures
+        .push(failure(&second, m2.gpu_bytes + GIB));
+    let back = decide(&failed, &store, &profile);
+    assert_eq!(back.placement, first.placement, "{}", back.summary());
+    assert!(back.trial.is_none());
+
+    // Later jobs: never as far as the trial that ran out again.
+    let later = decide(&logits_job(2), &store, &profile);
+    let r3 = share(&later);
+    assert!(
+        r3 >= r2 + TRIAL_STEP - 1e-9 && r3 <= r1 + 1e-9,
+        "{r3} after {r2} ran out and {r1} trained: {}",
+        later.summary()
+    );
 }

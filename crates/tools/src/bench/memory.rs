@@ -132,6 +132,7 @@ pub fn run(runs: &[PathBuf], models: &Path, node: &Node) -> Result<(), BenchErro
                     learned: Default::default(),
                     inferred: false,
                     ran: Default::default(),
+                    logits_room: true,
                 };
                 let (est, fit) = job.estimate_checked(placement, &class);
                 let measured = Measured::of(&rec, phase);

@@ -62,6 +62,7 @@ pub(super) fn job(shape: ModelShape, tokens: f64) -> JobMemory {
         learned: Default::default(),
         inferred: false,
         ran: Default::default(),
+        logits_room: true,
     }
 }
 

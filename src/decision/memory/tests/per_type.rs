@@ -373,9 +373,11 @@ fn at_the_h100s_boundary_each_first_decision_trained_and_the_faster_rung_is_refu
     // next faster rung does not fit. Where that rung trained (Gemma-3 at 21 %, Qwen2-MoE at
     // 27 %, Cohere at 25 %) its estimate is within 1 % of what it allocated and under the GPU
     // less its context: what refused it is the room kept for the allocator (1.4 × the step's
-    // fp32 logits; Qwen2-MoE's need was 99.9 % of its budget). That room stays: OLMo-2's 80 % ran out on this GPU with more room than
-    // Gemma-3's 21 % trained with, so no threshold on the room alone admits the one and refuses
-    // the other (`memory-h200.md`, "At the H100's boundary").
+    // fp32 logits; Qwen2-MoE's need was 99.9 % of its budget). A first decision keeps that
+    // room: OLMo-2's 80 % ran out on this GPU with more room than Gemma-3's 21 % trained with,
+    // so no threshold on the room alone admits the one and refuses the other (`memory-h200.md`,
+    // "At the H100's boundary"). A trial after a run that trained spends it
+    // (`tests/loop_replay.rs`: Gemma-3's and Cohere's loops try these rungs next).
     let class = h100();
     let room = |measured: f64| class.gpu_bytes as f64 - CONTEXT_RESERVE_BYTES - measured;
     for pair in ELEVENTH_H100.chunks(2) {
