@@ -138,8 +138,10 @@ pub struct OffloadProfileSpec {
     /// How many trials of a faster configuration a job shape may get on a node class: where the
     /// fastest configuration that trained for the shape left room to spare, and its runs' own
     /// figures say a faster rung fits (a smaller share of the optimizer state, or none), the
-    /// next TrainingJob of the shape tries it. Should a trial run out of GPU memory, the job
-    /// goes back to the configuration that trained, and no later trial goes as far. Each trial
+    /// next TrainingJob of the shape tries it; a trial keeps the CUDA context and the GPU's
+    /// fragmentation share but not the room a first decision keeps for the allocator beside
+    /// the step's logits. Should a trial run out of GPU memory, the job goes back to the
+    /// configuration that trained, and no later trial goes as far. Each trial
     /// is said in the decision's reasons (`status.offload.trial`) and its Event. Only with
     /// `learnMemory`, and only for TrainingJobs (the operator recreates those after an
     /// out-of-memory). 0: never.
