@@ -401,9 +401,14 @@ fn a_trial_spends_the_allocators_room_and_a_failure_there_bounds_every_later_tri
         m1.gpu_budget_bytes,
         second.summary()
     );
-    // It keeps the context and the fragmentation share all the same.
+    // It keeps the context and the fragmentation share all the same, and its status shows the
+    // budget it was checked against.
     let without_room = H200_GPU as f64 * 0.98 - 1.4 * GIB as f64;
     assert!(m2.gpu_bytes as f64 <= without_room, "{}", second.summary());
+    assert!(
+        m2.gpu_bytes <= m2.gpu_budget_bytes && m2.gpu_budget_bytes > m1.gpu_budget_bytes,
+        "{m2:?}"
+    );
     let why = reason(&second, Field::OffloadRatio);
     assert!(
         why.contains("a trial spends the room kept for the allocator"),
