@@ -446,3 +446,35 @@ fn a_small_partial_share_costs_more_gpu_memory_than_it_frees() {
     assert!(est.gpu < big.estimate(Placement::NoOffload, &h200()).gpu);
     assert!((0.35..=0.45).contains(&r), "{r}");
 }
+
+#[test]
+fn where_the_logits_are_large_a_trial_past_their_room_may_run_out_once() {
+    // Llama-3.2-3B at 18,432 tokens on the H200 (8.8 GiB of fp32 logits): the first decision
+    // keeps 1.4 × them and takes 44 % (2,021 ms a step); 38 % trained after retrying the
+    // allocator, 35 % ran out. A trial after 44 % trained keeps the GPU's fragmentation share
+    // alone, where every share down to about a fifth fits: half-way, about a third, past the
+    // 35 % that ran out. That run is the trial's cost (once per shape): should it run out, the
+    // failure bounds the next trial above it, half-way to 44 %, among the shares that trained.
+    let mut j = job(model("llama-3b"), 18432.0);
+    j.sub_group_size = Some(3.3e7);
+    let (first, _) = j.smallest_ratio(&h200(), 0.01).expect("a share fits");
+    assert!((first - 0.44).abs() < 1e-9, "{first}");
+    let trial = JobMemory {
+        logits_room: false,
+        ..j.clone()
+    };
+    let (allowed, est) = trial.smallest_ratio(&h200(), 0.01).expect("a share fits");
+    assert!(est.gpu <= trial.gpu_budget(&h200()));
+    let half_way = f64::midpoint(first, allowed);
+    assert!(
+        (0.2..0.35).contains(&allowed) && half_way < 0.35,
+        "{allowed}, half-way {half_way}: past the 35 % that ran out"
+    );
+    // Bounded above the share that ran out (35 %, plus the trial's step): half-way to 44 %
+    // lands among the shares that trained (38 % and 40 %).
+    let (bounded, _) = trial
+        .smallest_ratio(&h200(), 0.37)
+        .expect("a share fits above the failure");
+    let next = f64::midpoint(first, bounded);
+    assert!((0.38..=0.41).contains(&next), "{bounded}: {next}");
+}
