@@ -311,6 +311,15 @@ impl JobMemory {
         if self.mixed() { 12.0 } else { 8.0 }
     }
 
+    /// The job as a trial of a faster rung sees it ([`super::proven`]): the allocator's room
+    /// beside the step's logits not kept ([`JobMemory::logits_room`]).
+    pub fn as_trial(&self) -> JobMemory {
+        JobMemory {
+            logits_room: false,
+            ..self.clone()
+        }
+    }
+
     /// The job with `tokens` per micro-batch instead (for advice).
     pub fn with_tokens(&self, tokens: f64) -> JobMemory {
         JobMemory {

@@ -227,10 +227,7 @@ fn trial(
     // A trial keeps the GPU's fragmentation share but not the room kept beside the step's
     // logits: whether the step's allocations needed it, no job field says; its run does, and
     // should it run out the job goes back to what trained.
-    let by_runs = JobMemory {
-        logits_room: false,
-        ..with_activations(jm, cm, exact)
-    };
+    let by_runs = with_activations(jm, cm, exact).as_trial();
     let floor = failed
         .iter()
         .filter_map(|p| match p {

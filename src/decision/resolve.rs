@@ -105,17 +105,11 @@ pub fn resolve_offload(
         startup_guard: profile.startup_guard,
         report_allocator_peaks: profile.report_allocator_peaks,
         memory: match (placement.memory.as_ref(), memory.as_ref()) {
-            // A trial's budget is the one it was checked against: the allocator's room beside
-            // the logits spent ([`super::proven`]).
-            (Some(c), Some(jm)) if c.trial.is_some() => Some(MemoryEstimate::of(
-                &memory::JobMemory {
-                    logits_room: false,
-                    ..jm.clone()
-                },
-                &c.estimate,
-                &c.class,
-            )),
-            (Some(c), Some(jm)) => Some(MemoryEstimate::of(jm, &c.estimate, &c.class)),
+            // A trial's budget is the one it was checked against ([`super::proven`]).
+            (Some(c), Some(jm)) => Some(match c.trial {
+                Some(_) => MemoryEstimate::of(&jm.as_trial(), &c.estimate, &c.class),
+                None => MemoryEstimate::of(jm, &c.estimate, &c.class),
+            }),
             _ => None,
         },
         gpu_claims,

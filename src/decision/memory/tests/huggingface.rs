@@ -459,10 +459,7 @@ fn where_the_logits_are_large_a_trial_past_their_room_may_run_out_once() {
     j.sub_group_size = Some(3.3e7);
     let (first, _) = j.smallest_ratio(&h200(), 0.01).expect("a share fits");
     assert!((first - 0.44).abs() < 1e-9, "{first}");
-    let trial = JobMemory {
-        logits_room: false,
-        ..j.clone()
-    };
+    let trial = j.as_trial();
     let (allowed, est) = trial.smallest_ratio(&h200(), 0.01).expect("a share fits");
     assert!(est.gpu <= trial.gpu_budget(&h200()));
     let half_way = f64::midpoint(first, allowed);
