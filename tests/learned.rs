@@ -69,6 +69,7 @@ fn window(node: &str, ns: &str, pod: &str, job: &str, host: u64) -> String {
             host_memory_peak_bytes: Some(host),
             host_memory_source: Some(HostMemorySource::CgroupPeak),
             allocator_peak_bytes: None,
+            step_seconds: None,
         }],
     }
     .to_annotation()

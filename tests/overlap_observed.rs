@@ -66,6 +66,7 @@ fn summary_with_memory(
                 host_memory_peak_bytes: gpu_peak.map(|_| 40 << 30),
                 host_memory_source: gpu_peak.map(|_| HostMemorySource::CgroupPeak),
                 allocator_peak_bytes: None,
+                step_seconds: None,
             })
             .collect(),
     }

@@ -299,6 +299,7 @@ async fn a_trial_that_runs_out_with_the_webhook_on_goes_back_to_what_trained() {
                 ran_as: Some(ran(r0)),
                 trained: false,
                 trial: false,
+                step_seconds: None,
                 at: now.clone(),
             },
             Run {
@@ -311,6 +312,7 @@ async fn a_trial_that_runs_out_with_the_webhook_on_goes_back_to_what_trained() {
                 ran_as: Some(ran(r_trained)),
                 trained: true,
                 trial: false,
+                step_seconds: None,
                 at: now.clone(),
             },
         ],

@@ -483,6 +483,7 @@ pub fn summarize(
             host_memory_peak_bytes: host.map(|h| h.0),
             host_memory_source: host.map(|h| h.1),
             allocator_peak_bytes: None,
+            step_seconds: None,
         });
     }
     Ok(ObservedSummary {

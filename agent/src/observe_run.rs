@@ -58,9 +58,9 @@ fn children_peak_rss() -> Option<u64> {
         .map(|kib| kib.saturating_mul(1024))
 }
 
-/// The highest allocation the command's processes reported (`allocated=`), from at most 64 KiB
-/// of the report file; `None` where none was written.
-fn read_report(path: &std::path::Path) -> Option<u64> {
+/// What the command's processes reported (their highest allocation, their slowest step), from at
+/// most 64 KiB of the report file; `None` where none was written.
+fn read_report(path: &std::path::Path) -> Option<offload_api::observed::AllocatorReport> {
     use std::io::Read;
     let mut text = String::new();
     std::fs::File::open(path)
@@ -68,7 +68,7 @@ fn read_report(path: &std::path::Path) -> Option<u64> {
         .take(64 * 1024)
         .read_to_string(&mut text)
         .ok()?;
-    offload_api::observed::allocator_report(&text).map(|(allocated, _)| allocated)
+    offload_api::observed::allocator_report(&text)
 }
 
 /// Runs `command` and observes `devices` (all when empty) every `interval` until it ends.
@@ -165,7 +165,8 @@ pub fn observe_command<S: UtilizationSource + ?Sized>(
             process_gpu_memory_peak_bytes: process,
             host_memory_peak_bytes: host,
             host_memory_source: host.map(|_| HostMemorySource::ProcessPeakRss),
-            allocator_peak_bytes: reported,
+            allocator_peak_bytes: reported.map(|r| r.allocated),
+            step_seconds: reported.and_then(|r| r.step_seconds),
         },
         configuration: run_configuration(std::env::vars()),
     })

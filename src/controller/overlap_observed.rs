@@ -312,6 +312,7 @@ mod tests {
             host_memory_peak_bytes: None,
             host_memory_source: None,
             allocator_peak_bytes: None,
+            step_seconds: None,
         }
     }
 

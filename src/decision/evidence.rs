@@ -186,7 +186,7 @@ pub fn failure_record(
     }
 }
 
-pub use offload_api::observed::allocator_report;
+pub use offload_api::observed::{AllocatorReport, allocator_report};
 
 /// What PyTorch's caching allocator said when a GPU allocation failed: "Tried to allocate X
 /// … Y is allocated by PyTorch, and Z is reserved by PyTorch but unallocated".
@@ -325,8 +325,43 @@ mod tests {
 
     #[test]
     fn the_reporters_lines_give_the_highest_figures() {
-        let m = "step 10 done\noffload.dev/allocator rank=0 allocated=1000 reserved=1500\noffload.dev/allocator rank=1 allocated=1200 reserved=1400\n";
-        assert_eq!(allocator_report(m), Some((1200, 1500)));
+        let m = "step 10 done\noffload.dev/allocator rank=0 allocated=1000 reserved=1500 step_ms=2021.5 steps=3\noffload.dev/allocator rank=1 allocated=1200 reserved=1400 step_ms=2100.0 steps=3\n";
+        assert_eq!(
+            allocator_report(m),
+            Some(AllocatorReport {
+                allocated: 1200,
+                reserved: 1500,
+                step_seconds: Some(2.1),
+            }),
+            "the highest memory, the slowest rank's step"
+        );
+        // A step time out of bounds is not read; the memory figures of its line stay.
+        for bad in [
+            "step_ms=-3",
+            "step_ms=NaN",
+            "step_ms=inf",
+            "step_ms=1e12",
+            "step_ms=0",
+        ] {
+            let r = allocator_report(&format!(
+                "offload.dev/allocator rank=0 allocated=1000 reserved=1500 {bad} steps=3"
+            ));
+            assert_eq!(
+                r,
+                Some(AllocatorReport {
+                    allocated: 1000,
+                    reserved: 1500,
+                    step_seconds: None,
+                }),
+                "{bad}"
+            );
+        }
+        // A report without a step (too few iterations timed) keeps another rank's.
+        let one = "offload.dev/allocator rank=0 allocated=1000 reserved=1500\noffload.dev/allocator rank=1 allocated=900 reserved=1000 step_ms=500 steps=2";
+        assert_eq!(
+            allocator_report(one).and_then(|r| r.step_seconds),
+            Some(0.5)
+        );
         assert_eq!(
             allocator_report("offload.dev/allocator rank=0 allocated=x"),
             None

@@ -117,6 +117,8 @@ pub struct RanRecord {
     pub activations: f64,
     /// That factor is PyTorch's allocator's own figure (what the run needed).
     pub allocator: bool,
+    /// Its median training step, seconds, as its processes timed it (where they reported one).
+    pub step_seconds: Option<f64>,
     /// When (RFC 3339).
     pub at: jiff::Timestamp,
 }
@@ -200,6 +202,11 @@ pub struct Run {
     /// It tried a configuration faster than any that had trained for its shape.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub trial: bool,
+    /// Its median training step after the first, seconds, as its slowest process timed it
+    /// (the operator's reporter): what ranks configurations that trained where the memory
+    /// model's order (less offloaded is faster) is not what ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_seconds: Option<f64>,
     /// When it was last observed (RFC 3339).
     pub at: String,
 }
@@ -281,6 +288,16 @@ impl Run {
         {
             return Err(LearnedError::Impossible(format!(
                 "run of {} shows {p} parameters",
+                self.job
+            )));
+        }
+        if let Some(step) = self.step_seconds
+            && !(step.is_finite()
+                && step > 0.0
+                && step * 1000.0 <= offload_api::observed::MAX_STEP_MS)
+        {
+            return Err(LearnedError::Impossible(format!(
+                "run of {} steps in {step} s (from 0 to a day)",
                 self.job
             )));
         }
@@ -447,6 +464,7 @@ impl LearnedMemory {
                     trial: r.trial,
                     activations: r.activations,
                     allocator: r.allocator,
+                    step_seconds: r.step_seconds,
                     at: r.at.parse().ok()?,
                 })
             })
@@ -491,7 +509,8 @@ impl LearnedMemory {
                     }
                     || old.failed != run.failed
                     || old.trained != run.trained
-                    || old.ran_as != run.ran_as;
+                    || old.ran_as != run.ran_as
+                    || old.step_seconds != run.step_seconds && run.step_seconds.is_some();
                 // The same job's figures only rise over its run: keep the higher; but the
                 // allocator's own figure is what the run needed, and replaces the device's
                 // upper bound (never the other way round).
@@ -513,6 +532,8 @@ impl LearnedMemory {
                     trained: (old.trained || run.trained) && !(old.failed || run.failed),
                     trial: old.trial || run.trial,
                     ran_as: run.ran_as.or(old.ran_as),
+                    // A later window without the reporter's figures keeps the run's step.
+                    step_seconds: run.step_seconds.or(old.step_seconds),
                     parameters: match (old.parameters, run.parameters) {
                         (Some(a), Some(b)) => Some(a.max(b)),
                         (a, b) => a.or(b),

@@ -51,6 +51,8 @@ pub struct Observed {
     /// where the decision sized the job: a job edited since (its model's config, its tokens,
     /// its parameters) ran the old shape, and its run teaches the new one nothing.
     pub decided_shape: Option<String>,
+    /// Its median training step after the first, seconds, as its processes reported it.
+    pub step_seconds: Option<f64>,
 }
 
 /// A run's lesson, to be recorded under `shape`.
@@ -74,6 +76,8 @@ pub struct Lesson {
     pub trained: bool,
     /// It was a trial of a faster configuration.
     pub trial: bool,
+    /// Its median training step, seconds, where reported.
+    pub step_seconds: Option<f64>,
     /// The lesson in a sentence.
     pub sentence: String,
 }
@@ -91,6 +95,7 @@ impl Lesson {
             ran_as: Some(self.ran_as),
             trained: self.trained && !failed,
             trial: self.trial,
+            step_seconds: self.step_seconds,
             at: at.to_string(),
         }
     }
@@ -228,6 +233,9 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
         },
         trained: obs.trained && obs.failed.is_none(),
         trial: obs.trial,
+        step_seconds: obs.step_seconds.filter(|s| {
+            s.is_finite() && *s > 0.0 && *s * 1000.0 <= offload_api::observed::MAX_STEP_MS
+        }),
         sentence: said.sentence(obs),
     }))
 }
@@ -342,7 +350,7 @@ impl Said<'_> {
             None => String::new(),
         };
         format!(
-            "{} with {} peaked at {} of GPU memory ({allocator}; the model estimated {} with the CUDA context){host_said}: activations ×{:.2}{}{}{}",
+            "{} with {} peaked at {} of GPU memory ({allocator}; the model estimated {} with the CUDA context){host_said}: activations ×{:.2}{}{}{}{}",
             if obs.failed.is_some() {
                 "ran out of memory"
             } else {
@@ -362,6 +370,10 @@ impl Said<'_> {
             self.parameters.map_or(String::new(), |p| format!(
                 "; without model hints, its peaks show at most {:.2}B parameters",
                 p / 1e9
+            )),
+            obs.step_seconds.map_or(String::new(), |t| format!(
+                "; a step took {:.0} ms (the median after the first)",
+                t * 1000.0
             )),
         )
     }

@@ -54,9 +54,26 @@ fn placement_of(r: &RanAs) -> Placement {
     Placement::from_state(r.placement, r.ratio)
 }
 
-/// The fastest configuration that trained and never ran out of memory in another run.
+/// A configuration whose steps took this much longer than another's is slower: two runs of one
+/// configuration on one GPU differ by less.
+pub const STEP_NOISE: f64 = 0.03;
+
+/// The mean of the steps timed for `r`'s configuration among `records`, seconds.
+fn step_of(records: &[&RanRecord], r: &RanRecord) -> Option<f64> {
+    let steps: Vec<f64> = records
+        .iter()
+        .filter(|o| o.trained && o.ran_as.same_placement(&r.ran_as))
+        .filter_map(|o| o.step_seconds)
+        .collect();
+    #[allow(clippy::cast_precision_loss)]
+    (!steps.is_empty()).then(|| steps.iter().sum::<f64>() / steps.len() as f64)
+}
+
+/// The fastest configuration that trained and never ran out of memory in another run: the
+/// least offloaded, unless the steps its runs timed are slower, beyond [`STEP_NOISE`], than
+/// another's that trained (then that one, the latest of its runs).
 fn proven<'a>(records: &[&'a RanRecord], allowed: &Allowed) -> Option<&'a RanRecord> {
-    records
+    let trained: Vec<&RanRecord> = records
         .iter()
         .copied()
         .filter(|r| r.trained)
@@ -65,7 +82,59 @@ fn proven<'a>(records: &[&'a RanRecord], allowed: &Allowed) -> Option<&'a RanRec
                 .iter()
                 .any(|f| f.failed && f.ran_as.same_placement(&r.ran_as))
         })
-        .min_by_key(|r| allowed.speed_rank(placement_of(&r.ran_as)))
+        .collect();
+    let by_rank = trained
+        .iter()
+        .copied()
+        .min_by_key(|r| allowed.speed_rank(placement_of(&r.ran_as)))?;
+    let Some(its) = step_of(records, by_rank) else {
+        return Some(by_rank);
+    };
+    trained
+        .iter()
+        .filter_map(|r| Some((*r, step_of(records, r)?)))
+        .filter(|(_, t)| *t < its * (1.0 - STEP_NOISE))
+        .min_by(|a, b| a.1.total_cmp(&b.1).then(b.0.at.cmp(&a.0.at)))
+        .map_or(Some(by_rank), |(r, _)| Some(r))
+}
+
+/// The configurations that trained, faster by the memory model's order than `best`, whose steps
+/// were slower than `best`'s beyond [`STEP_NOISE`]: with their steps, `best`'s, in seconds.
+fn measured_slower(
+    records: &[&RanRecord],
+    allowed: &Allowed,
+    best: &RanRecord,
+) -> Vec<(Placement, f64, f64)> {
+    let Some(its) = step_of(records, best) else {
+        return Vec::new();
+    };
+    let rank = allowed.speed_rank(placement_of(&best.ran_as));
+    let mut out: Vec<(Placement, f64, f64)> = Vec::new();
+    for r in records.iter().filter(|r| r.trained) {
+        let p = placement_of(&r.ran_as);
+        if allowed.speed_rank(p) < rank
+            && !out.iter().any(|(q, ..)| same(*q, p))
+            && let Some(t) = step_of(records, r)
+            && t * (1.0 - STEP_NOISE) > its
+        {
+            out.push((p, t, its));
+        }
+    }
+    out
+}
+
+/// `slower` (from [`measured_slower`]) in words.
+fn slower_words(ran: Placement, slower: &[(Placement, f64, f64)]) -> String {
+    let others = slower
+        .iter()
+        .map(|(p, t, _)| format!("{p} at {:.0} ms", t * 1000.0))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let its = slower.first().map_or(0.0, |s| s.2);
+    format!(
+        "{ran} stepped in {:.0} ms, faster than {others}, which trained too (the steps its processes timed, the median after the first)",
+        its * 1000.0
+    )
 }
 
 /// Whether two placements are the same configuration (shares within half a percent).
@@ -165,6 +234,7 @@ pub(super) fn apply(
         );
         return where_host_fits(jm, cm, ran, note).map_or(choice, Ok);
     }
+    let stepped_slower = measured_slower(&records, allowed, best);
     let choice = if slower {
         let note = format!(
             "{ran} trained for this job shape on these GPUs ({when}, needing about {need} of each): what trained fits, so the decision offloads no more than it, whatever the model's figures say"
@@ -173,15 +243,41 @@ pub(super) fn apply(
             Some(c) => Ok(c),
             None => return choice,
         }
+    } else if faster_untried && !stepped_slower.is_empty() {
+        // Less offloaded is not faster here: what ran says so.
+        match where_host_fits(jm, cm, ran, keeps_to(ran, &when, &need, &stepped_slower)) {
+            Some(c) => Ok(c),
+            None => return choice,
+        }
     } else {
         choice
     };
     match choice {
         Ok(c) if !ran_out && same(c.placement, ran) => {
-            Ok(trial(jm, cm, allowed, &records, best).unwrap_or(c))
+            if let Some(t) = trial(jm, cm, allowed, &records, best, &stepped_slower) {
+                Ok(t)
+            } else if stepped_slower.is_empty() || c.proven {
+                Ok(c)
+            } else {
+                // The model's own choice, said as what ran: the faster rung trained slower.
+                Ok(choice_of(
+                    jm,
+                    cm,
+                    ran,
+                    keeps_to(ran, &when, &need, &stepped_slower),
+                ))
+            }
         }
         other => other,
     }
+}
+
+/// Why the decision keeps to `ran`, which stepped faster than the less offloaded `slower`.
+fn keeps_to(ran: Placement, when: &str, need: &str, slower: &[(Placement, f64, f64)]) -> String {
+    format!(
+        "{}: the decision keeps to the fastest configuration that ran ({when}, needing about {need} of each GPU), rather than one the model ranks faster",
+        slower_words(ran, slower)
+    )
 }
 
 /// The choice of `ran` (a configuration that trained) with `note`; `None` where its host
@@ -199,23 +295,27 @@ fn where_host_fits(
 }
 
 /// A trial of a rung faster than `best` (the fastest that trained), where the policy and the
-/// runs' own figures allow one.
+/// runs' own figures allow one, never as far as a configuration that ran out or one that
+/// trained slower than `best` (`stepped_slower`).
 fn trial(
     jm: &JobMemory,
     cm: &ClassMemory,
     allowed: &Allowed,
     records: &[&RanRecord],
     best: &RanRecord,
+    stepped_slower: &[(Placement, f64, f64)],
 ) -> Option<MemoryChoice> {
     let made = records.iter().filter(|r| r.trial).count();
     if allowed.trials == 0 || made >= allowed.trials as usize {
         return None;
     }
     let ran = placement_of(&best.ran_as);
+    // What ran out, and what trained slower than `best`, bound how far a trial goes.
     let failed: Vec<Placement> = records
         .iter()
         .filter(|r| r.failed)
         .map(|r| placement_of(&r.ran_as))
+        .chain(stepped_slower.iter().map(|s| s.0))
         .collect();
     // The largest need a run that trained showed, as it showed it. A run that ran out shows
     // only a lower bound of its own configuration's need: it bounds how far a trial goes.

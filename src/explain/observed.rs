@@ -392,6 +392,7 @@ fn learn(
         trained: ev.trained,
         trial: res.trial.is_some(),
         decided_shape: res.memory.as_ref().map(|m| m.shape.clone()),
+        step_seconds: ev.pod.step_seconds.filter(|_| ev.trained),
     };
     let config_of = inputs.user_config(tj);
     let model = inputs.model_config(tj);

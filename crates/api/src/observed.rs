@@ -104,27 +104,69 @@ pub struct PodObservation {
     /// what the job needed, where `gpuMemoryPeakBytes` also counts the allocator's cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocator_peak_bytes: Option<u64>,
+    /// The median time of the pod's training iterations after its first, seconds, as its
+    /// slowest training process timed them (the operator's reporter): what a faster
+    /// configuration is measured by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_seconds: Option<f64>,
 }
 
-/// What each line of the operator's reporter of PyTorch's memory figures starts with: one line
-/// per process, at its exit, `offload.dev/allocator rank=R allocated=BYTES reserved=BYTES`.
+/// What each line of the operator's reporter of PyTorch's figures starts with: one line per
+/// process, at its exit, `offload.dev/allocator rank=R allocated=BYTES reserved=BYTES`, then
+/// `step_ms=MS steps=N` where the process timed at least one training iteration after its first.
 pub const ALLOCATOR_MARK: &str = "offload.dev/allocator";
 
-/// The highest of the reporter's lines in `text` (a termination message, a report file):
-/// `(allocated, reserved)` in bytes; `None` where it holds none that read.
-pub fn allocator_report(text: &str) -> Option<(u64, u64)> {
+/// Longest training iteration a report may give, milliseconds (a day); a longer one is not read.
+pub const MAX_STEP_MS: f64 = 86_400_000.0;
+
+/// What the reporter's lines of one run say, over all its processes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AllocatorReport {
+    /// The highest `torch.cuda.max_memory_allocated()`, bytes.
+    pub allocated: u64,
+    /// The highest `torch.cuda.max_memory_reserved()`, bytes.
+    pub reserved: u64,
+    /// The slowest process's median training iteration (the job steps at its slowest rank's
+    /// pace), seconds; `None` where no process timed one.
+    pub step_seconds: Option<f64>,
+}
+
+/// The reporter's lines in `text` (a termination message, a report file), read together;
+/// `None` where it holds none that read. A figure out of bounds drops its line (a step time
+/// alone: the memory figures stay).
+pub fn allocator_report(text: &str) -> Option<AllocatorReport> {
     text.lines()
         .filter_map(|l| l.trim().strip_prefix(ALLOCATOR_MARK))
         .filter_map(|rest| {
-            let field = |name: &str| {
-                rest.split_whitespace()
-                    .find_map(|w| w.strip_prefix(name))
-                    .and_then(|v| v.parse::<u64>().ok())
-            };
-            Some((field("allocated=")?, field("reserved=").unwrap_or(0)))
+            let field = |name: &str| rest.split_whitespace().find_map(|w| w.strip_prefix(name));
+            let bytes = |name: &str| field(name).and_then(|v| v.parse::<u64>().ok());
+            let step_ms = field("step_ms=")
+                .and_then(|v| v.parse::<f64>().ok())
+                .filter(|ms| ms.is_finite() && *ms > 0.0 && *ms <= MAX_STEP_MS);
+            Some(AllocatorReport {
+                allocated: bytes("allocated=")?,
+                reserved: bytes("reserved=").unwrap_or(0),
+                step_seconds: step_ms.map(|ms| ms / 1000.0),
+            })
         })
-        .filter(|(a, r)| *a > 0 && *a < 1 << 50 && *r < 1 << 50)
-        .reduce(|x, y| (x.0.max(y.0), x.1.max(y.1)))
+        .filter(|r| r.allocated > 0 && r.allocated < 1 << 50 && r.reserved < 1 << 50)
+        .reduce(AllocatorReport::together)
+}
+
+impl AllocatorReport {
+    /// Two processes' (or pods') reports as one job's: the highest memory figures, the slowest
+    /// step.
+    #[must_use]
+    pub fn together(self, other: AllocatorReport) -> AllocatorReport {
+        AllocatorReport {
+            allocated: self.allocated.max(other.allocated),
+            reserved: self.reserved.max(other.reserved),
+            step_seconds: match (self.step_seconds, other.step_seconds) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            },
+        }
+    }
 }
 
 /// How far after the reader's clock an observed window may end (the node's clock ahead).
@@ -347,7 +389,8 @@ impl ObservedSummary {
     }
 
     /// Rejects what no agent writes: fractions outside 0..1, a window that is not positive or
-    /// longer than [`MAX_WINDOW_SECONDS`], negative CPU, a pod with no samples, more than
+    /// longer than [`MAX_WINDOW_SECONDS`], negative CPU, a step time not within a day, a pod
+    /// with no samples, more than
     /// [`MAX_PODS`] pods, a pod or a GPU listed twice, more than [`MAX_GPUS`] GPUs, an
     /// unreadable time.
     pub fn check(&self) -> Result<(), ObservedError> {
@@ -412,6 +455,15 @@ impl ObservedSummary {
             }
             if pod.gpus.is_empty() {
                 return impossible(format!("pod {}/{} holds no GPU", pod.namespace, pod.name));
+            }
+            if pod
+                .step_seconds
+                .is_some_and(|s| !(s.is_finite() && s > 0.0 && s * 1000.0 <= MAX_STEP_MS))
+            {
+                return impossible(format!(
+                    "pod {}/{} steps in {:?} s (from 0 to a day)",
+                    pod.namespace, pod.name, pod.step_seconds
+                ));
             }
             check_memory(pod)?;
         }
@@ -551,6 +603,7 @@ mod tests {
                 host_memory_peak_bytes: Some(90 << 30),
                 host_memory_source: Some(HostMemorySource::CgroupMaxUsage),
                 allocator_peak_bytes: None,
+                step_seconds: None,
             }],
         }
     }

@@ -23,7 +23,7 @@ use offload_api::v1alpha1::{
 /// What a run of the job teaches later decisions of its shape: a new window of its peaks, the
 /// end of a workload that succeeded (its configuration fits), and what the training processes
 /// reported of PyTorch's own figures at exit (what the run needed, which replaces the device's
-/// upper bound).
+/// upper bound, and how long its steps took).
 async fn learn_from_run(
     tj: &TrainingJob,
     ctx: &Context,
@@ -45,9 +45,11 @@ async fn learn_from_run(
     {
         super::learn::learn(tj, ctx, &obs).await;
     }
-    if let Some(allocated) = super::recovery::reported_allocation(ctx, tj, job)
-        && let Some(obs) = super::learn::observed(ctx, d, o, None, Some(allocated), trained)
+    if let Some(report) = super::recovery::reported_allocation(ctx, tj, job)
+        && let Some(mut obs) =
+            super::learn::observed(ctx, d, o, None, Some(report.allocated), trained)
     {
+        obs.step_seconds = report.step_seconds;
         super::learn::learn(tj, ctx, &obs).await;
     }
 }

@@ -65,6 +65,7 @@ pub(super) fn observed(
         trained: trained && failed.is_none(),
         trial: d.trial.is_some(),
         decided_shape: d.estimate.as_ref().and_then(|e| e.shape.clone()),
+        step_seconds: None,
     })
 }
 

@@ -48,9 +48,14 @@ pub(super) fn unrecorded_failure(
     })
 }
 
-/// The highest of PyTorch's own figures (`max_memory_allocated`, bytes) that the training
-/// containers of `job`'s pods reported at exit (the profile's `reportAllocatorPeaks`), if any.
-pub(super) fn reported_allocation(ctx: &Context, tj: &TrainingJob, job: &Job) -> Option<u64> {
+/// What the training containers of `job`'s pods reported at exit (the profile's
+/// `reportAllocatorPeaks`), read together: the highest of PyTorch's own figures
+/// (`max_memory_allocated`, bytes) and the slowest median step, if any.
+pub(super) fn reported_allocation(
+    ctx: &Context,
+    tj: &TrainingJob,
+    job: &Job,
+) -> Option<crate::decision::evidence::AllocatorReport> {
     let store = ctx.pods.as_ref()?;
     let uid = job.metadata.uid.as_deref()?;
     let ns = tj.namespace().unwrap_or_default();
@@ -77,10 +82,9 @@ pub(super) fn reported_allocation(ctx: &Context, tj: &TrainingJob, job: &Job) ->
                         .or_else(|| c.last_state.as_ref().and_then(|s| s.terminated.as_ref()))?;
                     crate::decision::evidence::allocator_report(t.message.as_deref()?)
                 })
-                .map(|(allocated, _)| allocated)
                 .collect::<Vec<_>>()
         })
-        .max()
+        .reduce(crate::decision::evidence::AllocatorReport::together)
 }
 
 /// The name of the job's training container (the first that asks for GPUs, else the first):

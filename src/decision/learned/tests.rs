@@ -19,6 +19,7 @@ fn run(job: &str, a: f64, h: Option<f64>, at: &str) -> Run {
         ran_as: None,
         trained: false,
         trial: false,
+        step_seconds: None,
         at: at.into(),
     }
 }

@@ -42,6 +42,7 @@ fn observe(job: &JobRequest, res: &Resolution, gpu_peak: u64, host_peak: Option<
         trained: false,
         trial: false,
         decided_shape: res.memory.as_ref().map(|m| m.shape.clone()),
+        step_seconds: None,
     }
 }
 
@@ -136,6 +137,7 @@ fn a_run_teaches_only_the_shape_it_was_decided_for() {
     // A decision that sized no shape (no hints) checks nothing.
     let unchecked = Observed {
         decided_shape: None,
+        step_seconds: None,
         ..obs
     };
     assert!(lesson(&edited, &unchecked).unwrap().is_some());

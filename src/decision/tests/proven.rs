@@ -65,6 +65,19 @@ fn run(
     failed: bool,
     who: &str,
 ) {
+    run_timed(store, job, res, needed, failed, who, None);
+}
+
+/// [`run`], its processes having timed its steps at `step_seconds` (the reporter's median).
+fn run_timed(
+    store: &mut LearnedMemory,
+    job: &JobRequest,
+    res: &Resolution,
+    needed: u64,
+    failed: bool,
+    who: &str,
+    step_seconds: Option<f64>,
+) {
     let obs = Observed {
         placement: res.placement,
         class: NodeClass::Discrete,
@@ -76,6 +89,7 @@ fn run(
         trained: !failed,
         trial: res.trial.is_some(),
         decided_shape: res.memory.as_ref().map(|m| m.shape.clone()),
+        step_seconds,
     };
     let l = lesson(job, &obs).unwrap().expect("a lesson");
     l.record(store, "default", obs.class, l.run(who, failed, now()))
@@ -440,4 +454,76 @@ fn a_trial_spends_the_allocators_room_and_a_failure_there_bounds_every_later_tri
         "{r3} after {r2} ran out and {r1} trained: {}",
         later.summary()
     );
+}
+
+/// A trial that trains but steps slower than the configuration it left (beyond the noise) is
+/// not what later jobs start from: they go back to the faster one, say why with both steps, and
+/// no later trial goes as far. One within the noise is kept (less offloaded is faster).
+#[test]
+fn a_trial_that_trains_slower_is_left_and_bounds_every_later_trial() {
+    let profile = profile();
+    let (base, _, second) = ran_out_then_trained(&profile);
+    let r2 = share(&second);
+    let needed = second.memory.as_ref().unwrap().gpu_bytes - 5 * GIB;
+    let mut timed = base.clone();
+    // The run that trained, its steps timed this time (the same job's run: its figures merge).
+    run_timed(
+        &mut timed,
+        &job(),
+        &second,
+        needed,
+        false,
+        "ns/train/1",
+        Some(2.0),
+    );
+    let third = decide(&new_job(2), &timed, &profile);
+    let r3 = share(&third);
+    assert!(third.trial.is_some() && r3 < r2, "{}", third.summary());
+    let trial_needed = {
+        let m = third.memory.as_ref().unwrap();
+        m.gpu_bytes.min(m.gpu_budget_bytes) - GIB
+    };
+
+    for (step, kept) in [(2.3, false), (2.04, true)] {
+        let mut store = timed.clone();
+        run_timed(
+            &mut store,
+            &job(),
+            &third,
+            trial_needed,
+            false,
+            "ns/train/2",
+            Some(step),
+        );
+        // One trial allowed: none is left, so the decision is what ran fastest.
+        let one = OffloadProfileSpec {
+            faster_trials: 1,
+            ..profile.clone()
+        };
+        let next = decide(&new_job(3), &store, &one);
+        assert!(next.trial.is_none(), "{}", next.summary());
+        let expected = if kept { r3 } else { r2 };
+        assert!(
+            (share(&next) - expected).abs() < 1e-9,
+            "trial step {step}: {} (expected {expected}): {}",
+            share(&next),
+            next.summary()
+        );
+        let why = reason(&next, Field::OffloadRatio);
+        assert_eq!(
+            why.contains("stepped in 2000 ms, faster than") && why.contains("2300 ms"),
+            !kept,
+            "{why}"
+        );
+        // With trials left, a later one stays short of the share that stepped slower.
+        let later = decide(&new_job(4), &store, &profile);
+        if !kept {
+            assert!(
+                share(&later) >= r3 + TRIAL_STEP - 1e-9 && share(&later) <= r2 + 1e-9,
+                "{r3} < {} <= {r2}: {}",
+                share(&later),
+                later.summary()
+            );
+        }
+    }
 }

@@ -75,6 +75,7 @@ fn window(node: &str, i: usize, round: u64) -> Result<String> {
             host_memory_peak_bytes: Some(20 * GIB + round * GIB),
             host_memory_source: Some(HostMemorySource::CgroupPeak),
             allocator_peak_bytes: None,
+            step_seconds: None,
         }],
     }
     .to_annotation()?)
