@@ -101,10 +101,12 @@ try:
 except Exception:
     s = {}
 g = lambda b: "%.1f GiB" % (b / 2**30) if isinstance(b, (int, float)) else "-"
-print("exit %s after %.0f s; NVML GPU peak %s of %s, host peak %s (%s); step median %s ms; torch peak allocated %s (the reporter: %s)" % (
+t = p.get("stepSeconds")
+print("exit %s after %.0f s; NVML GPU peak %s of %s, host peak %s (%s); step median %s ms (the reporter: %s); torch peak allocated %s (the reporter: %s)" % (
     r.get("exitCode", "signal %s" % r.get("signal")), r["seconds"], g(p.get("gpuMemoryPeakBytes")),
     g(p.get("gpuMemoryTotalBytes")), g(p.get("hostMemoryPeakBytes")), p.get("hostMemorySource"),
-    s.get("medianMs", "-"), g(s.get("peakGpuBytes")), g(p.get("allocatorPeakBytes"))))
+    s.get("medianMs", "-"), "%.0f ms" % (t * 1000) if isinstance(t, (int, float)) else "-",
+    g(s.get("peakGpuBytes")), g(p.get("allocatorPeakBytes"))))
 EOF
 )"
     observed+=(--observed "$run")

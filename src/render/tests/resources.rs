@@ -281,3 +281,113 @@ fn the_allocator_reporter_reports_however_the_process_ends() {
         );
     }
 }
+
+/// The reporter times training iterations through the hooks of the `torch` a process imports
+/// (a stand-in package on disk, named as such: it imports through the reporter's finder as the
+/// real one does, and a stand-in clock makes the times exact): an iteration starts at the first
+/// module forward after an optimizer step, so micro-batches and an optimizer stepped in parts
+/// count once; the first is warm-up, and a run of it alone gives no step.
+#[test]
+fn the_allocator_reporter_times_iterations_once_torch_is_imported() {
+    use std::process::Command;
+    if Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .status()
+        .is_err()
+    {
+        eprintln!("skipped: no python3 on this machine");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(MEMORY_REPORT_FILE), MEMORY_REPORT).unwrap();
+    let pkg = dir.path().join("standin");
+    for (file, text) in [
+        (
+            "torch/__init__.py",
+            "import types\nfrom . import nn, optim\n\
+             cuda = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True,\n\
+                 max_memory_allocated=lambda: 7 << 30, max_memory_reserved=lambda: 8 << 30)\n",
+        ),
+        ("torch/optim/__init__.py", "from . import optimizer\n"),
+        (
+            "torch/optim/optimizer.py",
+            "_post = []\n\
+             def register_optimizer_step_post_hook(h):\n    _post.append(h)\n\
+             class Optimizer:\n    def step(self):\n        for h in _post:\n            h(self, (), {})\n",
+        ),
+        ("torch/nn/__init__.py", "from . import modules\n"),
+        ("torch/nn/modules/__init__.py", "from . import module\n"),
+        (
+            "torch/nn/modules/module.py",
+            "_pre = []\n\
+             def register_module_forward_pre_hook(h):\n    _pre.append(h)\n\
+             class Module:\n    def __call__(self, *a):\n        for h in _pre:\n            h(self, a)\n",
+        ),
+    ] {
+        let path = pkg.join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    // Iteration times in ms after a 900 ms warm-up; each: two micro-batches of forwards, the
+    // optimizer stepped in three parts.
+    let script = |iterations: &str| {
+        format!(
+            "import time\n\
+             clock = [0.0]\n\
+             time.perf_counter = lambda: clock[0]\n\
+             import torch\n\
+             m, opt = torch.nn.modules.module.Module(), torch.optim.optimizer.Optimizer()\n\
+             for ms in [900] + {iterations}:\n\
+             \x20   m(); m(); m()\n\
+             \x20   clock[0] += ms / 2000.0\n\
+             \x20   m(); m()\n\
+             \x20   clock[0] += ms / 2000.0\n\
+             \x20   opt.step(); opt.step(); opt.step()\n\
+             m()\n"
+        )
+    };
+    for (iterations, expected) in [
+        ("[2000, 2100, 1900, 2050]", Some(" step_ms=2025.0 steps=4")),
+        ("[2000, 2100, 3000]", Some(" step_ms=2100.0 steps=3")),
+        // The forward after the last step (an evaluation, here) closes its iteration.
+        ("[2000]", Some(" step_ms=2000.0 steps=1")),
+        ("[]", None),
+    ] {
+        let report = dir.path().join("report.txt");
+        let _ = std::fs::remove_file(&report);
+        let out = Command::new("python3")
+            .arg("-c")
+            .arg(script(iterations))
+            .env(
+                "PYTHONPATH",
+                format!("{}:{}", dir.path().display(), pkg.display()),
+            )
+            .env("OFFLOAD_MEMORY_REPORT", &report)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{iterations}: {out:?}");
+        let text = std::fs::read_to_string(&report).unwrap();
+        let memory = format!(
+            "{ALLOCATOR_MARK} rank=0 allocated={} reserved={}",
+            7u64 << 30,
+            8u64 << 30
+        );
+        match expected {
+            Some(step) => assert_eq!(text.trim(), format!("{memory}{step}"), "{iterations}"),
+            None => assert_eq!(text.trim(), memory, "{iterations}: no step from one"),
+        }
+        let read = crate::decision::evidence::allocator_report(&text).unwrap();
+        assert_eq!(
+            read.step_seconds,
+            expected.map(|s| {
+                s.split_whitespace()
+                    .find_map(|w| w.strip_prefix("step_ms="))
+                    .unwrap()
+                    .parse::<f64>()
+                    .unwrap()
+                    / 1000.0
+            })
+        );
+    }
+}

@@ -141,7 +141,9 @@ pub struct OffloadProfileSpec {
     /// next TrainingJob of the shape tries it; a trial keeps the CUDA context and the GPU's
     /// fragmentation share but not the room a first decision keeps for the allocator beside
     /// the step's logits. Should a trial run out of GPU memory, the job goes back to the
-    /// configuration that trained, and no later trial goes as far. Each trial
+    /// configuration that trained, and no later trial goes as far. Where the runs' steps were
+    /// timed (`reportAllocatorPeaks`), a trial that trained but stepped more than 3 % slower
+    /// than the configuration it left is left too, and bounds later trials the same way. Each trial
     /// is said in the decision's reasons (`status.offload.trial`) and its Event. Only with
     /// `learnMemory`, and only for TrainingJobs (the operator recreates those after an
     /// out-of-memory). 0: never.
@@ -164,8 +166,11 @@ pub struct OffloadProfileSpec {
     /// GPU" near the limit). The operator writes a `sitecustomize.py` beside the rendered
     /// framework config and sets `PYTHONPATH` to its directory in containers whose env does not
     /// set `PYTHONPATH`; it appends one line per process to the termination log (and the last
-    /// lines of an exception that ended it). Off by default: an image whose own `ENV` sets
-    /// `PYTHONPATH` would lose it. Without it, the device's figure is learned as an upper bound.
+    /// lines of an exception that ended it), with the median time of its training iterations
+    /// after the first (an iteration starts at the first module forward after an optimizer
+    /// step), which ranks the configurations that trained (`fasterTrials`). Off by default: an
+    /// image whose own `ENV` sets `PYTHONPATH` would lose it. Without it, the device's figure
+    /// is learned as an upper bound, and configurations are ranked by the model's order alone.
     #[serde(default)]
     pub report_allocator_peaks: bool,
 
