@@ -325,7 +325,7 @@ mod tests {
 
     #[test]
     fn the_reporters_lines_give_the_highest_figures() {
-        let m = "step 10 done\noffload.dev/allocator rank=0 allocated=1000 reserved=1500 step_ms=2021.5 steps=3\noffload.dev/allocator rank=1 allocated=1200 reserved=1400 step_ms=2100.0 steps=3\n";
+        let m = "step 10 done\noffload.dev/allocator rank=0 allocated=1000 reserved=1500 step_ms=2021.5 steps=40\noffload.dev/allocator rank=1 allocated=1200 reserved=1400 step_ms=2100.0 steps=40\n";
         assert_eq!(
             allocator_report(m),
             Some(AllocatorReport {
@@ -357,7 +357,7 @@ mod tests {
             );
         }
         // A report without a step (too few iterations timed) keeps another rank's.
-        let one = "offload.dev/allocator rank=0 allocated=1000 reserved=1500\noffload.dev/allocator rank=1 allocated=900 reserved=1000 step_ms=500 steps=2";
+        let one = "offload.dev/allocator rank=0 allocated=1000 reserved=1500\noffload.dev/allocator rank=1 allocated=900 reserved=1000 step_ms=500 steps=12";
         assert_eq!(
             allocator_report(one).and_then(|r| r.step_seconds),
             Some(0.5)

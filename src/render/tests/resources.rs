@@ -348,8 +348,16 @@ fn the_allocator_reporter_times_iterations_once_torch_is_imported() {
         )
     };
     for (iterations, expected) in [
+        (
+            "[2000, 2100, 1900, 2050, 2000, 1990]",
+            Some(" step_ms=2000.0 steps=6"),
+        ),
+        (
+            "[2000, 2100, 3000, 2100, 1950]",
+            Some(" step_ms=2100.0 steps=5"),
+        ),
+        // Read by the operator only from five iterations timed.
         ("[2000, 2100, 1900, 2050]", Some(" step_ms=2025.0 steps=4")),
-        ("[2000, 2100, 3000]", Some(" step_ms=2100.0 steps=3")),
         // The forward after the last step (an evaluation, here) closes its iteration.
         ("[2000]", Some(" step_ms=2000.0 steps=1")),
         ("[]", None),
@@ -380,14 +388,16 @@ fn the_allocator_reporter_times_iterations_once_torch_is_imported() {
         let read = crate::decision::evidence::allocator_report(&text).unwrap();
         assert_eq!(
             read.step_seconds,
-            expected.map(|s| {
-                s.split_whitespace()
-                    .find_map(|w| w.strip_prefix("step_ms="))
-                    .unwrap()
-                    .parse::<f64>()
-                    .unwrap()
-                    / 1000.0
-            })
+            expected
+                .filter(|s| !s.ends_with("steps=4") && !s.ends_with("steps=1"))
+                .map(|s| {
+                    s.split_whitespace()
+                        .find_map(|w| w.strip_prefix("step_ms="))
+                        .unwrap()
+                        .parse::<f64>()
+                        .unwrap()
+                        / 1000.0
+                })
         );
     }
 }
