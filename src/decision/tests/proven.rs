@@ -458,7 +458,7 @@ fn a_trial_spends_the_allocators_room_and_a_failure_there_bounds_every_later_tri
 
 /// A trial that trains but steps slower than the configuration it left (beyond the noise) is
 /// not what later jobs start from: they go back to the faster one, say why with both steps, and
-/// no later trial goes as far. One within the noise is kept (less offloaded is faster).
+/// no later trial goes as far. One within the noise (5 %), or faster, is kept.
 #[test]
 fn a_trial_that_trains_slower_is_left_and_bounds_every_later_trial() {
     let profile = profile();
@@ -484,7 +484,7 @@ fn a_trial_that_trains_slower_is_left_and_bounds_every_later_trial() {
         m.gpu_bytes.min(m.gpu_budget_bytes) - GIB
     };
 
-    for (step, kept) in [(2.3, false), (2.04, true)] {
+    for (step, kept) in [(2.3, false), (2.08, true), (1.9, true)] {
         let mut store = timed.clone();
         run_timed(
             &mut store,

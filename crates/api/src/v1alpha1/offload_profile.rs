@@ -142,7 +142,7 @@ pub struct OffloadProfileSpec {
     /// fragmentation share but not the room a first decision keeps for the allocator beside
     /// the step's logits. Should a trial run out of GPU memory, the job goes back to the
     /// configuration that trained, and no later trial goes as far. Where the runs' steps were
-    /// timed (`reportAllocatorPeaks`), a trial that trained but stepped more than 3 % slower
+    /// timed (`reportAllocatorPeaks`), a trial that trained but stepped more than 5 % slower
     /// than the configuration it left is left too, and bounds later trials the same way. Each trial
     /// is said in the decision's reasons (`status.offload.trial`) and its Event. Only with
     /// `learnMemory`, and only for TrainingJobs (the operator recreates those after an
