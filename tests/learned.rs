@@ -2,7 +2,8 @@
 //! runs with every offload on, its pods' observed peaks (a node's recorded summary, written as
 //! the agent writes it) are learned into the operator's ConfigMap, the profile says so, the
 //! lesson survives an operator restart, and a re-run of the same job is decided from it —
-//! without offload, the fastest configuration. Deleting the ConfigMap forgets it.
+//! without offload, the fastest configuration. Deleting the ConfigMap forgets it. And the steps
+//! the reporter timed rank what trained: a faster share that stepped slower is left.
 
 use offload_testenv::support;
 
@@ -238,4 +239,195 @@ async fn what_a_run_used_is_learned_survives_a_restart_and_decides_its_rerun() {
     .await;
     token.cancel();
     second.await.unwrap().unwrap();
+}
+
+/// A window of a pod's peaks as the agent writes it: `gpu` bytes of GPU memory (NVML's device
+/// figure), `host` bytes of host memory.
+fn window_of(node: &str, ns: &str, pod: &str, job: &str, gpu: u64, host: u64) -> String {
+    let mut summary: ObservedSummary =
+        serde_json::from_str(&window(node, ns, pod, job, host)).unwrap();
+    summary.pods[0].gpu_memory_peak_bytes = Some(gpu);
+    summary.to_annotation().unwrap()
+}
+
+/// A one-pod job of Mistral-7B's shape (40 layers, 4,096 tokens a step) whose pod kwok completes
+/// with the reporter's line `report` as its termination message, or `trial_report` where the pod
+/// is a trial (a stand-in for the training process, named as such).
+fn reported_job(name: &str, profile: &str, report: &str, trial_report: &str) -> TrainingJob {
+    let mut tj = support::controller::training_job(
+        name,
+        profile,
+        json!({"name": "DeepSpeed", "version": "0.19.8"}),
+        json!({"replicas": 1, "backoffLimit": 0, "model": {"architecture": "Llama", "hiddenSize": 4096,
+            "layers": 40, "intermediateSize": 14336, "attentionHeads": 32, "keyValueHeads": 8,
+            "vocabSize": 32000, "tokensPerStep": 4096}}),
+    );
+    tj.spec.template.metadata = Some(
+        serde_json::from_value(json!({"annotations": {
+            "offload.dev/kwok-report": report,
+            "offload.dev/kwok-report-trial": trial_report,
+        }}))
+        .unwrap(),
+    );
+    tj
+}
+
+/// The loop ranks what trained by the steps its processes timed, through the real API server:
+/// a job's pod trains and reports PyTorch's peak and a 2,000 ms step (the reporter's line in its
+/// termination message); the next job of the shape takes a faster share, which trains but
+/// steps in 2,300 ms; the job after it goes back to the first share and says why with both
+/// steps. The learned ConfigMap keeps each run's step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_faster_share_that_trains_slower_is_left_for_the_configuration_that_stepped_faster() {
+    let cluster = cluster(ClusterOptions::full());
+    let client = client(cluster).await;
+    apply_crds(&client).await;
+    let ns = namespace(&client, "stepped").await;
+    let node = format!("{ns}-h200");
+    Api::<Node>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &reported_node(&node, fixtures::H200_READING, &ns),
+        )
+        .await
+        .unwrap();
+    Api::<OffloadProfile>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &pool_profile(
+                &ns,
+                &ns,
+                json!({"reportAllocatorPeaks": true, "fasterTrials": 1}),
+            ),
+        )
+        .await
+        .unwrap();
+    let (token, operator) = start_operator(&client, &ns);
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let line = |allocated: u64, step_ms: u32| {
+        format!(
+            "offload.dev/allocator rank=0 allocated={allocated} reserved={} step_ms={step_ms}.0 steps=40",
+            allocated + GIB
+        )
+    };
+    // The shape's first decision, by the model alone: a share of the optimizer state.
+    let probe = |name: &str| reported_job(name, &ns, "", "");
+    api.create(&PostParams::default(), &probe("probe"))
+        .await
+        .unwrap();
+    let decided = wait_for_condition(&api, "probe", "OffloadResolved", "True").await;
+    let first_offload = decided.status.unwrap().offload.unwrap();
+    assert_eq!(
+        first_offload.placement,
+        Some(StatePlacement::PartialOptimizer)
+    );
+    let r0 = first_offload.offload_ratio;
+    let estimate = u64::try_from(first_offload.estimate.unwrap().gpu_bytes).unwrap();
+    api.delete("probe", &DeleteParams::foreground())
+        .await
+        .unwrap();
+
+    // Each run: its pod completes with the reporter's line; the agent's window of its peaks.
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let run = |name: &'static str, report: String, trial_report: String, gpu: u64| {
+        let (api, client, ns, node, cms) = (
+            api.clone(),
+            client.clone(),
+            ns.clone(),
+            node.clone(),
+            cms.clone(),
+        );
+        async move {
+            api.create(
+                &PostParams::default(),
+                &reported_job(name, &ns, &report, &trial_report),
+            )
+            .await
+            .unwrap();
+            let pod = bound_pod(&client, &ns, name).await;
+            annotate(
+                &client,
+                &node,
+                &window_of(&node, &ns, &pod, name, gpu, 60 * GIB),
+            )
+            .await;
+            let tj = wait_list(
+                api.clone(),
+                kube::runtime::watcher::Config::default().fields(&format!("metadata.name={name}")),
+                &format!("{name} succeeded"),
+                Duration::from_secs(60),
+                |jobs| {
+                    let tj = jobs.first()?;
+                    (tj.status.as_ref()?.phase == Some(offload_api::v1alpha1::JobPhase::Succeeded))
+                        .then(|| TrainingJob::clone(tj))
+                },
+            )
+            .await;
+            poll(
+                &format!("{name}'s step learned"),
+                Duration::from_secs(60),
+                || async {
+                    let cm = cms.get_opt("offload-operator-learned").await.ok()??;
+                    let text = cm.data?.get("memory.json")?.clone();
+                    let store: serde_json::Value = serde_json::from_str(&text).ok()?;
+                    store["entries"]
+                        .as_array()?
+                        .iter()
+                        .flat_map(|e| e["runs"].as_array().into_iter().flatten())
+                        .any(|r| {
+                            r["job"]
+                                .as_str()
+                                .is_some_and(|j| j.contains(&format!("/{name}/")))
+                                && r["trained"] == true
+                                && r["stepSeconds"].is_number()
+                        })
+                        .then_some(())
+                },
+            )
+            .await;
+            tj
+        }
+    };
+    let allocated = estimate - 3 * GIB;
+    let first = run(
+        "first",
+        line(allocated, 2000),
+        String::new(),
+        allocated + 4 * GIB,
+    )
+    .await;
+    let ran = first.status.unwrap().offload.unwrap();
+    assert!((ran.offload_ratio - r0).abs() < 1e-9, "{ran:?}");
+    assert!(ran.trial.is_none());
+
+    // The next job of the shape takes a faster share (the model's own from the first run's
+    // figures, or a trial: its pod reports the same either way); it trains, 15 % slower.
+    let slower = line(allocated + GIB, 2300);
+    let second = run("second", slower.clone(), slower, allocated + 5 * GIB).await;
+    let tried = second.status.unwrap().offload.unwrap();
+    assert!(
+        tried.offload_ratio < r0 - 0.005,
+        "{} after {r0}",
+        tried.offload_ratio
+    );
+
+    // The job after it goes back to what stepped faster, and says why.
+    api.create(&PostParams::default(), &reported_job("third", &ns, "", ""))
+        .await
+        .unwrap();
+    let third = wait_for_condition(&api, "third", "OffloadResolved", "True").await;
+    let back = third.status.unwrap().offload.unwrap();
+    assert!(
+        (back.offload_ratio - r0).abs() < 1e-9,
+        "back to {r0}: {back:?}"
+    );
+    assert!(back.trial.is_none());
+    let why: Vec<&str> = back.reasons.iter().map(|r| r.message.as_str()).collect();
+    assert!(
+        why.iter()
+            .any(|m| m.contains("stepped in 2000 ms, faster than") && m.contains("at 2300 ms")),
+        "{why:?}"
+    );
+    token.cancel();
+    operator.await.unwrap().unwrap();
 }

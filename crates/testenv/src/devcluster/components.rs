@@ -237,6 +237,12 @@ impl DevCluster {
         fs::write(&oom, include_str!("../../kwok/pod-out-of-memory.yaml"))
             .map_err(io_err("writing kwok's out-of-memory stages"))?;
         configs.push(format!("--config={}", oom.display()));
+        // Pods annotated offload.dev/kwok-report complete with that text as their termination
+        // message, as the operator's reporter writes it (a stand-in as well).
+        let reported = self.root.join("kwok-pod-reported.yaml");
+        fs::write(&reported, include_str!("../../kwok/pod-reported.yaml"))
+            .map_err(io_err("writing kwok's reported-completion stages"))?;
+        configs.push(format!("--config={}", reported.display()));
         let port = free_port()?;
         let mut args = vec![
             format!("--kubeconfig={}", self.kubeconfig.display()),
