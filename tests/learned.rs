@@ -428,6 +428,8 @@ async fn a_faster_share_that_trains_slower_is_left_for_the_configuration_that_st
             .any(|m| m.contains("stepped in 2000 ms, faster than") && m.contains("at 2300 ms")),
         "{why:?}"
     );
+    let shown = kubectl(cluster, &["get", "trainingjobs", "third", "-n", &ns]);
+    assert!(shown.contains("2000 ms a step;"), "{shown}");
     token.cancel();
     operator.await.unwrap().unwrap();
 }

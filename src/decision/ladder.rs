@@ -29,6 +29,9 @@ pub(super) struct MemoryChoice {
     /// Set where the placement is a trial of a rung faster than the fastest that trained for
     /// the shape.
     pub(super) trial: Option<Trial>,
+    /// Where what trained was ranked by its steps over a less offloaded configuration that
+    /// trained slower: both steps, short (`2000 ms a step; 35% 2300 ms`).
+    pub(super) stepped: Option<String>,
 }
 
 /// A trial of a rung faster than the fastest configuration that trained.
@@ -202,6 +205,7 @@ pub(super) fn fastest(
         class: class.clone(),
         proven: false,
         trial: None,
+        stepped: None,
     };
     let try_fixed = |placement: Placement, tried: &mut Tried| {
         let (est, fit) = jm.estimate_checked(placement, class);

@@ -190,6 +190,7 @@ fn choice_of(jm: &JobMemory, cm: &ClassMemory, placement: Placement, note: Strin
         class: cm.clone(),
         proven: true,
         trial: None,
+        stepped: None,
     }
 }
 
@@ -248,7 +249,7 @@ pub(super) fn apply(
     } else if faster_untried && !stepped_slower.is_empty() {
         // Less offloaded is not faster here: what ran says so.
         match where_host_fits(jm, cm, ran, keeps_to(ran, &when, &need, &stepped_slower)) {
-            Some(c) => Ok(c),
+            Some(c) => Ok(stepped(c, &stepped_slower)),
             None => return choice,
         }
     } else {
@@ -262,16 +263,26 @@ pub(super) fn apply(
                 Ok(c)
             } else {
                 // The model's own choice, said as what ran: the faster rung trained slower.
-                Ok(choice_of(
-                    jm,
-                    cm,
-                    ran,
-                    keeps_to(ran, &when, &need, &stepped_slower),
+                Ok(stepped(
+                    choice_of(jm, cm, ran, keeps_to(ran, &when, &need, &stepped_slower)),
+                    &stepped_slower,
                 ))
             }
         }
         other => other,
     }
+}
+
+/// `c` marked as ranked by its steps over `slower`, in short.
+fn stepped(mut c: MemoryChoice, slower: &[(Placement, f64, f64)]) -> MemoryChoice {
+    c.stepped = slower.first().map(|(p, t, its)| {
+        let p = match p {
+            Placement::PartialOptimizer(r) => format!("{:.0}%", r * 100.0),
+            other => other.to_string(),
+        };
+        format!("{:.0} ms a step; {p} {:.0} ms", its * 1000.0, t * 1000.0)
+    });
+    c
 }
 
 /// Why the decision keeps to `ran`, which stepped faster than the less offloaded `slower`.

@@ -116,6 +116,9 @@ pub struct Resolution {
     pub memory_why: Option<String>,
     /// The placement is one that trained for the job's shape, chosen over the model's figures.
     pub proven: bool,
+    /// Where that placement was ranked by its runs' steps over a less offloaded one that trained
+    /// slower: both steps, short.
+    pub stepped: Option<String>,
     /// The training container's CPU limit (cores), where it has one (its own or its
     /// namespace's default): the cores the CPU check counted, which the start-up guard checks
     /// the pod really gets.
@@ -293,7 +296,13 @@ impl Resolution {
         if let Some(t) = &self.trial {
             parts.push(format!("trial; {} trained", short(t.fallback)));
         } else if self.proven {
-            parts.push(format!("{} trained", short(self.placement)));
+            parts.push(format!(
+                "{} trained{}",
+                short(self.placement),
+                self.stepped
+                    .as_ref()
+                    .map_or(String::new(), |s| format!(", {s}"))
+            ));
         }
         (!parts.is_empty()).then(|| parts.join("; "))
     }

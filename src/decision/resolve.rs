@@ -122,6 +122,7 @@ pub fn resolve_offload(
             .memory
             .as_ref()
             .is_some_and(|c| c.proven && c.trial.is_none()),
+        stepped: placement.memory.as_ref().and_then(|c| c.stepped.clone()),
         cpu_cores: whole_cores
             .map(|w| f64::from(w.cores))
             .or_else(|| job.cpu_limit.as_ref().map(|(c, _)| *c)),

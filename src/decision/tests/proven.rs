@@ -515,6 +515,13 @@ fn a_trial_that_trains_slower_is_left_and_bounds_every_later_trial() {
             !kept,
             "{why}"
         );
+        // `kubectl get tj`'s LEARNED says it in short.
+        let learned = next.learned_summary().unwrap_or_default();
+        assert_eq!(
+            learned.contains("trained, 2000 ms a step; ") && learned.ends_with(" 2300 ms"),
+            !kept,
+            "{learned}"
+        );
         // With trials left, a later one stays short of the share that stepped slower.
         let later = decide(&new_job(4), &store, &profile);
         if !kept {
