@@ -20,6 +20,7 @@
 // is allowed by name.
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod allocator;
 pub mod duration;
 pub mod hints;
 pub mod labels;

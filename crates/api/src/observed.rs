@@ -111,71 +111,9 @@ pub struct PodObservation {
     pub step_seconds: Option<f64>,
 }
 
-/// What each line of the operator's reporter of PyTorch's figures starts with: one line per
-/// process, at its exit, `offload.dev/allocator rank=R allocated=BYTES reserved=BYTES`, then
-/// `step_ms=MS steps=N` where the process timed at least one training iteration after its first.
-pub const ALLOCATOR_MARK: &str = "offload.dev/allocator";
-
-/// Longest training iteration a report may give, milliseconds (a day); a longer one is not read.
-pub const MAX_STEP_MS: f64 = 86_400_000.0;
-
-/// Fewest iterations a process must have timed (after its first) for its step to be read: the
-/// median of a few more is still warming up (an H100's 4B decoder stepped in 2.2–2.9 s over
-/// three steps and 1.5 s over five).
-pub const MIN_TIMED_STEPS: u32 = 5;
-
-/// What the reporter's lines of one run say, over all its processes.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AllocatorReport {
-    /// The highest `torch.cuda.max_memory_allocated()`, bytes.
-    pub allocated: u64,
-    /// The highest `torch.cuda.max_memory_reserved()`, bytes.
-    pub reserved: u64,
-    /// The slowest process's median training iteration (the job steps at its slowest rank's
-    /// pace), seconds; `None` where no process timed [`MIN_TIMED_STEPS`].
-    pub step_seconds: Option<f64>,
-}
-
-/// The reporter's lines in `text` (a termination message, a report file), read together;
-/// `None` where it holds none that read. A figure out of bounds drops its line (a step time
-/// alone, or one timed over fewer than [`MIN_TIMED_STEPS`] iterations: the memory figures
-/// stay).
-pub fn allocator_report(text: &str) -> Option<AllocatorReport> {
-    text.lines()
-        .filter_map(|l| l.trim().strip_prefix(ALLOCATOR_MARK))
-        .filter_map(|rest| {
-            let field = |name: &str| rest.split_whitespace().find_map(|w| w.strip_prefix(name));
-            let bytes = |name: &str| field(name).and_then(|v| v.parse::<u64>().ok());
-            let timed = field("steps=").and_then(|v| v.parse::<u32>().ok());
-            let step_ms = field("step_ms=")
-                .and_then(|v| v.parse::<f64>().ok())
-                .filter(|ms| ms.is_finite() && *ms > 0.0 && *ms <= MAX_STEP_MS)
-                .filter(|_| timed.is_some_and(|n| n >= MIN_TIMED_STEPS));
-            Some(AllocatorReport {
-                allocated: bytes("allocated=")?,
-                reserved: bytes("reserved=").unwrap_or(0),
-                step_seconds: step_ms.map(|ms| ms / 1000.0),
-            })
-        })
-        .filter(|r| r.allocated > 0 && r.allocated < 1 << 50 && r.reserved < 1 << 50)
-        .reduce(AllocatorReport::together)
-}
-
-impl AllocatorReport {
-    /// Two processes' (or pods') reports as one job's: the highest memory figures, the slowest
-    /// step.
-    #[must_use]
-    pub fn together(self, other: AllocatorReport) -> AllocatorReport {
-        AllocatorReport {
-            allocated: self.allocated.max(other.allocated),
-            reserved: self.reserved.max(other.reserved),
-            step_seconds: match (self.step_seconds, other.step_seconds) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            },
-        }
-    }
-}
+pub use crate::allocator::{
+    ALLOCATOR_MARK, AllocatorReport, MAX_STEP_MS, MIN_TIMED_STEPS, allocator_report,
+};
 
 /// How far after the reader's clock an observed window may end (the node's clock ahead).
 pub const OBSERVED_CLOCK_SKEW: jiff::SignedDuration = jiff::SignedDuration::from_mins(10);
