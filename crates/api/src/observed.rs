@@ -618,7 +618,13 @@ mod tests {
         host_huge.pods[0].host_memory_peak_bytes = Some(1 << 50);
         let mut host_unsourced = summary();
         host_unsourced.pods[0].host_memory_source = None;
+        let mut step_negative = summary();
+        step_negative.pods[0].step_seconds = Some(-1.0);
+        let mut step_long = summary();
+        step_long.pods[0].step_seconds = Some(1e6);
         for bad in [
+            step_negative,
+            step_long,
             gpu_over,
             gpu_huge,
             gpu_half,

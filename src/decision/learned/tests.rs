@@ -249,6 +249,18 @@ fn bad_lessons_and_documents_are_refused() {
         run("a", 1e9, None, NOW),
         run("a", 1.0, Some(-1.0), NOW),
         run("a", 1.0, None, "yesterday"),
+        Run {
+            step_seconds: Some(-2.0),
+            ..run("a", 1.0, None, NOW)
+        },
+        Run {
+            step_seconds: Some(f64::INFINITY),
+            ..run("a", 1.0, None, NOW)
+        },
+        Run {
+            step_seconds: Some(1e9),
+            ..run("a", 1.0, None, NOW)
+        },
     ] {
         assert!(
             s.record("p", NodeClass::Discrete, "k", "8B", bad.clone())
@@ -266,6 +278,10 @@ fn bad_lessons_and_documents_are_refused() {
             "schema version 9",
         ),
         (good.replace("0.5", "1e300"), "activation factor"),
+        (
+            good.replace("\"at\"", "\"stepSeconds\":-1,\"at\""),
+            "steps in -1 s",
+        ),
         ("x".repeat(MAX_LEARNED_BYTES + 1), "bytes, more than"),
     ] {
         let err = LearnedMemory::parse(&text).unwrap_err().to_string();
