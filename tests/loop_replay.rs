@@ -34,6 +34,8 @@ const H200_LOOP: &str = "2026-12-06-h200-tenth/loop";
 const H200_ARCH: &str = "2026-12-06-h200-tenth/arch";
 /// The H100's eleventh call: four one-run loops at its boundary, Gemma-3 at a counted decision.
 const ELEVENTH: &str = "2026-12-07-h100-eleventh/arch";
+/// The H100's thirteenth-session call: StarCoder2 and OLMo-2 at shapes never run before.
+const THIRTEENTH: &str = "2026-12-07-h100-thirteenth/arch";
 
 fn recorded_in(folder: &str, name: &str) -> PathBuf {
     root().join("docs/benchmarks/raw").join(folder).join(name)
@@ -671,5 +673,23 @@ fn a_trial_that_trained_is_kept_only_where_its_steps_were_not_slower() {
             !text.contains("a trial (2 of"),
             "no trial past what stepped slower: {next}"
         );
+    }
+}
+
+/// The thirteenth session's call on an H100 (`docs/benchmarks/raw/2026-12-07-h100-thirteenth/`):
+/// StarCoder2-7B and OLMo-2-7B at 1 × 2,048 tokens, a shape neither had run at, decided before
+/// the call from the eleventh call's H100 probe (54 % and 63 %, `gpu-open.md`). Each first
+/// decision is the tree's, each trained at its boundary (PyTorch's peak 76.3 and 75.5 GiB of the
+/// 76.7 GiB budget), and read back each repeats: its run left no room for a faster rung. For
+/// StarCoder2 the next rung, 52 %, ran out beside it (`call.txt`): the decision is the fastest
+/// share that runs, to the rung.
+#[test]
+fn on_the_h100_two_shapes_never_run_trained_at_their_first_decision_and_stay() {
+    for (model, decided) in [("starcoder2-7b", 0.54), ("olmo2-7b", 0.63)] {
+        let (recorded, first, after) = one_run_loop(THIRTEENTH, model);
+        assert_eq!(ratio(&recorded), decided, "{model}: {recorded}");
+        assert_eq!(ratio(&first), decided, "{model}: {first}");
+        assert_eq!(ratio(&after), decided, "{model} after its run: {after}");
+        assert!(!after.to_string().contains("a trial ("), "{model}: {after}");
     }
 }
