@@ -112,12 +112,21 @@ fn placement(tj: &TrainingJob) -> Option<StatePlacement> {
     tj.status.as_ref()?.offload.as_ref()?.placement
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn what_a_run_used_is_learned_survives_a_restart_and_decides_its_rerun() {
+/// A test cluster with one recorded H200 node in a namespace of its own (`prefix`) and a profile
+/// of that name for it (`extra` on its spec): the cluster, a client, the namespace, the node.
+async fn setup(
+    prefix: &str,
+    extra: serde_json::Value,
+) -> (
+    &'static offload_testenv::devcluster::DevCluster,
+    Client,
+    String,
+    String,
+) {
     let cluster = cluster(ClusterOptions::full());
     let client = client(cluster).await;
     apply_crds(&client).await;
-    let ns = namespace(&client, "learned").await;
+    let ns = namespace(&client, prefix).await;
     let node = format!("{ns}-h200");
     Api::<Node>::all(client.clone())
         .create(
@@ -127,9 +136,15 @@ async fn what_a_run_used_is_learned_survives_a_restart_and_decides_its_rerun() {
         .await
         .unwrap();
     Api::<OffloadProfile>::all(client.clone())
-        .create(&PostParams::default(), &pool_profile(&ns, &ns, json!({})))
+        .create(&PostParams::default(), &pool_profile(&ns, &ns, extra))
         .await
         .unwrap();
+    (cluster, client, ns, node)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_run_used_is_learned_survives_a_restart_and_decides_its_rerun() {
+    let (cluster, client, ns, node) = setup("learned", json!({})).await;
     let (token, first) = start_operator(&client, &ns);
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     let spec = || json!({"replicas": 1});
@@ -279,29 +294,11 @@ fn reported_job(name: &str, profile: &str, report: &str, trial_report: &str) -> 
 /// steps. The learned ConfigMap keeps each run's step.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_faster_share_that_trains_slower_is_left_for_the_configuration_that_stepped_faster() {
-    let cluster = cluster(ClusterOptions::full());
-    let client = client(cluster).await;
-    apply_crds(&client).await;
-    let ns = namespace(&client, "stepped").await;
-    let node = format!("{ns}-h200");
-    Api::<Node>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &reported_node(&node, fixtures::H200_READING, &ns),
-        )
-        .await
-        .unwrap();
-    Api::<OffloadProfile>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &pool_profile(
-                &ns,
-                &ns,
-                json!({"reportAllocatorPeaks": true, "fasterTrials": 1}),
-            ),
-        )
-        .await
-        .unwrap();
+    let (cluster, client, ns, node) = setup(
+        "stepped",
+        json!({"reportAllocatorPeaks": true, "fasterTrials": 1}),
+    )
+    .await;
     let (token, operator) = start_operator(&client, &ns);
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     let line = |allocated: u64, step_ms: u32| {

@@ -227,23 +227,32 @@ fn whole_cores_make_the_pod_guaranteed_and_the_guard_checks_them() {
     );
 }
 
-/// The reporter runs in a real Python process (a stand-in `torch` module, named as such: no
-/// GPU here) and reports at a normal exit, on an exception, and before `os._exit` (which skips
-/// `atexit`: the GPU run of 2026-12-06 lost every figure to it), once each.
-#[test]
-fn the_allocator_reporter_reports_however_the_process_ends() {
-    use std::process::Command;
-    if Command::new("python3")
+/// A directory holding the reporter as the operator writes it, where this machine has a
+/// `python3` to run it (`None`, said, where it has none).
+fn reporter_dir() -> Option<tempfile::TempDir> {
+    if std::process::Command::new("python3")
         .arg("-c")
         .arg("pass")
         .status()
         .is_err()
     {
         eprintln!("skipped: no python3 on this machine");
-        return;
+        return None;
     }
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join(MEMORY_REPORT_FILE), MEMORY_REPORT).unwrap();
+    Some(dir)
+}
+
+/// The reporter runs in a real Python process (a stand-in `torch` module, named as such: no
+/// GPU here) and reports at a normal exit, on an exception, and before `os._exit` (which skips
+/// `atexit`: the GPU run of 2026-12-06 lost every figure to it), once each.
+#[test]
+fn the_allocator_reporter_reports_however_the_process_ends() {
+    use std::process::Command;
+    let Some(dir) = reporter_dir() else {
+        return;
+    };
     let stand_in = "import sys, types\n\
         cuda = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True,\n\
             max_memory_allocated=lambda: 7 << 30, max_memory_reserved=lambda: 8 << 30)\n\
@@ -290,17 +299,9 @@ fn the_allocator_reporter_reports_however_the_process_ends() {
 #[test]
 fn the_allocator_reporter_times_iterations_once_torch_is_imported() {
     use std::process::Command;
-    if Command::new("python3")
-        .arg("-c")
-        .arg("pass")
-        .status()
-        .is_err()
-    {
-        eprintln!("skipped: no python3 on this machine");
+    let Some(dir) = reporter_dir() else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join(MEMORY_REPORT_FILE), MEMORY_REPORT).unwrap();
+    };
     let pkg = dir.path().join("standin");
     for (file, text) in [
         (
