@@ -20,6 +20,11 @@
 //!   and never after this job ran out of memory. Should it run out, the job goes back to what
 //!   trained, and the failure bounds every later trial.
 //!
+//! - **What stepped faster.** Where the runs' processes timed their steps (the reporter), what
+//!   trained is ranked by them rather than by the model's order: a less offloaded configuration
+//!   whose steps were more than [`STEP_NOISE`] slower than another's that trained is not what
+//!   the decision starts from, and bounds every later trial as a failure does.
+//!
 //! Evidence counts only where its ranks and GPUs are the decision's: a configuration proven on
 //! eight GPUs proves nothing on one.
 
