@@ -226,6 +226,31 @@ mod tests {
         assert!(observe_command(&gpu, &[], Duration::ZERO, &[]).is_err());
         assert!(observe_command(&gpu, &[], Duration::ZERO, &["/no/such".into()]).is_err());
     }
+
+    /// What the command's processes reported at exit (the operator's reporter, two ranks here,
+    /// written by a shell in its place) is read into the run: the highest allocation, the
+    /// slowest rank's step.
+    #[test]
+    fn a_run_carries_what_its_processes_reported() {
+        let gpu = Recorded(Cell::new(0));
+        let cmd = [
+            "sh",
+            "-c",
+            "echo 'offload.dev/allocator rank=0 allocated=1000 reserved=2000 step_ms=1500.0 steps=9' >>\"$OFFLOAD_MEMORY_REPORT\"; \
+             echo 'offload.dev/allocator rank=1 allocated=3000 reserved=2500 step_ms=1600.0 steps=9' >>\"$OFFLOAD_MEMORY_REPORT\"",
+        ]
+        .map(String::from);
+        let run = observe_command(&gpu, &[], Duration::from_millis(5), &cmd).unwrap();
+        assert_eq!(run.exit_code, Some(0));
+        assert_eq!(run.pod.allocator_peak_bytes, Some(3000));
+        assert_eq!(run.pod.step_seconds, Some(1.6));
+        let silent = ["true"].map(String::from);
+        let run = observe_command(&gpu, &[], Duration::from_millis(5), &silent).unwrap();
+        assert_eq!(
+            (run.pod.allocator_peak_bytes, run.pod.step_seconds),
+            (None, None)
+        );
+    }
 }
 
 /// The offload configuration a run was given, from the environment it inherits: the variables
