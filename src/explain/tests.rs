@@ -417,6 +417,11 @@ fn recorded_runs_give_the_next_decision_offline() {
     configured["configuration"] = serde_json::json!({"OFFLOAD_MODE": "c".repeat(65)});
     let e = read_evidence("x", &configured.to_string(), "j").unwrap_err();
     assert!(e.contains("at most 64 characters"), "{e}");
+    // A step no reporter writes.
+    let mut stepped = other.clone();
+    stepped["pod"]["stepSeconds"] = (-1.5).into();
+    let e = read_evidence("x", &stepped.to_string(), "j").unwrap_err();
+    assert!(e.contains("steps in -1.5 s (from 0 to a day)"), "{e}");
     other["pod"]["gpuMemoryPeakBytes"] = (200u64 << 30).into();
     assert!(
         read_evidence("x", &other.to_string(), "j")

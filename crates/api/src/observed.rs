@@ -402,15 +402,6 @@ impl ObservedSummary {
             if pod.gpus.is_empty() {
                 return impossible(format!("pod {}/{} holds no GPU", pod.namespace, pod.name));
             }
-            if pod
-                .step_seconds
-                .is_some_and(|s| !(s.is_finite() && s > 0.0 && s * 1000.0 <= MAX_STEP_MS))
-            {
-                return impossible(format!(
-                    "pod {}/{} steps in {:?} s (from 0 to a day)",
-                    pod.namespace, pod.name, pod.step_seconds
-                ));
-            }
             check_memory(pod)?;
         }
         Ok(())
@@ -469,12 +460,18 @@ impl ObservedSummary {
     }
 }
 
-/// A pod's memory figures as no agent writes them: a GPU peak without the GPU's size or above
-/// it, a GPU larger than any ([`crate::report::MAX_GPU_MEMORY`]), a per-process peak above the
-/// device's, host memory beyond [`MAX_HOST_MEMORY`] or without its source.
+/// A pod's figures as no agent writes them: a step not within a day, a GPU peak without the
+/// GPU's size or above it, a GPU larger than any ([`crate::report::MAX_GPU_MEMORY`]), a
+/// per-process peak above the device's, host memory beyond [`MAX_HOST_MEMORY`] or without its
+/// source.
 fn check_memory(pod: &PodObservation) -> Result<(), ObservedError> {
     let who = || format!("pod {}/{}", pod.namespace, pod.name);
     let impossible = |m: String| Err(ObservedError::Impossible(m));
+    if let Some(s) = pod.step_seconds
+        && !(s.is_finite() && s > 0.0 && s * 1000.0 <= MAX_STEP_MS)
+    {
+        return impossible(format!("{} steps in {s} s (from 0 to a day)", who()));
+    }
     match (pod.gpu_memory_peak_bytes, pod.gpu_memory_total_bytes) {
         (None, None) => {}
         (Some(peak), Some(total)) => {
