@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test: the README's first command from this clone as a newcomer meets it, then
-# formatting, lints, unit and property tests, CRD drift, and the integration tests against a real
+# formatting, lints, doc links, unit and property tests, CRD drift, and the integration tests against a real
 # control plane (built from upstream Go modules on first use).
 #
 # Every test binary `cargo test --workspace` builds runs, each exactly as cargo runs it (from its
@@ -21,6 +21,9 @@ cargo fmt --all -- --check
 
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+
+step "cargo doc --document-private-items, warnings denied: every doc link resolves"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --document-private-items
 
 step "shipped source files of at most 650 lines (functions: clippy's too_many_lines, clippy.toml)"
 long=$(git ls-files '*.rs' | grep -Ev '(^|/)tests(/|\.rs$)|^crates/testenv/|^vendor/' |

@@ -27,6 +27,9 @@
 // No unwrap or expect outside tests (clippy.toml allows them there) and start-up, where each
 // is allowed by name.
 #![warn(clippy::unwrap_used, clippy::expect_used)]
+// The operator's docs are read as its maintainers' (`cargo doc --document-private-items`,
+// checked by the test command): a public item may point to the private one that does the work.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod cluster;
 pub mod controller;

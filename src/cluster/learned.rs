@@ -65,7 +65,7 @@ pub struct LearnedStore {
 const MAX_PENDING: usize = 10_000;
 
 impl LearnedStore {
-    /// An empty store for the ConfigMap in `namespace`; [`LearnedStore::run`] fills it.
+    /// An empty store for the ConfigMap in `namespace`; [`LearnedStore::watch`] fills it.
     pub fn new(namespace: impl Into<String>) -> Self {
         LearnedStore {
             namespace: namespace.into(),

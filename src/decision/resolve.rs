@@ -27,7 +27,7 @@ impl Reasons {
 
 /// Resolves a job's offload configuration.
 ///
-/// `profile_name` and `profile` are the profile the job uses (see [`select_profile`]); `nodes`
+/// `profile_name` and `profile` are the profile the job uses (see [`select_profile`](super::selection::select_profile)); `nodes`
 /// is every node the caller knows (nodes that are not candidates are skipped).
 pub fn resolve_offload(
     job: &JobRequest,

@@ -417,7 +417,7 @@ impl super::DevCluster {
         Ok(())
     }
 
-    /// The kubelet: a client certificate for system:node:<name> (the Node authorizer and
+    /// The kubelet: a client certificate for `system:node:<name>` (the Node authorizer and
     /// NodeRestriction apply to it), its configuration, and its own directories.
     fn start_kubelet(
         &mut self,
