@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: the README's first command from this clone as a newcomer meets it, then
-# formatting, lints, doc links, unit and property tests, CRD drift, and the integration tests against a real
-# control plane (built from upstream Go modules on first use).
+# formatting, lints, doc links, unit and property tests, CRD drift, and the integration tests
+# against a real control plane (built from upstream Go modules on first use).
 #
 # Every test binary `cargo test --workspace` builds runs, each exactly as cargo runs it (from its
 # package's directory). The three that need the machine's one real node (containerd, kubelet)
