@@ -292,9 +292,7 @@ impl Run {
             )));
         }
         if let Some(step) = self.step_seconds
-            && !(step.is_finite()
-                && step > 0.0
-                && step * 1000.0 <= offload_api::observed::MAX_STEP_MS)
+            && !offload_api::observed::plausible_step(step)
         {
             return Err(LearnedError::Impossible(format!(
                 "run of {} steps in {step} s (from 0 to a day)",

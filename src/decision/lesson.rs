@@ -233,9 +233,9 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
         },
         trained: obs.trained && obs.failed.is_none(),
         trial: obs.trial,
-        step_seconds: obs.step_seconds.filter(|s| {
-            s.is_finite() && *s > 0.0 && *s * 1000.0 <= offload_api::observed::MAX_STEP_MS
-        }),
+        step_seconds: obs
+            .step_seconds
+            .filter(|s| offload_api::observed::plausible_step(*s)),
         sentence: said.sentence(obs),
     }))
 }

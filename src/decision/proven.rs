@@ -281,11 +281,12 @@ pub(super) fn apply(
 /// `c` marked as ranked by its steps over `slower`, in short.
 fn stepped(mut c: MemoryChoice, slower: &[(Placement, f64, f64)]) -> MemoryChoice {
     c.stepped = slower.first().map(|(p, t, its)| {
-        let p = match p {
-            Placement::PartialOptimizer(r) => format!("{:.0}%", r * 100.0),
-            other => other.to_string(),
-        };
-        format!("{:.0} ms a step; {p} {:.0} ms", its * 1000.0, t * 1000.0)
+        format!(
+            "{:.0} ms a step; {} {:.0} ms",
+            its * 1000.0,
+            super::resolution::short(*p),
+            t * 1000.0
+        )
     });
     c
 }

@@ -190,7 +190,7 @@ impl MemoryEstimate {
 }
 
 /// A placement in a few words.
-fn short(p: memory::Placement) -> String {
+pub(super) fn short(p: memory::Placement) -> String {
     match p {
         memory::Placement::NoOffload => "no offload".into(),
         memory::Placement::PartialOptimizer(r) => format!("{:.0}%", r * 100.0),

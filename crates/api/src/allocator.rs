@@ -11,6 +11,12 @@ pub const ALLOCATOR_MARK: &str = "offload.dev/allocator";
 /// Longest training iteration a report may give, milliseconds (a day); a longer one is not read.
 pub const MAX_STEP_MS: f64 = 86_400_000.0;
 
+/// Whether `seconds` can be a training step's time: positive, finite, at most a day
+/// ([`MAX_STEP_MS`]).
+pub fn plausible_step(seconds: f64) -> bool {
+    seconds.is_finite() && seconds > 0.0 && seconds * 1000.0 <= MAX_STEP_MS
+}
+
 /// Fewest iterations a process must have timed (after its first) for its step to be read: the
 /// median of a few more is still warming up (an H100's 4B decoder stepped in 2.2–2.9 s over
 /// three steps and 1.5 s over five).
@@ -41,7 +47,7 @@ pub fn allocator_report(text: &str) -> Option<AllocatorReport> {
             let timed = field("steps=").and_then(|v| v.parse::<u32>().ok());
             let step_ms = field("step_ms=")
                 .and_then(|v| v.parse::<f64>().ok())
-                .filter(|ms| ms.is_finite() && *ms > 0.0 && *ms <= MAX_STEP_MS)
+                .filter(|ms| plausible_step(ms / 1000.0))
                 .filter(|_| timed.is_some_and(|n| n >= MIN_TIMED_STEPS));
             Some(AllocatorReport {
                 allocated: bytes("allocated=")?,

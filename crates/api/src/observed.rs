@@ -112,7 +112,7 @@ pub struct PodObservation {
 }
 
 pub use crate::allocator::{
-    ALLOCATOR_MARK, AllocatorReport, MAX_STEP_MS, MIN_TIMED_STEPS, allocator_report,
+    ALLOCATOR_MARK, AllocatorReport, MAX_STEP_MS, MIN_TIMED_STEPS, allocator_report, plausible_step,
 };
 
 /// How far after the reader's clock an observed window may end (the node's clock ahead).
@@ -468,7 +468,7 @@ fn check_memory(pod: &PodObservation) -> Result<(), ObservedError> {
     let who = || format!("pod {}/{}", pod.namespace, pod.name);
     let impossible = |m: String| Err(ObservedError::Impossible(m));
     if let Some(s) = pod.step_seconds
-        && !(s.is_finite() && s > 0.0 && s * 1000.0 <= MAX_STEP_MS)
+        && !plausible_step(s)
     {
         return impossible(format!("{} steps in {s} s (from 0 to a day)", who()));
     }
