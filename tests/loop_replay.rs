@@ -713,7 +713,10 @@ fn on_the_h100_the_reporters_step_is_the_benchs_own_and_reaches_the_lesson() {
         &std::fs::read_to_string(recorded_in(&folder, "cfg-qwen3-4b-step-1.json")).unwrap(),
     )
     .unwrap();
-    let reported_ms = run["pod"]["stepSeconds"].as_f64().expect("the reporter's step") * 1e3;
+    let reported_ms = run["pod"]["stepSeconds"]
+        .as_f64()
+        .expect("the reporter's step")
+        * 1e3;
     let bench_ms = bench["medianMs"].as_f64().expect("the bench's median");
     assert!(
         (reported_ms - bench_ms).abs() <= 0.05 * bench_ms,
@@ -765,7 +768,9 @@ fn on_the_h100_olmo2s_first_decision_at_a_shape_never_run_is_the_fastest_share_t
         .expect("a rung that trained");
     assert_eq!(decided, fastest.0, "{rungs:?}");
     assert!(
-        rungs.iter().any(|&(share, ms)| share < decided && ms.is_none()),
+        rungs
+            .iter()
+            .any(|&(share, ms)| share < decided && ms.is_none()),
         "a smaller share ran out beside it: {rungs:?}"
     );
 }
