@@ -44,6 +44,13 @@ fn recorded_in(folder: &str, name: &str) -> PathBuf {
     root().join("docs/benchmarks/raw").join(folder).join(name)
 }
 
+/// The JSON file `name` the call recorded in `folder`.
+fn recorded_json(folder: &str, name: &str) -> serde_json::Value {
+    let file = recorded_in(folder, name);
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{file:?}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{file:?}: {e}"))
+}
+
 /// The operator's decision for `model` after the recorded runs `runs` (1-based), as JSON.
 fn decide(model: &str, runs: usize) -> serde_json::Value {
     decide_in(FIRST, model, runs)
@@ -121,12 +128,7 @@ fn share(decision: &serde_json::Value) -> f64 {
 
 /// What the loop recorded in `folder` decided at step `k` (before run `k`).
 fn recorded_decision_in(folder: &str, model: &str, k: usize) -> serde_json::Value {
-    let text = std::fs::read_to_string(recorded_in(
-        folder,
-        &format!("cfg-{model}-decision-{k}.json"),
-    ))
-    .expect("the recorded decision");
-    serde_json::from_str(&text).expect("JSON")
+    recorded_json(folder, &format!("cfg-{model}-decision-{k}.json"))
 }
 
 /// What the first loop decided at step `k` (before run `k`), as it recorded it.
@@ -140,10 +142,7 @@ fn recorded_ratio_in(folder: &str, model: &str, k: usize) -> f64 {
 
 /// Whether recorded run `k` of `model` in `folder` trained (the agent's `observe` exit code).
 fn trained(folder: &str, model: &str, k: usize) -> bool {
-    let text = std::fs::read_to_string(recorded_in(folder, &format!("cfg-{model}-run-{k}.json")))
-        .expect("the recorded run");
-    let run: serde_json::Value = serde_json::from_str(&text).expect("JSON");
-    run["exitCode"] == 0
+    recorded_json(folder, &format!("cfg-{model}-run-{k}.json"))["exitCode"] == 0
 }
 
 #[test]
@@ -335,9 +334,7 @@ fn a_run_that_recorded_another_configuration_teaches_nothing_and_says_so() {
     // agent records it now (the OFFLOAD_* variables it was given) is not read as a run of 81 %.
     let dir = tempfile::tempdir().expect("a temporary folder");
     let with = |ratio: &str| {
-        let text = std::fs::read_to_string(recorded_in(NEW_TYPES, "cfg-olmo2-7b-run-1.json"))
-            .expect("the recorded run");
-        let mut run: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        let mut run = recorded_json(NEW_TYPES, "cfg-olmo2-7b-run-1.json");
         run["configuration"] =
             serde_json::json!({"OFFLOAD_MODE": "cpu-copy", "OFFLOAD_RATIO": ratio});
         let file = dir.path().join(format!("run-{ratio}.json"));
@@ -637,10 +634,7 @@ fn on_the_h100_each_first_decision_at_its_boundary_trained_and_the_next_never_of
 #[test]
 fn a_trial_that_trained_is_kept_only_where_its_steps_were_not_slower() {
     let dir = tempfile::tempdir().unwrap();
-    let recorded: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(recorded_in(ELEVENTH, "cfg-gemma3-4b-run-1.json")).unwrap(),
-    )
-    .unwrap();
+    let recorded = recorded_json(ELEVENTH, "cfg-gemma3-4b-run-1.json");
     let mut first = recorded.clone();
     first["pod"]["stepSeconds"] = serde_json::json!(1.5613);
     let first_file = dir.path().join("run-1.json");
@@ -705,14 +699,8 @@ fn on_the_h100_two_shapes_never_run_trained_at_their_first_decision_and_stay() {
 #[test]
 fn on_the_h100_the_reporters_step_is_the_benchs_own_and_reaches_the_lesson() {
     let folder = format!("{FOURTEENTH}/step");
-    let run: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(recorded_in(&folder, "cfg-qwen3-4b-run-1.json")).unwrap(),
-    )
-    .unwrap();
-    let bench: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(recorded_in(&folder, "cfg-qwen3-4b-step-1.json")).unwrap(),
-    )
-    .unwrap();
+    let run = recorded_json(&folder, "cfg-qwen3-4b-run-1.json");
+    let bench = recorded_json(&folder, "cfg-qwen3-4b-step-1.json");
     let reported_ms = run["pod"]["stepSeconds"]
         .as_f64()
         .expect("the reporter's step")

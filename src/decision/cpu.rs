@@ -165,7 +165,8 @@ fn measured_threads(node: &NodeInfo) -> Option<f64> {
 /// state and parameters whole, for `job`'s training container on the node of `nodes` that
 /// gives it the fewest cores, with those cores in words where they moved it.
 ///
-/// Measured (`docs/benchmarks/memory-h200.md`): up to [`PARTIAL_BEFORE_PARAMS_UP_TO`](super::memory::PARTIAL_BEFORE_PARAMS_UP_TO) with the
+/// Measured (`docs/benchmarks/memory-h200.md`): up to
+/// [`PARTIAL_BEFORE_PARAMS_UP_TO`](super::memory::PARTIAL_BEFORE_PARAMS_UP_TO) with the
 /// [`CROSSOVER_CORES`] cores of a PCIe H200's host. Fewer cores raise it (the whole state on
 /// the CPU costs more, a share of it less), but not in proportion to them: on an H100's
 /// 16-core host (`docs/benchmarks/cpu-h200.md`, Qwen3-4B at 1 × 5,120 tokens) everything

@@ -27,8 +27,9 @@ impl Reasons {
 
 /// Resolves a job's offload configuration.
 ///
-/// `profile_name` and `profile` are the profile the job uses (see [`select_profile`](super::selection::select_profile)); `nodes`
-/// is every node the caller knows (nodes that are not candidates are skipped).
+/// `profile_name` and `profile` are the profile the job uses (see
+/// [`select_profile`](super::selection::select_profile)); `nodes` is every node the caller
+/// knows (nodes that are not candidates are skipped).
 pub fn resolve_offload(
     job: &JobRequest,
     profile_name: &str,

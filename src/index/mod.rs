@@ -1,6 +1,7 @@
 //! The operator's view of the GPU nodes: each node's agent report, cross-checked against its
 //! labels ([`NodeInfo`]), grouped by node class ([`NodeIndex`]), and rebuilt from the Node cache
-//! only when a node changed ([`NodeViews`](crate::cluster::node_views::NodeViews)). The controllers and the webhook share one.
+//! only when a node changed ([`NodeViews`](crate::cluster::node_views::NodeViews)). The
+//! controllers and the webhook share one.
 
 mod node;
 
