@@ -378,6 +378,7 @@ def trace(args):
         "apiVersion": SCHEMA,
         "kind": "ModelTrace",
         "version": VERSION,
+        **({"key": args.key} if args.key else {}),
         "modelType": model_type,
         "modelClass": type(model).__name__,
         "attention": attention if attention != "sdpa" else "sdpa",
@@ -448,6 +449,7 @@ def main(argv=None):
                     help="attention implementation (auto: the config's, else the library's default for the type)")
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--key", help="the operator's key of the step, written into the trace")
     ap.add_argument("--output", help="also write the JSON here")
     ap.add_argument("--termination-log", help="write the compact result here (a pod's termination message)")
     args = ap.parse_args(argv)

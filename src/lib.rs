@@ -14,6 +14,7 @@
 //! - [`webhook`]: the admission endpoints, job kinds and serving certificates;
 //! - [`dra`]: what a GPU driver's ResourceSlices say, and the claims pinned to a decision;
 //! - [`explain`]: `offload-operator explain`, the decision offline or against a cluster;
+//! - [`sizer`]: the program that reads a model's own code to size its step, and how it runs;
 //! - [`operator`]: the process that runs all of it (caches, webhook, leader election,
 //!   controllers), and [`ops`]: what is around it (the admin server, metrics, the
 //!   certificate authority, the installation check and clean-up).
@@ -40,4 +41,5 @@ pub mod index;
 pub mod operator;
 pub mod ops;
 pub mod render;
+pub mod sizer;
 pub mod webhook;

@@ -109,6 +109,18 @@ struct ExplainArgs {
     /// The `config.json` of a model ConfigMap the job references (`CONFIGMAP=PATH`, offline).
     #[arg(long = "model-config")]
     model_configs: Vec<String>,
+    /// A trace of the job's model by the sizer (`offload_sizer.py`'s JSON, as a node report is
+    /// given); repeat for several jobs. A trace made for another step is not used, and the
+    /// reasons say why.
+    #[arg(long = "trace-file")]
+    trace_files: Vec<PathBuf>,
+    /// Trace each job's model here before deciding: the sizer this release ships, run with a
+    /// Python that has torch and transformers (`--python`).
+    #[arg(long)]
+    trace: bool,
+    /// The Python `--trace` runs the sizer with.
+    #[arg(long, env = "OFFLOAD_SIZER_PYTHON", default_value = "python3")]
+    python: String,
     /// ResourceClaimTemplates the job's DRA claims name (manifest files, offline).
     #[arg(long = "claim-template")]
     claim_templates: Vec<PathBuf>,
@@ -301,6 +313,10 @@ fn explain(runtime: &tokio::runtime::Runtime, args: &ExplainArgs) -> ExitCode {
             }
         }
     };
+    if let Err(e) = with_traces(&mut inputs, args) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let mut runs = Vec::new();
     for path in &args.observed {
         // Bounded as the controller bounds an observation annotation.
@@ -331,6 +347,30 @@ fn explain(runtime: &tokio::runtime::Runtime, args: &ExplainArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// The traces `--trace-file` gives, and the sizer `--trace` runs, in the inputs' view.
+fn with_traces(
+    inputs: &mut offload_operator::explain::Inputs,
+    args: &ExplainArgs,
+) -> Result<(), String> {
+    for path in &args.trace_files {
+        let text =
+            offload_operator::explain::read_bounded(path, offload_api::trace::MAX_TRACE_BYTES)
+                .map_err(|e| format!("--trace-file {e}"))?;
+        inputs
+            .view
+            .traces
+            .add(&text)
+            .map_err(|e| format!("--trace-file {}: {e}", path.display()))?;
+    }
+    if args.trace {
+        inputs.view.traces.sizer = Some(offload_operator::sizer::local::LocalSizer::new(
+            &args.python,
+            inputs.model_configs.values(),
+        ));
+    }
+    Ok(())
 }
 
 /// Each manifest's explanation: with the runs given (`--observed`), the loop over what they

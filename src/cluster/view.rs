@@ -217,6 +217,9 @@ pub struct MemoryView {
     pub claim_templates: BTreeMap<(String, String), Arc<ResourceClaimTemplate>>,
     /// What runs taught the memory model, where given.
     pub learned: Option<crate::decision::LearnedView>,
+    /// Traces of models' steps: given as files, or made by running the sizer here
+    /// (`explain --trace-file`, `--trace`).
+    pub traces: crate::sizer::local::TraceBook,
 }
 
 impl MemoryView {
@@ -251,6 +254,14 @@ impl ClusterView for MemoryView {
 
     fn learned(&self) -> Option<crate::decision::LearnedView> {
         self.learned.clone()
+    }
+
+    fn model_trace(
+        &self,
+        _namespace: &str,
+        step: &crate::decision::SizerRequest,
+    ) -> crate::decision::TraceInput {
+        self.traces.trace(step)
     }
 }
 

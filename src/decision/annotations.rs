@@ -91,6 +91,15 @@ pub(super) fn model_annotations(
         parameters,
         config_map_ref,
         tokens_per_step: count(&hints::TOKENS_PER_STEP)?,
+        sequence_length: count(&hints::SEQUENCE_LENGTH)?,
+        attention: annotations
+            .get(names::ANNOTATION_ATTENTION)
+            .map(|a| {
+                hints::attention_name(a)
+                    .map(|()| a.clone())
+                    .map_err(|e| format!("annotation {}: {e}", names::ANNOTATION_ATTENTION))
+            })
+            .transpose()?,
         architecture,
         hidden_size: count(&hints::HIDDEN_SIZE)?,
         layers: count(&hints::LAYERS)?,

@@ -36,6 +36,15 @@ pub trait ClusterView: Send + Sync {
     fn learned(&self) -> Option<super::request::LearnedView> {
         None
     }
+    /// The trace of `step` the view has for a job in `namespace` (the sizer's, where it ran;
+    /// nothing by default).
+    fn model_trace(
+        &self,
+        _namespace: &str,
+        _step: &super::sizer::SizerRequest,
+    ) -> super::sizer::TraceInput {
+        super::sizer::TraceInput::None
+    }
     /// The memory bounds the LimitRanges of `namespace` put on its pods' containers, where the
     /// view holds them.
     fn namespace_limits(&self, _namespace: &str) -> super::limits::NamespaceLimits {
@@ -167,6 +176,18 @@ pub fn decide(
         &profile.spec,
         &view.nodes(),
     )?)
+}
+
+/// The step the sizer would trace for `tj` (see [`super::SizerRequest`]), from the same request
+/// [`decide`] builds; `None` where the job cannot be traced or cannot be decided at all.
+pub fn sizer_step(
+    tj: &TrainingJob,
+    config: Option<&UserConfig>,
+    model: Option<&ModelShape>,
+    view: &dyn ClusterView,
+) -> Option<super::SizerRequest> {
+    let request = JobRequest::for_training_job(tj, config, model, view).ok()?;
+    super::SizerRequest::of(&request)
 }
 
 /// What a run of `tj`'s configuration teaches (see [`super::lesson::lesson`]), with the profile

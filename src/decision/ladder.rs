@@ -160,7 +160,12 @@ pub(super) fn allowed(
 
 /// What the estimate counted the model as, for reasons.
 pub(super) fn model_note(jm: &JobMemory) -> String {
-    if let Some(open) = jm.shape.open {
+    if let Some(t) = &jm.traced {
+        format!(
+            " (model traced: {}, {} layers)",
+            t.trace.model_class, t.trace.layers
+        )
+    } else if let Some(open) = jm.shape.open {
         format!(
             " (model counted as {:.2}B parameters, {}; {} not given: counted at the end of what the parameter count allows that keeps the most for backward — the other end is MLP {} with {} key/value heads; the model's config.json (spec.model.configMapRef) or those fields make the estimate exact)",
             jm.parameters / 1e9,

@@ -204,6 +204,11 @@ pub struct JobMemory {
         offload_api::v1alpha1::NodeClass,
         Vec<super::learned::RanRecord>,
     >,
+    /// The model as its own code traced it, where the job has a trace of its step: its
+    /// parameters, tensors, activations and gradients' order replace the counted shape's.
+    pub traced: Option<std::sync::Arc<Traced>>,
+    /// Why the step was not traced, where a trace was sought (for reasons).
+    pub untraced: Option<String>,
     /// Whether the budget keeps the allocator's room for the step's largest activation
     /// ([`LARGE_ALLOCATION_FRAGMENTATION`] of the fp32 logits). `true` for every decision but a
     /// trial of a faster rung ([`super::proven`]), which keeps the fragmentation share alone
@@ -336,6 +341,9 @@ impl JobMemory {
 
     /// Activation bytes per GPU at the step's peak.
     pub fn activation_bytes(&self, class: &ClassMemory) -> f64 {
+        if let Some(t) = &self.traced {
+            return t.peak(self.tokens);
+        }
         match self.tokens {
             Some(tokens) => {
                 tokens
@@ -362,13 +370,13 @@ impl JobMemory {
         let s = self.shard();
         let b = self.value_bytes;
         let o = self.optimizer_bytes();
-        let act = self.activation_bytes(class) * self.shape.standing.factor();
+        let act = self.activation_bytes(class) * self.activation_factor();
         let c = BUCKET_BYTES + FRAMEWORK_BYTES;
         let live = b * p.min(MAX_LIVE_PARAMETERS);
         // ZeRO-3 over several ranks gathers each layer's parameters whole while it runs (not
         // measured: one GPU gathers nothing it does not hold).
         let gathered = if self.ranks > 1 {
-            2.0 * b * self.shape.largest_layer()
+            2.0 * b * self.largest_layer()
         } else {
             0.0
         };
@@ -562,7 +570,19 @@ impl JobMemory {
     /// Bytes of the step's largest single activation: the loss's fp32 logits of a micro-batch
     /// (0 when its tokens are not known).
     pub fn largest_activation(&self) -> f64 {
+        if let Some(t) = &self.traced {
+            return t.largest_activation(self.tokens);
+        }
         self.tokens.map_or(0.0, |t| 4.0 * self.shape.vocab * t)
+    }
+
+    /// The factor kept on the activations: none on a trace, else the model type's standing.
+    pub fn activation_factor(&self) -> f64 {
+        if self.traced.is_some() {
+            1.0
+        } else {
+            self.shape.standing.factor()
+        }
     }
 
     /// GPU memory left under what the GPU can hold with `est` (negative: over).
@@ -586,6 +606,7 @@ mod flushes;
 mod groups;
 mod host;
 mod megatron;
+mod traced;
 
 pub use corrections::{
     Corrections, GPU_FAILURE_MARGIN, HOST_FAILURE_MARGIN, HOST_FAILURE_MIN_BYTES,
@@ -593,6 +614,7 @@ pub use corrections::{
 use flushes::Flush;
 use groups::MAX_TENSORS;
 pub use groups::{PartialShares, operator_sub_group_size};
+pub use traced::Traced;
 
 #[cfg(test)]
 mod tests;

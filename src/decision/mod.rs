@@ -40,12 +40,15 @@ mod resources;
 mod selection;
 mod settings;
 pub mod shape;
+pub mod sizer;
 mod sizing;
 mod user_config;
 mod whole_cores;
 
 pub use constraints::PodConstraints;
-pub use entry::{ClusterView, Unresolved, check_training_job, decide, decide_request, lesson_of};
+pub use entry::{
+    ClusterView, Unresolved, check_training_job, decide, decide_request, lesson_of, sizer_step,
+};
 pub use error::ResolveError;
 pub use framework::{
     DeepSpeedPlan, FrameworkPlan, FsdpPlan, MANUAL_GC_INTERVAL, MegatronPlan, ZENFLOW_TOPK_RATIO,
@@ -59,6 +62,7 @@ pub use selection::{
     profile_name, profile_name_for, requested_profile, select_profile,
 };
 pub use shape::ModelShape;
+pub use sizer::{SizerRequest, TraceInput};
 pub use user_config::{
     ConfigError, ConfigFacts, DeepSpeedConfigError, Precision, UserConfig, parse_config, stage_of,
 };
@@ -72,4 +76,4 @@ pub use settings::{
 pub use whole_cores::WholeCores;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -212,7 +212,10 @@ pub fn parse(text: &str, source: &str) -> Result<ModelShape, ModelConfigError> {
         Some(Value::Object(text)) if !top.contains_key("hidden_size") => text,
         _ => &top,
     };
-    shape_of(cfg, &top).map_err(invalid)
+    let source = super::shape::ConfigDigest::of(&Value::Object(top.clone()));
+    let mut shape = shape_of(cfg, &top).map_err(invalid)?;
+    shape.source = Some(source);
+    Ok(shape)
 }
 
 /// A whole number field: its value where present, `None` where absent or `null`.
@@ -351,6 +354,7 @@ fn shape_of(cfg: &Map<String, Value>, top: &Map<String, Value>) -> Result<ModelS
         quirks: quirks(cfg, model_type, latent.is_some())?,
         tower: vision_tower(top, hidden)?,
         window: window(cfg, model_type, layers)?,
+        source: None,
     })
 }
 

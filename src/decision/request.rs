@@ -40,6 +40,9 @@ pub struct JobRequest {
     pub model: Option<ModelHints>,
     /// The model's shape from its `config.json`, where the job references one and it was read.
     pub model_config: Option<super::shape::ModelShape>,
+    /// The trace of the job's step by the sizer, where the view has one (see
+    /// [`super::sizer::SizerRequest`]).
+    pub model_trace: super::sizer::TraceInput,
     /// The model hints came from annotations (another kind), not `spec.model`: messages name
     /// the annotations.
     pub hints_from_annotations: bool,
@@ -105,6 +108,7 @@ impl Default for JobRequest {
             megatron: Default::default(),
             model: None,
             model_config: None,
+            model_trace: Default::default(),
             hints_from_annotations: false,
             memory_failures: Vec::new(),
             learned: None,
@@ -190,13 +194,14 @@ impl JobRequest {
         let offload = super::AdmittedRequest::original(tj)
             .or_else(|| recorded_request(tj))
             .unwrap_or_else(|| spec.offload.clone());
-        Ok(JobRequest {
+        let request = JobRequest {
             offload,
             framework: spec.framework.clone(),
             deepspeed,
             megatron: spec.megatron.unwrap_or_default(),
             model: spec.model.clone(),
             model_config: model_config.copied(),
+            model_trace: Default::default(),
             hints_from_annotations: false,
             learned: None,
             identity: Some(identity(tj)),
@@ -224,7 +229,20 @@ impl JobRequest {
                 .map(|p| p.claims.keys().cloned().collect())
                 .unwrap_or_default(),
             gpu_claims,
-        })
+        };
+        Ok(request.with_trace(namespace, view))
+    }
+
+    /// The request with the trace of its step that `view` has (see
+    /// [`super::sizer::SizerRequest`]); set by every constructor's caller once the model's
+    /// `config.json` is in.
+    pub fn with_trace(self, namespace: &str, view: &dyn super::ClusterView) -> JobRequest {
+        let model_trace = super::sizer::SizerRequest::of(&self)
+            .map_or_else(Default::default, |r| view.model_trace(namespace, &r));
+        JobRequest {
+            model_trace,
+            ..self
+        }
     }
 
     /// What another object kind asks for, from its opt-in label and annotations: the profile it
@@ -294,6 +312,7 @@ impl JobRequest {
                 identity: None,
                 model,
                 model_config: None,
+                model_trace: Default::default(),
                 constraints: super::PodConstraints::default(),
                 pods,
                 gpus_per_pod: resources.gpus_per_pod(),

@@ -138,6 +138,31 @@ pub struct ModelShape {
     pub tower: Option<VisionTower>,
     /// A sliding attention window, where the layers have one.
     pub window: Option<Window>,
+    /// The `config.json` the shape was read from, by digest (what a trace of it is found by).
+    pub source: Option<ConfigDigest>,
+}
+
+/// A digest of a model's `config.json` as JSON (key order and spacing do not change it): two
+/// jobs that reference the same config find the same trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConfigDigest(pub [u8; 16]);
+
+impl ConfigDigest {
+    /// The digest of a parsed `config.json`.
+    pub fn of(config: &serde_json::Value) -> ConfigDigest {
+        use sha2::Digest;
+        // serde_json's maps are ordered by key: the text is canonical.
+        let digest = sha2::Sha256::digest(config.to_string().as_bytes());
+        let mut out = [0; 16];
+        out.copy_from_slice(&digest[..16]);
+        ConfigDigest(out)
+    }
+}
+
+impl fmt::Display for ConfigDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
 }
 
 impl ModelShape {
@@ -167,6 +192,7 @@ impl ModelShape {
             quirks: Quirks::default(),
             tower: None,
             window: None,
+            source: None,
         };
         shape.layers = layers.unwrap_or_else(|| {
             let per_layer = shape.layer_parameters(false).max(1.0);

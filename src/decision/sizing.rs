@@ -185,8 +185,12 @@ fn job_memory_of(
     let bad = |detail: String| ResolveError::InvalidModelHints { detail };
     let tokens = count(&hints::TOKENS_PER_STEP, hints.tokens_per_step)?;
     let shape = model_shape(hints, job.model_config.as_ref())?;
+    let (traced, untraced) = traced_step(job);
     #[allow(clippy::cast_precision_loss)]
-    let counted = shape.known.then(|| shape.parameters());
+    let counted = match &traced {
+        Some(t) => Some(t.parameters()),
+        None => shape.known.then(|| shape.parameters()),
+    };
     let parameters = match (hints.parameters.map(|p| p.get()), counted) {
         (Some(0), _) => {
             return Err(bad(
@@ -204,8 +208,9 @@ fn job_memory_of(
                     shape.describe()
                 )));
             }
-            // The larger of the two: extra modules the shape does not name still train.
-            given.max(c)
+            // The larger of the two: extra modules the shape does not name still train. A
+            // trace names every module: its count is the model's.
+            if traced.is_some() { c } else { given.max(c) }
         }
         #[allow(clippy::cast_precision_loss)]
         (Some(p), None) => p as f64,
@@ -265,8 +270,37 @@ fn job_memory_of(
         learned: std::collections::BTreeMap::new(),
         inferred: false,
         ran: std::collections::BTreeMap::new(),
+        traced,
+        untraced,
         logits_room: true,
     }))
+}
+
+/// The job's trace as the memory model takes it, or why it has none where one was sought.
+fn traced_step(
+    job: &JobRequest,
+) -> (
+    Option<std::sync::Arc<super::memory::Traced>>,
+    Option<String>,
+) {
+    use super::sizer::{SizerRequest, TraceInput};
+    match &job.model_trace {
+        TraceInput::None => (None, None),
+        TraceInput::Untraced(why) => (None, Some(why.clone())),
+        TraceInput::Traced(trace) => match SizerRequest::of(job).map(|r| r.accepts(trace)) {
+            Some(Ok(())) => (
+                Some(std::sync::Arc::new(super::memory::Traced::new(
+                    trace.clone(),
+                ))),
+                None,
+            ),
+            Some(Err(why)) => (None, Some(why)),
+            None => (
+                None,
+                Some("the job's step cannot be traced (Megatron-core, or no config.json or tokensPerStep): the trace is not used".into()),
+            ),
+        },
+    }
 }
 
 /// The model's shape: the `config.json`'s where the job references one (the hints' shape fields
@@ -348,6 +382,7 @@ fn model_shape(
         quirks: super::shape::Quirks::default(),
         tower: None,
         window: None,
+        source: None,
     };
     Ok(bounded_by_count(
         shape,

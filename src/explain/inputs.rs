@@ -63,6 +63,30 @@ impl Inputs {
     }
 }
 
+impl Inputs {
+    /// The shape of the model another kind's annotation `offload.dev/model-config` names, from
+    /// the inputs, read as the webhook reads its ConfigMap.
+    pub fn annotated_model_config(
+        &self,
+        req: &kube::core::admission::AdmissionRequest<kube::core::DynamicObject>,
+    ) -> Result<Option<ModelShape>, ModelConfigError> {
+        let Some(r) = req
+            .object
+            .as_ref()
+            .and_then(|o| o.metadata.annotations.as_ref())
+            .and_then(Reference::model_annotation)
+        else {
+            return Ok(None);
+        };
+        let Some(text) = self.model_configs.get(&r.name) else {
+            return Err(ModelConfigError::NotGiven { name: r.name });
+        };
+        let ns = req.namespace.as_deref().unwrap_or("default");
+        let cm = referenced::config_map_of(&r.name, &r.key, text);
+        r.model_shape(ns, Fetched::Found(Box::new(cm))).map(Some)
+    }
+}
+
 /// Reads the documents of a YAML or JSON file (`---`-separated; `List` objects unpacked).
 pub fn read_manifests(text: &str) -> Result<Vec<Value>, ExplainError> {
     let docs: Vec<Value> = serde_saphyr::from_multiple(text)

@@ -402,7 +402,10 @@ fn explain_object(obj: &Value, inputs: &Inputs) -> Result<Explanation, ExplainEr
     let req: AdmissionRequest<DynamicObject> = review
         .try_into()
         .map_err(|e| ExplainError::Manifest(format!("the {kind} cannot be read: {e}")))?;
-    let review = Review::new(&inputs.view);
+    let review = Review {
+        model_config: inputs.annotated_model_config(&req),
+        ..Review::new(&inputs.view)
+    };
     let verdict = if kind == "Pod" {
         admit::mutate_pod(&req, &review)
     } else {

@@ -591,3 +591,58 @@ fn node_cpus_are_given_offline_and_bad_ones_refused() {
         assert!(e.contains(expected), "{arg}: {e}");
     }
 }
+
+#[test]
+fn a_trace_given_as_a_file_sizes_the_job_for_every_kind_and_one_of_another_step_is_said() {
+    let config = include_str!("../../hack/gpu/models/new/nemotron-4b.json");
+    let trace = include_str!("../../tests/fixtures/traces/nemotron-4b-4096.json");
+    let mut with_trace = inputs(&[("h200-0", fixtures::H200_READING)]);
+    with_trace.model_configs.insert("m".into(), config.into());
+    with_trace.view.traces.add(trace).unwrap();
+    let traced = |e: &Explanation| {
+        e.reasons.iter().any(|r| {
+            r.message
+                .contains("traced from the model's code (NemotronForCausalLM")
+        })
+    };
+    // A TrainingJob at the traced step.
+    let job = JOB.replace(
+        "  deepspeed: {configMapRef: {name: ds}}",
+        "  deepspeed: {configMapRef: {name: ds}}\n  model: {configMapRef: {name: m}, tokensPerStep: 4096}",
+    );
+    let e = explain(&read_manifests(&job).unwrap()[0], &with_trace, false).unwrap();
+    assert!(e.resolved, "{}", e.message);
+    assert!(traced(&e), "{:?}", e.reasons);
+    // A batch Job that names the same model and step by its annotations: the webhook's path.
+    let batch = r#"
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: b
+  labels: {offload.dev/profile: auto}
+  annotations:
+    offload.dev/framework: DeepSpeed
+    offload.dev/framework-version: "0.19.8"
+    offload.dev/model-config: m
+    offload.dev/tokens-per-step: "4096"
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{name: t, image: t, resources: {limits: {nvidia.com/gpu: 1}}}]
+"#;
+    let e = explain(&read_manifests(batch).unwrap()[0], &with_trace, false).unwrap();
+    assert!(e.resolved, "{}", e.message);
+    assert!(traced(&e), "{:?}", e.reasons);
+    // At another step the trace is not used, and the reasons say why.
+    let other = job.replace("tokensPerStep: 4096", "tokensPerStep: 2048");
+    let e = explain(&read_manifests(&other).unwrap()[0], &with_trace, false).unwrap();
+    assert!(!traced(&e), "{:?}", e.reasons);
+    assert!(
+        e.reasons.iter().any(|r| r
+            .message
+            .contains("not traced: the trace is of 1 × 4096 tokens")),
+        "{:?}",
+        e.reasons
+    );
+}

@@ -31,6 +31,8 @@ impl CountHint {
 
 /// Bound of `tokensPerStep`.
 pub const MAX_TOKENS_PER_STEP: i64 = 1_000_000_000_000;
+/// Bound of `sequenceLength`: the most tokens a traced micro-batch holds.
+pub const MAX_SEQUENCE_LENGTH: i64 = 1 << 22;
 /// Bound of `hiddenSize`.
 pub const MAX_HIDDEN_SIZE: i64 = 1_000_000;
 /// Bound of `layers`.
@@ -44,6 +46,26 @@ pub const MAX_VOCAB_SIZE: i64 = 100_000_000;
 /// Bound of `experts.count`, `experts.perToken` and `experts.shared`.
 pub const MAX_EXPERTS: i64 = 1_000_000;
 
+/// The longest attention implementation name (`kernels-community/flash-attn3` and the like).
+pub const MAX_ATTENTION_NAME: usize = 64;
+
+/// Whether `name` can be an attention implementation `transformers` takes: letters, digits and
+/// `_ - . /`, at most [`MAX_ATTENTION_NAME`] characters.
+pub fn attention_name(name: &str) -> Result<(), String> {
+    if name.is_empty()
+        || name.len() > MAX_ATTENTION_NAME
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))
+    {
+        return Err(format!(
+            "{:?} is not an attention implementation: use a name such as sdpa, eager or flash_attention_2 (letters, digits, _ - . /, at most {MAX_ATTENTION_NAME})",
+            crate::text::bounded_to(name, 80)
+        ));
+    }
+    Ok(())
+}
+
 /// Bound of Megatron-core's tensor- and pipeline-parallel sizes (`spec.megatron` and the
 /// `offload.dev/megatron-*` annotations).
 pub const MAX_MODEL_PARALLEL: u32 = 1024;
@@ -54,6 +76,13 @@ pub const TOKENS_PER_STEP: CountHint = CountHint {
     annotation: names::ANNOTATION_TOKENS_PER_STEP,
     min: 1,
     max: MAX_TOKENS_PER_STEP,
+};
+/// `spec.model.sequenceLength`.
+pub const SEQUENCE_LENGTH: CountHint = CountHint {
+    field: "sequenceLength",
+    annotation: names::ANNOTATION_SEQUENCE_LENGTH,
+    min: 1,
+    max: MAX_SEQUENCE_LENGTH,
 };
 /// `spec.model.hiddenSize`.
 pub const HIDDEN_SIZE: CountHint = CountHint {
@@ -134,8 +163,9 @@ pub const EXPERT_INTERMEDIATE_SIZE: CountHint = CountHint {
 };
 
 /// Every whole-number hint.
-pub const COUNT_HINTS: [CountHint; 12] = [
+pub const COUNT_HINTS: [CountHint; 13] = [
     TOKENS_PER_STEP,
+    SEQUENCE_LENGTH,
     HIDDEN_SIZE,
     LAYERS,
     INTERMEDIATE_SIZE,
@@ -150,7 +180,8 @@ pub const COUNT_HINTS: [CountHint; 12] = [
 ];
 
 /// The other hints and the annotations that carry them (not whole numbers).
-pub const OTHER_HINTS: [(&str, &str); 7] = [
+pub const OTHER_HINTS: [(&str, &str); 8] = [
+    ("attention", names::ANNOTATION_ATTENTION),
     ("parameters", names::ANNOTATION_MODEL_PARAMETERS),
     ("architecture", names::ANNOTATION_ARCHITECTURE),
     ("configMapRef", names::ANNOTATION_MODEL_CONFIG),

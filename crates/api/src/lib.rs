@@ -11,7 +11,8 @@
 //! - [`version`]: framework versions and the feature gates that depend on them;
 //! - [`quantity`]: Kubernetes quantities and model sizes read as numbers, without overflow;
 //! - [`validation`]: Kubernetes' rules for names, label selectors and mount paths;
-//! - [`text`]: text other writers wrote, made safe to show in a status or a terminal.
+//! - [`text`]: text other writers wrote, made safe to show in a status or a terminal;
+//! - [`trace`]: what the sizer traced of a model's training step, checked.
 #![deny(missing_docs)]
 // Shipped functions fit on a screen (clippy counts code lines, not comments; threshold in
 // clippy.toml); tests, which read as scenarios, are not held to it.
@@ -29,6 +30,7 @@ pub mod observed;
 pub mod quantity;
 pub mod report;
 pub mod text;
+pub mod trace;
 pub mod v1alpha1;
 pub mod validation;
 pub mod version;

@@ -109,6 +109,11 @@ pub const ANNOTATION_MEGATRON_MANUAL_GC: &str = "offload.dev/megatron-manual-gc"
 pub const ANNOTATION_MODEL_PARAMETERS: &str = "offload.dev/model-parameters";
 /// Annotation on other job kinds and Pods: tokens per GPU per optimizer step.
 pub const ANNOTATION_TOKENS_PER_STEP: &str = "offload.dev/tokens-per-step";
+/// Annotation on other job kinds and Pods: tokens in one sequence of a micro-batch.
+pub const ANNOTATION_SEQUENCE_LENGTH: &str = "offload.dev/sequence-length";
+/// Annotation on other job kinds and Pods: the attention implementation the training code asks
+/// `transformers` for (`sdpa`, `eager`, `flash_attention_2`).
+pub const ANNOTATION_ATTENTION: &str = "offload.dev/attention";
 /// Annotation on other job kinds and Pods: the model's width (hidden size).
 pub const ANNOTATION_HIDDEN_SIZE: &str = "offload.dev/hidden-size";
 /// Annotation on other job kinds and Pods: the model's layers.

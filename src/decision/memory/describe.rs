@@ -72,11 +72,27 @@ impl JobMemory {
         } else {
             learned
         };
-        let standing = self
-            .shape
-            .standing
-            .said()
-            .map_or(String::new(), |s| format!("; {s}"));
+        let standing = match (&self.traced, &self.untraced) {
+            (Some(t), _) => format!(
+                "; {}",
+                t.said(
+                    self.shape.known.then(|| self.shape.parameters()),
+                    self.tokens
+                )
+            ),
+            (None, untraced) => {
+                let why = untraced
+                    .as_ref()
+                    .map(|w| format!("; not traced: {w}"))
+                    .unwrap_or_default();
+                let standing = self
+                    .shape
+                    .standing
+                    .said()
+                    .map_or(String::new(), |s| format!("; {s}"));
+                format!("{why}{standing}")
+            }
+        };
         format!(
             "needs about {} of the {} each GPU can hold on {}, {room}{share}, and {host}{learned}{standing}",
             gib(est.gpu),

@@ -38,13 +38,12 @@ impl JobMemory {
     /// Measured on the H200 (`docs/benchmarks/memory-h200.md`): Qwen2.5-7B's 545M-element
     /// output head makes 8 bytes per element of it; the bench's 3.8B GPT decoder 2.0 GB.
     pub(super) fn flushes(&self, class: &ClassMemory) -> Vec<Flush> {
+        if let Some(t) = &self.traced {
+            return self.traced_flushes(t);
+        }
         let b = self.value_bytes;
-        let ranks = as_f64(self.ranks.max(1));
         let half = b / 2.0;
-        let copies = |largest: f64| {
-            let part = largest / ranks;
-            b * part + (8.0 * part.min(NORM_CHUNK_ELEMENTS)).max(4.0 * part)
-        };
+        let copies = |largest: f64| self.flush_copies(largest);
         let tokens = self.tokens;
         let shape = self.shape_at_tokens();
         let saved = shape.saved_per_token(self.checkpointing);
@@ -71,35 +70,45 @@ impl JobMemory {
                     + in_flight,
             }];
         };
-        let mut out = Vec::new();
-        let (mut elements, mut largest) = (0.0_f64, 0.0_f64);
         // The input embedding's gradient (the tied matrix's, whole only from there on).
         let embedding = gradients
             .len()
             .saturating_sub(1 + usize::from(self.shape.positions > 0.0));
-        for (i, g) in gradients.iter().enumerate() {
-            if elements > 0.0 && elements + g.numel > REDUCE_BUCKET_ELEMENTS {
-                out.push(Flush {
-                    alive: alive(g.freed),
-                    transient: b * elements
-                        + copies(largest)
-                        + b * g.numel
-                        + if i < embedding { tied } else { 0.0 }
-                        + in_flight,
-                });
-                (elements, largest) = (0.0, 0.0);
-            }
-            elements += g.numel;
-            largest = largest.max(g.numel);
-        }
-        if elements > 0.0 {
-            let freed = gradients.last().map_or(0.0, |g| g.freed);
-            out.push(Flush {
-                alive: alive(freed),
-                transient: b * elements + copies(largest) + in_flight,
-            });
-        }
-        out
+        let arrivals: Vec<Arrival> = gradients
+            .iter()
+            .enumerate()
+            .map(|(i, g)| Arrival {
+                numel: g.numel,
+                alive: alive(g.freed),
+                held: if i < embedding { tied } else { 0.0 },
+            })
+            .collect();
+        bucket_flushes(&arrivals, b, &copies, in_flight)
+    }
+
+    /// What a flush holds for its largest tensor: the rank's gradient partition copied back
+    /// from the host, then the larger of the norm's fp64 chunks and the fp32 copy.
+    fn flush_copies(&self, largest: f64) -> f64 {
+        let part = largest / as_f64(self.ranks.max(1));
+        self.value_bytes * part + (8.0 * part.min(NORM_CHUNK_ELEMENTS)).max(4.0 * part)
+    }
+
+    /// [`JobMemory::flushes`] over a trace's gradients: what is alive at each is the trace's
+    /// (the activations' gradients in flight and a tied matrix's first gradient with it).
+    fn traced_flushes(&self, t: &super::Traced) -> Vec<Flush> {
+        let b = self.value_bytes;
+        let copies = |largest: f64| self.flush_copies(largest);
+        let scale = self.tokens.map_or(1.0, |tokens| tokens / t.tokens());
+        let arrivals: Vec<Arrival> = t
+            .gradients
+            .iter()
+            .map(|&(numel, alive)| Arrival {
+                numel,
+                alive: alive * scale,
+                held: 0.0,
+            })
+            .collect();
+        bucket_flushes(&arrivals, b, &copies, 0.0)
     }
 
     /// [`JobMemory::flushes`] where `placement` offloads under ZeRO-3 (none otherwise).
@@ -110,4 +119,42 @@ impl JobMemory {
             Vec::new()
         }
     }
+}
+
+/// A gradient as it arrives in the backward: its elements, the activation bytes alive then and
+/// what else it holds until later (a tied matrix's first gradient).
+struct Arrival {
+    numel: f64,
+    alive: f64,
+    held: f64,
+}
+
+/// DeepSpeed's bucket flushes over `arrivals`: a bucket is reduced when the next gradient would
+/// take it past `reduce_bucket_size`, and once more at the end (see [`JobMemory::flushes`]).
+fn bucket_flushes(
+    arrivals: &[Arrival],
+    b: f64,
+    copies: &dyn Fn(f64) -> f64,
+    in_flight: f64,
+) -> Vec<Flush> {
+    let mut out = Vec::new();
+    let (mut elements, mut largest) = (0.0_f64, 0.0_f64);
+    for g in arrivals {
+        if elements > 0.0 && elements + g.numel > REDUCE_BUCKET_ELEMENTS {
+            out.push(Flush {
+                alive: g.alive,
+                transient: b * elements + copies(largest) + b * g.numel + g.held + in_flight,
+            });
+            (elements, largest) = (0.0, 0.0);
+        }
+        elements += g.numel;
+        largest = largest.max(g.numel);
+    }
+    if elements > 0.0 {
+        out.push(Flush {
+            alive: arrivals.last().map_or(0.0, |g| g.alive),
+            transient: b * elements + copies(largest) + in_flight,
+        });
+    }
+    out
 }

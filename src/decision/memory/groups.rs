@@ -65,11 +65,8 @@ impl JobMemory {
     /// over the model's tensors when its shape is known; `partial`: with the sub-group size a
     /// partial ratio is written with.
     pub(super) fn walked_groups(&self, partial: bool) -> Option<Vec<f64>> {
-        if !self.shape.known {
-            return None;
-        }
         let ranks = as_f64(self.ranks.max(1));
-        let tensors = self.shape.tensors(MAX_TENSORS)?;
+        let tensors = self.tensor_list(MAX_TENSORS)?;
         let partitions: Vec<f64> = tensors.iter().map(|t| (t / ranks).ceil()).collect();
         Some(shape::sub_groups(&partitions, self.group_size(partial)))
     }
@@ -77,14 +74,14 @@ impl JobMemory {
     /// The most parameters one sub-group can hold: it closes at the first tensor that takes it
     /// to the sub-group size.
     pub(super) fn group_bound(&self, partial: bool) -> f64 {
-        let largest = self.shape.largest_tensor() / as_f64(self.ranks.max(1));
+        let largest = self.largest_tensor() / as_f64(self.ranks.max(1));
         (self.group_size(partial) + largest).min(self.shard().max(1.0))
     }
 
     /// The largest optimizer sub-group without offload (what the step converts to fp32 at once).
     pub(super) fn largest_group(&self) -> f64 {
         let ranks = as_f64(self.ranks.max(1));
-        (self.group_size(false) + self.shape.largest_tensor() / ranks).min(self.shard())
+        (self.group_size(false) + self.largest_tensor() / ranks).min(self.shard())
     }
 }
 

@@ -271,6 +271,7 @@ pub(crate) fn bench_gpt(hidden: f64, layers: f64) -> ModelShape {
         quirks: super::Quirks::default(),
         tower: None,
         window: None,
+        source: None,
     }
 }
 

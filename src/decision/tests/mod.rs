@@ -13,6 +13,7 @@ mod properties;
 mod proven;
 mod ratio;
 mod scale;
+pub(crate) mod traced;
 
 use std::collections::BTreeMap;
 

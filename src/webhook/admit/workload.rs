@@ -63,6 +63,7 @@ fn resolve_for_object(
             format!("offload configuration cannot be resolved: {e}"),
         ))
     })?;
+    let request = request.with_trace(namespace, review.view);
     decide_request(requested.as_deref(), &request, review.view).map_err(|e| {
         // The env of a pod template cannot change after creation, so an object that cannot be
         // configured now is refused rather than admitted with the wrong configuration.

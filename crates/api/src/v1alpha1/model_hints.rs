@@ -40,6 +40,19 @@ pub struct ModelHints {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = crate::hints::MAX_TOKENS_PER_STEP))]
     pub tokens_per_step: Option<i64>,
+    /// Tokens in one sequence of a micro-batch; with `tokensPerStep` it says how many sequences
+    /// a micro-batch holds. The model's trace runs at that shape (an eager attention keeps
+    /// sequence² scores, so the split matters). Unset: one sequence of all the micro-batch's
+    /// tokens, never under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = crate::hints::MAX_SEQUENCE_LENGTH))]
+    pub sequence_length: Option<i64>,
+    /// The attention implementation the training code asks `transformers` for (`sdpa`, `eager`,
+    /// `flash_attention_2`): the model's trace runs what it keeps. Unset: the `config.json`'s
+    /// `attn_implementation`, else the library's default for the model type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[A-Za-z0-9_./-]+$"))]
+    pub attention: Option<String>,
     /// How the blocks are built: `Llama` (RMSNorm, gated MLP such as SwiGLU: Llama, Mistral,
     /// Qwen, Gemma, Mixtral, DeepSeek) or `GPT` (LayerNorm, plain MLP: GPT-2, GPT-NeoX, OPT,
     /// Falcon). Unset: `Llama`, or what the `config.json`'s `model_type` says.

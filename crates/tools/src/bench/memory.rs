@@ -81,6 +81,7 @@ fn gpt_decoder(size: &str) -> Option<ModelShape> {
         quirks: offload_operator::decision::shape::Quirks::default(),
         tower: None,
         window: None,
+        source: None,
     })
 }
 
@@ -132,6 +133,8 @@ pub fn run(runs: &[PathBuf], models: &Path, node: &Node) -> Result<(), BenchErro
                     learned: Default::default(),
                     inferred: false,
                     ran: Default::default(),
+                    traced: None,
+                    untraced: None,
                     logits_room: true,
                 };
                 let (est, fit) = job.estimate_checked(placement, &class);

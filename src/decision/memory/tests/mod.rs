@@ -62,6 +62,8 @@ pub(super) fn job(shape: ModelShape, tokens: f64) -> JobMemory {
         learned: Default::default(),
         inferred: false,
         ran: Default::default(),
+        traced: None,
+        untraced: None,
         logits_room: true,
     }
 }
