@@ -56,7 +56,7 @@ enum Command {
     /// PyTorchJob or TrainJob manifest, with every reason, without changing anything. Node
     /// reports and profiles come from files, or from the current cluster when no report file
     /// is given.
-    Explain(ExplainArgs),
+    Explain(Box<ExplainArgs>),
     /// Remove what the operator made at run time and a chart does not own (the managed webhook
     /// certificate Secret, the leader Lease): the chart's uninstall hook runs it.
     Cleanup {

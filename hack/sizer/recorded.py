@@ -3,8 +3,10 @@ count, micro-batch x sequence and attention a DeepSpeed run recorded `savedActiv
 (what autograd kept for backward on the GPU, counted by hack/gpu/hf_step.py), the sizer's
 `savedBytes` for the same shape on this CPU, side by side.
 
-Usage: python3 hack/sizer/recorded.py [--python PYTHON] [--jobs N] > table.md
-PYTHON must have torch and transformers (the test command's sizer environment does).
+Usage: python3 hack/sizer/recorded.py [--python PYTHON] [--jobs N] [--traces DIR] > table.md
+PYTHON must have torch and transformers (the test command's sizer environment does). With
+--traces, each trace is also written to DIR/NAME-MICROxSEQ.json, what `offload-bench memory
+--traces DIR` reads to put the traced estimate beside each recorded run.
 """
 import argparse
 import collections
@@ -65,6 +67,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--traces", help="also write each trace to DIR/NAME-MICROxSEQ.json")
     a = ap.parse_args()
     combos = recorded()
     keys = sorted(combos, key=str)
@@ -76,6 +79,10 @@ def main():
     for key, t in zip(keys, traces):
         gpu = max(combos[key])
         model, layers, micro, seq, attn = key
+        if a.traces and t.get("kind") == "ModelTrace":
+            os.makedirs(a.traces, exist_ok=True)
+            with open(os.path.join(a.traces, f"{model[:-5]}-{micro}x{seq}.json"), "w") as f:
+                json.dump(t, f)
         if t.get("kind") != "ModelTrace":
             print(f"| {model[:-5]} | {layers or 'all'} | {micro} × {seq} | {attn} | {gpu / 2**30:.2f} | error: {t['error']['code']} | | |")
             continue

@@ -171,14 +171,18 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
     let needed = needed_of(obs, gpu_peak, &cm);
     #[allow(clippy::cast_precision_loss)]
     let host_peak = obs.host_peak.map(|h| h as f64).filter(|h| *h > 0.0);
-    let Some((jm, parameters)) = model_of(&job, &facts, obs, &cm, needed, host_peak)? else {
+    let Some((mut jm, mut parameters)) = model_of(&job, &facts, obs, &cm, needed, host_peak)?
+    else {
         return Ok(None);
     };
-    // Less than the weights, gradients and optimizer state the configuration holds on the GPU
-    // (what the model counts exactly) is no step of it: a window before its first step, or a
-    // figure that cannot be true. It teaches nothing (it would be learned at the floor).
-    if obs.failed.is_none() && needed < gpu_with(&jm, &cm, obs.placement, 0.0) {
-        return Ok(None);
+    let counted = jm.parameters;
+    match floor_of(&jm, &cm, obs, needed) {
+        Floor::Under => {}
+        Floor::NoStep => return Ok(None),
+        Floor::Corrected(p) => {
+            jm = jm.with_parameters(p);
+            parameters = Some(p);
+        }
     }
     if let Some(decided) = &obs.decided_shape
         && *decided != jm.shape_key
@@ -216,6 +220,7 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
         host,
         capped,
         parameters,
+        counted: (!jm.inferred && parameters.is_some()).then_some(counted),
     };
     let (placement, ratio) = obs.placement.state();
     Ok(Some(Lesson {
@@ -238,6 +243,48 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
             .filter(|s| offload_api::observed::plausible_step(*s)),
         sentence: said.sentence(obs),
     }))
+}
+
+/// Where a run's need stands against the model's floor: the weights, gradients and optimizer
+/// state its configuration holds on the GPU.
+enum Floor {
+    /// At or above it: the run is learned against the model as it is.
+    Under,
+    /// Below it and no step of the job: a window before its first step, a figure that cannot be
+    /// true. It teaches nothing.
+    NoStep,
+    /// Below a floor the model could not know: a counted model whose per-type terms build more
+    /// parameters than the model has. The most parameters the run allows (an upper bound).
+    Corrected(f64),
+}
+
+/// Where `needed` stands against `jm`'s floor for the run `obs`. A run that trained, with the
+/// allocator's own figure, measured its whole step: below a counted floor its peak corrects the
+/// count rather than being discarded. A traced model's parameters are the model's own: its
+/// floor stands.
+fn floor_of(jm: &JobMemory, cm: &ClassMemory, obs: &Observed, needed: f64) -> Floor {
+    if obs.failed.is_some() || needed >= gpu_with(jm, cm, obs.placement, 0.0) {
+        return Floor::Under;
+    }
+    let measured = obs.trained && obs.allocated.is_some_and(|a| a > 0);
+    if !measured || jm.traced.is_some() || jm.inferred {
+        return Floor::NoStep;
+    }
+    let p = solve(1e6, jm.parameters, needed, |p| {
+        gpu_with(
+            &jm.with_parameters(p),
+            cm,
+            obs.placement,
+            learned::MIN_ACTIVATIONS,
+        )
+    });
+    // Half the count is past any per-type term's error (the hints' own bound): such a figure is
+    // no step of this model.
+    if p < 0.5 * jm.parameters {
+        Floor::NoStep
+    } else {
+        Floor::Corrected(p)
+    }
 }
 
 /// What the job needed of the GPU, as the estimate counts it (without the CUDA context): the
@@ -331,6 +378,8 @@ struct Said<'a> {
     host: Option<f64>,
     capped: bool,
     parameters: Option<f64>,
+    /// The count the parameters correct, where they correct one.
+    counted: Option<f64>,
 }
 
 impl Said<'_> {
@@ -368,8 +417,15 @@ impl Said<'_> {
                 ""
             },
             self.parameters.map_or(String::new(), |p| format!(
-                "; without model hints, its peaks show at most {:.2}B parameters",
-                p / 1e9
+                "; its peaks show at most {:.2}B parameters{}",
+                p / 1e9,
+                match self.counted {
+                    Some(c) => format!(
+                        ", where the count has {:.2}B: later decisions of the shape are sized at that",
+                        c / 1e9
+                    ),
+                    None => " (the job gives no model hints)".into(),
+                }
             )),
             obs.step_seconds.map_or(String::new(), |t| format!(
                 "; a step took {:.0} ms (the median after the first)",

@@ -209,6 +209,9 @@ pub struct JobMemory {
     pub traced: Option<std::sync::Arc<Traced>>,
     /// Why the step was not traced, where a trace was sought (for reasons).
     pub untraced: Option<String>,
+    /// The per-type count's parameters, where runs of the shape that trained showed fewer
+    /// (`parameters` is then what they showed: the count's floor, corrected).
+    pub counted_parameters: Option<f64>,
     /// Whether the budget keeps the allocator's room for the step's largest activation
     /// ([`LARGE_ALLOCATION_FRAGMENTATION`] of the fp32 logits). `true` for every decision but a
     /// trial of a faster rung ([`super::proven`]), which keeps the fragmentation share alone
@@ -321,6 +324,14 @@ impl JobMemory {
     pub fn as_trial(&self) -> JobMemory {
         JobMemory {
             logits_room: false,
+            ..self.clone()
+        }
+    }
+
+    /// The job with `parameters` parameters instead (the count corrected by what runs showed).
+    pub fn with_parameters(&self, parameters: f64) -> JobMemory {
+        JobMemory {
+            parameters,
             ..self.clone()
         }
     }

@@ -75,6 +75,18 @@ pub(super) fn job_memory(
                 jm.ran.insert(class, ran);
             }
         }
+        // Runs that trained below the count's floor showed the model's size: the count is
+        // corrected to it (a traced model's count is its own).
+        let shown = jm
+            .learned
+            .values()
+            .filter_map(|f| f.parameters)
+            .reduce(f64::max);
+        if let Some(p) = shown.filter(|p| *p < jm.parameters && !jm.inferred && jm.traced.is_none())
+        {
+            jm.counted_parameters = Some(jm.parameters);
+            jm.parameters = p;
+        }
     }
     Ok(Some(jm))
 }
@@ -272,6 +284,7 @@ fn job_memory_of(
         ran: std::collections::BTreeMap::new(),
         traced,
         untraced,
+        counted_parameters: None,
         logits_room: true,
     }))
 }

@@ -64,6 +64,14 @@ impl JobMemory {
             }
             _ => String::new(),
         };
+        let learned = match self.counted_parameters {
+            Some(c) => format!(
+                "{learned} (runs of this shape that trained showed at most {:.2}B parameters where the per-type count has {:.2}B: sized at that)",
+                self.parameters / 1e9,
+                c / 1e9
+            ),
+            None => learned,
+        };
         let learned = if self.inferred {
             format!(
                 "{learned} (the job gives no model hints: sized as {:.2}B parameters from the peaks of its observed runs)",
@@ -72,33 +80,38 @@ impl JobMemory {
         } else {
             learned
         };
-        let standing = match (&self.traced, &self.untraced) {
-            (Some(t), _) => format!(
-                "; {}",
-                t.said(
-                    self.shape.known.then(|| self.shape.parameters()),
-                    self.tokens
-                )
-            ),
-            (None, untraced) => {
-                let why = untraced
-                    .as_ref()
-                    .map(|w| format!("; not traced: {w}"))
-                    .unwrap_or_default();
-                let standing = self
-                    .shape
-                    .standing
-                    .said()
-                    .map_or(String::new(), |s| format!("; {s}"));
-                format!("{why}{standing}")
-            }
-        };
+        let standing = self.model_said();
         format!(
             "needs about {} of the {} each GPU can hold on {}, {room}{share}, and {host}{learned}{standing}",
             gib(est.gpu),
             gib(self.gpu_budget(class)),
             class.gpu_node
         )
+    }
+
+    /// Where the model's figures come from, for reasons: the trace, or why there is none and
+    /// how the model type stands.
+    fn model_said(&self) -> String {
+        if let Some(t) = &self.traced {
+            return format!(
+                "; {}",
+                t.said(
+                    self.shape.known.then(|| self.shape.parameters()),
+                    self.tokens
+                )
+            );
+        }
+        let why = self
+            .untraced
+            .as_ref()
+            .map(|w| format!("; not traced: {w}"))
+            .unwrap_or_default();
+        let standing = self
+            .shape
+            .standing
+            .said()
+            .map_or(String::new(), |s| format!("; {s}"));
+        format!("{why}{standing}")
     }
 
     /// What would widen the headroom of `est` when it is close to the limit; `None` otherwise.

@@ -128,6 +128,10 @@ enum Command {
         /// Where the models' `config.json` files are.
         #[arg(long, default_value = "hack/gpu/models")]
         models: PathBuf,
+        /// A folder of the sizer's traces (`NAME-MICROxSEQ.json`): each run's traced estimate
+        /// beside the counted one.
+        #[arg(long)]
+        traces: Option<PathBuf>,
         /// GPU memory of the node (NVML's total; the H200's by default).
         #[arg(long, default_value_t = 150_754_820_096)]
         gpu_bytes: u64,
@@ -200,11 +204,13 @@ fn main() -> ExitCode {
         Command::Memory {
             runs,
             models,
+            traces,
             gpu_bytes,
             host_bytes,
         } => memory::run(
             &runs,
             &models,
+            traces.as_deref(),
             &memory::Node {
                 gpu_bytes,
                 host_bytes,

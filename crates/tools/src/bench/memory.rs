@@ -85,8 +85,30 @@ fn gpt_decoder(size: &str) -> Option<ModelShape> {
     })
 }
 
-/// One row per phase of every run in `runs`, models read from `models` (`NAME.json`).
-pub fn run(runs: &[PathBuf], models: &Path, node: &Node) -> Result<(), BenchError> {
+/// The sizer's trace of `name` at one phase's micro-batch, where `traces` holds one
+/// (`NAME-MICROxSEQ.json`, as `hack/sizer/recorded.py --traces` writes them).
+fn trace_of(
+    traces: Option<&Path>,
+    name: &str,
+    phase: &Value,
+) -> Option<std::sync::Arc<offload_operator::decision::memory::Traced>> {
+    let micro = phase.get("micro").and_then(Value::as_u64)?;
+    let seq = phase.get("seq").and_then(Value::as_u64)?;
+    let text = std::fs::read_to_string(traces?.join(format!("{name}-{micro}x{seq}.json"))).ok()?;
+    let trace = offload_api::trace::ModelTrace::parse(&text).ok()?;
+    Some(std::sync::Arc::new(
+        offload_operator::decision::memory::Traced::new(std::sync::Arc::new(trace)),
+    ))
+}
+
+/// One row per phase of every run in `runs`, models read from `models` (`NAME.json`), with the
+/// traced model's estimate beside the counted one's where `traces` holds the phase's trace.
+pub fn run(
+    runs: &[PathBuf],
+    models: &Path,
+    traces: Option<&Path>,
+    node: &Node,
+) -> Result<(), BenchError> {
     let class = ClassMemory {
         gpu_bytes: node.gpu_bytes,
         gpu_node: "the GPU".into(),
@@ -101,9 +123,9 @@ pub fn run(runs: &[PathBuf], models: &Path, node: &Node) -> Result<(), BenchErro
         gib(node.host_bytes as f64)
     );
     println!(
-        "| model | tokens | configuration | estimate GPU / host (GiB) | DeepSpeed's estimator GPU / host | measured GPU allocated / reserved, host (GiB) | error GPU / host | step (median) | allocator retries | model says | ran |"
+        "| model | tokens | configuration | estimate GPU / host (GiB) | DeepSpeed's estimator GPU / host | measured GPU allocated / reserved, host (GiB) | error GPU / host | step (median) | allocator retries | model says | ran | traced estimate GPU (error) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for path in runs {
         let text = std::fs::read_to_string(path)?;
         for line in text.lines() {
@@ -135,10 +157,28 @@ pub fn run(runs: &[PathBuf], models: &Path, node: &Node) -> Result<(), BenchErro
                     ran: Default::default(),
                     traced: None,
                     untraced: None,
+                    counted_parameters: None,
                     logits_room: true,
                 };
                 let (est, fit) = job.estimate_checked(placement, &class);
                 let measured = Measured::of(&rec, phase);
+                let traced = trace_of(traces, &name, phase).map(|t| {
+                    let job = JobMemory {
+                        parameters: t.parameters(),
+                        traced: Some(t),
+                        ..job.clone()
+                    };
+                    let est = job.estimate_checked(placement, &class).0;
+                    format!(
+                        "{}{}",
+                        gib(est.gpu),
+                        if measured.ok && measured.gpu > 0.0 {
+                            format!(" ({:+.1}%)", (est.gpu / measured.gpu - 1.0) * 100.0)
+                        } else {
+                            String::new()
+                        }
+                    )
+                });
                 let configuration = format!(
                     "{placement}{}{}",
                     est.offloaded_share
@@ -155,11 +195,12 @@ pub fn run(runs: &[PathBuf], models: &Path, node: &Node) -> Result<(), BenchErro
                     (false, false) => "GPU and host too small",
                 };
                 println!(
-                    "| {name} | {tokens} | {configuration} | {} / {} | {} | {says} | {} |",
+                    "| {name} | {tokens} | {configuration} | {} / {} | {} | {says} | {} | {} |",
                     gib(est.gpu),
                     gib(est.host_per_pod),
                     measured.columns(est.gpu, est.host_per_pod),
-                    measured.ran()
+                    measured.ran(),
+                    traced.unwrap_or_else(|| "–".into())
                 );
             }
         }

@@ -64,6 +64,7 @@ pub(super) fn job(shape: ModelShape, tokens: f64) -> JobMemory {
         ran: Default::default(),
         traced: None,
         untraced: None,
+        counted_parameters: None,
         logits_room: true,
     }
 }
