@@ -33,6 +33,11 @@ if [ -n "$long" ]; then
   exit 1
 fi
 
+step "the sizer's Python (torch and transformers, cached outside the clone): the sizer's own tests run it"
+OFFLOAD_SIZER_PYTHON=$(bash hack/sizer/python.sh)
+export OFFLOAD_SIZER_PYTHON OFFLOAD_SIZER_REQUIRED=1
+echo "$OFFLOAD_SIZER_PYTHON"
+
 step "cargo test --workspace --no-run: every test binary (unit, property, CRD drift, integration)"
 binaries=target/test-binaries.txt
 cargo test --workspace --no-run --message-format=json-render-diagnostics |

@@ -201,6 +201,27 @@ struct RunArgs {
     /// DeviceClasses whose claims request the driver's whole GPUs (default: the driver's name).
     #[arg(long, value_delimiter = ',')]
     dra_gpu_device_classes: Vec<String>,
+    /// Trace each TrainingJob's model from its own code before its pods exist (the sizer, as a
+    /// short CPU Job in the job's namespace); off: the counted model decides alone.
+    #[arg(long, env = "OFFLOAD_SIZER", default_value_t = true, action = clap::ArgAction::Set)]
+    sizer: bool,
+    /// The sizer image (pinned torch and transformers): where the job's own image cannot build
+    /// the model, or is not to be used.
+    #[arg(long, env = "OFFLOAD_SIZER_IMAGE")]
+    sizer_image: Option<String>,
+    /// Run the sizer from the job's own image first (its libraries build the model as the job
+    /// will); its traces then hold for its namespace only.
+    #[arg(long, env = "OFFLOAD_SIZER_JOB_IMAGE", default_value_t = true, action = clap::ArgAction::Set)]
+    sizer_job_image: bool,
+    /// How long a job waits for its trace before the counted model decides.
+    #[arg(long, env = "OFFLOAD_SIZER_TIMEOUT", default_value = "300s", value_parser = parse_sizer_timeout)]
+    sizer_timeout: Duration,
+    /// CPU of the sizer's container (a Kubernetes quantity: `2`, `1500m`).
+    #[arg(long, env = "OFFLOAD_SIZER_CPU", default_value = "2", value_parser = parse_cpu)]
+    sizer_cpu: String,
+    /// Memory of the sizer's container (a Kubernetes quantity: `4Gi`).
+    #[arg(long, env = "OFFLOAD_SIZER_MEMORY", default_value = "4Gi", value_parser = parse_memory)]
+    sizer_memory: String,
 }
 
 fn main() -> ExitCode {
@@ -247,6 +268,32 @@ fn main() -> ExitCode {
 /// The leader lease's duration: 5 s to 5 minutes.
 fn parse_seconds(s: &str) -> Result<Duration, String> {
     offload_api::duration::parse_bounded(s, Duration::from_secs(5), Duration::from_secs(300))
+}
+
+/// The sizer's time-out: from 10 s (a model is built and traced in seconds) to an hour (a job
+/// waits no longer for its trace).
+fn parse_sizer_timeout(s: &str) -> Result<Duration, String> {
+    offload_api::duration::parse_bounded(s, Duration::from_secs(10), Duration::from_secs(3600))
+}
+
+/// A CPU quantity of at least a tenth of a core.
+fn parse_cpu(s: &str) -> Result<String, String> {
+    let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.to_string());
+    match offload_api::quantity::cpu_cores(&q) {
+        Ok(c) if (0.1..=1024.0).contains(&c) => Ok(s.to_string()),
+        Ok(c) => Err(format!("{c} cores: give 0.1 to 1024")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A memory quantity of at least 512 MiB.
+fn parse_memory(s: &str) -> Result<String, String> {
+    let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.to_string());
+    match offload_api::quantity::bytes(&q) {
+        Ok(b) if b >= 512 << 20 => Ok(s.to_string()),
+        Ok(b) => Err(format!("{b} bytes: the sizer needs at least 512Mi")),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// A process-unique suffix for the leader identity: a restarted container must not believe
@@ -517,6 +564,15 @@ fn run(runtime: &tokio::runtime::Runtime, args: RunArgs) -> ExitCode {
         let options = RunOptions {
             admin_addr: args.admin_addr,
             learned_namespace: Some(args.namespace.clone()),
+            sizer: args.sizer.then(|| offload_operator::sizer::SizerOptions {
+                namespace: args.namespace.clone(),
+                image: args.sizer_image.clone().filter(|i| !i.is_empty()),
+                job_image: args.sizer_job_image,
+                timeout: args.sizer_timeout,
+                cpu: args.sizer_cpu.clone(),
+                memory: args.sizer_memory.clone(),
+                ..Default::default()
+            }),
             leader_election: args.leader_election.then(|| LeaderElection {
                 namespace: args.namespace.clone(),
                 lease_name: args.lease_name.clone(),

@@ -32,6 +32,9 @@ pub struct RunOptions {
     /// The namespace whose ConfigMap keeps what runs taught the memory model (the operator's
     /// own; `None`: nothing is learned or used).
     pub learned_namespace: Option<String>,
+    /// How the sizer traces models' steps before their jobs' pods exist (`None`: it does not,
+    /// and the counted model decides).
+    pub sizer: Option<crate::sizer::SizerOptions>,
 }
 
 /// Where the leader-election Lease lives.
@@ -126,17 +129,27 @@ pub async fn run(
         .learned_namespace
         .as_deref()
         .map(crate::cluster::learned::LearnedStore::new);
+    caches.traces = options
+        .sizer
+        .clone()
+        .map(crate::cluster::traces::TraceStore::new);
     let learned = caches.learned.clone();
+    let traces = caches.traces.clone();
     let watch_client = client.clone();
     let watch_stop = stop.clone();
     let drive_caches = async move {
         let learned = async {
             if let Some(store) = learned {
-                store.watch(watch_client, watch_stop.clone()).await;
+                store.watch(watch_client.clone(), watch_stop.clone()).await;
+            }
+        };
+        let traces = async {
+            if let Some(store) = traces {
+                store.watch(watch_client.clone(), watch_stop.clone()).await;
             }
         };
         tokio::select! {
-            ((), ()) = futures::future::join(drive_caches, learned) => {},
+            ((), (), ()) = futures::future::join3(drive_caches, learned, traces) => {},
             () = watch_stop.cancelled() => {},
         }
     };

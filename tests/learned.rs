@@ -40,6 +40,7 @@ fn start_operator(
         client.clone(),
         offload_operator::operator::RunOptions {
             learned_namespace: Some(ns.to_string()),
+            sizer: None,
             ..operator_options()
         },
         token.clone(),

@@ -313,6 +313,9 @@ pub struct Caches {
     /// What runs taught the memory model, where the operator learns (set after
     /// [`Caches::new`]; watched by the operator's run).
     pub learned: Option<crate::cluster::learned::LearnedStore>,
+    /// The sizer's traces, where the operator traces models (set after [`Caches::new`];
+    /// watched by the operator's run).
+    pub traces: Option<crate::cluster::traces::TraceStore>,
 }
 
 impl Caches {
@@ -403,6 +406,7 @@ impl Caches {
         (
             Caches {
                 learned: None,
+                traces: None,
                 profiles,
                 nodes,
                 jobs,
@@ -433,6 +437,10 @@ impl Caches {
                 .await
                 .is_ok()
             && match &self.learned {
+                Some(store) => store.wait_synced().await,
+                None => true,
+            }
+            && match &self.traces {
                 Some(store) => store.wait_synced().await,
                 None => true,
             }

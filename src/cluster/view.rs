@@ -103,6 +103,8 @@ pub struct StoreView {
     pub learned: Option<crate::cluster::learned::LearnedStore>,
     /// LimitRanges of every namespace, where the view watches them.
     pub limit_ranges: Option<Store<LimitRange>>,
+    /// The sizer's traces, where the operator traces models (`None`: it does not).
+    pub traces: Option<crate::cluster::traces::TraceStore>,
 }
 
 impl StoreView {
@@ -123,6 +125,7 @@ impl StoreView {
             dra: caches.dra.clone(),
             learned: caches.learned.clone(),
             limit_ranges: Some(caches.limit_ranges.store().clone()),
+            traces: caches.traces.clone(),
         }
     }
 
@@ -137,6 +140,7 @@ impl StoreView {
             dra: None,
             learned: None,
             limit_ranges: None,
+            traces: None,
         }
     }
 }
@@ -168,6 +172,18 @@ impl ClusterView for StoreView {
         self.learned
             .as_ref()
             .map(crate::cluster::learned::LearnedStore::view)
+    }
+
+    fn model_trace(
+        &self,
+        namespace: &str,
+        step: &crate::decision::SizerRequest,
+    ) -> crate::decision::TraceInput {
+        self.traces
+            .as_ref()
+            .map_or(crate::decision::TraceInput::None, |t| {
+                t.lookup(namespace, step, jiff::Timestamp::now())
+            })
     }
 
     fn namespace_limits(&self, namespace: &str) -> crate::decision::limits::NamespaceLimits {

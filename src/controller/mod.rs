@@ -406,6 +406,19 @@ where
     // A workload pod whose start-up guard ended, or whose training container ran out of
     // memory: record what it found.
     .watches_stream(pod_changes, |pod| job_of_pod(&pod))
+    // A sizer Job that ended (or changed): the job that asked for it is decided at once.
+    .watches_stream(
+        watcher(
+            Api::<Job>::all(client.clone()),
+            watcher::Config::default().labels(names::LABEL_SIZER_FOR),
+        )
+        .default_backoff()
+        .touched_objects(),
+        |job| {
+            let name = job.labels().get(names::LABEL_SIZER_FOR)?.clone();
+            Some(ObjectRef::new(&name).within(&job.namespace().unwrap_or_default()))
+        },
+    )
     // A held job whose DeepSpeed ConfigMap the user fixes is tried again at once. Metadata is
     // enough to map a ConfigMap to its jobs, and its resourceVersion moves with every edit.
     .watches_stream(

@@ -247,6 +247,12 @@ impl PodResources {
         Ok((resources, pinning))
     }
 
+    /// The training container of a pod spec: the first that asks for a GPU (by the device
+    /// plugin or a claim), else the first.
+    pub fn training_container_of(spec: &PodSpec) -> Option<usize> {
+        training_container(spec)
+    }
+
     /// GPUs per pod for the decision: at least 1.
     pub fn gpus_per_pod(&self) -> u32 {
         u32::try_from(self.gpus.max(1)).unwrap_or(u32::MAX)

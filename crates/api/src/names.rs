@@ -189,6 +189,17 @@ pub const ANNOTATION_OUT_OF_MEMORY: &str = "offload.dev/out-of-memory";
 /// TrainJob): their pods are watched for out-of-memory failures.
 pub const LABEL_CONFIGURED: &str = "offload.dev/configured";
 
+/// Label on the sizer's Jobs and pods: the key of the step they trace.
+pub const LABEL_SIZER: &str = "offload.dev/sizer";
+/// Label on a sizer Job: the TrainingJob that asked for it (the one whose reconcile it wakes).
+pub const LABEL_SIZER_FOR: &str = "offload.dev/sizer-for";
+/// Label on the ConfigMaps that keep traces (in the operator's namespace): the step's key.
+pub const LABEL_TRACE: &str = "offload.dev/trace";
+/// Annotation on a trace ConfigMap: when the sizer finished (RFC 3339).
+pub const ANNOTATION_TRACED_AT: &str = "offload.dev/traced-at";
+/// Annotation on a trace ConfigMap: the image the sizer ran from.
+pub const ANNOTATION_TRACED_BY: &str = "offload.dev/traced-by";
+
 /// Label on every object and pod of a TrainingJob's workload: the TrainingJob's name.
 pub const LABEL_TRAINING_JOB: &str = "offload.dev/training-job";
 

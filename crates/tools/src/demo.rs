@@ -152,6 +152,7 @@ async fn operator_out_of_cluster(
         }),
         dra: Some(Default::default()),
         learned_namespace: Some(NAMESPACE.into()),
+        sizer: None,
     };
     let op_client = client.clone();
     let token = shutdown.clone();

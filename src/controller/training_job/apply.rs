@@ -138,6 +138,27 @@ pub(super) async fn record_unresolved(
     Ok(())
 }
 
+/// A job waiting for the sizer to trace its model's step: `OffloadResolved=False` (`Tracing`)
+/// with `message` (no Warning: nothing is wrong).
+pub(super) async fn record_tracing(
+    tj: &TrainingJob,
+    ctx: &Context,
+    message: &str,
+) -> Result<(), Error> {
+    let api: Api<TrainingJob> =
+        Api::namespaced(ctx.client.clone(), &tj.namespace().unwrap_or_default());
+    let current = tj.status.clone().unwrap_or_default();
+    if let Some(status) = status::held(
+        &current,
+        "Tracing",
+        message.to_string(),
+        tj.metadata.generation,
+    ) {
+        status::write_decision(&api, &tj.name_any(), &status).await?;
+    }
+    Ok(())
+}
+
 pub(super) fn existing_conditions(tj: &TrainingJob) -> Vec<Condition> {
     tj.status
         .as_ref()

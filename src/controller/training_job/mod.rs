@@ -9,6 +9,7 @@ mod follow;
 pub(crate) mod kueue;
 mod learn;
 pub mod recovery;
+mod sizing;
 mod triggers;
 
 #[cfg(test)]
@@ -137,11 +138,30 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
 
     let config = read_deepspeed_config(tj, ctx).await?;
     let model = read_model_config(tj, ctx).await?;
+    let traced = match sizing::trace_step(
+        tj,
+        ctx,
+        config.as_ref().ok().and_then(Option::as_ref),
+        model.as_ref().ok().and_then(Option::as_ref),
+    )
+    .await?
+    {
+        sizing::Step::Wait(action) => return Ok(action),
+        sizing::Step::Decide(traced) => traced,
+    };
+    let with_trace = traced.as_ref().map(|t| sizing::WithTrace {
+        view: &ctx.view,
+        traced: t,
+    });
+    let view: &dyn crate::decision::ClusterView = match &with_trace {
+        Some(v) => v,
+        None => &ctx.view,
+    };
     let res = match decide(
         tj,
         config.as_ref().map(Option::as_ref),
         model.as_ref().map(Option::as_ref),
-        &ctx.view,
+        view,
     ) {
         Ok(res) => res,
         Err(why) => {

@@ -243,6 +243,11 @@ impl DevCluster {
         fs::write(&reported, include_str!("../../kwok/pod-reported.yaml"))
             .map_err(io_err("writing kwok's reported-completion stages"))?;
         configs.push(format!("--config={}", reported.display()));
+        // The sizer's pods end as their annotations have them (a stand-in for the sizer).
+        let sized = self.root.join("kwok-pod-sized.yaml");
+        fs::write(&sized, include_str!("../../kwok/pod-sized.yaml"))
+            .map_err(io_err("writing kwok's sizer stages"))?;
+        configs.push(format!("--config={}", sized.display()));
         let port = free_port()?;
         let mut args = vec![
             format!("--kubeconfig={}", self.kubeconfig.display()),

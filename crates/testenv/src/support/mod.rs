@@ -480,6 +480,7 @@ pub fn operator_options() -> offload_operator::operator::RunOptions {
         webhook: None,
         dra: Some(Default::default()),
         learned_namespace: Some("default".into()),
+        sizer: None,
     }
 }
 
