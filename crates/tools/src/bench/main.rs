@@ -12,6 +12,7 @@
 //! - `kueue`: a burst of TrainingJobs without Kueue and one in a Kueue queue, on a real node
 //!   that runs Kueue: creation → admitted and → running;
 //! - `memory`: the memory model beside the peaks the GPU harness measured;
+//! - `sizer`: the sizer's wall time and peak memory on this machine, per model;
 //! - `noop-operator` (hidden): the peer `scale --peer noop` runs instead of the operator.
 
 // Functions fit on a screen (clippy.toml has the threshold).
@@ -35,6 +36,7 @@ mod measure;
 mod memory;
 mod noop;
 mod scale;
+mod sizer;
 mod webhook;
 
 use std::path::PathBuf;
@@ -139,6 +141,19 @@ enum Command {
         #[arg(long, default_value_t = 125 << 30)]
         host_bytes: u64,
     },
+    /// The sizer's wall time and peak memory on this machine, per model (needs a Python with
+    /// torch and transformers: `hack/sizer/python.sh` makes one).
+    Sizer {
+        /// The Python to run the sizer with.
+        #[arg(long, env = "OFFLOAD_SIZER_PYTHON", default_value = "python3")]
+        python: String,
+        /// Runs of each model.
+        #[arg(long, default_value_t = 3)]
+        runs: u32,
+        /// `CONFIG.json:MICROxSEQ`, one per model.
+        #[arg(required = true)]
+        cases: Vec<sizer::Case>,
+    },
     /// The no-op operator (started by `scale --peer noop` as its own process).
     #[command(hide = true)]
     NoopOperator {
@@ -201,6 +216,11 @@ fn main() -> ExitCode {
         } => rt.block_on(noop::run(webhook_addr, admin_addr, namespace)),
         Command::Kueue { jobs } => rt.block_on(kueue::run(jobs)),
         Command::Admission { nodes, iterations } => admission::run(&nodes, iterations),
+        Command::Sizer {
+            python,
+            runs,
+            cases,
+        } => sizer::run(&python, std::path::Path::new("."), &cases, runs),
         Command::Memory {
             runs,
             models,
