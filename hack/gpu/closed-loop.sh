@@ -32,6 +32,8 @@ hostmem=$(host_memory)
 for case in "$@"; do
   IFS=: read -r name profile model phases max <<<"$case"
   max=${max:-3}
+  # A model under a folder of hack/gpu/models (new/nemotron-4b) is named by its file alone.
+  stem=${model##*/}
   observed=()
   declare -A trained=()
   for k in $(seq 1 "$max"); do
@@ -39,18 +41,18 @@ for case in "$@"; do
       log "$name: deadline reached before run $k"
       break
     fi
-    decision=$out/$name-$model-decision-$k.json
+    decision=$out/$name-$stem-decision-$k.json
     # The job's tokensPerStep is the case's micro-batch × sequence (one GPU, no accumulation).
     IFS=x read -r micro seq <<<"${phases%%,*}"
-    job=$out/job-$name-$model.yaml
+    job=$out/job-$name-$stem.yaml
     sed "s/tokensPerStep: .*/tokensPerStep: $((micro * seq))/" "$here/loop/job-$name.yaml" >"$job"
     args=(-f "$job" --node-report "h200=$node" --node-memory "h200=$hostmem"
       --profile "$here/loop/profile-$profile.yaml" --deepspeed-config "loop-ds=$here/loop/ds.json")
     # A job that names the model's config.json (ConfigMap loop-model) gets the case's model.
     grep -q loop-model "$job" && args+=(--model-config "loop-model=$here/models/$model.json")
     "$ops" explain "${args[@]}" "${observed[@]}" -o json >"$decision" 2>>"$out/explain.log"
-    "$ops" explain "${args[@]}" "${observed[@]}" >"$out/$name-$model-decision-$k.txt" 2>&1
-    summary=$(python3 - "$decision" "$out/$name-$model-ds-$k.json" <<'EOF'
+    "$ops" explain "${args[@]}" "${observed[@]}" >"$out/$name-$stem-decision-$k.txt" 2>&1
+    summary=$(python3 - "$decision" "$out/$name-$stem-ds-$k.json" <<'EOF'
 import json, sys
 e = json.load(open(sys.argv[1]))
 json.dump(e["deepspeedConfig"], open(sys.argv[2], "w"))
@@ -65,7 +67,7 @@ EOF
 )
     if [[ -z $summary ]]; then
       # No configuration (a held job): its reason is the result; nothing is trained.
-      log "$name $model decision $k: none — $(head -c 600 "$out/$name-$model-decision-$k.txt")"
+      log "$name $model decision $k: none — $(head -c 600 "$out/$name-$stem-decision-$k.txt")"
       break
     fi
     log "$name $model decision $k: $summary"
@@ -73,7 +75,7 @@ EOF
       log "$name: decision $k repeats the configuration that trained in run ${trained[$summary]}: the loop is done"
       break
     fi
-    run=$out/$name-$model-run-$k.json
+    run=$out/$name-$stem-run-$k.json
     # A profile that asks for the allocator's figures: the operator's reporter (the
     # sitecustomize.py it renders beside the config) on the run's PYTHONPATH, as in a pod.
     pypath=/tmp/site
@@ -89,10 +91,10 @@ for v in json.load(open(sys.argv[1])).get("env", []):
     if v.get("name", "").startswith("OFFLOAD_") and "value" in v:
         print("%s=%s" % (v["name"], v["value"]))' "$decision")
     env "${runenv[@]}" PYTHONPATH=$pypath "$agent" observe --interval-ms 100 --out "$run" -- \
-      python3 "$here/hf_step.py" --config "$out/$name-$model-ds-$k.json" --model "$here/models/$model.json" \
-      --phases "$phases" --steps "${STEPS:-6}" --label "$name $model run $k" 2>"$out/$name-$model-run-$k.log"
-    grep '^{' "$out/$name-$model-run-$k.log" | tail -1 >"$out/$name-$model-step-$k.json"
-    log "$name $model run $k: $(python3 - "$run" "$out/$name-$model-step-$k.json" <<'EOF'
+      python3 "$here/hf_step.py" --config "$out/$name-$stem-ds-$k.json" --model "$here/models/$model.json" \
+      --phases "$phases" --steps "${STEPS:-6}" --label "$name $model run $k" 2>"$out/$name-$stem-run-$k.log"
+    grep '^{' "$out/$name-$stem-run-$k.log" | tail -1 >"$out/$name-$stem-step-$k.json"
+    log "$name $model run $k: $(python3 - "$run" "$out/$name-$stem-step-$k.json" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
 p = r["pod"]
