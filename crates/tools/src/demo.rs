@@ -267,9 +267,17 @@ async fn install(
         deploy::prepare_real_node(client)
             .await
             .map_err(|e| e.to_string())?;
+        // The sizer's pods run beside everything else on this one machine: small, and bounded
+        // in time (the examples' images are not pulled here, so the counted model decides).
         let mut values = vec![
             "--set".to_string(),
             "defaultProfile.create=false".to_string(),
+            "--set".to_string(),
+            "sizer.cpu=100m".to_string(),
+            "--set".to_string(),
+            "sizer.memory=512Mi".to_string(),
+            "--set".to_string(),
+            "sizer.timeout=60s".to_string(),
         ];
         if kueue {
             step(
