@@ -18,6 +18,9 @@ use offload_operator::webhook::tls::{FileCerts, ManagedCerts};
 use offload_operator::webhook::{CertMode, WebhookOptions};
 use std::time::Duration;
 
+mod args;
+use args::{parse_cpu, parse_memory, parse_seconds, parse_sizer_timeout};
+
 /// mimalloc, not the system allocator: the admission path allocates and frees many small JSON
 /// values per request, and glibc's malloc took a third of its time (docs/benchmarks/scale.md).
 #[global_allocator]
@@ -262,37 +265,6 @@ fn main() -> ExitCode {
                 selector,
             },
         ),
-    }
-}
-
-/// The leader lease's duration: 5 s to 5 minutes.
-fn parse_seconds(s: &str) -> Result<Duration, String> {
-    offload_api::duration::parse_bounded(s, Duration::from_secs(5), Duration::from_secs(300))
-}
-
-/// The sizer's time-out: from 10 s (a model is built and traced in seconds) to an hour (a job
-/// waits no longer for its trace).
-fn parse_sizer_timeout(s: &str) -> Result<Duration, String> {
-    offload_api::duration::parse_bounded(s, Duration::from_secs(10), Duration::from_secs(3600))
-}
-
-/// A CPU quantity of at least a tenth of a core.
-fn parse_cpu(s: &str) -> Result<String, String> {
-    let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.to_string());
-    match offload_api::quantity::cpu_cores(&q) {
-        Ok(c) if (0.1..=1024.0).contains(&c) => Ok(s.to_string()),
-        Ok(c) => Err(format!("{c} cores: give 0.1 to 1024")),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// A memory quantity of at least 512 MiB.
-fn parse_memory(s: &str) -> Result<String, String> {
-    let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.to_string());
-    match offload_api::quantity::bytes(&q) {
-        Ok(b) if b >= 512 << 20 => Ok(s.to_string()),
-        Ok(b) => Err(format!("{b} bytes: the sizer needs at least 512Mi")),
-        Err(e) => Err(e.to_string()),
     }
 }
 
