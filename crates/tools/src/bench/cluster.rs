@@ -84,6 +84,15 @@ pub async fn setup_cluster(cluster: &DevCluster) -> Result<kube::Client> {
 
 /// Starts the release operator; returns it with its admin (metrics) port.
 pub fn spawn_operator(cluster: &DevCluster, webhook_port: Option<u16>) -> Result<(Child, u16)> {
+    spawn_operator_with(cluster, webhook_port, &[])
+}
+
+/// [`spawn_operator`] with `extra` arguments to `offload-operator run`.
+pub fn spawn_operator_with(
+    cluster: &DevCluster,
+    webhook_port: Option<u16>,
+    extra: &[&str],
+) -> Result<(Child, u16)> {
     let bin = repo_root().join("target/release/offload-operator");
     if !bin.exists() {
         return Err(BenchError::unexpected(
@@ -107,6 +116,7 @@ pub fn spawn_operator(cluster: &DevCluster, webhook_port: Option<u16>) -> Result
         ]),
         None => cmd.args(["--webhook-addr", ""]),
     };
+    cmd.args(extra);
     Ok((cmd.spawn()?, admin))
 }
 

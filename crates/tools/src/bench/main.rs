@@ -13,6 +13,8 @@
 //!   that runs Kueue: creation → admitted and → running;
 //! - `memory`: the memory model beside the peaks the GPU harness measured;
 //! - `sizer`: the sizer's wall time and peak memory on this machine, per model;
+//! - `sizer-wait`: how much later a TrainingJob's workload is created when its model is traced
+//!   first (the first job of a step, and the later ones);
 //! - `noop-operator` (hidden): the peer `scale --peer noop` runs instead of the operator.
 
 // Functions fit on a screen (clippy.toml has the threshold).
@@ -37,6 +39,7 @@ mod memory;
 mod noop;
 mod scale;
 mod sizer;
+mod sizer_wait;
 mod webhook;
 
 use std::path::PathBuf;
@@ -154,6 +157,13 @@ enum Command {
         #[arg(required = true)]
         cases: Vec<sizer::Case>,
     },
+    /// How much later a TrainingJob's workload is created when its model is traced first
+    /// (kwok stands in for the sizer's process).
+    SizerWait {
+        /// TrainingJobs of one step, one after another, each way.
+        #[arg(long, default_value_t = 10)]
+        jobs: usize,
+    },
     /// The no-op operator (started by `scale --peer noop` as its own process).
     #[command(hide = true)]
     NoopOperator {
@@ -215,6 +225,7 @@ fn main() -> ExitCode {
             namespace,
         } => rt.block_on(noop::run(webhook_addr, admin_addr, namespace)),
         Command::Kueue { jobs } => rt.block_on(kueue::run(jobs)),
+        Command::SizerWait { jobs } => rt.block_on(sizer_wait::run(jobs)),
         Command::Admission { nodes, iterations } => admission::run(&nodes, iterations),
         Command::Sizer {
             python,
