@@ -148,8 +148,14 @@ pub async fn run(
                 store.watch(watch_client.clone(), watch_stop.clone()).await;
             }
         };
+        // Each watch on the heap: polled side by side in one task, their states would make its
+        // frames deep (the caller's stack may be a test thread's 2 MiB).
         tokio::select! {
-            ((), (), ()) = futures::future::join3(drive_caches, learned, traces) => {},
+            ((), (), ()) = futures::future::join3(
+                Box::pin(drive_caches),
+                Box::pin(learned),
+                Box::pin(traces),
+            ) => {},
             () = watch_stop.cancelled() => {},
         }
     };

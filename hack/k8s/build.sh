@@ -106,7 +106,9 @@ if [[ $what == jobkinds ]]; then
   for d in "$jobset" "$trainer" "$trainer_old" "$to"; do
     [[ -n "$d" && -d "$d" ]] || { echo "error: a job-kind module did not download" >&2; exit 1; }
   done
-  out="$bin_dir.tmp"
+  # Test binaries that run at once may each fetch them: each writes its own copy, and the
+  # first to finish keeps its own.
+  out="$bin_dir.tmp.$$"
   rm -rf "$out"
   mkdir -p "$out"/{jobset,trainer,trainer-old,training-operator}
   cp "$jobset/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml" "$out/jobset/"
@@ -118,8 +120,12 @@ if [[ $what == jobkinds ]]; then
   cp "$to/examples/pytorch/simple.yaml" "$out/training-operator/"
   chmod -R u+w "$out"
   touch "$out/.complete"
-  rm -rf "$bin_dir"
-  mv "$out" "$bin_dir"
+  if [[ -f "$bin_dir/.complete" ]]; then
+    rm -rf "$out"
+  else
+    rm -rf "$bin_dir"
+    mv "$out" "$bin_dir" 2>/dev/null || { rm -rf "$out"; [[ -f "$bin_dir/.complete" ]]; }
+  fi
   log "job kinds: $(cd "$bin_dir" && find . -name '*.yaml' | sort | tr '\n' ' ')"
   echo "$bin_dir"
   exit 0

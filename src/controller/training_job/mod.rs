@@ -138,12 +138,13 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
 
     let config = read_deepspeed_config(tj, ctx).await?;
     let model = read_model_config(tj, ctx).await?;
-    let traced = match sizing::trace_step(
+    // Boxed: the sizer's steps are a large future, and a reconcile's must fit a small stack.
+    let traced = match Box::pin(sizing::trace_step(
         tj,
         ctx,
         config.as_ref().ok().and_then(Option::as_ref),
         model.as_ref().ok().and_then(Option::as_ref),
-    )
+    ))
     .await?
     {
         sizing::Step::Wait(action) => return Ok(action),
