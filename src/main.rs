@@ -308,6 +308,7 @@ fn explain(runtime: &tokio::runtime::Runtime, args: &ExplainArgs) -> ExitCode {
     };
     let render = offload_operator::render::RenderOptions {
         guard_image: args.agent_image.clone().filter(|i| !i.is_empty()),
+        ..Default::default()
     };
     let mut inputs = if args.node_reports.is_empty() {
         let loaded = runtime.block_on(async {
@@ -555,6 +556,7 @@ fn run(runtime: &tokio::runtime::Runtime, args: RunArgs) -> ExitCode {
                 concurrency: args.concurrency,
                 render: offload_operator::render::RenderOptions {
                     guard_image: args.agent_image.clone().filter(|i| !i.is_empty()),
+                    ..Default::default()
                 },
                 ..ControllerOptions::default()
             },

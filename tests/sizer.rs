@@ -2,7 +2,9 @@
 //! traced by a sizer Job in its namespace before its workload exists; the trace decides it, is
 //! kept in the operator's namespace and decides the next job of the same step without a second
 //! sizer; where the sizer cannot trace (the model's own code) or runs out of time, the counted
-//! model decides and the reasons say why. kwok stands in for the sizer's process (its pods end
+//! model decides and the reasons say why. A batch Job's env is written as it is created: the
+//! first of a step is decided by the counted model and its step traced for the next, which the
+//! trace decides. kwok stands in for the sizer's process (its pods end
 //! with the trace the sizer writes, `crates/testenv/kwok/pod-sized.yaml`); the sizer program
 //! itself runs for real in `tests/sizer_program.rs`.
 
@@ -25,34 +27,23 @@ use support::*;
 /// 4,096 tokens (transformers 5.17, torch 2.11).
 const CONFIG: &str = include_str!("../hack/gpu/models/new/nemotron-4b.json");
 const TRACE: &str = include_str!("fixtures/traces/nemotron-4b-4096.json");
+/// The same at 1,024 tokens.
+const TRACE_1024: &str = include_str!("fixtures/traces/nemotron-4b-1024.json");
 
-fn start_operator(
-    client: &Client,
-    ns: &str,
-    timeout: Duration,
-) -> (
-    tokio_util::sync::CancellationToken,
-    tokio::task::JoinHandle<Result<(), offload_operator::operator::RunError>>,
-) {
-    let token = tokio_util::sync::CancellationToken::new();
-    let handle = tokio::spawn(offload_operator::operator::run(
-        client.clone(),
-        offload_operator::operator::RunOptions {
-            learned_namespace: Some(ns.to_string()),
-            sizer: Some(offload_operator::sizer::SizerOptions {
-                namespace: ns.to_string(),
-                timeout,
-                ..Default::default()
-            }),
-            ..operator_options()
-        },
-        token.clone(),
-    ));
-    (token, handle)
+/// The operator (its webhook on, the sizer bounded by 10 s), once for this test binary.
+fn start_operator(cluster: &'static offload_testenv::devcluster::DevCluster) {
+    operator_with_webhook_and(cluster, |options| {
+        options.sizer = Some(offload_operator::sizer::SizerOptions {
+            namespace: OPERATOR_NAMESPACE.into(),
+            timeout: Duration::from_secs(10),
+            ..Default::default()
+        });
+    });
 }
 
 async fn setup(prefix: &str) -> (Client, String) {
     let cluster = cluster(ClusterOptions::full());
+    start_operator(cluster);
     let client = client(cluster).await;
     apply_crds(&client).await;
     let ns = namespace(&client, prefix).await;
@@ -125,11 +116,9 @@ async fn sizer_jobs(client: &Client, ns: &str) -> Vec<Job> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sizer_traces_a_model_before_its_workload_or_says_why_it_could_not() {
     let (client, ns) = setup("sizer").await;
-    let (token, handle) = start_operator(&client, &ns, Duration::from_secs(10));
     traced_once_for_every_job_of_the_step(&client, &ns).await;
     not_traced_then_counted(&client, &ns).await;
-    token.cancel();
-    handle.await.unwrap().unwrap();
+    another_kind_is_traced_for_the_jobs_that_come_after(&client, &ns).await;
 }
 
 async fn traced_once_for_every_job_of_the_step(client: &Client, ns: &str) {
@@ -176,8 +165,12 @@ async fn traced_once_for_every_job_of_the_step(client: &Client, ns: &str) {
         "the sizer ({sized}) before the workload ({made})"
     );
     // The trace is kept in the operator's namespace, for this namespace (the job's image).
-    let kept = Api::<ConfigMap>::namespaced(client.clone(), &ns)
-        .list(&ListParams::default().labels(offload_api::names::LABEL_TRACE))
+    let kept = Api::<ConfigMap>::namespaced(client.clone(), OPERATOR_NAMESPACE)
+        .list(&ListParams::default().labels(&format!(
+            "{}={}",
+            offload_api::names::LABEL_TRACE,
+            sizer.metadata.labels.as_ref().unwrap()[offload_api::names::LABEL_SIZER]
+        )))
         .await
         .unwrap()
         .items;
@@ -239,4 +232,80 @@ async fn not_traced_then_counted(client: &Client, ns: &str) {
     let tj = wait_for_condition(&api, "slow", "WorkloadCreated", "True").await;
     let why = reasons(&tj);
     assert!(why.contains("(TimedOut)"), "{why}");
+}
+
+/// A batch Job that names the model by its annotations: its env is written as it is created, so
+/// the first of its step is decided by the counted model while the operator traces the step;
+/// the next Job of the step is decided from the trace.
+async fn another_kind_is_traced_for_the_jobs_that_come_after(client: &Client, ns: &str) {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    let batch = |name: &str| -> Job {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": name,
+                "labels": {"offload.dev/profile": ns},
+                "annotations": {
+                    "offload.dev/framework": "DeepSpeed",
+                    "offload.dev/framework-version": "0.19.8",
+                    "offload.dev/model-config": "model",
+                    "offload.dev/tokens-per-step": "1024"
+                }
+            },
+            "spec": {"template": {
+                "metadata": {"annotations": {"offload.dev/kwok-trace": TRACE_1024}},
+                "spec": {"restartPolicy": "Never", "containers": [{
+                    "name": "train", "image": "registry.example.com/train:1",
+                    "resources": {"limits": {"nvidia.com/gpu": 1}}
+                }]}
+            }}
+        }))
+        .unwrap()
+    };
+    let first = jobs
+        .create(&PostParams::default(), &batch("batch-1"))
+        .await
+        .unwrap();
+    let reasons = |job: &Job| {
+        job.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(offload_api::names::ANNOTATION_REASONS).cloned())
+            .unwrap_or_default()
+    };
+    assert!(
+        reasons(&first).contains("not traced yet"),
+        "{}",
+        reasons(&first)
+    );
+    // Its pods carry the step; the operator traces it and keeps the trace.
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    poll(
+        "the batch Job's step traced and kept",
+        Duration::from_secs(60),
+        || async {
+            let kept = cms
+                .list(&ListParams::default().labels(offload_api::names::LABEL_TRACE))
+                .await
+                .ok()?;
+            kept.items
+                .iter()
+                .any(|c| {
+                    c.data.as_ref().is_some_and(|d| {
+                        d.get("trace.json")
+                            .is_some_and(|t| t.contains("\"sequence\":1024"))
+                    })
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    let second = jobs
+        .create(&PostParams::default(), &batch("batch-2"))
+        .await
+        .unwrap();
+    assert!(
+        reasons(&second).contains("traced from the model's code (NemotronForCausalLM"),
+        "{}",
+        reasons(&second)
+    );
 }

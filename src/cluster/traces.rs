@@ -40,15 +40,15 @@ pub enum Scope<'a> {
     Namespace(&'a str),
 }
 
-/// The name of the ConfigMap that keeps `step`'s trace for `scope`.
-pub fn config_map_name(step: &SizerRequest, scope: Scope<'_>) -> String {
+/// The name of the ConfigMap that keeps the trace of the step `key` for `scope`.
+pub fn config_map_name(key: &str, scope: Scope<'_>) -> String {
     match scope {
-        Scope::Cluster => format!("offload-trace-{}", step.key()),
+        Scope::Cluster => format!("offload-trace-{key}"),
         Scope::Namespace(ns) => {
             use sha2::Digest;
             let digest = sha2::Sha256::digest(ns.as_bytes());
             let short: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
-            format!("offload-trace-{}-{short}", step.key())
+            format!("offload-trace-{key}-{short}")
         }
     }
 }
@@ -95,8 +95,13 @@ impl TraceStore {
     /// failure remembered within [`SizerOptions::retry_after`]; `None` where there is neither
     /// (the sizer is still to run).
     pub fn lookup(&self, namespace: &str, step: &SizerRequest, now: jiff::Timestamp) -> TraceInput {
+        self.lookup_key(namespace, &step.key(), now)
+    }
+
+    /// [`TraceStore::lookup`] by the step's key.
+    pub fn lookup_key(&self, namespace: &str, key: &str, now: jiff::Timestamp) -> TraceInput {
         for scope in [Scope::Namespace(namespace), Scope::Cluster] {
-            let name = config_map_name(step, scope);
+            let name = config_map_name(key, scope);
             let Some(cm) = self
                 .store
                 .get(&ObjectRef::new(&name).within(&self.options.namespace))
@@ -139,28 +144,28 @@ impl TraceStore {
         }
     }
 
-    /// Keeps `step`'s trace (or why there is none) for `scope`, made from `image`: server-side
+    /// Keeps the trace of the step `key` (or why there is none) for `scope`, made from `image`: server-side
     /// apply under the operator's field manager, so a retry or a second replica writes the same.
     pub async fn keep(
         &self,
         client: &Client,
-        step: &SizerRequest,
+        key: &str,
         scope: Scope<'_>,
         image: &str,
         result: &Result<ModelTrace, SizerFailure>,
     ) -> Result<(), kube::Error> {
-        let (key, text) = match result {
+        let (data_key, text) = match result {
             Ok(t) => (TRACE_KEY, serde_json::to_string(t)),
             Err(f) => (FAILURE_KEY, serde_json::to_string(f)),
         };
         let text = text.unwrap_or_default();
         let cm = ConfigMap {
             metadata: ObjectMeta {
-                name: Some(config_map_name(step, scope)),
+                name: Some(config_map_name(key, scope)),
                 namespace: Some(self.options.namespace.clone()),
                 labels: Some(BTreeMap::from([(
                     names::LABEL_TRACE.to_string(),
-                    step.key(),
+                    key.to_string(),
                 )])),
                 annotations: Some(BTreeMap::from([
                     (
@@ -174,7 +179,7 @@ impl TraceStore {
                 ])),
                 ..Default::default()
             },
-            data: Some(BTreeMap::from([(key.to_string(), text)])),
+            data: Some(BTreeMap::from([(data_key.to_string(), text)])),
             ..Default::default()
         };
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), &self.options.namespace);

@@ -186,6 +186,10 @@ impl ClusterView for StoreView {
             })
     }
 
+    fn traces_models(&self) -> bool {
+        self.traces.is_some()
+    }
+
     fn namespace_limits(&self, namespace: &str) -> crate::decision::limits::NamespaceLimits {
         let Some(store) = self.limit_ranges.as_ref() else {
             return Default::default();

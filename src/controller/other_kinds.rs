@@ -5,6 +5,10 @@
 //! Warning `OutOfMemory` Event on the pod and on the object that owns it, naming the
 //! configuration that ran out, and on a batch Job the annotation
 //! [`names::ANNOTATION_OUT_OF_MEMORY`] — once per pod.
+//!
+//! And the steps of their models still to be traced: their env was written as they were
+//! created, from the counted model, so the sizer traces the step now
+//! ([`names::ANNOTATION_SIZER_STEP`], written by the webhook) for the jobs of it that come after.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -21,7 +25,9 @@ use offload_api::v1alpha1::MemoryKind;
 use tokio_util::sync::CancellationToken;
 
 use super::Context;
+use super::sizer_jobs::Progress;
 use super::training_job::recovery::memory_failure;
+use crate::sizer::cluster::{PendingStep, SizerSource};
 
 /// Pods remembered as announced (the oldest are forgotten first).
 const REMEMBERED: usize = 10_000;
@@ -106,7 +112,21 @@ pub async fn watch(ctx: Arc<Context>, shutdown: CancellationToken) {
     .take_until(shutdown.cancelled_owned());
     futures::pin_mut!(stream);
     let mut announced: (BTreeSet<String>, VecDeque<String>) = Default::default();
-    while let Some(item) = stream.next().await {
+    // Steps being traced for the jobs that come after, by namespace and key: each once at a
+    // time, inside this future (nothing detached).
+    let mut in_flight: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut tracers = futures::stream::FuturesUnordered::new();
+    loop {
+        let item = tokio::select! {
+            item = stream.next() => match item {
+                Some(item) => item,
+                None => return,
+            },
+            Some(done) = tracers.next(), if !tracers.is_empty() => {
+                in_flight.remove(&done);
+                continue;
+            }
+        };
         let pod = match item {
             Ok(p) => p,
             Err(e) => {
@@ -114,6 +134,16 @@ pub async fn watch(ctx: Arc<Context>, shutdown: CancellationToken) {
                 continue;
             }
         };
+        if let Some((source, pending)) = to_trace(&ctx, &pod) {
+            let at = (source.namespace.clone(), pending.step.key.clone());
+            if in_flight.insert(at.clone()) {
+                let ctx = ctx.clone();
+                tracers.push(async move {
+                    trace_for_later(&ctx, &source, &pending).await;
+                    at
+                });
+            }
+        }
         let Some((kind, message)) = memory_failure(&pod, configured_container(&pod)) else {
             continue;
         };
@@ -128,6 +158,57 @@ pub async fn watch(ctx: Arc<Context>, shutdown: CancellationToken) {
             announced.0.remove(&old);
         }
         announce(&ctx, &pod, kind, &message).await;
+    }
+}
+
+/// A configured pod whose model's step is still to be traced (its pending step, as the webhook
+/// wrote it), where the operator traces models and no trace of it is kept.
+fn to_trace(ctx: &Context, pod: &Pod) -> Option<(SizerSource, PendingStep)> {
+    let store = ctx.view.traces.as_ref()?;
+    let text = pod.annotations().get(names::ANNOTATION_SIZER_STEP)?;
+    let pending = match PendingStep::parse(text) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::debug!(pod = %pod.name_any(), error = %e, "a pending step the operator did not write");
+            return None;
+        }
+    };
+    let source = SizerSource::of_pod(pod);
+    let known = store.lookup_key(&source.namespace, &pending.step.key, jiff::Timestamp::now());
+    (known == crate::decision::TraceInput::None).then_some((source, pending))
+}
+
+/// Runs the sizer of `pending` for `source` to its end (bounded by the sizer's time-out) and
+/// keeps what it found, for the jobs of the step that come after.
+async fn trace_for_later(ctx: &Context, source: &SizerSource, pending: &PendingStep) {
+    let Some(store) = ctx.view.traces.as_ref() else {
+        return;
+    };
+    let poll = std::time::Duration::from_secs(5);
+    let give_up = tokio::time::Instant::now() + store.options().timeout * 2 + poll * 12;
+    loop {
+        match super::sizer_jobs::advance(
+            ctx,
+            store,
+            source,
+            &pending.step,
+            &pending.config_map,
+            &pending.config_key,
+        )
+        .await
+        {
+            Ok(Progress::Started { .. } | Progress::Running) => {}
+            Ok(Progress::Kept(_)) => return,
+            Ok(Progress::Refused(why)) => {
+                tracing::info!(namespace = %source.namespace, step = %pending.step.key, %why, "the sizer cannot run for a step of another kind");
+                return;
+            }
+            Err(e) => tracing::debug!(error = %e, "tracing a step of another kind; tried again"),
+        }
+        if tokio::time::Instant::now() > give_up {
+            return;
+        }
+        tokio::time::sleep(poll).await;
     }
 }
 

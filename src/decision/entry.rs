@@ -45,6 +45,10 @@ pub trait ClusterView: Send + Sync {
     ) -> super::sizer::TraceInput {
         super::sizer::TraceInput::None
     }
+    /// Whether the operator traces models' steps (the sizer runs in the cluster).
+    fn traces_models(&self) -> bool {
+        false
+    }
     /// The memory bounds the LimitRanges of `namespace` put on its pods' containers, where the
     /// view holds them.
     fn namespace_limits(&self, _namespace: &str) -> super::limits::NamespaceLimits {

@@ -19,6 +19,7 @@ fn inputs(reports: &[(&str, &str)]) -> Inputs {
         view: MemoryView {
             render: RenderOptions {
                 guard_image: Some("agent:1".into()),
+                ..Default::default()
             },
             ..MemoryView::new(nodes, profiles_from_files(&[]).unwrap())
         },

@@ -197,6 +197,9 @@ pub struct RenderOptions {
     /// The agent image that runs the start-up guard (`offload-agent verify`) as an init
     /// container; no guard when `None`.
     pub guard_image: Option<String>,
+    /// Annotations the configured pods carry for the operator (another kind's step still to be
+    /// traced: `offload.dev/sizer-step`).
+    pub pod_annotations: std::collections::BTreeMap<String, String>,
 }
 
 /// Name of the start-up guard's init container.

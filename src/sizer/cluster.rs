@@ -50,69 +50,237 @@ impl Attempt {
     }
 }
 
-/// The sizer Job's name for `step` and `attempt`: one per step and namespace, whichever job
-/// asked first.
-pub fn job_name(step: &SizerRequest, attempt: Attempt) -> String {
-    format!("offload-sizer-{}-{}", step.key(), attempt.suffix())
+/// The sizer Job's name for the step `key` and `attempt`: one per step and namespace, whichever
+/// job asked first.
+pub fn job_name(key: &str, attempt: Attempt) -> String {
+    format!("offload-sizer-{key}-{}", attempt.suffix())
 }
 
-/// The image `attempt` runs for `tj`: its training container's, or the sizer image; `None`
-/// where there is none.
-pub fn image_of(tj: &TrainingJob, attempt: Attempt, options: &SizerOptions) -> Option<String> {
-    match attempt {
-        Attempt::JobImage => {
-            let spec = tj.spec.template.spec.as_ref()?;
-            let resources = crate::decision::PodResources::training_container_of(spec)?;
-            spec.containers.get(resources)?.image.clone()
+/// A step as the sizer's Job takes it: its key and the sizer's arguments for it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StepArgs {
+    /// The step's key ([`SizerRequest::key`]).
+    pub key: String,
+    /// The sizer's arguments after `--config` ([`SizerRequest::args`]).
+    pub args: Vec<String>,
+}
+
+impl From<&SizerRequest> for StepArgs {
+    fn from(step: &SizerRequest) -> Self {
+        StepArgs {
+            key: step.key(),
+            args: step.args(),
         }
+    }
+}
+
+/// A step of another kind's job still to be traced, as the webhook writes it on the job's pod
+/// template ([`names::ANNOTATION_SIZER_STEP`]) for the operator to trace for the jobs of the
+/// step that come after: its env is written at creation, so it cannot wait.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PendingStep {
+    /// The step.
+    #[serde(flatten)]
+    pub step: StepArgs,
+    /// The ConfigMap with the model's `config.json`, in the job's namespace.
+    pub config_map: String,
+    /// Its key.
+    pub config_key: String,
+}
+
+/// Most bytes of a pending step's annotation.
+const MAX_PENDING_BYTES: usize = 4096;
+
+impl PendingStep {
+    /// The annotation's value.
+    pub fn annotation(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// A pending step from its annotation, checked: a key of hex digits, the ConfigMap a name
+    /// and its key a file name, and only the arguments the operator writes, with values of
+    /// their form (a pod's annotation is the user's to write).
+    pub fn parse(text: &str) -> Result<PendingStep, String> {
+        if text.len() > MAX_PENDING_BYTES {
+            return Err(format!("over {MAX_PENDING_BYTES} bytes"));
+        }
+        let p: PendingStep = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        if p.step.key.is_empty()
+            || p.step.key.len() > 40
+            || !p.step.key.chars().all(|c| c.is_ascii_hexdigit())
+        {
+            return Err("the key is not the operator's".into());
+        }
+        offload_api::validation::object_name(&p.config_map)?;
+        if p.config_key.is_empty()
+            || p.config_key.len() > 253
+            || !p
+                .config_key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(format!("{:?} is not a ConfigMap key", p.config_key));
+        }
+        check_args(&p.step.args)?;
+        Ok(p)
+    }
+}
+
+/// Only the arguments [`SizerRequest::args`] writes, each value of its form.
+fn check_args(args: &[String]) -> Result<(), String> {
+    let mut i = 0;
+    while i < args.len() {
+        let value = args.get(i + 1).map(String::as_str).unwrap_or_default();
+        let ok = match args[i].as_str() {
+            "--checkpointing" => {
+                i += 1;
+                continue;
+            }
+            "--micro-batch" | "--sequence" => value.parse::<u32>().is_ok_and(|n| n >= 1),
+            "--dtype" => matches!(value, "bfloat16" | "float16" | "float32"),
+            "--key" => {
+                !value.is_empty()
+                    && value.len() <= 40
+                    && value.chars().all(|c| c.is_ascii_hexdigit())
+            }
+            "--attention" => offload_api::hints::attention_name(value).is_ok(),
+            other => {
+                return Err(format!(
+                    "{:?} is not an argument the operator writes",
+                    offload_api::text::bounded_to(other, 40)
+                ));
+            }
+        };
+        if !ok {
+            return Err(format!(
+                "{} {:?} is not a value it takes",
+                args[i],
+                offload_api::text::bounded_to(value, 40)
+            ));
+        }
+        i += 2;
+    }
+    Ok(())
+}
+
+/// What a sizer Job is made for: the namespace it runs in, the image the job's pods run, where
+/// they may run and pull from, and who asked.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SizerSource {
+    /// The job's namespace.
+    pub namespace: String,
+    /// The image of the job's training container.
+    pub image: Option<String>,
+    /// The job's pod template as far as its sizer shares it: image-pull secrets, node
+    /// selector, tolerations, affinity.
+    pub pod: PodSpec,
+    /// The annotations of the job's pods (admission policies, sidecar opt-outs hold for its
+    /// sizer too).
+    pub annotations: Option<BTreeMap<String, String>>,
+    /// What the sizer Job is labelled as made for ([`names::LABEL_SIZER_FOR`]).
+    pub asked_by: String,
+    /// Its owner, where one is to collect it.
+    pub owner: Option<OwnerReference>,
+}
+
+impl SizerSource {
+    /// A TrainingJob's.
+    pub fn of_training_job(tj: &TrainingJob) -> SizerSource {
+        let spec = tj.spec.template.spec.clone().unwrap_or_default();
+        SizerSource {
+            namespace: tj.namespace().unwrap_or_default(),
+            image: training_image(&spec),
+            annotations: tj
+                .spec
+                .template
+                .metadata
+                .as_ref()
+                .and_then(|m| m.annotations.clone()),
+            asked_by: tj.name_any(),
+            owner: owner(tj),
+            pod: shared(spec),
+        }
+    }
+
+    /// A configured pod's, of another kind (its owner keeps nothing of the sizer's: the Job is
+    /// collected after it ends).
+    pub fn of_pod(pod: &Pod) -> SizerSource {
+        let spec = pod.spec.clone().unwrap_or_default();
+        SizerSource {
+            namespace: pod.namespace().unwrap_or_default(),
+            image: training_image(&spec),
+            annotations: pod.metadata.annotations.clone(),
+            asked_by: pod.name_any(),
+            owner: None,
+            pod: shared(spec),
+        }
+    }
+}
+
+/// What a sizer's pod shares with the job's: where it may pull its image and run.
+fn shared(spec: PodSpec) -> PodSpec {
+    PodSpec {
+        image_pull_secrets: spec.image_pull_secrets,
+        node_selector: spec.node_selector,
+        tolerations: spec.tolerations,
+        affinity: spec.affinity,
+        ..Default::default()
+    }
+}
+
+/// The training container's image: the first that asks for a GPU, else the first.
+fn training_image(spec: &PodSpec) -> Option<String> {
+    let at = crate::decision::PodResources::training_container_of(spec)?;
+    spec.containers.get(at)?.image.clone()
+}
+
+/// The image `attempt` runs for `source`: its training container's, or the sizer image; `None`
+/// where there is none.
+pub fn image_of(source: &SizerSource, attempt: Attempt, options: &SizerOptions) -> Option<String> {
+    match attempt {
+        Attempt::JobImage => source.image.clone(),
         Attempt::SizerImage => options.image.clone(),
     }
     .filter(|i| !i.is_empty())
 }
 
-/// The first attempt for `tj`: its own image where allowed and it names one, else the sizer
-/// image; `None` where neither can run.
-pub fn first_attempt(tj: &TrainingJob, options: &SizerOptions) -> Option<Attempt> {
-    if options.job_image && image_of(tj, Attempt::JobImage, options).is_some() {
+/// The first attempt for `source`: its own image where allowed and it names one, else the
+/// sizer image; `None` where neither can run.
+pub fn first_attempt(source: &SizerSource, options: &SizerOptions) -> Option<Attempt> {
+    if options.job_image && image_of(source, Attempt::JobImage, options).is_some() {
         return Some(Attempt::JobImage);
     }
-    image_of(tj, Attempt::SizerImage, options).map(|_| Attempt::SizerImage)
+    image_of(source, Attempt::SizerImage, options).map(|_| Attempt::SizerImage)
 }
 
-/// The Job that traces `step` for `tj` with `image`, reading the model's `config.json` from key
-/// `key` of ConfigMap `config_map` in the job's namespace.
+/// The Job that traces `step` for `source` with `image`, reading the model's `config.json` from
+/// key `key` of ConfigMap `config_map` in the job's namespace.
 pub fn sizer_job(
-    tj: &TrainingJob,
-    step: &SizerRequest,
+    source: &SizerSource,
+    step: &StepArgs,
     config_map: &str,
     key: &str,
     image: &str,
     attempt: Attempt,
     options: &SizerOptions,
 ) -> Job {
-    let template = tj.spec.template.spec.clone().unwrap_or_default();
     let container = container(step, image, options);
     let labels: BTreeMap<String, String> = [
-        (names::LABEL_SIZER.to_string(), step.key()),
-        (names::LABEL_SIZER_FOR.to_string(), tj.name_any()),
+        (names::LABEL_SIZER.to_string(), step.key.clone()),
+        (names::LABEL_SIZER_FOR.to_string(), source.asked_by.clone()),
         (
             "app.kubernetes.io/managed-by".to_string(),
             "offload-operator".to_string(),
         ),
     ]
     .into();
-    let pod_annotations = tj
-        .spec
-        .template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.annotations.clone());
     Job {
         metadata: ObjectMeta {
-            name: Some(job_name(step, attempt)),
-            namespace: tj.namespace(),
+            name: Some(job_name(&step.key, attempt)),
+            namespace: Some(source.namespace.clone()),
             labels: Some(labels.clone()),
-            owner_references: owner(tj).map(|o| vec![o]),
+            owner_references: source.owner.clone().map(|o| vec![o]),
             ..Default::default()
         },
         spec: Some(JobSpec {
@@ -126,7 +294,7 @@ pub fn sizer_job(
                     labels: Some(labels),
                     // The job's pods' annotations (admission policies, sidecar opt-outs) hold
                     // for its sizer too.
-                    annotations: pod_annotations,
+                    annotations: source.annotations.clone(),
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
@@ -135,10 +303,10 @@ pub fn sizer_job(
                     enable_service_links: Some(false),
                     containers: vec![container],
                     // Where the job's pods may pull their image and run, its sizer may.
-                    image_pull_secrets: template.image_pull_secrets,
-                    node_selector: template.node_selector,
-                    tolerations: template.tolerations,
-                    affinity: template.affinity,
+                    image_pull_secrets: source.pod.image_pull_secrets.clone(),
+                    node_selector: source.pod.node_selector.clone(),
+                    tolerations: source.pod.tolerations.clone(),
+                    affinity: source.pod.affinity.clone(),
                     volumes: Some(vec![Volume {
                         name: "model-config".into(),
                         config_map: Some(ConfigMapVolumeSource {
@@ -163,13 +331,13 @@ pub fn sizer_job(
 
 /// The sizer's container: the shipped sizer on the mounted `config.json`, nothing downloaded,
 /// no GPU, no capability.
-fn container(step: &SizerRequest, image: &str, options: &SizerOptions) -> Container {
+fn container(step: &StepArgs, image: &str, options: &SizerOptions) -> Container {
     let mut args = vec![
         super::SCRIPT.to_string(),
         "--config".into(),
         format!("{MOUNT}/config.json"),
     ];
-    args.extend(step.args());
+    args.extend(step.args.iter().cloned());
     args.extend(["--termination-log".into(), "/dev/termination-log".into()]);
     let env = [
         // Nothing is downloaded and no GPU is touched: the config is all the sizer reads.

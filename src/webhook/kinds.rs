@@ -89,12 +89,17 @@ pub fn template_patch(
     typed_patch(&at, &mut template, |template| {
         render::apply_to_pod_template(template, res, None, opts);
         // Its pods say they were configured (the operator watches them for out-of-memory).
-        template
-            .metadata
-            .get_or_insert_with(Default::default)
+        let metadata = template.metadata.get_or_insert_with(Default::default);
+        metadata
             .labels
             .get_or_insert_with(Default::default)
             .insert(names::LABEL_CONFIGURED.to_string(), "true".to_string());
+        if !opts.pod_annotations.is_empty() {
+            metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .extend(opts.pod_annotations.clone());
+        }
     })
     .map_err(|e| err(e.to_string()))
 }

@@ -193,6 +193,10 @@ pub const LABEL_CONFIGURED: &str = "offload.dev/configured";
 pub const LABEL_SIZER: &str = "offload.dev/sizer";
 /// Label on a sizer Job: the TrainingJob that asked for it (the one whose reconcile it wakes).
 pub const LABEL_SIZER_FOR: &str = "offload.dev/sizer-for";
+/// Annotation the webhook writes on the pod template of another kind's job whose model's step
+/// is not traced yet: the step (JSON), which the operator traces for the jobs of it that come
+/// after.
+pub const ANNOTATION_SIZER_STEP: &str = "offload.dev/sizer-step";
 /// Label on the ConfigMaps that keep traces (in the operator's namespace): the step's key.
 pub const LABEL_TRACE: &str = "offload.dev/trace";
 /// Annotation on a trace ConfigMap: when the sizer finished (RFC 3339).

@@ -30,9 +30,10 @@ fn kept(key: &str, text: &str, at: &str) -> ConfigMap {
 
 #[test]
 fn a_namespaces_trace_is_named_apart_from_the_clusters_and_from_another_namespaces() {
-    let a = config_map_name(&step(), Scope::Namespace("team-a"));
-    let b = config_map_name(&step(), Scope::Namespace("team-b"));
-    let c = config_map_name(&step(), Scope::Cluster);
+    let key = step().key();
+    let a = config_map_name(&key, Scope::Namespace("team-a"));
+    let b = config_map_name(&key, Scope::Namespace("team-b"));
+    let c = config_map_name(&key, Scope::Cluster);
     assert!(a != b && a != c && b != c);
     assert!(c.starts_with("offload-trace-") && c.len() <= 63 && a.len() <= 63);
     offload_api::validation::object_name(&a).unwrap();

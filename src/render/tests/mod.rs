@@ -412,6 +412,7 @@ fn the_start_up_guard_gets_the_pods_gpus_and_the_expectation_once() {
     );
     let opts = RenderOptions {
         guard_image: Some("registry/offload-agent:1".into()),
+        ..Default::default()
     };
     let mut t = template();
     let spec = t.spec.as_mut().unwrap();
@@ -473,6 +474,7 @@ fn the_start_up_guard_adds_no_resource_the_pod_does_not_request() {
     );
     let opts = RenderOptions {
         guard_image: Some("registry/offload-agent:1".into()),
+        ..Default::default()
     };
     let guard_of = |resources: ResourceRequirements| {
         let mut t = template();

@@ -111,6 +111,7 @@ fn counted_cores(cores: f64, threads: u32) -> (Resolution, RenderOptions) {
     res.training_container = Some(0);
     let opts = RenderOptions {
         guard_image: Some("registry/offload-agent:1".into()),
+        ..Default::default()
     };
     (res, opts)
 }

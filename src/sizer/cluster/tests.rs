@@ -35,14 +35,14 @@ fn training_job() -> TrainingJob {
     .unwrap()
 }
 
-fn step() -> SizerRequest {
-    SizerRequest::of(&job_of(NEMOTRON, 4096, None)).unwrap()
+fn step() -> StepArgs {
+    StepArgs::from(&SizerRequest::of(&job_of(NEMOTRON, 4096, None)).unwrap())
 }
 
 #[test]
 fn the_sizer_job_runs_the_shipped_sizer_from_the_training_image_bounded_and_with_nothing_to_reach()
 {
-    let tj = training_job();
+    let tj = SizerSource::of_training_job(&training_job());
     let options = SizerOptions::default();
     assert_eq!(first_attempt(&tj, &options), Some(Attempt::JobImage));
     let image = image_of(&tj, Attempt::JobImage, &options).unwrap();
@@ -60,7 +60,7 @@ fn the_sizer_job_runs_the_shipped_sizer_from_the_training_image_bounded_and_with
     assert_eq!(job.metadata.namespace.as_deref(), Some("team-a"));
     assert_eq!(
         job.metadata.name.as_deref(),
-        Some(job_name(&step(), Attempt::JobImage).as_str())
+        Some(job_name(&step().key, Attempt::JobImage).as_str())
     );
     let owner = &job.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(
@@ -85,7 +85,7 @@ fn the_sizer_job_runs_the_shipped_sizer_from_the_training_image_bounded_and_with
     assert!(args.windows(2).any(|w| w == ["--sequence", "4096"]));
     assert!(
         args.windows(2)
-            .any(|w| w[0] == "--key" && w[1] == step().key())
+            .any(|w| w[0] == "--key" && w[1] == step().key)
     );
     assert!(args.ends_with(&["--termination-log".into(), "/dev/termination-log".into()]));
     // No GPU, no download, no capability.
@@ -117,7 +117,7 @@ fn the_sizer_job_runs_the_shipped_sizer_from_the_training_image_bounded_and_with
 
 #[test]
 fn without_the_jobs_image_the_sizer_image_runs_and_without_either_nothing_does() {
-    let tj = training_job();
+    let tj = SizerSource::of_training_job(&training_job());
     let no_job_image = SizerOptions {
         job_image: false,
         ..SizerOptions::default()
@@ -130,8 +130,8 @@ fn without_the_jobs_image_the_sizer_image_runs_and_without_either_nothing_does()
     };
     assert_eq!(first_attempt(&tj, &with_image), Some(Attempt::SizerImage));
     assert_ne!(
-        job_name(&step(), Attempt::JobImage),
-        job_name(&step(), Attempt::SizerImage)
+        job_name(&step().key, Attempt::JobImage),
+        job_name(&step().key, Attempt::SizerImage)
     );
 }
 
@@ -226,4 +226,39 @@ fn what_the_sizers_pod_says_is_the_outcome() {
         outcome(&job_with(Some(("Complete", "Completed"))), &[]),
         Outcome::Failed { code, .. } if code == "NoTrace"
     ));
+}
+
+#[test]
+fn a_pending_step_reads_back_as_written_and_nothing_but_the_operators_arguments_passes() {
+    let pending = PendingStep {
+        step: step(),
+        config_map: "model".into(),
+        config_key: "config.json".into(),
+    };
+    assert_eq!(
+        PendingStep::parse(&pending.annotation()),
+        Ok(pending.clone())
+    );
+    let with = |edit: &dyn Fn(&mut PendingStep)| {
+        let mut p = pending.clone();
+        edit(&mut p);
+        PendingStep::parse(&p.annotation())
+    };
+    // A pod's annotation is its user's to write: only the operator's arguments, of their form.
+    assert!(with(&|p| p.step.args.push("--output".into())).is_err());
+    assert!(
+        with(&|p| p
+            .step
+            .args
+            .extend(["--config".into(), "/etc/shadow".into()]))
+        .is_err()
+    );
+    assert!(with(&|p| p.step.args[1] = "-1".into()).is_err());
+    assert!(with(&|p| p.step.key = "../../x".into()).is_err());
+    assert!(with(&|p| p.config_map = "Not A Name".into()).is_err());
+    assert!(with(&|p| p.config_key = "a/b".into()).is_err());
+    assert!(PendingStep::parse("{").is_err());
+    assert!(PendingStep::parse(&"x".repeat(5000)).is_err());
+    // The checkpointing flag takes no value.
+    assert!(with(&|p| p.step.args.push("--checkpointing".into())).is_ok());
 }

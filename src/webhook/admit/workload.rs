@@ -13,8 +13,13 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{Review, Verdict, object, patch_ops_response};
-use crate::decision::{JobRequest, PodResources, Resolution, decide_request};
+use crate::decision::referenced::Reference;
+use crate::decision::{
+    JobRequest, PodResources, Resolution, SizerRequest, TraceInput, decide_request,
+};
 use crate::render;
+use crate::render::RenderOptions;
+use crate::sizer::cluster::{PendingStep, StepArgs};
 use crate::webhook::kinds;
 use offload_api::names;
 
@@ -29,14 +34,15 @@ fn metadata_maps(meta: &ObjectMeta) -> (&BTreeMap<String, String>, &BTreeMap<Str
     )
 }
 
-/// The resolution for an object of another kind, or the denial to send.
+/// The resolution for an object of another kind, and the step of its model still to be traced
+/// (for the jobs of it that come after: this one's env is written now), or the denial to send.
 fn resolve_for_object(
     req: &AdmissionRequest<DynamicObject>,
     review: &Review,
     meta: &ObjectMeta,
     pods: u32,
     spec: Option<&PodSpec>,
-) -> Result<Resolution, Box<Verdict>> {
+) -> Result<(Resolution, Option<PendingStep>), Box<Verdict>> {
     // GPUs from DRA claims count as GPUs; other kinds are pinned by the agent's labels as
     // ever (their templates are not copied).
     let namespace = req.namespace.as_deref().unwrap_or_default();
@@ -63,8 +69,14 @@ fn resolve_for_object(
             format!("offload configuration cannot be resolved: {e}"),
         ))
     })?;
-    let request = request.with_trace(namespace, review.view);
-    decide_request(requested.as_deref(), &request, review.view).map_err(|e| {
+    let mut request = request.with_trace(namespace, review.view);
+    let pending = pending_step(&request, annotations, review);
+    if pending.is_some() {
+        request.model_trace = TraceInput::Untraced(
+            "not traced yet: this job's env is written as it is created, so the counted model decides; the operator traces its step now for the jobs of it that come after".into(),
+        );
+    }
+    let res = decide_request(requested.as_deref(), &request, review.view).map_err(|e| {
         // The env of a pod template cannot change after creation, so an object that cannot be
         // configured now is refused rather than admitted with the wrong configuration.
         Box::new(Verdict::deny(
@@ -72,7 +84,37 @@ fn resolve_for_object(
             e.reason(),
             format!("offload configuration cannot be resolved: {}", e.message()),
         ))
+    })?;
+    Ok((res, pending))
+}
+
+/// The step of `request`'s model still to be traced, where the operator traces models, the
+/// object references its `config.json` and gives its tokens, and no trace of the step is kept.
+fn pending_step(
+    request: &JobRequest,
+    annotations: &BTreeMap<String, String>,
+    review: &Review,
+) -> Option<PendingStep> {
+    if request.model_trace != TraceInput::None || !review.view.traces_models() {
+        return None;
+    }
+    let step = SizerRequest::of(request)?;
+    let reference = Reference::model_annotation(annotations)?;
+    Some(PendingStep {
+        step: StepArgs::from(&step),
+        config_map: reference.name,
+        config_key: reference.key,
     })
+}
+
+/// The render options with the pending step on the configured pods.
+fn with_pending(opts: RenderOptions, pending: Option<&PendingStep>) -> RenderOptions {
+    let mut opts = opts;
+    if let Some(p) = pending {
+        opts.pod_annotations
+            .insert(names::ANNOTATION_SIZER_STEP.to_string(), p.annotation());
+    }
+    opts
 }
 
 /// Whether an object carries the opt-in label.
@@ -106,11 +148,19 @@ pub fn reasons_text(res: &Resolution) -> String {
 
 /// The operations that write the decision's summary and reasons into the object's
 /// annotations, next to those it has.
-fn annotation_ops(meta: &ObjectMeta, res: &Resolution) -> Vec<PatchOperation> {
-    let written = [
+fn annotation_ops(
+    meta: &ObjectMeta,
+    res: &Resolution,
+    pending: Option<&PendingStep>,
+) -> Vec<PatchOperation> {
+    let mut written = vec![
         (names::ANNOTATION_REASONS, reasons_text(res)),
         (names::ANNOTATION_RESOLVED, render::resolved_summary(res)),
     ];
+    // A bare Pod carries its pending step itself.
+    if let Some(p) = pending {
+        written.push((names::ANNOTATION_SIZER_STEP, p.annotation()));
+    }
     let add = |path: PointerBuf, value: Value| {
         PatchOperation::Add(json_patch::AddOperation { path, value })
     };
@@ -178,15 +228,16 @@ pub fn mutate_workload(req: &AdmissionRequest<DynamicObject>, review: &Review) -
         .first()
         .and_then(|p| obj.pointer(&format!("{p}/spec")))
         .and_then(|s| PodSpec::deserialize(s).ok());
-    let res = match resolve_for_object(req, review, &object.metadata, pods, spec.as_ref()) {
-        Ok(r) => r,
-        Err(v) => return *v,
-    };
+    let (res, pending) =
+        match resolve_for_object(req, review, &object.metadata, pods, spec.as_ref()) {
+            Ok(r) => r,
+            Err(v) => return *v,
+        };
     let ops = match kind.patch(
         obj,
         &res,
         &review.view.features(),
-        &review.view.render_options(),
+        &with_pending(review.view.render_options(), pending.as_ref()),
     ) {
         Ok(ops) => ops,
         Err(e) => {
@@ -197,7 +248,7 @@ pub fn mutate_workload(req: &AdmissionRequest<DynamicObject>, review: &Review) -
             );
         }
     };
-    let mut patch = annotation_ops(&object.metadata, &res);
+    let mut patch = annotation_ops(&object.metadata, &res, None);
     patch.extend(ops);
     patch_ops_response(req, json_patch::Patch(patch)).with_resolution(res)
 }
@@ -225,7 +276,8 @@ pub fn mutate_pod(req: &AdmissionRequest<DynamicObject>, review: &Review) -> Ver
     if configured {
         return Verdict::allow(AdmissionResponse::from(req));
     }
-    let res = match resolve_for_object(req, review, &pod.metadata, 1, pod.spec.as_ref()) {
+    let (res, pending) = match resolve_for_object(req, review, &pod.metadata, 1, pod.spec.as_ref())
+    {
         Ok(r) => r,
         Err(v) => return *v,
     };
@@ -249,7 +301,7 @@ pub fn mutate_pod(req: &AdmissionRequest<DynamicObject>, review: &Review) -> Ver
     let Ok(ops) = ops else {
         return Verdict::deny(req, "InvalidObject", "the Pod cannot be written back");
     };
-    let mut patch = annotation_ops(&pod.metadata, &res);
+    let mut patch = annotation_ops(&pod.metadata, &res, pending.as_ref());
     patch.extend(ops);
     patch_ops_response(req, json_patch::Patch(patch)).with_resolution(res)
 }

@@ -429,6 +429,15 @@ pub const OPERATOR_NAMESPACE: &str = "offload-system";
 /// managed CA), so every TrainingJob write — the operator's own included — passes the
 /// webhook, as in an install. Once per test binary.
 pub fn operator_with_webhook(cluster: &'static DevCluster) {
+    operator_with_webhook_and(cluster, |_| {});
+}
+
+/// [`operator_with_webhook`], the operator's options edited by `edit` first (the first call of
+/// a test binary decides them).
+pub fn operator_with_webhook_and(
+    cluster: &'static DevCluster,
+    edit: impl FnOnce(&mut offload_operator::operator::RunOptions) + Send + 'static,
+) {
     static STARTED: OnceLock<()> = OnceLock::new();
     STARTED.get_or_init(|| {
         in_background(cluster, |client, up| async move {
@@ -462,6 +471,7 @@ pub fn operator_with_webhook(cluster: &'static DevCluster) {
                 ),
                 check_interval: Duration::from_secs(3600),
             });
+            edit(&mut options);
             let token = tokio_util::sync::CancellationToken::new();
             up.send(()).unwrap();
             offload_operator::operator::run(client, options, token)
