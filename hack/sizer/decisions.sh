@@ -38,9 +38,9 @@ for case in "$@"; do
     --model-config "loop-model=hack/gpu/models/new/$model.json" -o json)
   # A held job's explain exits 1: its reason is the row's answer.
   counted=$({ "$ops" explain "${args[@]}" 2>/dev/null || true; } | summary)
-  traced=$({ "$ops" explain "${args[@]}" --trace-file "$traces/$model-1x$tokens.json" 2>/dev/null || true; } | summary)
-  params=$({ "$ops" explain "${args[@]}" --trace-file "$traces/$model-1x$tokens.json" 2>/dev/null || true; } |
-    python3 -c 'import json,re,sys; e=json.load(sys.stdin); t=" ".join(r.get("message", "") for r in e.get("reasons") or []) + e.get("message", ""); m=re.search(r"(\d+\.\d+)B parameters, 1 ×", t); c=re.search(r"per-type count has (\d+\.\d+)B", t); print("%s / %s B" % (c.group(1) if c else "same", m.group(1) if m else "?"))')
+  { "$ops" explain "${args[@]}" --trace-file "$traces/$model-1x$tokens.json" 2>/dev/null || true; } >"$tmp/traced.json"
+  traced=$(summary <"$tmp/traced.json")
+  params=$(python3 -c 'import json,re,sys; e=json.load(sys.stdin); t=" ".join(r.get("message", "") for r in e.get("reasons") or []) + e.get("message", ""); m=re.search(r"(\d+\.\d+)B parameters, 1 ×", t); c=re.search(r"per-type count has (\d+\.\d+)B", t); print("%s / %s B" % (c.group(1) if c else "same", m.group(1) if m else "?"))' <"$tmp/traced.json")
   mt=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["model_type"])' "hack/gpu/models/new/$model.json")
   echo "| $mt ($model) | 1 × $tokens | $counted | $traced | $params |"
 done

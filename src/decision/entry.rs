@@ -182,16 +182,17 @@ pub fn decide(
     )?)
 }
 
-/// The step the sizer would trace for `tj` (see [`super::SizerRequest`]), from the same request
-/// [`decide`] builds; `None` where the job cannot be traced or cannot be decided at all.
+/// The step the sizer would trace for `tj` (see [`super::SizerRequest`]) and the trace `view`
+/// has of it, from the same request [`decide`] builds; `None` where the job cannot be traced or
+/// cannot be decided at all.
 pub fn sizer_step(
     tj: &TrainingJob,
     config: Option<&UserConfig>,
     model: Option<&ModelShape>,
     view: &dyn ClusterView,
-) -> Option<super::SizerRequest> {
+) -> Option<(super::SizerRequest, super::TraceInput)> {
     let request = JobRequest::for_training_job(tj, config, model, view).ok()?;
-    super::SizerRequest::of(&request)
+    super::SizerRequest::of(&request).map(|step| (step, request.model_trace))
 }
 
 /// What a run of `tj`'s configuration teaches (see [`super::lesson::lesson`]), with the profile

@@ -51,39 +51,32 @@ impl Inputs {
         &self,
         tj: &offload_api::v1alpha1::TrainingJob,
     ) -> Result<Option<ModelShape>, ModelConfigError> {
-        let Some(r) = Reference::model(tj) else {
-            return Ok(None);
-        };
-        let Some(text) = self.model_configs.get(&r.name) else {
-            return Err(ModelConfigError::NotGiven { name: r.name });
-        };
         let ns = tj.metadata.namespace.as_deref().unwrap_or("default");
-        let cm = referenced::config_map_of(&r.name, &r.key, text);
-        r.model_shape(ns, Fetched::Found(Box::new(cm))).map(Some)
+        Reference::model(tj).map_or(Ok(None), |r| self.model_shape(r, ns).map(Some))
     }
-}
 
-impl Inputs {
     /// The shape of the model another kind's annotation `offload.dev/model-config` names, from
     /// the inputs, read as the webhook reads its ConfigMap.
     pub fn annotated_model_config(
         &self,
         req: &kube::core::admission::AdmissionRequest<kube::core::DynamicObject>,
     ) -> Result<Option<ModelShape>, ModelConfigError> {
-        let Some(r) = req
+        let reference = req
             .object
             .as_ref()
             .and_then(|o| o.metadata.annotations.as_ref())
-            .and_then(Reference::model_annotation)
-        else {
-            return Ok(None);
-        };
+            .and_then(Reference::model_annotation);
+        let ns = req.namespace.as_deref().unwrap_or("default");
+        reference.map_or(Ok(None), |r| self.model_shape(r, ns).map(Some))
+    }
+
+    /// The shape of the model `r` names, from the file handed over for its ConfigMap.
+    fn model_shape(&self, r: Reference, ns: &str) -> Result<ModelShape, ModelConfigError> {
         let Some(text) = self.model_configs.get(&r.name) else {
             return Err(ModelConfigError::NotGiven { name: r.name });
         };
-        let ns = req.namespace.as_deref().unwrap_or("default");
         let cm = referenced::config_map_of(&r.name, &r.key, text);
-        r.model_shape(ns, Fetched::Found(Box::new(cm))).map(Some)
+        r.model_shape(ns, Fetched::Found(Box::new(cm)))
     }
 }
 

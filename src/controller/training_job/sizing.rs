@@ -8,7 +8,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
@@ -42,13 +41,11 @@ pub(super) async fn trace_step(
     let Some(store) = ctx.view.traces.as_ref() else {
         return Ok(Step::Decide(None));
     };
-    let Some(step) = crate::decision::sizer_step(tj, config, model, &ctx.view) else {
+    let Some((step, known)) = crate::decision::sizer_step(tj, config, model, &ctx.view) else {
         return Ok(Step::Decide(None));
     };
-    let ns = tj.namespace().unwrap_or_default();
-    match ctx.view.model_trace(&ns, &step) {
-        TraceInput::None => {}
-        known => return Ok(Step::Decide(Some((step, known)))),
+    if known != TraceInput::None {
+        return Ok(Step::Decide(Some((step, known))));
     }
     let Some(reference) = Reference::model(tj) else {
         return Ok(Step::Decide(None));

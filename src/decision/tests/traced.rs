@@ -83,6 +83,11 @@ fn h100() -> crate::index::NodeInfo {
     )
 }
 
+/// Every reason of `res`, one after another.
+fn all_reasons(res: &Resolution) -> String {
+    res.reasons.iter().map(|r| r.message.as_str()).collect()
+}
+
 fn gib(bytes: u64) -> f64 {
     bytes as f64 / f64::from(1u32 << 30)
 }
@@ -159,11 +164,7 @@ fn a_trace_of_another_step_is_not_used_and_the_reason_says_why() {
     let res = resolve(&job, &[h100()]).unwrap();
     let counted = resolve(&job_of(NEMOTRON, 2048, None), &[h100()]).unwrap();
     assert_eq!(res.ratio, counted.ratio);
-    let why = res
-        .reasons
-        .iter()
-        .map(|r| r.message.as_str())
-        .collect::<String>();
+    let why = all_reasons(&res);
     assert!(
         why.contains(
             "not traced: the trace is of 1 × 4096 tokens; the job's micro-batch is 1 × 2048"
@@ -184,11 +185,7 @@ fn where_the_sizer_could_not_trace_the_counted_model_decides_with_its_margin_and
     let counted = resolve(&job_of(NEMOTRON, 4096, None), &[h100()]).unwrap();
     assert_eq!(res.ratio, counted.ratio);
     assert_eq!(placement(&res), placement(&counted));
-    let said = res
-        .reasons
-        .iter()
-        .map(|r| r.message.as_str())
-        .collect::<String>();
+    let said = all_reasons(&res);
     assert!(
         said.contains("not traced: the sizer could not trace the model (CustomCode)"),
         "{said}"
@@ -283,11 +280,7 @@ fn a_run_below_the_counted_floor_corrects_the_count_and_the_next_job_goes_faster
         other => panic!("{other:?}: {}", next.summary()),
     };
     assert!(r2 < r1 - 0.01, "{r1} then {r2}: {}", next.summary());
-    let said = next
-        .reasons
-        .iter()
-        .map(|r| r.message.as_str())
-        .collect::<String>();
+    let said = all_reasons(&next);
     assert!(said.contains("showed at most"), "{said}");
     // A traced model's parameters are the model's own: a run below its floor corrects nothing.
     let traced_job = traced(NEMOTRON, 4096);
