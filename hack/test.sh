@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: the README's first command from this clone as a newcomer meets it, then
-# formatting, lints, doc links, unit and property tests, CRD drift, and the integration tests
-# against a real control plane (built from upstream Go modules on first use).
+# formatting, lints, doc links, the book, unit and property tests, CRD and reference-page drift,
+# and the integration tests against a real control plane (built from upstream Go modules on
+# first use).
 #
 # Every test binary `cargo test --workspace` builds runs, each exactly as cargo runs it (from its
 # package's directory). The three that need the machine's one real node (containerd, kubelet)
@@ -32,6 +33,10 @@ if [ -n "$long" ]; then
   echo "error: shipped files over 650 lines, split by what they hold: $long" >&2
   exit 1
 fi
+
+step "the book (mdBook): built, every internal link checked (mdbook-linkcheck2)"
+book_tools=$(bash hack/book/tools.sh)
+PATH="$book_tools:$PATH" mdbook build docs
 
 step "the sizer's Python (torch and transformers, cached outside the clone): the sizer's own tests run it"
 OFFLOAD_SIZER_PYTHON=$(bash hack/sizer/python.sh)

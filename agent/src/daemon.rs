@@ -332,6 +332,14 @@ struct AppState {
     force: Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// The agent's metrics as its `/metrics` serves them, none measured yet (what the reference
+/// pages list).
+pub fn metrics_registry() -> Registry {
+    let mut registry = Registry::default();
+    Gauges::default().register(&mut registry);
+    registry
+}
+
 /// Measures, publishes, then waits for the interval or a `POST /rerun`, until `shutdown`.
 /// Publishing failures are retried with back-off; the admin server (`/healthz`, `/metrics`,
 /// `POST /rerun`) runs beside the loop and stops with it.

@@ -1,0 +1,107 @@
+//! `offload-reference`: the book's reference pages, generated from the code — every CRD field
+//! (from the CRD schemas the API types generate), every well-known label, annotation and env var
+//! (from `offload_api::names` and its doc comments), every metric (from the operator's and the
+//! agent's registries) and every chart value (from the chart's values schema and defaults).
+//!
+//! `offload-reference` writes them into `docs/reference/`; `offload-reference --check` compares
+//! and fails on any difference (the test command runs it).
+
+// No unwrap or expect outside tests (clippy.toml allows them there).
+#![warn(clippy::unwrap_used, clippy::expect_used)]
+
+mod crds;
+mod markdown;
+mod metrics;
+mod names;
+mod values;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// Generate (or check) the reference pages of the book.
+#[derive(Parser)]
+#[command(name = "offload-reference")]
+struct Args {
+    /// Compare the generated pages with those in the folder; fail and name each that differs.
+    #[arg(long)]
+    check: bool,
+    /// The folder of the reference pages.
+    #[arg(long, default_value_os_t = default_dir())]
+    out_dir: PathBuf,
+}
+
+fn default_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/reference")
+}
+
+/// A generated page: its file name and text.
+pub struct Page {
+    file: &'static str,
+    text: String,
+}
+
+fn pages() -> Result<Vec<Page>, String> {
+    Ok(vec![
+        Page {
+            file: "crds.md",
+            text: crds::page()?,
+        },
+        Page {
+            file: "labels-annotations.md",
+            text: names::labels_page()?,
+        },
+        Page {
+            file: "env.md",
+            text: names::env_page()?,
+        },
+        Page {
+            file: "metrics.md",
+            text: metrics::page()?,
+        },
+        Page {
+            file: "chart-values.md",
+            text: values::page()?,
+        },
+    ])
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let pages = match pages() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut stale = Vec::new();
+    for page in &pages {
+        let path = args.out_dir.join(page.file);
+        if args.check {
+            if std::fs::read_to_string(&path).ok().as_deref() != Some(page.text.as_str()) {
+                stale.push(path.display().to_string());
+            }
+        } else if let Err(e) = std::fs::write(&path, &page.text) {
+            eprintln!("error: {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    if stale.is_empty() {
+        if !args.check {
+            println!(
+                "wrote {} pages into {}",
+                pages.len(),
+                args.out_dir.display()
+            );
+        }
+        ExitCode::SUCCESS
+    } else {
+        eprintln!(
+            "error: reference pages differ from the code: {}; run `cargo run -p offload-tools --bin offload-reference` and commit the result",
+            stale.join(", ")
+        );
+        ExitCode::FAILURE
+    }
+}
