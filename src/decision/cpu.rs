@@ -165,24 +165,12 @@ fn measured_threads(node: &NodeInfo) -> Option<f64> {
 /// state and parameters whole, for `job`'s training container on the node of `nodes` that
 /// gives it the fewest cores, with those cores in words where they moved it.
 ///
-/// Measured (`docs/benchmarks/memory-h200.md`): up to
-/// [`PARTIAL_BEFORE_PARAMS_UP_TO`](super::memory::PARTIAL_BEFORE_PARAMS_UP_TO) with the
-/// [`CROSSOVER_CORES`] cores of a PCIe H200's host. Fewer cores raise it (the whole state on
-/// the CPU costs more, a share of it less), but not in proportion to them: on an H100's
-/// 16-core host (`docs/benchmarks/cpu-h200.md`, Qwen3-4B at 1 × 5,120 tokens) everything
-/// offloaded stepped in 2.69 s at 16 cores, 3.12 at 8, 3.45 at 4 and 6.46 at 2, while a 60 %
-/// share stepped in 3.33, 3.18 and 5.51 s at 8, 4 and 2: the CPU's update streams the state
-/// through host memory, whose bandwidth, not the cores, bounds it until few are left, and a
-/// share at the GPU's limit pays the allocator's retries whatever the cores. A step time in
-/// proportion to `1/c` would put that crossover at 11.6 cores; it lies between 4 and 8. The
-/// crossover on `c` cores is `1 − (1 − r*)·(c/16)^k` with `k` =
-/// [`CROSSOVER_CORE_EXPONENT`], which holds both measured crossovers (any `k` from 0.23 to
-/// 0.46 does) and put it at 60.3 % on 6 cores before 6 was measured: there the 60 % share and
-/// everything offloaded then stepped within 2 and 5 % of each other, the share faster in both
-/// of two calls (any `k` below 0.33 would have decided the slower). More cores than 16 are
-/// not extrapolated (the measured share stands: a GPU of an 8-GPU node with 28 cores each
-/// keeps it), nor is a core's speed, and the share is at most
-/// [`MAX_PARTIAL_BEFORE_PARAMS`]. To be measured per core count: `hack/gpu/cpu-bench.sh`.
+/// Up to [`PARTIAL_BEFORE_PARAMS_UP_TO`](super::memory::PARTIAL_BEFORE_PARAMS_UP_TO) with the
+/// [`CROSSOVER_CORES`] cores it was measured with. Fewer cores raise it, by far less than in
+/// proportion: the CPU's update is bound by host memory bandwidth until few cores are left. On
+/// `c` cores the crossover is `1 − (1 − r*)·(c/16)^k`, `k` = [`CROSSOVER_CORE_EXPONENT`]; more
+/// cores than measured are not extrapolated, and the share is at most
+/// [`MAX_PARTIAL_BEFORE_PARAMS`]. The step times this rests on: `docs/benchmarks/cpu-h200.md`.
 pub fn partial_before_params<'n>(
     job: &JobRequest,
     nodes: impl IntoIterator<Item = &'n NodeCpu>,

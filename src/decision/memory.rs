@@ -3,46 +3,13 @@
 //! parameters — the bytes each GPU and each pod's host memory need, and whether a node class
 //! holds them, with how much is left.
 //!
-//! ZeRO-3 is modelled as DeepSpeed 0.19.8 allocates it, measured on an H200 with Hugging Face
-//! models built inside `deepspeed.zero.Init` (`docs/benchmarks/memory-h200.md`); per GPU, with
-//! `s` the rank's shard of the parameters:
-//! - without offload: 16 bytes per parameter of `s` (16-bit parameters and gradients, fp32
-//!   master weights and the two Adam moments), DeepSpeed's reduce bucket (10⁹ bytes) and the
-//!   framework's own buffers, and the larger of the step's activations ([`ModelShape`]: what the
-//!   blocks as built keep for backward, and the loss's fp32 logits) and the optimizer step's
-//!   conversion of one sub-group's gradients to fp32 (6 bytes per parameter of the largest
-//!   sub-group);
-//! - with a share of the optimizer state offloaded: the 16-bit parameters, 16 bytes per
-//!   parameter whose state stays (fp32 master weights, their fp32 gradient buffer — allocated
-//!   whole at start, not per step — and the moments), the bucket, and the larger of the
-//!   activations at the loss's backward and at each gradient-bucket flush of the backward with
-//!   what the flush holds on top ([`JobMemory::flushes`]: the reduce-scatter's flat copy, the
-//!   largest gradient's copy back from the host, its fp64 norm chunks or fp32 copy), and 0.1 GB
-//!   of copies on DeepSpeed's reduce stream. DeepSpeed offloads whole sub-groups, the last ones: the share that
-//!   really leaves is worked out from the model's tensors ([`shape::offloaded_share`]) when its
-//!   shape is known. A small share costs more than it frees: 2 bytes per parameter are added
-//!   for fp32 gradients of the state that stays, so below about an eighth nothing is saved;
-//! - all optimizer state offloaded: the 16-bit parameters, the bucket, the larger of the
-//!   activations and the flushes as above; parameters too: the gathered parameters (at most
-//!   10⁹) instead of the 16-bit parameters.
-//! - on the host, per process: 1.57 GB and the 16-bit shard without offload. With optimizer
-//!   state offloaded (a share or all of it), what DeepSpeed allocates, measured stage by stage
-//!   (`JobMemory::zero3_optimizer_on_host`): pinned blocks, each rounded up to a power of two
-//!   by PyTorch's caching host allocator (the flat 16-bit gradient buffer of the whole shard,
-//!   and the fp32 gradient buffer of each offloaded sub-group), the offloaded fp32 master
-//!   weights, and the larger of the start's and the first step's transients (the Adam moments
-//!   are built at the first step). Never under the measured peaks, within 1 % for the Hugging
-//!   Face decoders and 5 % for the bench's GPT decoder; parameters offloaded too: 21.5 bytes
-//!   per parameter and 4.75 GB, fitted (within 6 %).
-//!
-//! What the GPU can hold: its memory less what is never the caching allocator's (the CUDA
-//! context, NCCL, cuBLAS workspaces: 1.4 GiB) and the allocator's fragmentation: 2 % of the
-//! GPU, or 1.4 × the step's largest activation (the loss's fp32 logits of a micro-batch) where
-//! that is more ([`LARGE_ALLOCATION_FRAGMENTATION`]). On the H200 that is 136.2 GiB for most
-//! jobs; measured, 135.9 GiB allocated trained and 136.9 GiB ran out.
-//!
-//! ZeRO-1/2, FSDP and jobs the operator knows nothing of (`Generic`) follow DeepSpeed's
-//! estimators with the same terms and 5 % on top; they were not measured.
+//! ZeRO-3 is modelled as DeepSpeed 0.19.8 allocates it, per GPU and per host, for each
+//! placement: the 16-bit parameters, gradients and the optimizer state where each placement
+//! keeps them, DeepSpeed's buckets and the backward's gradient flushes, the step's activations
+//! ([`ModelShape`], or a trace), and the room the CUDA context and the caching allocator take.
+//! Each term and what it was fitted to: `docs/benchmarks/memory-h200.md`, "The counted model's
+//! terms". ZeRO-1/2, FSDP and `Generic` jobs follow DeepSpeed's estimators with the same terms
+//! and 5 % on top (not measured).
 //!
 //! The host's side is in [`host`], the backward's gradient flushes in [`flushes`], what a job's
 //! own failures teach in [`corrections`], and the figures in sentences in [`describe`].
