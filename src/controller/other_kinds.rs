@@ -229,7 +229,7 @@ async fn announce(ctx: &Context, pod: &Pod, kind: MemoryKind, message: &str) {
     let note = note(pod, kind, message, owner.as_ref());
     let event = || Event {
         type_: EventType::Warning,
-        reason: "OutOfMemory".into(),
+        reason: names::EVENT_OUT_OF_MEMORY.into(),
         note: Some(note.clone()),
         action: "Observe".into(),
         secondary: None,

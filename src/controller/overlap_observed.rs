@@ -2,6 +2,7 @@
 //! summaries on the nodes its pods run on; the busy fraction judged against its profile's
 //! threshold when overlap is on, the GPU memory against the GPU's size.
 
+use offload_api::names;
 use std::time::Duration;
 
 use crate::index::NodeIndex;
@@ -188,7 +189,7 @@ pub fn judge_memory(m: &ObservedMemory) -> Option<(bool, &'static str, String)> 
     if share >= 1.0 - NEAR_LIMIT_SHARE {
         Some((
             false,
-            "NearGPUMemoryLimit",
+            names::EVENT_NEAR_GPU_MEMORY_LIMIT,
             format!(
                 "GPU memory peaked at {} of the GPU's {} ({:.1} %) with {}{estimate}: within {:.0} % of the limit, a longer sequence or another framework version can run it out of memory",
                 gib(p),
@@ -246,7 +247,7 @@ pub fn judge(
     } else {
         Some((
             false,
-            "GPUsIdle",
+            names::EVENT_GPUS_IDLE,
             format!(
                 "GPUs busy {:.0} % of the time with {what}: the CPU update is not overlapping GPU work, or it outlasts the GPU part of each step (profile {} flags below {:.0} %; {} GPU(s) observed over {:.0} s windows)",
                 pct(observed.gpu_busy),

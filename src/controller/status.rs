@@ -172,7 +172,7 @@ pub fn apply_failed(status: &mut TrainingJobStatus, existing: &[Condition], mess
         &status.conditions,
         WORKLOAD_CREATED,
         false,
-        "ApplyFailed",
+        names::EVENT_APPLY_FAILED,
         message,
         status.observed_generation,
     );

@@ -9,6 +9,7 @@ pub mod events;
 pub mod kinds;
 pub mod tls;
 
+use offload_api::names;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -347,7 +348,7 @@ fn read_request(
                 .admission_denials
                 .get_or_create(&DenialLabels {
                     endpoint,
-                    reason: "InvalidObject",
+                    reason: names::EVENT_INVALID_OBJECT,
                 })
                 .inc();
             return Err(Box::new(unreadable_object(&request.uid, why)));
@@ -398,7 +399,7 @@ fn announce(state: &WebhookState, req: &AdmissionRequest<DynamicObject>, verdict
         plural: req.resource.resource.clone(),
         namespace: req.namespace.clone().unwrap_or_else(|| "default".into()),
         name: req.name.clone(),
-        reason: "OffloadConfigured",
+        reason: names::EVENT_OFFLOAD_CONFIGURED,
         note: format!(
             "{}; {} (every reason in annotation {})",
             render::resolved_summary(res),

@@ -243,3 +243,41 @@ pub const AGENT_MANAGER: &str = "offload-agent";
 
 /// Extended resource name of NVIDIA GPUs, used to count how many GPUs a pod asks for.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+/// Event reason (Normal, on a TrainingJob): its offload configuration was decided; the note is
+/// the decision in one line.
+pub const EVENT_OFFLOAD_RESOLVED: &str = "OffloadResolved";
+/// Event reason (Normal, on a TrainingJob): its workload (an Indexed Job and a headless
+/// Service) was created with the decided configuration.
+pub const EVENT_WORKLOAD_CREATED: &str = "WorkloadCreated";
+/// Event reason (Warning, on a TrainingJob): a Job of the workload's name exists and is not
+/// the TrainingJob's.
+pub const EVENT_NAME_CONFLICT: &str = "NameConflict";
+/// Event reason (Normal, on a TrainingJob): Kueue suspended its admitted workload again
+/// (preemption, eviction); it resumes with the same configuration.
+pub const EVENT_SUSPENDED: &str = "Suspended";
+/// Event reason (Warning, on a TrainingJob): its GPUs were busy less than the profile's
+/// `minObservedGpuBusy` with overlap on (the condition `OverlapObserved=False`).
+pub const EVENT_GPUS_IDLE: &str = "GPUsIdle";
+/// Event reason (Warning, on a TrainingJob): one of its GPUs came within 3 % of its memory (the
+/// condition `GPUMemoryHeadroom=False`).
+pub const EVENT_NEAR_GPU_MEMORY_LIMIT: &str = "NearGPUMemoryLimit";
+/// Event reason (Warning, on a TrainingJob): the start-up guard failed a pod: the node is not
+/// what the configuration assumed (the condition `NodeVerified=False`).
+pub const EVENT_STARTUP_GUARD_FAILED: &str = "StartupGuardFailed";
+/// Event reason (Warning): a training pod ran out of GPU or host memory; on a TrainingJob it is
+/// decided again (condition `MemoryRecovery`), on a pod of another kind and its owner the
+/// configuration that ran out is named.
+pub const EVENT_OUT_OF_MEMORY: &str = "OutOfMemory";
+/// Event reason (Normal, on a TrainingJob): the sizer traces its model's step; the workload is
+/// created once it has, or after the sizer's time-out.
+pub const EVENT_TRACING: &str = "Tracing";
+/// Event reason (Warning, on a TrainingJob): the API server refused a write of its decision or
+/// workload; the note says which and why.
+pub const EVENT_APPLY_FAILED: &str = "ApplyFailed";
+/// Event reason (Warning, on a TrainingJob): the object does not read as a TrainingJob (a
+/// field of the wrong type); also the webhook's denial reason for such an object.
+pub const EVENT_INVALID_OBJECT: &str = "InvalidObject";
+/// Event reason (Normal, on an opted-in object of another kind): the webhook wrote its
+/// configuration; the note is the decision in one line.
+pub const EVENT_OFFLOAD_CONFIGURED: &str = "OffloadConfigured";

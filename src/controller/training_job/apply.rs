@@ -88,7 +88,14 @@ pub(super) async fn create_workload(
         let message = format!("{action} failed: {detail}");
         if status::apply_failed(status, &existing_conditions(tj), &message) {
             status::write_decision(&api, &name, status).await?;
-            publish(ctx, tj, EventType::Warning, "ApplyFailed", &message).await;
+            publish(
+                ctx,
+                tj,
+                EventType::Warning,
+                names::EVENT_APPLY_FAILED,
+                &message,
+            )
+            .await;
         }
         // A change of the job re-triggers sooner; otherwise try again now and then (the cause
         // may be outside the job: RBAC, a quota, an admission policy).
@@ -150,7 +157,7 @@ pub(super) async fn record_tracing(
     let current = tj.status.clone().unwrap_or_default();
     if let Some(status) = status::held(
         &current,
-        "Tracing",
+        names::EVENT_TRACING,
         message.to_string(),
         tj.metadata.generation,
     ) {

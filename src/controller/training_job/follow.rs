@@ -188,7 +188,7 @@ async fn name_conflict(
             ctx,
             tj,
             EventType::Warning,
-            "NameConflict",
+            names::EVENT_NAME_CONFLICT,
             "a Job of the same name exists and is not owned by this TrainingJob",
         )
         .await;
@@ -233,7 +233,14 @@ async fn announce(
         .iter()
         .any(|c| c.type_ == conditions::ADMITTED && c.status == "True");
     if was_admitted && let Some(c) = admitted.filter(|c| c.status == "False") {
-        publish(ctx, tj, EventType::Normal, "Suspended", &c.message).await;
+        publish(
+            ctx,
+            tj,
+            EventType::Normal,
+            names::EVENT_SUSPENDED,
+            &c.message,
+        )
+        .await;
     }
     // An Event when a flag goes up (GPUs idle with overlap on, a GPU near its memory), not
     // every time the figure in its message moves.
@@ -250,7 +257,7 @@ async fn announce(
             ctx,
             tj,
             EventType::Warning,
-            "StartupGuardFailed",
+            names::EVENT_STARTUP_GUARD_FAILED,
             &g.message,
         )
         .await;

@@ -88,7 +88,7 @@ async fn report_invalid(ctx: &Context, invalid: &crate::cluster::tolerant::Inval
     };
     let event = Event {
         type_: EventType::Warning,
-        reason: "InvalidObject".to_string(),
+        reason: names::EVENT_INVALID_OBJECT.to_string(),
         note: Some(format!(
             "the operator cannot read this TrainingJob and skips it: {}",
             invalid.error
@@ -201,7 +201,7 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
                 ctx,
                 tj,
                 EventType::Normal,
-                "OffloadResolved",
+                names::EVENT_OFFLOAD_RESOLVED,
                 &res.summary(),
             )
             .await;
@@ -326,7 +326,14 @@ fn resolved_status(
 
 /// The one Event of a workload created.
 async fn announce_created(ctx: &Context, tj: &TrainingJob, message: String) {
-    publish(ctx, tj, EventType::Normal, "WorkloadCreated", &message).await;
+    publish(
+        ctx,
+        tj,
+        EventType::Normal,
+        names::EVENT_WORKLOAD_CREATED,
+        &message,
+    )
+    .await;
 }
 
 /// A TrainingJob that opted out of offload configuration (no profile annotation, no offload

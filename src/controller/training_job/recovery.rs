@@ -252,7 +252,7 @@ pub(super) async fn recover(
         ctx,
         tj,
         EventType::Warning,
-        "OutOfMemory",
+        names::EVENT_OUT_OF_MEMORY,
         &condition.message,
     )
     .await;

@@ -5,6 +5,7 @@
 //! the trace — or, where none could be made, with the counted model and the reason why. What
 //! the sizer found is kept ([`crate::cluster::traces`]) for every later job of the step.
 
+use offload_api::names;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,7 +61,7 @@ pub(super) async fn trace_step(
                 ctx,
                 tj,
                 EventType::Normal,
-                "Tracing",
+                names::EVENT_TRACING,
                 &format!(
                     "tracing the model's step ({}) with the sizer in Job {job} from {image}: the workload is created once it has, within {timeout} s",
                     step.describe()

@@ -1,7 +1,8 @@
 //! `offload-reference`: the book's reference pages, generated from the code — every CRD field
-//! (from the CRD schemas the API types generate), every well-known label, annotation and env var
-//! (from `offload_api::names` and its doc comments), every metric (from the operator's and the
-//! agent's registries) and every chart value (from the chart's values schema and defaults).
+//! (from the CRD schemas the API types generate), every well-known label, annotation, env var
+//! and Event reason (from `offload_api::names` and its doc comments), every metric (from the
+//! operator's and the agent's registries) and every chart value (from the chart's values schema
+//! and defaults).
 //!
 //! `offload-reference` writes them into `docs/reference/`; `offload-reference --check` compares
 //! and fails on any difference (the test command runs it).
@@ -55,6 +56,10 @@ fn pages() -> Result<Vec<Page>, String> {
         Page {
             file: "env.md",
             text: names::env_page()?,
+        },
+        Page {
+            file: "events.md",
+            text: names::events_page()?,
         },
         Page {
             file: "metrics.md",

@@ -131,3 +131,34 @@ pub fn env_page() -> Result<String, String> {
     ));
     Ok(out)
 }
+
+/// The Events page.
+pub fn events_page() -> Result<String, String> {
+    let all = names()?;
+    let mut out = format!(
+        "{GENERATED}\n\n# Events\n\nThe Events the operator and the webhook write, through the core Events API \
+         (`kubectl describe`, `kubectl get events --sort-by=.lastTimestamp`). A TrainingJob that \
+         cannot be decided also gets a Warning Event whose reason is the code that holds it \
+         ([Troubleshooting](../troubleshooting.md)).\n\n"
+    );
+    // Each doc reads "Event reason (TYPE[, on OBJECT]): MEANING".
+    let events: Vec<Vec<String>> = rows(&all, |i| i.starts_with("EVENT_"))
+        .into_iter()
+        .map(|row| {
+            let doc = row[1].strip_prefix("Event reason (").unwrap_or(&row[1]);
+            let (inner, meaning) = doc.split_once("): ").unwrap_or(("", doc));
+            let (kind, object) = inner.split_once(", ").unwrap_or((inner, ""));
+            let meaning = if object.is_empty() {
+                meaning.to_string()
+            } else {
+                format!("{object}: {meaning}")
+            };
+            vec![row[0].clone(), kind.to_string(), meaning]
+        })
+        .collect();
+    if events.iter().any(|e| e[1].is_empty()) {
+        return Err("an EVENT_ name's doc does not start with \"Event reason (TYPE…): \"".into());
+    }
+    out.push_str(&table(&["reason", "type", "meaning"], &events));
+    Ok(out)
+}
