@@ -38,6 +38,11 @@ step "the book (mdBook): built, every internal link checked (mdbook-linkcheck2)"
 book_tools=$(bash hack/book/tools.sh)
 PATH="$book_tools:$PATH" mdbook build docs
 
+step "the chart's alerts: promtool check rules and promtool test rules (Debian's prometheus package)"
+prometheus_bin=$(bash hack/monitoring/prometheus.sh)
+"$prometheus_bin/promtool" check rules charts/offload-operator/files/alerts.yaml
+"$prometheus_bin/promtool" test rules tests/monitoring/alerts_test.yaml
+
 step "the sizer's Python (torch and transformers, cached outside the clone): the sizer's own tests run it"
 OFFLOAD_SIZER_PYTHON=$(bash hack/sizer/python.sh)
 export OFFLOAD_SIZER_PYTHON OFFLOAD_SIZER_REQUIRED=1

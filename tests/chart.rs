@@ -98,6 +98,7 @@ async fn lint_and_server_side_validation_of_the_rendered_chart() {
             "operator.enabled=false",
         ],
         vec!["--set", "networkPolicy.enabled=true"],
+        vec!["--set", "metrics.grafanaDashboard.enabled=true"],
         vec![
             "--set",
             "agent.observe.enabled=false",
@@ -149,6 +150,82 @@ async fn lint_and_server_side_validation_of_the_rendered_chart() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("overlapThreshold"));
     kueue_flavors_render_with_the_class_labels(cluster);
     the_dra_driver_reaches_operator_and_agent(cluster);
+    monitoring_renders_the_alerts_and_the_dashboard(cluster);
+}
+
+/// The PrometheusRule carries exactly the rule groups of `files/alerts.yaml` (what promtool
+/// checks and tests), the dashboard's ConfigMap exactly `files/dashboard.json`, and the agents
+/// get a PodMonitor beside the operator's ServiceMonitor; none of it by default.
+fn monitoring_renders_the_alerts_and_the_dashboard(cluster: &DevCluster) {
+    let render = |extra: &[&str]| {
+        let out = cluster
+            .helm()
+            .args(["template", "t", &chart(), "--skip-tests"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_saphyr::from_multiple::<serde_json::Value>(&String::from_utf8_lossy(&out.stdout))
+            .unwrap()
+            .into_iter()
+            .filter(|d| !d.is_null())
+            .map(|d| {
+                let key = format!(
+                    "{}/{}",
+                    d["kind"].as_str().unwrap(),
+                    d["metadata"]["name"].as_str().unwrap()
+                );
+                (key, d)
+            })
+            .collect::<BTreeMap<String, serde_json::Value>>()
+    };
+    let default = render(&[]);
+    assert!(
+        !default.keys().any(|k| k.starts_with("PrometheusRule/")
+            || k.starts_with("PodMonitor/")
+            || k == "ConfigMap/offload-operator-dashboard"),
+        "{:?}",
+        default.keys()
+    );
+    let on = render(&[
+        "--set",
+        "metrics.prometheusRule.enabled=true",
+        "--set",
+        "metrics.prometheusRule.labels.release=kps",
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.grafanaDashboard.enabled=true",
+    ]);
+    let files = std::path::Path::new(&chart()).join("files");
+    let alerts: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(files.join("alerts.yaml")).unwrap())
+            .unwrap();
+    let rule = &on["PrometheusRule/offload-operator"];
+    assert_eq!(rule["spec"], alerts);
+    assert_eq!(rule["metadata"]["labels"]["release"], "kps");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(files.join("dashboard.json")).unwrap())
+            .unwrap();
+    let shipped = &on["ConfigMap/offload-operator-dashboard"];
+    assert_eq!(shipped["metadata"]["labels"]["grafana_dashboard"], "1");
+    let shipped: serde_json::Value =
+        serde_json::from_str(shipped["data"]["offload-operator.json"].as_str().unwrap()).unwrap();
+    assert_eq!(shipped, dashboard);
+    assert!(
+        on.contains_key("PodMonitor/offload-agent"),
+        "{:?}",
+        on.keys()
+    );
+    assert!(
+        on.contains_key("ServiceMonitor/offload-operator"),
+        "{:?}",
+        on.keys()
+    );
 }
 
 /// `dra.driver` reaches both the operator (whose slices it watches) and the agent (whose

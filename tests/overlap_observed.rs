@@ -389,7 +389,7 @@ async fn metrics_and_kubectl_show_it(
     ns: &str,
 ) {
     let metrics = offload_testenv::http::metrics(admin).await.unwrap();
-    let series = [("namespace", ns), ("job", "overlapped")];
+    let series = [("namespace", ns), ("trainingjob", "overlapped")];
     let busy = metrics.value("offload_operator_job_gpu_busy_ratio", &series);
     assert_eq!(busy, Some(0.96), "the busy-ratio series");
     let flag = metrics.value("offload_operator_job_overlap_flagged", &series);

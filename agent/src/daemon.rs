@@ -253,6 +253,7 @@ struct Gauges {
     gpu_flops: Gauge<f64, std::sync::atomic::AtomicU64>,
     coherent: Gauge,
     publish_errors: Gauge,
+    published_at: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl Gauges {
@@ -302,6 +303,11 @@ impl Gauges {
             "publish_errors",
             "Failed attempts to publish the report",
             self.publish_errors.clone(),
+        );
+        r.register(
+            "report_published_timestamp_seconds",
+            "When the node's report was last published, Unix seconds (a stale one alerts)",
+            self.published_at.clone(),
         );
     }
 
@@ -540,6 +546,11 @@ async fn measure_and_publish(
                         () = shutdown.cancelled() => return Ok(()),
                     }
                 }
+                gauges.published_at.set(
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0.0, |d| d.as_secs_f64()),
+                );
                 last = Some(report);
             }
             Err(e) => tracing::error!(error = %e, "measurement task failed"),

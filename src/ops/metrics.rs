@@ -77,8 +77,26 @@ pub struct Metrics {
     pub job_gpu_busy: Family<JobLabels, Gauge<f64, AtomicU64>>,
     /// Whether a running TrainingJob with overlap on is flagged for idle GPUs (1) or not (0).
     pub job_overlap_flagged: Family<JobLabels, Gauge>,
+    /// 1 for each TrainingJob held without a configuration, labelled with the code that
+    /// holds it.
+    pub job_held: Family<HeldLabels, Gauge>,
+    /// 1 for each TrainingJob whose out-of-memory re-decisions are spent (`maxMemoryRetries`).
+    pub job_recovery_exhausted: Family<JobLabels, Gauge>,
     /// The jobs that have per-job series, so the series of a deleted job can be removed.
     job_series: std::sync::Mutex<std::collections::HashSet<JobLabels>>,
+    /// The held series of each job (one at a time: the code that holds it now).
+    held_series: std::sync::Mutex<std::collections::HashMap<JobLabels, HeldLabels>>,
+}
+
+/// Labels of a held job's series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HeldLabels {
+    /// Namespace of the TrainingJob.
+    pub namespace: String,
+    /// Name of the TrainingJob.
+    pub trainingjob: String,
+    /// The code that holds it (`InsufficientMemory`, `NoReportedNodes`, …).
+    pub reason: &'static str,
 }
 
 /// Labels of per-job metrics. One series per TrainingJob, removed when the job is deleted.
@@ -86,8 +104,8 @@ pub struct Metrics {
 pub struct JobLabels {
     /// Namespace of the TrainingJob.
     pub namespace: String,
-    /// Name of the TrainingJob.
-    pub job: String,
+    /// Name of the TrainingJob (not `job`: Prometheus' own target label).
+    pub trainingjob: String,
 }
 
 fn latency_histogram() -> Histogram {
@@ -109,7 +127,10 @@ impl Metrics {
             watch_errors: Family::default(),
             job_gpu_busy: Family::default(),
             job_overlap_flagged: Family::default(),
+            job_held: Family::default(),
+            job_recovery_exhausted: Family::default(),
             job_series: std::sync::Mutex::default(),
+            held_series: std::sync::Mutex::default(),
         };
         let r = registry.sub_registry_with_prefix("offload_operator");
         r.register("reconciles", "Reconciles started", m.reconciles.clone());
@@ -158,6 +179,16 @@ impl Metrics {
             "1 when a TrainingJob with overlap on keeps its GPUs idle below its profile's threshold",
             m.job_overlap_flagged.clone(),
         );
+        r.register(
+            "job_held",
+            "1 while a TrainingJob is held without a configuration, by the code that holds it",
+            m.job_held.clone(),
+        );
+        r.register(
+            "job_recovery_exhausted",
+            "1 when a TrainingJob ran out of memory more often than its profile's maxMemoryRetries",
+            m.job_recovery_exhausted.clone(),
+        );
         Arc::new(m)
     }
 
@@ -174,16 +205,67 @@ impl Metrics {
         }
     }
 
+    /// Records whether a job is held, and by which code (`None`: it has a configuration).
+    pub fn set_held(&self, job: &JobLabels, reason: Option<&'static str>) {
+        let now = reason.map(|reason| HeldLabels {
+            namespace: job.namespace.clone(),
+            trainingjob: job.trainingjob.clone(),
+            reason,
+        });
+        {
+            // Released before `track` takes the job set's lock: `retain_jobs` takes the two
+            // in the other order.
+            let Ok(mut held) = self.held_series.lock() else {
+                return;
+            };
+            if let Some(before) = held.get(job)
+                && Some(before) != now.as_ref()
+            {
+                self.job_held.remove(before);
+            }
+            match &now {
+                Some(labels) => {
+                    self.job_held.get_or_create(labels).set(1);
+                    held.insert(job.clone(), labels.clone());
+                }
+                None => {
+                    held.remove(job);
+                }
+            }
+        }
+        if now.is_some() {
+            self.track(job);
+        }
+    }
+
+    /// Records that a job's out-of-memory re-decisions are spent.
+    pub fn set_recovery_exhausted(&self, job: &JobLabels) {
+        self.job_recovery_exhausted.get_or_create(job).set(1);
+        self.track(job);
+    }
+
+    fn track(&self, job: &JobLabels) {
+        if let Ok(mut series) = self.job_series.lock() {
+            series.insert(job.clone());
+        }
+    }
+
     /// Removes the series of every job `live` says is gone.
     pub fn retain_jobs(&self, live: impl Fn(&str, &str) -> bool) {
         let Ok(mut series) = self.job_series.lock() else {
             return;
         };
         series.retain(|labels| {
-            let keep = live(&labels.namespace, &labels.job);
+            let keep = live(&labels.namespace, &labels.trainingjob);
             if !keep {
                 self.job_gpu_busy.remove(labels);
                 self.job_overlap_flagged.remove(labels);
+                self.job_recovery_exhausted.remove(labels);
+                if let Ok(mut held) = self.held_series.lock()
+                    && let Some(h) = held.remove(labels)
+                {
+                    self.job_held.remove(&h);
+                }
             }
             keep
         });
@@ -213,5 +295,50 @@ impl Drop for ReconcileTimer<'_> {
             .reconcile_duration
             .get_or_create(&KindLabels { kind: self.kind })
             .observe(self.start.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::encoding::text::encode;
+
+    fn text(registry: &Registry) -> String {
+        let mut out = String::new();
+        encode(&mut out, registry).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_held_job_has_one_series_with_the_code_that_holds_it_until_it_is_decided_or_gone() {
+        let mut registry = Registry::default();
+        let m = Metrics::new(&mut registry);
+        let job = JobLabels {
+            namespace: "ml".into(),
+            trainingjob: "llama".into(),
+        };
+        m.set_held(&job, Some("NoReportedNodes"));
+        m.set_held(&job, Some("InsufficientMemory"));
+        let shown = text(&registry);
+        assert!(
+            shown.contains(
+                r#"offload_operator_job_held{namespace="ml",trainingjob="llama",reason="InsufficientMemory"} 1"#
+            ),
+            "{shown}"
+        );
+        assert!(!shown.contains("NoReportedNodes"), "{shown}");
+        m.set_held(&job, None);
+        assert!(!text(&registry).contains("offload_operator_job_held{"));
+
+        m.set_held(&job, Some("InsufficientMemory"));
+        m.set_recovery_exhausted(&job);
+        assert!(text(&registry).contains("offload_operator_job_recovery_exhausted{"));
+        m.retain_jobs(|_, _| false);
+        let shown = text(&registry);
+        assert!(!shown.contains("offload_operator_job_held{"), "{shown}");
+        assert!(
+            !shown.contains("offload_operator_job_recovery_exhausted{"),
+            "{shown}"
+        );
     }
 }

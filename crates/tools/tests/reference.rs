@@ -75,3 +75,55 @@ fn repository_links_in_the_docs_name_existing_paths() {
         "links to paths that do not exist: {missing:#?}"
     );
 }
+
+/// Every operator or agent metric the chart's dashboard and alerts query is one the code
+/// serves (as the reference page lists it), so a renamed metric cannot leave a panel empty.
+#[test]
+fn the_dashboard_and_alerts_query_metrics_that_exist() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let listed = std::fs::read_to_string(root.join("docs/reference/metrics.md")).unwrap();
+    let served: Vec<&str> = listed
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .collect();
+    assert!(served.len() > 10, "{served:?}");
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("charts/offload-operator/files/dashboard.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let mut queries: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().clone())
+        .map(|t| t["expr"].as_str().unwrap().to_string())
+        .collect();
+    assert!(queries.len() >= 12, "{queries:?}");
+    let alerts =
+        std::fs::read_to_string(root.join("charts/offload-operator/files/alerts.yaml")).unwrap();
+    queries.extend(
+        alerts
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("expr: "))
+            .map(str::to_string),
+    );
+    let mut missing = Vec::new();
+    for query in &queries {
+        for (at, _) in query.match_indices("offload_") {
+            let name: String = query[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(&name);
+            if !served.contains(&base) {
+                missing.push(format!("{name} in {query}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "metrics no code serves: {missing:#?}");
+}

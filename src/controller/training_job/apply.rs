@@ -116,6 +116,14 @@ pub(super) async fn create_workload(
     Ok(None)
 }
 
+/// The labels of a job's own metric series.
+pub(super) fn job_labels(tj: &TrainingJob) -> crate::ops::metrics::JobLabels {
+    crate::ops::metrics::JobLabels {
+        namespace: tj.namespace().unwrap_or_default(),
+        trainingjob: tj.name_any(),
+    }
+}
+
 pub(super) async fn record_unresolved(
     tj: &TrainingJob,
     ctx: &Context,
@@ -124,6 +132,8 @@ pub(super) async fn record_unresolved(
     let name = tj.name_any();
     let api: Api<TrainingJob> =
         Api::namespaced(ctx.client.clone(), &tj.namespace().unwrap_or_default());
+    // Set before the unchanged-status return: a restarted operator reports the jobs it holds.
+    ctx.metrics.set_held(&job_labels(tj), Some(why.reason()));
     let current = tj.status.clone().unwrap_or_default();
     let Some(status) = status::held(
         &current,

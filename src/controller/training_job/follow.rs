@@ -379,7 +379,7 @@ fn observe(
     };
     let labels = JobLabels {
         namespace: ns,
-        job: name,
+        trainingjob: name,
     };
     let threshold = ctx
         .profile(&decision.profile)

@@ -125,6 +125,7 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
         return Ok(Action::await_change());
     };
     if let Some(job) = existing_workload(ctx, &ns, &name).await? {
+        ctx.metrics.set_held(&apply::job_labels(tj), None);
         return follow_workload(tj, ctx, &job).await;
     }
     let Some(latest) = latest_copy(tj, ctx, &ns, &name).await? else {
@@ -164,7 +165,10 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
         model.as_ref().map(Option::as_ref),
         view,
     ) {
-        Ok(res) => res,
+        Ok(res) => {
+            ctx.metrics.set_held(&apply::job_labels(tj), None);
+            res
+        }
         Err(why) => {
             record_unresolved(tj, ctx, &why).await?;
             return Ok(Action::await_change());

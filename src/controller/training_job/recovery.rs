@@ -247,6 +247,10 @@ pub(super) async fn recover(
             tj.metadata.generation,
         )
     };
+    if exhausted {
+        ctx.metrics
+            .set_recovery_exhausted(&super::apply::job_labels(tj));
+    }
     status::write_memory(&api, &name, &failures, &condition).await?;
     publish(
         ctx,

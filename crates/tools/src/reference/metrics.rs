@@ -1,7 +1,8 @@
 //! Every metric the operator and the agent serve, from their own registries.
 
 use offload_operator::ops::metrics::{
-    AdmissionLabels, DecisionLabels, DenialLabels, ErrorLabels, JobLabels, KindLabels, Metrics,
+    AdmissionLabels, DecisionLabels, DenialLabels, ErrorLabels, HeldLabels, JobLabels, KindLabels,
+    Metrics,
 };
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
@@ -52,10 +53,16 @@ fn one_series_each(m: &Metrics) {
     let _ = m.watch_errors.get_or_create(&kind);
     let job = JobLabels {
         namespace: "x".into(),
-        job: "x".into(),
+        trainingjob: "x".into(),
     };
     let _ = m.job_gpu_busy.get_or_create(&job);
     let _ = m.job_overlap_flagged.get_or_create(&job);
+    let _ = m.job_recovery_exhausted.get_or_create(&job);
+    let _ = m.job_held.get_or_create(&HeldLabels {
+        namespace: "x".into(),
+        trainingjob: "x".into(),
+        reason: "x",
+    });
 }
 
 /// The label names of a sample line (`name{a="x",b="y"} 0`).
