@@ -63,6 +63,9 @@ for line in sys.stdin:
 ' | sort >"$binaries"
 echo "$(wc -l <"$binaries") test binaries"
 
+step "the reference pages against the code, and the longest reason sentence the examples' decisions give"
+cargo run -q -p offload-tools --bin offload-reference -- --check
+
 logs=target/test-logs
 rm -rf "$logs" && mkdir -p "$logs"
 # Runs the binaries named by the lines on stdin, one after another; a failure is recorded and the

@@ -232,8 +232,7 @@ async fn what_a_run_used_is_learned_survives_a_restart_and_decides_its_rerun() {
         .map(|r| r.message.as_str())
         .collect();
     assert!(
-        why.iter()
-            .any(|m| m.contains("from the peaks of its observed runs")),
+        why.iter().any(|m| m.contains("learned from 1 run")),
         "{why:?}"
     );
     let estimate = decision.estimate.unwrap();
@@ -423,7 +422,8 @@ async fn a_faster_share_that_trains_slower_is_left_for_the_configuration_that_st
     let why: Vec<&str> = back.reasons.iter().map(|r| r.message.as_str()).collect();
     assert!(
         why.iter()
-            .any(|m| m.contains("stepped in 2000 ms, faster than") && m.contains("at 2300 ms")),
+            .any(|m| m.contains("the fastest that trained (2000 ms a step;")
+                && m.contains(" 2300 ms)")),
         "{why:?}"
     );
     let shown = kubectl(cluster, &["get", "trainingjobs", "third", "-n", &ns]);

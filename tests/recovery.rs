@@ -363,8 +363,13 @@ async fn a_trial_that_runs_out_with_the_webhook_on_goes_back_to_what_trained() {
         "back to {r_trained}: {}",
         offload.offload_ratio
     );
-    let why: Vec<&str> = offload.reasons.iter().map(|r| r.message.as_str()).collect();
-    assert!(why.iter().any(|m| m.contains("goes back to")), "{why:?}");
+    // The configuration that trained decides it again, said by its code.
+    assert!(
+        offload.reasons.iter().any(|r| r.field == "mode"
+            && r.code == Some(offload_api::v1alpha1::ReasonCode::ProvenByRuns)),
+        "{:?}",
+        offload.reasons
+    );
     let recovery = status
         .conditions
         .iter()

@@ -105,6 +105,10 @@ pub(super) fn fastest_by_gpu_size(
                     tier.len(),
                     class.len()
                 ));
+                choice.brief.push_str(&format!(
+                    "; its DRA claims select GPUs by memory ({} or more)",
+                    gib(as_f64(size))
+                ));
                 best = (cm, Ok(choice));
             }
         }

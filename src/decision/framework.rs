@@ -1,6 +1,8 @@
 //! The framework step: what the declared framework and version can take, and how each one
 //! turns the decided configuration into its own keys.
 
+use super::resolution::Why;
+use offload_api::v1alpha1::ReasonCode;
 use offload_api::v1alpha1::{Framework, NodeClass, OffloadMode};
 use offload_api::version::{self, FrameworkVersion};
 
@@ -207,8 +209,8 @@ pub(super) fn plan(
     node_class: Option<NodeClass>,
     profile_allows_zenflow: bool,
     memory: MemoryPlan,
-) -> (FrameworkPlan, Vec<String>) {
-    let mut why: Vec<String> = Vec::new();
+) -> (FrameworkPlan, Vec<Why>) {
+    let mut why: Vec<Why> = Vec::new();
     let mut plan = plan_inner(
         job, facts, mode, overlap, ratio, node_class, memory, &mut why,
     );
@@ -228,16 +230,25 @@ pub(super) fn plan(
         }
         // What overlap means in the keys written.
         match mode {
-            OffloadMode::CpuCopy if !ds.zenflow => say(
-                &mut why,
+            OffloadMode::CpuCopy if !ds.zenflow => why.push(Why::summed(
+                ReasonCode::NoOverlapSwitch,
+                format!(
+                    "overlap {}: DeepSpeed's CPU offload has no overlap key here; OFFLOAD_OVERLAP={} tells the training code",
+                    if overlap { "on" } else { "off" },
+                    u8::from(overlap)
+                ),
                 format!(
                     "overlap {} writes no DeepSpeed key on this node: DeepSpeed's CPU offload has no overlap switch here short of ZenFlow (asynchronous updates, which need consent); OFFLOAD_OVERLAP={} tells the training code",
                     if overlap { "on" } else { "off" },
                     u8::from(overlap)
                 ),
-            ),
+            )),
             OffloadMode::UnifiedMemory if !overlap && !ds.super_offload => {
-                say(&mut why, "SuperOffload off: overlap is off for this job")
+                say(
+                    &mut why,
+                    ReasonCode::SuperOffload,
+                    "SuperOffload off: overlap is off for this job",
+                )
             }
             _ => {}
         }
@@ -246,6 +257,7 @@ pub(super) fn plan(
     {
         say(
             &mut why,
+            ReasonCode::NoOverlapSwitch,
             format!(
                 "FSDP has no switch for overlapping the optimizer update with GPU work: OFFLOAD_OVERLAP={} reaches the training code as env only",
                 u8::from(overlap)
@@ -268,7 +280,7 @@ fn zenflow(
     overlap: bool,
     ratio: f64,
     profile_allows: bool,
-    why: &mut Vec<String>,
+    why: &mut Vec<Why>,
 ) -> bool {
     let ds = &job.deepspeed;
     let (consent, by) = match (ds.zen_flow, ds.zenflow_in_config, profile_allows) {
@@ -280,7 +292,7 @@ fn zenflow(
     };
     if !consent {
         if ds.zen_flow == Some(false) {
-            say(why, format!("ZenFlow off: {by}"));
+            say(why, ReasonCode::ZenFlow, format!("ZenFlow off: {by}"));
         }
         return false;
     }
@@ -305,7 +317,11 @@ fn zenflow(
     };
     match blocker {
         Some(b) => {
-            say(why, format!("ZenFlow not written although {by}: {b}"));
+            say(
+                why,
+                ReasonCode::ZenFlow,
+                format!("ZenFlow not written although {by}: {b}"),
+            );
             false
         }
         None => {
@@ -314,12 +330,15 @@ fn zenflow(
             } else {
                 ""
             };
-            say(
-                why,
+            why.push(Why::summed(
+                ReasonCode::ZenFlow,
+                format!(
+                    "ZenFlow on because {by}: the CPU update of the less important gradient columns is asynchronous, every {ZENFLOW_UPDATE_INTERVAL} steps"
+                ),
                 format!(
                     "ZenFlow on because {by}{where_}: the CPU update of the less important gradient columns is applied asynchronously every {ZENFLOW_UPDATE_INTERVAL} steps (a change to the optimisation, measured faster on a PCIe H200)"
                 ),
-            );
+            ));
             true
         }
     }
@@ -330,8 +349,8 @@ pub const ZENFLOW_UPDATE_INTERVAL: u32 = 4;
 /// `zenflow.topk_ratio` the operator writes.
 pub const ZENFLOW_TOPK_RATIO: f64 = 0.05;
 
-fn say(why: &mut Vec<String>, message: impl Into<String>) {
-    why.push(message.into());
+fn say(why: &mut Vec<Why>, code: ReasonCode, message: impl Into<String>) {
+    why.push(Why::new(code, message));
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -343,7 +362,7 @@ fn plan_inner(
     ratio: f64,
     node_class: Option<NodeClass>,
     memory: MemoryPlan,
-    why: &mut Vec<String>,
+    why: &mut Vec<Why>,
 ) -> FrameworkPlan {
     match (job.framework.name, &facts.version) {
         (Framework::DeepSpeed, Some(version)) => {
@@ -369,6 +388,7 @@ fn plan_inner(
             };
             say(
                 why,
+                ReasonCode::FrameworkSettings,
                 format!("DeepSpeed {version}: {what}, {stage_note}, pin_memory written explicitly"),
             );
             FrameworkPlan::DeepSpeed(DeepSpeedPlan {
@@ -389,6 +409,7 @@ fn plan_inner(
         _ => {
             say(
                 why,
+                ReasonCode::FrameworkSettings,
                 "Generic: the configuration reaches the process through OFFLOAD_* env vars only",
             );
             FrameworkPlan::Generic
@@ -404,23 +425,32 @@ fn super_offload(
     mode: OffloadMode,
     overlap: bool,
     node_class: Option<NodeClass>,
-    why: &mut Vec<String>,
+    why: &mut Vec<Why>,
 ) -> bool {
     let can_super = version::deepspeed::has(version, version::deepspeed::SUPER_OFFLOAD);
     match (mode, ds.super_offload) {
         (OffloadMode::Disabled, _) => false,
         (_, Some(false)) => {
-            say(why, "SuperOffload off: deepspeed.superOffload is false");
+            say(
+                why,
+                ReasonCode::SuperOffload,
+                "SuperOffload off: deepspeed.superOffload is false",
+            );
             false
         }
         (_, Some(true)) => {
             if node_class == Some(NodeClass::Discrete) {
                 say(
                     why,
+                    ReasonCode::SuperOffload,
                     "SuperOffload on because deepspeed.superOffload asks for it; note it was measured 2.2x slower than plain CPU offload on a PCIe H200",
                 );
             } else {
-                say(why, "SuperOffload on: deepspeed.superOffload asks for it");
+                say(
+                    why,
+                    ReasonCode::SuperOffload,
+                    "SuperOffload on: deepspeed.superOffload asks for it",
+                );
             }
             true
         }
@@ -428,11 +458,13 @@ fn super_offload(
             if version::deepspeed::has(version, version::deepspeed::SUPER_OFFLOAD_RECOMMENDED) {
                 say(
                     why,
+                    ReasonCode::SuperOffload,
                     "SuperOffload on: overlapped offload on a coherent node",
                 );
             } else {
                 say(
                     why,
+                    ReasonCode::SuperOffload,
                     format!(
                         "SuperOffload on: overlapped offload on a coherent node; DeepSpeed {version} has it, but {} carries its fixes",
                         version::deepspeed::show(version::deepspeed::SUPER_OFFLOAD_RECOMMENDED)
@@ -444,6 +476,7 @@ fn super_offload(
         (OffloadMode::UnifiedMemory, None) if overlap => {
             say(
                 why,
+                ReasonCode::SettingLowered,
                 format!(
                     "SuperOffload lowered to DeepSpeed's standard asynchronous CPU offload: DeepSpeed {version} predates SuperOffload (upgrade to {} or newer to use it)",
                     version::deepspeed::show(version::deepspeed::SUPER_OFFLOAD_RECOMMENDED)
@@ -454,6 +487,7 @@ fn super_offload(
         (OffloadMode::CpuCopy, None) if overlap => {
             say(
                 why,
+                ReasonCode::SuperOffload,
                 "standard asynchronous CPU offload, not SuperOffload: SuperOffload targets coherent nodes and was measured slower on PCIe",
             );
             false
@@ -471,7 +505,7 @@ fn offload_params(
     ratio: f64,
     super_offload: bool,
     memory: MemoryPlan,
-    why: &mut Vec<String>,
+    why: &mut Vec<Why>,
 ) -> bool {
     match (ds.offload_params, mode, memory.placement) {
         (_, OffloadMode::Disabled, _) => false,
@@ -479,6 +513,7 @@ fn offload_params(
         (None, _, Some(Placement::OptimizerAndParams)) if memory.rung => {
             say(
                 why,
+                ReasonCode::ParametersOffloaded,
                 "offload_param on: the job ran out of GPU memory with the optimizer state offloaded, so parameters go too (unknownSize TryFastest)",
             );
             true
@@ -486,20 +521,23 @@ fn offload_params(
         (None, _, Some(Placement::Optimizer)) if memory.rung => {
             say(
                 why,
+                ReasonCode::ParametersOffloaded,
                 "offload_param off: unknownSize TryFastest offloads the optimizer state before the parameters",
             );
             false
         }
         (None, _, Some(Placement::OptimizerAndParams)) => {
-            say(
-                why,
+            why.push(Why::summed(
+                ReasonCode::ParametersOffloaded,
+                "offload_param on: no partial share small enough to beat offloading parameters too fits the GPU, and both fit host memory",
                 "offload_param on: the optimizer state does not fit on the GPU in a share small enough to beat offloading parameters too, and both fit host memory (measured faster than a partial share above 45% on a PCIe H200 with its 16 cores; fewer cores for the pod keep a partial share longer)",
-            );
+            ));
             true
         }
         (None, _, Some(Placement::Optimizer)) => {
             say(
                 why,
+                ReasonCode::ParametersOffloaded,
                 "offload_param off: parameters offloaded too would not fit host memory",
             );
             false
@@ -508,10 +546,11 @@ fn offload_params(
         (None, OffloadMode::CpuCopy, None)
             if facts.stage == 3 && ratio >= 1.0 && !super_offload =>
         {
-            say(
-                why,
+            why.push(Why::summed(
+                ReasonCode::ParametersOffloaded,
+                "offload_param on: with ZeRO-3 and full copy offload it steps faster, same training semantics; deepspeed.offloadParams: false keeps parameters on the GPU",
                 "offload_param on (deepspeed.offloadParams unset): with ZeRO-3 and full copy offload it was measured about 1.5x faster on a PCIe H200 (0.3B and 2B parameters), with the same training semantics; set deepspeed.offloadParams: false to keep parameters on the GPU",
-            );
+            ));
             true
         }
         (None, _, None) => false,
@@ -524,7 +563,7 @@ fn fsdp_plan(
     version: &FrameworkVersion,
     mode: OffloadMode,
     memory: MemoryPlan,
-    why: &mut Vec<String>,
+    why: &mut Vec<Why>,
 ) -> FrameworkPlan {
     let fsdp_version = if version::torch::has(version, version::torch::FSDP2) {
         2
@@ -544,7 +583,7 @@ fn fsdp_plan(
             format!("FSDP{fsdp_version} (torch {version}) without offload")
         }
     };
-    say(why, message);
+    say(why, ReasonCode::FrameworkSettings, message);
     FrameworkPlan::Fsdp(FsdpPlan {
         fsdp_version,
         offload_params,

@@ -23,6 +23,10 @@ pub(super) struct MemoryChoice {
     pub(super) class: ClassMemory,
     /// The figures in a sentence.
     pub(super) figures: String,
+    /// The deciding figures in a few words ([`JobMemory::brief`]).
+    pub(super) brief: String,
+    /// Where the figures come from, in a few words ([`JobMemory::brief`]).
+    pub(super) provenance: String,
     /// Chosen by what earlier runs proved ([`super::proven`]), not by the model's figures
     /// alone: the figures say why.
     pub(super) proven: bool,
@@ -195,22 +199,27 @@ pub(super) fn fastest(
     allowed: &Allowed,
 ) -> Result<MemoryChoice, Tried> {
     let mut tried = Tried::default();
-    let choice = |placement: Placement, estimate: Estimate| MemoryChoice {
-        placement,
-        figures: {
-            let mut figures = jm.describe(&estimate, class);
-            if let Some(close) = jm.close_to_limit(&estimate, class) {
-                figures.push_str("; ");
-                figures.push_str(&close);
-            }
-            figures.push_str(&model_note(jm));
-            figures
-        },
-        estimate,
-        class: class.clone(),
-        proven: false,
-        trial: None,
-        stepped: None,
+    let choice = |placement: Placement, estimate: Estimate| {
+        let (brief, provenance) = jm.brief(&estimate, class);
+        MemoryChoice {
+            placement,
+            figures: {
+                let mut figures = jm.describe(&estimate, class);
+                if let Some(close) = jm.close_to_limit(&estimate, class) {
+                    figures.push_str("; ");
+                    figures.push_str(&close);
+                }
+                figures.push_str(&model_note(jm));
+                figures
+            },
+            brief,
+            provenance,
+            estimate,
+            class: class.clone(),
+            proven: false,
+            trial: None,
+            stepped: None,
+        }
     };
     let try_fixed = |placement: Placement, tried: &mut Tried| {
         let (est, fit) = jm.estimate_checked(placement, class);

@@ -68,7 +68,9 @@ pub use user_config::{
 };
 
 pub use ladder::Trial;
-pub use resolution::{Field, MemoryEstimate, MemoryRequest, Reason, Resolution};
+pub use resolution::{
+    Field, MAX_SHORT_CHARS, MemoryEstimate, MemoryRequest, Reason, Resolution, Why, clip,
+};
 pub use resolve::{class_admits, estimate_placement, resolve_offload};
 pub use settings::{
     DEFAULT_ZERO_STAGE, MAX_EXCLUDED_NODES, MIN_AUTO_RATIO, SUPER_OFFLOAD_CPU_SHARE,

@@ -7,7 +7,9 @@ use offload_api::v1alpha1::{OffloadMode, OffloadProfileSpec, OverlapSetting};
 
 use super::placement::ModeAndClass;
 use super::request::JobRequest;
+use super::resolution::Why;
 use super::settings::effective;
+use offload_api::v1alpha1::ReasonCode;
 
 /// The lowest measured efficiency among nodes, or what stops overlap being trusted.
 #[derive(Clone, Default)]
@@ -69,7 +71,7 @@ pub(super) fn resolve_overlap(
     job: &JobRequest,
     profile: &OffloadProfileSpec,
     placement: &ModeAndClass,
-) -> (bool, Option<f64>, String) {
+) -> (bool, Option<f64>, Why) {
     let (requested, source) = effective(job.offload.overlap, profile.overlap, OverlapSetting::Auto);
     let measured = placement
         .chosen
@@ -77,33 +79,58 @@ pub(super) fn resolve_overlap(
         .unwrap_or_default();
     let efficiency = measured.lowest.as_ref().map(|(_, e)| *e);
     if placement.mode == OffloadMode::Disabled {
-        return (false, efficiency, "off: offload is disabled".to_string());
+        return (
+            false,
+            efficiency,
+            Why::new(ReasonCode::NothingOffloaded, "off: offload is disabled"),
+        );
     }
     let (on, why) = match requested {
-        OverlapSetting::Disabled => (false, format!("off: disabled by {source}")),
+        OverlapSetting::Disabled => (
+            false,
+            Why::new(
+                ReasonCode::OverlapRequested,
+                format!("off: disabled by {source}"),
+            ),
+        ),
         OverlapSetting::Enabled => (
             true,
-            format!("on: enabled by {source}; {}", measured.describe()),
+            Why::new(
+                ReasonCode::OverlapRequested,
+                format!("on: enabled by {source}; {}", measured.describe()),
+            ),
         ),
         OverlapSetting::Auto => {
             let threshold = profile.min_overlap_efficiency;
             match (&measured.blocker, measured.lowest.as_ref()) {
-                (Some(blocker), _) => (false, format!("off: {blocker}")),
+                (Some(blocker), _) => (
+                    false,
+                    Why::new(ReasonCode::OverlapNotVerified, format!("off: {blocker}")),
+                ),
                 (None, Some((node, e))) if *e >= threshold => (
                     true,
-                    format!(
-                        "on: self-test verified overlap on every chosen node, lowest efficiency {e:.2} on {node} (minimum {threshold:.2})"
+                    Why::new(
+                        ReasonCode::OverlapVerified,
+                        format!(
+                            "on: self-test verified overlap on every chosen node, lowest efficiency {e:.2} on {node} (minimum {threshold:.2})"
+                        ),
                     ),
                 ),
                 (None, Some((node, e))) => (
                     false,
-                    format!(
-                        "off: self-test measured efficiency {e:.2} on {node}, below the profile's minimum {threshold:.2}"
+                    Why::new(
+                        ReasonCode::OverlapBelowMinimum,
+                        format!(
+                            "off: self-test measured efficiency {e:.2} on {node}, below the profile's minimum {threshold:.2}"
+                        ),
                     ),
                 ),
                 (None, None) => (
                     false,
-                    "off: no chosen node has an overlap measurement".to_string(),
+                    Why::new(
+                        ReasonCode::OverlapNotVerified,
+                        "off: no chosen node has an overlap measurement",
+                    ),
                 ),
             }
         }

@@ -6,16 +6,21 @@ use offload_api::v1alpha1::{OffloadMode, OffloadProfileSpec, Switch};
 
 use super::placement::ModeAndClass;
 use super::request::JobRequest;
+use super::resolution::Why;
 use super::settings::Source;
+use offload_api::v1alpha1::ReasonCode;
 
 /// Pin host buffers or not, and why.
 pub(super) fn resolve_pinning(
     job: &JobRequest,
     profile: &OffloadProfileSpec,
     placement: &ModeAndClass,
-) -> (bool, String) {
+) -> (bool, Why) {
     if placement.mode == OffloadMode::Disabled {
-        return (false, "off: offload is disabled".to_string());
+        return (
+            false,
+            Why::new(ReasonCode::NothingOffloaded, "off: offload is disabled"),
+        );
     }
     let (wanted, source) = match job.offload.pin_memory {
         Switch::Enabled => (true, Source::Job),
@@ -38,21 +43,42 @@ pub(super) fn resolve_pinning(
         .and_then(|u| u.0.as_ref())
         .map(|(node, err)| (node.as_str(), err.as_deref()));
     match (wanted, source, unpinnable) {
-        (false, _, _) => (false, format!("off: set by {source}")),
+        (false, _, _) => (
+            false,
+            Why::new(
+                ReasonCode::PinMemoryRequested,
+                format!("off: set by {source}"),
+            ),
+        ),
         (true, Source::Profile, Some((node, err))) => (
             false,
-            format!(
-                "off: the agent could not allocate pinned memory on {node} ({}); pageable buffers are used",
-                bounded(err.unwrap_or("no detail"))
+            Why::summed(
+                ReasonCode::PinnedMemoryUnavailable,
+                format!(
+                    "off: the agent could not allocate pinned memory on {node}; pageable buffers are used"
+                ),
+                format!(
+                    "off: the agent could not allocate pinned memory on {node} ({}); pageable buffers are used",
+                    bounded(err.unwrap_or("no detail"))
+                ),
             ),
         ),
         (true, Source::Job, Some((node, _))) => (
             true,
-            format!(
-                "on: set by the job, although the agent could not allocate pinned memory on {node}; pinned buffers count against the pod's memory limit, so raise it"
+            Why::new(
+                ReasonCode::PinnedMemoryUnavailable,
+                format!(
+                    "on: set by the job, although the agent could not allocate pinned memory on {node}; pinned buffers count against the pod's memory limit, so raise it"
+                ),
             ),
         ),
-        (true, _, None) => (true, format!("on: set by {source}")),
+        (true, _, None) => (
+            true,
+            Why::new(
+                ReasonCode::PinMemoryRequested,
+                format!("on: set by {source}"),
+            ),
+        ),
     }
 }
 

@@ -13,7 +13,9 @@ use super::framework::FrameworkFacts;
 use super::ladder::{self, Allowed, MemoryChoice};
 use super::memory::{JobMemory, Placement};
 use super::request::JobRequest;
+use super::resolution::{Why, short};
 use super::settings::{Source, effective};
+use offload_api::v1alpha1::ReasonCode;
 
 mod capacity;
 use capacity::{capacity_message, holds, insufficient, shown_nodes};
@@ -23,8 +25,8 @@ pub(super) struct ModeAndClass<'c, 'a> {
     pub(super) mode: OffloadMode,
     /// The class's nodes; `None` when offload is disabled and any GPU node will do.
     pub(super) chosen: Option<&'c ClassNodes<'a>>,
-    pub(super) mode_why: String,
-    pub(super) class_why: String,
+    pub(super) mode_why: Why,
+    pub(super) class_why: Why,
     /// What the memory model chose, where the job gives model hints.
     pub(super) memory: Option<MemoryChoice>,
     /// For a job without hints on `unknownSize: TryFastest`: the rung of the offload ladder it
@@ -36,6 +38,51 @@ impl ModeAndClass<'_, '_> {
     pub(super) fn class(&self) -> Option<NodeClass> {
         self.chosen.map(|c| c.class)
     }
+}
+
+/// The reason for a configuration the memory model chose: its code from what chose it (the
+/// model, what earlier runs proved, a trial), `prefix` (the configuration) and, where the model
+/// chose, `reason`, then the deciding figures in brief; beside the whole account.
+fn memory_why(
+    base: ReasonCode,
+    choice: &MemoryChoice,
+    prefix: &str,
+    reason: &str,
+    message: String,
+) -> Why {
+    let (code, lead) = match (&choice.trial, choice.proven, &choice.stepped) {
+        (Some(t), _, _) => (
+            ReasonCode::FasterTrial,
+            format!(
+                "{prefix}: a trial, one rung faster than what trained ({} if it runs out)",
+                short(t.fallback)
+            ),
+        ),
+        (None, true, Some(s)) => (
+            ReasonCode::ProvenByRuns,
+            format!("{prefix}: the fastest that trained ({s})"),
+        ),
+        (None, true, None) => (
+            ReasonCode::ProvenByRuns,
+            format!("{prefix}: what runs of its shape proved"),
+        ),
+        (None, false, _) => (base, format!("{prefix}{reason}")),
+    };
+    Why::summed(
+        code,
+        format!("{lead}; {}{}", choice.brief, choice.provenance),
+        message,
+    )
+}
+
+/// The class reason of a job pinned to `class`.
+fn pinned(message: String) -> Why {
+    Why::new(ReasonCode::PinnedToClass, message)
+}
+
+/// The class reason of a job any GPU node can take.
+fn any_class(message: &str) -> Why {
+    Why::new(ReasonCode::AnyNodeClass, message)
 }
 
 /// The mode a class takes when its state is offloaded.
@@ -220,6 +267,7 @@ fn explicit<'c, 'a>(
     mode_why: String,
     setting: String,
 ) -> Result<ModeAndClass<'c, 'a>, ResolveError> {
+    let mode_why = Why::new(ReasonCode::ModeRequested, mode_why);
     if !holds(class, cx.job) {
         return Err(insufficient(cx.job, &[class]));
     }
@@ -259,7 +307,7 @@ fn explicit<'c, 'a>(
         mode,
         chosen: Some(class),
         mode_why,
-        class_why: capacity_message(class, cx.job),
+        class_why: pinned(capacity_message(class, cx.job)),
         memory,
         rung: None,
     })
@@ -287,10 +335,10 @@ fn disabled<'c, 'a>(
         return Ok(ModeAndClass {
             mode: OffloadMode::Disabled,
             chosen: None,
-            mode_why,
-            class_why:
-                "no node class required: without offload the configuration fits any GPU node"
-                    .to_string(),
+            mode_why: Why::new(ReasonCode::ModeRequested, mode_why),
+            class_why: any_class(
+                "no node class required: without offload the configuration fits any GPU node",
+            ),
             memory: None,
             rung: None,
         });
@@ -336,15 +384,21 @@ fn disabled<'c, 'a>(
     Ok(ModeAndClass {
         mode: OffloadMode::Disabled,
         chosen: (!everywhere).then_some(*first),
-        mode_why: format!("{mode_why}; {}", choice.figures),
+        mode_why: memory_why(
+            ReasonCode::ModeRequested,
+            choice,
+            &mode_why,
+            "",
+            format!("{mode_why}; {}", choice.figures),
+        ),
         class_why: if everywhere {
-            "no node class required: the job fits without offload on every class".to_string()
+            any_class("no node class required: the job fits without offload on every class")
         } else {
-            format!(
+            pinned(format!(
                 "it fits without offload only on {} nodes; {}",
                 first.class,
                 capacity_message(first, cx.job)
-            )
+            ))
         },
         memory: Some(choice.clone()),
         rung: None,
@@ -397,22 +451,27 @@ fn try_fastest<'c, 'a>(
         "Auto (from {source}) without model hints, and profile {:?} has unknownSize TryFastest: the job {said}; each time it runs out of GPU memory it is decided again one rung further (no offload, the optimizer state, then parameters too); set spec.model.parameters to size it instead",
         cx.profile_name
     );
+    let brief = format!("Auto without model hints on unknownSize TryFastest: the job {said}");
     if rung == Placement::NoOffload {
         return Ok(ModeAndClass {
             mode: OffloadMode::Disabled,
             chosen: None,
-            mode_why: why,
-            class_why:
-                "no node class required: without offload the configuration fits any GPU node"
-                    .to_string(),
+            mode_why: Why::summed(ReasonCode::TryFastest, brief, why),
+            class_why: any_class(
+                "no node class required: without offload the configuration fits any GPU node",
+            ),
             memory: None,
             rung: Some(rung),
         });
     }
     let mut placed = auto_by_class(cx, classes, source)?;
-    placed.mode_why = format!(
-        "{why}; {}",
-        offload_mode(placed.class().unwrap_or(NodeClass::Discrete)).1
+    placed.mode_why = Why::summed(
+        ReasonCode::TryFastest,
+        brief,
+        format!(
+            "{why}; {}",
+            offload_mode(placed.class().unwrap_or(NodeClass::Discrete)).1
+        ),
     );
     placed.rung = Some(rung);
     Ok(placed)
@@ -458,10 +517,16 @@ fn auto_by_class<'c, 'a>(
     Ok(ModeAndClass {
         mode,
         chosen: Some(pick),
-        mode_why: format!(
-            "Auto (from {source}) chose {mode}: {why_mode}; set spec.model.parameters to let the operator skip offload when the job fits in GPU memory"
+        mode_why: Why::summed(
+            ReasonCode::NoModelHints,
+            format!(
+                "Auto chose {mode} with all optimizer state offloaded: without model hints the job's size is unknown; spec.model lets it offload only what does not fit"
+            ),
+            format!(
+                "Auto (from {source}) chose {mode}: {why_mode}; set spec.model.parameters to let the operator skip offload when the job fits in GPU memory"
+            ),
         ),
-        class_why: format!("{class_why}; {}", capacity_message(pick, cx.job)),
+        class_why: pinned(format!("{class_why}; {}", capacity_message(pick, cx.job))),
         memory: None,
         rung: None,
     })
@@ -522,17 +587,29 @@ fn without_offload<'c, 'a>(
     Some(ModeAndClass {
         mode: OffloadMode::Disabled,
         chosen: (!everywhere).then_some(*first),
-        mode_why: format!(
-            "Auto (from {source}) chose Disabled: {figures}: fits without offload, which runs several times faster than offloading"
-        ),
+        mode_why: {
+            let message = format!(
+                "Auto (from {source}) chose Disabled: {figures}: fits without offload, which runs several times faster than offloading"
+            );
+            match &choice {
+                Some(c) => memory_why(
+                    ReasonCode::FitsWithoutOffload,
+                    c,
+                    "Disabled",
+                    ": fits without offload",
+                    message,
+                ),
+                None => Why::new(ReasonCode::FitsWithoutOffload, message),
+            }
+        },
         class_why: if everywhere {
-            "no node class required: the job fits without offload on every class".to_string()
+            any_class("no node class required: the job fits without offload on every class")
         } else {
-            format!(
+            pinned(format!(
                 "{} nodes hold the job without offload; {}",
                 first.class,
                 capacity_message(first, cx.job)
-            )
+            ))
         },
         memory: choice,
         rung: None,
@@ -586,15 +663,33 @@ fn auto_by_memory<'c, 'a>(
     } else {
         format!("{}; {}", earlier.join(", "), capacity_message(pick, cx.job))
     };
+    let without = fit::class_memory(pick, cx.job)
+        .map(|cm| jm.estimate_checked(Placement::NoOffload, &cm).0.gpu)
+        .map_or_else(String::new, |gpu| {
+            format!(" ({}/GPU without)", super::memory::gib(gpu))
+        });
+    let what = match choice.placement {
+        Placement::NoOffload => "nothing".to_string(),
+        Placement::PartialOptimizer(r) => format!("{:.0}% of optimizer state", r * 100.0),
+        Placement::Optimizer => "the optimizer state".to_string(),
+        Placement::OptimizerAndParams => "optimizer and parameters".to_string(),
+    };
+    let message = format!(
+        "Auto (from {source}) chose {mode}: the job does not fit in GPU memory without offload ({}), so {}; {why_mode}",
+        no_offload_figures(jm, cx, pick),
+        choice.placement,
+    );
     Ok(ModeAndClass {
         mode,
         chosen: Some(pick),
-        mode_why: format!(
-            "Auto (from {source}) chose {mode}: the job does not fit in GPU memory without offload ({}), so {}; {why_mode}",
-            no_offload_figures(jm, cx, pick),
-            choice.placement,
+        mode_why: memory_why(
+            ReasonCode::SmallestOffloadThatFits,
+            &choice,
+            &format!("{mode}, {what} offloaded"),
+            &without,
+            message,
         ),
-        class_why,
+        class_why: pinned(class_why),
         memory: Some(choice),
         rung: None,
     })

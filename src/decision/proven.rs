@@ -184,6 +184,7 @@ fn with_activations(jm: &JobMemory, cm: &ClassMemory, activations: f64) -> JobMe
 /// The choice of `placement` on `cm`, its figures in a sentence, `note` after them.
 fn choice_of(jm: &JobMemory, cm: &ClassMemory, placement: Placement, note: String) -> MemoryChoice {
     let estimate = jm.estimate_checked(placement, cm).0;
+    let (brief, provenance) = jm.brief(&estimate, cm);
     MemoryChoice {
         placement,
         figures: format!(
@@ -191,6 +192,8 @@ fn choice_of(jm: &JobMemory, cm: &ClassMemory, placement: Placement, note: Strin
             jm.describe(&estimate, cm),
             ladder::model_note(jm)
         ),
+        brief,
+        provenance,
         estimate,
         class: cm.clone(),
         proven: true,

@@ -2,12 +2,15 @@
 //! fits where the job gives model hints, fixed by the job or profile, or 1 — and whether the
 //! CPU keeps up with it (from the node report's rates and the step's tokens).
 
+use super::resolution::Why;
+use offload_api::v1alpha1::ReasonCode;
 use offload_api::v1alpha1::{OffloadMode, OffloadProfileSpec, RatioSetting};
 
 use super::candidates::ClassNodes;
 use super::cpu::{NodeCpu, PodCores};
 use super::error::ResolveError;
 use super::framework::{FrameworkFacts, partial_ratio_support};
+use super::ladder::MemoryChoice;
 use super::memory::Placement;
 use super::placement::ModeAndClass;
 use super::request::JobRequest;
@@ -19,9 +22,12 @@ pub(super) fn resolve_ratio(
     profile: &OffloadProfileSpec,
     facts: &FrameworkFacts,
     placement: &ModeAndClass,
-) -> Result<(f64, String), ResolveError> {
+) -> Result<(f64, Why), ResolveError> {
     if placement.mode == OffloadMode::Disabled {
-        return Ok((0.0, "None: nothing is offloaded".to_string()));
+        return Ok((
+            0.0,
+            Why::new(ReasonCode::NothingOffloaded, "None: nothing is offloaded"),
+        ));
     }
     let support = partial_ratio_support(job, facts);
     let (requested, source) = match effective(
@@ -45,39 +51,17 @@ pub(super) fn resolve_ratio(
     let cpu = |ratio: f64| cpu_note(job, placement.chosen, ratio);
     // What the memory model placed decides where it placed anything.
     if let Some(choice) = &placement.memory {
-        return Ok(match (choice.placement, requested) {
-            (Placement::PartialOptimizer(r), RatioSetting::Fixed(_)) => (
-                r,
-                format!("{r}: set by {source}; {}{}", choice.figures, cpu(r)),
-            ),
-            // What earlier runs proved chose the share (what trained, or a trial).
-            (Placement::PartialOptimizer(r), RatioSetting::Auto | RatioSetting::None)
-                if choice.proven =>
-            {
-                (r, format!("{r}: {}{}", choice.figures, cpu(r)))
-            }
-            (Placement::PartialOptimizer(r), RatioSetting::Auto | RatioSetting::None) => (
-                r,
-                format!(
-                    "{r}: the smallest share of optimizer state whose offload fits ({}){}",
-                    choice.figures,
-                    cpu(r)
-                ),
-            ),
-            (Placement::Optimizer | Placement::OptimizerAndParams, _) => (
-                1.0,
-                format!(
-                    "1: all optimizer state offloaded ({}){}",
-                    choice.figures,
-                    cpu(1.0)
-                ),
-            ),
-            (Placement::NoOffload, _) => (1.0, "1: nothing is offloaded".to_string()),
-        });
+        return Ok(by_memory(choice, requested, source, &cpu));
     }
     Ok(match requested {
         RatioSetting::Fixed(r) if r < 1.0 => match (&support, source) {
-            (Ok(()), _) => (r, format!("{r}: set by {source}{}", cpu(r))),
+            (Ok(()), _) => (
+                r,
+                Why::new(
+                    ReasonCode::RatioRequested,
+                    format!("{r}: set by {source}{}", cpu(r)),
+                ),
+            ),
             (Err(why), Source::Job) => {
                 return Err(ResolveError::FrameworkCannot {
                     problem: format!(
@@ -88,19 +72,121 @@ pub(super) fn resolve_ratio(
             }
             (Err(why), Source::Profile) => (
                 1.0,
-                format!("1: the profile asks for {r}, lowered because {why}"),
+                Why::new(
+                    ReasonCode::RatioLowered,
+                    format!("1: the profile asks for {r}, lowered because {why}"),
+                ),
             ),
         },
-        RatioSetting::Fixed(r) => (r, format!("{r}: set by {source}")),
+        RatioSetting::Fixed(r) => (
+            r,
+            Why::new(ReasonCode::RatioRequested, format!("{r}: set by {source}")),
+        ),
         RatioSetting::Auto | RatioSetting::None => match job.model {
             None => (
                 1.0,
-                "1: Auto without model hints offloads all optimizer state (set spec.model.parameters to offload only what does not fit)"
-                    .to_string(),
+                Why::new(
+                    ReasonCode::NoModelHints,
+                    "1: Auto without model hints offloads all optimizer state (set spec.model.parameters to offload only what does not fit)",
+                ),
             ),
-            Some(_) => (1.0, format!("1: Auto{}", cpu(1.0))),
+            Some(_) => (
+                1.0,
+                Why::new(
+                    ReasonCode::WholeOptimizerState,
+                    format!("1: Auto{}", cpu(1.0)),
+                ),
+            ),
         },
     })
+}
+
+/// The ratio where the memory model placed the state: the share it chose (or what runs proved,
+/// or a trial), with the deciding figures and whether the CPU keeps up.
+fn by_memory(
+    choice: &MemoryChoice,
+    requested: RatioSetting,
+    source: Source,
+    cpu: &dyn Fn(f64) -> String,
+) -> (f64, Why) {
+    // The CPU check in a few words: whether it keeps up with the share offloaded.
+    let cpu_brief = |ratio: f64| {
+        let note = cpu(ratio);
+        if note.contains("the CPU keeps up") {
+            "; the CPU keeps up"
+        } else if note.contains("the CPU is the bottleneck") {
+            "; the CPU is the bottleneck of each step"
+        } else {
+            ""
+        }
+    };
+    let summed = |code: ReasonCode, lead: String, ratio: f64, message: String| {
+        Why::summed(
+            code,
+            format!("{lead}: {}{}", choice.brief, cpu_brief(ratio)),
+            message,
+        )
+    };
+    match (choice.placement, requested) {
+        (Placement::PartialOptimizer(r), RatioSetting::Fixed(_)) => (
+            r,
+            summed(
+                ReasonCode::RatioRequested,
+                format!("{r}: set by {source}"),
+                r,
+                format!("{r}: set by {source}; {}{}", choice.figures, cpu(r)),
+            ),
+        ),
+        // What earlier runs proved chose the share (what trained, or a trial).
+        (Placement::PartialOptimizer(r), RatioSetting::Auto | RatioSetting::None)
+            if choice.proven =>
+        {
+            let code = if choice.trial.is_some() {
+                ReasonCode::FasterTrial
+            } else {
+                ReasonCode::ProvenByRuns
+            };
+            (
+                r,
+                summed(
+                    code,
+                    format!("{r}: what runs of its shape showed"),
+                    r,
+                    format!("{r}: {}{}", choice.figures, cpu(r)),
+                ),
+            )
+        }
+        (Placement::PartialOptimizer(r), RatioSetting::Auto | RatioSetting::None) => (
+            r,
+            summed(
+                ReasonCode::SmallestShareThatFits,
+                format!("{r}: the smallest share that fits"),
+                r,
+                format!(
+                    "{r}: the smallest share of optimizer state whose offload fits ({}){}",
+                    choice.figures,
+                    cpu(r)
+                ),
+            ),
+        ),
+        (Placement::Optimizer | Placement::OptimizerAndParams, _) => (
+            1.0,
+            summed(
+                ReasonCode::WholeOptimizerState,
+                "1: all optimizer state offloaded".to_string(),
+                1.0,
+                format!(
+                    "1: all optimizer state offloaded ({}){}",
+                    choice.figures,
+                    cpu(1.0)
+                ),
+            ),
+        ),
+        (Placement::NoOffload, _) => (
+            1.0,
+            Why::new(ReasonCode::NothingOffloaded, "1: nothing is offloaded"),
+        ),
+    }
 }
 
 /// Whether the CPU keeps up with offloading `ratio` of the optimizer state: the share the

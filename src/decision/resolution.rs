@@ -4,7 +4,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use offload_api::v1alpha1::{
-    NodeClass, OffloadMode, OffloadSpec, OverlapSetting, RatioSetting, Switch,
+    NodeClass, OffloadMode, OffloadSpec, OverlapSetting, RatioSetting, ReasonCode, Switch,
 };
 
 use super::framework::FrameworkPlan;
@@ -56,8 +56,81 @@ impl Field {
 pub struct Reason {
     /// The setting explained.
     pub field: Field,
-    /// A sentence a person can act on.
+    /// What decided it.
+    pub code: ReasonCode,
+    /// The whole account, every figure (what `explain` prints).
     pub message: String,
+    /// One sentence with the figures that decide it, where the account is longer (status and
+    /// annotations carry this).
+    pub summary: Option<String>,
+}
+
+/// The most characters of the sentence status and annotations show for one reason.
+pub const MAX_SHORT_CHARS: usize = 200;
+
+impl Reason {
+    /// The sentence status and annotations show: the summary, else the account itself, cut at
+    /// its last clause that fits [`MAX_SHORT_CHARS`] (the whole account is `explain`'s).
+    pub fn short(&self) -> String {
+        clip(self.summary.as_deref().unwrap_or(&self.message))
+    }
+}
+
+/// `text` within [`MAX_SHORT_CHARS`]: whole, else up to its last clause boundary (`; `, `: `,
+/// `, `, ` (`) that leaves at least half, else its last word, with an ellipsis.
+pub fn clip(text: &str) -> String {
+    if text.chars().count() <= MAX_SHORT_CHARS {
+        return text.to_string();
+    }
+    let limit = text
+        .char_indices()
+        .nth(MAX_SHORT_CHARS - 1)
+        .map_or(text.len(), |(i, _)| i);
+    let head = &text[..limit];
+    let cut = ["; ", ": ", ", ", " ("]
+        .iter()
+        .filter_map(|b| head.rfind(b))
+        .filter(|&i| i >= limit / 2)
+        .max()
+        .or_else(|| head.rfind(' '))
+        .unwrap_or(limit);
+    format!("{}…", text[..cut].trim_end())
+}
+
+/// A reason before it is given its field: what decided it, the whole account, and a shorter
+/// sentence where the account runs long.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Why {
+    /// What decided it.
+    pub code: ReasonCode,
+    /// The whole account.
+    pub message: String,
+    /// The sentence for status, where the account is longer.
+    pub summary: Option<String>,
+}
+
+impl Why {
+    /// A reason whose account is already one short sentence.
+    pub fn new(code: ReasonCode, message: impl Into<String>) -> Self {
+        Why {
+            code,
+            message: message.into(),
+            summary: None,
+        }
+    }
+
+    /// A reason with a short sentence for status beside its whole account.
+    pub fn summed(
+        code: ReasonCode,
+        summary: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Why {
+            code,
+            message: message.into(),
+            summary: Some(summary.into()),
+        }
+    }
 }
 
 /// A resolved, concrete offload configuration.
@@ -245,7 +318,8 @@ impl Resolution {
                 .iter()
                 .map(|r| offload_api::v1alpha1::DecisionReason {
                     field: r.field.as_str().to_string(),
-                    message: r.message.clone(),
+                    code: Some(r.code),
+                    message: r.short(),
                 })
                 .collect(),
             estimate: self.memory.as_ref().map(|m| {
@@ -307,12 +381,36 @@ impl Resolution {
         (!parts.is_empty()).then(|| parts.join("; "))
     }
 
-    /// The reasons joined into one paragraph, for Events.
+    /// The reasons' sentences joined into one paragraph, for Events.
     pub fn summary(&self) -> String {
         self.reasons
             .iter()
-            .map(|r| format!("{}: {}", r.field.as_str(), r.message))
+            .map(|r| format!("{}: {}", r.field.as_str(), r.short()))
             .collect::<Vec<_>>()
             .join("; ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_account_is_cut_at_its_last_clause_within_the_bound() {
+        assert_eq!(clip("fits"), "fits");
+        let clauses = format!("{}; {}", "a".repeat(150), "b ".repeat(40));
+        let cut = clip(&clauses);
+        assert_eq!(cut, format!("{}…", "a".repeat(150)));
+        assert!(cut.chars().count() <= MAX_SHORT_CHARS);
+        // No boundary in its second half: cut at a word.
+        let words = "word ".repeat(60);
+        let cut = clip(&words);
+        assert!(
+            cut.ends_with("word…") && cut.chars().count() <= MAX_SHORT_CHARS,
+            "{cut}"
+        );
+        // Multi-byte characters count as one and are never split.
+        let wide = "é".repeat(300);
+        assert!(clip(&wide).chars().count() <= MAX_SHORT_CHARS);
     }
 }

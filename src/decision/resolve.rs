@@ -7,21 +7,50 @@ use offload_api::v1alpha1::{NodeClass, OffloadMode, OffloadProfileSpec, RatioSet
 use super::error::ResolveError;
 use super::framework::FrameworkPlan;
 use super::request::JobRequest;
-use super::resolution::{Field, MemoryEstimate, MemoryRequest, Reason, Resolution};
+use super::resolution::{Field, MemoryEstimate, MemoryRequest, Reason, Resolution, Why};
 use super::settings::MAX_EXCLUDED_NODES;
 use super::{
     candidates, fit, framework, ladder, memory, overlap, pinning, placement, ratio, sizing,
 };
+use offload_api::v1alpha1::ReasonCode;
 
 #[derive(Default)]
 struct Reasons(Vec<Reason>);
 
 impl Reasons {
-    fn add(&mut self, field: Field, message: impl Into<String>) {
+    fn add(&mut self, field: Field, why: Why) {
         self.0.push(Reason {
             field,
-            message: message.into(),
+            code: why.code,
+            message: why.message,
+            summary: why.summary,
         });
+    }
+}
+
+/// Every reason's sentence for status fits [`super::resolution::MAX_SHORT_CHARS`] as
+/// written, in every decision the tests make; only sentences that list names (nodes,
+/// containers, claims), whose length the cluster sets, may be cut at a clause.
+#[cfg(test)]
+fn within_bound(reasons: &[Reason]) {
+    use super::resolution::MAX_SHORT_CHARS;
+    for r in reasons {
+        let listing = matches!(
+            r.code,
+            ReasonCode::WholeCoresNotAsked
+                | ReasonCode::PinnedToClass
+                | ReasonCode::ClaimsPinned
+                | ReasonCode::OverlapNotVerified
+                | ReasonCode::PinnedMemoryUnavailable
+        );
+        let sentence = r.summary.as_deref().unwrap_or(&r.message);
+        assert!(
+            listing || sentence.chars().count() <= MAX_SHORT_CHARS,
+            "{} ({} characters) is over the bound: {sentence}",
+            r.code,
+            sentence.chars().count()
+        );
+        assert!(r.short().chars().count() <= MAX_SHORT_CHARS + 1);
     }
 }
 
@@ -59,7 +88,7 @@ pub fn resolve_offload(
         &candidates,
     )?;
     megatron_can_take(job, &facts, &placement)?;
-    reasons.add(Field::Mode, &placement.mode_why);
+    reasons.add(Field::Mode, placement.mode_why.clone());
     let (memory_request, whole_cores) = host_side(job, profile, &placement, &mut reasons);
 
     let (overlap, overlap_efficiency, why) = overlap::resolve_overlap(job, profile, &placement);
@@ -91,6 +120,8 @@ pub fn resolve_offload(
     let (gpu_claims, exclude_nodes) =
         claim_pinning(job, &placement, by_claims, exclude_nodes, &mut reasons);
     let state = state_placement(placement.mode, ratio, &framework, memory_plan.placement);
+    #[cfg(test)]
+    within_bound(&reasons.0);
 
     Ok(Resolution {
         profile: profile_name.to_string(),
@@ -152,7 +183,7 @@ fn host_side(
     if let Some(why) = memory_request.map(|r| memory_request_reason(job, &r)) {
         reasons.add(Field::Mode, why);
     }
-    reasons.add(Field::NodeClass, &placement.class_why);
+    reasons.add(Field::NodeClass, placement.class_why.clone());
     let (whole_cores, why) = super::whole_cores::ask(
         job,
         profile.whole_cores,
@@ -181,7 +212,10 @@ fn megatron_can_take(
     match framework::megatron_offload_blocker(job, facts.version.as_ref()) {
         None => Ok(()),
         Some(problem) => Err(ResolveError::FrameworkCannot {
-            problem: format!("{problem}; the decision needs offload: {}", placement.mode_why),
+            problem: format!(
+                "{problem}; the decision needs offload: {}",
+                placement.mode_why.message
+            ),
             change: "use Megatron-core 0.12.0 or newer with the distributed optimizer, or a profile whose mode lets the job run without offload".to_string(),
         }),
     }
@@ -220,19 +254,28 @@ fn cpu_threads(job: &JobRequest) -> Option<u32> {
 /// said whether or not anything is offloaded, since the render writes them either way. With
 /// whole cores asked (`whole`) the limit is a cpuset of its own, which OpenMP's default counts
 /// right already.
-fn threads_reason(job: &JobRequest, whole: bool) -> Option<String> {
+fn threads_reason(job: &JobRequest, whole: bool) -> Option<Why> {
     let (cores, whose) = job.cpu_limit.as_ref()?;
     let threads = cpu_threads(job)?;
     if whole {
-        return Some(format!(
-            "CPU threads: OMP_NUM_THREADS={threads} where the training container sets none — its {cores} whole cores of its own"
+        return Some(Why::new(
+            ReasonCode::CpuThreads,
+            format!(
+                "CPU threads: OMP_NUM_THREADS={threads} where the training container sets none — its {cores} whole cores of its own"
+            ),
         ));
     }
     let whose = whose.as_ref().map_or_else(String::new, |name| {
         format!(", LimitRange {name:?}'s default")
     });
-    Some(format!(
-        "CPU threads: OMP_NUM_THREADS={threads} where the training container sets none — its CPU limit is {cores} cores{whose}, a CFS quota that a thread per visible core would fight (DeepSpeed's CPU Adam starts one OpenMP thread per core it sees: under a 2-core quota on a 16-core H100 node a step took 9.9 s with that default and 5.5 s with 2 threads)"
+    Some(Why::summed(
+        ReasonCode::CpuThreads,
+        format!(
+            "OMP_NUM_THREADS={threads} where the training container sets none: its CPU limit is {cores} cores{whose}"
+        ),
+        format!(
+            "CPU threads: OMP_NUM_THREADS={threads} where the training container sets none — its CPU limit is {cores} cores{whose}, a CFS quota that a thread per visible core would fight (DeepSpeed's CPU Adam starts one OpenMP thread per core it sees: under a 2-core quota on a 16-core H100 node a step took 9.9 s with that default and 5.5 s with 2 threads)"
+        ),
     ))
 }
 
@@ -278,7 +321,7 @@ fn memory_request(
     })
 }
 
-fn memory_request_reason(job: &JobRequest, r: &MemoryRequest) -> String {
+fn memory_request_reason(job: &JobRequest, r: &MemoryRequest) -> Why {
     #[allow(clippy::cast_precision_loss)]
     let gib = |b: u64| memory::gib(b as f64);
     let from = match r.raised_from {
@@ -289,10 +332,13 @@ fn memory_request_reason(job: &JobRequest, r: &MemoryRequest) -> String {
         .pod_memory_limit
         .map(|l| format!(", within its limit of {}", gib(l)))
         .unwrap_or_default();
-    format!(
-        "host memory: the training container (the pod template's container {}) requests {} ({from}){limit}: what this configuration counts on, so the scheduler and quota systems (Kueue) see it",
-        r.container,
-        gib(r.bytes)
+    Why::new(
+        ReasonCode::HostMemoryRequested,
+        format!(
+            "host memory: the training container (the pod template's container {}) requests {} ({from}){limit}: what this configuration counts on, so the scheduler and quota systems (Kueue) see it",
+            r.container,
+            gib(r.bytes)
+        ),
     )
 }
 
@@ -345,25 +391,37 @@ fn claim_pinning(
 ) -> (Option<crate::dra::claims::ClaimPinning>, Vec<String>) {
     match (placement.class(), &job.gpu_claims) {
         (Some(class), Some(pinning)) if by_claims => {
+            let claims = pinning
+                .claims
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ");
+            let excluded = if exclude_nodes.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; nodes whose agent and driver disagree are excluded: {}",
+                    exclude_nodes.join(", ")
+                )
+            };
             reasons.add(
                 Field::NodeClass,
-                format!(
-                    "GPUs from DRA claims ({}): each claim's template is copied with a selector on the GPU driver's addressingMode attribute, so the scheduler allocates only {class} GPUs{}",
-                    pinning.claims.keys().cloned().collect::<Vec<_>>().join(", "),
-                    if exclude_nodes.is_empty() {
-                        String::new()
-                    } else {
-                        format!(
-                            "; nodes whose agent and driver disagree are excluded: {}",
-                            exclude_nodes.join(", ")
-                        )
-                    }
+                Why::summed(
+                    ReasonCode::ClaimsPinned,
+                    format!("GPUs from DRA claims ({claims}): copies select only {class} GPUs{excluded}"),
+                    format!(
+                        "GPUs from DRA claims ({claims}): each claim's template is copied with a selector on the GPU driver's addressingMode attribute, so the scheduler allocates only {class} GPUs{excluded}"
+                    ),
                 ),
             );
             if placement.memory.is_some() {
                 reasons.add(
                     Field::NodeClass,
-                    "the copies also select GPUs by memory capacity: at least what this configuration needs on each",
+                    Why::new(
+                        ReasonCode::ClaimsPinned,
+                        "the copies also select GPUs by memory capacity: at least what this configuration needs on each",
+                    ),
                 );
             }
             (Some(pinning.clone()), exclude_nodes)
@@ -373,10 +431,10 @@ fn claim_pinning(
         (None, Some(pinning)) if by_claims && placement.memory.is_some() => {
             reasons.add(
                 Field::NodeClass,
-                format!(
+                Why::new(ReasonCode::ClaimsPinned, format!(
                     "GPUs from DRA claims ({}): each claim's template is copied with a selector on the device's memory capacity, so the scheduler allocates only GPUs this configuration fits on",
                     pinning.claims.keys().cloned().collect::<Vec<_>>().join(", "),
-                ),
+                )),
             );
             (Some(pinning.clone()), exclude_nodes)
         }

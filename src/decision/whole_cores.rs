@@ -7,7 +7,9 @@
 //! nodes can give it and the pod can be Guaranteed, and says which condition is missing
 //! otherwise; the start-up guard checks inside the pod what the kubelet really gave.
 
+use super::resolution::Why;
 use offload_api::v1alpha1::OffloadMode;
+use offload_api::v1alpha1::ReasonCode;
 
 use super::candidates::ClassNodes;
 use super::cpu::NodeCpu;
@@ -43,11 +45,11 @@ pub(super) fn ask(
     mode: OffloadMode,
     chosen: Option<&ClassNodes<'_>>,
     memory_request: Option<MemoryRequest>,
-) -> (Option<WholeCores>, Option<String>) {
+) -> (Option<WholeCores>, Option<Why>) {
     if !wanted {
         return (None, None);
     }
-    let asked = || -> Result<(WholeCores, String), String> {
+    let asked = || -> Result<(WholeCores, Why), String> {
         if mode == OffloadMode::Disabled {
             return Err("nothing is offloaded, so the CPU updates no optimizer state".into());
         }
@@ -77,9 +79,15 @@ pub(super) fn ask(
         let (memory_bytes, whose) = memory(job, memory_request)?;
         #[allow(clippy::cast_precision_loss)]
         let memory = super::memory::gib(memory_bytes as f64);
-        let why = format!(
-            "whole cores near the GPU: the training container asks for {cores} whole cores and {memory} of memory, requests equal to limits ({whose}), so the pod is Guaranteed and every node of the class ({} in all) runs the static CPU manager, which gives it cores of its own; they lie on its GPU's socket where the kubelet's topologyManagerPolicy is single-numa-node or restricted, which the start-up guard checks in the pod. A Guaranteed pod is killed at its memory limit",
-            class.len()
+        let why = Why::summed(
+            ReasonCode::WholeCoresRequested,
+            format!(
+                "whole cores near the GPU: {cores} whole cores and {memory} of memory, requests equal to limits, so the pod is Guaranteed on the static CPU manager"
+            ),
+            format!(
+                "whole cores near the GPU: the training container asks for {cores} whole cores and {memory} of memory, requests equal to limits ({whose}), so the pod is Guaranteed and every node of the class ({} in all) runs the static CPU manager, which gives it cores of its own; they lie on its GPU's socket where the kubelet's topologyManagerPolicy is single-numa-node or restricted, which the start-up guard checks in the pod. A Guaranteed pod is killed at its memory limit",
+                class.len()
+            ),
         );
         Ok((
             WholeCores {
@@ -92,7 +100,13 @@ pub(super) fn ask(
     };
     match asked() {
         Ok((whole, why)) => (Some(whole), Some(why)),
-        Err(why) => (None, Some(format!("whole cores not asked: {why}"))),
+        Err(why) => (
+            None,
+            Some(Why::new(
+                ReasonCode::WholeCoresNotAsked,
+                format!("whole cores not asked: {why}"),
+            )),
+        ),
     }
 }
 

@@ -88,7 +88,11 @@ impl DecisionView {
 pub struct ReasonView {
     /// The setting explained.
     pub field: String,
-    /// Why.
+    /// What decided it.
+    pub code: offload_api::v1alpha1::ReasonCode,
+    /// The sentence status shows.
+    pub summary: String,
+    /// The whole account, every figure.
     pub message: String,
 }
 
@@ -178,6 +182,8 @@ impl Explanation {
             .iter()
             .map(|r| ReasonView {
                 field: r.field.as_str().to_string(),
+                code: r.code,
+                summary: r.short(),
                 message: r.message.clone(),
             })
             .collect();

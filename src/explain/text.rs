@@ -138,7 +138,7 @@ fn observed_section(s: &mut String, e: &Explanation) {
     if !e.reasons.is_empty() {
         let _ = writeln!(s, "  why:");
         for r in &e.reasons {
-            let _ = writeln!(s, "    {:<13} {}", r.field, r.message);
+            let _ = writeln!(s, "    {:<13} {}: {}", r.field, r.code, r.message);
         }
     }
 }

@@ -1,6 +1,8 @@
 //! Megatron-core: what the declared version and layout can take, and its hybrid device
 //! optimizer as the decision sets it.
 
+use crate::decision::resolution::Why;
+use offload_api::v1alpha1::ReasonCode;
 use offload_api::v1alpha1::{ModeSetting, OffloadMode};
 use offload_api::version::{self, FrameworkVersion};
 
@@ -76,7 +78,7 @@ pub(super) fn megatron_plan(
     mode: OffloadMode,
     overlap: bool,
     ratio: f64,
-    why: &mut Vec<String>,
+    why: &mut Vec<Why>,
 ) -> FrameworkPlan {
     let distributed_optimizer = job.megatron.distributed_optimizer != Some(false);
     let cpu_offload =
@@ -85,6 +87,13 @@ pub(super) fn megatron_plan(
         "the distributed optimizer shards the optimizer state over the data-parallel ranks"
     } else {
         "the distributed optimizer is off: every data-parallel rank keeps the whole optimizer state"
+    };
+    let brief = match mode {
+        OffloadMode::Disabled => format!("Megatron-core {version} without optimizer offload"),
+        _ => format!(
+            "Megatron-core {version}: the hybrid device optimizer steps {:.0}% of each rank's optimizer state on the host (--optimizer-offload-fraction {ratio})",
+            ratio * 100.0
+        ),
     };
     let message = match mode {
         OffloadMode::Disabled => {
@@ -99,10 +108,11 @@ pub(super) fn megatron_plan(
             ratio * 100.0
         ),
     };
-    say(why, message);
+    why.push(Why::summed(ReasonCode::MegatronOptimizer, brief, message));
     if cpu_offload {
         say(
             why,
+            ReasonCode::MegatronOptimizer,
             if overlap {
                 "--overlap-cpu-optimizer-d2h-h2d: the gradients' copy to the host and the parameters' copy back overlap the CPU step"
             } else {
@@ -112,15 +122,19 @@ pub(super) fn megatron_plan(
     }
     let manual_gc = cpu_offload && job.megatron.manual_gc_on();
     if manual_gc {
-        say(
-            why,
+        why.push(Why::summed(
+            ReasonCode::MegatronGarbageCollection,
+            format!(
+                "--manual-gc --manual-gc-interval {MANUAL_GC_INTERVAL}: collection as training starts frees the hybrid optimizer's first copy of the parameters, counted freed"
+            ),
             format!(
                 "--manual-gc --manual-gc-interval {MANUAL_GC_INTERVAL}: Megatron-LM collects garbage as training starts, which frees the hybrid device optimizer's first copy of the parameters (4 bytes a parameter) before the first step, and every {MANUAL_GC_INTERVAL} steps after; the estimate counts the copy freed (spec.megatron.manualGc: false, or annotation offload.dev/megatron-manual-gc: \"false\", where the training loop is not Megatron-LM's or Megatron-Bridge's)"
             ),
-        );
+        ));
     } else if cpu_offload {
         say(
             why,
+            ReasonCode::MegatronGarbageCollection,
             "--manual-gc off (spec.megatron.manualGc: false): the hybrid device optimizer's first copy of the parameters is counted as held to the peak",
         );
     }

@@ -4,6 +4,46 @@
 use super::{CLOSE_TO_LIMIT_SHARE, ClassMemory, Estimate, JobMemory, Placement, as_f64, gib};
 
 impl JobMemory {
+    /// The deciding figures in a few words, for a reason's sentence: what each GPU needs of
+    /// what it can hold, what is left, and the host memory per pod; then where the figures come
+    /// from (the model's code, the count and its margin, what runs taught).
+    pub fn brief(&self, est: &Estimate, class: &ClassMemory) -> (String, String) {
+        let left = self.headroom(est, class);
+        let room = if left >= 0.0 {
+            format!("{} left", gib(left))
+        } else {
+            format!("{} over", gib(-left))
+        };
+        // Where the figures come from: the model's own code, runs of the shape, or the count.
+        let margin = match self.shape.standing {
+            super::super::shape::TypeStanding::Unmeasured => format!(
+                ", +{:.0} % unmeasured type",
+                super::super::shape::UNMEASURED_TYPE_MARGIN * 100.0
+            ),
+            _ => String::new(),
+        };
+        let source = match (&self.traced, &self.untraced) {
+            (Some(_), _) => "; traced from the model's code".to_string(),
+            (None, Some(why)) => format!("; counted{margin}, not traced ({})", untraced_brief(why)),
+            (None, None) if margin.is_empty() => String::new(),
+            (None, None) => format!("; counted{margin}"),
+        };
+        let learned = match est.learned.runs {
+            _ if est.learned.is_neutral() => String::new(),
+            1 => "; learned from 1 run".to_string(),
+            n => format!("; learned from {n} runs"),
+        };
+        (
+            format!(
+                "{} of {}/GPU, {room}; {} host/pod",
+                gib(est.gpu).trim_end_matches(" GiB"),
+                gib(self.gpu_budget(class)),
+                gib(est.host_per_pod)
+            ),
+            format!("{source}{learned}"),
+        )
+    }
+
     /// One sentence with the figures of `est` against `class`.
     pub fn describe(&self, est: &Estimate, class: &ClassMemory) -> String {
         let limit = self
@@ -180,4 +220,14 @@ impl std::fmt::Display for super::Placement {
             }
         }
     }
+}
+
+/// Why a step was not traced, in a few words: the sizer's code where its answer has one
+/// (`CustomCode`, `TimedOut`), else the first clause.
+fn untraced_brief(why: &str) -> &str {
+    let coded = why.find('(').and_then(|open| {
+        let code = &why[open + 1..open + 1 + why[open + 1..].find(')')?];
+        (!code.is_empty() && code.chars().all(|c| c.is_ascii_alphanumeric())).then_some(code)
+    });
+    coded.unwrap_or_else(|| why.split([':', ';']).next().unwrap_or(why).trim())
 }

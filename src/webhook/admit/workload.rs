@@ -127,12 +127,12 @@ fn labelled(meta: &ObjectMeta) -> bool {
 /// Most bytes of the reasons annotation (the API server allows 256 KiB for all annotations).
 const MAX_REASONS_BYTES: usize = 16 * 1024;
 
-/// The decision's reasons, one `field: reason` a line, bounded.
+/// The decision's reasons, one `field: Code: sentence` a line, bounded.
 pub fn reasons_text(res: &Resolution) -> String {
     let mut text = res
         .reasons
         .iter()
-        .map(|r| format!("{}: {}", r.field.as_str(), r.message))
+        .map(|r| format!("{}: {}: {}", r.field.as_str(), r.code, r.short()))
         .collect::<Vec<_>>()
         .join("\n");
     if text.len() > MAX_REASONS_BYTES {

@@ -3,11 +3,13 @@
 mod common;
 mod model_hints;
 mod offload_profile;
+mod reason;
 mod training_job;
 
 pub use common::*;
 pub use model_hints::*;
 pub use offload_profile::*;
+pub use reason::*;
 pub use training_job::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -505,7 +505,12 @@ pub struct LearnedFactorsStatus {
 pub struct DecisionReason {
     /// The setting: `mode`, `nodeClass`, `overlap`, `offloadRatio`, `pinMemory` or `framework`.
     pub field: String,
-    /// A sentence a person can act on.
+    /// What decided it, one of a closed set (the book's reason reference lists each); absent
+    /// only in statuses written before codes existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<super::ReasonCode>,
+    /// One sentence with the figures that decide it; `offload-operator explain` gives the long
+    /// account.
     pub message: String,
 }
 

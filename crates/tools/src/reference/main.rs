@@ -14,6 +14,7 @@ mod crds;
 mod markdown;
 mod metrics;
 mod names;
+mod reasons;
 mod values;
 
 use std::path::{Path, PathBuf};
@@ -58,6 +59,10 @@ fn pages() -> Result<Vec<Page>, String> {
             text: names::env_page()?,
         },
         Page {
+            file: "reasons.md",
+            text: reasons::page()?,
+        },
+        Page {
             file: "events.md",
             text: names::events_page()?,
         },
@@ -90,6 +95,22 @@ fn main() -> ExitCode {
             }
         } else if let Err(e) = std::fs::write(&path, &page.text) {
             eprintln!("error: {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    match reasons::longest_of_examples() {
+        Ok((n, text)) => {
+            println!(
+                "the longest reason sentence of the examples' decisions: {n} characters (bound {}): {text}",
+                offload_operator::decision::MAX_SHORT_CHARS
+            );
+            if n > offload_operator::decision::MAX_SHORT_CHARS {
+                eprintln!("error: a reason sentence is over the bound");
+                return ExitCode::FAILURE;
+            }
+        }
+        Err(e) => {
+            eprintln!("error: deciding the examples: {e}");
             return ExitCode::FAILURE;
         }
     }
