@@ -77,12 +77,21 @@ pub fn restored(
     offload: OffloadDecisionStatus,
     generation: Option<i64>,
 ) -> TrainingJobStatus {
-    let summary = offload
-        .reasons
-        .iter()
-        .map(|r| format!("{}: {}", r.field, r.message))
-        .collect::<Vec<_>>()
-        .join("; ");
+    // Statuses recorded before codes existed carry none: their reasons read as they were.
+    let summary = match offload.reasons.iter().find(|r| r.code.is_some()) {
+        Some(_) => crate::decision::headline(
+            offload
+                .reasons
+                .iter()
+                .filter_map(|r| Some((r.field.as_str(), r.code?, r.message.clone()))),
+        ),
+        None => offload
+            .reasons
+            .iter()
+            .map(|r| format!("{}: {}", r.field, r.message))
+            .collect::<Vec<_>>()
+            .join("; "),
+    };
     let cond = conditions::condition(
         existing,
         OFFLOAD_RESOLVED,

@@ -69,7 +69,7 @@ pub use user_config::{
 
 pub use ladder::Trial;
 pub use resolution::{
-    Field, MAX_SHORT_CHARS, MemoryEstimate, MemoryRequest, Reason, Resolution, Why, clip,
+    Field, MAX_SHORT_CHARS, MemoryEstimate, MemoryRequest, Reason, Resolution, Why, clip, headline,
 };
 pub use resolve::{class_admits, estimate_placement, resolve_offload};
 pub use settings::{

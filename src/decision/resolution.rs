@@ -381,6 +381,16 @@ impl Resolution {
         (!parts.is_empty()).then(|| parts.join("; "))
     }
 
+    /// The decision in one line, for the `OffloadResolved` condition: the mode's code and
+    /// sentence (every field's reason is in `status.offload.reasons`).
+    pub fn headline(&self) -> String {
+        headline(
+            self.reasons
+                .iter()
+                .map(|r| (r.field.as_str(), r.code, r.short())),
+        )
+    }
+
     /// The reasons' sentences joined into one paragraph, for Events.
     pub fn summary(&self) -> String {
         self.reasons
@@ -388,6 +398,22 @@ impl Resolution {
             .map(|r| format!("{}: {}", r.field.as_str(), r.short()))
             .collect::<Vec<_>>()
             .join("; ")
+    }
+}
+
+/// The first `mode` reason as `Code: sentence` (else the first reason), and a pointer to the
+/// others.
+pub fn headline<'a>(reasons: impl IntoIterator<Item = (&'a str, ReasonCode, String)>) -> String {
+    let reasons: Vec<_> = reasons.into_iter().collect();
+    let first = reasons
+        .iter()
+        .find(|(field, ..)| *field == Field::Mode.as_str())
+        .or_else(|| reasons.first());
+    match first {
+        Some((_, code, sentence)) => {
+            format!("{code}: {sentence} (every field's reason: status.offload.reasons)")
+        }
+        None => "decided".to_string(),
     }
 }
 

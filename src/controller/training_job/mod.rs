@@ -323,7 +323,7 @@ fn resolved_status(
     super::status::resolved(
         existing_conditions(tj),
         res.status(),
-        res.summary(),
+        res.headline(),
         generation,
     )
 }
