@@ -40,6 +40,8 @@ PATH="$book_tools:$PATH" mdbook build docs
 
 step "the chart's alerts: promtool check rules and promtool test rules (Debian's prometheus package)"
 prometheus_bin=$(bash hack/monitoring/prometheus.sh)
+# The deploy test runs Prometheus itself against the chart's pods on the real node.
+export OFFLOAD_PROMETHEUS_BIN=$prometheus_bin
 "$prometheus_bin/promtool" check rules charts/offload-operator/files/alerts.yaml
 "$prometheus_bin/promtool" test rules tests/monitoring/alerts_test.yaml
 

@@ -11,6 +11,8 @@ use offload_testenv::support;
 
 #[path = "deploy/failover.rs"]
 mod failover;
+#[path = "deploy/monitoring.rs"]
+mod monitoring;
 #[path = "deploy/overlap_observed.rs"]
 mod overlap_observed;
 #[path = "deploy/recovery.rs"]

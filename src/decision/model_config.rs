@@ -28,27 +28,10 @@ const PLAIN_BLOCKS: &[&str] = &[
     "starcoder2",
 ];
 
-/// `model_type`s measured whose activations the blocks' terms count: Llama, Mistral, Qwen2,
-/// Mixtral and GPT-NeoX on the H200; StarCoder2 (GPT-style blocks with grouped key/value heads
-/// and rotary positions) on an H100, a 7B at 1 × 4,096 with 69 % and 67 % of its optimizer
-/// state offloaded: with its window counted (4,096 tokens reach it: each layer keeps its mask
-/// and the keys and values repeated to 36 heads) what its blocks kept is within 0.01 % of the
-/// count and the count 0.2 % over both runs' allocated peaks
-/// (docs/benchmarks/raw/2026-12-06-h100-olmo2-starcoder2/). Cohere (one LayerNorm a layer
-/// before attention and MLP in parallel) and Qwen2-MoE (routed experts, and a shared expert
-/// behind a gate) on an H100, each at 1 × 2,048 tokens: the bytes their blocks kept for backward
-/// within 0.02 % of the count with Cohere's parallel block and Qwen2-MoE's gate counted; their
-/// loops (three and two runs, none out of memory) allocated 0.2 % less than the count says
-/// (docs/benchmarks/raw/2026-12-06-h100-eighth/loop/). Qwen3 with its per-head query and key
-/// norms counted: a 4B at 1 × 5,120 tokens kept 0.01 % more than the count for backward
-/// (docs/benchmarks/raw/2026-12-06-h100-eighth/cpu-6-8/), its runs on the H200 (an 8B) and an
-/// H100 are in docs/benchmarks/memory-h200.md. OLMo-2 with its norms weighted in fp32 counted: a
-/// 7B at 1 × 4,096 kept 0.01 % more than the count, and the count is 0.2 % over its three runs'
-/// allocated peaks (docs/benchmarks/raw/2026-12-06-h100-olmo2-starcoder2/). Gemma-3's language
-/// model (`gemma3_text`: per-head norms and four norms a layer, weighted in fp32, five layers of
-/// six windowed): a 4B at 1 × 8,192 tokens on the H200 kept 0.03 % more than the count, and the
-/// count is 0.1 % over its allocated peak (docs/benchmarks/raw/2026-12-06-h200-tenth/arch/);
-/// the multimodal `gemma3` keeps the margin (its vision tower is not counted).
+/// `model_type`s whose activations the blocks' terms count, each checked against what its
+/// blocks kept for backward on a GPU (within 0.03 %) and its runs' allocated peaks (the count
+/// 0.1–0.2 % over). The runs, per type: `docs/benchmarks/memory-h200.md`, "The per-type
+/// table". The multimodal `gemma3` keeps the margin (its vision tower is not counted).
 const COUNTED_TYPES: &[&str] = &[
     "llama",
     "mistral",
@@ -63,16 +46,9 @@ const COUNTED_TYPES: &[&str] = &[
     "gemma3_text",
 ];
 /// `model_type`s whose blocks' terms count what they keep for backward, whose steps' peaks
-/// hold a little more, by the factor measured on the activations (docs/benchmarks/memory-h200.md).
-/// Phi-3's fused projection, its window and its output's copy, and Gemma-2's four norms
-/// weighted in fp32, its window on every other layer and its softcapped logits are counted:
-/// within 0.02 % of what the H100 runs' blocks kept (Phi-3-mini at 1 × 4,096, Gemma-2-2B at
-/// 1 × 5,120). The allocated peaks are more: Phi-3's 26 % run 0.3 % over the count (×1.02
-/// covers it; a layer's backward assembles its fused projection's gradient from three slices),
-/// Gemma-2's at 1 × 5,120 with 32 % offloaded 0.1 % (×1.01; the softcap's backward holds its
-/// own copies of the logits) (docs/benchmarks/raw/2026-12-06-h100-loop/, 2026-12-06-h100-converge/).
-/// OLMo-2 is counted: its fp32-weighted norms and its query and key norms within 0.01 % of
-/// what a 7B kept, every run's peak within 0.3 % over.
+/// hold a little more, by the factor measured on the activations (Phi-3's fused projection's
+/// gradient assembled from slices, Gemma-2's softcap's own copies of the logits): the runs are
+/// in `docs/benchmarks/memory-h200.md`, "The per-type table".
 const MEASURED_TYPES: &[(&str, f64)] = &[("phi3", 1.02), ("gemma2", 1.01)];
 
 /// How the memory model knows `model_type`'s activations.

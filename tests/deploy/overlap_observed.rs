@@ -152,6 +152,9 @@ pub(super) async fn the_agent_observes_a_configured_pod_on_the_real_node(
     ));
 
     the_job_shows_it(cluster, &tjs, &ns, expected).await;
+    // While the job runs and is observed: the dashboard's GPU-busy panel has its series.
+    super::monitoring::the_dashboard_and_alerts_work_against_a_real_prometheus(client, figures)
+        .await;
 
     // The job gone and the spinner stopped: the next window clears the node's summary.
     drop(spinner);

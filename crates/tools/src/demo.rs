@@ -482,7 +482,7 @@ fn show_job(cluster: &DevCluster, job: &str) -> Result<(), String> {
         "trainingjob",
         job,
         "-o",
-        "jsonpath={range .status.offload.reasons[*]}{.field}: {.message}{\"\\n\"}{end}",
+        "jsonpath={range .status.offload.reasons[*]}{.field} {.code}: {.message}{\"\\n\"}{end}",
     ])?;
     for line in reasons.lines() {
         println!("  {line}");

@@ -167,11 +167,9 @@ pub enum TypeStanding {
 
 /// The margin kept on the activations of a `model_type` never measured: above what every type
 /// measured so far needed over the Llama-style count of its blocks, so that none of them would
-/// have run out with it: OLMo-2 +36 % before its query and key norms were counted (three runs
-/// on an H100, one of them out of memory under the +25 % this margin was before), Phi-3 +19 %,
-/// Qwen3 +16 %, Gemma-2 +6 % with its extra norms and softcapped logits counted, Qwen2-MoE
-/// +2 % before its shared expert's gate was counted, Cohere 2.5 % less. A type never
-/// measured may build what no count has seen (OLMo-3 has OLMo-2's norms, under another name).
+/// have run out with it (the largest, OLMo-2 before its norms were counted, needed +36 %; the
+/// types and figures: `docs/benchmarks/memory-h200.md`). It applies only where the step could
+/// not be traced.
 pub const UNMEASURED_TYPE_MARGIN: f64 = 0.40;
 
 impl TypeStanding {
