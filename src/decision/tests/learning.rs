@@ -163,6 +163,36 @@ fn impossible_observations_teach_nothing() {
 }
 
 #[test]
+fn an_allocator_figure_above_the_gpus_memory_is_not_believed() {
+    let mut job = deepspeed("0.19.8");
+    job.model = Some(bench_hints(3_821_770_752, 4096, 32));
+    let first = resolve(&job, &[node()]).unwrap();
+    let gpu_peak = first.memory.as_ref().unwrap().gpu_bytes + GIB;
+    let mut obs = observe(&job, &first, gpu_peak, None);
+    obs.trained = true;
+    // Within the GPU: the allocator's own figure is what the run teaches.
+    obs.allocated = Some(gpu_peak - 2 * GIB);
+    let believed = lesson(&job, &obs).unwrap().expect("a lesson");
+    assert!(believed.allocator, "{}", believed.sentence);
+    // The GPU's whole memory and a GiB more: not the allocator's; the device's figure stands.
+    obs.allocated = Some(obs.gpu_bytes + GIB);
+    let claimed = lesson(&job, &obs)
+        .unwrap()
+        .expect("a lesson from the device's figure");
+    assert!(!claimed.allocator, "{}", claimed.sentence);
+    assert!(
+        claimed.sentence.contains("the device's figure"),
+        "{}",
+        claimed.sentence
+    );
+    // A run out of memory held what it had plus what it asked: that may pass the GPU's memory.
+    obs.trained = false;
+    obs.failed = Some(MemoryKind::Gpu);
+    let failed = lesson(&job, &obs).unwrap().expect("a lesson");
+    assert!(failed.allocator, "{}", failed.sentence);
+}
+
+#[test]
 fn a_job_without_hints_is_sized_from_its_observed_run_and_rerun_at_the_fastest_that_fits() {
     let mut job = deepspeed("0.19.8");
     job.identity = Some("ns/train@0011".into());
