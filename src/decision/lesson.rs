@@ -250,9 +250,22 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
         trial: obs.trial,
         step_seconds: obs
             .step_seconds
-            .filter(|s| offload_api::observed::plausible_step(*s)),
+            .filter(|s| offload_api::observed::plausible_step(*s))
+            .filter(|s| step_computable(*s, &jm)),
         sentence: said.sentence(obs),
     }))
+}
+
+/// More than any GPU computes, FLOP/s (the bf16 dense peaks of the largest GPUs are below
+/// 2.5·10¹⁵): a step faster than its training arithmetic at this rate is no step.
+const MAX_GPU_FLOPS: f64 = 1e16;
+
+/// Whether a step of `seconds` can be a training step of `jm` on one GPU: forward and backward
+/// cost about 6 FLOP a parameter a token, which no GPU does faster than [`MAX_GPU_FLOPS`].
+/// Without the step's tokens there is no bound but the step's own.
+fn step_computable(seconds: f64, jm: &JobMemory) -> bool {
+    jm.tokens
+        .is_none_or(|tokens| seconds >= 6.0 * jm.parameters * tokens / MAX_GPU_FLOPS)
 }
 
 /// Where a run's need stands against the model's floor: the weights, gradients and optimizer

@@ -163,6 +163,28 @@ fn impossible_observations_teach_nothing() {
 }
 
 #[test]
+fn a_step_faster_than_any_gpu_computes_the_models_tokens_is_no_step() {
+    let mut job = deepspeed("0.19.8");
+    job.model = Some(bench_hints(3_821_770_752, 4096, 32));
+    let first = resolve(&job, &[node()]).unwrap();
+    let gpu_peak = first.memory.as_ref().unwrap().gpu_bytes;
+    let mut obs = observe(&job, &first, gpu_peak, None);
+    obs.trained = true;
+    // 3.8B parameters × 4,096 tokens × 6 FLOP: about 94 TFLOP a step, 9.4 ms at 10 PFLOP/s.
+    for (seconds, kept) in [
+        (1e-12, false),
+        (1e-6, false),
+        (0.009, false),
+        (0.0095, true),
+        (1.8, true),
+    ] {
+        obs.step_seconds = Some(seconds);
+        let l = lesson(&job, &obs).unwrap().expect("a lesson");
+        assert_eq!(l.step_seconds.is_some(), kept, "{seconds} s");
+    }
+}
+
+#[test]
 fn an_allocator_figure_above_the_gpus_memory_is_not_believed() {
     let mut job = deepspeed("0.19.8");
     job.model = Some(bench_hints(3_821_770_752, 4096, 32));
