@@ -296,6 +296,9 @@ fn training_reads(
                 .transpose()
         };
     let cpu_limit = match cpu(limits, "limits.cpu")? {
+        // A limit of 0 sets no CFS quota (the kubelet writes none), and the LimitRanger gives
+        // no default where a limit is written: the container has the node's cores.
+        Some(c) if c <= 0.0 => None,
         Some(c) => Some((c, None)),
         None => ns_limits
             .cpu_default_limit

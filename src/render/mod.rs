@@ -433,9 +433,12 @@ pub fn apply_to_pod_spec(
         }
         // The training process's threads fit its CPU quota, where the user set none: an
         // OpenMP optimizer (DeepSpeed's CPU Adam) would start one per visible core.
+        // Nor where the container takes env from a ConfigMap or Secret the webhook cannot
+        // read: its own env would win over a value set there.
         if let Some(threads) = res.cpu_threads
             && res.training_container.unwrap_or(0) == i
             && !env.iter().any(|e| e.name == names::ENV_OMP_THREADS)
+            && container.env_from.as_ref().is_none_or(Vec::is_empty)
         {
             env.push(self::env(names::ENV_OMP_THREADS, &threads.to_string()));
         }

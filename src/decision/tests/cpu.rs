@@ -335,3 +335,39 @@ fn the_containers_that_keep_a_pod_from_being_guaranteed_are_named() {
     assert_eq!(r.training_container, Some(0));
     assert_eq!(r.not_guaranteed, ["less", "no-memory", "fetch"]);
 }
+
+/// A CPU limit of 0 sets no CFS quota (the kubelet writes none) and takes no namespace default:
+/// the container has the node's cores, and no threads are written for it.
+#[test]
+fn a_cpu_limit_of_zero_is_no_limit() {
+    use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let with_cpu_limit = |cpu: &str| PodSpec {
+        containers: vec![Container {
+            name: "train".into(),
+            resources: Some(ResourceRequirements {
+                limits: Some(
+                    [("cpu", cpu), ("nvidia.com/gpu", "1")]
+                        .iter()
+                        .map(|(k, v)| ((*k).to_string(), Quantity((*v).into())))
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let r = PodResources::of(Some(&with_cpu_limit("0"))).unwrap();
+    assert_eq!(r.training_cpu_limit, None);
+    assert_eq!(
+        PodResources::of(Some(&with_cpu_limit("2")))
+            .unwrap()
+            .training_cpu_limit,
+        Some((2.0, None))
+    );
+    let mut job = job();
+    job.cpu_limit = r.training_cpu_limit.clone();
+    let res = resolve(&job, &[node("h", 1, None)]).unwrap();
+    assert_eq!((res.cpu_cores, res.cpu_threads), (None, None));
+}

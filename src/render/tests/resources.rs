@@ -157,6 +157,20 @@ fn threads_fit_the_quota_and_the_guard_checks_the_cores() {
     apply_to_pod_template(&mut mine, &res, None, &opts);
     let env = env_map(mine.spec.unwrap().containers[0].env.as_deref().unwrap());
     assert_eq!(env["OMP_NUM_THREADS"], "6");
+    // Env from a ConfigMap or Secret the webhook cannot read may set it, and the container's
+    // own env would win over that: nothing written.
+    let mut from = template();
+    from.spec.as_mut().unwrap().containers[0].env_from =
+        Some(vec![k8s_openapi::api::core::v1::EnvFromSource {
+            config_map_ref: Some(k8s_openapi::api::core::v1::ConfigMapEnvSource {
+                name: "train-env".into(),
+                optional: None,
+            }),
+            ..Default::default()
+        }]);
+    apply_to_pod_template(&mut from, &res, None, &opts);
+    let env = env_map(from.spec.unwrap().containers[0].env.as_deref().unwrap());
+    assert!(!env.contains_key("OMP_NUM_THREADS"), "{env:?}");
     // No quota counted: nothing written.
     let mut free = res.clone();
     free.cpu_cores = None;
