@@ -35,6 +35,51 @@ pub(in crate::decision) fn megatron_can_offload(job: &JobRequest, facts: &Framew
     megatron_offload_blocker(job, facts.version.as_ref()).is_none()
 }
 
+/// What Megatron-core refuses at start-up in a layout, against the model's shape where the job
+/// gives it (its config or its hints): tensor parallelism must divide the attention heads and
+/// the key/value heads (its query groups), pipeline parallelism the layers.
+fn layout_refused(job: &JobRequest, tensor: u64, pipeline: u64) -> Option<(String, String)> {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let whole = |v: f64| (v.is_finite() && v >= 1.0).then_some(v as u64);
+    let from_hints = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok()).filter(|v| *v > 0);
+    let hints = job.model.as_ref();
+    let shape = job.model_config.as_ref();
+    let heads = shape
+        .and_then(|s| whole(s.heads))
+        .or_else(|| from_hints(hints.and_then(|h| h.attention_heads)));
+    let kv_heads = shape
+        .and_then(|s| whole(s.kv_heads))
+        .or_else(|| from_hints(hints.and_then(|h| h.key_value_heads)))
+        .or(heads);
+    let layers = shape
+        .and_then(|s| whole(s.layers))
+        .or_else(|| from_hints(hints.and_then(|h| h.layers)));
+    let tensor_change = "choose a tensor-parallel size that divides the model's attention and key/value heads (spec.megatron.tensorParallel, or annotation offload.dev/megatron-tensor-parallel)";
+    if let Some(h) = heads.filter(|h| !h.is_multiple_of(tensor)) {
+        return Some((
+            format!(
+                "tensor parallel {tensor} does not divide the model's {h} attention heads: Megatron-core refuses the layout at start-up"
+            ),
+            tensor_change.to_string(),
+        ));
+    }
+    if let Some(g) = kv_heads.filter(|g| !g.is_multiple_of(tensor)) {
+        return Some((
+            format!(
+                "tensor parallel {tensor} does not divide the model's {g} key/value heads (its query groups): Megatron-core refuses the layout at start-up"
+            ),
+            tensor_change.to_string(),
+        ));
+    }
+    if let Some(l) = layers.filter(|l| !l.is_multiple_of(pipeline)) {
+        return Some((
+            format!("pipeline parallel {pipeline} does not divide the model's {l} layers: Megatron-core refuses the layout at start-up"),
+            "choose a pipeline-parallel size that divides the model's layers (spec.megatron.pipelineParallel, or annotation offload.dev/megatron-pipeline-parallel)".to_string(),
+        ));
+    }
+    None
+}
+
 /// A Megatron job's layout and explicit offload: its GPUs a whole number of model-parallel
 /// groups, and an explicit offload mode only where Megatron-core can offload.
 pub(super) fn check_megatron(
@@ -51,6 +96,9 @@ pub(super) fn check_megatron(
             ),
             change: "make replicas × GPUs per pod a multiple of tensor × pipeline parallel (spec.megatron.tensorParallel × pipelineParallel, or annotations offload.dev/megatron-tensor-parallel × offload.dev/megatron-pipeline-parallel)".to_string(),
         });
+    }
+    if let Some((problem, change)) = layout_refused(job, tensor, pipeline) {
+        return Err(ResolveError::FrameworkCannot { problem, change });
     }
     if matches!(
         job.offload.mode,

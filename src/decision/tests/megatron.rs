@@ -234,3 +234,43 @@ fn manual_gc_frees_the_first_copy_and_a_smaller_fraction_fits() {
         fraction(&auto_off)
     );
 }
+
+/// Layouts Megatron-core refuses at start-up are refused here, saying what to change: tensor
+/// parallelism must divide the attention and key/value heads, pipeline parallelism the layers.
+#[test]
+fn layouts_megatron_core_refuses_are_refused_with_what_to_change() {
+    let layout = |tensor: u32, pipeline: u32, heads: i64, kv: i64, layers: i64| {
+        let mut job = sized("0.14.0", 8_000_000_000, layers, tensor * pipeline);
+        job.megatron = MegatronSpec {
+            tensor_parallel: Some(tensor),
+            pipeline_parallel: Some(pipeline),
+            ..MegatronSpec::default()
+        };
+        if let Some(m) = job.model.as_mut() {
+            m.attention_heads = Some(heads);
+            m.key_value_heads = Some(kv);
+        }
+        job
+    };
+    let nodes: Vec<NodeInfo> = (0..64).map(|i| h200(&format!("h{i}"))).collect();
+    for (job, says) in [
+        (
+            layout(5, 1, 48, 48, 44),
+            "tensor parallel 5 does not divide the model's 48 attention heads",
+        ),
+        (
+            layout(16, 1, 64, 8, 44),
+            "tensor parallel 16 does not divide the model's 8 key/value heads",
+        ),
+        (
+            layout(1, 64, 48, 8, 44),
+            "pipeline parallel 64 does not divide the model's 44 layers",
+        ),
+    ] {
+        let err = resolve(&job, &nodes).unwrap_err();
+        assert_eq!(err.category(), "FrameworkCannotTakeConfig", "{err}");
+        assert!(err.to_string().contains(says), "{err}");
+    }
+    // A layout that divides them all is decided.
+    resolve(&layout(8, 4, 64, 8, 44), &nodes).unwrap();
+}
