@@ -30,6 +30,10 @@ pub struct PodConstraints {
     /// `{key: <resource>, operator: Exists, effect: NoSchedule}`, so such a taint does not keep
     /// these pods off.
     pub extended_resources: BTreeSet<String>,
+    /// The CPU cores the pod asks the scheduler for: its containers' CPU requests, a limit
+    /// standing for the request where a container sets none (as the API server defaults it).
+    /// A node with fewer allocatable cores never takes the pod.
+    pub cpu_request: Option<f64>,
 }
 
 /// Most excluded nodes a message names; the rest are counted.
@@ -45,6 +49,33 @@ const ECHOED_CHARS: usize = 128;
 /// `s` for a message: at most [`ECHOED_CHARS`] characters.
 fn echo(s: &str) -> String {
     offload_api::text::bounded_to(s, ECHOED_CHARS)
+}
+
+/// The CPU cores a pod asks for: the sum of its containers' CPU requests (a limit where a
+/// container sets no request), at least the largest init container's; `None` where none asks.
+fn cpu_request(spec: &PodSpec) -> Option<f64> {
+    let of = |c: &k8s_openapi::api::core::v1::Container| {
+        let r = c.resources.as_ref()?;
+        let q = r
+            .requests
+            .as_ref()
+            .and_then(|m| m.get("cpu"))
+            .or_else(|| r.limits.as_ref().and_then(|m| m.get("cpu")))?;
+        offload_api::quantity::cpu_cores(q).ok()
+    };
+    let app: Vec<f64> = spec.containers.iter().filter_map(of).collect();
+    let init = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .filter_map(of)
+        .fold(None, |m: Option<f64>, c| Some(m.map_or(c, |m| m.max(c))));
+    let sum = (!app.is_empty()).then(|| app.iter().sum::<f64>());
+    match (sum, init) {
+        (Some(a), Some(i)) => Some(a.max(i)),
+        (a, i) => a.or(i),
+    }
+    .filter(|c| c.is_finite() && *c > 0.0)
 }
 
 /// Whether Kubernetes counts `name` as an extended resource: a name outside the
@@ -76,6 +107,7 @@ impl PodConstraints {
             .cloned()
             .collect();
         PodConstraints {
+            cpu_request: cpu_request(spec),
             node_name: spec.node_name.clone().filter(|n| !n.is_empty()),
             extended_resources,
             node_selector: spec.node_selector.clone().unwrap_or_default(),
@@ -128,6 +160,14 @@ impl PodConstraints {
             && !terms.iter().any(|t| term_matches(t, node))
         {
             return Some("no term of the required node affinity matches its labels".into());
+        }
+        #[allow(clippy::cast_precision_loss)]
+        if let (Some(want), Some(have)) = (self.cpu_request, node.allocatable.cpus)
+            && want > have as f64
+        {
+            return Some(format!(
+                "it has {have} allocatable CPU cores, the pod asks for {want} (its containers' CPU requests, or their limits where they set none)"
+            ));
         }
         node.taints
             .iter()

@@ -306,3 +306,54 @@ fn a_huge_selector_is_echoed_bounded() {
     let msg = c.left_out(nodes.iter()).unwrap();
     assert!(msg.len() < 8 * 1024, "{}", msg.len());
 }
+
+/// A pod whose CPU request (a limit where it sets none, as the API server defaults it) is more
+/// than a node's allocatable cores never lands there: 100 cores, 2Ki or a million on a 64-core
+/// node stay Pending, so such a node is left out with the figures.
+#[test]
+fn a_cpu_request_above_a_nodes_cores_leaves_it_out() {
+    use k8s_openapi::api::core::v1::{Container, ResourceRequirements};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let spec = |requests: &[(&str, &str)], limits: &[(&str, &str)]| PodSpec {
+        containers: vec![Container {
+            name: "train".into(),
+            resources: Some(ResourceRequirements {
+                requests: Some(
+                    requests
+                        .iter()
+                        .map(|(k, v)| ((*k).to_string(), Quantity((*v).into())))
+                        .collect(),
+                ),
+                limits: Some(
+                    limits
+                        .iter()
+                        .map(|(k, v)| ((*k).to_string(), Quantity((*v).into())))
+                        .collect(),
+                ),
+                claims: None,
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let n64 = node("n", &[], &[]).with_allocatable(crate::index::Allocatable {
+        cpus: Some(64),
+        ..Default::default()
+    });
+    for limit in ["100", "2Ki", "1048576"] {
+        let c = PodConstraints::of(Some(&spec(&[], &[("cpu", limit)])));
+        let why = c
+            .excludes(&n64)
+            .unwrap_or_else(|| panic!("{limit} admitted"));
+        assert!(why.contains("it has 64 allocatable CPU cores"), "{why}");
+    }
+    // A request within the node's cores lands, whatever the limit; a node that states no cores
+    // is not judged.
+    let c = PodConstraints::of(Some(&spec(&[("cpu", "8")], &[("cpu", "100")])));
+    assert_eq!(c.excludes(&n64), None);
+    let c = PodConstraints::of(Some(&spec(&[], &[("cpu", "100")])));
+    assert_eq!(c.excludes(&node("unknown", &[], &[])), None);
+    // A limit of 0 asks for nothing.
+    let c = PodConstraints::of(Some(&spec(&[], &[("cpu", "0")])));
+    assert_eq!(c.cpu_request, None);
+}
