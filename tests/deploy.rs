@@ -199,12 +199,20 @@ async fn installation_runs_from_its_images_on_the_real_node(
 ) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     // Two operator replicas, both Running on the real node and both ready (the standby
-    // serves the webhook too), under the chart's ServiceAccount.
-    let operators = pods
-        .list(&ListParams::default().labels("app.kubernetes.io/component=operator"))
-        .await
-        .unwrap()
-        .items;
+    // serves the webhook too), under the chart's ServiceAccount. Waited for: on a loaded
+    // machine a readiness probe can miss once after `helm install --wait` saw them ready.
+    let operators = poll("both operator replicas ready", WAIT, || {
+        let pods = pods.clone();
+        async move {
+            let items = pods
+                .list(&ListParams::default().labels("app.kubernetes.io/component=operator"))
+                .await
+                .ok()?
+                .items;
+            (items.len() == 2 && items.iter().all(is_ready)).then_some(items)
+        }
+    })
+    .await;
     assert_eq!(operators.len(), 2, "two operator replicas");
     for pod in &operators {
         let spec = pod.spec.as_ref().unwrap();
