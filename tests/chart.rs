@@ -158,18 +158,7 @@ async fn lint_and_server_side_validation_of_the_rendered_chart() {
 /// get a PodMonitor beside the operator's ServiceMonitor; none of it by default.
 fn monitoring_renders_the_alerts_and_the_dashboard(cluster: &DevCluster) {
     let render = |extra: &[&str]| {
-        let out = cluster
-            .helm()
-            .args(["template", "t", &chart(), "--skip-tests"])
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_saphyr::from_multiple::<serde_json::Value>(&String::from_utf8_lossy(&out.stdout))
+        serde_saphyr::from_multiple::<serde_json::Value>(&rendered(cluster, extra))
             .unwrap()
             .into_iter()
             .filter(|d| !d.is_null())
@@ -228,22 +217,27 @@ fn monitoring_renders_the_alerts_and_the_dashboard(cluster: &DevCluster) {
     );
 }
 
+/// The chart as `helm template` renders it with `extra` (the test fails where it does not).
+fn rendered(cluster: &DevCluster, extra: &[&str]) -> String {
+    let out = cluster
+        .helm()
+        .args(["template", "t", &chart(), "--skip-tests"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// `dra.driver` reaches both the operator (whose slices it watches) and the agent (whose
 /// pods' DRA devices it counts as GPUs); `dra.enabled=false` leaves both without one.
 fn the_dra_driver_reaches_operator_and_agent(cluster: &DevCluster) {
     let args = |extra: &[&str]| -> Vec<String> {
-        let out = cluster
-            .helm()
-            .args(["template", "t", &chart(), "--skip-tests"])
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
+        rendered(cluster, extra)
             .lines()
             .filter_map(|l| l.trim().strip_prefix("- --dra-driver"))
             .map(str::to_string)

@@ -59,7 +59,7 @@ pub(super) fn resolve_ratio(
                 r,
                 Why::new(
                     ReasonCode::RatioRequested,
-                    format!("{r}: set by {source}{}", cpu(r)),
+                    format!("{r}: set by {source}{}", cpu(r).text),
                 ),
             ),
             (Err(why), Source::Job) => {
@@ -94,7 +94,7 @@ pub(super) fn resolve_ratio(
                 1.0,
                 Why::new(
                     ReasonCode::WholeOptimizerState,
-                    format!("1: Auto{}", cpu(1.0)),
+                    format!("1: Auto{}", cpu(1.0).text),
                 ),
             ),
         },
@@ -107,35 +107,15 @@ fn by_memory(
     choice: &MemoryChoice,
     requested: RatioSetting,
     source: Source,
-    cpu: &dyn Fn(f64) -> String,
+    cpu: &dyn Fn(f64) -> CpuNote,
 ) -> (f64, Why) {
-    // The CPU check in a few words: whether it keeps up with the share offloaded.
-    let cpu_brief = |ratio: f64| {
-        let note = cpu(ratio);
-        if note.contains("the CPU keeps up") {
-            "; the CPU keeps up"
-        } else if note.contains("the CPU is the bottleneck") {
-            "; the CPU is the bottleneck of each step"
-        } else {
-            ""
-        }
-    };
-    let summed = |code: ReasonCode, lead: String, ratio: f64, message: String| {
-        Why::summed(
-            code,
-            format!("{lead}: {}{}", choice.brief, cpu_brief(ratio)),
-            message,
-        )
-    };
-    match (choice.placement, requested) {
+    let figures = &choice.figures;
+    let (ratio, code, lead, account) = match (choice.placement, requested) {
         (Placement::PartialOptimizer(r), RatioSetting::Fixed(_)) => (
             r,
-            summed(
-                ReasonCode::RatioRequested,
-                format!("{r}: set by {source}"),
-                r,
-                format!("{r}: set by {source}; {}{}", choice.figures, cpu(r)),
-            ),
+            ReasonCode::RatioRequested,
+            format!("{r}: set by {source}"),
+            format!("{r}: set by {source}; {figures}"),
         ),
         // What earlier runs proved chose the share (what trained, or a trial).
         (Placement::PartialOptimizer(r), RatioSetting::Auto | RatioSetting::None)
@@ -148,44 +128,64 @@ fn by_memory(
             };
             (
                 r,
-                summed(
-                    code,
-                    format!("{r}: what runs of its shape showed"),
-                    r,
-                    format!("{r}: {}{}", choice.figures, cpu(r)),
-                ),
+                code,
+                format!("{r}: what runs of its shape showed"),
+                format!("{r}: {figures}"),
             )
         }
         (Placement::PartialOptimizer(r), RatioSetting::Auto | RatioSetting::None) => (
             r,
-            summed(
-                ReasonCode::SmallestShareThatFits,
-                format!("{r}: the smallest share that fits"),
-                r,
-                format!(
-                    "{r}: the smallest share of optimizer state whose offload fits ({}){}",
-                    choice.figures,
-                    cpu(r)
-                ),
-            ),
+            ReasonCode::SmallestShareThatFits,
+            format!("{r}: the smallest share that fits"),
+            format!("{r}: the smallest share of optimizer state whose offload fits ({figures})"),
         ),
         (Placement::Optimizer | Placement::OptimizerAndParams, _) => (
             1.0,
-            summed(
-                ReasonCode::WholeOptimizerState,
-                "1: all optimizer state offloaded".to_string(),
+            ReasonCode::WholeOptimizerState,
+            "1: all optimizer state offloaded".to_string(),
+            format!("1: all optimizer state offloaded ({figures})"),
+        ),
+        (Placement::NoOffload, _) => {
+            return (
                 1.0,
-                format!(
-                    "1: all optimizer state offloaded ({}){}",
-                    choice.figures,
-                    cpu(1.0)
-                ),
-            ),
+                Why::new(ReasonCode::NothingOffloaded, "1: nothing is offloaded"),
+            );
+        }
+    };
+    let note = cpu(ratio);
+    (
+        ratio,
+        Why::summed(
+            code,
+            format!("{lead}: {}{}", choice.brief, note.brief()),
+            format!("{account}{}", note.text),
         ),
-        (Placement::NoOffload, _) => (
-            1.0,
-            Why::new(ReasonCode::NothingOffloaded, "1: nothing is offloaded"),
-        ),
+    )
+}
+
+/// The CPU check's account, and its verdict where it could be made.
+pub(super) struct CpuNote {
+    /// The account, `; …` to append to a reason (empty where no verdict).
+    text: String,
+    /// Whether the CPU updates the offloaded share within the GPU's backward time.
+    keeps_up: Option<bool>,
+}
+
+impl CpuNote {
+    fn none() -> Self {
+        CpuNote {
+            text: String::new(),
+            keeps_up: None,
+        }
+    }
+
+    /// The verdict in a few words, for a reason's sentence.
+    fn brief(&self) -> &'static str {
+        match self.keeps_up {
+            Some(true) => "; the CPU keeps up",
+            Some(false) => "; the CPU is the bottleneck of each step",
+            None => "",
+        }
     }
 }
 
@@ -193,16 +193,16 @@ fn by_memory(
 /// training container's own cores ([`super::cpu`]) can update within the GPU's backward time
 /// on the slowest chosen node, from the report's rates and the step's tokens. Empty when that
 /// cannot be known.
-pub(super) fn cpu_note(job: &JobRequest, chosen: Option<&ClassNodes>, ratio: f64) -> String {
+pub(super) fn cpu_note(job: &JobRequest, chosen: Option<&ClassNodes>, ratio: f64) -> CpuNote {
     let (Some(hints), Some(class)) = (job.model.as_ref(), chosen) else {
-        return String::new();
+        return CpuNote::none();
     };
     let Some(tokens) = hints.tokens_per_step else {
-        return String::new();
+        return CpuNote::none();
     };
     let rates = class.fact(CpuRates::of);
     let CpuRates::Known(nodes) = &*rates else {
-        return String::new();
+        return CpuNote::none();
     };
     #[allow(clippy::cast_precision_loss)]
     let tokens = tokens as f64;
@@ -222,7 +222,7 @@ pub(super) fn cpu_note(job: &JobRequest, chosen: Option<&ClassNodes>, ratio: f64
         .filter(|(s, _, _)| s.is_finite())
         .min_by(|a, b| a.0.total_cmp(&b.0))
     else {
-        return String::new();
+        return CpuNote::none();
     };
     let whose = match (&cores, node.cpu.threads) {
         (Some(c), Some(t)) if c.share_of(t) < 1.0 => format!(
@@ -232,7 +232,8 @@ pub(super) fn cpu_note(job: &JobRequest, chosen: Option<&ClassNodes>, ratio: f64
         (Some(c), _) => format!(" with {}", c.describe()),
         (None, _) => String::new(),
     };
-    if share >= 1.0 {
+    let keeps_up = share >= ratio;
+    let text = if share >= 1.0 {
         format!(
             "; the CPU keeps up: it updates all of the optimizer state within the GPU's backward time on every chosen node{whose} ({:.1}× headroom)",
             share.min(999.0)
@@ -249,6 +250,10 @@ pub(super) fn cpu_note(job: &JobRequest, chosen: Option<&ClassNodes>, ratio: f64
             node.name,
             share * 100.0
         )
+    };
+    CpuNote {
+        text,
+        keeps_up: Some(keeps_up),
     }
 }
 

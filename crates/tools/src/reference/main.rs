@@ -44,37 +44,28 @@ pub struct Page {
     text: String,
 }
 
+/// What writes one page.
+type Generator = fn() -> Result<String, String>;
+
 fn pages() -> Result<Vec<Page>, String> {
-    Ok(vec![
-        Page {
-            file: "crds.md",
-            text: crds::page()?,
-        },
-        Page {
-            file: "labels-annotations.md",
-            text: names::labels_page()?,
-        },
-        Page {
-            file: "env.md",
-            text: names::env_page()?,
-        },
-        Page {
-            file: "reasons.md",
-            text: reasons::page()?,
-        },
-        Page {
-            file: "events.md",
-            text: names::events_page()?,
-        },
-        Page {
-            file: "metrics.md",
-            text: metrics::page()?,
-        },
-        Page {
-            file: "chart-values.md",
-            text: values::page()?,
-        },
-    ])
+    let generators: [(&'static str, Generator); 7] = [
+        ("crds.md", crds::page),
+        ("labels-annotations.md", names::labels_page),
+        ("env.md", names::env_page),
+        ("reasons.md", reasons::page),
+        ("events.md", names::events_page),
+        ("metrics.md", metrics::page),
+        ("chart-values.md", values::page),
+    ];
+    generators
+        .into_iter()
+        .map(|(file, page)| {
+            Ok(Page {
+                file,
+                text: page()?,
+            })
+        })
+        .collect()
 }
 
 fn main() -> ExitCode {

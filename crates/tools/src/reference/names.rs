@@ -17,6 +17,23 @@ struct Name {
     doc: String,
 }
 
+/// An item's doc comment as one line of prose.
+pub fn doc_of(attrs: &[syn::Attribute]) -> String {
+    attrs
+        .iter()
+        .filter_map(|a| match &a.meta {
+            Meta::NameValue(nv) if nv.path.is_ident("doc") => match &nv.value {
+                Expr::Lit(ExprLit {
+                    lit: Lit::Str(s), ..
+                }) => Some(s.value().trim().to_string()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Every string constant of the module, in source order.
 fn names() -> Result<Vec<Name>, String> {
     let file = syn::parse_file(SOURCE).map_err(|e| format!("names.rs: {e}"))?;
@@ -30,20 +47,7 @@ fn names() -> Result<Vec<Name>, String> {
         else {
             continue;
         };
-        let doc = c
-            .attrs
-            .iter()
-            .filter_map(|a| match &a.meta {
-                Meta::NameValue(nv) if nv.path.is_ident("doc") => match &nv.value {
-                    Expr::Lit(ExprLit {
-                        lit: Lit::Str(s), ..
-                    }) => Some(s.value().trim().to_string()),
-                    _ => None,
-                },
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join(" ");
+        let doc = doc_of(&c.attrs);
         out.push(Name {
             ident: c.ident.to_string(),
             value: value.value(),

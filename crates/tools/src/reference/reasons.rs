@@ -2,7 +2,7 @@
 //! the examples' decisions give for status, against its bound.
 
 use offload_api::v1alpha1::{OffloadProfile, ReasonCode, TrainingJob};
-use syn::{Expr, ExprLit, Item, Lit, Meta};
+use syn::Item;
 
 use super::markdown::{GENERATED, table};
 
@@ -26,20 +26,7 @@ pub fn page() -> Result<String, String> {
     }
     let mut rows = Vec::new();
     for (variant, code) in variants.iter().zip(ReasonCode::ALL) {
-        let doc = variant
-            .attrs
-            .iter()
-            .filter_map(|a| match &a.meta {
-                Meta::NameValue(nv) if nv.path.is_ident("doc") => match &nv.value {
-                    Expr::Lit(ExprLit {
-                        lit: Lit::Str(s), ..
-                    }) => Some(s.value().trim().to_string()),
-                    _ => None,
-                },
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join(" ");
+        let doc = super::names::doc_of(&variant.attrs);
         if doc.is_empty() {
             return Err(format!("ReasonCode::{code} has no doc comment"));
         }
