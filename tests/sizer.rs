@@ -2,9 +2,8 @@
 //! traced by a sizer Job in its namespace before its workload exists; the trace decides it, is
 //! kept in the operator's namespace and decides the next job of the same step without a second
 //! sizer; where the sizer cannot trace (the model's own code) or runs out of time, the counted
-//! model decides and the reasons say why. A batch Job's env is written as it is created: the
-//! first of a step is decided by the counted model and its step traced for the next, which the
-//! trace decides. kwok stands in for the sizer's process (its pods end
+//! model decides and the reasons say why. A batch Job's pods wait for the trace the same way:
+//! refused at creation while the sizer runs, then decided from it. kwok stands in for the sizer's process (its pods end
 //! with the trace the sizer writes, `crates/testenv/kwok/pod-sized.yaml`); the sizer program
 //! itself runs for real in `tests/sizer_program.rs`.
 
@@ -118,7 +117,7 @@ async fn the_sizer_traces_a_model_before_its_workload_or_says_why_it_could_not()
     let (client, ns) = setup("sizer").await;
     traced_once_for_every_job_of_the_step(&client, &ns).await;
     not_traced_then_counted(&client, &ns).await;
-    another_kind_is_traced_for_the_jobs_that_come_after(&client, &ns).await;
+    another_kinds_pods_wait_for_the_trace(&client, &ns).await;
 }
 
 async fn traced_once_for_every_job_of_the_step(client: &Client, ns: &str) {
@@ -228,12 +227,13 @@ async fn not_traced_then_counted(client: &Client, ns: &str) {
     assert!(why.contains("(TimedOut)"), "{why}");
 }
 
-/// A batch Job that names the model by its annotations: its env is written as it is created, so
-/// the first of its step is decided by the counted model while the operator traces the step;
-/// the next Job of the step is decided from the trace.
-async fn another_kind_is_traced_for_the_jobs_that_come_after(client: &Client, ns: &str) {
+/// Batch Jobs that name the model by their annotations: their pods wait for the step's trace
+/// (refused at creation while the sizer runs, created again by the Job controller) and are
+/// decided from it; where the sizer runs out of time, the counted model decides and the pod's
+/// reasons say why.
+async fn another_kinds_pods_wait_for_the_trace(client: &Client, ns: &str) {
     let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
-    let batch = |name: &str| -> Job {
+    let batch = |name: &str, tokens: u32, pod_annotations: serde_json::Value| -> Job {
         serde_json::from_value(json!({
             "metadata": {
                 "name": name,
@@ -242,11 +242,11 @@ async fn another_kind_is_traced_for_the_jobs_that_come_after(client: &Client, ns
                     "offload.dev/framework": "DeepSpeed",
                     "offload.dev/framework-version": "0.19.8",
                     "offload.dev/model-config": "model",
-                    "offload.dev/tokens-per-step": "1024"
+                    "offload.dev/tokens-per-step": tokens.to_string()
                 }
             },
             "spec": {"template": {
-                "metadata": {"annotations": {"offload.dev/kwok-trace": TRACE_1024}},
+                "metadata": {"annotations": pod_annotations},
                 "spec": {"restartPolicy": "Never", "containers": [{
                     "name": "train", "image": "registry.example.com/train:1",
                     "resources": {"limits": {"nvidia.com/gpu": 1}}
@@ -255,51 +255,126 @@ async fn another_kind_is_traced_for_the_jobs_that_come_after(client: &Client, ns
         }))
         .unwrap()
     };
-    let first = jobs
-        .create(&PostParams::default(), &batch("batch-1"))
+    let traced = jobs
+        .create(
+            &PostParams::default(),
+            &batch(
+                "batch-1",
+                1024,
+                json!({"offload.dev/kwok-trace": TRACE_1024}),
+            ),
+        )
         .await
         .unwrap();
-    let reasons = |job: &Job| {
-        job.metadata
+    // A sizer that never ends (another step: 512 tokens): its Job's deadline ends it.
+    jobs.create(
+        &PostParams::default(),
+        &batch(
+            "batch-slow",
+            512,
+            json!({"offload.dev/kwok-keep-running": "true"}),
+        ),
+    )
+    .await
+    .unwrap();
+    // The Job itself says until when its pods wait; its template is left unconfigured.
+    let annotations = traced.metadata.annotations.clone().unwrap_or_default();
+    assert!(
+        annotations.contains_key(offload_api::names::ANNOTATION_SIZER_WAIT_UNTIL),
+        "{annotations:?}"
+    );
+    let template = traced.spec.as_ref().unwrap().template.clone();
+    let env = serde_json::to_string(&template.spec.as_ref().unwrap().containers[0].env).unwrap();
+    assert!(!env.contains("OFFLOAD_MODE"), "{env}");
+    let created = traced.metadata.creation_timestamp.clone().unwrap().0;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), ns);
+    let pod_of = |job: &'static str| {
+        let pods = pods.clone();
+        async move {
+            poll(
+                &format!("a pod of {job}"),
+                Duration::from_secs(120),
+                || async {
+                    pods.list(&ListParams::default().labels(&format!("job-name={job}")))
+                        .await
+                        .ok()?
+                        .items
+                        .into_iter()
+                        .next()
+                },
+            )
+            .await
+        }
+    };
+    let pod_reasons = |pod: &k8s_openapi::api::core::v1::Pod| {
+        pod.metadata
             .annotations
             .as_ref()
             .and_then(|a| a.get(offload_api::names::ANNOTATION_REASONS).cloned())
             .unwrap_or_default()
     };
-    assert!(
-        reasons(&first).contains("not traced yet"),
-        "{}",
-        reasons(&first)
+    let first = pod_of("batch-1").await;
+    let waited = first
+        .metadata
+        .creation_timestamp
+        .clone()
+        .unwrap()
+        .0
+        .duration_since(created);
+    println!(
+        "the batch Job's first pod was created {:.1} s after the Job (the sizer's run and the Job controller's back-off)",
+        waited.as_secs_f64()
     );
-    // Its pods carry the step; the operator traces it and keeps the trace.
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
-    poll(
-        "the batch Job's step traced and kept",
-        Duration::from_secs(60),
-        || async {
-            let kept = cms
-                .list(&ListParams::default().labels(offload_api::names::LABEL_TRACE))
-                .await
-                .ok()?;
-            kept.items
-                .iter()
-                .any(|c| {
-                    c.data.as_ref().is_some_and(|d| {
-                        d.get("trace.json")
-                            .is_some_and(|t| t.contains("\"sequence\":1024"))
-                    })
-                })
-                .then_some(())
-        },
-    )
-    .await;
-    let second = jobs
-        .create(&PostParams::default(), &batch("batch-2"))
-        .await
-        .unwrap();
     assert!(
-        reasons(&second).contains("traced from the model's code"),
+        pod_reasons(&first).contains("traced from the model's code"),
         "{}",
-        reasons(&second)
+        pod_reasons(&first)
+    );
+    let env = serde_json::to_string(&first.spec.as_ref().unwrap().containers[0].env).unwrap();
+    assert!(env.contains("OFFLOAD_MODE"), "{env}");
+    // The slow step's pods waited for its sizer's deadline (10 s), refused at creation until
+    // then, and the counted model decided.
+    let slow = pod_of("batch-slow").await;
+    let why = pod_reasons(&slow);
+    assert!(why.contains("(TimedOut)"), "{why}");
+    let slow_job = jobs.get("batch-slow").await.unwrap();
+    let waited = slow
+        .metadata
+        .creation_timestamp
+        .clone()
+        .unwrap()
+        .0
+        .duration_since(slow_job.metadata.creation_timestamp.clone().unwrap().0);
+    println!(
+        "the slow step's first pod was created {:.1} s after its Job (sizer deadline 10 s)",
+        waited.as_secs_f64()
+    );
+    assert!(waited.as_secs_f64() >= 10.0, "{waited:?}");
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
+    let refused = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("batch-slow"))
+        .filter_map(|e| e.note)
+        .find(|n| n.contains("waits for its model's step to be traced"));
+    assert!(refused.is_some(), "no FailedCreate naming the wait");
+    // A pod that claims a wait no webhook wrote is refused, and says why.
+    let forged: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "forged", "labels": {"offload.dev/profile": ns},
+            "annotations": {offload_api::names::ANNOTATION_SIZER_WAIT_UNTIL: "2099-01-01T00:00:00Z"}},
+        "spec": {"containers": [{"name": "train", "image": "registry.example.com/train:1"}]}
+    }))
+    .unwrap();
+    let err = pods
+        .create(&PostParams::default(), &forged)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("further than the webhook ever writes"),
+        "{err}"
     );
 }

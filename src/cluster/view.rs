@@ -27,6 +27,11 @@ pub trait AdmissionView: ClusterView {
     fn features(&self) -> ApiFeatures;
     /// What the operator writes beside the decision (the start-up guard's image).
     fn render_options(&self) -> RenderOptions;
+    /// The sizer's traces, where the webhook may run the sizer for the pods it holds (the
+    /// operator traces models in the cluster).
+    fn trace_store(&self) -> Option<&crate::cluster::traces::TraceStore> {
+        None
+    }
 }
 
 /// Where the installed Kubeflow Trainer takes a TrainJob's per-job pod settings. The API server
@@ -217,6 +222,10 @@ impl AdmissionView for StoreView {
 
     fn render_options(&self) -> RenderOptions {
         self.render.clone()
+    }
+
+    fn trace_store(&self) -> Option<&crate::cluster::traces::TraceStore> {
+        self.traces.as_ref()
     }
 }
 

@@ -9,7 +9,7 @@ pub(crate) mod conditions;
 pub mod other_kinds;
 pub mod overlap_observed;
 mod profile_status;
-mod sizer_jobs;
+pub(crate) mod sizer_jobs;
 pub mod status;
 pub mod training_job;
 

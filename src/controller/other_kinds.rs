@@ -6,9 +6,10 @@
 //! configuration that ran out, and on a batch Job the annotation
 //! [`names::ANNOTATION_OUT_OF_MEMORY`] — once per pod.
 //!
-//! And the steps of their models still to be traced: their env was written as they were
-//! created, from the counted model, so the sizer traces the step now
-//! ([`names::ANNOTATION_SIZER_STEP`], written by the webhook) for the jobs of it that come after.
+//! And the steps of their models still to be traced where a pod could not wait for the trace (a
+//! bare Pod, a TrainJob's, one whose wait ran out): its env was written as it was created, from
+//! the counted model, so the sizer traces the step now ([`names::ANNOTATION_SIZER_STEP`],
+//! written by the webhook) for the jobs of it that come after.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -188,7 +189,7 @@ async fn trace_for_later(ctx: &Context, source: &SizerSource, pending: &PendingS
     let give_up = tokio::time::Instant::now() + store.options().timeout * 2 + poll * 12;
     loop {
         match super::sizer_jobs::advance(
-            ctx,
+            &ctx.client,
             store,
             source,
             &pending.step,

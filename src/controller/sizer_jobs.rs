@@ -1,5 +1,6 @@
-//! The sizer's Jobs, run for a TrainingJob before its workload ([`super::training_job`]) and for
-//! other kinds' jobs after theirs ([`super::other_kinds`]): one step moved on each call —
+//! The sizer's Jobs, run for a TrainingJob before its workload ([`super::training_job`]), for
+//! the pods of other kinds' jobs as they are created ([`crate::webhook::sizer_wait`]) and for
+//! bare Pods after theirs ([`super::other_kinds`]): one step moved on each call —
 //! its Job created, read where it ended, another image tried where the job's own cannot build
 //! the model, and what it found kept ([`crate::cluster::traces`]).
 
@@ -11,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
-use super::{Context, Error, kube_err};
+use super::{Error, kube_err};
 use crate::cluster::traces::{Scope, TraceStore};
 use crate::decision::TraceInput;
 use crate::sizer::cluster::{self, Attempt, Outcome, SizerSource, StepArgs};
@@ -41,7 +42,7 @@ pub(crate) enum Progress {
 /// Moves the sizer of `step` for `source` on by one step (`config_map`/`config_key`: the
 /// model's `config.json` in the job's namespace).
 pub(crate) async fn advance(
-    ctx: &Context,
+    client: &Client,
     store: &TraceStore,
     source: &SizerSource,
     step: &StepArgs,
@@ -54,7 +55,7 @@ pub(crate) async fn advance(
             "no image to run the sizer from: the job's own image is not allowed (sizer.useJobImage) and no sizer image is set (sizer.image)".into(),
         ));
     };
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &source.namespace);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &source.namespace);
     loop {
         let name = cluster::job_name(&step.key, attempt);
         let Some(job) = jobs
@@ -64,7 +65,7 @@ pub(crate) async fn advance(
         else {
             return start(&jobs, store, source, step, config_map, config_key, attempt).await;
         };
-        let pods = pods_of(&ctx.client, &source.namespace, &name).await?;
+        let pods = pods_of(client, &source.namespace, &name).await?;
         let result = match cluster::outcome(&job, &pods) {
             Outcome::Running if age(&job) <= options.timeout + GRACE => {
                 return Ok(Progress::Running);
@@ -84,7 +85,7 @@ pub(crate) async fn advance(
             }
             Outcome::Failed { code, message, .. } => Err(SizerFailure { code, message }),
         };
-        return keep(ctx, store, source, step, attempt, result).await;
+        return keep(client, store, source, step, attempt, result).await;
     }
 }
 
@@ -130,7 +131,7 @@ async fn start(
 /// Keeps what the sizer found: a job image's trace for its namespace, the sizer image's for
 /// the cluster.
 async fn keep(
-    ctx: &Context,
+    client: &Client,
     store: &TraceStore,
     source: &SizerSource,
     step: &StepArgs,
@@ -143,7 +144,7 @@ async fn keep(
     };
     let image = cluster::image_of(source, attempt, store.options()).unwrap_or_default();
     store
-        .keep(&ctx.client, &step.key, scope, &image, &result)
+        .keep(client, &step.key, scope, &image, &result)
         .await
         .map_err(kube_err("keeping the sizer's trace"))?;
     Ok(Progress::Kept(match result {

@@ -266,15 +266,18 @@ pub fn sizer_job(
     options: &SizerOptions,
 ) -> Job {
     let container = container(step, image, options);
-    let labels: BTreeMap<String, String> = [
+    let mut labels: BTreeMap<String, String> = [
         (names::LABEL_SIZER.to_string(), step.key.clone()),
-        (names::LABEL_SIZER_FOR.to_string(), source.asked_by.clone()),
         (
             "app.kubernetes.io/managed-by".to_string(),
             "offload-operator".to_string(),
         ),
     ]
     .into();
+    // A pod's name may be longer than a label value takes: then the Job names no one.
+    if offload_api::validation::label_value(&source.asked_by).is_ok() {
+        labels.insert(names::LABEL_SIZER_FOR.to_string(), source.asked_by.clone());
+    }
     Job {
         metadata: ObjectMeta {
             name: Some(job_name(&step.key, attempt)),

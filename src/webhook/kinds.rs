@@ -3,6 +3,8 @@
 //! One trait over the kinds: where the pod templates are and how many pods the job runs. Each
 //! kind is a few lines of paths, not a copy of the mutation logic.
 
+use std::collections::BTreeMap;
+
 use json_patch::PatchOperation;
 use json_patch::jsonptr::{self, PointerBuf};
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, PodTemplateSpec};
@@ -78,6 +80,56 @@ pub fn template_patch(
     res: &Resolution,
     opts: &RenderOptions,
 ) -> Result<Vec<PatchOperation>, KindError> {
+    edit_template(obj, path, |template| {
+        render::apply_to_pod_template(template, res, None, opts);
+        // Its pods say they were configured (the operator watches them for out-of-memory).
+        let labels = BTreeMap::from([(names::LABEL_CONFIGURED.to_string(), "true".to_string())]);
+        add_metadata(template, &labels, &opts.pod_annotations);
+    })
+}
+
+/// The operations that hold the pods of the template at `path` for their step's trace: `labels`
+/// and `annotations` added to its metadata (the object's opt-in, so that each pod is decided as
+/// it is created), nothing else changed.
+pub fn hold_patch(
+    obj: &Value,
+    path: &str,
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+) -> Result<Vec<PatchOperation>, KindError> {
+    edit_template(obj, path, |template| {
+        add_metadata(template, labels, annotations);
+    })
+}
+
+/// `labels` and `annotations` added to the template's metadata (over those of the same keys).
+fn add_metadata(
+    template: &mut PodTemplateSpec,
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+) {
+    let metadata = template.metadata.get_or_insert_with(Default::default);
+    if !labels.is_empty() {
+        metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .extend(labels.clone());
+    }
+    if !annotations.is_empty() {
+        metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .extend(annotations.clone());
+    }
+}
+
+/// The operations `edit` makes to the pod template at `path`: the template is read into its
+/// Kubernetes type, edited, and the two typed forms are compared.
+fn edit_template(
+    obj: &Value,
+    path: &str,
+    edit: impl FnOnce(&mut PodTemplateSpec),
+) -> Result<Vec<PatchOperation>, KindError> {
     let err = |detail: String| KindError {
         path: path.to_string(),
         detail,
@@ -86,22 +138,7 @@ pub fn template_patch(
     let mut template =
         PodTemplateSpec::deserialize(slot).map_err(|e| err(format!("not a pod template: {e}")))?;
     let at = PointerBuf::parse(path).map_err(|e| err(format!("not a JSON pointer: {e}")))?;
-    typed_patch(&at, &mut template, |template| {
-        render::apply_to_pod_template(template, res, None, opts);
-        // Its pods say they were configured (the operator watches them for out-of-memory).
-        let metadata = template.metadata.get_or_insert_with(Default::default);
-        metadata
-            .labels
-            .get_or_insert_with(Default::default)
-            .insert(names::LABEL_CONFIGURED.to_string(), "true".to_string());
-        if !opts.pod_annotations.is_empty() {
-            metadata
-                .annotations
-                .get_or_insert_with(Default::default)
-                .extend(opts.pod_annotations.clone());
-        }
-    })
-    .map_err(|e| err(e.to_string()))
+    typed_patch(&at, &mut template, edit).map_err(|e| err(e.to_string()))
 }
 
 /// The operations that `configure` makes to `typed`, a value read from the document at `at`,

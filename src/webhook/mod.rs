@@ -7,6 +7,7 @@
 pub mod admit;
 pub mod events;
 pub mod kinds;
+pub mod sizer_wait;
 pub mod tls;
 
 use offload_api::names;
@@ -274,12 +275,28 @@ async fn handle(
         "validate-offloadprofile" => Ok(None),
         _ => referenced_model(&state.configs, &req, training_job).await,
     };
+    // A held pod's sizer is moved on here, before the handler decides (the handler is sync).
+    let sizer = if endpoint == "mutate-pod" {
+        let client = match &state.configs {
+            ConfigSource::Api(client) => Some(client),
+            _ => None,
+        };
+        sizer_wait::ask(state.view.as_ref(), client, &req).await
+    } else {
+        sizer_wait::SizerState::NotAsked
+    };
     let review = Review {
         view: state.view.as_ref(),
         config,
         model_config,
+        sizer,
     };
     let verdict = judge(f, &req, &review, endpoint);
+    if let (Some(start), ConfigSource::Api(client)) = (&verdict.start_sizer, &state.configs)
+        && !req.dry_run
+    {
+        sizer_wait::start(state.view.as_ref(), client, start).await;
+    }
     announce(&state, &req, &verdict);
     if let Some(reason) = verdict.denied {
         state

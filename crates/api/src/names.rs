@@ -197,6 +197,14 @@ pub const LABEL_SIZER_FOR: &str = "offload.dev/sizer-for";
 /// is not traced yet: the step (JSON), which the operator traces for the jobs of it that come
 /// after.
 pub const ANNOTATION_SIZER_STEP: &str = "offload.dev/sizer-step";
+/// Annotation the webhook writes on the pod template of another kind's job (batch Job, JobSet,
+/// PyTorchJob) whose model's step is not traced yet: until when (RFC 3339) its pods wait for the
+/// trace. Each pod is refused at creation while the sizer runs (its controller creates it again)
+/// and decided as it is created; after this time the counted model decides.
+pub const ANNOTATION_SIZER_WAIT_UNTIL: &str = "offload.dev/sizer-wait-until";
+/// Annotation the webhook writes beside [`ANNOTATION_SIZER_WAIT_UNTIL`]: how many pods the job
+/// runs, which its pods are decided for.
+pub const ANNOTATION_WORKLOAD_PODS: &str = "offload.dev/workload-pods";
 /// Label on the ConfigMaps that keep traces (in the operator's namespace): the step's key.
 pub const LABEL_TRACE: &str = "offload.dev/trace";
 /// Annotation on a trace ConfigMap: when the sizer finished (RFC 3339).

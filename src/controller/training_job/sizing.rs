@@ -53,7 +53,15 @@ pub(super) async fn trace_step(
     };
     let source = SizerSource::of_training_job(tj);
     let args = StepArgs::from(&step);
-    let progress = advance(ctx, store, &source, &args, &reference.name, &reference.key).await?;
+    let progress = advance(
+        &ctx.client,
+        store,
+        &source,
+        &args,
+        &reference.name,
+        &reference.key,
+    )
+    .await?;
     match progress {
         Progress::Started { job, image } => {
             let timeout = store.options().timeout.as_secs();

@@ -28,6 +28,8 @@ pub struct Review<'a> {
     pub config: Option<UserConfig>,
     /// The model `config.json` the object references, as read (`Ok(None)`: none).
     pub model_config: Result<Option<ModelShape>, ModelConfigError>,
+    /// Where a held pod's sizer stands (asked before the review).
+    pub sizer: crate::webhook::sizer_wait::SizerState,
 }
 
 impl<'a> Review<'a> {
@@ -37,6 +39,7 @@ impl<'a> Review<'a> {
             view,
             config: None,
             model_config: Ok(None),
+            sizer: Default::default(),
         }
     }
 }
@@ -50,6 +53,9 @@ pub struct Verdict {
     pub denied: Option<&'static str>,
     /// The configuration written into the object (Pods and other job kinds), for `explain`.
     pub resolution: Option<Resolution>,
+    /// The sizer to start for the pods of the object admitted (a held job's step), before the
+    /// answer is sent.
+    pub start_sizer: Option<crate::webhook::sizer_wait::Start>,
 }
 
 impl Verdict {
@@ -58,6 +64,7 @@ impl Verdict {
             response,
             denied: None,
             resolution: None,
+            start_sizer: None,
         }
     }
 
@@ -70,6 +77,7 @@ impl Verdict {
             response: AdmissionResponse::from(req).deny(message),
             denied: Some(category),
             resolution: None,
+            start_sizer: None,
         }
     }
 

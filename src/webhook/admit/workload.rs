@@ -21,6 +21,7 @@ use crate::render;
 use crate::render::RenderOptions;
 use crate::sizer::cluster::{PendingStep, StepArgs};
 use crate::webhook::kinds;
+use crate::webhook::sizer_wait::{self, Hold, SizerState};
 use offload_api::names;
 
 /// No labels or annotations.
@@ -36,12 +37,14 @@ fn metadata_maps(meta: &ObjectMeta) -> (&BTreeMap<String, String>, &BTreeMap<Str
 
 /// The resolution for an object of another kind, and the step of its model still to be traced
 /// (for the jobs of it that come after: this one's env is written now), or the denial to send.
+/// A pod `hold`s for its step's trace until its time: refused while the sizer runs.
 fn resolve_for_object(
     req: &AdmissionRequest<DynamicObject>,
     review: &Review,
     meta: &ObjectMeta,
     pods: u32,
     spec: Option<&PodSpec>,
+    hold: Option<&Hold>,
 ) -> Result<(Resolution, Option<PendingStep>), Box<Verdict>> {
     // GPUs from DRA claims count as GPUs; other kinds are pinned by the agent's labels as
     // ever (their templates are not copied).
@@ -70,11 +73,36 @@ fn resolve_for_object(
         ))
     })?;
     let mut request = request.with_trace(namespace, review.view);
+    if request.model_trace == TraceInput::None {
+        match &review.sizer {
+            SizerState::Kept(found) => request.model_trace = found.clone(),
+            SizerState::Refused(why) => request.model_trace = TraceInput::Untraced(why.clone()),
+            SizerState::NotAsked | SizerState::Waiting(_) => {}
+        }
+    }
     let pending = pending_step(&request, annotations, review);
     if pending.is_some() {
-        request.model_trace = TraceInput::Untraced(
-            "not traced yet: this job's env is written as it is created, so the counted model decides; the operator traces its step now for the jobs of it that come after".into(),
-        );
+        request.model_trace = TraceInput::Untraced(match hold {
+            Some(h) if jiff::Timestamp::now() < h.until => {
+                let waits = match &review.sizer {
+                    SizerState::Waiting(what) => what.as_str(),
+                    _ => "its sizer is to start",
+                };
+                return Err(Box::new(Verdict::deny(
+                    req,
+                    "WaitingForTrace",
+                    format!(
+                        "the pod waits for its model's step to be traced ({waits}); its controller creates it again, and from {} the counted model decides",
+                        h.until
+                    ),
+                )));
+            }
+            Some(h) => format!(
+                "no trace of the model's step by {}, so the counted model decides; the operator traces it for the jobs of it that come after",
+                h.until
+            ),
+            None => "not traced yet: a Pod's env is written as it is created, so the counted model decides; the operator traces its step now for the pods of it that come after".into(),
+        });
     }
     let res = decide_request(requested.as_deref(), &request, review.view).map_err(|e| {
         // The env of a pod template cannot change after creation, so an object that cannot be
@@ -161,6 +189,11 @@ fn annotation_ops(
     if let Some(p) = pending {
         written.push((names::ANNOTATION_SIZER_STEP, p.annotation()));
     }
+    metadata_adds(meta, written)
+}
+
+/// The operations that add `written` to the object's annotations, next to those it has.
+fn metadata_adds(meta: &ObjectMeta, written: Vec<(&str, String)>) -> Vec<PatchOperation> {
     let add = |path: PointerBuf, value: Value| {
         PatchOperation::Add(json_patch::AddOperation { path, value })
     };
@@ -229,10 +262,28 @@ pub fn mutate_workload(req: &AdmissionRequest<DynamicObject>, review: &Review) -
         .and_then(|p| obj.pointer(&format!("{p}/spec")))
         .and_then(|s| PodSpec::deserialize(s).ok());
     let (res, pending) =
-        match resolve_for_object(req, review, &object.metadata, pods, spec.as_ref()) {
+        match resolve_for_object(req, review, &object.metadata, pods, spec.as_ref(), None) {
             Ok(r) => r,
             Err(v) => return *v,
         };
+    // Where the operator traces models and the kind has pod templates, its pods wait for the
+    // trace: each is decided as it is created. A TrainJob's pods come from its runtime's
+    // templates, which this object does not hold, so it is decided now.
+    let templates = kind.template_pointers(obj);
+    if let (Some(pending), Some(store)) = (pending.as_ref(), review.view.trace_store())
+        && !templates.is_empty()
+    {
+        let until = jiff::SignedDuration::try_from(sizer_wait::wait_limit(store.options()))
+            .ok()
+            .and_then(|d| jiff::Timestamp::now().checked_add(d).ok())
+            .unwrap_or_else(jiff::Timestamp::now);
+        let hold = Hold {
+            pending: pending.clone(),
+            until,
+            pods,
+        };
+        return hold_workload(req, obj, &object.metadata, &templates, &hold);
+    }
     let ops = match kind.patch(
         obj,
         &res,
@@ -251,6 +302,92 @@ pub fn mutate_workload(req: &AdmissionRequest<DynamicObject>, review: &Review) -
     let mut patch = annotation_ops(&object.metadata, &res, None);
     patch.extend(ops);
     patch_ops_response(req, json_patch::Patch(patch)).with_resolution(res)
+}
+
+/// The annotations the operator writes itself, which a held template does not carry over from
+/// its object.
+const WRITTEN_BY_THE_OPERATOR: [&str; 6] = [
+    names::ANNOTATION_REASONS,
+    names::ANNOTATION_RESOLVED,
+    names::ANNOTATION_OUT_OF_MEMORY,
+    names::ANNOTATION_SIZER_STEP,
+    names::ANNOTATION_SIZER_WAIT_UNTIL,
+    names::ANNOTATION_WORKLOAD_PODS,
+];
+
+/// Admits an object whose pods wait for their step's trace: its pod templates are left
+/// unconfigured and carry the object's opt-in (its profile label and `offload.dev/`
+/// annotations), the step, the time the wait ends and the job's pod count, so that the pod
+/// webhook decides each pod as it is created; the object says until when its pods wait.
+fn hold_workload(
+    req: &AdmissionRequest<DynamicObject>,
+    obj: &Value,
+    meta: &ObjectMeta,
+    templates: &[String],
+    hold: &Hold,
+) -> Verdict {
+    let (labels, annotations) = metadata_maps(meta);
+    let mut carried_labels =
+        BTreeMap::from([(names::LABEL_CONFIGURED.to_string(), "true".to_string())]);
+    if let Some(profile) = labels.get(names::PROFILE_ANNOTATION) {
+        carried_labels.insert(names::PROFILE_ANNOTATION.to_string(), profile.clone());
+    }
+    let until = hold.until.to_string();
+    let mut carried: BTreeMap<String, String> = annotations
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with("offload.dev/") && !WRITTEN_BY_THE_OPERATOR.contains(&k.as_str())
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    carried.extend([
+        (
+            names::ANNOTATION_SIZER_STEP.to_string(),
+            hold.pending.annotation(),
+        ),
+        (
+            names::ANNOTATION_SIZER_WAIT_UNTIL.to_string(),
+            until.clone(),
+        ),
+        (
+            names::ANNOTATION_WORKLOAD_PODS.to_string(),
+            hold.pods.to_string(),
+        ),
+    ]);
+    let mut patch = Vec::new();
+    for path in templates {
+        match kinds::hold_patch(obj, path, &carried_labels, &carried) {
+            Ok(ops) => patch.extend(ops),
+            Err(e) => {
+                return Verdict::deny(req, "InvalidObject", format!("pod template {e}"));
+            }
+        }
+    }
+    patch.extend(metadata_adds(
+        meta,
+        vec![(names::ANNOTATION_SIZER_WAIT_UNTIL, until)],
+    ));
+    let mut verdict = patch_ops_response(req, json_patch::Patch(patch));
+    // The sizer runs from the first template's pods' point of view (image, pull secrets,
+    // placement), as their own first admission would start it.
+    let template = templates
+        .first()
+        .and_then(|p| obj.pointer(p))
+        .and_then(|t| k8s_openapi::api::core::v1::PodTemplateSpec::deserialize(t).ok())
+        .unwrap_or_default();
+    let pod = Pod {
+        metadata: template.metadata.unwrap_or_default(),
+        spec: template.spec,
+        status: None,
+    };
+    let mut source = crate::sizer::cluster::SizerSource::of_pod(&pod);
+    source.namespace = req.namespace.clone().unwrap_or_default();
+    source.asked_by = req.name.clone();
+    verdict.start_sizer = Some(sizer_wait::Start {
+        source,
+        step: hold.pending.clone(),
+    });
+    verdict
 }
 
 /// Mutating Pod at CREATE, the last safety net for pods created directly; the verdict carries
@@ -276,8 +413,30 @@ pub fn mutate_pod(req: &AdmissionRequest<DynamicObject>, review: &Review) -> Ver
     if configured {
         return Verdict::allow(AdmissionResponse::from(req));
     }
-    let (res, pending) = match resolve_for_object(req, review, &pod.metadata, 1, pod.spec.as_ref())
-    {
+    // A pod of a held template waits for its step's trace, and is decided for its job's pods.
+    let (_, annotations) = metadata_maps(&pod.metadata);
+    // Where the operator traces no models, nothing holds a pod.
+    let held = review.view.trace_store().map(|store| {
+        sizer_wait::hold_of(
+            annotations,
+            jiff::Timestamp::now(),
+            sizer_wait::wait_limit(store.options()),
+        )
+    });
+    let hold = match held {
+        None | Some(Ok(None)) => None,
+        Some(Ok(Some(hold))) => Some(hold),
+        Some(Err(message)) => return Verdict::deny(req, "InvalidAnnotation", message),
+    };
+    let pods = hold.as_ref().map_or(1, |h| h.pods);
+    let (res, pending) = match resolve_for_object(
+        req,
+        review,
+        &pod.metadata,
+        pods,
+        pod.spec.as_ref(),
+        hold.as_ref(),
+    ) {
         Ok(r) => r,
         Err(v) => return *v,
     };

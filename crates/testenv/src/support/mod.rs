@@ -361,13 +361,16 @@ pub fn webhook_configurations(
     let opted = json!({"matchExpressions": [{"key": "offload.dev/profile", "operator": "Exists"}]});
     let common =
         |name: &str, path: &str, rules: serde_json::Value, object_selector: serde_json::Value| {
+            // The workload and pod webhooks start the sizer of a held job's step.
+            let starts = path == offload_operator::webhook::paths::MUTATE_WORKLOAD
+                || path == offload_operator::webhook::paths::MUTATE_POD;
             json!({
                 "name": name,
                 "clientConfig": {"url": url(path)},
                 "rules": rules,
                 "namespaceSelector": not_system,
                 "objectSelector": object_selector,
-                "sideEffects": "None",
+                "sideEffects": if starts { "NoneOnDryRun" } else { "None" },
                 "admissionReviewVersions": ["v1"],
                 "timeoutSeconds": 5,
                 "failurePolicy": "Fail"
