@@ -397,6 +397,17 @@ async fn a_trial_that_runs_out_with_the_webhook_on_goes_back_to_what_trained() {
         !annotations.contains_key(names::ANNOTATION_TRIAL),
         "the recreated pods are no trial: {annotations:?}"
     );
+    // No agent had a window of the trial's pod: its own termination message is the record, and
+    // no later job of the shape goes as far.
+    create_through_webhook(&api, &oom_job("next", &ns, "Trial", 40, 4096)).await;
+    let next = wait_for_condition(&api, "next", "OffloadResolved", "True").await;
+    let next = next.status.unwrap().offload.unwrap();
+    assert!(
+        next.offload_ratio > tried + 0.015,
+        "the next job of the shape goes as far as the trial that ran out ({tried}): {} {:?}",
+        next.offload_ratio,
+        next.trial
+    );
 }
 
 /// A Megatron-core job goes round the same recovery: decided without offload, its pod runs out

@@ -69,6 +69,40 @@ pub(super) fn observed(
     })
 }
 
+/// A GPU out-of-memory no agent window shows (the pod ran out before one was published, or no
+/// agent watches its node), as a lesson's input: it needed at least all the memory of its
+/// class's GPUs; `allocated` is what its own termination message said PyTorch needed, where it
+/// did. A host kill without a window shows no figure, so it teaches nothing.
+pub(super) fn observed_failure(
+    ctx: &Context,
+    d: &OffloadDecisionStatus,
+    kind: MemoryKind,
+    allocated: Option<u64>,
+) -> Option<Observed> {
+    if kind != MemoryKind::Gpu {
+        return None;
+    }
+    let class = d.node_class?;
+    let gpu_bytes = ctx
+        .nodes()
+        .class(class)
+        .filter_map(crate::index::NodeInfo::gpu_memory)
+        .min()?;
+    Some(Observed {
+        placement: placement(d)?,
+        class,
+        gpu_bytes,
+        gpu_peak: Some(gpu_bytes),
+        allocated: allocated.filter(|a| *a > 0),
+        host_peak: None,
+        failed: Some(kind),
+        trained: false,
+        trial: d.trial.is_some(),
+        decided_shape: d.estimate.as_ref().and_then(|e| e.shape.clone()),
+        step_seconds: None,
+    })
+}
+
 /// Draws the lesson of `obs` for `tj` and records it (used by decisions at once, written with
 /// the store's next batch).
 pub(super) async fn learn(tj: &TrainingJob, ctx: &Context, obs: &Observed) {

@@ -205,17 +205,18 @@ pub(super) async fn recover(
         jiff::Timestamp::now().to_string(),
     );
     let (estimate_bytes, budget_bytes) = (failure.estimate_bytes, failure.budget_bytes);
-    // What ran out is a lesson for the shape too: it needed more than it had.
-    if let (Some(d), Some(o)) = (decision, current.observed.as_ref())
-        && let Some(obs) = super::learn::observed(
-            ctx,
-            d,
-            o,
-            Some(kind),
-            failure.needed_bytes.and_then(|b| u64::try_from(b).ok()),
-            false,
-        )
-    {
+    // What ran out is a lesson for the shape too: it needed more than it had. From the agent's
+    // window where one shows this configuration, else from the pod's own account, so that no
+    // later job of the shape goes as far.
+    let needed = failure.needed_bytes.and_then(|b| u64::try_from(b).ok());
+    let obs = decision.and_then(|d| {
+        current
+            .observed
+            .as_ref()
+            .and_then(|o| super::learn::observed(ctx, d, o, Some(kind), needed, false))
+            .or_else(|| super::learn::observed_failure(ctx, d, kind, needed))
+    });
+    if let Some(obs) = obs {
         super::learn::learn(tj, ctx, &obs).await;
     }
     let mut failures = current.memory_failures.clone();
