@@ -397,6 +397,24 @@ async fn a_trial_that_runs_out_with_the_webhook_on_goes_back_to_what_trained() {
         !annotations.contains_key(names::ANNOTATION_TRIAL),
         "the recreated pods are no trial: {annotations:?}"
     );
+    // An Event said the job was a trial, what trained and what it would go back to.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let said = poll("the trial's Event", WAIT, || async {
+        events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("trial"))
+            .find(|e| e.reason.as_deref() == Some(names::EVENT_TRIAL))
+            .and_then(|e| e.note)
+    })
+    .await;
+    assert!(
+        said.starts_with("a trial (1 of at most") && said.contains("the job goes back to"),
+        "{said}"
+    );
     // No agent had a window of the trial's pod: its own termination message is the record, and
     // no later job of the shape goes as far.
     create_through_webhook(&api, &oom_job("next", &ns, "Trial", 40, 4096)).await;

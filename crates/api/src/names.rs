@@ -258,6 +258,10 @@ pub const EVENT_OFFLOAD_RESOLVED: &str = "OffloadResolved";
 /// Event reason (Normal, on a TrainingJob): its workload (an Indexed Job and a headless
 /// Service) was created with the decided configuration.
 pub const EVENT_WORKLOAD_CREATED: &str = "WorkloadCreated";
+/// Event reason (Normal, on a TrainingJob): its configuration is a trial of one faster than the
+/// fastest that trained for its shape; the note says what trained and what the job goes back to
+/// should the trial run out of memory.
+pub const EVENT_TRIAL: &str = "Trial";
 /// Event reason (Warning, on a TrainingJob): a Job of the workload's name exists and is not
 /// the TrainingJob's.
 pub const EVENT_NAME_CONFLICT: &str = "NameConflict";

@@ -214,6 +214,10 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
     }
     let summary = render::resolved_summary(&res);
     announce_created(ctx, tj, format!("created Job {name} with {summary}")).await;
+    if let Some(trial) = &res.trial {
+        let note = offload_api::text::bounded_to(&trial.evidence, 1000);
+        publish(ctx, tj, EventType::Normal, names::EVENT_TRIAL, &note).await;
+    }
     Ok(Action::await_change())
 }
 
