@@ -52,16 +52,19 @@ fn echo(s: &str) -> String {
 }
 
 /// The CPU cores a pod asks for: the sum of its containers' CPU requests (a limit where a
-/// container sets no request), at least the largest init container's; `None` where none asks.
-fn cpu_request(spec: &PodSpec) -> Option<f64> {
+/// container sets no request, the namespace's LimitRange default where it sets neither), at
+/// least the largest init container's; `None` where none asks.
+fn cpu_request(spec: &PodSpec, default: Option<f64>) -> Option<f64> {
     let of = |c: &k8s_openapi::api::core::v1::Container| {
-        let r = c.resources.as_ref()?;
+        let r = c.resources.as_ref();
         let q = r
-            .requests
-            .as_ref()
+            .and_then(|r| r.requests.as_ref())
             .and_then(|m| m.get("cpu"))
-            .or_else(|| r.limits.as_ref().and_then(|m| m.get("cpu")))?;
-        offload_api::quantity::cpu_cores(q).ok()
+            .or_else(|| r.and_then(|r| r.limits.as_ref()).and_then(|m| m.get("cpu")));
+        match q {
+            Some(q) => offload_api::quantity::cpu_cores(q).ok(),
+            None => default,
+        }
     };
     let app: Vec<f64> = spec.containers.iter().filter_map(of).collect();
     let init = spec
@@ -86,6 +89,24 @@ fn is_extended_resource(name: &str) -> bool {
 }
 
 impl PodConstraints {
+    /// The constraints with the CPU request counted as the API server will make it in a
+    /// namespace bounded by `limits`: a container that sets no CPU gets the LimitRange's
+    /// default request.
+    pub fn in_namespace(
+        self,
+        spec: Option<&PodSpec>,
+        limits: &super::limits::NamespaceLimits,
+    ) -> PodConstraints {
+        let default = limits.cpu_default_request.as_ref().map(|d| d.0);
+        match spec {
+            Some(spec) if default.is_some() => PodConstraints {
+                cpu_request: cpu_request(spec, default),
+                ..self
+            },
+            _ => self,
+        }
+    }
+
     /// The constraints of a pod spec.
     pub fn of(spec: Option<&PodSpec>) -> PodConstraints {
         let Some(spec) = spec else {
@@ -107,7 +128,7 @@ impl PodConstraints {
             .cloned()
             .collect();
         PodConstraints {
-            cpu_request: cpu_request(spec),
+            cpu_request: cpu_request(spec, None),
             node_name: spec.node_name.clone().filter(|n| !n.is_empty()),
             extended_resources,
             node_selector: spec.node_selector.clone().unwrap_or_default(),
@@ -166,7 +187,7 @@ impl PodConstraints {
             && want > have as f64
         {
             return Some(format!(
-                "it has {have} allocatable CPU cores, the pod asks for {want} (its containers' CPU requests, or their limits where they set none)"
+                "it has {have} allocatable CPU cores, the pod asks for {want} (its containers' CPU requests, their limits where they set none, or the namespace's LimitRange default where they set neither)"
             ));
         }
         node.taints

@@ -14,6 +14,10 @@ use offload_api::quantity;
 pub struct NamespaceLimits {
     /// The CPU limit (cores) a container that sets none gets (else its max): a CFS quota.
     pub cpu_default_limit: Option<(f64, String)>,
+    /// The CPU request (cores) a container that sets neither a request nor a limit gets: the
+    /// range's `defaultRequest`, else its default limit (the API server fills one from the
+    /// other), which the scheduler then needs free on a node.
+    pub cpu_default_request: Option<(f64, String)>,
     /// The memory limit a container that sets none gets.
     pub default_limit: Option<Bound>,
     /// The most memory a container may request or be limited to.
@@ -68,6 +72,13 @@ impl NamespaceLimits {
                         {
                             out.cpu_default_limit = Some((c, name.clone()));
                         }
+                        if let Some(c) = cpu(&item.default_request)
+                            .or_else(|| cpu(&item.default))
+                            .or_else(|| cpu(&item.max))
+                            && out.cpu_default_request.as_ref().is_none_or(|(b, _)| c < *b)
+                        {
+                            out.cpu_default_request = Some((c, name.clone()));
+                        }
                     }
                     "Pod" => keep(&mut out.pod_max, memory(&item.max)),
                     _ => {}
@@ -83,6 +94,7 @@ impl NamespaceLimits {
             && self.container_max.is_none()
             && self.pod_max.is_none()
             && self.cpu_default_limit.is_none()
+            && self.cpu_default_request.is_none()
     }
 }
 

@@ -210,7 +210,10 @@ impl JobRequest {
                 .as_ref()
                 .map(|s| s.memory_failures.clone())
                 .unwrap_or_default(),
-            constraints: super::PodConstraints::of(spec.template.spec.as_ref()),
+            constraints: super::PodConstraints::of(spec.template.spec.as_ref()).in_namespace(
+                spec.template.spec.as_ref(),
+                &view.namespace_limits(namespace),
+            ),
             pods: u32::try_from(spec.replicas.max(1)).unwrap_or(1),
             gpus_per_pod: resources.gpus_per_pod(),
             pod_memory_limit: resources.memory_limit,

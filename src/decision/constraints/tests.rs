@@ -357,3 +357,41 @@ fn a_cpu_request_above_a_nodes_cores_leaves_it_out() {
     let c = PodConstraints::of(Some(&spec(&[], &[("cpu", "0")])));
     assert_eq!(c.cpu_request, None);
 }
+
+/// A container that sets no CPU gets the namespace's LimitRange default request (the default
+/// limit where the range sets no default request): a default of `1k` cores leaves a 64-core
+/// node out; one of 4 does not, nor does it count for a container that sets its own.
+#[test]
+fn a_limit_range_default_cpu_counts_as_the_request() {
+    let range = |default: serde_json::Value| {
+        let r: k8s_openapi::api::core::v1::LimitRange = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "cpu", "namespace": "ns"},
+            "spec": {"limits": [{"type": "Container", "default": default}]}
+        }))
+        .unwrap();
+        crate::decision::limits::NamespaceLimits::of(&[r])
+    };
+    let n64 = node("n", &[], &[]).with_allocatable(crate::index::Allocatable {
+        cpus: Some(64),
+        ..Default::default()
+    });
+    let bare: PodSpec = serde_json::from_value(serde_json::json!({
+        "containers": [{"name": "train", "image": "i"}]
+    }))
+    .unwrap();
+    let c = PodConstraints::of(Some(&bare))
+        .in_namespace(Some(&bare), &range(serde_json::json!({"cpu": "1k"})));
+    assert_eq!(c.cpu_request, Some(1000.0));
+    let why = c.excludes(&n64).unwrap();
+    assert!(why.contains("LimitRange default"), "{why}");
+    let c = PodConstraints::of(Some(&bare))
+        .in_namespace(Some(&bare), &range(serde_json::json!({"cpu": "4"})));
+    assert_eq!(c.excludes(&n64), None);
+    let own: PodSpec = serde_json::from_value(serde_json::json!({
+        "containers": [{"name": "train", "image": "i", "resources": {"requests": {"cpu": "8"}}}]
+    }))
+    .unwrap();
+    let c = PodConstraints::of(Some(&own))
+        .in_namespace(Some(&own), &range(serde_json::json!({"cpu": "1k"})));
+    assert_eq!(c.cpu_request, Some(8.0));
+}

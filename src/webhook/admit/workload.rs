@@ -64,7 +64,8 @@ fn resolve_for_object(
     request.gpu_claim_entries = claims
         .map(|p| p.claims.into_keys().collect())
         .unwrap_or_default();
-    request.constraints = crate::decision::PodConstraints::of(spec);
+    request.constraints = crate::decision::PodConstraints::of(spec)
+        .in_namespace(spec, &review.view.namespace_limits(namespace));
     request.model_config = review.model_config.clone().map_err(|e| {
         Box::new(Verdict::deny(
             req,
