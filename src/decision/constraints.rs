@@ -89,15 +89,10 @@ fn is_extended_resource(name: &str) -> bool {
 }
 
 impl PodConstraints {
-    /// The constraints with the CPU request counted as the API server will make it in a
-    /// namespace bounded by `limits`: a container that sets no CPU gets the LimitRange's
-    /// default request.
-    pub fn in_namespace(
-        self,
-        spec: Option<&PodSpec>,
-        limits: &super::limits::NamespaceLimits,
-    ) -> PodConstraints {
-        let default = limits.cpu_default_request.as_ref().map(|d| d.0);
+    /// The constraints with the CPU request counted as the API server will make it where a
+    /// container that sets no CPU gets `default` cores (a LimitRange's default request:
+    /// [`super::PodResources::cpu_default_request`]).
+    pub fn in_namespace(self, spec: Option<&PodSpec>, default: Option<f64>) -> PodConstraints {
         match spec {
             Some(spec) if default.is_some() => PodConstraints {
                 cpu_request: cpu_request(spec, default),

@@ -210,10 +210,8 @@ impl JobRequest {
                 .as_ref()
                 .map(|s| s.memory_failures.clone())
                 .unwrap_or_default(),
-            constraints: super::PodConstraints::of(spec.template.spec.as_ref()).in_namespace(
-                spec.template.spec.as_ref(),
-                &view.namespace_limits(namespace),
-            ),
+            constraints: super::PodConstraints::of(spec.template.spec.as_ref())
+                .in_namespace(spec.template.spec.as_ref(), resources.cpu_default_request),
             pods: u32::try_from(spec.replicas.max(1)).unwrap_or(1),
             gpus_per_pod: resources.gpus_per_pod(),
             pod_memory_limit: resources.memory_limit,

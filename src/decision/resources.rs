@@ -39,6 +39,8 @@ pub struct PodResources {
     /// operator writes) that do not set CPU and memory limits equal to their requests: each
     /// keeps the pod from being Guaranteed.
     pub not_guaranteed: Vec<String>,
+    /// The CPU request (cores) the namespace's LimitRanges give a container that sets none.
+    pub cpu_default_request: Option<f64>,
 }
 
 /// Whether a container sets CPU and memory limits, with requests equal to them (or none, which
@@ -204,6 +206,7 @@ impl PodResources {
             training_cpu_request: cpu_request,
             training_memory_limit: training_limit,
             not_guaranteed: not_guaranteed(spec, training),
+            cpu_default_request: ns_limits.cpu_default_request.as_ref().map(|d| d.0),
         })
     }
 

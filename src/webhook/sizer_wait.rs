@@ -114,7 +114,14 @@ pub async fn ask(
     let (Some(store), Some(client)) = (view.trace_store(), client) else {
         return SizerState::NotAsked;
     };
-    if req.operation != Operation::Create {
+    // Most pods are held by nothing: their annotations say so before the pod is read.
+    let held = req.object.as_ref().is_some_and(|o| {
+        o.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(names::ANNOTATION_SIZER_WAIT_UNTIL))
+    });
+    if req.operation != Operation::Create || !held {
         return SizerState::NotAsked;
     }
     let Some(pod) = req

@@ -370,6 +370,8 @@ fn a_limit_range_default_cpu_counts_as_the_request() {
         }))
         .unwrap();
         crate::decision::limits::NamespaceLimits::of(&[r])
+            .cpu_default_request
+            .map(|d| d.0)
     };
     let n64 = node("n", &[], &[]).with_allocatable(crate::index::Allocatable {
         cpus: Some(64),
@@ -380,18 +382,18 @@ fn a_limit_range_default_cpu_counts_as_the_request() {
     }))
     .unwrap();
     let c = PodConstraints::of(Some(&bare))
-        .in_namespace(Some(&bare), &range(serde_json::json!({"cpu": "1k"})));
+        .in_namespace(Some(&bare), range(serde_json::json!({"cpu": "1k"})));
     assert_eq!(c.cpu_request, Some(1000.0));
     let why = c.excludes(&n64).unwrap();
     assert!(why.contains("LimitRange default"), "{why}");
     let c = PodConstraints::of(Some(&bare))
-        .in_namespace(Some(&bare), &range(serde_json::json!({"cpu": "4"})));
+        .in_namespace(Some(&bare), range(serde_json::json!({"cpu": "4"})));
     assert_eq!(c.excludes(&n64), None);
     let own: PodSpec = serde_json::from_value(serde_json::json!({
         "containers": [{"name": "train", "image": "i", "resources": {"requests": {"cpu": "8"}}}]
     }))
     .unwrap();
     let c = PodConstraints::of(Some(&own))
-        .in_namespace(Some(&own), &range(serde_json::json!({"cpu": "1k"})));
+        .in_namespace(Some(&own), range(serde_json::json!({"cpu": "1k"})));
     assert_eq!(c.cpu_request, Some(8.0));
 }

@@ -58,14 +58,15 @@ fn resolve_for_object(
             ))
         })?;
     let (labels, annotations) = metadata_maps(meta);
+    let cpu_default_request = resources.cpu_default_request;
     let (requested, mut request) =
         JobRequest::from_annotations(labels, annotations, pods, resources)
             .map_err(|m| Box::new(Verdict::deny(req, "InvalidAnnotation", m)))?;
     request.gpu_claim_entries = claims
         .map(|p| p.claims.into_keys().collect())
         .unwrap_or_default();
-    request.constraints = crate::decision::PodConstraints::of(spec)
-        .in_namespace(spec, &review.view.namespace_limits(namespace));
+    request.constraints =
+        crate::decision::PodConstraints::of(spec).in_namespace(spec, cpu_default_request);
     request.model_config = review.model_config.clone().map_err(|e| {
         Box::new(Verdict::deny(
             req,
