@@ -225,6 +225,11 @@ struct RunArgs {
     /// Memory of the sizer's container (a Kubernetes quantity: `4Gi`).
     #[arg(long, env = "OFFLOAD_SIZER_MEMORY", default_value = "4Gi", value_parser = parse_memory)]
     sizer_memory: String,
+    /// The API server runs the `ExtendedResourceToleration` admission plugin (off by default):
+    /// a pod that asks for `nvidia.com/gpu` then tolerates that resource's `NoSchedule` taint
+    /// without its own toleration. Never assumed.
+    #[arg(long, env = "OFFLOAD_EXTENDED_RESOURCE_TOLERATION", default_value_t = false, action = clap::ArgAction::Set)]
+    extended_resource_toleration: bool,
 }
 
 fn main() -> ExitCode {
@@ -558,6 +563,7 @@ fn run(runtime: &tokio::runtime::Runtime, args: RunArgs) -> ExitCode {
                     guard_image: args.agent_image.clone().filter(|i| !i.is_empty()),
                     ..Default::default()
                 },
+                extended_resource_toleration: args.extended_resource_toleration,
                 ..ControllerOptions::default()
             },
             webhook: match webhook_options(&args) {

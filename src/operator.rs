@@ -133,6 +133,7 @@ pub async fn run(
         .sizer
         .clone()
         .map(crate::cluster::traces::TraceStore::new);
+    caches.extended_resource_toleration = options.controller.extended_resource_toleration;
     let learned = caches.learned.clone();
     let traces = caches.traces.clone();
     let watch_client = client.clone();

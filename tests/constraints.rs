@@ -130,6 +130,35 @@ async fn the_templates_constraints_choose_the_class_and_the_pods_land_there() {
         "{}",
         cond.message
     );
+
+    // GPU nodes tainted nvidia.com/gpu=present:NoSchedule, on an API server that does not run
+    // ExtendedResourceToleration (this one): a template without the toleration is held, naming
+    // the taint and both fixes, not counted on a toleration nothing adds.
+    let mut node = reported_node(&format!("{ns}-h200g"), fixtures::H200_READING, &ns);
+    node.spec = Some(
+        serde_json::from_value(json!({"taints": [
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}))
+        .unwrap(),
+    );
+    node.metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("pool".into(), "g".into());
+    tainted.create(&PostParams::default(), &node).await.unwrap();
+    let mut tj = one_pod(training_job("gpu-taint", &ns, ds.clone(), json!({})));
+    tj.spec.template.spec.as_mut().unwrap().node_selector =
+        Some([("pool".to_string(), "g".to_string())].into());
+    api.create(&PostParams::default(), &tj).await.unwrap();
+    let cond = condition_when(&api, "gpu-taint", "OffloadResolved", "False").await;
+    assert_eq!(cond.reason, "TemplateLeavesNoNodes", "{}", cond.message);
+    assert!(
+        cond.message
+            .contains("taint nvidia.com/gpu=present:NoSchedule is not tolerated")
+            && cond.message.contains("operator.extendedResourceToleration"),
+        "{}",
+        cond.message
+    );
 }
 
 #[tokio::test]

@@ -316,6 +316,9 @@ pub struct Caches {
     /// The sizer's traces, where the operator traces models (set after [`Caches::new`];
     /// watched by the operator's run).
     pub traces: Option<crate::cluster::traces::TraceStore>,
+    /// Whether the API server runs the `ExtendedResourceToleration` admission plugin, as the
+    /// operator was told (set after [`Caches::new`]).
+    pub extended_resource_toleration: bool,
 }
 
 impl Caches {
@@ -407,6 +410,7 @@ impl Caches {
             Caches {
                 learned: None,
                 traces: None,
+                extended_resource_toleration: false,
                 profiles,
                 nodes,
                 jobs,

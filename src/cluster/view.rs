@@ -110,6 +110,8 @@ pub struct StoreView {
     pub limit_ranges: Option<Store<LimitRange>>,
     /// The sizer's traces, where the operator traces models (`None`: it does not).
     pub traces: Option<crate::cluster::traces::TraceStore>,
+    /// Whether the API server runs the `ExtendedResourceToleration` admission plugin.
+    pub extended_resource_toleration: bool,
 }
 
 impl StoreView {
@@ -131,6 +133,7 @@ impl StoreView {
             learned: caches.learned.clone(),
             limit_ranges: Some(caches.limit_ranges.store().clone()),
             traces: caches.traces.clone(),
+            extended_resource_toleration: caches.extended_resource_toleration,
         }
     }
 
@@ -146,6 +149,7 @@ impl StoreView {
             learned: None,
             limit_ranges: None,
             traces: None,
+            extended_resource_toleration: false,
         }
     }
 }
@@ -193,6 +197,10 @@ impl ClusterView for StoreView {
 
     fn traces_models(&self) -> bool {
         self.traces.is_some()
+    }
+
+    fn extended_resource_toleration(&self) -> bool {
+        self.extended_resource_toleration
     }
 
     fn namespace_limits(&self, namespace: &str) -> crate::decision::limits::NamespaceLimits {
@@ -249,6 +257,8 @@ pub struct MemoryView {
     /// Traces of models' steps: given as files, or made by running the sizer here
     /// (`explain --trace-file`, `--trace`).
     pub traces: crate::sizer::local::TraceBook,
+    /// Whether the API server runs the `ExtendedResourceToleration` admission plugin.
+    pub extended_resource_toleration: bool,
 }
 
 impl MemoryView {
@@ -283,6 +293,10 @@ impl ClusterView for MemoryView {
 
     fn learned(&self) -> Option<crate::decision::LearnedView> {
         self.learned.clone()
+    }
+
+    fn extended_resource_toleration(&self) -> bool {
+        self.extended_resource_toleration
     }
 
     fn model_trace(

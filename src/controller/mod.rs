@@ -233,6 +233,10 @@ pub struct ControllerOptions {
     pub concurrency: u16,
     /// What the operator writes beside the decision (the start-up guard's image).
     pub render: crate::render::RenderOptions,
+    /// Whether the API server runs the `ExtendedResourceToleration` admission plugin (it is
+    /// off by default, and the operator cannot see it): only then does a pod that asks for an
+    /// extended resource tolerate that resource's `NoSchedule` taint without its own toleration.
+    pub extended_resource_toleration: bool,
 }
 
 impl Default for ControllerOptions {
@@ -241,6 +245,7 @@ impl Default for ControllerOptions {
             reporter: names::OPERATOR_MANAGER.to_string(),
             concurrency: 16,
             render: crate::render::RenderOptions::default(),
+            extended_resource_toleration: false,
         }
     }
 }

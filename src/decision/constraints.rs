@@ -30,6 +30,10 @@ pub struct PodConstraints {
     /// `{key: <resource>, operator: Exists, effect: NoSchedule}`, so such a taint does not keep
     /// these pods off.
     pub extended_resources: BTreeSet<String>,
+    /// Whether the API server runs that plugin, as the operator was told
+    /// ([`super::ClusterView::extended_resource_toleration`]); off, only the template's own
+    /// tolerations count.
+    pub extended_resource_toleration: bool,
     /// The CPU cores the pod asks the scheduler for: its containers' CPU requests, a limit
     /// standing for the request where a container sets none (as the API server defaults it).
     /// A node with fewer allocatable cores never takes the pod.
@@ -102,6 +106,14 @@ impl PodConstraints {
         }
     }
 
+    /// The constraints with what the cluster's API server adds to every pod, as `view` was told.
+    pub fn on_cluster(self, view: &dyn super::ClusterView) -> PodConstraints {
+        PodConstraints {
+            extended_resource_toleration: view.extended_resource_toleration(),
+            ..self
+        }
+    }
+
     /// The constraints of a pod spec.
     pub fn of(spec: Option<&PodSpec>) -> PodConstraints {
         let Some(spec) = spec else {
@@ -137,6 +149,7 @@ impl PodConstraints {
                 })
                 .map(|r| r.node_selector_terms.clone()),
             tolerations: spec.tolerations.clone().unwrap_or_default(),
+            extended_resource_toleration: false,
         }
     }
 
@@ -195,8 +208,14 @@ impl PodConstraints {
                     && !self.added_toleration(t)
             })
             .map(|t| {
+                // Where the API server would add the toleration itself, that is the other fix.
+                let or = if self.would_add(t) {
+                    " (add a toleration of it to the pod template, or, where the API server runs the ExtendedResourceToleration admission plugin, set the chart value operator.extendedResourceToleration)"
+                } else {
+                    ""
+                };
                 format!(
-                    "its taint {}{}:{} is not tolerated",
+                    "its taint {}{}:{} is not tolerated{or}",
                     echo(&t.key),
                     t.value
                         .as_deref()
@@ -210,6 +229,11 @@ impl PodConstraints {
     /// Whether the toleration `ExtendedResourceToleration` adds for an extended resource the
     /// pods ask for tolerates `t`.
     fn added_toleration(&self, t: &NodeTaint) -> bool {
+        self.extended_resource_toleration && self.would_add(t)
+    }
+
+    /// Whether `ExtendedResourceToleration`, where it runs, would add a toleration of `t`.
+    fn would_add(&self, t: &NodeTaint) -> bool {
         t.effect == "NoSchedule" && self.extended_resources.contains(&t.key)
     }
 
@@ -250,7 +274,7 @@ impl PodConstraints {
         } else {
             format!("{} toleration(s)", self.tolerations.len())
         });
-        if !self.extended_resources.is_empty() {
+        if self.extended_resource_toleration && !self.extended_resources.is_empty() {
             let names: Vec<String> = self
                 .extended_resources
                 .iter()

@@ -49,6 +49,11 @@ pub trait ClusterView: Send + Sync {
     fn traces_models(&self) -> bool {
         false
     }
+    /// Whether the API server runs the `ExtendedResourceToleration` admission plugin, as the
+    /// operator was told: never assumed.
+    fn extended_resource_toleration(&self) -> bool {
+        false
+    }
     /// The memory bounds the LimitRanges of `namespace` put on its pods' containers, where the
     /// view holds them.
     fn namespace_limits(&self, _namespace: &str) -> super::limits::NamespaceLimits {

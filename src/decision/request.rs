@@ -211,7 +211,8 @@ impl JobRequest {
                 .map(|s| s.memory_failures.clone())
                 .unwrap_or_default(),
             constraints: super::PodConstraints::of(spec.template.spec.as_ref())
-                .in_namespace(spec.template.spec.as_ref(), resources.cpu_default_request),
+                .in_namespace(spec.template.spec.as_ref(), resources.cpu_default_request)
+                .on_cluster(view),
             pods: u32::try_from(spec.replicas.max(1)).unwrap_or(1),
             gpus_per_pod: resources.gpus_per_pod(),
             pod_memory_limit: resources.memory_limit,

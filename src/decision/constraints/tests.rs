@@ -219,7 +219,11 @@ fn gpu_pod(limits: &[&str]) -> PodSpec {
 
 #[test]
 fn a_taint_on_a_requested_extended_resource_is_tolerated_as_the_admission_plugin_adds() {
-    let c = PodConstraints::of(Some(&gpu_pod(&["nvidia.com/gpu", "cpu", "memory"])));
+    // Where the operator is told the API server runs ExtendedResourceToleration.
+    let c = PodConstraints {
+        extended_resource_toleration: true,
+        ..PodConstraints::of(Some(&gpu_pod(&["nvidia.com/gpu", "cpu", "memory"])))
+    };
     assert_eq!(
         c.extended_resources,
         BTreeSet::from(["nvidia.com/gpu".to_string()])
@@ -237,7 +241,10 @@ fn a_taint_on_a_requested_extended_resource_is_tolerated_as_the_admission_plugin
     let other = node("o", &[], &[("example.com/fpga", None, "NoSchedule")]);
     assert!(c.excludes(&other).is_some());
     // Without a GPU request there is nothing the cluster adds.
-    let plain = PodConstraints::of(Some(&gpu_pod(&["cpu"])));
+    let plain = PodConstraints {
+        extended_resource_toleration: true,
+        ..PodConstraints::of(Some(&gpu_pod(&["cpu"])))
+    };
     assert!(plain.excludes(&tainted).is_some());
     let described = c.describe();
     assert!(
@@ -255,6 +262,49 @@ fn a_taint_on_a_requested_extended_resource_is_tolerated_as_the_admission_plugin
     ] {
         assert_eq!(is_extended_resource(name), extended, "{name}");
     }
+}
+
+/// The plugin is off unless the API server is started with it, and the operator cannot see
+/// which: untold, a GPU taint the template does not tolerate leaves the node out, and the
+/// message says both ways to fix it.
+#[test]
+fn the_admission_plugins_toleration_is_never_assumed() {
+    let c = PodConstraints::of(Some(&gpu_pod(&["nvidia.com/gpu"])));
+    assert!(!c.extended_resource_toleration);
+    let tainted = node(
+        "g",
+        &[],
+        &[("nvidia.com/gpu", Some("present"), "NoSchedule")],
+    );
+    let why = c.excludes(&tainted).unwrap();
+    assert!(
+        why.contains("taint nvidia.com/gpu=present:NoSchedule is not tolerated")
+            && why.contains("operator.extendedResourceToleration"),
+        "{why}"
+    );
+    assert!(!c.describe().contains("ExtendedResourceToleration"));
+    // A toleration of another value, or of NoExecute only, tolerates nothing here either.
+    for toleration in [
+        serde_json::json!({"key": "nvidia.com/gpu", "operator": "Equal", "value": "absent", "effect": "NoSchedule"}),
+        serde_json::json!({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}),
+    ] {
+        let c = PodConstraints {
+            tolerations: vec![serde_json::from_value(toleration.clone()).unwrap()],
+            ..PodConstraints::of(Some(&gpu_pod(&["nvidia.com/gpu"])))
+        };
+        assert!(c.excludes(&tainted).is_some(), "{toleration}");
+    }
+    // The template's own toleration of it does.
+    let c = PodConstraints {
+        tolerations: vec![
+            serde_json::from_value(serde_json::json!(
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ))
+            .unwrap(),
+        ],
+        ..PodConstraints::of(Some(&gpu_pod(&["nvidia.com/gpu"])))
+    };
+    assert_eq!(c.excludes(&tainted), None);
 }
 
 #[test]

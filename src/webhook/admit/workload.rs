@@ -65,8 +65,9 @@ fn resolve_for_object(
     request.gpu_claim_entries = claims
         .map(|p| p.claims.into_keys().collect())
         .unwrap_or_default();
-    request.constraints =
-        crate::decision::PodConstraints::of(spec).in_namespace(spec, cpu_default_request);
+    request.constraints = crate::decision::PodConstraints::of(spec)
+        .in_namespace(spec, cpu_default_request)
+        .on_cluster(review.view);
     request.model_config = review.model_config.clone().map_err(|e| {
         Box::new(Verdict::deny(
             req,
