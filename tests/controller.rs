@@ -928,3 +928,63 @@ async fn a_limit_range_below_the_host_estimate_holds_the_job_with_the_figures() 
         .unwrap();
     wait_for_condition(&api, "limited", "WorkloadCreated", "True").await;
 }
+
+/// The LimitRanger refuses a container whose memory request is below the range's `min`, or
+/// whose limit is more than `maxLimitRequestRatio` times its request: a request the decision
+/// writes is raised to that floor, so the workload's pods are created (not refused at every
+/// try), and the reason says why the request is more than the configuration counts on.
+#[tokio::test]
+async fn a_limit_ranges_min_and_ratio_raise_the_request_written() {
+    let (_cluster, client, ns) = setup("limitfloor").await;
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    add_profile(&client, &ns).await;
+    let ranges = Api::<k8s_openapi::api::core::v1::LimitRange>::namespaced(client.clone(), &ns);
+    let range: k8s_openapi::api::core::v1::LimitRange = serde_json::from_value(json!({
+        "metadata": {"name": "strict", "namespace": ns},
+        "spec": {"limits": [{"type": "Container", "default": {"memory": "100Gi"},
+                             "maxLimitRequestRatio": {"memory": "1"}}]}
+    }))
+    .unwrap();
+    ranges.create(&PostParams::default(), &range).await.unwrap();
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let request_of = |pod: &Pod| {
+        pod.spec.as_ref().unwrap().containers[0]
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("memory"))
+            .map(|q| offload_api::quantity::bytes(q).unwrap())
+    };
+    // Partial offload on an H200: tens of GiB of host memory counted, under the 100 GiB limit.
+    api.create(
+        &PostParams::default(),
+        &oom_job("ratio", &ns, "None", 40, 4096),
+    )
+    .await
+    .unwrap();
+    let pods = pods_of(&client, &ns, "ratio", 1).await;
+    assert_eq!(request_of(&pods[0]), Some(100 << 30));
+    let tj = api.get("ratio").await.unwrap();
+    let reasons = tj.status.unwrap().offload.unwrap().reasons;
+    assert!(
+        reasons.iter().any(|r| r
+            .message
+            .contains("maxLimitRequestRatio 1 of LimitRange \"strict\"")),
+        "{reasons:?}"
+    );
+    // A min above the host estimate: the request is the min.
+    let min = json!({"spec": {"limits": [{"type": "Container", "default": {"memory": "200Gi"},
+                                          "min": {"memory": "120Gi"}}]}});
+    ranges
+        .patch("strict", &PatchParams::default(), &Patch::Merge(&min))
+        .await
+        .unwrap();
+    api.create(
+        &PostParams::default(),
+        &oom_job("minimum", &ns, "None", 40, 4096),
+    )
+    .await
+    .unwrap();
+    let pods = pods_of(&client, &ns, "minimum", 1).await;
+    assert_eq!(request_of(&pods[0]), Some(120 << 30));
+}

@@ -24,6 +24,11 @@ pub struct NamespaceLimits {
     pub container_max: Option<Bound>,
     /// The most memory a pod's containers may be limited to together.
     pub pod_max: Option<Bound>,
+    /// The least memory a container may request (`min`): the largest of every range's.
+    pub container_min: Option<Bound>,
+    /// The most a container's memory limit may be over its request (`maxLimitRequestRatio`),
+    /// and the LimitRange that sets it: the smallest of every range's.
+    pub memory_ratio: Option<(f64, String)>,
 }
 
 /// One bound and where it comes from.
@@ -67,6 +72,25 @@ impl NamespaceLimits {
                     "Container" => {
                         keep(&mut out.default_limit, memory(&item.default));
                         keep(&mut out.container_max, memory(&item.max));
+                        if let Some(bytes) = memory(&item.min)
+                            && out.container_min.as_ref().is_none_or(|b| bytes > b.bytes)
+                        {
+                            out.container_min = Some(Bound {
+                                bytes,
+                                range: name.clone(),
+                            });
+                        }
+                        let ratio = item
+                            .max_limit_request_ratio
+                            .as_ref()
+                            .and_then(|m| m.get("memory"))
+                            .and_then(|q| quantity::cpu_cores(q).ok())
+                            .filter(|r| *r >= 1.0);
+                        if let Some(r) = ratio
+                            && out.memory_ratio.as_ref().is_none_or(|(b, _)| r < *b)
+                        {
+                            out.memory_ratio = Some((r, name.clone()));
+                        }
                         if let Some(c) = cpu(&item.default).or_else(|| cpu(&item.max))
                             && out.cpu_default_limit.as_ref().is_none_or(|(b, _)| c < *b)
                         {
@@ -95,6 +119,38 @@ impl NamespaceLimits {
             && self.pod_max.is_none()
             && self.cpu_default_limit.is_none()
             && self.cpu_default_request.is_none()
+            && self.container_min.is_none()
+            && self.memory_ratio.is_none()
+    }
+
+    /// The least memory request the LimitRanger takes for a container limited to `limit`
+    /// (its `min`, and its limit over `maxLimitRequestRatio`), and why, in words; `None` where
+    /// no range bounds it from below.
+    pub fn request_floor(&self, limit: Option<u64>) -> Option<(u64, String)> {
+        let min = self.container_min.as_ref().map(|m| {
+            (
+                m.bytes,
+                format!("the container memory min of LimitRange {:?}", m.range),
+            )
+        });
+        #[allow(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss
+        )]
+        let ratio = match (limit, &self.memory_ratio) {
+            (Some(l), Some((r, range))) => Some((
+                (l as f64 / r).ceil() as u64,
+                format!(
+                    "its memory limit over the maxLimitRequestRatio {r} of LimitRange {range:?}"
+                ),
+            )),
+            _ => None,
+        };
+        match (min, ratio) {
+            (Some(a), Some(b)) => Some(if a.0 >= b.0 { a } else { b }),
+            (a, b) => a.or(b),
+        }
     }
 }
 
@@ -189,5 +245,43 @@ mod tests {
         )]);
         let r = PodResources::within(Some(&spec), &only_max).unwrap();
         assert_eq!(r.memory_limit, Some(8 * GIB));
+    }
+
+    #[test]
+    fn a_requests_floor_is_the_largest_min_and_the_limit_over_the_smallest_ratio() {
+        let limits = NamespaceLimits::of(&[
+            range(
+                "a",
+                serde_json::json!([{"type": "Container", "min": {"memory": "8Gi"},
+                                     "maxLimitRequestRatio": {"memory": "4"}}]),
+            ),
+            range(
+                "b",
+                serde_json::json!([{"type": "Container", "min": {"memory": "24Gi"},
+                                     "maxLimitRequestRatio": {"memory": "2"}}]),
+            ),
+        ]);
+        assert_eq!(limits.container_min.as_ref().unwrap().bytes, 24 * GIB);
+        assert_eq!(limits.memory_ratio, Some((2.0, "b".into())));
+        // The min binds below a limit of 40 GiB (20 GiB by the ratio); the ratio above it.
+        let (bytes, why) = limits.request_floor(Some(40 * GIB)).unwrap();
+        assert_eq!(bytes, 24 * GIB);
+        assert!(why.contains("memory min of LimitRange \"b\""), "{why}");
+        let (bytes, why) = limits.request_floor(Some(100 * GIB)).unwrap();
+        assert_eq!(bytes, 50 * GIB);
+        assert!(why.contains("maxLimitRequestRatio 2"), "{why}");
+        // No limit: the min alone; no range: no floor.
+        assert_eq!(limits.request_floor(None).unwrap().0, 24 * GIB);
+        assert_eq!(NamespaceLimits::default().request_floor(Some(GIB)), None);
+        // The training container's floor, from its default limit.
+        let ratio_one = NamespaceLimits::of(&[range(
+            "one",
+            serde_json::json!([{"type": "Container", "default": {"memory": "100Gi"},
+                                 "maxLimitRequestRatio": {"memory": "1"}}]),
+        )]);
+        let spec = pod(serde_json::json!([{"name": "train", "image": "i",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]));
+        let r = PodResources::within(Some(&spec), &ratio_one).unwrap();
+        assert_eq!(r.training_memory_floor.unwrap().0, 100 * GIB);
     }
 }

@@ -80,6 +80,9 @@ pub struct JobRequest {
     /// The training container (index in the pod template) and its memory request as written:
     /// the decision raises the request to the host memory it counts on.
     pub training_container: Option<(usize, Option<u64>)>,
+    /// The least memory request its namespace's LimitRanges take for the training container,
+    /// and why: a request the decision writes is never below it.
+    pub memory_request_floor: Option<(u64, String)>,
     /// What the user's framework config says that sizes memory.
     pub config: ConfigFacts,
     /// Whether a job no node class holds at once is refused now (a TrainingJob: the controller
@@ -123,6 +126,7 @@ impl Default for JobRequest {
             training_memory_limit: None,
             not_guaranteed: Vec::new(),
             training_container: None,
+            memory_request_floor: None,
             config: ConfigFacts::default(),
             hold_for_capacity: true,
             gpu_claims: None,
@@ -224,6 +228,7 @@ impl JobRequest {
             training_container: resources
                 .training_container
                 .map(|i| (i, resources.training_memory_request)),
+            memory_request_floor: resources.training_memory_floor.clone(),
             config: config.map(|c| c.facts).unwrap_or_default(),
             hold_for_capacity: true,
             gpu_claim_entries: gpu_claims
@@ -327,6 +332,7 @@ impl JobRequest {
                 training_container: resources
                     .training_container
                     .map(|i| (i, resources.training_memory_request)),
+                memory_request_floor: resources.training_memory_floor.clone(),
                 config: ConfigFacts::default(),
                 hold_for_capacity: false,
                 gpu_claims: None,

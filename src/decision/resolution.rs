@@ -216,6 +216,9 @@ pub struct MemoryRequest {
     pub bytes: u64,
     /// The user's request it replaces, where there was one.
     pub raised_from: Option<u64>,
+    /// Whether the namespace's LimitRanges' floor ([`super::JobRequest::memory_request_floor`])
+    /// set it, above the host estimate.
+    pub at_floor: bool,
 }
 
 /// The memory model's figures for the placement a resolution writes.

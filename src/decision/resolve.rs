@@ -314,10 +314,19 @@ fn memory_request(
     let bytes = memory::bytes(choice?.estimate.host_per_pod)
         .div_ceil(MIB)
         .saturating_mul(MIB);
-    (requested.is_none_or(|r| r < bytes)).then_some(MemoryRequest {
+    if requested.is_some_and(|r| r >= bytes) {
+        return None;
+    }
+    // The LimitRanger refuses a request below its floor, so the written one is never lower.
+    let (bytes, at_floor) = match &job.memory_request_floor {
+        Some((least, _)) if *least > bytes => (*least, true),
+        _ => (bytes, false),
+    };
+    Some(MemoryRequest {
         container,
         bytes,
         raised_from: requested,
+        at_floor,
     })
 }
 
@@ -332,6 +341,17 @@ fn memory_request_reason(job: &JobRequest, r: &MemoryRequest) -> Why {
         .pod_memory_limit
         .map(|l| format!(", within its limit of {}", gib(l)))
         .unwrap_or_default();
+    // At a LimitRange's floor, the range comes first: the short form keeps what to change.
+    if let Some((_, floor)) = job.memory_request_floor.as_ref().filter(|_| r.at_floor) {
+        return Why::new(
+            ReasonCode::HostMemoryRequested,
+            format!(
+                "host memory: container {} requests {}: {floor}, above what this configuration counts on ({from}{limit})",
+                r.container,
+                gib(r.bytes)
+            ),
+        );
+    }
     Why::new(
         ReasonCode::HostMemoryRequested,
         format!(

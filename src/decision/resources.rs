@@ -41,6 +41,9 @@ pub struct PodResources {
     pub not_guaranteed: Vec<String>,
     /// The CPU request (cores) the namespace's LimitRanges give a container that sets none.
     pub cpu_default_request: Option<f64>,
+    /// The least memory request the namespace's LimitRanges take for the training container
+    /// (their `min`, its limit over their `maxLimitRequestRatio`), and why.
+    pub training_memory_floor: Option<(u64, String)>,
 }
 
 /// Whether a container sets CPU and memory limits, with requests equal to them (or none, which
@@ -207,6 +210,7 @@ impl PodResources {
             training_memory_limit: training_limit,
             not_guaranteed: not_guaranteed(spec, training),
             cpu_default_request: ns_limits.cpu_default_request.as_ref().map(|d| d.0),
+            training_memory_floor: training.and_then(|_| ns_limits.request_floor(training_limit)),
         })
     }
 

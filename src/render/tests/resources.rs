@@ -10,6 +10,7 @@ fn the_host_memory_counted_on_becomes_the_training_containers_request() {
         container: 1,
         bytes: 117_000 << 20,
         raised_from: None,
+        at_floor: false,
     });
     let container = |name: &str, request: Option<&str>| Container {
         name: name.into(),
