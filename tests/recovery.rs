@@ -290,7 +290,7 @@ async fn a_trial_that_runs_out_with_the_webhook_on_goes_back_to_what_trained() {
         &shape,
         vec![
             Run {
-                job: "earlier/failed/1".into(),
+                job: format!("{ns}/failed/1"),
                 activations: 3.0,
                 host: None,
                 failed: true,
@@ -303,7 +303,7 @@ async fn a_trial_that_runs_out_with_the_webhook_on_goes_back_to_what_trained() {
                 at: now.clone(),
             },
             Run {
-                job: "earlier/trained/2".into(),
+                job: format!("{ns}/trained/2"),
                 activations: 0.9,
                 host: None,
                 failed: false,

@@ -92,6 +92,7 @@ impl LearnedStore {
         LearnedView {
             memory: self.lock().memory.clone(),
             now: jiff::Timestamp::now(),
+            namespace: None,
         }
     }
 

@@ -178,7 +178,11 @@ pub fn decide(
     let config = config.map_err(|e| Unresolved::Config(e.clone()))?;
     let model = model.map_err(|e| Unresolved::ModelConfig(e.clone()))?;
     let mut request = JobRequest::for_training_job(tj, config, model, view)?;
-    request.learned = view.learned().filter(|_| profile.spec.learn_memory);
+    let namespace = tj.metadata.namespace.as_deref().unwrap_or_default();
+    request.learned = view
+        .learned()
+        .filter(|_| profile.spec.learn_memory)
+        .map(|l| l.for_job(profile.spec.learning_scope, namespace));
     Ok(resolve_offload(
         &request,
         &profile.name,
@@ -226,6 +230,7 @@ pub fn lesson_of(
 pub fn decide_request(
     requested: Option<&str>,
     request: &JobRequest,
+    namespace: &str,
     view: &dyn ClusterView,
 ) -> Result<Resolution, Unresolved> {
     let profile = select_profile(requested, |name| view.profile(name))
@@ -234,7 +239,7 @@ pub fn decide_request(
     let request = match view.learned().filter(|_| profile.spec.learn_memory) {
         Some(learned) => {
             with_learned = JobRequest {
-                learned: Some(learned),
+                learned: Some(learned.for_job(profile.spec.learning_scope, namespace)),
                 ..request.clone()
             };
             &with_learned

@@ -325,6 +325,12 @@ impl Run {
     /// Days since the run; a run dated after now (beyond [`CLOCK_SKEW_SECONDS`]: a clock far
     /// ahead, or a hand-made entry) or not dated is as old as can be — never used, never kept
     /// from fading.
+    /// Whether the run's job was in `namespace` (its `job` is `namespace/name/uid`); every run
+    /// is where no namespace is asked.
+    fn of(&self, namespace: Option<&str>) -> bool {
+        namespace.is_none_or(|ns| self.job.split('/').next() == Some(ns))
+    }
+
     fn age_days(&self, now: jiff::Timestamp) -> f64 {
         self.at
             .parse::<jiff::Timestamp>()
@@ -409,6 +415,19 @@ impl LearnedMemory {
         shape: &str,
         now: jiff::Timestamp,
     ) -> Option<LearnedFactors> {
+        self.factors_of(profile, class, shape, now, None)
+    }
+
+    /// [`LearnedMemory::factors`] from the runs of jobs in `namespace` alone (`None`: every
+    /// namespace's).
+    pub fn factors_of(
+        &self,
+        profile: &str,
+        class: NodeClass,
+        shape: &str,
+        now: jiff::Timestamp,
+        namespace: Option<&str>,
+    ) -> Option<LearnedFactors> {
         let e = self
             .entries
             .iter()
@@ -416,7 +435,7 @@ impl LearnedMemory {
         let fresh: Vec<&Run> = e
             .runs
             .iter()
-            .filter(|r| r.age_days(now) <= MAX_AGE_DAYS)
+            .filter(|r| r.age_days(now) <= MAX_AGE_DAYS && r.of(namespace))
             .collect();
         let fade =
             |f: f64, r: &Run| 1.0 + (f - 1.0) * 0.5f64.powf(r.age_days(now) / HALF_LIFE_DAYS);
@@ -444,6 +463,19 @@ impl LearnedMemory {
         shape: &str,
         now: jiff::Timestamp,
     ) -> Vec<RanRecord> {
+        self.evidence_of(profile, class, shape, now, None)
+    }
+
+    /// [`LearnedMemory::evidence`] from the runs of jobs in `namespace` alone (`None`: every
+    /// namespace's).
+    pub fn evidence_of(
+        &self,
+        profile: &str,
+        class: NodeClass,
+        shape: &str,
+        now: jiff::Timestamp,
+        namespace: Option<&str>,
+    ) -> Vec<RanRecord> {
         let Some(e) = self
             .entries
             .iter()
@@ -453,7 +485,7 @@ impl LearnedMemory {
         };
         e.runs
             .iter()
-            .filter(|r| r.age_days(now) <= MAX_AGE_DAYS)
+            .filter(|r| r.age_days(now) <= MAX_AGE_DAYS && r.of(namespace))
             .filter_map(|r| {
                 Some(RanRecord {
                     ran_as: r.ran_as?,

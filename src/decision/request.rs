@@ -23,6 +23,48 @@ pub struct LearnedView {
     pub memory: std::sync::Arc<super::learned::LearnedMemory>,
     /// Now.
     pub now: jiff::Timestamp,
+    /// The namespace whose jobs' runs count (`None`: every namespace's).
+    pub namespace: Option<String>,
+}
+
+impl LearnedView {
+    /// The view a job in `namespace` decides with under a profile of `scope`: its namespace's
+    /// runs alone unless the profile shares them across namespaces.
+    pub fn for_job(
+        self,
+        scope: offload_api::v1alpha1::LearningScope,
+        namespace: &str,
+    ) -> LearnedView {
+        LearnedView {
+            namespace: match scope {
+                offload_api::v1alpha1::LearningScope::Namespace => Some(namespace.to_string()),
+                offload_api::v1alpha1::LearningScope::Cluster => None,
+            },
+            ..self
+        }
+    }
+
+    /// [`super::learned::LearnedMemory::factors`] of the runs that count here.
+    pub fn factors(
+        &self,
+        profile: &str,
+        class: offload_api::v1alpha1::NodeClass,
+        shape: &str,
+    ) -> Option<super::learned::LearnedFactors> {
+        self.memory
+            .factors_of(profile, class, shape, self.now, self.namespace.as_deref())
+    }
+
+    /// [`super::learned::LearnedMemory::evidence`] of the runs that count here.
+    pub fn evidence(
+        &self,
+        profile: &str,
+        class: offload_api::v1alpha1::NodeClass,
+        shape: &str,
+    ) -> Vec<super::learned::RanRecord> {
+        self.memory
+            .evidence_of(profile, class, shape, self.now, self.namespace.as_deref())
+    }
 }
 
 /// What a job asks for.

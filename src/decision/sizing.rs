@@ -65,12 +65,10 @@ pub(super) fn job_memory(
     };
     if let Some(view) = job.learned.as_ref() {
         for class in [NodeClass::Coherent, NodeClass::Discrete] {
-            if let Some(f) = view.memory.factors(profile, class, &jm.shape_key, view.now) {
+            if let Some(f) = view.factors(profile, class, &jm.shape_key) {
                 jm.learned.insert(class, f);
             }
-            let ran = view
-                .memory
-                .evidence(profile, class, &jm.shape_key, view.now);
+            let ran = view.evidence(profile, class, &jm.shape_key);
             if !ran.is_empty() {
                 jm.ran.insert(class, ran);
             }
@@ -150,7 +148,7 @@ fn inferred_memory(
     let key = identity_key(job, facts, identity);
     let parameters = [NodeClass::Coherent, NodeClass::Discrete]
         .into_iter()
-        .filter_map(|c| view.memory.factors(profile, c, &key, view.now))
+        .filter_map(|c| view.factors(profile, c, &key))
         .filter_map(|f| f.parameters)
         .reduce(f64::max);
     Ok(parameters.and_then(|p| sized_as(job, facts, p)))

@@ -421,6 +421,7 @@ fn learn(
     inputs.view.learned = Some(LearnedView {
         memory: Arc::new(store.clone()),
         now,
+        namespace: None,
     });
     Some(said)
 }

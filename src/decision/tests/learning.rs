@@ -21,6 +21,7 @@ fn with_learned(mut job: JobRequest, store: &LearnedMemory) -> JobRequest {
     job.learned = Some(LearnedView {
         memory: Arc::new(store.clone()),
         now: now(),
+        namespace: None,
     });
     job
 }

@@ -38,6 +38,7 @@ fn decide(job: &JobRequest, store: &LearnedMemory, profile: &OffloadProfileSpec)
         learned: Some(LearnedView {
             memory: Arc::new(store.clone()),
             now: now(),
+            namespace: None,
         }),
         ..job.clone()
     };
@@ -351,6 +352,7 @@ fn no_trial_for_another_kind_a_fixed_share_no_learning_or_other_gpus() {
             learned: Some(LearnedView {
                 memory: Arc::new(store.clone()),
                 now: now(),
+                namespace: None,
             }),
             ..job.clone()
         },
@@ -533,4 +535,44 @@ fn a_trial_that_trains_slower_is_left_and_bounds_every_later_trial() {
             );
         }
     }
+}
+
+/// What one namespace's runs taught reaches another namespace's jobs only where the profile
+/// says the namespaces share what they learn: by default a job elsewhere is decided as if
+/// nothing had run.
+#[test]
+fn another_namespaces_runs_count_only_where_the_profile_shares_them() {
+    use offload_api::v1alpha1::LearningScope;
+    let profile = profile();
+    // Every run of the story is a job of namespace "ns".
+    let (store, first, _) = ran_out_then_trained(&profile);
+    let in_namespace = |ns: &str, p: &OffloadProfileSpec| {
+        let view = LearnedView {
+            memory: Arc::new(store.clone()),
+            now: now(),
+            namespace: None,
+        }
+        .for_job(p.learning_scope, ns);
+        let job = JobRequest {
+            learned: Some(view),
+            ..new_job(2)
+        };
+        resolve_offload(&job, "default", p, &idx(&[node()])).unwrap()
+    };
+    let learned = decide(&new_job(2), &store, &profile);
+    assert!(learned.trial.is_some(), "{}", learned.summary());
+    let own = in_namespace("ns", &profile);
+    assert_eq!(
+        (own.placement, own.trial.is_some()),
+        (learned.placement, true)
+    );
+    let other = in_namespace("other", &profile);
+    assert_eq!(other.placement, first.placement, "{}", other.summary());
+    assert!(other.trial.is_none() && other.learned_summary().is_none());
+    let shared = OffloadProfileSpec {
+        learning_scope: LearningScope::Cluster,
+        ..profile.clone()
+    };
+    let across = in_namespace("other", &shared);
+    assert_eq!(across.placement, learned.placement, "{}", across.summary());
 }

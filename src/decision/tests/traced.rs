@@ -266,6 +266,7 @@ fn a_run_below_the_counted_floor_corrects_the_count_and_the_next_job_goes_faster
             learned: Some(LearnedView {
                 memory: Arc::new(store),
                 now,
+                namespace: None,
             }),
             ..job.clone()
         },

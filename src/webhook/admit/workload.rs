@@ -107,15 +107,16 @@ fn resolve_for_object(
             None => "not traced yet: a Pod's env is written as it is created, so the counted model decides; the operator traces its step now for the pods of it that come after".into(),
         });
     }
-    let res = decide_request(requested.as_deref(), &request, review.view).map_err(|e| {
-        // The env of a pod template cannot change after creation, so an object that cannot be
-        // configured now is refused rather than admitted with the wrong configuration.
-        Box::new(Verdict::deny(
-            req,
-            e.reason(),
-            format!("offload configuration cannot be resolved: {}", e.message()),
-        ))
-    })?;
+    let res =
+        decide_request(requested.as_deref(), &request, namespace, review.view).map_err(|e| {
+            // The env of a pod template cannot change after creation, so an object that cannot be
+            // configured now is refused rather than admitted with the wrong configuration.
+            Box::new(Verdict::deny(
+                req,
+                e.reason(),
+                format!("offload configuration cannot be resolved: {}", e.message()),
+            ))
+        })?;
     Ok((res, pending))
 }
 

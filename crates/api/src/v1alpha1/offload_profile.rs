@@ -135,6 +135,14 @@ pub struct OffloadProfileSpec {
     #[serde(default = "default_true")]
     pub learn_memory: bool,
 
+    /// Whose runs teach a job's decision. `Namespace` (the default): only the runs of jobs in
+    /// the job's own namespace, so one tenant's pods never move another tenant's
+    /// configuration. `Cluster`: the runs of every namespace's jobs under this profile, for
+    /// namespaces that share what they learn (one team's, or one that trusts them all). Either
+    /// way each run's figures are checked for plausibility before they count.
+    #[serde(default)]
+    pub learning_scope: LearningScope,
+
     /// How many trials of a faster configuration a job shape may get on a node class: where the
     /// fastest configuration that trained for the shape left room to spare, and its runs' own
     /// figures say a faster rung fits (a smaller share of the optimizer state, or none), the
@@ -188,6 +196,16 @@ pub struct OffloadProfileSpec {
     pub whole_cores: bool,
 }
 
+/// Whose runs teach a profile's decisions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum LearningScope {
+    /// Only the runs of the job's own namespace.
+    #[default]
+    Namespace,
+    /// The runs of every namespace.
+    Cluster,
+}
+
 /// How a job the memory model cannot size starts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum UnknownSize {
@@ -228,6 +246,7 @@ impl Default for OffloadProfileSpec {
             allow_zen_flow: false,
             max_memory_retries: DEFAULT_MAX_MEMORY_RETRIES,
             learn_memory: true,
+            learning_scope: LearningScope::Namespace,
             faster_trials: DEFAULT_FASTER_TRIALS,
             unknown_size: UnknownSize::Safest,
             report_allocator_peaks: false,
