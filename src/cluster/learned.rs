@@ -21,13 +21,21 @@ use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::decision::LearnedView;
-use crate::decision::learned::{LearnedMemory, Run};
+use crate::decision::learned::{LearnedMemory, Reservation, Run};
 use offload_api::v1alpha1::NodeClass;
 
 /// The ConfigMap the lessons are kept in.
 pub const CONFIG_MAP: &str = "offload-operator-learned";
 /// Its key.
 pub const KEY: &str = "memory.json";
+/// The key of the trials taken whose runs are not known yet
+/// ([`crate::decision::learned::Reservation`], a JSON list): beside the lessons, so that a
+/// version of the operator that does not know them reads the lessons as before.
+pub const TRIALS_KEY: &str = "trials.json";
+/// Most trials taken kept at once (the oldest go first).
+const MAX_RESERVATIONS: usize = 1_000;
+/// How many times taking a trial reads and writes again after another writer's change.
+const TAKE_ATTEMPTS: usize = 5;
 /// How often recorded lessons are written.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
 
@@ -93,6 +101,7 @@ impl LearnedStore {
             memory: self.lock().memory.clone(),
             now: jiff::Timestamp::now(),
             namespace: None,
+            job: None,
         }
     }
 
@@ -136,7 +145,11 @@ impl LearnedStore {
         let parsed = match text {
             None => Ok(LearnedMemory::default()),
             Some(t) => LearnedMemory::parse(t),
-        };
+        }
+        .map(|m| LearnedMemory {
+            reservations: reservations_of(cm),
+            ..m
+        });
         let mut state = self.lock();
         match parsed {
             Ok(mut memory) => {
@@ -252,20 +265,7 @@ impl LearnedStore {
             let _ = memory.record(&p.profile, p.class, &p.shape, &p.described, p.run.clone());
         }
         let json = memory.to_json().map_err(kube::Error::SerdeError)?;
-        let mut cm = current.unwrap_or_else(|| ConfigMap {
-            metadata: kube::api::ObjectMeta {
-                name: Some(CONFIG_MAP.into()),
-                labels: Some(
-                    [(
-                        "app.kubernetes.io/managed-by".to_string(),
-                        "offload-operator".to_string(),
-                    )]
-                    .into(),
-                ),
-                ..Default::default()
-            },
-            ..Default::default()
-        });
+        let mut cm = current.unwrap_or_else(new_config_map);
         cm.data
             .get_or_insert_with(Default::default)
             .insert(KEY.into(), json);
@@ -280,6 +280,113 @@ impl LearnedStore {
         drop(state);
         self.stored(Some(&written));
         Ok(())
+    }
+}
+
+/// The trials taken kept in `cm` (none where it has none, or they do not read: a list the
+/// operator cannot read counts nothing and is written over by the next trial taken).
+fn reservations_of(cm: Option<&ConfigMap>) -> Vec<Reservation> {
+    cm.and_then(|c| c.data.as_ref())
+        .and_then(|d| d.get(TRIALS_KEY))
+        .filter(|t| t.len() <= crate::decision::learned::MAX_LEARNED_BYTES)
+        .and_then(|t| serde_json::from_str(t).ok())
+        .unwrap_or_default()
+}
+
+impl LearnedStore {
+    /// Takes a trial of `reservation`'s shape for its job where fewer than `bound` are taken
+    /// (trials that ran and trials taken, in `namespace` where given, not counting the job's
+    /// own): reads the ConfigMap, counts, and writes the reservation at the resourceVersion it
+    /// read, again after another writer's change. `Ok(false)`: the bound is reached, and the
+    /// job is to be decided again without a trial.
+    pub async fn take_trial(
+        &self,
+        client: Client,
+        reservation: Reservation,
+        bound: u32,
+        namespace: Option<&str>,
+    ) -> Result<bool, kube::Error> {
+        let api: Api<ConfigMap> = Api::namespaced(client, &self.namespace);
+        for _ in 0..TAKE_ATTEMPTS {
+            let current = api.get_opt(CONFIG_MAP).await?;
+            let stored = match current
+                .as_ref()
+                .and_then(|c| c.data.as_ref())
+                .and_then(|d| d.get(KEY))
+            {
+                None => LearnedMemory::default(),
+                Some(text) => match LearnedMemory::parse(text) {
+                    Ok(m) => m,
+                    // Nothing learned is used from it: no trial can have been decided from it.
+                    Err(_) => return Ok(false),
+                },
+            };
+            let now = jiff::Timestamp::now();
+            let mut reservations = reservations_of(current.as_ref());
+            reservations.retain(|r| r.job != reservation.job);
+            let memory = LearnedMemory {
+                reservations: reservations.clone(),
+                ..stored
+            };
+            let (p, c, s) = (
+                reservation.profile.as_str(),
+                reservation.class,
+                reservation.shape.as_str(),
+            );
+            let ran = memory
+                .evidence_of(p, c, s, now, namespace)
+                .iter()
+                .filter(|r| r.trial)
+                .count();
+            let taken = memory.reserved_trials(p, c, s, now, namespace, None);
+            if ran + taken >= bound as usize {
+                // What this replica decides from catches up with what it just read.
+                self.stored(current.as_ref());
+                return Ok(false);
+            }
+            reservations.retain(|r| r.counts(now, None));
+            reservations.push(reservation.clone());
+            let excess = reservations.len().saturating_sub(MAX_RESERVATIONS);
+            reservations.drain(..excess);
+            let json = serde_json::to_string(&reservations).map_err(kube::Error::SerdeError)?;
+            let mut cm = current.unwrap_or_else(new_config_map);
+            cm.data
+                .get_or_insert_with(Default::default)
+                .insert(TRIALS_KEY.into(), json);
+            let written = if cm.resource_version().is_some() {
+                api.replace(CONFIG_MAP, &PostParams::default(), &cm).await
+            } else {
+                api.create(&PostParams::default(), &cm).await
+            };
+            match written {
+                Ok(cm) => {
+                    self.stored(Some(&cm));
+                    return Ok(true);
+                }
+                // Another writer was first: read again and count again.
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// The ConfigMap as the operator first writes it.
+fn new_config_map() -> ConfigMap {
+    ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(CONFIG_MAP.into()),
+            labels: Some(
+                [(
+                    "app.kubernetes.io/managed-by".to_string(),
+                    "offload-operator".to_string(),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        ..Default::default()
     }
 }
 

@@ -182,7 +182,10 @@ pub fn decide(
     request.learned = view
         .learned()
         .filter(|_| profile.spec.learn_memory)
-        .map(|l| l.for_job(profile.spec.learning_scope, namespace));
+        .map(|l| {
+            l.for_job(profile.spec.learning_scope, namespace)
+                .of_run(super::request::run_id(tj))
+        });
     Ok(resolve_offload(
         &request,
         &profile.name,

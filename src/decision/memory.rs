@@ -171,6 +171,9 @@ pub struct JobMemory {
         offload_api::v1alpha1::NodeClass,
         Vec<super::learned::RanRecord>,
     >,
+    /// Trials of the shape other jobs took whose runs are not known yet, per node class: they
+    /// count toward `fasterTrials` at once ([`super::learned::Reservation`]).
+    pub reserved_trials: std::collections::BTreeMap<offload_api::v1alpha1::NodeClass, usize>,
     /// The model as its own code traced it, where the job has a trace of its step: its
     /// parameters, tensors, activations and gradients' order replace the counted shape's.
     pub traced: Option<std::sync::Arc<Traced>>,

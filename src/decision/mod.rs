@@ -55,7 +55,7 @@ pub use framework::{
     ZENFLOW_UPDATE_INTERVAL,
 };
 pub use model_config::{MODEL_CONFIG_KEY, ModelConfigError};
-pub use request::{AdmittedRequest, DeepSpeedRequest, JobRequest, LearnedView};
+pub use request::{AdmittedRequest, DeepSpeedRequest, JobRequest, LearnedView, run_id};
 pub use resources::PodResources;
 pub use selection::{
     ProfileNotFound, SelectedProfile, builtin_default_profile, explicit_offload, opted_in,

@@ -327,7 +327,14 @@ fn trial(
     best: &RanRecord,
     stepped_slower: &[(Placement, f64, f64)],
 ) -> Option<MemoryChoice> {
-    let made = records.iter().filter(|r| r.trial).count();
+    // Trials other jobs took that have not run yet count too: two decisions made together
+    // cannot both take the last one.
+    let reserved = cm
+        .class
+        .and_then(|c| jm.reserved_trials.get(&c))
+        .copied()
+        .unwrap_or(0);
+    let made = records.iter().filter(|r| r.trial).count() + reserved;
     if allowed.trials == 0 || made >= allowed.trials as usize {
         return None;
     }

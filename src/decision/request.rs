@@ -25,6 +25,9 @@ pub struct LearnedView {
     pub now: jiff::Timestamp,
     /// The namespace whose jobs' runs count (`None`: every namespace's).
     pub namespace: Option<String>,
+    /// The job being decided (`namespace/name/uid`), whose own trial taken does not count
+    /// against it.
+    pub job: Option<String>,
 }
 
 impl LearnedView {
@@ -42,6 +45,31 @@ impl LearnedView {
             },
             ..self
         }
+    }
+
+    /// The same view, deciding the job whose run will be recorded as `job`.
+    pub fn of_run(self, job: String) -> LearnedView {
+        LearnedView {
+            job: Some(job),
+            ..self
+        }
+    }
+
+    /// [`super::learned::LearnedMemory::reserved_trials`] that count here.
+    pub fn reserved_trials(
+        &self,
+        profile: &str,
+        class: offload_api::v1alpha1::NodeClass,
+        shape: &str,
+    ) -> usize {
+        self.memory.reserved_trials(
+            profile,
+            class,
+            shape,
+            self.now,
+            self.namespace.as_deref(),
+            self.job.as_deref(),
+        )
     }
 
     /// [`super::learned::LearnedMemory::factors`] of the runs that count here.
@@ -192,6 +220,16 @@ pub struct DeepSpeedRequest {
     pub zen_flow: Option<bool>,
     /// The user's DeepSpeed JSON already has a `zenflow` section (their own consent).
     pub zenflow_in_config: bool,
+}
+
+/// The id a TrainingJob's runs are recorded under: `namespace/name/uid`.
+pub fn run_id(tj: &TrainingJob) -> String {
+    format!(
+        "{}/{}/{}",
+        tj.metadata.namespace.as_deref().unwrap_or_default(),
+        tj.metadata.name.as_deref().unwrap_or_default(),
+        tj.metadata.uid.as_deref().unwrap_or_default()
+    )
 }
 
 /// A TrainingJob's identity for what is learned without model hints: its namespace and name, and

@@ -68,6 +68,10 @@ pub(super) fn job_memory(
             if let Some(f) = view.factors(profile, class, &jm.shape_key) {
                 jm.learned.insert(class, f);
             }
+            let reserved = view.reserved_trials(profile, class, &jm.shape_key);
+            if reserved > 0 {
+                jm.reserved_trials.insert(class, reserved);
+            }
             let ran = view.evidence(profile, class, &jm.shape_key);
             if !ran.is_empty() {
                 jm.ran.insert(class, ran);
@@ -280,6 +284,7 @@ fn job_memory_of(
         learned: std::collections::BTreeMap::new(),
         inferred: false,
         ran: std::collections::BTreeMap::new(),
+        reserved_trials: Default::default(),
         traced,
         untraced,
         counted_parameters: None,

@@ -422,6 +422,7 @@ fn learn(
         memory: Arc::new(store.clone()),
         now,
         namespace: None,
+        job: None,
     });
     Some(said)
 }

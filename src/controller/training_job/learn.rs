@@ -134,12 +134,7 @@ pub(super) async fn learn(tj: &TrainingJob, ctx: &Context, obs: &Observed) {
             return;
         }
     };
-    let who = format!(
-        "{}/{}/{}",
-        tj.namespace().unwrap_or_default(),
-        tj.name_any(),
-        tj.metadata.uid.as_deref().unwrap_or_default()
-    );
+    let who = crate::decision::run_id(tj);
     let run = lesson.run(&who, obs.failed.is_some(), jiff::Timestamp::now());
     match store.record(&profile, obs.class, &lesson.shape, &lesson.described, run) {
         Ok(true) => {

@@ -174,6 +174,10 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
             return Ok(Action::await_change());
         }
     };
+    if res.trial.is_some() && !trial_taken(tj, ctx, &res).await? {
+        // Another job took the shape's last trial first: decided again, without one.
+        return Ok(Action::requeue(std::time::Duration::from_millis(200)));
+    }
     let user_config = config.ok().flatten().map(|c| c.json);
     let built =
         build_workload(tj, Some(&res), user_config.as_ref(), &ctx.render).and_then(|mut w| {
@@ -219,6 +223,45 @@ pub async fn reconcile_job(tj: &TrainingJob, ctx: &Context) -> Result<Action, Er
         publish(ctx, tj, EventType::Normal, names::EVENT_TRIAL, &note).await;
     }
     Ok(Action::await_change())
+}
+
+/// Takes the trial `res` decides for `tj` in the learned store, where fewer than the profile's
+/// `fasterTrials` of its shape are taken (by any replica); `false` where the last was taken
+/// first.
+async fn trial_taken(
+    tj: &TrainingJob,
+    ctx: &Context,
+    res: &crate::decision::Resolution,
+) -> Result<bool, Error> {
+    let store = ctx.view.learned.as_ref();
+    let profile = crate::decision::ClusterView::profile(&ctx.view, &res.profile);
+    let shape = res.memory.as_ref().map(|m| m.shape.clone());
+    let (Some(store), Some(profile), Some(class), Some(shape)) =
+        (store, profile, res.node_class, shape)
+    else {
+        return Ok(true);
+    };
+    let ns = tj.namespace().unwrap_or_default();
+    let namespace = match profile.learning_scope {
+        offload_api::v1alpha1::LearningScope::Namespace => Some(ns.as_str()),
+        offload_api::v1alpha1::LearningScope::Cluster => None,
+    };
+    let reservation = crate::decision::learned::Reservation {
+        profile: res.profile.clone(),
+        class,
+        shape,
+        job: crate::decision::run_id(tj),
+        at: jiff::Timestamp::now().to_string(),
+    };
+    store
+        .take_trial(
+            ctx.client.clone(),
+            reservation,
+            profile.faster_trials,
+            namespace,
+        )
+        .await
+        .map_err(kube_err("taking a trial in the learned ConfigMap"))
 }
 
 /// The job's workload Job, if it exists. Frozen once the workload exists: only phase and the

@@ -292,3 +292,42 @@ fn bad_lessons_and_documents_are_refused() {
     let err = LearnedMemory::parse(&twice.to_json().unwrap()).unwrap_err();
     assert!(err.to_string().contains("listed twice"), "{err}");
 }
+
+/// A trial taken counts for its shape until its job's run is recorded, for 24 hours at most,
+/// in its namespace, and never against the job that took it.
+#[test]
+fn a_trial_taken_counts_until_its_run_is_recorded() {
+    let mut s = store(vec![]);
+    let taken = |job: &str, at: &str| Reservation {
+        profile: "p".into(),
+        class: NodeClass::Discrete,
+        shape: "k".into(),
+        job: job.into(),
+        at: at.into(),
+    };
+    s.reservations = vec![
+        taken("ns/a/1", NOW),
+        taken("other/b/2", NOW),
+        taken("ns/old/3", "2026-11-01T00:00:00Z"),
+    ];
+    let count = |s: &LearnedMemory, ns: Option<&str>, except: Option<&str>| {
+        s.reserved_trials("p", NodeClass::Discrete, "k", now(), ns, except)
+    };
+    assert_eq!(count(&s, None, None), 2);
+    assert_eq!(count(&s, Some("ns"), None), 1);
+    assert_eq!(count(&s, Some("ns"), Some("ns/a/1")), 0);
+    assert_eq!(
+        s.reserved_trials("p", NodeClass::Coherent, "k", now(), None, None),
+        0
+    );
+    // Its run recorded: the run counts, not the reservation.
+    s.record(
+        "p",
+        NodeClass::Discrete,
+        "k",
+        "k",
+        run("ns/a/1", 1.0, None, NOW),
+    )
+    .unwrap();
+    assert_eq!(count(&s, Some("ns"), None), 0);
+}

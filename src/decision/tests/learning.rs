@@ -22,6 +22,7 @@ fn with_learned(mut job: JobRequest, store: &LearnedMemory) -> JobRequest {
         memory: Arc::new(store.clone()),
         now: now(),
         namespace: None,
+        job: None,
     });
     job
 }

@@ -39,6 +39,7 @@ fn decide(job: &JobRequest, store: &LearnedMemory, profile: &OffloadProfileSpec)
             memory: Arc::new(store.clone()),
             now: now(),
             namespace: None,
+            job: None,
         }),
         ..job.clone()
     };
@@ -353,6 +354,7 @@ fn no_trial_for_another_kind_a_fixed_share_no_learning_or_other_gpus() {
                 memory: Arc::new(store.clone()),
                 now: now(),
                 namespace: None,
+                job: None,
             }),
             ..job.clone()
         },
@@ -551,6 +553,7 @@ fn another_namespaces_runs_count_only_where_the_profile_shares_them() {
             memory: Arc::new(store.clone()),
             now: now(),
             namespace: None,
+            job: None,
         }
         .for_job(p.learning_scope, ns);
         let job = JobRequest {

@@ -267,6 +267,7 @@ fn a_run_below_the_counted_floor_corrects_the_count_and_the_next_job_goes_faster
                 memory: Arc::new(store),
                 now,
                 namespace: None,
+                job: None,
             }),
             ..job.clone()
         },

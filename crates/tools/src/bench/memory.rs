@@ -155,6 +155,7 @@ pub fn run(
                     learned: Default::default(),
                     inferred: false,
                     ran: Default::default(),
+                    reserved_trials: Default::default(),
                     traced: None,
                     untraced: None,
                     counted_parameters: None,

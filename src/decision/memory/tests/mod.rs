@@ -62,6 +62,7 @@ pub(super) fn job(shape: ModelShape, tokens: f64) -> JobMemory {
         learned: Default::default(),
         inferred: false,
         ran: Default::default(),
+        reserved_trials: Default::default(),
         traced: None,
         untraced: None,
         counted_parameters: None,
