@@ -988,3 +988,74 @@ async fn a_limit_ranges_min_and_ratio_raise_the_request_written() {
     let pods = pods_of(&client, &ns, "minimum", 1).await;
     assert_eq!(request_of(&pods[0]), Some(120 << 30));
 }
+
+/// Hostile input, fifth pass: a ResourceQuota the workload's pods exceed. The Job controller
+/// says so only in a `FailedCreate` Event on the Job; the TrainingJob shows it as
+/// `PodsScheduled=False` with the quota's words and what to change, and as a Warning Event, and
+/// says `True` once the quota allows the pods. A pod the scheduler cannot place (its claim does
+/// not exist) is shown the same way with the scheduler's words.
+#[tokio::test]
+async fn pods_the_cluster_refuses_or_cannot_place_are_shown_on_the_job() {
+    let (cluster, client, ns) = setup("refused").await;
+    add_node(&client, &ns, "h200", fixtures::H200_READING).await;
+    add_profile(&client, &ns).await;
+    let quotas = Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(client.clone(), &ns);
+    let quota = serde_json::from_value(json!({
+        "metadata": {"name": "team", "namespace": ns},
+        "spec": {"hard": {"requests.memory": "1Gi"}}
+    }))
+    .unwrap();
+    quotas.create(&PostParams::default(), &quota).await.unwrap();
+    // The quota admits nothing until the quota controller has counted what the namespace uses.
+    wait(
+        "the quota counted",
+        WAIT,
+        await_condition(
+            quotas.clone(),
+            "team",
+            |q: Option<&k8s_openapi::api::core::v1::ResourceQuota>| {
+                q.and_then(|q| q.status.as_ref())
+                    .is_some_and(|s| s.hard.is_some())
+            },
+        ),
+    )
+    .await
+    .unwrap();
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &oom_job("quota", &ns, "None", 40, 4096),
+    )
+    .await
+    .unwrap();
+    let cond = condition_when(&api, "quota", "PodsScheduled", "False").await;
+    assert_eq!(cond.reason, "PodsRefusedByQuota");
+    assert!(
+        cond.message.contains("exceeded quota: team")
+            && cond.message.contains("raise the namespace's ResourceQuota"),
+        "{}",
+        cond.message
+    );
+    poll("a PodsRefusedByQuota Event", WAIT, || async {
+        (!events_with_reason(cluster, &ns, "PodsRefusedByQuota").is_empty()).then_some(())
+    })
+    .await;
+    // The namespace's owner lifts the quota: the Job creates the pod, the job says so.
+    quotas.delete("team", &Default::default()).await.unwrap();
+    pods_of(&client, &ns, "quota", 1).await;
+    let cond = condition_when(&api, "quota", "PodsScheduled", "True").await;
+    assert_eq!(cond.reason, "PodsScheduled");
+
+    // A pod whose claim does not exist waits for a node no scheduler will find.
+    let mut tj = oom_job("unplaced", &ns, "None", 40, 4096);
+    let pod = tj.spec.template.spec.as_mut().unwrap();
+    pod.volumes = Some(vec![
+        serde_json::from_value(json!({"name": "data",
+            "persistentVolumeClaim": {"claimName": "no-such-claim"}}))
+        .unwrap(),
+    ]);
+    api.create(&PostParams::default(), &tj).await.unwrap();
+    let cond = condition_when(&api, "unplaced", "PodsScheduled", "False").await;
+    assert_eq!(cond.reason, "PodsUnschedulable");
+    assert!(cond.message.contains("no-such-claim"), "{}", cond.message);
+}

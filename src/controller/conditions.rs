@@ -9,6 +9,9 @@ pub const WORKLOAD_CREATED: &str = "WorkloadCreated";
 /// Condition type: the start-up guard found the pods' nodes to be what the configuration assumes
 /// (False with the guard's message when one was not).
 pub const NODE_VERIFIED: &str = "NodeVerified";
+/// Condition type: the cluster created the workload's pods and placed them on nodes (False with
+/// the admission plugin's or the scheduler's words when it refused or could not).
+pub const PODS_SCHEDULED: &str = "PodsScheduled";
 /// Condition type: for a job in a Kueue queue, whether Kueue admitted its workload.
 pub const ADMITTED: &str = "Admitted";
 /// Condition type of profiles: at least one reported node matches.

@@ -22,7 +22,7 @@ use crate::cluster::tolerant::Tolerant;
 use crate::ops::events::{Recorder, Reporter};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod};
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Action, Controller};
@@ -115,6 +115,22 @@ impl Context {
         self.pods.as_ref().is_some_and(|pods| {
             pods.get(&ObjectRef::new(name).within(namespace))
                 .is_some_and(|p| pod_of_job(&p, node, job))
+        })
+    }
+
+    /// The pods of workload Job `job` in `namespace` (owned by it, by uid) in the pod cache.
+    pub fn pods_of_job(&self, namespace: &str, job: &Job) -> Vec<Arc<Pod>> {
+        let Some(uid) = job.metadata.uid.as_deref() else {
+            return Vec::new();
+        };
+        self.pods.as_ref().map_or_else(Vec::new, |pods| {
+            pods.state()
+                .into_iter()
+                .filter(|p| {
+                    p.metadata.namespace.as_deref() == Some(namespace)
+                        && p.owner_references().iter().any(|o| o.uid == uid)
+                })
+                .collect()
         })
     }
 
@@ -330,7 +346,10 @@ where
 /// The TrainingJob of a workload pod whose start-up guard ended, or whose training container
 /// ran out of memory: what it found is recorded.
 fn job_of_pod(pod: &Pod) -> Option<ObjectRef<Tolerant<TrainingJob>>> {
-    if training_job::guard_outcome(pod).is_none()
+    // A pod still Pending: whether the scheduler placed it is the job's `PodsScheduled`.
+    let pending = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending");
+    if !pending
+        && training_job::guard_outcome(pod).is_none()
         && training_job::recovery::memory_failure(pod, None).is_none()
     {
         return None;
@@ -386,6 +405,7 @@ where
     let job_ctx_templates = ctx.clone();
     let job_ctx_slices = ctx.clone();
     let job_ctx_limits = ctx.clone();
+    let job_ctx_events = ctx.clone();
     // A job's own status writes (ours) do not trigger it again: only what the user or the
     // API server changes (spec, labels, annotations, deletion) does.
     Controller::for_shared_stream(
@@ -412,6 +432,24 @@ where
     // A workload pod whose start-up guard ended, or whose training container ran out of
     // memory: record what it found.
     .watches_stream(pod_changes, |pod| job_of_pod(&pod))
+    // The Job controller could not create a workload pod (a quota, the LimitRanger, a
+    // webhook refused it): said only in an Event on the Job, which has the job's name.
+    .watches_stream(
+        watcher(
+            Api::<Event>::all(client.clone()),
+            watcher::Config::default().fields(&format!(
+                "reason={},involvedObject.kind=Job",
+                training_job::FAILED_CREATE
+            )),
+        )
+        .default_backoff()
+        .touched_objects(),
+        move |e| {
+            let job = e.involved_object;
+            let key = ObjectRef::new(job.name.as_deref()?).within(job.namespace.as_deref()?);
+            job_ctx_events.jobs.get(&key).is_some().then_some(key)
+        },
+    )
     // A sizer Job that ended (or changed): the job that asked for it is decided at once.
     .watches_stream(
         watcher(

@@ -287,6 +287,8 @@ pub struct WorkloadPart<'a> {
     pub created: &'a Condition,
     /// `NodeVerified`, once the start-up guard has run.
     pub guard: Option<&'a Condition>,
+    /// `PodsScheduled`, once the Job wants pods.
+    pub pods: Option<&'a Condition>,
     /// What the agents observed the job's GPUs doing.
     pub observed: Option<&'a ObservedOverlap>,
     /// `OverlapObserved`, for a job with overlap on that has been observed.
@@ -305,6 +307,7 @@ pub async fn write_workload(
 ) -> Result<(), Error> {
     let conditions: Vec<&Condition> = std::iter::once(part.created)
         .chain(part.guard)
+        .chain(part.pods)
         .chain(part.overlap)
         .chain(part.headroom)
         .chain(part.admitted)

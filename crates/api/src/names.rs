@@ -277,6 +277,21 @@ pub const EVENT_NEAR_GPU_MEMORY_LIMIT: &str = "NearGPUMemoryLimit";
 /// Event reason (Warning, on a TrainingJob): the start-up guard failed a pod: the node is not
 /// what the configuration assumed (the condition `NodeVerified=False`).
 pub const EVENT_STARTUP_GUARD_FAILED: &str = "StartupGuardFailed";
+/// Event reason (Warning, on a TrainingJob): a ResourceQuota refused the workload's pods
+/// (the condition `PodsScheduled=False`, with the quota's words).
+pub const EVENT_PODS_REFUSED_BY_QUOTA: &str = "PodsRefusedByQuota";
+/// Event reason (Warning, on a TrainingJob): the LimitRanger refused the workload's pods
+/// (the condition `PodsScheduled=False`, with the bound they break).
+pub const EVENT_PODS_REFUSED_BY_LIMIT_RANGE: &str = "PodsRefusedByLimitRange";
+/// Event reason (Warning, on a TrainingJob): an admission webhook refused the workload's pods
+/// (the condition `PodsScheduled=False`, with the webhook's words).
+pub const EVENT_PODS_REFUSED_BY_WEBHOOK: &str = "PodsRefusedByWebhook";
+/// Event reason (Warning, on a TrainingJob): the API server refused the workload's pods for
+/// another reason (the condition `PodsScheduled=False`, with its words).
+pub const EVENT_PODS_REFUSED: &str = "PodsRefused";
+/// Event reason (Warning, on a TrainingJob): the scheduler finds no node for a workload pod:
+/// an untolerated taint, more than any node has (the condition `PodsScheduled=False`).
+pub const EVENT_PODS_UNSCHEDULABLE: &str = "PodsUnschedulable";
 /// Event reason (Warning): a training pod ran out of GPU or host memory; on a TrainingJob it is
 /// decided again (condition `MemoryRecovery`), on a pod of another kind and its owner the
 /// configuration that ran out is named.

@@ -94,6 +94,7 @@ pub(super) async fn follow_workload(
     let guard_unchanged = guard
         .as_ref()
         .is_none_or(|g| conditions::unchanged(&current.conditions, g));
+    let pods = super::pods::pods_condition(tj, ctx, job, &current.conditions).await?;
     let (observed, overlap, headroom) = observe(tj, ctx, &current, generation);
     learn_from_run(tj, ctx, job, &current, observed.as_ref(), phase).await;
     let queued = tj.labels().contains_key(names::KUEUE_QUEUE_LABEL) && phase == JobPhase::Queued;
@@ -127,6 +128,7 @@ pub(super) async fn follow_workload(
         && unchanged(overlap.as_ref())
         && unchanged(headroom.as_ref())
         && unchanged(admitted.as_ref())
+        && unchanged(pods.as_ref())
     {
         return Ok(next);
     }
@@ -135,6 +137,7 @@ pub(super) async fn follow_workload(
         workload: Some(&workload),
         created: &created,
         guard: guard.as_ref(),
+        pods: pods.as_ref(),
         observed: observed.as_ref(),
         overlap: overlap.as_ref(),
         headroom: headroom.as_ref(),
@@ -146,7 +149,7 @@ pub(super) async fn follow_workload(
         tj,
         &current.conditions,
         admitted.as_ref(),
-        [overlap.as_ref(), headroom.as_ref()],
+        [overlap.as_ref(), headroom.as_ref(), pods.as_ref()],
         guard.as_ref().filter(|_| !guard_unchanged),
     )
     .await;
@@ -178,6 +181,7 @@ async fn name_conflict(
             workload: None,
             created: &cond,
             guard: None,
+            pods: None,
             observed: None,
             overlap: None,
             headroom: None,
@@ -225,7 +229,7 @@ async fn announce(
     tj: &TrainingJob,
     previous: &[Condition],
     admitted: Option<&Condition>,
-    observed: [Option<&Condition>; 2],
+    flags: [Option<&Condition>; 3],
     guard: Option<&Condition>,
 ) {
     // Kueue suspending an admitted job again (preemption, eviction) is worth an Event.
@@ -242,9 +246,9 @@ async fn announce(
         )
         .await;
     }
-    // An Event when a flag goes up (GPUs idle with overlap on, a GPU near its memory), not
-    // every time the figure in its message moves.
-    for c in observed.into_iter().flatten() {
+    // An Event when a flag goes up (GPUs idle with overlap on, a GPU near its memory, pods
+    // refused or unschedulable), not every time the figure in its message moves.
+    for c in flags.into_iter().flatten() {
         let was_flagged = previous
             .iter()
             .any(|p| p.type_ == c.type_ && p.status == "False");
@@ -561,6 +565,12 @@ pub fn slim_pod(pod: &mut Pod) {
     if let Some(status) = pod.status.take() {
         pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
             phase: status.phase,
+            // Only whether the scheduler placed it (or why not).
+            conditions: status.conditions.map(|cs| {
+                cs.into_iter()
+                    .filter(|c| c.type_ == "PodScheduled")
+                    .collect()
+            }),
             init_container_statuses: status.init_container_statuses,
             container_statuses: status.container_statuses,
             ..Default::default()

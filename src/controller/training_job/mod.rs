@@ -8,6 +8,7 @@ pub(crate) mod apply;
 mod follow;
 pub(crate) mod kueue;
 mod learn;
+mod pods;
 pub mod recovery;
 mod sizing;
 mod triggers;
@@ -41,6 +42,7 @@ use apply::{
 };
 use follow::follow_workload;
 pub use follow::{guard_outcome, slim_pod, slim_workload};
+pub use pods::FAILED_CREATE;
 pub use triggers::{
     jobs_for_claim_template, jobs_for_config_map, jobs_for_node, jobs_for_observation,
     jobs_for_profile, jobs_for_slices, jobs_in_namespace,

@@ -164,6 +164,7 @@ async fn replace_workload(
         workload: None,
         created: &recreating,
         guard: None,
+        pods: None,
         observed: None,
         overlap: None,
         headroom: None,

@@ -316,7 +316,8 @@ pub struct TrainingJobStatus {
     #[schemars(length(max = 11))]
     pub memory_failures: Vec<MemoryFailure>,
     /// Conditions: `OffloadResolved`, `WorkloadCreated`, `Admitted` (for a job in a Kueue queue:
-    /// whether Kueue let its workload run), `NodeVerified` (the start-up guard),
+    /// whether Kueue let its workload run), `PodsScheduled` (whether the cluster created and
+    /// placed the workload's pods), `NodeVerified` (the start-up guard),
     /// `OverlapObserved` (whether a job with overlap on keeps its GPUs busy), `MemoryRecovery`
     /// (whether a configuration that ran out of memory was replaced).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
