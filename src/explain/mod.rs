@@ -10,6 +10,7 @@
 //! estimate ([`candidates`]): the input of `hack/gpu/decision-bench.sh`.
 
 mod candidates;
+pub mod command;
 mod inputs;
 mod observed;
 mod text;
