@@ -278,46 +278,68 @@ pub async fn write_memory(
 
 /// The workload part of a TrainingJob's status. The workload writer owns every field here, so
 /// each write passes all that are set (a field left out would be dropped).
-pub struct WorkloadPart<'a> {
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkloadStatus {
     /// Phase, from the Job.
     pub phase: JobPhase,
     /// The workload's objects.
-    pub workload: Option<&'a WorkloadRef>,
+    pub workload: Option<WorkloadRef>,
     /// `WorkloadCreated`.
-    pub created: &'a Condition,
+    pub created: Condition,
     /// `NodeVerified`, once the start-up guard has run.
-    pub guard: Option<&'a Condition>,
+    pub guard: Option<Condition>,
     /// `PodsScheduled`, once the Job wants pods.
-    pub pods: Option<&'a Condition>,
+    pub pods: Option<Condition>,
     /// What the agents observed the job's GPUs doing.
-    pub observed: Option<&'a ObservedOverlap>,
+    pub observed: Option<ObservedOverlap>,
     /// `OverlapObserved`, for a job with overlap on that has been observed.
-    pub overlap: Option<&'a Condition>,
+    pub overlap: Option<Condition>,
     /// `GPUMemoryHeadroom`, once a GPU memory peak has been observed.
-    pub headroom: Option<&'a Condition>,
+    pub headroom: Option<Condition>,
     /// `Admitted`, for a job in a Kueue queue.
-    pub admitted: Option<&'a Condition>,
+    pub admitted: Option<Condition>,
+}
+
+impl WorkloadStatus {
+    /// Only `phase` and `created`: a workload about to be created again, or not the job's.
+    pub fn only(phase: JobPhase, created: Condition) -> Self {
+        WorkloadStatus {
+            phase,
+            workload: None,
+            created,
+            guard: None,
+            pods: None,
+            observed: None,
+            overlap: None,
+            headroom: None,
+            admitted: None,
+        }
+    }
+
+    /// Its conditions, `WorkloadCreated` first.
+    pub fn conditions(&self) -> impl Iterator<Item = &Condition> {
+        std::iter::once(&self.created)
+            .chain(self.guard.as_ref())
+            .chain(self.pods.as_ref())
+            .chain(self.overlap.as_ref())
+            .chain(self.headroom.as_ref())
+            .chain(self.admitted.as_ref())
+    }
 }
 
 /// Writes the workload part only; every other status field is left as it is.
 pub async fn write_workload(
     api: &Api<TrainingJob>,
     name: &str,
-    part: &WorkloadPart<'_>,
+    part: &WorkloadStatus,
 ) -> Result<(), Error> {
-    let conditions: Vec<&Condition> = std::iter::once(part.created)
-        .chain(part.guard)
-        .chain(part.pods)
-        .chain(part.overlap)
-        .chain(part.headroom)
-        .chain(part.admitted)
-        .collect();
+    let conditions: Vec<&Condition> = part.conditions().collect();
     let mut value = json!({"phase": part.phase, "conditions": conditions});
-    if let Some(w) = part.workload {
+    if let Some(w) = &part.workload {
         value["workload"] = serde_json::to_value(w)
             .map_err(|e| Error::Serialize("TrainingJob workload reference", e))?;
     }
-    if let Some(o) = part.observed {
+    if let Some(o) = &part.observed {
         value["observed"] =
             serde_json::to_value(o).map_err(|e| Error::Serialize("TrainingJob observation", e))?;
     }

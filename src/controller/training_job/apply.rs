@@ -1,23 +1,19 @@
 //! Creating the workload: its objects by server-side apply under the operator's field manager
-//! ([`create_workload`]); refusals that last become conditions. A job that cannot be decided is
-//! held here ([`record_unresolved`]); the statuses themselves come from
-//! [`crate::controller::status`].
+//! ([`create_workload`]); refusals that last become conditions. Events are published here; the
+//! statuses themselves come from [`crate::controller::status`].
 
 use std::time::Duration;
 
 use crate::dra::api::ResourceClaimTemplate;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::Unresolved;
 use crate::controller::{Context, Error, kube_err, status};
-use crate::ops::metrics::DecisionLabels;
 use crate::render::workload::Workload;
 use offload_api::names;
 use offload_api::v1alpha1::{NodeClass, OffloadMode, TrainingJob, TrainingJobStatus, WorkloadRef};
@@ -86,7 +82,7 @@ pub(super) async fn create_workload(
             return Err(err);
         };
         let message = format!("{action} failed: {detail}");
-        if status::apply_failed(status, &existing_conditions(tj), &message) {
+        if status::apply_failed(status, &super::plan::existing_conditions(tj), &message) {
             status::write_decision(&api, &name, status).await?;
             publish(
                 ctx,
@@ -122,65 +118,6 @@ pub(super) fn job_labels(tj: &TrainingJob) -> crate::ops::metrics::JobLabels {
         namespace: tj.namespace().unwrap_or_default(),
         trainingjob: tj.name_any(),
     }
-}
-
-pub(super) async fn record_unresolved(
-    tj: &TrainingJob,
-    ctx: &Context,
-    why: &Unresolved,
-) -> Result<(), Error> {
-    let name = tj.name_any();
-    let api: Api<TrainingJob> =
-        Api::namespaced(ctx.client.clone(), &tj.namespace().unwrap_or_default());
-    // Set before the unchanged-status return: a restarted operator reports the jobs it holds.
-    ctx.metrics.set_held(&job_labels(tj), Some(why.reason()));
-    let current = tj.status.clone().unwrap_or_default();
-    let Some(status) = status::held(
-        &current,
-        why.reason(),
-        why.message(),
-        tj.metadata.generation,
-    ) else {
-        return Ok(());
-    };
-    status::write_decision(&api, &name, &status).await?;
-    ctx.metrics
-        .decisions
-        .get_or_create(&DecisionLabels {
-            mode: why.reason(),
-            node_class: "none",
-        })
-        .inc();
-    publish(ctx, tj, EventType::Warning, why.reason(), &why.message()).await;
-    Ok(())
-}
-
-/// A job waiting for the sizer to trace its model's step: `OffloadResolved=False` (`Tracing`)
-/// with `message` (no Warning: nothing is wrong).
-pub(super) async fn record_tracing(
-    tj: &TrainingJob,
-    ctx: &Context,
-    message: &str,
-) -> Result<(), Error> {
-    let api: Api<TrainingJob> =
-        Api::namespaced(ctx.client.clone(), &tj.namespace().unwrap_or_default());
-    let current = tj.status.clone().unwrap_or_default();
-    if let Some(status) = status::held(
-        &current,
-        names::EVENT_TRACING,
-        message.to_string(),
-        tj.metadata.generation,
-    ) {
-        status::write_decision(&api, &tj.name_any(), &status).await?;
-    }
-    Ok(())
-}
-
-pub(super) fn existing_conditions(tj: &TrainingJob) -> Vec<Condition> {
-    tj.status
-        .as_ref()
-        .map(|s| s.conditions.clone())
-        .unwrap_or_default()
 }
 
 pub(super) fn mode_label(mode: OffloadMode) -> &'static str {

@@ -1,18 +1,20 @@
-//! Following a workload that exists: phase and the workload reference, never the decision.
+//! Following a workload that exists, planned: its phase, its conditions computed in one pass
+//! from the snapshot, what its runs teach, and the Events of what changed — never the decision.
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use std::sync::Arc;
 
-use super::apply::publish;
+use super::plan::{Announce, Following, Learned};
+use super::snapshot::Snapshot;
 use crate::controller::conditions::{self, WORKLOAD_CREATED};
 use crate::controller::overlap_observed;
-use crate::controller::{Context, Error, kube_err, status};
-use crate::ops::metrics::JobLabels;
+use crate::controller::status::{self, WorkloadStatus};
+use crate::decision::ClusterView;
 use crate::render;
 use offload_api::names;
 use offload_api::v1alpha1::{
@@ -20,151 +22,145 @@ use offload_api::v1alpha1::{
     TrainingJobStatus, WorkloadRef,
 };
 
-/// What a run of the job teaches later decisions of its shape: a new window of its peaks, the
-/// end of a workload that succeeded (its configuration fits), and what the training processes
-/// reported of PyTorch's own figures at exit (what the run needed, which replaces the device's
-/// upper bound, and how long its steps took).
-async fn learn_from_run(
-    tj: &TrainingJob,
-    ctx: &Context,
-    job: &Job,
-    current: &TrainingJobStatus,
-    observed: Option<&ObservedOverlap>,
-    phase: JobPhase,
-) {
-    let (Some(o), Some(d)) = (
-        observed.or(current.observed.as_ref()),
-        current.offload.as_ref(),
-    ) else {
-        return;
+/// What following the snapshot's workload changes.
+pub(super) fn plan_follow(snap: &Snapshot, view: &dyn ClusterView) -> Following {
+    let tj = &snap.job;
+    let mut plan = Following::default();
+    let Some(job) = snap.workload.as_ref() else {
+        return plan;
     };
-    let trained = phase == JobPhase::Succeeded;
-    let newly_trained = trained && current.phase != Some(JobPhase::Succeeded);
-    if (newly_trained || current.observed.as_ref().map(|p| &p.memory) != Some(&o.memory))
-        && let Some(obs) = super::learn::observed(ctx, d, o, None, None, trained)
-    {
-        super::learn::learn(tj, ctx, &obs).await;
-    }
-    if let Some(report) = super::recovery::reported_allocation(ctx, tj, job)
-        && let Some(mut obs) =
-            super::learn::observed(ctx, d, o, None, Some(report.allocated), trained)
-    {
-        obs.step_seconds = report.step_seconds;
-        super::learn::learn(tj, ctx, &obs).await;
-    }
-}
-
-/// Keeps phase and the workload reference in step with the Job; never touches the decision.
-pub(super) async fn follow_workload(
-    tj: &TrainingJob,
-    ctx: &Context,
-    job: &Job,
-) -> Result<Action, Error> {
-    let name = tj.name_any();
+    let mut current = tj.status.clone().unwrap_or_default();
     let owned = job
         .owner_references()
         .iter()
         .any(|o| o.controller == Some(true) && Some(&o.uid) == tj.metadata.uid.as_ref());
-    let api: Api<TrainingJob> =
-        Api::namespaced(ctx.client.clone(), &tj.namespace().unwrap_or_default());
-    let current = tj.status.clone().unwrap_or_default();
-    let generation = tj.metadata.generation;
     if !owned {
-        name_conflict(tj, ctx, &api, &current).await?;
-        return Ok(Action::await_change());
+        return name_conflict(tj, &current);
     }
     // A Job on its way out (recreated after running out of memory): its deletion is the next
     // change.
     if super::recovery::deleting(job) {
-        return Ok(Action::await_change());
+        return plan;
     }
-    let current = restore_decision(tj, &api, job, current).await?;
+    if let Some(restored) = restore_decision(tj, job, &current) {
+        current.offload.clone_from(&restored.offload);
+        current.observed_generation = restored.observed_generation;
+        for c in &restored.conditions {
+            conditions::set(&mut current.conditions, c.clone());
+        }
+        plan.restore = Some(restored);
+    }
     // Only a job the operator configured is decided again; one that did not opt in fails as
     // it was written.
     if crate::decision::opted_in(tj)
         && let Some(failed) =
-            super::recovery::unrecorded_failure(ctx, tj, job, &current.memory_failures)
+            super::recovery::unrecorded_failure(tj, &snap.pods, &current.memory_failures)
     {
-        return super::recovery::recover(tj, ctx, &current, failed).await;
+        super::recovery::plan_recovery(snap, view, &current, failed, &mut plan);
+        return plan;
     }
+    follow_status(snap, view, job, &current, &mut plan);
+    plan
+}
+
+/// The workload part of the status, the job's gauge, its lessons and the Events of what
+/// changed, from the Job, its pods and what the agents observed.
+fn follow_status(
+    snap: &Snapshot,
+    view: &dyn ClusterView,
+    job: &Job,
+    current: &TrainingJobStatus,
+    plan: &mut Following,
+) {
+    let tj = &snap.job;
+    let name = tj.name_any();
+    let generation = tj.metadata.generation;
     let phase = phase_of(job);
-    let workload = workload_ref(&name, &current, job);
-    let created = status::created(&current.conditions, &name, generation);
-    let guard = guard_condition(tj, ctx, job, &current.conditions).await?;
-    let guard_unchanged = guard
-        .as_ref()
-        .is_none_or(|g| conditions::unchanged(&current.conditions, g));
-    let pods = super::pods::pods_condition(tj, ctx, job, &current.conditions).await?;
-    let (observed, overlap, headroom) = observe(tj, ctx, &current, generation);
-    learn_from_run(tj, ctx, job, &current, observed.as_ref(), phase).await;
+    let (observed, overlap, headroom, gauge) =
+        observation(view, current, snap.fresh.clone(), generation);
+    plan.gauge = gauge;
+    plan.lessons = lessons_of_run(snap, view, current, observed.as_ref(), phase);
     let queued = tj.labels().contains_key(names::KUEUE_QUEUE_LABEL) && phase == JobPhase::Queued;
-    let kueue_says = if queued {
-        super::kueue::waiting_reason(&ctx.client, job).await
-    } else {
-        None
-    };
-    let admitted = admission(
-        tj,
-        job,
-        &current.conditions,
-        generation,
-        kueue_says.as_deref(),
-    );
     // Kueue's Workloads are watched where Kueue was installed when the operator started
     // (`kueue::workload_changes`); while the Job waits, look again now and then anyway (Kueue
     // installed later, or Workloads this operator may not watch).
-    let next = if queued {
-        Action::requeue(QUEUED_RECHECK)
-    } else {
-        Action::await_change()
-    };
-    let unchanged =
-        |c: Option<&Condition>| c.is_none_or(|c| conditions::unchanged(&current.conditions, c));
-    if current.phase == Some(phase)
-        && current.workload.as_ref() == Some(&workload)
-        && conditions::unchanged(&current.conditions, &created)
-        && guard_unchanged
-        && current.observed == observed
-        && unchanged(overlap.as_ref())
-        && unchanged(headroom.as_ref())
-        && unchanged(admitted.as_ref())
-        && unchanged(pods.as_ref())
-    {
-        return Ok(next);
+    if queued {
+        plan.next = Some(Action::requeue(QUEUED_RECHECK));
     }
-    let part = status::WorkloadPart {
+    let next = WorkloadStatus {
         phase,
-        workload: Some(&workload),
-        created: &created,
-        guard: guard.as_ref(),
-        pods: pods.as_ref(),
-        observed: observed.as_ref(),
-        overlap: overlap.as_ref(),
-        headroom: headroom.as_ref(),
-        admitted: admitted.as_ref(),
+        workload: Some(workload_ref(&name, current, job)),
+        created: status::created(&current.conditions, &name, generation),
+        guard: guard_condition(tj, job, &snap.pods, &current.conditions),
+        pods: super::pods::pods_condition(
+            &current.conditions,
+            generation,
+            job,
+            &snap.pods,
+            snap.refusal.as_deref(),
+        ),
+        observed,
+        overlap,
+        headroom,
+        admitted: admission(
+            tj,
+            job,
+            &current.conditions,
+            generation,
+            snap.kueue_says.as_deref(),
+        ),
     };
-    status::write_workload(&api, &name, &part).await?;
-    announce(
-        ctx,
-        tj,
-        &current.conditions,
-        admitted.as_ref(),
-        [overlap.as_ref(), headroom.as_ref(), pods.as_ref()],
-        guard.as_ref().filter(|_| !guard_unchanged),
-    )
-    .await;
-    Ok(next)
+    let unchanged = current.phase == Some(next.phase)
+        && current.workload == next.workload
+        && current.observed == next.observed
+        && next
+            .conditions()
+            .all(|c| conditions::unchanged(&current.conditions, c));
+    if !unchanged {
+        plan.events = announce(&current.conditions, &next);
+        plan.status = Some(next);
+    }
+}
+
+/// What a run of the job teaches later decisions of its shape: a new window of its peaks, the
+/// end of a workload that succeeded (its configuration fits), and what the training processes
+/// reported of PyTorch's own figures at exit (what the run needed, which replaces the device's
+/// upper bound, and how long its steps took).
+fn lessons_of_run(
+    snap: &Snapshot,
+    view: &dyn ClusterView,
+    current: &TrainingJobStatus,
+    observed: Option<&ObservedOverlap>,
+    phase: JobPhase,
+) -> Vec<Learned> {
+    let (Some(o), Some(d)) = (
+        observed.or(current.observed.as_ref()),
+        current.offload.as_ref(),
+    ) else {
+        return Vec::new();
+    };
+    let nodes = view.nodes();
+    let trained = phase == JobPhase::Succeeded;
+    let newly_trained = trained && current.phase != Some(JobPhase::Succeeded);
+    let mut lessons = Vec::new();
+    if (newly_trained || current.observed.as_ref().map(|p| &p.memory) != Some(&o.memory))
+        && let Some(obs) = super::learn::observed(&nodes, d, o, None, None, trained)
+    {
+        lessons.extend(super::learn::lesson(snap, view, &obs));
+    }
+    if let Some(report) = super::recovery::reported_allocation(&snap.job, &snap.pods)
+        && let Some(mut obs) =
+            super::learn::observed(&nodes, d, o, None, Some(report.allocated), trained)
+    {
+        obs.step_seconds = report.step_seconds;
+        lessons.extend(super::learn::lesson(snap, view, &obs));
+    }
+    lessons
 }
 
 /// A Job of the job's name that it does not own: said once, as a condition and an Event.
-async fn name_conflict(
-    tj: &TrainingJob,
-    ctx: &Context,
-    api: &Api<TrainingJob>,
-    current: &TrainingJobStatus,
-) -> Result<(), Error> {
+fn name_conflict(tj: &TrainingJob, current: &TrainingJobStatus) -> Following {
     let name = tj.name_any();
-    let generation = tj.metadata.generation;
     let cond = conditions::condition(
         &current.conditions,
         WORKLOAD_CREATED,
@@ -173,31 +169,20 @@ async fn name_conflict(
         format!(
             "a Job named {name} exists and is not owned by this TrainingJob: delete it or rename the TrainingJob"
         ),
-        generation,
+        tj.metadata.generation,
     );
-    if !conditions::unchanged(&current.conditions, &cond) {
-        let part = status::WorkloadPart {
-            phase: JobPhase::Pending,
-            workload: None,
-            created: &cond,
-            guard: None,
-            pods: None,
-            observed: None,
-            overlap: None,
-            headroom: None,
-            admitted: None,
-        };
-        status::write_workload(api, &name, &part).await?;
-        publish(
-            ctx,
-            tj,
+    if conditions::unchanged(&current.conditions, &cond) {
+        return Following::default();
+    }
+    Following {
+        status: Some(WorkloadStatus::only(JobPhase::Pending, cond)),
+        events: vec![Announce::new(
             EventType::Warning,
             names::EVENT_NAME_CONFLICT,
             "a Job of the same name exists and is not owned by this TrainingJob",
-        )
-        .await;
+        )],
+        ..Following::default()
     }
-    Ok(())
 }
 
 /// The workload the status names: the Job and Service of the job's name and the config map its
@@ -222,49 +207,212 @@ fn workload_ref(name: &str, current: &TrainingJobStatus, job: &Job) -> WorkloadR
     }
 }
 
-/// The Events of a status change: Kueue suspending an admitted job again, the overlap flag
-/// going up, a start-up guard that failed (`guard` only when its condition changed).
-async fn announce(
-    ctx: &Context,
-    tj: &TrainingJob,
-    previous: &[Condition],
-    admitted: Option<&Condition>,
-    flags: [Option<&Condition>; 3],
-    guard: Option<&Condition>,
-) {
+/// The Events of a status change: Kueue suspending an admitted job again, a flag going up
+/// (GPUs idle with overlap on, a GPU near its memory, pods refused or unschedulable), a
+/// start-up guard that failed.
+fn announce(previous: &[Condition], next: &WorkloadStatus) -> Vec<Announce> {
+    let mut events = Vec::new();
     // Kueue suspending an admitted job again (preemption, eviction) is worth an Event.
     let was_admitted = previous
         .iter()
         .any(|c| c.type_ == conditions::ADMITTED && c.status == "True");
-    if was_admitted && let Some(c) = admitted.filter(|c| c.status == "False") {
-        publish(
-            ctx,
-            tj,
+    if was_admitted && let Some(c) = next.admitted.as_ref().filter(|c| c.status == "False") {
+        events.push(Announce::new(
             EventType::Normal,
             names::EVENT_SUSPENDED,
-            &c.message,
-        )
-        .await;
+            c.message.clone(),
+        ));
     }
-    // An Event when a flag goes up (GPUs idle with overlap on, a GPU near its memory, pods
-    // refused or unschedulable), not every time the figure in its message moves.
-    for c in flags.into_iter().flatten() {
+    // An Event when a flag goes up, not every time the figure in its message moves.
+    for c in [&next.overlap, &next.headroom, &next.pods]
+        .into_iter()
+        .flatten()
+    {
         let was_flagged = previous
             .iter()
             .any(|p| p.type_ == c.type_ && p.status == "False");
         if !was_flagged && c.status == "False" {
-            publish(ctx, tj, EventType::Warning, &c.reason, &c.message).await;
+            events.push(Announce::new(
+                EventType::Warning,
+                &c.reason,
+                c.message.clone(),
+            ));
         }
     }
-    if let Some(g) = guard.filter(|g| g.status == "False") {
-        publish(
-            ctx,
-            tj,
+    if let Some(g) = next
+        .guard
+        .as_ref()
+        .filter(|g| g.status == "False" && !conditions::unchanged(previous, g))
+    {
+        events.push(Announce::new(
             EventType::Warning,
             names::EVENT_STARTUP_GUARD_FAILED,
-            &g.message,
-        )
-        .await;
+            g.message.clone(),
+        ));
+    }
+    events
+}
+
+/// The job's observed figures (fresh ones from the agents' summaries, else the last recorded),
+/// with the memory its configuration used so far; the `OverlapObserved` condition where there
+/// is something to judge, and `GPUMemoryHeadroom` once a GPU peak is known (else the ones
+/// recorded, which the workload writer owns and must repeat); the job's GPU-busy gauge.
+#[allow(clippy::type_complexity)]
+fn observation(
+    view: &dyn ClusterView,
+    current: &TrainingJobStatus,
+    fresh: Option<ObservedOverlap>,
+    generation: Option<i64>,
+) -> (
+    Option<ObservedOverlap>,
+    Option<Condition>,
+    Option<Condition>,
+    Option<(f64, Option<bool>)>,
+) {
+    let recorded_of = |kind: &str| current.conditions.iter().find(|c| c.type_ == kind).cloned();
+    let decision = current.offload.as_ref();
+    let observed = match (fresh, decision) {
+        (Some(o), Some(d)) => Some(with_memory(o, current.observed.as_ref(), d)),
+        (fresh, _) => fresh.or_else(|| current.observed.clone()),
+    };
+    let headroom = observed
+        .as_ref()
+        .and_then(|o| o.memory.as_ref())
+        .and_then(overlap_observed::judge_memory)
+        .map(|(ok, reason, message)| {
+            conditions::condition(
+                &current.conditions,
+                overlap_observed::GPU_MEMORY_HEADROOM,
+                ok,
+                reason,
+                message,
+                generation,
+            )
+        })
+        .or_else(|| recorded_of(overlap_observed::GPU_MEMORY_HEADROOM));
+    let recorded = recorded_of(overlap_observed::OVERLAP_OBSERVED);
+    let (Some(o), Some(decision)) = (observed.as_ref(), decision) else {
+        return (observed, recorded, headroom, None);
+    };
+    let threshold = view
+        .profile(&decision.profile)
+        .map_or(DEFAULT_MIN_OBSERVED_GPU_BUSY, |p| p.min_observed_gpu_busy);
+    let verdict = overlap_observed::judge(decision, o, threshold);
+    let gauge = Some((o.gpu_busy, verdict.as_ref().map(|(ok, ..)| !ok)));
+    let Some((ok, reason, message)) = verdict else {
+        return (observed, recorded, headroom, gauge);
+    };
+    let cond = conditions::condition(
+        &current.conditions,
+        overlap_observed::OVERLAP_OBSERVED,
+        ok,
+        reason,
+        message,
+        generation,
+    );
+    (observed, Some(cond), headroom, gauge)
+}
+
+/// A fresh observation with the memory its configuration used so far: its new window merged
+/// into what was recorded.
+fn with_memory(
+    mut o: ObservedOverlap,
+    previous: Option<&ObservedOverlap>,
+    d: &OffloadDecisionStatus,
+) -> ObservedOverlap {
+    let new_window = previous.is_none_or(|p| p.observed_at != o.observed_at);
+    let recorded = previous.and_then(|p| p.memory.as_ref());
+    o.memory = match o.memory.as_ref() {
+        Some(m) => Some(overlap_observed::merge_memory(
+            recorded,
+            m,
+            new_window,
+            &crate::decision::evidence::configuration(d),
+            d,
+        )),
+        None => recorded.cloned(),
+    };
+    o
+}
+
+/// Where the status lost its decision (the operator or the API server died between creating
+/// the workload and recording it), the decision part written back from the record the Job
+/// carries, with the `OffloadResolved` condition. A Job without a readable record restores
+/// nothing.
+fn restore_decision(
+    tj: &TrainingJob,
+    job: &Job,
+    current: &TrainingJobStatus,
+) -> Option<TrainingJobStatus> {
+    if current.offload.is_some() {
+        return None;
+    }
+    let text = job.annotations().get(names::ANNOTATION_DECISION)?;
+    let record: OffloadDecisionStatus = match serde_json::from_str(text) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(job = %tj.name_any(), error = %e, "the workload's decision record does not parse; not restored");
+            return None;
+        }
+    };
+    Some(status::restored(
+        &current.conditions,
+        record,
+        tj.metadata.generation,
+    ))
+}
+
+/// What the start-up guard said in the workload's pods: `False` with the first failure's
+/// message, `True` once a guard passed and none failed, else the condition already recorded (the
+/// workload writer owns it and must repeat it). `None` when the workload has no guard or it has
+/// not run yet.
+fn guard_condition(
+    tj: &TrainingJob,
+    job: &Job,
+    pods: &[Arc<Pod>],
+    existing: &[Condition],
+) -> Option<Condition> {
+    let recorded = existing
+        .iter()
+        .find(|c| c.type_ == conditions::NODE_VERIFIED)
+        .cloned();
+    let guarded = job
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.name == render::GUARD_CONTAINER));
+    if !guarded {
+        return recorded;
+    }
+    let mut passed = None;
+    for pod in pods {
+        match guard_outcome(pod) {
+            Some(GuardOutcome::Failed(message)) => {
+                return Some(conditions::condition(
+                    existing,
+                    conditions::NODE_VERIFIED,
+                    false,
+                    "StartupGuardFailed",
+                    message,
+                    tj.metadata.generation,
+                ));
+            }
+            Some(GuardOutcome::Passed(node)) => passed = passed.or(Some(node)),
+            None => {}
+        }
+    }
+    match passed {
+        Some(_) if recorded.as_ref().is_some_and(|r| r.status == "True") => recorded,
+        Some(node) => Some(conditions::condition(
+            existing,
+            conditions::NODE_VERIFIED,
+            true,
+            "StartupGuardPassed",
+            format!("the start-up guard found node {node} to be what the configuration assumes"),
+            tj.metadata.generation,
+        )),
+        None => recorded,
     }
 }
 
@@ -321,185 +469,6 @@ fn admission(
         message,
         generation,
     ))
-}
-
-/// The job's observed figures (fresh ones from the agents' summaries, else the last recorded),
-/// with the memory its configuration used so far; the `OverlapObserved` condition where there
-/// is something to judge, and `GPUMemoryHeadroom` once a GPU peak is known (else the ones
-/// recorded, which this writer owns and must repeat). Sets the job's metrics.
-fn observe(
-    tj: &TrainingJob,
-    ctx: &Context,
-    current: &TrainingJobStatus,
-    generation: Option<i64>,
-) -> (
-    Option<ObservedOverlap>,
-    Option<Condition>,
-    Option<Condition>,
-) {
-    let ns = tj.namespace().unwrap_or_default();
-    let name = tj.name_any();
-    let bound = |pod: &str, node: &str| ctx.pod_of_job_on(&ns, pod, node, &name);
-    let recorded_of = |kind: &str| current.conditions.iter().find(|c| c.type_ == kind).cloned();
-    let fresh = overlap_observed::gather(&ctx.nodes(), &ns, &name, jiff::Timestamp::now(), &bound);
-    let decision = current.offload.as_ref();
-    let observed = match (fresh, decision) {
-        (Some(mut o), Some(d)) => {
-            let previous = current.observed.as_ref();
-            let new_window = previous.is_none_or(|p| p.observed_at != o.observed_at);
-            let recorded = previous.and_then(|p| p.memory.as_ref());
-            o.memory = match o.memory.as_ref() {
-                Some(m) => Some(overlap_observed::merge_memory(
-                    recorded,
-                    m,
-                    new_window,
-                    &crate::decision::evidence::configuration(d),
-                    d,
-                )),
-                None => recorded.cloned(),
-            };
-            Some(o)
-        }
-        (fresh, _) => fresh.or_else(|| current.observed.clone()),
-    };
-    let headroom = observed
-        .as_ref()
-        .and_then(|o| o.memory.as_ref())
-        .and_then(overlap_observed::judge_memory)
-        .map(|(ok, reason, message)| {
-            conditions::condition(
-                &current.conditions,
-                overlap_observed::GPU_MEMORY_HEADROOM,
-                ok,
-                reason,
-                message,
-                generation,
-            )
-        })
-        .or_else(|| recorded_of(overlap_observed::GPU_MEMORY_HEADROOM));
-    let recorded = recorded_of(overlap_observed::OVERLAP_OBSERVED);
-    let (Some(o), Some(decision)) = (observed.as_ref(), decision) else {
-        return (observed, recorded, headroom);
-    };
-    let labels = JobLabels {
-        namespace: ns,
-        trainingjob: name,
-    };
-    let threshold = ctx
-        .profile(&decision.profile)
-        .map_or(DEFAULT_MIN_OBSERVED_GPU_BUSY, |p| {
-            p.spec.min_observed_gpu_busy
-        });
-    let verdict = overlap_observed::judge(decision, o, threshold);
-    ctx.metrics
-        .set_job(&labels, o.gpu_busy, verdict.as_ref().map(|(ok, ..)| !ok));
-    let Some((ok, reason, message)) = verdict else {
-        return (observed, recorded, headroom);
-    };
-    let cond = conditions::condition(
-        &current.conditions,
-        overlap_observed::OVERLAP_OBSERVED,
-        ok,
-        reason,
-        message,
-        generation,
-    );
-    (observed, Some(cond), headroom)
-}
-
-/// Where the status lost its decision (the operator or the API server died between creating
-/// the workload and recording it), writes it back from the record the Job carries, with the
-/// `OffloadResolved` condition. Returns the status as it now is. A Job without a readable
-/// record leaves the status as it is.
-async fn restore_decision(
-    tj: &TrainingJob,
-    api: &Api<TrainingJob>,
-    job: &Job,
-    mut current: TrainingJobStatus,
-) -> Result<TrainingJobStatus, Error> {
-    if current.offload.is_some() {
-        return Ok(current);
-    }
-    let Some(text) = job.annotations().get(names::ANNOTATION_DECISION) else {
-        return Ok(current);
-    };
-    let record: OffloadDecisionStatus = match serde_json::from_str(text) {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(job = %tj.name_any(), error = %e, "the workload's decision record does not parse; not restored");
-            return Ok(current);
-        }
-    };
-    let generation = tj.metadata.generation;
-    let decision = status::restored(&current.conditions, record, generation);
-    status::write_decision(api, &tj.name_any(), &decision).await?;
-    tracing::info!(job = %tj.name_any(), "decision restored from the workload Job's record");
-    current.offload = decision.offload;
-    current.observed_generation = generation;
-    for c in decision.conditions {
-        conditions::set(&mut current.conditions, c);
-    }
-    Ok(current)
-}
-
-/// What the start-up guard said in the workload's pods: `False` with the first failure's
-/// message, `True` once a guard passed and none failed, else the condition already recorded (the
-/// workload writer owns it and must repeat it). `None` when the workload has no guard or it has
-/// not run yet.
-async fn guard_condition(
-    tj: &TrainingJob,
-    ctx: &Context,
-    job: &Job,
-    existing: &[Condition],
-) -> Result<Option<Condition>, Error> {
-    let recorded = existing
-        .iter()
-        .find(|c| c.type_ == conditions::NODE_VERIFIED)
-        .cloned();
-    let guarded = job
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .and_then(|s| s.init_containers.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.name == render::GUARD_CONTAINER));
-    if !guarded {
-        return Ok(recorded);
-    }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &tj.namespace().unwrap_or_default());
-    let selector = format!("{}={}", names::LABEL_TRAINING_JOB, tj.name_any());
-    let list = pods
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(kube_err("listing the workload's pods"))?;
-    let mut passed = None;
-    for pod in &list.items {
-        match guard_outcome(pod) {
-            Some(GuardOutcome::Failed(message)) => {
-                return Ok(Some(conditions::condition(
-                    existing,
-                    conditions::NODE_VERIFIED,
-                    false,
-                    "StartupGuardFailed",
-                    message,
-                    tj.metadata.generation,
-                )));
-            }
-            Some(GuardOutcome::Passed(node)) => passed = passed.or(Some(node)),
-            None => {}
-        }
-    }
-    Ok(match passed {
-        Some(_) if recorded.as_ref().is_some_and(|r| r.status == "True") => recorded,
-        Some(node) => Some(conditions::condition(
-            existing,
-            conditions::NODE_VERIFIED,
-            true,
-            "StartupGuardPassed",
-            format!("the start-up guard found node {node} to be what the configuration assumes"),
-            tj.metadata.generation,
-        )),
-        None => recorded,
-    })
 }
 
 /// How one pod's start-up guard ended.

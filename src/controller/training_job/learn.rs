@@ -1,16 +1,17 @@
 //! Learning from what a TrainingJob's configuration used: each new window of its observed
 //! peaks (and each out-of-memory failure) is a lesson for later decisions of the same shape on
-//! the same node class ([`crate::decision::lesson`]), kept by the operator's
+//! the same node class ([`crate::decision::lesson`]), planned here and kept by the operator's
 //! [`crate::cluster::learned::LearnedStore`]. A lesson that cannot be drawn changes nothing.
 
 use kube::ResourceExt;
-use offload_api::v1alpha1::{
-    MemoryKind, NodeClass, ObservedOverlap, OffloadDecisionStatus, TrainingJob,
-};
+use offload_api::v1alpha1::{MemoryKind, NodeClass, ObservedOverlap, OffloadDecisionStatus};
 
-use crate::controller::Context;
+use super::plan::Learned;
+use super::snapshot::Snapshot;
+use crate::decision::ClusterView;
 use crate::decision::lesson::Observed;
 use crate::decision::memory::Placement;
+use crate::index::NodeIndex;
 
 /// The placement a recorded decision wrote.
 fn placement(d: &OffloadDecisionStatus) -> Option<Placement> {
@@ -19,12 +20,11 @@ fn placement(d: &OffloadDecisionStatus) -> Option<Placement> {
 
 /// The class the job ran on: the decision's, else the class of a node it was observed on.
 fn class(
-    ctx: &Context,
+    nodes: &NodeIndex,
     d: &OffloadDecisionStatus,
     observed: &ObservedOverlap,
 ) -> Option<NodeClass> {
     d.node_class.or_else(|| {
-        let nodes = ctx.nodes();
         observed.nodes.iter().find_map(|n| {
             nodes
                 .by_name(&n.node)
@@ -37,7 +37,7 @@ fn class(
 /// `allocated` is what PyTorch's allocator said it needed, where known; `trained`: the workload
 /// succeeded.
 pub(super) fn observed(
-    ctx: &Context,
+    nodes: &NodeIndex,
     d: &OffloadDecisionStatus,
     observed: &ObservedOverlap,
     failed: Option<MemoryKind>,
@@ -52,7 +52,7 @@ pub(super) fn observed(
     let gpu_bytes = as_u64(m.gpu_total_bytes)?;
     Some(Observed {
         placement: placement(d)?,
-        class: class(ctx, d, observed)?,
+        class: class(nodes, d, observed)?,
         gpu_bytes,
         gpu_peak: match failed {
             // It needed at least all of it.
@@ -74,7 +74,7 @@ pub(super) fn observed(
 /// class's GPUs; `allocated` is what its own termination message said PyTorch needed, where it
 /// did. A host kill without a window shows no figure, so it teaches nothing.
 pub(super) fn observed_failure(
-    ctx: &Context,
+    nodes: &NodeIndex,
     d: &OffloadDecisionStatus,
     kind: MemoryKind,
     allocated: Option<u64>,
@@ -83,8 +83,7 @@ pub(super) fn observed_failure(
         return None;
     }
     let class = d.node_class?;
-    let gpu_bytes = ctx
-        .nodes()
+    let gpu_bytes = nodes
         .class(class)
         .filter_map(crate::index::NodeInfo::gpu_memory)
         .min()?;
@@ -103,44 +102,30 @@ pub(super) fn observed_failure(
     })
 }
 
-/// Draws the lesson of `obs` for `tj` and records it (used by decisions at once, written with
-/// the store's next batch).
-pub(super) async fn learn(tj: &TrainingJob, ctx: &Context, obs: &Observed) {
-    let Some(store) = ctx.view.learned.as_ref() else {
-        return;
+/// The lesson of `obs` for the snapshot's job, drawn with the configs it read; `None` where
+/// none can be drawn (its configs were not read or are wrong, the profile does not learn).
+pub(super) fn lesson(snap: &Snapshot, view: &dyn ClusterView, obs: &Observed) -> Option<Learned> {
+    let tj = &snap.job;
+    let Some(configs) = snap.configs.as_ref() else {
+        tracing::debug!(job = %tj.name_any(), "not learned: its configs were not read");
+        return None;
     };
-    let (config, model) = match (
-        super::read_deepspeed_config(tj, ctx).await,
-        super::read_model_config(tj, ctx).await,
-    ) {
-        (Ok(c), Ok(m)) => (c, m),
-        (Err(e), _) | (_, Err(e)) => {
-            tracing::debug!(job = %tj.name_any(), error = %e, "not learned: its configs could not be read");
-            return;
-        }
-    };
-    let lesson = crate::decision::lesson_of(
-        tj,
-        config.as_ref().map(Option::as_ref),
-        model.as_ref().map(Option::as_ref),
-        &ctx.view,
-        obs,
-    );
+    let lesson = crate::decision::lesson_of(tj, configs.deepspeed(), configs.model(), view, obs);
     let (profile, lesson) = match lesson {
         Ok(Some(pair)) => pair,
-        Ok(None) => return,
+        Ok(None) => return None,
         Err(e) => {
             tracing::debug!(job = %tj.name_any(), reason = %e.message(), "not learned");
-            return;
+            return None;
         }
     };
     let who = crate::decision::run_id(tj);
-    let run = lesson.run(&who, obs.failed.is_some(), jiff::Timestamp::now());
-    match store.record(&profile, obs.class, &lesson.shape, &lesson.described, run) {
-        Ok(true) => {
-            tracing::info!(job = %who, class = %obs.class, lesson = %lesson.sentence, "learned")
-        }
-        Ok(false) => {}
-        Err(e) => tracing::warn!(job = %who, error = %e, "lesson refused"),
-    }
+    Some(Learned {
+        profile,
+        class: obs.class,
+        run: lesson.run(&who, obs.failed.is_some(), snap.now),
+        shape: lesson.shape,
+        described: lesson.described,
+        sentence: lesson.sentence,
+    })
 }

@@ -15,32 +15,26 @@ use kube::api::{Api, ListParams};
 use crate::controller::conditions::{self, PODS_SCHEDULED};
 use crate::controller::{Context, Error, kube_err};
 use offload_api::names;
-use offload_api::v1alpha1::TrainingJob;
 
 /// The reason the Job controller gives the Events of pods it could not create.
 pub const FAILED_CREATE: &str = "FailedCreate";
 
-/// The `PodsScheduled` condition for the job's workload `job`, from its pods in the controller's
-/// cache and, when fewer are alive than the Job wants, the Job's latest `FailedCreate` Event:
-/// `False` while a pod is refused or unschedulable, `True` once every pod the Job wants is
-/// placed, else the condition recorded (a suspended or finished Job, pods on their way).
-pub(super) async fn pods_condition(
-    tj: &TrainingJob,
-    ctx: &Context,
-    job: &Job,
+/// The `PodsScheduled` condition of workload `job` with `pods` (the controller's cache of them)
+/// and `refusal` (its latest `FailedCreate`, [`latest_refusal`]): `False` while a pod is refused
+/// or unschedulable, `True` once every pod the Job wants is placed, else the condition recorded
+/// (a suspended or finished Job, pods on their way).
+pub(super) fn pods_condition(
     existing: &[Condition],
-) -> Result<Option<Condition>, Error> {
+    generation: Option<i64>,
+    job: &Job,
+    pods: &[Arc<Pod>],
+    refusal: Option<&str>,
+) -> Option<Condition> {
     let recorded = existing.iter().find(|c| c.type_ == PODS_SCHEDULED).cloned();
     let Some(want) = wanted(job).filter(|w| *w > 0) else {
-        return Ok(recorded);
+        return recorded;
     };
-    let pods: Vec<Arc<Pod>> = ctx.pods_of_job(&tj.namespace().unwrap_or_default(), job);
     let alive: Vec<&Pod> = pods.iter().map(Arc::as_ref).filter(|p| alive(p)).collect();
-    let refusal = if alive.len() < want {
-        latest_refusal(ctx, job, &pods).await?
-    } else {
-        None
-    };
     let placed = |ok, reason: &str, message: String| {
         Some(conditions::condition(
             existing,
@@ -48,35 +42,40 @@ pub(super) async fn pods_condition(
             ok,
             reason,
             message,
-            tj.metadata.generation,
+            generation,
         ))
     };
-    if let Some(message) = refusal {
-        let (reason, change) = refused_because(&message);
-        return Ok(placed(
+    if let Some(message) = refusal.filter(|_| alive.len() < want) {
+        let (reason, change) = refused_because(message);
+        return placed(
             false,
             reason,
             format!("the cluster refused the workload's pods: {message}; {change}"),
-        ));
+        );
     }
     if let Some((pod, message)) = alive.iter().find_map(|p| unschedulable(p)) {
-        return Ok(placed(
+        return placed(
             false,
             names::EVENT_PODS_UNSCHEDULABLE,
             format!(
                 "the scheduler cannot place pod {pod}: {message}; add the toleration, lower the request or add a node that has it"
             ),
-        ));
+        );
     }
     let scheduled = alive.iter().filter(|p| scheduled(p)).count();
     if scheduled >= want {
-        return Ok(placed(
+        return placed(
             true,
             "PodsScheduled",
             format!("{scheduled} of the workload's pods are created and placed on nodes"),
-        ));
+        );
     }
-    Ok(recorded)
+    recorded
+}
+
+/// Whether fewer of the Job's pods are alive than it wants (only then can a refusal matter).
+fn wants_more(job: &Job, pods: &[Arc<Pod>]) -> bool {
+    wanted(job).is_some_and(|want| pods.iter().filter(|p| alive(p)).count() < want)
 }
 
 /// How many pods the Job wants alive now: its parallelism, bounded by the completions still to
@@ -134,14 +133,20 @@ fn unschedulable(pod: &Pod) -> Option<(String, String)> {
     })
 }
 
-/// The message of the Job's latest `FailedCreate` Event, where it is newer than the newest of
-/// its pods (a refusal the cluster has since stopped making is not one).
-async fn latest_refusal(
+/// The message of the Job's latest `FailedCreate` Event, where fewer of its pods are alive than
+/// it wants and the Event is newer than the newest of them (a refusal the cluster has since
+/// stopped making is not one).
+pub(super) async fn latest_refusal(
     ctx: &Context,
     job: &Job,
     pods: &[Arc<Pod>],
 ) -> Result<Option<String>, Error> {
-    let Some(uid) = job.metadata.uid.as_deref() else {
+    let Some(uid) = job
+        .metadata
+        .uid
+        .as_deref()
+        .filter(|_| wants_more(job, pods))
+    else {
         return Ok(None);
     };
     let events: Api<Event> =

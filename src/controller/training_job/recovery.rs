@@ -6,15 +6,18 @@
 //! decision writes — at most the profile's `maxMemoryRetries` times, then the job is held with
 //! the figures. A pod that fails for any other reason is never re-decided.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, DeleteParams};
-use kube::runtime::controller::Action;
+use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::apply::publish;
+use super::plan::{Announce, Following, Recovery};
+use super::snapshot::Snapshot;
 use crate::controller::conditions::{self, WORKLOAD_CREATED};
-use crate::controller::{Context, Error, kube_err, status};
+use crate::controller::status::WorkloadStatus;
+use crate::decision::ClusterView;
 use crate::decision::memory::gib;
 use offload_api::names;
 use offload_api::v1alpha1::{JobPhase, MemoryFailure, MemoryKind, TrainingJob, TrainingJobStatus};
@@ -24,51 +27,32 @@ pub const MEMORY_RECOVERY: &str = offload_api::names::CONDITION_MEMORY_RECOVERY;
 
 pub use crate::decision::evidence::{configuration, memory_failure};
 
-/// A pod of `job` (the workload Job, by uid) that ran out of memory and is not recorded yet.
+/// A pod of the workload (`pods`: the workload Job's) that ran out of memory and is not
+/// recorded yet.
 pub(super) fn unrecorded_failure(
-    ctx: &Context,
     tj: &TrainingJob,
-    job: &Job,
+    pods: &[Arc<Pod>],
     recorded: &[MemoryFailure],
 ) -> Option<(String, MemoryKind, String)> {
-    let store = ctx.pods.as_ref()?;
-    let uid = job.metadata.uid.as_deref()?;
-    let ns = tj.namespace().unwrap_or_default();
-    let name = tj.name_any();
     let container = training_container(tj);
-    store.state().iter().find_map(|pod| {
-        let ours = pod.namespace().as_deref() == Some(ns.as_str())
-            && pod.labels().get(names::LABEL_TRAINING_JOB) == Some(&name)
-            && pod.owner_references().iter().any(|o| o.uid == uid);
+    pods.iter().find_map(|pod| {
         let pod_name = pod.name_any();
-        if !ours || recorded.iter().any(|f| f.pod == pod_name) {
+        if recorded.iter().any(|f| f.pod == pod_name) {
             return None;
         }
         memory_failure(pod, container.as_deref()).map(|(kind, message)| (pod_name, kind, message))
     })
 }
 
-/// What the training containers of `job`'s pods reported at exit (the profile's
+/// What the training containers of the workload's pods reported at exit (the profile's
 /// `reportAllocatorPeaks`), read together: the highest of PyTorch's own figures
 /// (`max_memory_allocated`, bytes) and the slowest median step, if any.
 pub(super) fn reported_allocation(
-    ctx: &Context,
     tj: &TrainingJob,
-    job: &Job,
+    pods: &[Arc<Pod>],
 ) -> Option<crate::decision::evidence::AllocatorReport> {
-    let store = ctx.pods.as_ref()?;
-    let uid = job.metadata.uid.as_deref()?;
-    let ns = tj.namespace().unwrap_or_default();
-    let name = tj.name_any();
     let container = training_container(tj);
-    store
-        .state()
-        .iter()
-        .filter(|pod| {
-            pod.namespace().as_deref() == Some(ns.as_str())
-                && pod.labels().get(names::LABEL_TRAINING_JOB) == Some(&name)
-                && pod.owner_references().iter().any(|o| o.uid == uid)
-        })
+    pods.iter()
         .flat_map(|pod| {
             pod.status
                 .iter()
@@ -140,60 +124,23 @@ fn what_ran_out(
     )
 }
 
-/// The workload goes: its reference first (a spec.offload change is refused while the job has
-/// a workload), then its Job, pods first.
-async fn replace_workload(
-    ctx: &Context,
-    api: &Api<TrainingJob>,
-    ns: &str,
-    name: &str,
-    current: &TrainingJobStatus,
-    generation: Option<i64>,
-    said: &str,
-) -> Result<(), Error> {
-    let recreating = conditions::condition(
-        &current.conditions,
-        WORKLOAD_CREATED,
-        false,
-        "Recreating",
-        format!("the workload is recreated after {said}"),
-        generation,
-    );
-    let part = status::WorkloadPart {
-        phase: JobPhase::Pending,
-        workload: None,
-        created: &recreating,
-        guard: None,
-        pods: None,
-        observed: None,
-        overlap: None,
-        headroom: None,
-        admitted: None,
-    };
-    status::write_workload(api, name, &part).await?;
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
-    match jobs.delete(name, &DeleteParams::foreground()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(kube_err("deleting the workload Job that ran out of memory")(e)),
-    }
-}
-
-/// Records the failure, and — within the profile's bound — clears the workload and deletes its
-/// Job, so the next reconcile decides again with the evidence and creates it anew.
-pub(super) async fn recover(
-    tj: &TrainingJob,
-    ctx: &Context,
+/// Plans the recovery from `failed`: the failure recorded with `MemoryRecovery`, the lesson
+/// that it needed more than it had, an `OutOfMemory` Event, and — within the profile's bound —
+/// the workload replaced, so the next reconcile decides again with the evidence and creates it
+/// anew.
+pub(super) fn plan_recovery(
+    snap: &Snapshot,
+    view: &dyn ClusterView,
     current: &TrainingJobStatus,
     failed: (String, MemoryKind, String),
-) -> Result<Action, Error> {
+    plan: &mut Following,
+) {
+    let tj = &snap.job;
     let (pod, kind, message) = failed;
-    let name = tj.name_any();
-    let ns = tj.namespace().unwrap_or_default();
-    let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &ns);
+    let generation = tj.metadata.generation;
     let decision = current.offload.as_ref();
     let max = decision
-        .and_then(|d| crate::decision::ClusterView::profile(&ctx.view, &d.profile))
+        .and_then(|d| view.profile(&d.profile))
         .map_or(offload_api::v1alpha1::DEFAULT_MAX_MEMORY_RETRIES, |p| {
             p.max_memory_retries
         });
@@ -203,23 +150,23 @@ pub(super) async fn recover(
         kind,
         &pod,
         &message,
-        jiff::Timestamp::now().to_string(),
+        snap.now.to_string(),
     );
     let (estimate_bytes, budget_bytes) = (failure.estimate_bytes, failure.budget_bytes);
     // What ran out is a lesson for the shape too: it needed more than it had. From the agent's
     // window where one shows this configuration, else from the pod's own account, so that no
     // later job of the shape goes as far.
     let needed = failure.needed_bytes.and_then(|b| u64::try_from(b).ok());
+    let nodes = view.nodes();
     let obs = decision.and_then(|d| {
         current
             .observed
             .as_ref()
-            .and_then(|o| super::learn::observed(ctx, d, o, Some(kind), needed, false))
-            .or_else(|| super::learn::observed_failure(ctx, d, kind, needed))
+            .and_then(|o| super::learn::observed(&nodes, d, o, Some(kind), needed, false))
+            .or_else(|| super::learn::observed_failure(&nodes, d, kind, needed))
     });
-    if let Some(obs) = obs {
-        super::learn::learn(tj, ctx, &obs).await;
-    }
+    plan.lessons
+        .extend(obs.and_then(|obs| super::learn::lesson(snap, view, &obs)));
     let mut failures = current.memory_failures.clone();
     failures.push(failure);
     let n = failures.len();
@@ -235,7 +182,7 @@ pub(super) async fn recover(
             format!(
                 "{said}; {n} configurations ran out of memory, more than the profile's maxMemoryRetries ({max}): the job is not re-decided again (each failure is in status.memoryFailures)"
             ),
-            tj.metadata.generation,
+            generation,
         )
     } else {
         conditions::condition(
@@ -246,36 +193,33 @@ pub(super) async fn recover(
             format!(
                 "{said}; its workload is replaced, decided again with its {memory} estimates raised past that (re-decision {n} of at most {max}): OffloadResolved says what that decision is, WorkloadCreated whether it runs"
             ),
-            tj.metadata.generation,
+            generation,
         )
     };
-    if exhausted {
-        ctx.metrics
-            .set_recovery_exhausted(&super::apply::job_labels(tj));
-    }
-    status::write_memory(&api, &name, &failures, &condition).await?;
-    publish(
-        ctx,
-        tj,
+    plan.events.push(Announce::new(
         EventType::Warning,
         names::EVENT_OUT_OF_MEMORY,
-        &condition.message,
-    )
-    .await;
-    if exhausted {
-        return Ok(Action::await_change());
-    }
-    replace_workload(
-        ctx,
-        &api,
-        &ns,
-        &name,
-        current,
-        tj.metadata.generation,
-        &said,
-    )
-    .await?;
-    Ok(Action::await_change())
+        condition.message.clone(),
+    ));
+    // The workload goes: its reference first (a spec.offload change is refused while the job
+    // has a workload), then its Job, pods first.
+    let replace = (!exhausted).then(|| {
+        let recreating = conditions::condition(
+            &current.conditions,
+            WORKLOAD_CREATED,
+            false,
+            "Recreating",
+            format!("the workload is recreated after {said}"),
+            generation,
+        );
+        WorkloadStatus::only(JobPhase::Pending, recreating)
+    });
+    plan.recovery = Some(Recovery {
+        failures,
+        condition,
+        exhausted,
+        replace,
+    });
 }
 
 /// Whether the Job is on its way out (deleted, its pods still going).

@@ -5,16 +5,11 @@
 //! the trace — or, where none could be made, with the counted model and the reason why. What
 //! the sizer found is kept ([`crate::cluster::traces`]) for every later job of the step.
 
-use offload_api::names;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
-
 use super::super::sizer_jobs::{Progress, advance};
 use super::super::{Context, Error};
-use super::apply::publish;
 use crate::decision::referenced::Reference;
 use crate::decision::{ClusterView, ModelShape, SizerRequest, TraceInput, UserConfig};
 use crate::sizer::cluster::{SizerSource, StepArgs};
@@ -24,12 +19,29 @@ use offload_api::v1alpha1::TrainingJob;
 const POLL: Duration = Duration::from_secs(5);
 
 /// Where a job's trace stands.
-pub(super) enum Step {
+pub(crate) enum Step {
     /// Decide now: with the trace of the step or why there is none (`Some`), or nothing to
     /// trace (`None`).
     Decide(Option<(SizerRequest, TraceInput)>),
-    /// Wait for the sizer.
-    Wait(Action),
+    /// The sizer's Job was just created: the job waits for it, and says so.
+    Started {
+        /// The sizer's Job.
+        job: String,
+        /// The image it runs.
+        image: String,
+        /// The step it traces, in words.
+        step: String,
+        /// How long the job waits for it, in seconds.
+        timeout: u64,
+    },
+    /// The sizer runs: wait for it.
+    Wait,
+}
+
+impl Step {
+    /// How often a job waiting for its trace is looked at again (the sizer Job's end wakes it
+    /// too).
+    pub const POLL: Duration = POLL;
 }
 
 /// Where `tj`'s trace stands, running the sizer where it is still to run.
@@ -62,31 +74,17 @@ pub(super) async fn trace_step(
         &reference.key,
     )
     .await?;
-    match progress {
-        Progress::Started { job, image } => {
-            let timeout = store.options().timeout.as_secs();
-            publish(
-                ctx,
-                tj,
-                EventType::Normal,
-                names::EVENT_TRACING,
-                &format!(
-                    "tracing the model's step ({}) with the sizer in Job {job} from {image}: the workload is created once it has, within {timeout} s",
-                    step.describe()
-                ),
-            )
-            .await;
-            let message = format!(
-                "waiting for the sizer to trace the model's step ({}) in Job {job}: the workload is created once it has, or after {timeout} s with the counted model",
-                step.describe()
-            );
-            super::apply::record_tracing(tj, ctx, &message).await?;
-            Ok(Step::Wait(Action::requeue(POLL)))
-        }
-        Progress::Running => Ok(Step::Wait(Action::requeue(POLL))),
-        Progress::Kept(input) => Ok(Step::Decide(Some((step, input)))),
-        Progress::Refused(why) => Ok(Step::Decide(Some((step, TraceInput::Untraced(why))))),
-    }
+    Ok(match progress {
+        Progress::Started { job, image } => Step::Started {
+            job,
+            image,
+            step: step.describe(),
+            timeout: store.options().timeout.as_secs(),
+        },
+        Progress::Running => Step::Wait,
+        Progress::Kept(input) => Step::Decide(Some((step, input))),
+        Progress::Refused(why) => Step::Decide(Some((step, TraceInput::Untraced(why)))),
+    })
 }
 
 /// The view with one step's trace as the sizer just found it (the store's watch may not have

@@ -1,0 +1,380 @@
+//! The planner: what one reconcile of a TrainingJob changes, as data, from its
+//! [`Snapshot`] and the cluster's view alone — no API call, no clock but the snapshot's. The
+//! writer ([`super::write`]) applies a plan; everything the reconcile decides is here and in the
+//! pure functions it calls ([`super::follow`] for a workload that exists,
+//! [`super::recovery`] for a pod out of memory).
+
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+
+use super::sizing::{Step, WithTrace};
+use super::snapshot::Snapshot;
+use crate::controller::status::{self, WorkloadStatus};
+use crate::decision::learned::{Reservation, Run};
+use crate::decision::{ClusterView, Resolution, Unresolved, decide, opted_in};
+use crate::render::workload::{Workload, build_workload, pin_claims};
+use crate::render::{RenderOptions, resolved_summary};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use offload_api::names;
+use offload_api::v1alpha1::{
+    LearningScope, MemoryFailure, NodeClass, TrainingJob, TrainingJobStatus,
+};
+
+/// What one reconcile changes.
+pub(crate) enum Plan {
+    /// Nothing to write; look again as the action says.
+    Wait(Action),
+    /// The job cannot be decided: held with why.
+    Hold(Held),
+    /// The job waits for its model's trace.
+    Tracing(Tracing),
+    /// The job is decided (or runs without offload): its spec, its workload, its status.
+    Create(Box<Creation>),
+    /// Its workload exists: what following it changes.
+    Follow(Box<Following>),
+}
+
+/// An Event to publish on the job.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Announce {
+    /// Normal or Warning.
+    pub type_: EventType,
+    /// Its reason (one of `names::EVENT_*`, or a condition's reason).
+    pub reason: String,
+    /// Its note.
+    pub note: String,
+}
+
+impl Announce {
+    /// An Event of `type_` with `reason` and `note`.
+    pub fn new(type_: EventType, reason: &str, note: impl Into<String>) -> Self {
+        Announce {
+            type_,
+            reason: reason.to_string(),
+            note: note.into(),
+        }
+    }
+}
+
+/// A job held: its reason code, its message, and the decision part of its status where that
+/// changes (`None`: the status already says it).
+pub(crate) struct Held {
+    /// The reason code (`Unresolved::reason`).
+    pub reason: &'static str,
+    /// What is wrong and what to change.
+    pub message: String,
+    /// The status to write.
+    pub status: Option<TrainingJobStatus>,
+}
+
+/// A job whose sizer Job was just started: its status and Event.
+pub(crate) struct Tracing {
+    /// `OffloadResolved=False` (`Tracing`), where that changes.
+    pub status: Option<TrainingJobStatus>,
+    /// The `Tracing` Event.
+    pub announce: Announce,
+}
+
+/// A workload to create, and what the job's spec and status say of it.
+pub(crate) struct Creation {
+    /// The decision; `None` for a job that did not opt in.
+    pub resolution: Option<Resolution>,
+    /// The shape's faster trial this decision takes, where it takes one.
+    pub trial: Option<TrialTake>,
+    /// The `spec.offload` (and request record) to write, where it changes.
+    pub spec: Option<serde_json::Value>,
+    /// The workload's objects.
+    pub workload: Workload,
+    /// The conditions the job had.
+    pub existing: Vec<Condition>,
+    /// The Event of the created workload.
+    pub created: String,
+}
+
+impl Creation {
+    /// The status once the spec was written at `generation`, and whether this is the job's
+    /// first resolution.
+    pub fn status_at(&self, generation: Option<i64>) -> (TrainingJobStatus, bool) {
+        match &self.resolution {
+            Some(res) => status::resolved(
+                self.existing.clone(),
+                res.status(),
+                res.headline(),
+                generation,
+            ),
+            None => (
+                status::not_requested(self.existing.clone(), generation),
+                false,
+            ),
+        }
+    }
+}
+
+/// What following an existing workload changes.
+#[derive(Default)]
+pub(crate) struct Following {
+    /// The decision part the status lost, written back from the Job's record.
+    pub restore: Option<TrainingJobStatus>,
+    /// A pod that ran out of memory: the evidence and what follows.
+    pub recovery: Option<Recovery>,
+    /// What the job's runs teach later decisions of its shape.
+    pub lessons: Vec<Learned>,
+    /// The workload part of the status, where it changes.
+    pub status: Option<WorkloadStatus>,
+    /// The Events of what changed.
+    pub events: Vec<Announce>,
+    /// The job's GPU-busy gauge and whether its overlap is flagged.
+    pub gauge: Option<(f64, Option<bool>)>,
+    /// When to look again.
+    pub next: Option<Action>,
+}
+
+/// A pod out of memory: every failure so far and `MemoryRecovery`, and — within the profile's
+/// bound — the workload replaced (its reference cleared with `Recreating`, its Job deleted).
+pub(crate) struct Recovery {
+    /// Every failure so far.
+    pub failures: Vec<MemoryFailure>,
+    /// `MemoryRecovery`.
+    pub condition: Condition,
+    /// Past the profile's `maxMemoryRetries`: held, not replaced.
+    pub exhausted: bool,
+    /// The workload part that clears the workload, where it is replaced.
+    pub replace: Option<WorkloadStatus>,
+}
+
+/// A lesson to record: a run of a shape on a class, under a profile.
+pub(crate) struct Learned {
+    /// The profile.
+    pub profile: String,
+    /// The node class.
+    pub class: NodeClass,
+    /// The shape's key.
+    pub shape: String,
+    /// The shape in words.
+    pub described: String,
+    /// The run.
+    pub run: Run,
+    /// The lesson in words, for the log.
+    pub sentence: String,
+}
+
+/// What one reconcile changes, from `snap` and `view` (the cluster's view: nodes, profiles,
+/// what was learned, kept traces).
+pub(crate) fn plan(snap: &Snapshot, view: &dyn ClusterView, render: &RenderOptions) -> Plan {
+    if snap.workload.is_some() {
+        return Plan::Follow(Box::new(super::follow::plan_follow(snap, view)));
+    }
+    let tj = &snap.job;
+    if !opted_in(tj) {
+        return without_offload(tj, render);
+    }
+    let Some(configs) = snap.configs.as_ref() else {
+        return Plan::Wait(Action::await_change());
+    };
+    let traced = match &snap.trace {
+        Step::Decide(traced) => traced.as_ref(),
+        Step::Wait => return Plan::Wait(Action::requeue(Step::POLL)),
+        Step::Started {
+            job,
+            image,
+            step,
+            timeout,
+        } => return tracing(tj, job, image, step, *timeout),
+    };
+    let with_trace = traced.map(|traced| WithTrace { view, traced });
+    let view: &dyn ClusterView = match &with_trace {
+        Some(v) => v,
+        None => view,
+    };
+    match decide(tj, configs.deepspeed(), configs.model(), view) {
+        Ok(res) => create(tj, res, configs, view, render, snap.now),
+        Err(why) => hold(tj, &why),
+    }
+}
+
+/// The job held with `why`.
+pub(crate) fn hold(tj: &TrainingJob, why: &Unresolved) -> Plan {
+    let current = tj.status.clone().unwrap_or_default();
+    Plan::Hold(Held {
+        reason: why.reason(),
+        message: why.message(),
+        status: status::held(
+            &current,
+            why.reason(),
+            why.message(),
+            tj.metadata.generation,
+        ),
+    })
+}
+
+/// A job whose sizer just started: it waits, and says for what.
+fn tracing(tj: &TrainingJob, job: &str, image: &str, step: &str, timeout: u64) -> Plan {
+    let current = tj.status.clone().unwrap_or_default();
+    let message = format!(
+        "waiting for the sizer to trace the model's step ({step}) in Job {job}: the workload is created once it has, or after {timeout} s with the counted model"
+    );
+    Plan::Tracing(Tracing {
+        status: status::held(
+            &current,
+            names::EVENT_TRACING,
+            message,
+            tj.metadata.generation,
+        ),
+        announce: Announce::new(
+            EventType::Normal,
+            names::EVENT_TRACING,
+            format!(
+                "tracing the model's step ({step}) with the sizer in Job {job} from {image}: the workload is created once it has, within {timeout} s"
+            ),
+        ),
+    })
+}
+
+/// A decided job's creation: the spec it writes, the trial it takes, its workload.
+fn create(
+    tj: &TrainingJob,
+    res: Resolution,
+    configs: &super::snapshot::Configs,
+    view: &dyn ClusterView,
+    render: &RenderOptions,
+    now: jiff::Timestamp,
+) -> Plan {
+    let ns = tj.namespace().unwrap_or_default();
+    let user_config = configs
+        .deepspeed
+        .as_ref()
+        .ok()
+        .and_then(Option::as_ref)
+        .map(|c| &c.json);
+    let built = build_workload(tj, Some(&res), user_config, render).and_then(|mut w| {
+        pin_claims(&mut w, tj, &res, &|name| view.claim_template(&ns, name))?;
+        Ok(w)
+    });
+    let workload = match built {
+        Ok(w) => w,
+        Err(e) => return not_mergeable(tj, &e),
+    };
+    let spec = match spec_write(tj, &res) {
+        Ok(spec) => spec,
+        Err(e) => return not_mergeable(tj, &e),
+    };
+    let trial = reservation(tj, &res, view, now);
+    let created = format!(
+        "created Job {} with {}",
+        tj.name_any(),
+        resolved_summary(&res)
+    );
+    Plan::Create(Box::new(Creation {
+        resolution: Some(res),
+        trial,
+        spec,
+        workload,
+        existing: existing_conditions(tj),
+        created,
+    }))
+}
+
+/// A job that opted out of offload configuration: it is still our kind, so it runs, without
+/// offload settings, and its status says so.
+fn without_offload(tj: &TrainingJob, render: &RenderOptions) -> Plan {
+    if let Err(e) = crate::decision::check_training_job(tj) {
+        return hold(tj, &Unresolved::Decision(e));
+    }
+    match build_workload(tj, None, None, render) {
+        Ok(workload) => Plan::Create(Box::new(Creation {
+            resolution: None,
+            trial: None,
+            spec: None,
+            workload,
+            existing: existing_conditions(tj),
+            created: format!(
+                "created Job {} without offload configuration (none requested)",
+                tj.name_any()
+            ),
+        })),
+        Err(e) => not_mergeable(tj, &e),
+    }
+}
+
+/// Held: the workload cannot be built from the job and its configs.
+fn not_mergeable(tj: &TrainingJob, e: &dyn std::fmt::Display) -> Plan {
+    hold(
+        tj,
+        &Unresolved::Config(crate::decision::ConfigError::NotMergeable(e.to_string())),
+    )
+}
+
+/// The server-side apply of `spec.offload` where it changes, with the request it was decided
+/// from: the next decision (after an out-of-memory) is made from what the user asked, never
+/// from what was written here.
+fn spec_write(
+    tj: &TrainingJob,
+    res: &Resolution,
+) -> Result<Option<serde_json::Value>, serde_json::Error> {
+    let concrete = res.concrete_spec();
+    if tj.spec.offload == concrete {
+        return Ok(None);
+    }
+    let record = crate::decision::AdmittedRequest {
+        requested: res.requested.clone(),
+        wrote: concrete.clone(),
+    };
+    let requested = record.annotation()?;
+    Ok(Some(serde_json::json!({
+        "apiVersion": <TrainingJob as kube::Resource>::api_version(&()),
+        "kind": <TrainingJob as kube::Resource>::kind(&()),
+        "metadata": {"annotations": {names::ANNOTATION_REQUESTED: requested}},
+        "spec": {"offload": concrete},
+    })))
+}
+
+/// A trial to take in the learned store before the workload exists.
+pub(crate) struct TrialTake {
+    /// The trial.
+    pub reservation: Reservation,
+    /// Where the trials of its shape are counted: its namespace, or the whole cluster (`None`)
+    /// where the profile shares what it learns.
+    pub namespace: Option<String>,
+    /// The profile's `fasterTrials`.
+    pub bound: u32,
+}
+
+/// The trial `res` takes, as the learned store records it; `None` where `res` is no trial or
+/// its profile, class or shape is not known.
+fn reservation(
+    tj: &TrainingJob,
+    res: &Resolution,
+    view: &dyn ClusterView,
+    now: jiff::Timestamp,
+) -> Option<TrialTake> {
+    res.trial.as_ref()?;
+    let profile = view.profile(&res.profile)?;
+    let namespace = match profile.learning_scope {
+        LearningScope::Namespace => Some(tj.namespace().unwrap_or_default()),
+        LearningScope::Cluster => None,
+    };
+    Some(TrialTake {
+        reservation: Reservation {
+            profile: res.profile.clone(),
+            class: res.node_class?,
+            shape: res.memory.as_ref()?.shape.clone(),
+            job: crate::decision::run_id(tj),
+            at: now.to_string(),
+        },
+        namespace,
+        bound: profile.faster_trials,
+    })
+}
+
+/// The job's conditions as recorded.
+pub(crate) fn existing_conditions(tj: &TrainingJob) -> Vec<Condition> {
+    tj.status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+#[path = "plan/tests.rs"]
+mod tests;
