@@ -2,9 +2,9 @@
 //! summaries on the nodes its pods run on; the busy fraction judged against its profile's
 //! threshold when overlap is on, the GPU memory against the GPU's size.
 
-use offload_api::names;
 use std::time::Duration;
 
+use crate::controller::conditions::Reason;
 use crate::index::NodeIndex;
 use offload_api::v1alpha1::{
     NodeObservation, ObservedMemory, ObservedOverlap, OffloadDecisionStatus,
@@ -16,13 +16,6 @@ pub const STALE_AFTER: Duration = Duration::from_secs(300);
 
 /// Most nodes listed in a job's `status.observed` (the job-wide figures count them all).
 pub const MAX_LISTED_NODES: usize = 512;
-
-/// Condition type: whether a job with overlap on keeps its GPUs busy.
-pub const OVERLAP_OBSERVED: &str = "OverlapObserved";
-
-/// Condition type: whether the job's GPUs keep room to spare (False: it ran within
-/// [`NEAR_LIMIT_SHARE`] of a GPU's memory).
-pub const GPU_MEMORY_HEADROOM: &str = "GPUMemoryHeadroom";
 
 /// A job whose GPU peak comes this close to the GPU's memory runs near its limit: a longer
 /// sequence, another framework version or a fragmented allocator tips it over.
@@ -175,7 +168,7 @@ pub fn merge_memory(
 
 /// Whether the job's GPUs keep room: `Some((ok, reason, message))` once a GPU peak and the
 /// GPU's size are known.
-pub fn judge_memory(m: &ObservedMemory) -> Option<(bool, &'static str, String)> {
+pub fn judge_memory(m: &ObservedMemory) -> Option<(bool, Reason, String)> {
     let (peak, total) = (m.gpu_peak_bytes?, m.gpu_total_bytes.filter(|t| *t > 0)?);
     #[allow(clippy::cast_precision_loss)]
     let (p, t) = (peak as f64, total as f64);
@@ -189,7 +182,7 @@ pub fn judge_memory(m: &ObservedMemory) -> Option<(bool, &'static str, String)> 
     if share >= 1.0 - NEAR_LIMIT_SHARE {
         Some((
             false,
-            names::EVENT_NEAR_GPU_MEMORY_LIMIT,
+            Reason::NearGpuMemoryLimit,
             format!(
                 "GPU memory peaked at {} of the GPU's {} ({:.1} %) with {}{estimate}: within {:.0} % of the limit, a longer sequence or another framework version can run it out of memory",
                 gib(p),
@@ -202,7 +195,7 @@ pub fn judge_memory(m: &ObservedMemory) -> Option<(bool, &'static str, String)> 
     } else {
         Some((
             true,
-            "Headroom",
+            Reason::Headroom,
             format!(
                 "GPU memory peaked at {} of the GPU's {} ({:.1} %){estimate}",
                 gib(p),
@@ -223,7 +216,7 @@ pub fn judge(
     decision: &OffloadDecisionStatus,
     observed: &ObservedOverlap,
     threshold: f64,
-) -> Option<(bool, &'static str, String)> {
+) -> Option<(bool, Reason, String)> {
     if !decision.overlap || threshold <= 0.0 {
         return None;
     }
@@ -236,7 +229,7 @@ pub fn judge(
     if observed.gpu_busy >= threshold {
         Some((
             true,
-            "GPUsBusy",
+            Reason::GpusBusy,
             format!(
                 "GPUs busy {:.0} % of the time with {what} (profile {} flags below {:.0} %)",
                 pct(observed.gpu_busy),
@@ -247,7 +240,7 @@ pub fn judge(
     } else {
         Some((
             false,
-            names::EVENT_GPUS_IDLE,
+            Reason::GpusIdle,
             format!(
                 "GPUs busy {:.0} % of the time with {what}: the CPU update is not overlapping GPU work, or it outlasts the GPU part of each step (profile {} flags below {:.0} %; {} GPU(s) observed over {:.0} s windows)",
                 pct(observed.gpu_busy),
@@ -455,7 +448,7 @@ mod tests {
         let o = gather(&index, "ns", "job", NOW.parse().unwrap(), &anywhere).unwrap();
         let (ok, reason, msg) = judge(&decision(true, true), &o, 0.6).unwrap();
         assert!(!ok);
-        assert_eq!(reason, "GPUsIdle");
+        assert_eq!(reason.as_str(), "GPUsIdle");
         assert!(
             msg.starts_with(
                 "GPUs busy 58 % of the time with SuperOffload on: the CPU update is not overlapping"
@@ -463,7 +456,7 @@ mod tests {
             "{msg}"
         );
         let (ok, reason, _) = judge(&decision(true, false), &o, 0.5).unwrap();
-        assert!(ok && reason == "GPUsBusy");
+        assert!(ok && reason.as_str() == "GPUsBusy");
         assert!(
             judge(&decision(false, false), &o, 0.6).is_none(),
             "overlap off: nothing to judge"
@@ -530,11 +523,11 @@ mod tests {
         assert_eq!((other.gpu_peak_bytes, other.windows), (Some(10 << 30), 1));
 
         let (ok, reason, msg) = judge_memory(&m).unwrap();
-        assert!(ok && reason == "Headroom", "{msg}");
+        assert!(ok && reason.as_str() == "Headroom", "{msg}");
         let mut near = m.clone();
         near.gpu_peak_bytes = Some(78 << 30);
         let (ok, reason, msg) = judge_memory(&near).unwrap();
-        assert!(!ok && reason == "NearGPUMemoryLimit", "{msg}");
+        assert!(!ok && reason.as_str() == "NearGPUMemoryLimit", "{msg}");
         assert!(
             msg.starts_with(
                 "GPU memory peaked at 78.0 GiB of the GPU's 80.0 GiB (97.5 %) with mode=CPUCopy"

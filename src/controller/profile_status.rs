@@ -8,7 +8,7 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::conditions::{self, READY};
+use super::conditions::{self, ConditionType, Reason};
 use super::{Context, Error, kube_err};
 use crate::index::NodeIndex;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -79,7 +79,14 @@ fn readiness(
             }
             (
                 c,
-                conditions::condition(existing, READY, true, "NodesAvailable", msg, generation),
+                conditions::condition(
+                    existing,
+                    ConditionType::Ready,
+                    true,
+                    Reason::NodesAvailable,
+                    msg,
+                    generation,
+                ),
             )
         }
         Ok((c, ignored)) => {
@@ -93,16 +100,23 @@ fn readiness(
             };
             (
                 c,
-                conditions::condition(existing, READY, false, "NoMatchingNodes", msg, generation),
+                conditions::condition(
+                    existing,
+                    ConditionType::Ready,
+                    false,
+                    Reason::NoMatchingNodes,
+                    msg,
+                    generation,
+                ),
             )
         }
         Err(e) => (
             NodeCounts::default(),
             conditions::condition(
                 existing,
-                READY,
+                ConditionType::Ready,
                 false,
-                "InvalidSelector",
+                Reason::InvalidSelector,
                 format!("nodeSelector is invalid: {e}"),
                 generation,
             ),

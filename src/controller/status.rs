@@ -23,7 +23,7 @@ use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use super::conditions::{self, OFFLOAD_RESOLVED, WORKLOAD_CREATED};
+use super::conditions::{self, ConditionType, Reason};
 use super::{Error, kube_err};
 use offload_api::names;
 use offload_api::v1alpha1::{
@@ -58,9 +58,9 @@ pub fn resolved(
 ) -> (TrainingJobStatus, bool) {
     let cond = conditions::condition(
         &existing,
-        OFFLOAD_RESOLVED,
+        ConditionType::OffloadResolved,
         true,
-        "Resolved",
+        Reason::Resolved,
         summary,
         generation,
     );
@@ -94,9 +94,9 @@ pub fn restored(
     };
     let cond = conditions::condition(
         existing,
-        OFFLOAD_RESOLVED,
+        ConditionType::OffloadResolved,
         true,
-        "Resolved",
+        Reason::Resolved,
         summary,
         generation,
     );
@@ -113,9 +113,9 @@ pub fn restored(
 pub fn not_requested(existing: Vec<Condition>, generation: Option<i64>) -> TrainingJobStatus {
     let cond = conditions::condition(
         &existing,
-        OFFLOAD_RESOLVED,
+        ConditionType::OffloadResolved,
         false,
-        "NotRequested",
+        Reason::NotRequested,
         format!(
             "the job names no OffloadProfile (annotation {}) and sets no spec.offload field, so it runs without offload configuration",
             names::PROFILE_ANNOTATION
@@ -131,13 +131,13 @@ pub fn not_requested(existing: Vec<Condition>, generation: Option<i64>) -> Train
 /// decision part, without a decision; `None` when the status already says exactly that.
 pub fn held(
     current: &TrainingJobStatus,
-    reason: &str,
+    reason: Reason,
     message: String,
     generation: Option<i64>,
 ) -> Option<TrainingJobStatus> {
     let cond = conditions::condition(
         &current.conditions,
-        OFFLOAD_RESOLVED,
+        ConditionType::OffloadResolved,
         false,
         reason,
         message,
@@ -155,9 +155,9 @@ pub fn held(
 pub fn created(existing: &[Condition], name: &str, generation: Option<i64>) -> Condition {
     conditions::condition(
         existing,
-        WORKLOAD_CREATED,
+        ConditionType::WorkloadCreated,
         true,
-        "Created",
+        Reason::Created,
         format!("created Job {name} and Service {name}"),
         generation,
     )
@@ -179,9 +179,9 @@ pub fn with_workload(status: &mut TrainingJobStatus, workload: WorkloadRef) {
 pub fn apply_failed(status: &mut TrainingJobStatus, existing: &[Condition], message: &str) -> bool {
     let cond = conditions::condition(
         &status.conditions,
-        WORKLOAD_CREATED,
+        ConditionType::WorkloadCreated,
         false,
-        names::EVENT_APPLY_FAILED,
+        Reason::ApplyFailed,
         message,
         status.observed_generation,
     );
@@ -243,7 +243,7 @@ fn split(
     let (created, decided): (Vec<&Condition>, Vec<&Condition>) = status
         .conditions
         .iter()
-        .partition(|c| c.type_ == WORKLOAD_CREATED);
+        .partition(|c| ConditionType::WorkloadCreated.is(c));
     let mut decision = json!({"conditions": decided});
     if let Some(offload) = &status.offload {
         match serde_json::to_value(offload) {

@@ -283,7 +283,7 @@ fn explain_training_job(tj: &TrainingJob, inputs: &Inputs, with_candidates: bool
     out.overlap_observed = tj.status.as_ref().and_then(|st| {
         st.conditions
             .iter()
-            .find(|c| c.type_ == crate::controller::overlap_observed::OVERLAP_OBSERVED)
+            .find(|c| crate::controller::conditions::ConditionType::OverlapObserved.is(c))
             .map(|c| format!("{} ({}): {}", c.status, c.reason, c.message))
     });
     if !opted_in(tj) {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::plan::{Announce, Following, Learned};
 use super::snapshot::Snapshot;
-use crate::controller::conditions::{self, WORKLOAD_CREATED};
+use crate::controller::conditions::{self, ConditionType, Reason};
 use crate::controller::overlap_observed;
 use crate::controller::status::{self, WorkloadStatus};
 use crate::decision::ClusterView;
@@ -163,9 +163,9 @@ fn name_conflict(tj: &TrainingJob, current: &TrainingJobStatus) -> Following {
     let name = tj.name_any();
     let cond = conditions::condition(
         &current.conditions,
-        WORKLOAD_CREATED,
+        ConditionType::WorkloadCreated,
         false,
-        "NameConflict",
+        Reason::NameConflict,
         format!(
             "a Job named {name} exists and is not owned by this TrainingJob: delete it or rename the TrainingJob"
         ),
@@ -213,9 +213,7 @@ fn workload_ref(name: &str, current: &TrainingJobStatus, job: &Job) -> WorkloadR
 fn announce(previous: &[Condition], next: &WorkloadStatus) -> Vec<Announce> {
     let mut events = Vec::new();
     // Kueue suspending an admitted job again (preemption, eviction) is worth an Event.
-    let was_admitted = previous
-        .iter()
-        .any(|c| c.type_ == conditions::ADMITTED && c.status == "True");
+    let was_admitted = conditions::has(previous, ConditionType::Admitted, "True");
     if was_admitted && let Some(c) = next.admitted.as_ref().filter(|c| c.status == "False") {
         events.push(Announce::new(
             EventType::Normal,
@@ -269,7 +267,7 @@ fn observation(
     Option<Condition>,
     Option<(f64, Option<bool>)>,
 ) {
-    let recorded_of = |kind: &str| current.conditions.iter().find(|c| c.type_ == kind).cloned();
+    let recorded_of = |kind: ConditionType| kind.find(&current.conditions).cloned();
     let decision = current.offload.as_ref();
     let observed = match (fresh, decision) {
         (Some(o), Some(d)) => Some(with_memory(o, current.observed.as_ref(), d)),
@@ -282,15 +280,15 @@ fn observation(
         .map(|(ok, reason, message)| {
             conditions::condition(
                 &current.conditions,
-                overlap_observed::GPU_MEMORY_HEADROOM,
+                ConditionType::GpuMemoryHeadroom,
                 ok,
                 reason,
                 message,
                 generation,
             )
         })
-        .or_else(|| recorded_of(overlap_observed::GPU_MEMORY_HEADROOM));
-    let recorded = recorded_of(overlap_observed::OVERLAP_OBSERVED);
+        .or_else(|| recorded_of(ConditionType::GpuMemoryHeadroom));
+    let recorded = recorded_of(ConditionType::OverlapObserved);
     let (Some(o), Some(decision)) = (observed.as_ref(), decision) else {
         return (observed, recorded, headroom, None);
     };
@@ -304,7 +302,7 @@ fn observation(
     };
     let cond = conditions::condition(
         &current.conditions,
-        overlap_observed::OVERLAP_OBSERVED,
+        ConditionType::OverlapObserved,
         ok,
         reason,
         message,
@@ -372,10 +370,7 @@ fn guard_condition(
     pods: &[Arc<Pod>],
     existing: &[Condition],
 ) -> Option<Condition> {
-    let recorded = existing
-        .iter()
-        .find(|c| c.type_ == conditions::NODE_VERIFIED)
-        .cloned();
+    let recorded = ConditionType::NodeVerified.find(existing).cloned();
     let guarded = job
         .spec
         .as_ref()
@@ -391,9 +386,9 @@ fn guard_condition(
             Some(GuardOutcome::Failed(message)) => {
                 return Some(conditions::condition(
                     existing,
-                    conditions::NODE_VERIFIED,
+                    ConditionType::NodeVerified,
                     false,
-                    "StartupGuardFailed",
+                    Reason::StartupGuardFailed,
                     message,
                     tj.metadata.generation,
                 ));
@@ -406,9 +401,9 @@ fn guard_condition(
         Some(_) if recorded.as_ref().is_some_and(|r| r.status == "True") => recorded,
         Some(node) => Some(conditions::condition(
             existing,
-            conditions::NODE_VERIFIED,
+            ConditionType::NodeVerified,
             true,
-            "StartupGuardPassed",
+            Reason::StartupGuardPassed,
             format!("the start-up guard found node {node} to be what the configuration assumes"),
             tj.metadata.generation,
         )),
@@ -438,24 +433,25 @@ fn admission(
     let finished = matches!(phase_of(job), JobPhase::Succeeded | JobPhase::Failed);
     // Admitted once before (now, or suspended since): a preempted job stays `Suspended`.
     let was_admitted = existing.iter().any(|c| {
-        c.type_ == conditions::ADMITTED && (c.status == "True" || c.reason == "Suspended")
+        ConditionType::Admitted.is(c)
+            && (c.status == "True" || c.reason == Reason::Suspended.as_str())
     });
     let (ok, reason, message) = match (suspended && !finished, was_admitted) {
         (false, _) => (
             true,
-            "Admitted",
+            Reason::Admitted,
             format!("Kueue admitted the workload Job from queue {queue}"),
         ),
         (true, false) => (
             false,
-            "Queued",
+            Reason::Queued,
             format!(
                 "the workload Job waits in Kueue queue {queue} for admission (quota, or a flavor of the node class it was configured for){because}"
             ),
         ),
         (true, true) => (
             false,
-            "Suspended",
+            Reason::Suspended,
             format!(
                 "Kueue suspended the workload Job again (preemption or eviction); it waits in queue {queue} and resumes with the same offload configuration{because}"
             ),
@@ -463,7 +459,7 @@ fn admission(
     };
     Some(conditions::condition(
         existing,
-        conditions::ADMITTED,
+        ConditionType::Admitted,
         ok,
         reason,
         message,

@@ -10,6 +10,7 @@ use kube::runtime::events::EventType;
 
 use super::sizing::{Step, WithTrace};
 use super::snapshot::Snapshot;
+use crate::controller::conditions::Reason;
 use crate::controller::status::{self, WorkloadStatus};
 use crate::decision::learned::{Reservation, Run};
 use crate::decision::{ClusterView, Resolution, Unresolved, decide, opted_in};
@@ -201,7 +202,7 @@ pub(crate) fn hold(tj: &TrainingJob, why: &Unresolved) -> Plan {
         message: why.message(),
         status: status::held(
             &current,
-            why.reason(),
+            Reason::Held(why.reason()),
             why.message(),
             tj.metadata.generation,
         ),
@@ -215,12 +216,7 @@ fn tracing(tj: &TrainingJob, job: &str, image: &str, step: &str, timeout: u64) -
         "waiting for the sizer to trace the model's step ({step}) in Job {job}: the workload is created once it has, or after {timeout} s with the counted model"
     );
     Plan::Tracing(Tracing {
-        status: status::held(
-            &current,
-            names::EVENT_TRACING,
-            message,
-            tj.metadata.generation,
-        ),
+        status: status::held(&current, Reason::Tracing, message, tj.metadata.generation),
         announce: Announce::new(
             EventType::Normal,
             names::EVENT_TRACING,

@@ -12,9 +12,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
-use crate::controller::conditions::{self, PODS_SCHEDULED};
+use crate::controller::conditions::{self, ConditionType, Reason};
 use crate::controller::{Context, Error, kube_err};
-use offload_api::names;
 
 /// The reason the Job controller gives the Events of pods it could not create.
 pub const FAILED_CREATE: &str = "FailedCreate";
@@ -30,15 +29,15 @@ pub(super) fn pods_condition(
     pods: &[Arc<Pod>],
     refusal: Option<&str>,
 ) -> Option<Condition> {
-    let recorded = existing.iter().find(|c| c.type_ == PODS_SCHEDULED).cloned();
+    let recorded = ConditionType::PodsScheduled.find(existing).cloned();
     let Some(want) = wanted(job).filter(|w| *w > 0) else {
         return recorded;
     };
     let alive: Vec<&Pod> = pods.iter().map(Arc::as_ref).filter(|p| alive(p)).collect();
-    let placed = |ok, reason: &str, message: String| {
+    let placed = |ok, reason: Reason, message: String| {
         Some(conditions::condition(
             existing,
-            PODS_SCHEDULED,
+            ConditionType::PodsScheduled,
             ok,
             reason,
             message,
@@ -56,7 +55,7 @@ pub(super) fn pods_condition(
     if let Some((pod, message)) = alive.iter().find_map(|p| unschedulable(p)) {
         return placed(
             false,
-            names::EVENT_PODS_UNSCHEDULABLE,
+            Reason::PodsUnschedulable,
             format!(
                 "the scheduler cannot place pod {pod}: {message}; add the toleration, lower the request or add a node that has it"
             ),
@@ -66,7 +65,7 @@ pub(super) fn pods_condition(
     if scheduled >= want {
         return placed(
             true,
-            "PodsScheduled",
+            Reason::PodsScheduled,
             format!("{scheduled} of the workload's pods are created and placed on nodes"),
         );
     }
@@ -193,10 +192,10 @@ fn refusal_text(message: &str) -> String {
 /// The condition's reason for a refusal and what to change, from the API server's message.
 /// The messages are the admission plugins' own (`exceeded quota`, the LimitRanger's `per
 /// Container` bounds, a webhook's name).
-pub fn refused_because(message: &str) -> (&'static str, &'static str) {
+pub fn refused_because(message: &str) -> (Reason, &'static str) {
     if message.contains("exceeded quota") || message.contains("for quota") {
         (
-            names::EVENT_PODS_REFUSED_BY_QUOTA,
+            Reason::PodsRefusedByQuota,
             "raise the namespace's ResourceQuota or lower what the job asks for; the Job creates them once the quota allows",
         )
     } else if ["per Container", "per Pod", "limit to request ratio"]
@@ -204,17 +203,17 @@ pub fn refused_because(message: &str) -> (&'static str, &'static str) {
         .any(|s| message.contains(s))
     {
         (
-            names::EVENT_PODS_REFUSED_BY_LIMIT_RANGE,
+            Reason::PodsRefusedByLimitRange,
             "change the namespace's LimitRange or the job's resources to agree",
         )
     } else if message.contains("admission webhook") {
         (
-            names::EVENT_PODS_REFUSED_BY_WEBHOOK,
+            Reason::PodsRefusedByWebhook,
             "change what the named webhook refuses, or its policy",
         )
     } else {
         (
-            names::EVENT_PODS_REFUSED,
+            Reason::PodsRefused,
             "change what the message names; the Job creates them once the cluster allows",
         )
     }
@@ -227,16 +226,16 @@ mod tests {
     #[test]
     fn refusals_are_named_by_the_plugin_that_made_them() {
         let quota = "Error creating: pods \"a-x\" is forbidden: exceeded quota: gpu-team, requested: requests.memory=120Gi, used: requests.memory=0, limited: requests.memory=64Gi";
-        assert_eq!(refused_because(quota).0, "PodsRefusedByQuota");
+        assert_eq!(refused_because(quota).0, Reason::PodsRefusedByQuota);
         assert!(refusal_text(quota).starts_with("pods \"a-x\" is forbidden"));
         let range = "pods \"a-x\" is forbidden: maximum memory usage per Container is 16Gi, but limit is 100Gi";
-        assert_eq!(refused_because(range).0, "PodsRefusedByLimitRange");
+        assert_eq!(refused_because(range).0, Reason::PodsRefusedByLimitRange);
         let hook =
             "admission webhook \"policy.example.com\" denied the request: no GPUs on Sundays";
-        assert_eq!(refused_because(hook).0, "PodsRefusedByWebhook");
+        assert_eq!(refused_because(hook).0, Reason::PodsRefusedByWebhook);
         assert_eq!(
             refused_because("pods is forbidden: violates PodSecurity").0,
-            "PodsRefused"
+            Reason::PodsRefused
         );
     }
 

@@ -15,15 +15,12 @@ use kube::{Resource, ResourceExt};
 
 use super::plan::{Announce, Following, Recovery};
 use super::snapshot::Snapshot;
-use crate::controller::conditions::{self, WORKLOAD_CREATED};
+use crate::controller::conditions::{self, ConditionType, Reason};
 use crate::controller::status::WorkloadStatus;
 use crate::decision::ClusterView;
 use crate::decision::memory::gib;
 use offload_api::names;
 use offload_api::v1alpha1::{JobPhase, MemoryFailure, MemoryKind, TrainingJob, TrainingJobStatus};
-
-/// The condition saying whether a configuration that ran out of memory was replaced.
-pub const MEMORY_RECOVERY: &str = offload_api::names::CONDITION_MEMORY_RECOVERY;
 
 pub use crate::decision::evidence::{configuration, memory_failure};
 
@@ -176,9 +173,9 @@ pub(super) fn plan_recovery(
     let condition = if exhausted {
         conditions::condition(
             &current.conditions,
-            MEMORY_RECOVERY,
+            ConditionType::MemoryRecovery,
             false,
-            "RetriesExhausted",
+            Reason::RetriesExhausted,
             format!(
                 "{said}; {n} configurations ran out of memory, more than the profile's maxMemoryRetries ({max}): the job is not re-decided again (each failure is in status.memoryFailures)"
             ),
@@ -187,9 +184,9 @@ pub(super) fn plan_recovery(
     } else {
         conditions::condition(
             &current.conditions,
-            MEMORY_RECOVERY,
+            ConditionType::MemoryRecovery,
             true,
-            names::REASON_REDECIDING,
+            Reason::Redeciding,
             format!(
                 "{said}; its workload is replaced, decided again with its {memory} estimates raised past that (re-decision {n} of at most {max}): OffloadResolved says what that decision is, WorkloadCreated whether it runs"
             ),
@@ -206,9 +203,9 @@ pub(super) fn plan_recovery(
     let replace = (!exhausted).then(|| {
         let recreating = conditions::condition(
             &current.conditions,
-            WORKLOAD_CREATED,
+            ConditionType::WorkloadCreated,
             false,
-            "Recreating",
+            Reason::Recreating,
             format!("the workload is recreated after {said}"),
             generation,
         );

@@ -100,7 +100,7 @@ fn recovering(old: &TrainingJob) -> bool {
         return false;
     };
     let redeciding = status.conditions.iter().any(|c| {
-        c.type_ == names::CONDITION_MEMORY_RECOVERY
+        crate::controller::conditions::ConditionType::MemoryRecovery.is(c)
             && c.status == "True"
             && c.reason == names::REASON_REDECIDING
     });

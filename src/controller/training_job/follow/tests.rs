@@ -183,7 +183,7 @@ fn a_preempted_job_stays_suspended_until_admitted_again() {
     let reason = |list: &[Condition]| -> (String, String) {
         let c = list
             .iter()
-            .find(|c| c.type_ == conditions::ADMITTED)
+            .find(|c| conditions::ConditionType::Admitted.is(c))
             .unwrap();
         (c.status.clone(), c.reason.clone())
     };
