@@ -174,7 +174,10 @@ fn a_first_decision_writes_the_spec_then_creates_the_workload() {
     let (status, first) = c.status_at(Some(2));
     assert!(first);
     assert_eq!(status.observed_generation, Some(2));
-    let resolved = condition(&status.conditions, conditions::ConditionType::OffloadResolved.as_str());
+    let resolved = condition(
+        &status.conditions,
+        conditions::ConditionType::OffloadResolved.as_str(),
+    );
     assert_eq!(
         (resolved.status.as_str(), resolved.reason.as_str()),
         ("True", "Resolved")
