@@ -61,6 +61,9 @@ pub struct Context {
     /// node an observation may speak for. `None` where no such watch runs (then no node's
     /// observation is believed).
     pub pods: Option<Store<Pod>>,
+    /// The Job controller's `FailedCreate` Events of Jobs (a pod the API server refused is said
+    /// nowhere else); `None` where no such watch runs.
+    pub failed_creates: Option<Store<Event>>,
 }
 
 /// Whether `pod` is a pod of TrainingJob `job` bound to `node`: bound there, labelled with the
@@ -104,6 +107,7 @@ impl Context {
             render: crate::render::RenderOptions::default(),
             workloads: None,
             pods: None,
+            failed_creates: None,
         }
     }
 
@@ -280,10 +284,14 @@ pub async fn run(
     // The workloads' pods: where each runs (observations are believed only from there) and
     // how its start-up guard ended (a trigger).
     let (pods, pod_changes) = labelled_cache(&client, training_job::slim_pod);
+    // The Job controller's refusals of workload pods, cached: few, and read by every reconcile
+    // of a workload that has fewer pods than it wants.
+    let (failed_creates, refusals) = failed_create_cache(&client);
     let ctx = Arc::new(Context {
         render: options.render.clone(),
         workloads: Some(workloads),
         pods: Some(pods),
+        failed_creates: Some(failed_creates),
         ..Context::new(client.clone(), caches, metrics.clone(), &options.reporter)
     });
     let config = controller::Config::default().concurrency(options.concurrency);
@@ -294,6 +302,7 @@ pub async fn run(
         config.clone(),
         workload_changes,
         pod_changes,
+        refusals,
         &shutdown,
     );
     let others = other_kinds::watch(ctx.clone(), shutdown.clone());
@@ -384,19 +393,46 @@ fn jobs_for_claim_template(
     training_job::jobs_for_claim_template(ctx, &t.namespace().unwrap_or_default(), &t.name_any())
 }
 
+/// The `FailedCreate` Events of Jobs, cached, and their changes.
+fn failed_create_cache(
+    client: &Client,
+) -> (
+    Store<Event>,
+    impl Stream<Item = Result<Event, watcher::Error>> + use<>,
+) {
+    let (store, writer) = kube::runtime::reflector::store::<Event>();
+    let changes = kube::runtime::reflector::reflector(
+        writer,
+        watcher(
+            Api::<Event>::all(client.clone()),
+            watcher::Config::default().fields(&format!(
+                "reason={},involvedObject.kind=Job",
+                training_job::FAILED_CREATE
+            )),
+        )
+        .default_backoff()
+        .modify(crate::cluster::caches::strip_for_cache),
+    )
+    .touched_objects();
+    (store, changes)
+}
+
 /// The TrainingJob controller and every trigger that can change a job's decision or status.
-fn job_controller<W, P>(
+#[allow(clippy::too_many_arguments)]
+fn job_controller<W, P, R>(
     client: &Client,
     caches: &Caches,
     ctx: &Arc<Context>,
     config: controller::Config,
     workload_changes: W,
     pod_changes: P,
+    refusals: R,
     shutdown: &CancellationToken,
-) -> impl Stream<Item = Outcome<Tolerant<TrainingJob>>> + use<W, P>
+) -> impl Stream<Item = Outcome<Tolerant<TrainingJob>>> + use<W, P, R>
 where
     W: Stream<Item = Result<Job, watcher::Error>> + Send + 'static,
     P: Stream<Item = Result<Pod, watcher::Error>> + Send + 'static,
+    R: Stream<Item = Result<Event, watcher::Error>> + Send + 'static,
 {
     let job_ctx = ctx.clone();
     let job_ctx_nodes = ctx.clone();
@@ -434,22 +470,11 @@ where
     .watches_stream(pod_changes, |pod| job_of_pod(&pod))
     // The Job controller could not create a workload pod (a quota, the LimitRanger, a
     // webhook refused it): said only in an Event on the Job, which has the job's name.
-    .watches_stream(
-        watcher(
-            Api::<Event>::all(client.clone()),
-            watcher::Config::default().fields(&format!(
-                "reason={},involvedObject.kind=Job",
-                training_job::FAILED_CREATE
-            )),
-        )
-        .default_backoff()
-        .touched_objects(),
-        move |e| {
-            let job = e.involved_object;
-            let key = ObjectRef::new(job.name.as_deref()?).within(job.namespace.as_deref()?);
-            job_ctx_events.jobs.get(&key).is_some().then_some(key)
-        },
-    )
+    .watches_stream(refusals, move |e| {
+        let job = e.involved_object;
+        let key = ObjectRef::new(job.name.as_deref()?).within(job.namespace.as_deref()?);
+        job_ctx_events.jobs.get(&key).is_some().then_some(key)
+    })
     // A sizer Job that ended (or changed): the job that asked for it is decided at once.
     .watches_stream(
         watcher(

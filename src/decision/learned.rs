@@ -236,7 +236,7 @@ pub struct LearnedMemory {
     /// The entries, least recently updated first.
     pub entries: Vec<Entry>,
     /// Trials decided whose runs are not known yet (kept beside this document, under their own
-    /// key: [`crate::cluster::learned::TRIALS_KEY`]).
+    /// key `trials.json`).
     #[serde(skip)]
     pub reservations: Vec<Reservation>,
 }

@@ -82,7 +82,7 @@ fn not_guaranteed(spec: &PodSpec, training: Option<usize>) -> Vec<String> {
         .init_containers
         .iter()
         .flatten()
-        .filter(|c| c.name != crate::render::GUARD_CONTAINER);
+        .filter(|c| c.name != offload_api::names::GUARD_CONTAINER);
     others
         .chain(inits)
         .filter(|c| !guaranteed_ready(c))

@@ -322,7 +322,7 @@ pub async fn inputs_from_cluster(
     manifests: &[Value],
     render: RenderOptions,
 ) -> Result<Inputs, kube::Error> {
-    use k8s_openapi::api::core::v1::{ConfigMap, Node};
+    use k8s_openapi::api::core::v1::Node;
     use kube::api::{Api, ListParams};
     let profiles = Api::<offload_api::v1alpha1::OffloadProfile>::all(client.clone())
         .list(&ListParams::default())
@@ -388,9 +388,8 @@ pub async fn inputs_from_cluster(
         ] {
             let Some(r) = r else { continue };
             // The referenced key's text (what is missing is said when the job is decided).
-            if let Some(cm) = Api::<ConfigMap>::namespaced(client.clone(), ns)
-                .get_opt(&r.name)
-                .await?
+            if let crate::decision::referenced::Fetched::Found(cm) =
+                crate::cluster::referenced::fetch(client, ns, &r).await?
                 && let Ok(text) = crate::decision::model_config::config_map_key(&cm, &r.key)
             {
                 into.insert(r.name, text);

@@ -203,7 +203,7 @@ pub struct RenderOptions {
 }
 
 /// Name of the start-up guard's init container.
-pub const GUARD_CONTAINER: &str = "offload-verify";
+pub const GUARD_CONTAINER: &str = offload_api::names::GUARD_CONTAINER;
 
 /// The start-up guard's init container for a pod that asks for `gpus` GPUs: the same GPUs as the
 /// pod (the kubelet hands an init container's devices on to the app containers), the expected

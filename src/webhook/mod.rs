@@ -110,15 +110,13 @@ async fn fetch(
         }),
         ConfigSource::Api(client) => {
             let ns = req.namespace.as_deref().unwrap_or("default");
-            let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
-                kube::Api::namespaced(client.clone(), ns);
-            match tokio::time::timeout(CONFIG_READ_TIMEOUT, api.get_opt(&r.name)).await {
+            let read = crate::cluster::referenced::fetch(client, ns, r);
+            match tokio::time::timeout(CONFIG_READ_TIMEOUT, read).await {
                 Err(_) => Fetched::Unreadable(format!(
                     "no answer from the API server within {CONFIG_READ_TIMEOUT:?}"
                 )),
                 Ok(Err(e)) => Fetched::Unreadable(e.to_string()),
-                Ok(Ok(None)) => Fetched::Absent,
-                Ok(Ok(Some(cm))) => Fetched::Found(Box::new(cm)),
+                Ok(Ok(fetched)) => fetched,
             }
         }
     }

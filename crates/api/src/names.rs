@@ -277,6 +277,9 @@ pub const EVENT_NEAR_GPU_MEMORY_LIMIT: &str = "NearGPUMemoryLimit";
 /// Event reason (Warning, on a TrainingJob): the start-up guard failed a pod: the node is not
 /// what the configuration assumed (the condition `NodeVerified=False`).
 pub const EVENT_STARTUP_GUARD_FAILED: &str = "StartupGuardFailed";
+/// Name of the start-up guard's init container (`offload-agent verify`), which the renderer
+/// adds and the decision never counts as the training container.
+pub const GUARD_CONTAINER: &str = "offload-verify";
 /// Event reason (Warning, on a TrainingJob): a ResourceQuota refused the workload's pods
 /// (the condition `PodsScheduled=False`, with the quota's words).
 pub const EVENT_PODS_REFUSED_BY_QUOTA: &str = "PodsRefusedByQuota";

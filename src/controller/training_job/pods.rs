@@ -10,10 +10,9 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
 
+use crate::controller::Context;
 use crate::controller::conditions::{self, ConditionType, Reason};
-use crate::controller::{Context, Error, kube_err};
 
 /// The reason the Job controller gives the Events of pods it could not create.
 pub const FAILED_CREATE: &str = "FailedCreate";
@@ -132,41 +131,32 @@ fn unschedulable(pod: &Pod) -> Option<(String, String)> {
     })
 }
 
-/// The message of the Job's latest `FailedCreate` Event, where fewer of its pods are alive than
-/// it wants and the Event is newer than the newest of them (a refusal the cluster has since
-/// stopped making is not one).
-pub(super) async fn latest_refusal(
-    ctx: &Context,
-    job: &Job,
-    pods: &[Arc<Pod>],
-) -> Result<Option<String>, Error> {
-    let Some(uid) = job
+/// The message of the Job's latest `FailedCreate` Event (the controller's cache of them),
+/// where fewer of its pods are alive than it wants and the Event is newer than the newest of
+/// them (a refusal the cluster has since stopped making is not one).
+pub(super) fn latest_refusal(ctx: &Context, job: &Job, pods: &[Arc<Pod>]) -> Option<String> {
+    let uid = job
         .metadata
         .uid
         .as_deref()
-        .filter(|_| wants_more(job, pods))
-    else {
-        return Ok(None);
-    };
-    let events: Api<Event> =
-        Api::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
-    let fields = format!("involvedObject.uid={uid},reason={FAILED_CREATE}");
-    let list = events
-        .list(&ListParams::default().fields(&fields))
-        .await
-        .map_err(kube_err("listing the workload Job's FailedCreate Events"))?;
+        .filter(|_| wants_more(job, pods))?;
+    let events = ctx.failed_creates.as_ref()?;
     let newest_pod = pods
         .iter()
         .filter_map(|p| p.metadata.creation_timestamp.as_ref())
         .map(|t| t.0)
         .max();
-    Ok(list
-        .items
+    events
+        .state()
         .into_iter()
-        .filter_map(|e| Some((last_seen(&e)?, e.message?)))
+        .filter(|e| {
+            e.involved_object.uid.as_deref() == Some(uid)
+                && e.reason.as_deref() == Some(FAILED_CREATE)
+        })
+        .filter_map(|e| Some((last_seen(&e)?, e.message.clone()?)))
         .filter(|(at, _)| newest_pod.is_none_or(|p| *at >= p))
         .max_by_key(|(at, _)| *at)
-        .map(|(_, message)| refusal_text(&message)))
+        .map(|(_, message)| refusal_text(&message))
 }
 
 /// When an Event last happened: its series, its last timestamp, its event time, its creation.

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::Api;
 
@@ -122,7 +122,7 @@ async fn observe_workload(
     } else {
         None
     };
-    let refusal = super::pods::latest_refusal(ctx, &workload, &pods).await?;
+    let refusal = super::pods::latest_refusal(ctx, &workload, &pods);
     let bound = |pod: &str, node: &str| ctx.pod_of_job_on(&ns, pod, node, &name);
     let fresh = overlap_observed::gather(&ctx.nodes(), &ns, &name, now, &bound);
     // The configs are read only where a run may teach something: a window observed, a pod
@@ -227,9 +227,7 @@ pub(crate) async fn read_configs(tj: &TrainingJob, ctx: &Context) -> Result<Conf
 
 /// Fetches the ConfigMap `r` names in `ns` (an API error is the reconcile's to retry).
 async fn fetch(ctx: &Context, ns: &str, r: &Reference) -> Result<Fetched, Error> {
-    let cm = Api::<ConfigMap>::namespaced(ctx.client.clone(), ns)
-        .get_opt(&r.name)
+    crate::cluster::referenced::fetch(&ctx.client, ns, r)
         .await
-        .map_err(kube_err("reading a ConfigMap the job references"))?;
-    Ok(cm.map_or(Fetched::Absent, |cm| Fetched::Found(Box::new(cm))))
+        .map_err(kube_err("reading a ConfigMap the job references"))
 }

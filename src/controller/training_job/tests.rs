@@ -154,6 +154,7 @@ fn context(
         render: Default::default(),
         workloads: Some(store(workloads)),
         pods: None,
+        failed_creates: None,
     }
 }
 
