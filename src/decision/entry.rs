@@ -241,10 +241,8 @@ pub fn decide_request(
     let with_learned;
     let request = match view.learned().filter(|_| profile.spec.learn_memory) {
         Some(learned) => {
-            with_learned = JobRequest {
-                learned: Some(learned.for_job(profile.spec.learning_scope, namespace)),
-                ..request.clone()
-            };
+            with_learned =
+                request.with_learned(learned.for_job(profile.spec.learning_scope, namespace));
             &with_learned
         }
         None => request,

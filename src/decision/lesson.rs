@@ -153,11 +153,7 @@ fn gpu_with(jm: &JobMemory, cm: &ClassMemory, placement: Placement, activations:
 /// peak, or a job without hints that has no identity to learn under).
 pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, ResolveError> {
     let facts = framework::check(job)?;
-    let job = JobRequest {
-        memory_failures: Vec::new(),
-        learned: None,
-        ..job.clone()
-    };
+    let job = job.without_evidence();
     let Some(gpu_peak) = obs.gpu_peak.filter(|p| *p > 0 && *p <= obs.gpu_bytes) else {
         return Ok(None);
     };

@@ -298,17 +298,6 @@ impl JobRequest {
                 .in_namespace(spec.template.spec.as_ref(), resources.cpu_default_request)
                 .on_cluster(view),
             pods: u32::try_from(spec.replicas.max(1)).unwrap_or(1),
-            gpus_per_pod: resources.gpus_per_pod(),
-            pod_memory_limit: resources.memory_limit,
-            pod_memory_limit_source: resources.memory_limit_source.clone(),
-            cpu_limit: resources.training_cpu_limit.clone(),
-            cpu_request: resources.training_cpu_request,
-            training_memory_limit: resources.training_memory_limit,
-            not_guaranteed: resources.not_guaranteed.clone(),
-            training_container: resources
-                .training_container
-                .map(|i| (i, resources.training_memory_request)),
-            memory_request_floor: resources.training_memory_floor.clone(),
             config: config.map(|c| c.facts).unwrap_or_default(),
             hold_for_capacity: true,
             gpu_claim_entries: gpu_claims
@@ -316,7 +305,9 @@ impl JobRequest {
                 .map(|p| p.claims.keys().cloned().collect())
                 .unwrap_or_default(),
             gpu_claims,
-        };
+            ..JobRequest::default()
+        }
+        .with_resources(&resources);
         Ok(request.with_trace(namespace, view))
     }
 
@@ -402,23 +393,64 @@ impl JobRequest {
                 model_trace: Default::default(),
                 constraints: super::PodConstraints::default(),
                 pods,
-                gpus_per_pod: resources.gpus_per_pod(),
-                pod_memory_limit: resources.memory_limit,
-                pod_memory_limit_source: resources.memory_limit_source.clone(),
-                cpu_limit: resources.training_cpu_limit.clone(),
-                cpu_request: resources.training_cpu_request,
-                training_memory_limit: resources.training_memory_limit,
-                not_guaranteed: resources.not_guaranteed.clone(),
-                training_container: resources
-                    .training_container
-                    .map(|i| (i, resources.training_memory_request)),
-                memory_request_floor: resources.training_memory_floor.clone(),
                 config: ConfigFacts::default(),
                 hold_for_capacity: false,
                 gpu_claims: None,
                 gpu_claim_entries: Vec::new(),
-            },
+                ..JobRequest::default()
+            }
+            .with_resources(&resources),
         ))
+    }
+
+    /// The request with its pods' resources: what every kind's constructor takes from them.
+    fn with_resources(self, resources: &PodResources) -> JobRequest {
+        JobRequest {
+            gpus_per_pod: resources.gpus_per_pod(),
+            pod_memory_limit: resources.memory_limit,
+            pod_memory_limit_source: resources.memory_limit_source.clone(),
+            cpu_limit: resources.training_cpu_limit.clone(),
+            cpu_request: resources.training_cpu_request,
+            training_memory_limit: resources.training_memory_limit,
+            not_guaranteed: resources.not_guaranteed.clone(),
+            training_container: resources
+                .training_container
+                .map(|i| (i, resources.training_memory_request)),
+            memory_request_floor: resources.training_memory_floor.clone(),
+            ..self
+        }
+    }
+
+    /// The request decided with what runs taught (`learned`, as the job's profile scopes it).
+    pub fn with_learned(&self, learned: LearnedView) -> JobRequest {
+        JobRequest {
+            learned: Some(learned),
+            ..self.clone()
+        }
+    }
+
+    /// The request as a run's lesson reads it: without the evidence of earlier runs (the
+    /// lesson is about what this configuration used).
+    pub fn without_evidence(&self) -> JobRequest {
+        JobRequest {
+            memory_failures: Vec::new(),
+            learned: None,
+            ..self.clone()
+        }
+    }
+
+    /// The request of a model of `parameters` alone (its hints and `config.json` set aside):
+    /// the size a job without hints is learned under.
+    pub fn sized_as(&self, parameters: offload_api::quantity::ParameterCount) -> JobRequest {
+        JobRequest {
+            model: Some(ModelHints {
+                parameters: Some(parameters),
+                ..ModelHints::default()
+            }),
+            model_config: None,
+            hints_from_annotations: false,
+            ..self.clone()
+        }
     }
 
     /// GPUs the whole job needs at once.
@@ -431,27 +463,9 @@ impl JobRequest {
 /// holds that decision's concrete values (the operator wrote them); `None` once the user changed
 /// it, or where nothing was recorded.
 fn recorded_request(tj: &TrainingJob) -> Option<OffloadSpec> {
-    use offload_api::v1alpha1::{OffloadMode, Switch};
     let d = tj.status.as_ref()?.offload.as_ref()?;
     let requested = d.requested.clone()?;
-    let concrete = OffloadSpec {
-        mode: d.mode.as_setting(),
-        overlap: if d.overlap {
-            OverlapSetting::Enabled
-        } else {
-            OverlapSetting::Disabled
-        },
-        offload_ratio: if d.mode == OffloadMode::Disabled {
-            RatioSetting::None
-        } else {
-            RatioSetting::Fixed(d.offload_ratio)
-        },
-        pin_memory: if d.pin_memory {
-            Switch::Enabled
-        } else {
-            Switch::Disabled
-        },
-    };
+    let concrete = super::resolution::spec_of(d.mode, d.overlap, d.offload_ratio, d.pin_memory);
     (tj.spec.offload == concrete).then_some(requested)
 }
 

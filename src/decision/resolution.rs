@@ -278,24 +278,7 @@ pub(super) fn short(p: memory::Placement) -> String {
 impl Resolution {
     /// The job's `spec.offload` with every `Auto` replaced by the concrete value.
     pub fn concrete_spec(&self) -> OffloadSpec {
-        OffloadSpec {
-            mode: self.mode.as_setting(),
-            overlap: if self.overlap {
-                OverlapSetting::Enabled
-            } else {
-                OverlapSetting::Disabled
-            },
-            offload_ratio: if self.mode == OffloadMode::Disabled {
-                RatioSetting::None
-            } else {
-                RatioSetting::Fixed(self.ratio)
-            },
-            pin_memory: if self.pin_memory {
-                Switch::Enabled
-            } else {
-                Switch::Disabled
-            },
-        }
+        spec_of(self.mode, self.overlap, self.ratio, self.pin_memory)
     }
 
     /// Whether DeepSpeed SuperOffload is on.
@@ -417,6 +400,30 @@ pub fn headline<'a>(reasons: impl IntoIterator<Item = (&'a str, ReasonCode, Stri
             format!("{code}: {sentence} (every field's reason: status.offload.reasons)")
         }
         None => "decided".to_string(),
+    }
+}
+
+/// The `spec.offload` that states a decision's values (mode, overlap, share, pinning) as
+/// concrete settings: written into the job, and compared with it to tell whether the user has
+/// changed it since.
+pub fn spec_of(mode: OffloadMode, overlap: bool, ratio: f64, pin_memory: bool) -> OffloadSpec {
+    OffloadSpec {
+        mode: mode.as_setting(),
+        overlap: if overlap {
+            OverlapSetting::Enabled
+        } else {
+            OverlapSetting::Disabled
+        },
+        offload_ratio: if mode == OffloadMode::Disabled {
+            RatioSetting::None
+        } else {
+            RatioSetting::Fixed(ratio)
+        },
+        pin_memory: if pin_memory {
+            Switch::Enabled
+        } else {
+            Switch::Disabled
+        },
     }
 }
 

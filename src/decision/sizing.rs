@@ -124,15 +124,7 @@ pub(super) fn sized_as(
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let count =
         offload_api::quantity::ParameterCount::new(parameters.ceil().max(1.0) as u64).ok()?;
-    let sized = JobRequest {
-        model: Some(ModelHints {
-            parameters: Some(count),
-            ..ModelHints::default()
-        }),
-        model_config: None,
-        hints_from_annotations: false,
-        ..job.clone()
-    };
+    let sized = job.sized_as(count);
     let mut jm = job_memory_of(&sized, facts).ok()??;
     jm.shape_key = identity_key(job, facts, identity);
     jm.inferred = true;
