@@ -8,7 +8,10 @@ use offload_api::v1alpha1::{
     ModeSetting, NodeClass, OffloadMode, OffloadProfile, RatioSetting, TrainingJob,
 };
 use offload_operator::cluster::view::MemoryView;
-use offload_operator::decision::{JobRequest, UserConfig, model_config, resolve_offload};
+use offload_operator::decision::JobRequest;
+use offload_operator::decision::UserConfig;
+use offload_operator::decision::model::model_config;
+use offload_operator::decision::resolve_offload;
 use offload_operator::index::{Allocatable, NodeIndex, NodeInfo};
 use offload_testenv::fixtures;
 

@@ -217,11 +217,11 @@ async fn add_runs(
     client: &Client,
     profile: &str,
     shape: &str,
-    runs: Vec<offload_operator::decision::learned::Run>,
+    runs: Vec<offload_operator::decision::runs::learned::Run>,
 ) {
     use k8s_openapi::api::core::v1::ConfigMap;
     use offload_operator::cluster::learned::{CONFIG_MAP, KEY};
-    use offload_operator::decision::learned::LearnedMemory;
+    use offload_operator::decision::runs::learned::LearnedMemory;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     poll("the runs added to the learned store", WAIT, || async {
         let current = cms.get_opt(CONFIG_MAP).await.ok()?;
@@ -261,7 +261,8 @@ async fn add_runs(
 #[tokio::test]
 async fn a_trial_that_runs_out_with_the_webhook_on_goes_back_to_what_trained() {
     use offload_api::v1alpha1::StatePlacement;
-    use offload_operator::decision::learned::{RanAs, Run};
+    use offload_operator::decision::runs::learned::RanAs;
+    use offload_operator::decision::runs::learned::Run;
     let (client, ns) = setup_with_webhook("wh-trial").await;
     add_node(&client, &ns, "h200", fixtures::H200_READING).await;
     add_profile(&client, &ns).await;

@@ -21,7 +21,9 @@ use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::decision::LearnedView;
-use crate::decision::learned::{LearnedMemory, Reservation, Run};
+use crate::decision::runs::learned::LearnedMemory;
+use crate::decision::runs::learned::Reservation;
+use crate::decision::runs::learned::Run;
 use offload_api::v1alpha1::NodeClass;
 
 /// The ConfigMap the lessons are kept in.
@@ -29,7 +31,7 @@ pub const CONFIG_MAP: &str = "offload-operator-learned";
 /// Its key.
 pub const KEY: &str = "memory.json";
 /// The key of the trials taken whose runs are not known yet
-/// ([`crate::decision::learned::Reservation`], a JSON list): beside the lessons, so that a
+/// ([`crate::decision::runs::learned::Reservation`], a JSON list): beside the lessons, so that a
 /// version of the operator that does not know them reads the lessons as before.
 pub const TRIALS_KEY: &str = "trials.json";
 /// Most trials taken kept at once (the oldest go first).
@@ -119,7 +121,7 @@ impl LearnedStore {
         shape: &str,
         described: &str,
         run: Run,
-    ) -> Result<bool, crate::decision::learned::LearnedError> {
+    ) -> Result<bool, crate::decision::runs::learned::LearnedError> {
         let mut state = self.lock();
         let mut memory = (*state.memory).clone();
         let changed = memory.record(profile, class, shape, described, run.clone())?;
@@ -288,7 +290,7 @@ impl LearnedStore {
 fn reservations_of(cm: Option<&ConfigMap>) -> Vec<Reservation> {
     cm.and_then(|c| c.data.as_ref())
         .and_then(|d| d.get(TRIALS_KEY))
-        .filter(|t| t.len() <= crate::decision::learned::MAX_LEARNED_BYTES)
+        .filter(|t| t.len() <= crate::decision::runs::learned::MAX_LEARNED_BYTES)
         .and_then(|t| serde_json::from_str(t).ok())
         .unwrap_or_default()
 }

@@ -203,12 +203,12 @@ impl ClusterView for StoreView {
         self.extended_resource_toleration
     }
 
-    fn namespace_limits(&self, namespace: &str) -> crate::decision::limits::NamespaceLimits {
+    fn namespace_limits(&self, namespace: &str) -> crate::decision::pod::limits::NamespaceLimits {
         let Some(store) = self.limit_ranges.as_ref() else {
             return Default::default();
         };
         let ranges = store.state();
-        crate::decision::limits::NamespaceLimits::of(
+        crate::decision::pod::limits::NamespaceLimits::of(
             ranges
                 .iter()
                 .filter(|r| r.metadata.namespace.as_deref() == Some(namespace))

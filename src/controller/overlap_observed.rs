@@ -153,7 +153,7 @@ pub fn merge_memory(
     }
     let estimate = decision.estimate.as_ref();
     #[allow(clippy::cast_possible_truncation)]
-    let context = crate::decision::memory::CONTEXT_RESERVE_BYTES as i64;
+    let context = crate::decision::model::memory::CONTEXT_RESERVE_BYTES as i64;
     m.gpu_estimate_bytes = estimate.map(|e| e.gpu_bytes.saturating_add(context));
     m.host_estimate_bytes = estimate.map(|e| e.host_bytes);
     #[allow(clippy::cast_precision_loss)]
@@ -172,7 +172,7 @@ pub fn judge_memory(m: &ObservedMemory) -> Option<(bool, Reason, String)> {
     let (peak, total) = (m.gpu_peak_bytes?, m.gpu_total_bytes.filter(|t| *t > 0)?);
     #[allow(clippy::cast_precision_loss)]
     let (p, t) = (peak as f64, total as f64);
-    let gib = |b: f64| crate::decision::memory::gib(b);
+    let gib = |b: f64| crate::decision::model::memory::gib(b);
     let share = p / t;
     let estimate = m.gpu_estimate_bytes.map_or(String::new(), |e| {
         #[allow(clippy::cast_precision_loss)]

@@ -5,12 +5,13 @@
 
 use std::sync::Arc;
 
-use super::model_config::ModelConfigError;
 use super::request::JobRequest;
 use super::selection::{ProfileNotFound, requested_profile, select_profile};
-use super::shape::ModelShape;
-use super::user_config::{ConfigError, UserConfig};
 use super::{Resolution, ResolveError, resolve_offload};
+use crate::decision::frameworks::user_config::ConfigError;
+use crate::decision::frameworks::user_config::UserConfig;
+use crate::decision::model::model_config::ModelConfigError;
+use crate::decision::model::shape::ModelShape;
 use crate::dra::DraOptions;
 use crate::dra::api::ResourceClaimTemplate;
 use crate::index::NodeIndex;
@@ -41,9 +42,9 @@ pub trait ClusterView: Send + Sync {
     fn model_trace(
         &self,
         _namespace: &str,
-        _step: &super::sizer::SizerRequest,
-    ) -> super::sizer::TraceInput {
-        super::sizer::TraceInput::None
+        _step: &crate::decision::model::sizer::SizerRequest,
+    ) -> crate::decision::model::sizer::TraceInput {
+        crate::decision::model::sizer::TraceInput::None
     }
     /// Whether the operator traces models' steps (the sizer runs in the cluster).
     fn traces_models(&self) -> bool {
@@ -56,8 +57,8 @@ pub trait ClusterView: Send + Sync {
     }
     /// The memory bounds the LimitRanges of `namespace` put on its pods' containers, where the
     /// view holds them.
-    fn namespace_limits(&self, _namespace: &str) -> super::limits::NamespaceLimits {
-        super::limits::NamespaceLimits::default()
+    fn namespace_limits(&self, _namespace: &str) -> crate::decision::pod::limits::NamespaceLimits {
+        crate::decision::pod::limits::NamespaceLimits::default()
     }
 }
 
@@ -207,15 +208,15 @@ pub fn sizer_step(
     super::SizerRequest::of(&request).map(|step| (step, request.model_trace))
 }
 
-/// What a run of `tj`'s configuration teaches (see [`super::lesson::lesson`]), with the profile
+/// What a run of `tj`'s configuration teaches (see [`crate::decision::runs::lesson::lesson`]), with the profile
 /// it is learned under; `None` where the profile does not learn or the run teaches nothing.
 pub fn lesson_of(
     tj: &TrainingJob,
     config: Result<Option<&UserConfig>, &ConfigError>,
     model: Result<Option<&ModelShape>, &ModelConfigError>,
     view: &dyn ClusterView,
-    observed: &super::lesson::Observed,
-) -> Result<Option<(String, super::lesson::Lesson)>, Unresolved> {
+    observed: &crate::decision::runs::lesson::Observed,
+) -> Result<Option<(String, crate::decision::runs::lesson::Lesson)>, Unresolved> {
     check_training_job(tj)?;
     let profile = select_profile(requested_profile(tj), |name| view.profile(name))
         .map_err(Unresolved::ProfileNotFound)?;
@@ -225,7 +226,7 @@ pub fn lesson_of(
     let config = config.map_err(|e| Unresolved::Config(e.clone()))?;
     let model = model.map_err(|e| Unresolved::ModelConfig(e.clone()))?;
     let request = JobRequest::for_training_job(tj, config, model, view)?;
-    Ok(super::lesson::lesson(&request, observed)?.map(|l| (profile.name, l)))
+    Ok(crate::decision::runs::lesson::lesson(&request, observed)?.map(|l| (profile.name, l)))
 }
 
 /// Decides another kind's request (see [`JobRequest::from_annotations`]) against `view`, with

@@ -5,69 +5,59 @@
 //! through [`decide`] (a TrainingJob) or [`decide_request`] (another kind's request), which
 //! build the request one way ([`JobRequest`]), pick the profile ([`selection`]) and call
 //! [`resolve_offload`] ([`resolve`]); the same inputs always give the same output, whatever
-//! order the nodes come in. It runs as steps, each in its own module, each giving its value and
-//! its reason: framework facts ([`framework`]) → the job's [`memory`] model → the nodes the
-//! profile may use ([`candidates`]) → placement: mode, node class and what fits ([`placement`],
-//! [`fit`]) → [`overlap`] → [`pinning`] → offload [`ratio`] → the framework's keys
-//! ([`framework`]). What it gives back is in [`resolution`]; the defaults and bounds every step
-//! reads in [`settings`].
+//! order the nodes come in. The steps live in rooms by concern, each giving its value and its
+//! reason:
+//!
+//! - [`frameworks`]: what the framework and version can take, and their keys;
+//! - [`model`]: the memory model, counted from the model's shape or traced from its code;
+//! - [`ladder`]: the nodes a profile may use, the ladder of placements, mode and node class,
+//!   overlap, pinning and the offload ratio;
+//! - [`runs`]: the loop — what runs teach, what trained, the faster trials;
+//! - [`pod`]: the pod as the cluster will run it — where it may land, what it asks for, its
+//!   namespace's limits, the CPU it gets.
+//!
+//! What it gives back is in [`resolution`]; the defaults and bounds every step reads in
+//! [`settings`].
 
 mod annotations;
-mod candidates;
-mod constraints;
-pub mod cpu;
 mod entry;
 mod error;
-pub mod evidence;
-mod fit;
-mod framework;
-mod ladder;
-pub mod learned;
-pub mod lesson;
-pub mod limits;
-pub mod memory;
-pub mod model_config;
-mod overlap;
-mod pinning;
-mod placement;
-mod proven;
-mod ratio;
+pub mod frameworks;
+pub mod ladder;
+pub mod model;
+pub mod pod;
 pub mod referenced;
 mod request;
 mod resolution;
 mod resolve;
-mod resources;
+pub mod runs;
 mod selection;
 mod settings;
-pub mod shape;
-pub mod sizer;
-mod sizing;
-mod user_config;
-mod whole_cores;
 
-pub use constraints::PodConstraints;
 pub use entry::{
     ClusterView, Unresolved, check_training_job, decide, decide_request, lesson_of, sizer_step,
 };
 pub use error::ResolveError;
-pub use framework::{
+pub use frameworks::user_config::{
+    ConfigError, ConfigFacts, DeepSpeedConfigError, Precision, UserConfig, parse_config, stage_of,
+};
+pub use frameworks::{
     DeepSpeedPlan, FrameworkPlan, FsdpPlan, MANUAL_GC_INTERVAL, MegatronPlan, ZENFLOW_TOPK_RATIO,
     ZENFLOW_UPDATE_INTERVAL,
 };
-pub use model_config::{MODEL_CONFIG_KEY, ModelConfigError};
+pub use model::model_config::{MODEL_CONFIG_KEY, ModelConfigError};
+pub use model::shape::ModelShape;
+pub use model::sizer::{SizerRequest, TraceInput};
+pub use pod::constraints::PodConstraints;
+pub use pod::resources::PodResources;
 pub use request::{AdmittedRequest, DeepSpeedRequest, JobRequest, LearnedView, run_id};
-pub use resources::PodResources;
 pub use selection::{
     ProfileNotFound, SelectedProfile, builtin_default_profile, explicit_offload, opted_in,
     profile_name, profile_name_for, requested_profile, select_profile,
 };
-pub use shape::ModelShape;
-pub use sizer::{SizerRequest, TraceInput};
-pub use user_config::{
-    ConfigError, ConfigFacts, DeepSpeedConfigError, Precision, UserConfig, parse_config, stage_of,
-};
 
-pub use ladder::Trial;
+pub use ladder::rungs::Trial;
+pub use pod::whole_cores::WholeCores;
 pub use resolution::{
     Field, MAX_SHORT_CHARS, MemoryEstimate, MemoryRequest, Reason, Resolution, Why, clip, headline,
 };
@@ -75,7 +65,6 @@ pub use resolve::{class_admits, estimate_placement, resolve_offload};
 pub use settings::{
     DEFAULT_ZERO_STAGE, MAX_EXCLUDED_NODES, MIN_AUTO_RATIO, SUPER_OFFLOAD_CPU_SHARE,
 };
-pub use whole_cores::WholeCores;
 
 #[cfg(test)]
 pub(crate) mod tests;

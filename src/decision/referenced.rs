@@ -12,9 +12,12 @@ use offload_api::names;
 use offload_api::v1alpha1::TrainingJob;
 use serde_json::Value;
 
-use super::model_config::{self, MODEL_CONFIG_KEY, ModelConfigError};
-use super::shape::ModelShape;
-use super::user_config::{ConfigError, UserConfig};
+use crate::decision::frameworks::user_config::ConfigError;
+use crate::decision::frameworks::user_config::UserConfig;
+use crate::decision::model::model_config;
+use crate::decision::model::model_config::MODEL_CONFIG_KEY;
+use crate::decision::model::model_config::ModelConfigError;
+use crate::decision::model::shape::ModelShape;
 
 /// The key a DeepSpeed ConfigMap holds its JSON under when the reference names none.
 pub const DEEPSPEED_CONFIG_KEY: &str = "ds_config.json";

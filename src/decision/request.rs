@@ -7,8 +7,9 @@ use serde_json::Value;
 
 use super::annotations::model_annotations;
 use super::error::ResolveError;
-use super::resources::PodResources;
-use super::user_config::{ConfigFacts, UserConfig};
+use crate::decision::frameworks::user_config::ConfigFacts;
+use crate::decision::frameworks::user_config::UserConfig;
+use crate::decision::pod::resources::PodResources;
 use offload_api::names;
 use offload_api::v1alpha1::{
     DeepSpeedSpec, Framework, FrameworkSpec, ModeSetting, ModelHints, OffloadSpec, OverlapSetting,
@@ -20,7 +21,7 @@ use offload_api::v1alpha1::{
 #[derive(Clone, Debug, PartialEq)]
 pub struct LearnedView {
     /// The lessons.
-    pub memory: std::sync::Arc<super::learned::LearnedMemory>,
+    pub memory: std::sync::Arc<crate::decision::runs::learned::LearnedMemory>,
     /// Now.
     pub now: jiff::Timestamp,
     /// The namespace whose jobs' runs count (`None`: every namespace's).
@@ -55,7 +56,7 @@ impl LearnedView {
         }
     }
 
-    /// [`super::learned::LearnedMemory::reserved_trials`] that count here.
+    /// [`crate::decision::runs::learned::LearnedMemory::reserved_trials`] that count here.
     pub fn reserved_trials(
         &self,
         profile: &str,
@@ -72,24 +73,24 @@ impl LearnedView {
         )
     }
 
-    /// [`super::learned::LearnedMemory::factors`] of the runs that count here.
+    /// [`crate::decision::runs::learned::LearnedMemory::factors`] of the runs that count here.
     pub fn factors(
         &self,
         profile: &str,
         class: offload_api::v1alpha1::NodeClass,
         shape: &str,
-    ) -> Option<super::learned::LearnedFactors> {
+    ) -> Option<crate::decision::runs::learned::LearnedFactors> {
         self.memory
             .factors_of(profile, class, shape, self.now, self.namespace.as_deref())
     }
 
-    /// [`super::learned::LearnedMemory::evidence`] of the runs that count here.
+    /// [`crate::decision::runs::learned::LearnedMemory::evidence`] of the runs that count here.
     pub fn evidence(
         &self,
         profile: &str,
         class: offload_api::v1alpha1::NodeClass,
         shape: &str,
-    ) -> Vec<super::learned::RanRecord> {
+    ) -> Vec<crate::decision::runs::learned::RanRecord> {
         self.memory
             .evidence_of(profile, class, shape, self.now, self.namespace.as_deref())
     }
@@ -109,10 +110,10 @@ pub struct JobRequest {
     /// What the operator knows of the model.
     pub model: Option<ModelHints>,
     /// The model's shape from its `config.json`, where the job references one and it was read.
-    pub model_config: Option<super::shape::ModelShape>,
+    pub model_config: Option<crate::decision::model::shape::ModelShape>,
     /// The trace of the job's step by the sizer, where the view has one (see
-    /// [`super::sizer::SizerRequest`]).
-    pub model_trace: super::sizer::TraceInput,
+    /// [`crate::decision::model::sizer::SizerRequest`]).
+    pub model_trace: crate::decision::model::sizer::TraceInput,
     /// The model hints came from annotations (another kind), not `spec.model`: messages name
     /// the annotations.
     pub hints_from_annotations: bool,
@@ -265,7 +266,7 @@ impl JobRequest {
     pub fn for_training_job(
         tj: &TrainingJob,
         config: Option<&UserConfig>,
-        model_config: Option<&super::shape::ModelShape>,
+        model_config: Option<&crate::decision::model::shape::ModelShape>,
         view: &dyn super::ClusterView,
     ) -> Result<JobRequest, ResolveError> {
         let spec = &tj.spec;
@@ -312,10 +313,10 @@ impl JobRequest {
     }
 
     /// The request with the trace of its step that `view` has (see
-    /// [`super::sizer::SizerRequest`]); set by every constructor's caller once the model's
+    /// [`crate::decision::model::sizer::SizerRequest`]); set by every constructor's caller once the model's
     /// `config.json` is in.
     pub fn with_trace(self, namespace: &str, view: &dyn super::ClusterView) -> JobRequest {
-        let model_trace = super::sizer::SizerRequest::of(&self)
+        let model_trace = crate::decision::model::sizer::SizerRequest::of(&self)
             .map_or_else(Default::default, |r| view.model_trace(namespace, &r));
         JobRequest {
             model_trace,

@@ -7,8 +7,9 @@ use offload_api::v1alpha1::{
     NodeClass, OffloadMode, OffloadSpec, OverlapSetting, RatioSetting, ReasonCode, Switch,
 };
 
-use super::framework::FrameworkPlan;
-use super::{learned, memory};
+use crate::decision::frameworks::FrameworkPlan;
+use crate::decision::model::memory;
+use crate::decision::runs::learned;
 
 /// The setting a reason explains.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -183,7 +184,7 @@ pub struct Resolution {
     pub placement: memory::Placement,
     /// Set where the placement is a trial of a rung faster than the fastest that trained for
     /// the job's shape.
-    pub trial: Option<super::ladder::Trial>,
+    pub trial: Option<crate::decision::ladder::rungs::Trial>,
     /// Why the memory model (and what earlier runs proved) placed the state so, in a sentence,
     /// where it sized the job.
     pub memory_why: Option<String>,

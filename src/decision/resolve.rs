@@ -5,13 +5,20 @@ use offload_api::report::NodeMemoryModel;
 use offload_api::v1alpha1::{NodeClass, OffloadMode, OffloadProfileSpec, RatioSetting};
 
 use super::error::ResolveError;
-use super::framework::FrameworkPlan;
 use super::request::JobRequest;
 use super::resolution::{Field, MemoryEstimate, MemoryRequest, Reason, Resolution, Why};
 use super::settings::MAX_EXCLUDED_NODES;
-use super::{
-    candidates, fit, framework, ladder, memory, overlap, pinning, placement, ratio, sizing,
-};
+use crate::decision::frameworks;
+use crate::decision::frameworks::FrameworkPlan;
+use crate::decision::ladder::candidates;
+use crate::decision::ladder::overlap;
+use crate::decision::ladder::pinning;
+use crate::decision::ladder::placement;
+use crate::decision::ladder::ratio;
+use crate::decision::ladder::rungs;
+use crate::decision::model::fit;
+use crate::decision::model::memory;
+use crate::decision::model::sizing;
 use offload_api::v1alpha1::ReasonCode;
 
 #[derive(Default)]
@@ -65,7 +72,7 @@ pub fn resolve_offload(
     profile: &OffloadProfileSpec,
     nodes: &NodeIndex,
 ) -> Result<Resolution, ResolveError> {
-    let facts = framework::check(job)?;
+    let facts = frameworks::check(job)?;
     partial_ratio_supported(job, &facts)?;
     let memory = sizing::job_memory(job, &facts, profile_name)?;
     let mut reasons = Reasons::default();
@@ -101,7 +108,7 @@ pub fn resolve_offload(
     reasons.add(Field::OffloadRatio, why);
 
     let memory_plan = memory_plan(job, &placement, memory.as_ref());
-    let (framework, whys) = framework::plan(
+    let (framework, whys) = frameworks::plan(
         job,
         &facts,
         placement.mode,
@@ -137,7 +144,7 @@ pub fn resolve_offload(
         startup_guard: profile.startup_guard,
         report_allocator_peaks: profile.report_allocator_peaks,
         memory: match (placement.memory.as_ref(), memory.as_ref()) {
-            // A trial's budget is the one it was checked against ([`super::proven`]).
+            // A trial's budget is the one it was checked against ([`crate::decision::runs::proven`]).
             (Some(c), Some(jm)) => Some(match c.trial {
                 Some(_) => MemoryEstimate::of(&jm.as_trial(), &c.estimate, &c.class),
                 None => MemoryEstimate::of(jm, &c.estimate, &c.class),
@@ -177,14 +184,14 @@ fn host_side(
     reasons: &mut Reasons,
 ) -> (
     Option<MemoryRequest>,
-    Option<super::whole_cores::WholeCores>,
+    Option<crate::decision::pod::whole_cores::WholeCores>,
 ) {
     let memory_request = memory_request(job, placement.memory.as_ref());
     if let Some(why) = memory_request.map(|r| memory_request_reason(job, &r)) {
         reasons.add(Field::Mode, why);
     }
     reasons.add(Field::NodeClass, placement.class_why.clone());
-    let (whole_cores, why) = super::whole_cores::ask(
+    let (whole_cores, why) = crate::decision::pod::whole_cores::ask(
         job,
         profile.whole_cores,
         placement.mode,
@@ -201,7 +208,7 @@ fn host_side(
 /// an old version, no distributed optimizer) is refused, with what would let it run.
 fn megatron_can_take(
     job: &JobRequest,
-    facts: &framework::FrameworkFacts,
+    facts: &frameworks::FrameworkFacts,
     placement: &placement::ModeAndClass<'_, '_>,
 ) -> Result<(), ResolveError> {
     if job.framework.name != offload_api::v1alpha1::Framework::Megatron
@@ -209,7 +216,7 @@ fn megatron_can_take(
     {
         return Ok(());
     }
-    match framework::megatron_offload_blocker(job, facts.version.as_ref()) {
+    match frameworks::megatron_offload_blocker(job, facts.version.as_ref()) {
         None => Ok(()),
         Some(problem) => Err(ResolveError::FrameworkCannot {
             problem: format!(
@@ -227,8 +234,8 @@ fn memory_plan(
     job: &JobRequest,
     placement: &placement::ModeAndClass<'_, '_>,
     memory: Option<&memory::JobMemory>,
-) -> framework::MemoryPlan {
-    framework::MemoryPlan {
+) -> frameworks::MemoryPlan {
+    frameworks::MemoryPlan {
         placement: placement
             .memory
             .as_ref()
@@ -305,10 +312,7 @@ fn state_placement(
 
 /// The training container's memory request where the chosen placement's host estimate is more
 /// than the user requests (rounded up to MiB); never lower than the user's.
-fn memory_request(
-    job: &JobRequest,
-    choice: Option<&ladder::MemoryChoice>,
-) -> Option<MemoryRequest> {
+fn memory_request(job: &JobRequest, choice: Option<&rungs::MemoryChoice>) -> Option<MemoryRequest> {
     const MIB: u64 = 1 << 20;
     let (container, requested) = job.training_container?;
     let bytes = memory::bytes(choice?.estimate.host_per_pod)
@@ -365,11 +369,11 @@ fn memory_request_reason(job: &JobRequest, r: &MemoryRequest) -> Why {
 /// A fixed partial ratio the framework cannot write is refused, saying what to change.
 fn partial_ratio_supported(
     job: &JobRequest,
-    facts: &framework::FrameworkFacts,
+    facts: &frameworks::FrameworkFacts,
 ) -> Result<(), ResolveError> {
     if let (RatioSetting::Fixed(r), Err(why)) = (
         job.offload.offload_ratio,
-        framework::partial_ratio_support(job, facts),
+        frameworks::partial_ratio_support(job, facts),
     ) && r < 1.0
     {
         return Err(ResolveError::FrameworkCannot {
@@ -474,7 +478,7 @@ pub fn estimate_placement(
     class: NodeClass,
     placement: memory::Placement,
 ) -> Result<Option<(MemoryEstimate, bool)>, ResolveError> {
-    let facts = framework::check(job)?;
+    let facts = frameworks::check(job)?;
     let Some(jm) = sizing::job_memory(job, &facts, profile_name)? else {
         return Ok(None);
     };

@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::{Inputs, decided, rendered_config};
-use crate::decision::memory::Placement;
+use crate::decision::model::memory::Placement;
 use crate::decision::{
     ClusterView, FrameworkPlan, JobRequest, MemoryEstimate, Resolution, estimate_placement,
     profile_name_for,

@@ -390,7 +390,7 @@ pub async fn inputs_from_cluster(
             // The referenced key's text (what is missing is said when the job is decided).
             if let crate::decision::referenced::Fetched::Found(cm) =
                 crate::cluster::referenced::fetch(client, ns, &r).await?
-                && let Ok(text) = crate::decision::model_config::config_map_key(&cm, &r.key)
+                && let Ok(text) = crate::decision::model::model_config::config_map_key(&cm, &r.key)
             {
                 into.insert(r.name, text);
             }

@@ -14,8 +14,10 @@ use offload_api::v1alpha1::{MemoryKind, NodeClass, TrainingJob, TrainingJobStatu
 use serde::Serialize;
 
 use super::{Explanation, Inputs, decided, explain_training_job};
-use crate::decision::evidence::{GPU_OOM_TEXT, configuration, says_gpu_out_of_memory};
-use crate::decision::lesson::Observed;
+use crate::decision::runs::evidence::GPU_OOM_TEXT;
+use crate::decision::runs::evidence::configuration;
+use crate::decision::runs::evidence::says_gpu_out_of_memory;
+use crate::decision::runs::lesson::Observed;
 use crate::decision::{LearnedView, lesson_of};
 
 /// How an observed run ended.
@@ -295,7 +297,7 @@ pub fn explain_after(tj: &TrainingJob, inputs: &mut Inputs, evidence: &[Evidence
             ),
         };
         if let Some(kind) = failed {
-            let failure = crate::decision::evidence::failure_record(
+            let failure = crate::decision::runs::evidence::failure_record(
                 &tj,
                 Some(&status),
                 kind,
@@ -362,7 +364,7 @@ fn outcome_said(outcome: &Outcome) -> String {
 fn learn(
     tj: &TrainingJob,
     inputs: &mut Inputs,
-    store: &mut crate::decision::learned::LearnedMemory,
+    store: &mut crate::decision::runs::learned::LearnedMemory,
     ev: &Evidence,
     res: &crate::decision::Resolution,
     who: String,
@@ -380,7 +382,7 @@ fn learn(
         allocated: match &ev.outcome {
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             Outcome::OutOfMemory(MemoryKind::Gpu, m) => {
-                crate::decision::evidence::AllocatorOom::parse(m)
+                crate::decision::runs::evidence::AllocatorOom::parse(m)
                     .map(|o| o.needed())
                     .filter(|n| *n >= 1.0 && *n < 1.8e19)
                     .map(|n| n as u64)

@@ -283,7 +283,7 @@ pub fn pin_claims(
         return Ok(());
     };
     let min_gpu_memory = res.memory.as_ref().map(|m| {
-        crate::decision::memory::gpu_memory_for(
+        crate::decision::model::memory::gpu_memory_for(
             m.gpu_bytes as f64,
             m.gpu_allocator_room_bytes as f64,
         )

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use offload_api::trace::{MAX_TRACE_BYTES, ModelTrace, TraceError};
 
-use crate::decision::shape::ConfigDigest;
+use crate::decision::model::shape::ConfigDigest;
 use crate::decision::{SizerRequest, TraceInput};
 
 /// The traces an offline view holds (given as files) or makes (the sizer run here, once per

@@ -325,7 +325,7 @@ fn with_memory(
             recorded,
             m,
             new_window,
-            &crate::decision::evidence::configuration(d),
+            &crate::decision::runs::evidence::configuration(d),
             d,
         )),
         None => recorded.cloned(),

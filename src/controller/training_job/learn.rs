@@ -1,6 +1,6 @@
 //! Learning from what a TrainingJob's configuration used: each new window of its observed
 //! peaks (and each out-of-memory failure) is a lesson for later decisions of the same shape on
-//! the same node class ([`crate::decision::lesson`]), planned here and kept by the operator's
+//! the same node class ([`crate::decision::runs::lesson`]), planned here and kept by the operator's
 //! [`crate::cluster::learned::LearnedStore`]. A lesson that cannot be drawn changes nothing.
 
 use kube::ResourceExt;
@@ -9,8 +9,8 @@ use offload_api::v1alpha1::{MemoryKind, NodeClass, ObservedOverlap, OffloadDecis
 use super::plan::Learned;
 use super::snapshot::Snapshot;
 use crate::decision::ClusterView;
-use crate::decision::lesson::Observed;
-use crate::decision::memory::Placement;
+use crate::decision::model::memory::Placement;
+use crate::decision::runs::lesson::Observed;
 use crate::index::NodeIndex;
 
 /// The placement a recorded decision wrote.
@@ -45,7 +45,7 @@ pub(super) fn observed(
     trained: bool,
 ) -> Option<Observed> {
     let m = observed.memory.as_ref()?;
-    if m.configuration != crate::decision::evidence::configuration(d) {
+    if m.configuration != crate::decision::runs::evidence::configuration(d) {
         return None;
     }
     let as_u64 = |v: Option<i64>| v.and_then(|b| u64::try_from(b).ok());

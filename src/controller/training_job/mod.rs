@@ -3,7 +3,7 @@
 //! agents observed, the referenced ConfigMaps, the model's trace); [`plan`] decides from that
 //! alone what changes (the decision, the workload, the status computed in one pass, the Events,
 //! the lessons), with [`follow`] for a workload that exists and [`recovery`] for a pod out of
-//! memory; [`write`] applies the plan. [`triggers`] maps changes of other objects to the jobs
+//! memory; [`write`](mod@write) applies the plan. [`triggers`] maps changes of other objects to the jobs
 //! they concern. Every status part is built and written by [`crate::controller::status`].
 
 pub(crate) mod apply;

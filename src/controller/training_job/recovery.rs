@@ -18,11 +18,12 @@ use super::snapshot::Snapshot;
 use crate::controller::conditions::{self, ConditionType, Reason};
 use crate::controller::status::WorkloadStatus;
 use crate::decision::ClusterView;
-use crate::decision::memory::gib;
+use crate::decision::model::memory::gib;
 use offload_api::names;
 use offload_api::v1alpha1::{JobPhase, MemoryFailure, MemoryKind, TrainingJob, TrainingJobStatus};
 
-pub use crate::decision::evidence::{configuration, memory_failure};
+pub use crate::decision::runs::evidence::configuration;
+pub use crate::decision::runs::evidence::memory_failure;
 
 /// A pod of the workload (`pods`: the workload Job's) that ran out of memory and is not
 /// recorded yet.
@@ -47,7 +48,7 @@ pub(super) fn unrecorded_failure(
 pub(super) fn reported_allocation(
     tj: &TrainingJob,
     pods: &[Arc<Pod>],
-) -> Option<crate::decision::evidence::AllocatorReport> {
+) -> Option<crate::decision::runs::evidence::AllocatorReport> {
     let container = training_container(tj);
     pods.iter()
         .flat_map(|pod| {
@@ -61,11 +62,11 @@ pub(super) fn reported_allocation(
                         .as_ref()
                         .and_then(|s| s.terminated.as_ref())
                         .or_else(|| c.last_state.as_ref().and_then(|s| s.terminated.as_ref()))?;
-                    crate::decision::evidence::allocator_report(t.message.as_deref()?)
+                    crate::decision::runs::evidence::allocator_report(t.message.as_deref()?)
                 })
                 .collect::<Vec<_>>()
         })
-        .reduce(crate::decision::evidence::AllocatorReport::together)
+        .reduce(crate::decision::runs::evidence::AllocatorReport::together)
 }
 
 /// The name of the job's training container (the first that asks for GPUs, else the first):
@@ -141,7 +142,7 @@ pub(super) fn plan_recovery(
         .map_or(offload_api::v1alpha1::DEFAULT_MAX_MEMORY_RETRIES, |p| {
             p.max_memory_retries
         });
-    let failure = crate::decision::evidence::failure_record(
+    let failure = crate::decision::runs::evidence::failure_record(
         tj,
         decision,
         kind,

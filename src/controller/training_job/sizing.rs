@@ -122,7 +122,7 @@ impl ClusterView for WithTrace<'_> {
         }
         self.view.model_trace(namespace, step)
     }
-    fn namespace_limits(&self, namespace: &str) -> crate::decision::limits::NamespaceLimits {
+    fn namespace_limits(&self, namespace: &str) -> crate::decision::pod::limits::NamespaceLimits {
         self.view.namespace_limits(namespace)
     }
 }

@@ -115,8 +115,10 @@ fn without_a_limit_a_pod_gets_its_share_of_the_nodes_cores() {
 /// way round, and the decision weighs the rungs for the pod's cores.
 #[test]
 fn fewer_cores_keep_a_partial_share_before_offloading_parameters_too() {
-    use crate::decision::cpu::{MAX_PARTIAL_BEFORE_PARAMS, partial_before_params};
-    use crate::decision::memory::{PARTIAL_BEFORE_PARAMS_UP_TO, Placement};
+    use crate::decision::model::memory::PARTIAL_BEFORE_PARAMS_UP_TO;
+    use crate::decision::model::memory::Placement;
+    use crate::decision::pod::cpu::MAX_PARTIAL_BEFORE_PARAMS;
+    use crate::decision::pod::cpu::partial_before_params;
     // A host large enough for the parameters too; 9.1B at 8,192 tokens needs 62 % offloaded.
     let roomy = with_allocatable_memory(node("h", 1, None), 480 << 30);
     let mut job = job();
@@ -160,7 +162,7 @@ fn fewer_cores_keep_a_partial_share_before_offloading_parameters_too() {
     // (more are not extrapolated), 1 − (1 − 0.45) × (cores / 16)^⅓ below (measured on an
     // H100: 60 % is slower than everything offloaded at 8 cores, faster at 4), never past its
     // bound; a pod that shares its node counts its share of the node's cores.
-    let cpu = |cpus| crate::decision::cpu::NodeCpu {
+    let cpu = |cpus| crate::decision::pod::cpu::NodeCpu {
         cpus: Some(cpus),
         gpus: 8,
         static_policy: false,
@@ -188,7 +190,7 @@ fn fewer_cores_keep_a_partial_share_before_offloading_parameters_too() {
     assert!((got - (1.0 - 0.55 * 0.5f64.cbrt())).abs() < 1e-9, "{got}");
     assert!(note.unwrap().contains("share of the node's cores"));
     // Where neither a limit nor the node's cores are known, nothing moves.
-    let unknown = crate::decision::cpu::NodeCpu {
+    let unknown = crate::decision::pod::cpu::NodeCpu {
         cpus: None,
         ..cpu(16)
     };

@@ -4,7 +4,7 @@
 
 use super::memory::{H200_HOST, placement, trained};
 use super::*;
-use crate::decision::memory::Placement;
+use crate::decision::model::memory::Placement;
 use offload_api::v1alpha1::NodeClass;
 
 #[test]
@@ -148,16 +148,16 @@ fn partial_hints_are_bounded_by_the_parameter_count_and_say_what_would_decide_it
     );
     // Where the two ends decide differently, the hold says which fields would decide it, with
     // what the other end would run as.
-    let mut jm = crate::decision::sizing::unlearned_memory(
+    let mut jm = crate::decision::model::sizing::unlearned_memory(
         &partial,
-        &crate::decision::framework::check(&partial).unwrap(),
+        &crate::decision::frameworks::check(&partial).unwrap(),
     )
     .unwrap()
     .unwrap();
     jm.tokens = Some(2048.0);
     let open = jm.shape.open.expect("the shape is open");
-    let other = crate::decision::memory::JobMemory {
-        shape: crate::decision::shape::ModelShape {
+    let other = crate::decision::model::memory::JobMemory {
+        shape: crate::decision::model::shape::ModelShape {
             intermediate: open.other_intermediate,
             kv_heads: open.other_kv_heads,
             open: None,
@@ -165,7 +165,7 @@ fn partial_hints_are_bounded_by_the_parameter_count_and_say_what_would_decide_it
         },
         ..jm.clone()
     };
-    let class = |gpu: u64| crate::decision::memory::ClassMemory {
+    let class = |gpu: u64| crate::decision::model::memory::ClassMemory {
         gpu_bytes: gpu,
         gpu_node: "h".into(),
         host_per_pod: Some(H200_HOST),
@@ -181,18 +181,18 @@ fn partial_hints_are_bounded_by_the_parameter_count_and_say_what_would_decide_it
     assert!(most > less, "{most} > {less}");
     let between = ((most + less) / 2.0 / 0.98 + 1.4 * f64::from(1u32 << 30)) as u64;
     let cm = class(between);
-    let allowed = crate::decision::ladder::Allowed {
+    let allowed = crate::decision::ladder::rungs::Allowed {
         no_offload: true,
         offload: false,
-        partial: crate::decision::ladder::PartialRatio::No("off".into()),
+        partial: crate::decision::ladder::rungs::PartialRatio::No("off".into()),
         whole_optimizer: false,
         with_params: false,
         trials: 0,
-        partial_before_params: crate::decision::memory::PARTIAL_BEFORE_PARAMS_UP_TO,
+        partial_before_params: crate::decision::model::memory::PARTIAL_BEFORE_PARAMS_UP_TO,
         cpu_note: None,
     };
-    assert!(crate::decision::ladder::fastest(&jm, &cm, &allowed).is_err());
-    let advice = crate::decision::ladder::advice(&jm, &cm, &allowed);
+    assert!(crate::decision::ladder::rungs::fastest(&jm, &cm, &allowed).is_err());
+    let advice = crate::decision::ladder::rungs::advice(&jm, &cm, &allowed);
     assert!(
         advice.contains("at the other end of what its hints allow")
             && advice.contains("would fit as no offload")

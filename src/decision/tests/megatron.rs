@@ -161,7 +161,7 @@ fn without_sequence_parallelism_a_third_of_the_activations_stays_whole_on_each_r
         "(10 + 24/2) / 34 against 1/2 of the activations: {ratio}"
     );
     let shown = |sequence| {
-        crate::decision::memory::Sharding::Megatron {
+        crate::decision::model::memory::Sharding::Megatron {
             tensor: 2,
             model_parallel: 2,
             distributed: true,

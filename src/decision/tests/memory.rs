@@ -1,7 +1,7 @@
 //! The decision with the memory model: no offload where the job fits, the fastest offload that
 //! fits where it does not, never a configuration that cannot run.
 use super::*;
-use crate::decision::memory::Placement;
+use crate::decision::model::memory::Placement;
 use offload_api::v1alpha1::{ModeSetting, NodeClass, OffloadMode, RatioSetting};
 
 /// 125 GiB, the lent H200 host.
@@ -199,7 +199,7 @@ pub(super) fn trained(model: &str, tokens: i64) -> JobRequest {
         }),
         ..Default::default()
     });
-    job.model_config = Some(crate::decision::shape::tests::model(model));
+    job.model_config = Some(crate::decision::model::shape::tests::model(model));
     job
 }
 
@@ -471,7 +471,7 @@ fn a_configuration_that_ran_out_of_memory_is_never_written_again() {
 
 #[test]
 fn a_host_kill_is_a_vpa_bump_never_the_whole_node() {
-    use crate::decision::memory::Corrections;
+    use crate::decision::model::memory::Corrections;
     use offload_api::v1alpha1::MemoryKind;
     let gib = 1u64 << 30;
     // 16 GiB estimated, no limit, on a 480 GiB node: +20 %, not 30 times.

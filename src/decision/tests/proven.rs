@@ -6,10 +6,11 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::decision::learned::LearnedMemory;
-use crate::decision::lesson::{Observed, lesson};
-use crate::decision::memory::Placement;
-use crate::decision::proven::TRIAL_STEP;
+use crate::decision::model::memory::Placement;
+use crate::decision::runs::learned::LearnedMemory;
+use crate::decision::runs::lesson::Observed;
+use crate::decision::runs::lesson::lesson;
+use crate::decision::runs::proven::TRIAL_STEP;
 use offload_api::v1alpha1::{MemoryFailure, MemoryKind, NodeClass};
 
 const H200_HOST: u64 = 125 << 30;

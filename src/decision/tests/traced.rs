@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use super::memory::{H200_HOST, placement};
 use super::*;
-use crate::decision::memory::Placement;
-use crate::decision::sizer::TraceInput;
+use crate::decision::model::memory::Placement;
+use crate::decision::model::sizer::TraceInput;
 use offload_api::trace::ModelTrace;
 
 /// Nemotron-4-Minitron-4B's shape (squared-ReLU MLP without a gate, LayerNorm1P, a 256k
@@ -60,7 +60,8 @@ pub(crate) fn job_of(model: &str, tokens: i64, sequence: Option<i64>) -> JobRequ
         }),
         ..Default::default()
     });
-    job.model_config = Some(crate::decision::model_config::parse(entry(model).1, model).unwrap());
+    job.model_config =
+        Some(crate::decision::model::model_config::parse(entry(model).1, model).unwrap());
     job
 }
 
@@ -212,8 +213,8 @@ fn the_trace_counts_every_expert_and_the_latent_attention_as_built() {
 
 /// A DeepSpeed run on the H100 as the agent and the reporter see it: `placement` trained with
 /// `allocated` bytes at PyTorch's allocator's peak.
-fn trained_run(res: &Resolution, allocated: u64) -> crate::decision::lesson::Observed {
-    crate::decision::lesson::Observed {
+fn trained_run(res: &Resolution, allocated: u64) -> crate::decision::runs::lesson::Observed {
+    crate::decision::runs::lesson::Observed {
         placement: res.placement,
         class: offload_api::v1alpha1::NodeClass::Discrete,
         gpu_bytes: 85_520_809_984,
@@ -230,8 +231,8 @@ fn trained_run(res: &Resolution, allocated: u64) -> crate::decision::lesson::Obs
 
 #[test]
 fn a_run_below_the_counted_floor_corrects_the_count_and_the_next_job_goes_faster() {
-    use crate::decision::learned::LearnedMemory;
-    use crate::decision::lesson::lesson;
+    use crate::decision::runs::learned::LearnedMemory;
+    use crate::decision::runs::lesson::lesson;
     // Nemotron at 1 × 2,048 tokens, counted: 37 % (the count builds 5.10B parameters for a
     // model of 4.19B). The H100 trained it at 55.9 GiB allocated, below what the count holds
     // for weights, gradients and optimizer state at 37 % alone.

@@ -402,7 +402,7 @@ fn the_allocator_reporter_times_iterations_once_torch_is_imported() {
             Some(step) => assert_eq!(text.trim(), format!("{memory}{step}"), "{iterations}"),
             None => assert_eq!(text.trim(), memory, "{iterations}: no step from one"),
         }
-        let read = crate::decision::evidence::allocator_report(&text).unwrap();
+        let read = crate::decision::runs::evidence::allocator_report(&text).unwrap();
         assert_eq!(
             read.step_seconds,
             expected

@@ -105,7 +105,7 @@ fn recovering(old: &TrainingJob) -> bool {
             && c.reason == names::REASON_REDECIDING
     });
     let ran_out = match (status.memory_failures.last(), status.offload.as_ref()) {
-        (Some(f), Some(d)) => f.configuration == crate::decision::evidence::configuration(d),
+        (Some(f), Some(d)) => f.configuration == crate::decision::runs::evidence::configuration(d),
         _ => false,
     };
     redeciding && ran_out

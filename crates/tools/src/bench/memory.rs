@@ -11,9 +11,13 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::error::BenchError;
-use offload_operator::decision::memory::{ClassMemory, JobMemory, Placement, Sharding};
-use offload_operator::decision::model_config;
-use offload_operator::decision::shape::{Block, ModelShape};
+use offload_operator::decision::model::memory::ClassMemory;
+use offload_operator::decision::model::memory::JobMemory;
+use offload_operator::decision::model::memory::Placement;
+use offload_operator::decision::model::memory::Sharding;
+use offload_operator::decision::model::model_config;
+use offload_operator::decision::model::shape::Block;
+use offload_operator::decision::model::shape::ModelShape;
 
 /// The node the runs were made on.
 pub struct Node {
@@ -76,9 +80,9 @@ fn gpt_decoder(size: &str) -> Option<ModelShape> {
         rotary: false,
         experts: None,
         known: true,
-        standing: offload_operator::decision::shape::TypeStanding::Counted,
+        standing: offload_operator::decision::model::shape::TypeStanding::Counted,
         open: None,
-        quirks: offload_operator::decision::shape::Quirks::default(),
+        quirks: offload_operator::decision::model::shape::Quirks::default(),
         tower: None,
         window: None,
         source: None,
@@ -91,13 +95,13 @@ fn trace_of(
     traces: Option<&Path>,
     name: &str,
     phase: &Value,
-) -> Option<std::sync::Arc<offload_operator::decision::memory::Traced>> {
+) -> Option<std::sync::Arc<offload_operator::decision::model::memory::Traced>> {
     let micro = phase.get("micro").and_then(Value::as_u64)?;
     let seq = phase.get("seq").and_then(Value::as_u64)?;
     let text = std::fs::read_to_string(traces?.join(format!("{name}-{micro}x{seq}.json"))).ok()?;
     let trace = offload_api::trace::ModelTrace::parse(&text).ok()?;
     Some(std::sync::Arc::new(
-        offload_operator::decision::memory::Traced::new(std::sync::Arc::new(trace)),
+        offload_operator::decision::model::memory::Traced::new(std::sync::Arc::new(trace)),
     ))
 }
 

@@ -48,7 +48,10 @@ pub fn page() -> Result<String, String> {
 /// cluster of the recorded GH200 and H200 nodes: its length and text.
 pub fn longest_of_examples() -> Result<(usize, String), String> {
     use offload_operator::cluster::view::MemoryView;
-    use offload_operator::decision::{JobRequest, UserConfig, model_config, resolve_offload};
+    use offload_operator::decision::JobRequest;
+    use offload_operator::decision::UserConfig;
+    use offload_operator::decision::model::model_config;
+    use offload_operator::decision::resolve_offload;
     use offload_operator::index::{Allocatable, NodeIndex, NodeInfo};
     use offload_testenv::fixtures;
 
