@@ -64,37 +64,14 @@ pub fn gather(
         if now.duration_since(at) > stale || summary.not_current(now).is_some() {
             continue;
         }
-        let (mut n_busy, mut n_gpus, mut n_cpu) = (0.0f64, 0usize, None::<f64>);
         let capacity = node
             .known_gpus()
             .and_then(|n| usize::try_from(n).ok())
             .unwrap_or(offload_api::observed::MAX_GPUS);
-        for pod in summary
+        let pods = summary
             .pods_of(namespace, job)
-            .filter(|p| bound(&p.name, &node.name))
-        {
-            let held = pod.gpus.len().min(capacity.saturating_sub(n_gpus));
-            if held == 0 {
-                continue;
-            }
-            #[allow(clippy::cast_precision_loss)]
-            let weight = held as f64;
-            n_busy += pod.gpu_busy * weight;
-            n_gpus += held;
-            memory.gpu_peak_bytes =
-                highest(memory.gpu_peak_bytes, as_i64(pod.gpu_memory_peak_bytes));
-            memory.process_gpu_peak_bytes = highest(
-                memory.process_gpu_peak_bytes,
-                as_i64(pod.process_gpu_memory_peak_bytes),
-            );
-            memory.gpu_total_bytes =
-                smallest(memory.gpu_total_bytes, as_i64(pod.gpu_memory_total_bytes));
-            memory.host_peak_bytes =
-                highest(memory.host_peak_bytes, as_i64(pod.host_memory_peak_bytes));
-            if let Some(c) = pod.cpu_cores {
-                n_cpu = Some(n_cpu.unwrap_or(0.0) + c);
-            }
-        }
+            .filter(|p| bound(&p.name, &node.name));
+        let (n_busy, n_gpus, n_cpu) = node_share(pods, capacity, &mut memory);
         if n_gpus == 0 {
             continue;
         }
@@ -129,6 +106,40 @@ pub fn gather(
         nodes: per_node,
         memory: seen.then_some(memory),
     })
+}
+
+/// One node's share of the job in a window: its pods' GPU-busy figures weighted by the GPUs
+/// each holds (no more than the node has), their GPUs and CPU cores; their memory peaks go into
+/// `memory`.
+fn node_share<'a>(
+    pods: impl Iterator<Item = &'a offload_api::observed::PodObservation>,
+    capacity: usize,
+    memory: &mut ObservedMemory,
+) -> (f64, usize, Option<f64>) {
+    let (mut busy, mut gpus, mut cpu) = (0.0f64, 0usize, None::<f64>);
+    for pod in pods {
+        let held = pod.gpus.len().min(capacity.saturating_sub(gpus));
+        if held == 0 {
+            continue;
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let weight = held as f64;
+        busy += pod.gpu_busy * weight;
+        gpus += held;
+        memory.gpu_peak_bytes = highest(memory.gpu_peak_bytes, as_i64(pod.gpu_memory_peak_bytes));
+        memory.process_gpu_peak_bytes = highest(
+            memory.process_gpu_peak_bytes,
+            as_i64(pod.process_gpu_memory_peak_bytes),
+        );
+        memory.gpu_total_bytes =
+            smallest(memory.gpu_total_bytes, as_i64(pod.gpu_memory_total_bytes));
+        memory.host_peak_bytes =
+            highest(memory.host_peak_bytes, as_i64(pod.host_memory_peak_bytes));
+        if let Some(c) = pod.cpu_cores {
+            cpu = Some(cpu.unwrap_or(0.0) + c);
+        }
+    }
+    (busy, gpus, cpu)
 }
 
 /// The configuration's memory so far: the fresh window's figures (from [`gather`]) with the

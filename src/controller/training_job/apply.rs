@@ -82,7 +82,7 @@ pub(super) async fn create_workload(
             return Err(err);
         };
         let message = format!("{action} failed: {detail}");
-        if status::apply_failed(status, &super::plan::existing_conditions(tj), &message) {
+        if status::apply_failed(status, &super::planned::existing_conditions(tj), &message) {
             status::write_decision(&api, &name, status).await?;
             publish(
                 ctx,

@@ -6,7 +6,7 @@
 use kube::ResourceExt;
 use offload_api::v1alpha1::{MemoryKind, NodeClass, ObservedOverlap, OffloadDecisionStatus};
 
-use super::plan::Learned;
+use super::planned::Learned;
 use super::snapshot::Snapshot;
 use crate::decision::ClusterView;
 use crate::decision::model::memory::Placement;

@@ -11,11 +11,13 @@ mod follow;
 pub(crate) mod kueue;
 mod learn;
 mod plan;
+mod planned;
 mod pods;
 pub mod recovery;
 mod sizing;
 mod snapshot;
 mod triggers;
+mod workload;
 mod write;
 
 #[cfg(test)]
@@ -33,12 +35,12 @@ use offload_api::names;
 use offload_api::v1alpha1::TrainingJob;
 
 use apply::publish_to;
-pub use follow::{guard_outcome, slim_pod, slim_workload};
 pub use pods::FAILED_CREATE;
 pub use triggers::{
     jobs_for_claim_template, jobs_for_config_map, jobs_for_node, jobs_for_observation,
     jobs_for_profile, jobs_for_slices, jobs_in_namespace,
 };
+pub use workload::{guard_outcome, slim_pod, slim_workload};
 
 pub use crate::decision::Unresolved;
 

@@ -10,10 +10,11 @@ use std::sync::Arc;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::plan::{Announce, Following, Recovery};
+use super::planned::{Announce, Following, Recovery};
 use super::snapshot::Snapshot;
 use crate::controller::conditions::{self, ConditionType, Reason};
 use crate::controller::status::WorkloadStatus;
@@ -151,49 +152,19 @@ pub(super) fn plan_recovery(
         snap.now.to_string(),
     );
     let (estimate_bytes, budget_bytes) = (failure.estimate_bytes, failure.budget_bytes);
-    // What ran out is a lesson for the shape too: it needed more than it had. From the agent's
-    // window where one shows this configuration, else from the pod's own account, so that no
-    // later job of the shape goes as far.
-    let needed = failure.needed_bytes.and_then(|b| u64::try_from(b).ok());
-    let nodes = view.nodes();
-    let obs = decision.and_then(|d| {
-        current
-            .observed
-            .as_ref()
-            .and_then(|o| super::learn::observed(&nodes, d, o, Some(kind), needed, false))
-            .or_else(|| super::learn::observed_failure(&nodes, d, kind, needed))
-    });
-    plan.lessons
-        .extend(obs.and_then(|obs| super::learn::lesson(snap, view, &obs)));
+    plan.lessons.extend(lesson_of_failure(
+        snap,
+        view,
+        current,
+        kind,
+        failure.needed_bytes,
+    ));
     let mut failures = current.memory_failures.clone();
     failures.push(failure);
     let n = failures.len();
     let said = what_ran_out(&pod, kind, decision, estimate_bytes, budget_bytes);
-    let memory = memory_name(kind);
     let exhausted = n > max as usize;
-    let condition = if exhausted {
-        conditions::condition(
-            &current.conditions,
-            ConditionType::MemoryRecovery,
-            false,
-            Reason::RetriesExhausted,
-            format!(
-                "{said}; {n} configurations ran out of memory, more than the profile's maxMemoryRetries ({max}): the job is not re-decided again (each failure is in status.memoryFailures)"
-            ),
-            generation,
-        )
-    } else {
-        conditions::condition(
-            &current.conditions,
-            ConditionType::MemoryRecovery,
-            true,
-            Reason::Redeciding,
-            format!(
-                "{said}; its workload is replaced, decided again with its {memory} estimates raised past that (re-decision {n} of at most {max}): OffloadResolved says what that decision is, WorkloadCreated whether it runs"
-            ),
-            generation,
-        )
-    };
+    let condition = recovery_condition(current, &said, kind, n, max, generation);
     plan.events.push(Announce::new(
         EventType::Warning,
         names::EVENT_OUT_OF_MEMORY,
@@ -218,6 +189,63 @@ pub(super) fn plan_recovery(
         exhausted,
         replace,
     });
+}
+
+/// `MemoryRecovery` after the `n`th configuration ran out (`said`): replaced and decided
+/// again, or — past the profile's `max` — held.
+fn recovery_condition(
+    current: &TrainingJobStatus,
+    said: &str,
+    kind: MemoryKind,
+    n: usize,
+    max: u32,
+    generation: Option<i64>,
+) -> Condition {
+    let memory = memory_name(kind);
+    if n > max as usize {
+        conditions::condition(
+            &current.conditions,
+            ConditionType::MemoryRecovery,
+            false,
+            Reason::RetriesExhausted,
+            format!(
+                "{said}; {n} configurations ran out of memory, more than the profile's maxMemoryRetries ({max}): the job is not re-decided again (each failure is in status.memoryFailures)"
+            ),
+            generation,
+        )
+    } else {
+        conditions::condition(
+            &current.conditions,
+            ConditionType::MemoryRecovery,
+            true,
+            Reason::Redeciding,
+            format!(
+                "{said}; its workload is replaced, decided again with its {memory} estimates raised past that (re-decision {n} of at most {max}): OffloadResolved says what that decision is, WorkloadCreated whether it runs"
+            ),
+            generation,
+        )
+    }
+}
+
+/// What ran out is a lesson for the shape too: it needed more than it had (`needed`, where its
+/// own words say). From the agent's window where one shows this configuration, else from the
+/// pod's own account, so that no later job of the shape goes as far.
+fn lesson_of_failure(
+    snap: &Snapshot,
+    view: &dyn ClusterView,
+    current: &TrainingJobStatus,
+    kind: MemoryKind,
+    needed: Option<i64>,
+) -> Option<super::planned::Learned> {
+    let d = current.offload.as_ref()?;
+    let needed = needed.and_then(|b| u64::try_from(b).ok());
+    let nodes = view.nodes();
+    let obs = current
+        .observed
+        .as_ref()
+        .and_then(|o| super::learn::observed(&nodes, d, o, Some(kind), needed, false))
+        .or_else(|| super::learn::observed_failure(&nodes, d, kind, needed))?;
+    super::learn::lesson(snap, view, &obs)
 }
 
 /// Whether the Job is on its way out (deleted, its pods still going).

@@ -116,7 +116,7 @@ async fn observe_workload(
     let name = job.name_any();
     let pods = ctx.pods_of_job(&ns, &workload);
     let queued = job.labels().contains_key(names::KUEUE_QUEUE_LABEL)
-        && super::follow::phase_of(&workload) == JobPhase::Queued;
+        && super::workload::phase_of(&workload) == JobPhase::Queued;
     let kueue_says = if queued {
         super::kueue::waiting_reason(&ctx.client, &workload).await
     } else {
@@ -131,7 +131,7 @@ async fn observe_workload(
         && (fresh.is_some()
             || pods.iter().any(|p| ended_container(p))
             || matches!(
-                super::follow::phase_of(&workload),
+                super::workload::phase_of(&workload),
                 JobPhase::Succeeded | JobPhase::Failed
             ));
     let configs = if may_learn {

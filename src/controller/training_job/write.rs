@@ -11,7 +11,8 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use super::apply::{class_label, create_workload, job_labels, mode_label, publish};
-use super::plan::{self, Announce, Creation, Following, Held, Learned, Plan, TrialTake};
+use super::plan;
+use super::planned::{Announce, Creation, Following, Held, Learned, Plan, TrialTake};
 use super::snapshot::Snapshot;
 use crate::cluster::learned::LearnedStore;
 use crate::controller::{Context, Error, kube_err, status};

@@ -265,21 +265,7 @@ fn shape_of(cfg: &Map<String, Value>, top: &Map<String, Value>) -> Result<ModelS
             return Err("has no intermediate_size (the MLP's size)".into());
         }
     };
-    let kv_heads = match first(cfg, &["num_key_value_heads", "num_kv_heads"], 100_000)? {
-        Some(kv) => kv,
-        None if boolean(cfg, "multi_query")? == Some(true) => 1.0,
-        None => heads,
-    };
-    if kv_heads > heads {
-        return Err(format!(
-            "num_key_value_heads {kv_heads} is more than num_attention_heads {heads}"
-        ));
-    }
-    if heads % kv_heads != 0.0 {
-        return Err(format!(
-            "num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
-        ));
-    }
+    let kv_heads = kv_heads_of(cfg, heads)?;
     let latent = latent_attention_head(cfg)?;
     let head_dim = match latent.or(whole(cfg, "head_dim", 100_000)?) {
         Some(d) => d,
@@ -332,6 +318,27 @@ fn shape_of(cfg: &Map<String, Value>, top: &Map<String, Value>) -> Result<ModelS
         window: window(cfg, model_type, layers)?,
         source: None,
     })
+}
+
+/// The key/value heads (all heads where the config names none, one for multi-query attention),
+/// which must divide the attention heads.
+fn kv_heads_of(cfg: &Map<String, Value>, heads: f64) -> Result<f64, String> {
+    let kv_heads = match first(cfg, &["num_key_value_heads", "num_kv_heads"], 100_000)? {
+        Some(kv) => kv,
+        None if boolean(cfg, "multi_query")? == Some(true) => 1.0,
+        None => heads,
+    };
+    if kv_heads > heads {
+        return Err(format!(
+            "num_key_value_heads {kv_heads} is more than num_attention_heads {heads}"
+        ));
+    }
+    if heads % kv_heads != 0.0 {
+        return Err(format!(
+            "num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+        ));
+    }
+    Ok(kv_heads)
 }
 
 /// What `model_type`'s family builds beyond the Llama-style block (`latent`: multi-head latent

@@ -201,36 +201,7 @@ fn job_memory_of(
         Some(t) => Some(t.parameters()),
         None => shape.known.then(|| shape.parameters()),
     };
-    let parameters = match (hints.parameters.map(|p| p.get()), counted) {
-        (Some(0), _) => {
-            return Err(bad(
-                "spec.model.parameters 0 is not a model size: give the model's total parameters, e.g. 8B".into(),
-            ));
-        }
-        #[allow(clippy::cast_precision_loss)]
-        (Some(p), Some(c)) => {
-            let given = p as f64;
-            if given > 2.0 * c || 2.0 * given < c {
-                return Err(bad(format!(
-                    "spec.model.parameters {} disagrees with the {:.2}B the model's shape has ({}): fix one of them",
-                    hints.parameters.map(|p| p.to_string()).unwrap_or_default(),
-                    c / 1e9,
-                    shape.describe()
-                )));
-            }
-            // The larger of the two: extra modules the shape does not name still train. A
-            // trace names every module: its count is the model's.
-            if traced.is_some() { c } else { given.max(c) }
-        }
-        #[allow(clippy::cast_precision_loss)]
-        (Some(p), None) => p as f64,
-        (None, Some(c)) => c,
-        (None, None) => {
-            return Err(bad(
-                "spec.model needs parameters, or a shape to count them from (configMapRef, or hiddenSize and layers)".into(),
-            ));
-        }
-    };
+    let parameters = parameters_of(hints, counted, traced.is_some(), &shape)?;
     #[allow(clippy::cast_precision_loss)]
     if !(1.0..=MAX_PARAMETERS as f64).contains(&parameters) {
         return Err(bad(format!(
@@ -250,24 +221,7 @@ fn job_memory_of(
         ranks,
         gpus_per_pod: u64::from(job.gpus_per_pod.max(1)),
         pods: u64::from(job.pods.max(1)),
-        sharding: match job.framework.name {
-            Framework::DeepSpeed => Sharding::Zero(facts.stage),
-            Framework::Fsdp => Sharding::Fsdp,
-            Framework::Megatron => {
-                let tensor = job.megatron.tensor_parallel.unwrap_or(1).max(1);
-                let pipeline = job.megatron.pipeline_parallel.unwrap_or(1).max(1);
-                Sharding::Megatron {
-                    tensor,
-                    model_parallel: tensor.saturating_mul(pipeline),
-                    distributed: job.megatron.distributed_optimizer != Some(false),
-                    sequence: job.megatron.sequence_parallel == Some(true),
-                    unfused_attention: job.megatron.transformer_impl
-                        == Some(offload_api::v1alpha1::TransformerImpl::Local),
-                    first_copy_freed: job.megatron.manual_gc_on(),
-                }
-            }
-            Framework::Generic => Sharding::Unsharded,
-        },
+        sharding: sharding_of(job, facts),
         value_bytes: match job.config.precision {
             Some(Precision::Fp32) => 4.0,
             _ => 2.0,
@@ -286,6 +240,65 @@ fn job_memory_of(
         counted_parameters: None,
         logits_room: true,
     }))
+}
+
+/// The model's parameters: the job's figure checked against what its shape or trace counts
+/// (within a factor of two), the larger of the two where only the shape counted (extra modules
+/// the shape does not name still train; a trace names every module, so its count is the
+/// model's).
+fn parameters_of(
+    hints: &ModelHints,
+    counted: Option<f64>,
+    traced: bool,
+    shape: &ModelShape,
+) -> Result<f64, ResolveError> {
+    let bad = |detail: String| ResolveError::InvalidModelHints { detail };
+    match (hints.parameters.map(|p| p.get()), counted) {
+        (Some(0), _) => Err(bad(
+            "spec.model.parameters 0 is not a model size: give the model's total parameters, e.g. 8B".into(),
+        )),
+        #[allow(clippy::cast_precision_loss)]
+        (Some(p), Some(c)) => {
+            let given = p as f64;
+            if given > 2.0 * c || 2.0 * given < c {
+                return Err(bad(format!(
+                    "spec.model.parameters {} disagrees with the {:.2}B the model's shape has ({}): fix one of them",
+                    hints.parameters.map(|p| p.to_string()).unwrap_or_default(),
+                    c / 1e9,
+                    shape.describe()
+                )));
+            }
+            Ok(if traced { c } else { given.max(c) })
+        }
+        #[allow(clippy::cast_precision_loss)]
+        (Some(p), None) => Ok(p as f64),
+        (None, Some(c)) => Ok(c),
+        (None, None) => Err(bad(
+            "spec.model needs parameters, or a shape to count them from (configMapRef, or hiddenSize and layers)".into(),
+        )),
+    }
+}
+
+/// How the job's framework shards its training state over its ranks.
+fn sharding_of(job: &JobRequest, facts: &FrameworkFacts) -> Sharding {
+    match job.framework.name {
+        Framework::DeepSpeed => Sharding::Zero(facts.stage),
+        Framework::Fsdp => Sharding::Fsdp,
+        Framework::Megatron => {
+            let tensor = job.megatron.tensor_parallel.unwrap_or(1).max(1);
+            let pipeline = job.megatron.pipeline_parallel.unwrap_or(1).max(1);
+            Sharding::Megatron {
+                tensor,
+                model_parallel: tensor.saturating_mul(pipeline),
+                distributed: job.megatron.distributed_optimizer != Some(false),
+                sequence: job.megatron.sequence_parallel == Some(true),
+                unfused_attention: job.megatron.transformer_impl
+                    == Some(offload_api::v1alpha1::TransformerImpl::Local),
+                first_copy_freed: job.megatron.manual_gc_on(),
+            }
+        }
+        Framework::Generic => Sharding::Unsharded,
+    }
 }
 
 /// The job's trace as the memory model takes it, or why it has none where one was sought.

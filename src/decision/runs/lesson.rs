@@ -200,18 +200,7 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
     }
     let (activations, capped) = activations_of(&jm, &cm, obs, needed);
     let est = jm.estimate_checked(obs.placement, &cm).0;
-    let host = host_peak
-        .filter(|_| est.host_per_pod > 0.0)
-        .map(|h| h / est.host_per_pod)
-        .map(|h| {
-            // Killed for host memory: it needed more than it got, at least a VPA bump more.
-            if obs.failed == Some(MemoryKind::Host) {
-                h.max(1.2)
-            } else {
-                h
-            }
-            .clamp(learned::MIN_HOST, learned::MAX_FACTOR)
-        });
+    let host = host_factor(host_peak, est.host_per_pod, obs.failed);
     let described = if jm.inferred {
         format!(
             "{} (no model hints; {:.2}B parameters by its peaks)",
@@ -253,6 +242,22 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
             .filter(|s| step_computable(*s, &jm)),
         sentence: said.sentence(obs),
     }))
+}
+
+/// The host peak over what the model estimated for each pod, within the store's bounds; a pod
+/// killed for host memory needed more than it got, at least a VPA bump more.
+fn host_factor(host_peak: Option<f64>, estimated: f64, failed: Option<MemoryKind>) -> Option<f64> {
+    host_peak
+        .filter(|_| estimated > 0.0)
+        .map(|h| h / estimated)
+        .map(|h| {
+            if failed == Some(MemoryKind::Host) {
+                h.max(1.2)
+            } else {
+                h
+            }
+            .clamp(learned::MIN_HOST, learned::MAX_FACTOR)
+        })
 }
 
 /// More than any GPU computes, FLOP/s (the bf16 dense peaks of the largest GPUs are below

@@ -324,6 +324,53 @@ fn where_host_fits(
         .then(|| choice_of(jm, cm, ran, note))
 }
 
+/// What ran out (or trained slower) bounds a trial: the smallest share it may try (one step
+/// past every partial share that failed, never below what the profile allows) and the rungs
+/// left, no offload gone where it failed.
+fn bounded_by(allowed: &Allowed, failed: &[Placement]) -> (f64, Allowed) {
+    let floor = failed
+        .iter()
+        .filter_map(|p| match p {
+            Placement::PartialOptimizer(r) => Some(r + TRIAL_STEP),
+            _ => None,
+        })
+        .fold(
+            match allowed.partial {
+                PartialRatio::Free(f) => f,
+                _ => 1.0,
+            },
+            f64::max,
+        );
+    let bounded = Allowed {
+        no_offload: allowed.no_offload && !failed.contains(&Placement::NoOffload),
+        partial: match allowed.partial {
+            PartialRatio::Free(_) if floor < 1.0 => PartialRatio::Free(floor),
+            PartialRatio::Free(_) => PartialRatio::No("every smaller share ran out".into()),
+            ref p => p.clone(),
+        },
+        ..allowed.clone()
+    };
+    (floor, bounded)
+}
+
+/// The placement a trial tries, between what the runs' figures allow (`allows`) and what
+/// trained (`ran`): half-way between two partial shares (a model off by a little at the
+/// boundary costs one trial, not the step's whole gain), in whole percent as the operator writes
+/// shares; `None` where that is not a step past what trained or falls below `floor`.
+fn halfway(allows: Placement, ran: Placement, floor: f64) -> Option<Placement> {
+    match (allows, ran) {
+        (Placement::PartialOptimizer(a), Placement::PartialOptimizer(r)) => {
+            let share = ((a + r) / 2.0).min(r - TRIAL_STEP).max(floor);
+            let share = (share * 100.0).round() / 100.0;
+            if share > r - TRIAL_STEP + 1e-9 || share < floor - 1e-9 {
+                return None;
+            }
+            Some(Placement::PartialOptimizer(share))
+        }
+        (p, _) => Some(p),
+    }
+}
+
 /// A trial of a rung faster than `best` (the fastest that trained), where the policy and the
 /// runs' own figures allow one, never as far as a configuration that ran out or one that
 /// trained slower than `best` (`stepped_slower`).
@@ -365,43 +412,9 @@ fn trial(
     // logits: whether the step's allocations needed it, no job field says; its run does, and
     // should it run out the job goes back to what trained.
     let by_runs = with_activations(jm, cm, exact).as_trial();
-    let floor = failed
-        .iter()
-        .filter_map(|p| match p {
-            Placement::PartialOptimizer(r) => Some(r + TRIAL_STEP),
-            _ => None,
-        })
-        .fold(
-            match allowed.partial {
-                PartialRatio::Free(f) => f,
-                _ => 1.0,
-            },
-            f64::max,
-        );
-    let bounded = Allowed {
-        no_offload: allowed.no_offload && !failed.contains(&Placement::NoOffload),
-        partial: match allowed.partial {
-            PartialRatio::Free(_) if floor < 1.0 => PartialRatio::Free(floor),
-            PartialRatio::Free(_) => PartialRatio::No("every smaller share ran out".into()),
-            ref p => p.clone(),
-        },
-        ..allowed.clone()
-    };
+    let (floor, bounded) = bounded_by(allowed, &failed);
     let allows = rungs::fastest(&by_runs, cm, &bounded).ok()?.placement;
-    let target = match (allows, ran) {
-        (Placement::PartialOptimizer(a), Placement::PartialOptimizer(r)) => {
-            // Half-way to what the figures allow: a model off by a little at the boundary
-            // costs one trial, not the step's whole gain.
-            let share = ((a + r) / 2.0).min(r - TRIAL_STEP).max(floor);
-            // In whole percent, as the operator writes shares.
-            let share = (share * 100.0).round() / 100.0;
-            if share > r - TRIAL_STEP + 1e-9 || share < floor - 1e-9 {
-                return None;
-            }
-            Placement::PartialOptimizer(share)
-        }
-        (p, _) => p,
-    };
+    let target = halfway(allows, ran, floor)?;
     let rank = allowed.speed_rank(target);
     if rank >= allowed.speed_rank(ran) || failed.iter().any(|f| allowed.speed_rank(*f) >= rank) {
         return None;

@@ -40,6 +40,7 @@ fn a_slimmed_workload_keeps_what_following_reads() {
 }
 
 use super::*;
+use crate::controller::training_job::workload::slim_workload;
 
 fn pod(init: serde_json::Value) -> Pod {
     serde_json::from_value(serde_json::json!({
