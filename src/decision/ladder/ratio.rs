@@ -56,6 +56,18 @@ pub(in crate::decision) fn resolve_ratio(
     if let Some(choice) = &placement.memory {
         return Ok(by_memory(choice, requested, source, &cpu));
     }
+    by_request(job, requested, source, &support, &cpu)
+}
+
+/// The ratio where the memory model placed nothing: what the job or profile asks for (a share
+/// below 1 only where the framework can offload part), else all of the optimizer state.
+fn by_request(
+    job: &JobRequest,
+    requested: RatioSetting,
+    source: Source,
+    support: &Result<(), String>,
+    cpu: &dyn Fn(f64) -> CpuNote,
+) -> Result<(f64, Why), ResolveError> {
     Ok(match requested {
         RatioSetting::Fixed(r) if r < 1.0 => match (&support, source) {
             (Ok(()), _) => (

@@ -160,15 +160,7 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
     let Some(gpu_peak) = obs.gpu_peak.filter(|p| *p > 0 && *p <= obs.gpu_bytes) else {
         return Ok(None);
     };
-    // PyTorch allocates within the GPU: a run that did not run out cannot have held more than
-    // its memory, so such a figure is not the allocator's and the device's figure stands. A run
-    // out of memory held what it had plus what it asked, which may be more.
-    let believed = Observed {
-        allocated: obs
-            .allocated
-            .filter(|a| obs.failed.is_some() || *a <= obs.gpu_bytes),
-        ..obs.clone()
-    };
+    let believed = believed(obs);
     let obs = &believed;
     let cm = ClassMemory {
         gpu_bytes: obs.gpu_bytes,
@@ -242,6 +234,19 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
             .filter(|s| step_computable(*s, &jm)),
         sentence: said.sentence(obs),
     }))
+}
+
+/// What of `obs` is believed. PyTorch allocates within the GPU: a run that did not run out
+/// cannot have held more than its memory, so such a figure is not the allocator's and the
+/// device's figure stands. A run out of memory held what it had plus what it asked, which may
+/// be more.
+fn believed(obs: &Observed) -> Observed {
+    Observed {
+        allocated: obs
+            .allocated
+            .filter(|a| obs.failed.is_some() || *a <= obs.gpu_bytes),
+        ..obs.clone()
+    }
 }
 
 /// The host peak over what the model estimated for each pod, within the store's bounds; a pod
