@@ -56,8 +56,13 @@ pub(crate) fn plan(snap: &Snapshot, view: &dyn ClusterView, render: &RenderOptio
 
 /// The job held with `why`.
 pub(crate) fn hold(tj: &TrainingJob, why: &Unresolved) -> Plan {
+    Plan::Hold(held(tj, why))
+}
+
+/// What holding the job with `why` writes.
+pub(crate) fn held(tj: &TrainingJob, why: &Unresolved) -> Held {
     let current = tj.status.clone().unwrap_or_default();
-    Plan::Hold(Held {
+    Held {
         reason: why.reason(),
         message: why.message(),
         status: status::held(
@@ -66,7 +71,7 @@ pub(crate) fn hold(tj: &TrainingJob, why: &Unresolved) -> Plan {
             why.message(),
             tj.metadata.generation,
         ),
-    })
+    }
 }
 
 /// A job whose sizer just started: it waits, and says for what.

@@ -85,9 +85,8 @@ async fn create(ctx: &Context, tj: &TrainingJob, c: Creation) -> Result<Action, 
             Err(refused) => {
                 // Retrying the same write gets the same answer: the job waits for its spec to
                 // change (a new generation is a new reconcile).
-                if let Plan::Hold(held) = plan::hold(tj, &Unresolved::SpecRefused(refused)) {
-                    hold(ctx, tj, &held).await?;
-                }
+                let held = plan::held(tj, &Unresolved::SpecRefused(refused));
+                hold(ctx, tj, &held).await?;
                 return Ok(Action::await_change());
             }
         },
