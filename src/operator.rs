@@ -123,71 +123,9 @@ pub async fn run(
         ready: ready.clone(),
     };
     let admin = serve_admin(options.admin_addr, admin_state, stop.clone()).await?;
-
-    let (mut caches, drive_caches) = Caches::new(&client, metrics.clone(), options.dra.as_ref());
-    caches.learned = options
-        .learned_namespace
-        .as_deref()
-        .map(crate::cluster::learned::LearnedStore::new);
-    caches.traces = options
-        .sizer
-        .clone()
-        .map(crate::cluster::traces::TraceStore::new);
-    caches.extended_resource_toleration = options.controller.extended_resource_toleration;
-    let learned = caches.learned.clone();
-    let traces = caches.traces.clone();
-    let watch_client = client.clone();
-    let watch_stop = stop.clone();
-    let drive_caches = async move {
-        let learned = async {
-            if let Some(store) = learned {
-                store.watch(watch_client.clone(), watch_stop.clone()).await;
-            }
-        };
-        let traces = async {
-            if let Some(store) = traces {
-                store.watch(watch_client.clone(), watch_stop.clone()).await;
-            }
-        };
-        // Each watch on the heap: polled side by side in one task, their states would make its
-        // frames deep (the caller's stack may be a test thread's 2 MiB).
-        tokio::select! {
-            ((), (), ()) = futures::future::join3(
-                Box::pin(drive_caches),
-                Box::pin(learned),
-                Box::pin(traces),
-            ) => {},
-            () = watch_stop.cancelled() => {},
-        }
-    };
-
+    let (caches, drive_caches) = caches_and_stores(&client, &metrics, &options, &stop);
     // The webhook serves on every replica, so it starts before the leader election.
-    let webhook = match options.webhook.clone() {
-        Some(wh) => {
-            let state = crate::webhook::WebhookState {
-                view: Arc::new(
-                    crate::webhook::admit::StoreView::new(&caches)
-                        .with_guard_image(options.controller.render.guard_image.clone()),
-                ),
-                metrics: metrics.clone(),
-                configs: crate::webhook::ConfigSource::Api(client.clone()),
-                events: Some(crate::webhook::events::EventSink::start(
-                    client.clone(),
-                    "offload-operator-webhook",
-                )),
-            };
-            let (_rotator, bound, serve) =
-                crate::webhook::serve(client.clone(), wh, state, stop.clone()).await?;
-            tracing::info!(addr = %bound, "webhook listening");
-            Some(serve)
-        }
-        None => None,
-    };
-    let webhook = async move {
-        if let Some(w) = webhook {
-            w.await;
-        }
-    };
+    let webhook = start_webhook(&client, &caches, &metrics, &options, &stop).await?;
     let mark_ready = async {
         tokio::select! {
             synced = caches.wait_synced() => {
@@ -214,6 +152,90 @@ pub async fn run(
         work
     );
     result
+}
+
+/// The caches, with the learned and trace stores where the operator keeps them, and the one
+/// future that drives every watch until `stop`.
+fn caches_and_stores(
+    client: &Client,
+    metrics: &Arc<Metrics>,
+    options: &RunOptions,
+    stop: &CancellationToken,
+) -> (Caches, impl std::future::Future<Output = ()> + use<>) {
+    let (mut caches, drive_caches) = Caches::new(client, metrics.clone(), options.dra.as_ref());
+    caches.learned = options
+        .learned_namespace
+        .as_deref()
+        .map(crate::cluster::learned::LearnedStore::new);
+    caches.traces = options
+        .sizer
+        .clone()
+        .map(crate::cluster::traces::TraceStore::new);
+    caches.extended_resource_toleration = options.controller.extended_resource_toleration;
+    let learned = caches.learned.clone();
+    let traces = caches.traces.clone();
+    let watch_client = client.clone();
+    let watch_stop = stop.clone();
+    let drive = async move {
+        let learned = async {
+            if let Some(store) = learned {
+                store.watch(watch_client.clone(), watch_stop.clone()).await;
+            }
+        };
+        let traces = async {
+            if let Some(store) = traces {
+                store.watch(watch_client.clone(), watch_stop.clone()).await;
+            }
+        };
+        // Each watch on the heap: polled side by side in one task, their states would make its
+        // frames deep (the caller's stack may be a test thread's 2 MiB).
+        tokio::select! {
+            ((), (), ()) = futures::future::join3(
+                Box::pin(drive_caches),
+                Box::pin(learned),
+                Box::pin(traces),
+            ) => {},
+            () = watch_stop.cancelled() => {},
+        }
+    };
+    (caches, drive)
+}
+
+/// The admission webhook bound and serving from the caches until `stop` (a future that ends at
+/// once where the operator serves none).
+async fn start_webhook(
+    client: &Client,
+    caches: &Caches,
+    metrics: &Arc<Metrics>,
+    options: &RunOptions,
+    stop: &CancellationToken,
+) -> Result<impl std::future::Future<Output = ()> + use<>, RunError> {
+    let serve = match options.webhook.clone() {
+        Some(wh) => {
+            let state = crate::webhook::WebhookState {
+                view: Arc::new(
+                    crate::webhook::admit::StoreView::new(caches)
+                        .with_guard_image(options.controller.render.guard_image.clone()),
+                ),
+                metrics: metrics.clone(),
+                configs: crate::webhook::ConfigSource::Api(client.clone()),
+                events: Some(crate::webhook::events::EventSink::start(
+                    client.clone(),
+                    "offload-operator-webhook",
+                )),
+            };
+            let (_rotator, bound, serve) =
+                crate::webhook::serve(client.clone(), wh, state, stop.clone()).await?;
+            tracing::info!(addr = %bound, "webhook listening");
+            Some(serve)
+        }
+        None => None,
+    };
+    Ok(async move {
+        if let Some(w) = serve {
+            w.await;
+        }
+    })
 }
 
 /// When the lease is held by an earlier process of this same pod (the leader's container was

@@ -447,17 +447,11 @@ pub fn summarize(
         if mine.is_empty() {
             continue;
         }
-        #[allow(clippy::cast_precision_loss)]
-        let busy = mine.iter().map(|g| g.busy_fraction).sum::<f64>() / mine.len() as f64;
-        let after = pod.cgroup.as_deref().and_then(cpu_usage_usec);
-        #[allow(clippy::cast_precision_loss)]
-        let cpu_cores = match (before, after) {
-            (Some(b), Some(a)) if a >= *b => {
-                Some(((a - b) as f64 / 1e6 / elapsed * 1000.0).round() / 1000.0)
-            }
-            _ => None,
-        };
-        let gpu_memory = gpu_memory_of(&mine, &pids[i]);
+        let cpu_cores = cores_used(
+            *before,
+            pod.cgroup.as_deref().and_then(cpu_usage_usec),
+            elapsed,
+        );
         let host = pod
             .memory_cgroup
             .as_deref()
@@ -469,22 +463,7 @@ pub fn summarize(
                     .flatten()
                     .map(|b| (b, HostMemorySource::SampledCurrent))
             });
-        observed.push(PodObservation {
-            namespace: pod.namespace.clone(),
-            name: pod.name.clone(),
-            training_job: pod.training_job.clone(),
-            gpus: pod.devices.clone(),
-            gpu_busy: (busy.clamp(0.0, 1.0) * 1000.0).round() / 1000.0,
-            samples: mine.iter().map(|g| g.samples).min().unwrap_or(0),
-            cpu_cores,
-            gpu_memory_peak_bytes: gpu_memory.map(|m| m.0),
-            gpu_memory_total_bytes: gpu_memory.map(|m| m.1),
-            process_gpu_memory_peak_bytes: gpu_memory.and_then(|m| m.2),
-            host_memory_peak_bytes: host.map(|h| h.0),
-            host_memory_source: host.map(|h| h.1),
-            allocator_peak_bytes: None,
-            step_seconds: None,
-        });
+        observed.push(observation(pod, &mine, &pids[i], cpu_cores, host));
     }
     Ok(ObservedSummary {
         schema_version: OBSERVED_SCHEMA_VERSION,
@@ -494,6 +473,48 @@ pub fn summarize(
         source: busy_source,
         pods: observed,
     })
+}
+
+/// The cores a pod's cgroup used over the window, from its CPU time before and after (`None`
+/// where either read failed or the counter went back, as after a cgroup's re-creation).
+fn cores_used(before: Option<u64>, after: Option<u64>, elapsed: f64) -> Option<f64> {
+    match (before, after) {
+        #[allow(clippy::cast_precision_loss)]
+        (Some(b), Some(a)) if a >= b => {
+            Some(((a - b) as f64 / 1e6 / elapsed * 1000.0).round() / 1000.0)
+        }
+        _ => None,
+    }
+}
+
+/// One pod's observation from its GPUs' samples over the window, its processes, its cores and
+/// its host memory.
+fn observation(
+    pod: &ObservedPod,
+    mine: &[&crate::utilization::GpuObservation],
+    pids: &std::collections::BTreeSet<u32>,
+    cpu_cores: Option<f64>,
+    host: Option<(u64, HostMemorySource)>,
+) -> PodObservation {
+    #[allow(clippy::cast_precision_loss)]
+    let busy = mine.iter().map(|g| g.busy_fraction).sum::<f64>() / mine.len().max(1) as f64;
+    let gpu_memory = gpu_memory_of(mine, pids);
+    PodObservation {
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        training_job: pod.training_job.clone(),
+        gpus: pod.devices.clone(),
+        gpu_busy: (busy.clamp(0.0, 1.0) * 1000.0).round() / 1000.0,
+        samples: mine.iter().map(|g| g.samples).min().unwrap_or(0),
+        cpu_cores,
+        gpu_memory_peak_bytes: gpu_memory.map(|m| m.0),
+        gpu_memory_total_bytes: gpu_memory.map(|m| m.1),
+        process_gpu_memory_peak_bytes: gpu_memory.and_then(|m| m.2),
+        host_memory_peak_bytes: host.map(|h| h.0),
+        host_memory_source: host.map(|h| h.1),
+        allocator_peak_bytes: None,
+        step_seconds: None,
+    }
 }
 
 /// The PIDs in a pod's cgroups (CPU hierarchy, else memory's).

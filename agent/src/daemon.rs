@@ -411,64 +411,7 @@ async fn observe_loop(
     use crate::attribution;
     let mut published_pods = true; // clear a summary a previous run may have left
     loop {
-        let round = async {
-            let listed =
-                attribution::list_pod_resources(&observe.pod_resources, Duration::from_secs(10))
-                    .await?;
-            let assigned = attribution::devices_by_pod(
-                &listed,
-                crate::devices::GPU_RESOURCE,
-                observe.dra_driver.as_deref(),
-            );
-            let pods = if assigned.is_empty() {
-                Vec::new()
-            } else {
-                attribution::configured_pods(client, node, &assigned, &observe.cgroup_root).await?
-            };
-            let node_name = node.to_string();
-            let window = observe.window;
-            let recorded = observe.recorded.clone();
-            let summary = tokio::task::spawn_blocking(move || {
-                if pods.is_empty() {
-                    // Nothing to sample: wait the window out, then say so.
-                    std::thread::sleep(window);
-                    return attribution::summarize(
-                        &node_name,
-                        &[],
-                        &crate::utilization::NoGpus,
-                        &|_| None,
-                        window,
-                        Duration::from_millis(100),
-                        offload_api::observed::BusySource::NvmlDevice,
-                    );
-                }
-                if let Some(trace) = recorded {
-                    return attribution::summarize(
-                        &node_name,
-                        &pods,
-                        trace.as_ref(),
-                        &|id| trace.index_of(id),
-                        window,
-                        Duration::from_millis(100),
-                        offload_api::observed::BusySource::RecordedTrace,
-                    );
-                }
-                let nvml = crate::utilization::NvmlUtilization::new()
-                    .map_err(attribution::AttributionError::Sampling)?;
-                attribution::summarize(
-                    &node_name,
-                    &pods,
-                    &nvml,
-                    &|id| nvml.index_of(id),
-                    window,
-                    Duration::from_millis(100),
-                    offload_api::observed::BusySource::NvmlDevice,
-                )
-            })
-            .await
-            .map_err(|e| attribution::AttributionError::Sampling(e.to_string()))??;
-            Ok::<_, attribution::AttributionError>(summary)
-        };
+        let round = observe_window(client, node, &observe);
         let outcome = tokio::select! {
             o = round => o,
             () = stop.cancelled() => return,
@@ -495,6 +438,74 @@ async fn observe_loop(
             }
         }
     }
+}
+
+/// One window: the configured pods on this node that hold GPUs, sampled over the window (by
+/// NVML, or the recorded trace where the agent replays one).
+async fn observe_window(
+    client: &Client,
+    node: &str,
+    observe: &ObserveConfig,
+) -> Result<offload_api::observed::ObservedSummary, crate::attribution::AttributionError> {
+    use crate::attribution;
+    use offload_api::observed::BusySource;
+    let listed =
+        attribution::list_pod_resources(&observe.pod_resources, Duration::from_secs(10)).await?;
+    let assigned = attribution::devices_by_pod(
+        &listed,
+        crate::devices::GPU_RESOURCE,
+        observe.dra_driver.as_deref(),
+    );
+    let pods = if assigned.is_empty() {
+        Vec::new()
+    } else {
+        attribution::configured_pods(client, node, &assigned, &observe.cgroup_root).await?
+    };
+    let node_name = node.to_string();
+    let window = observe.window;
+    let recorded = observe.recorded.clone();
+    let interval = Duration::from_millis(100);
+    tokio::task::spawn_blocking(move || {
+        if pods.is_empty() {
+            // Nothing to sample: wait the window out, then say so.
+            std::thread::sleep(window);
+            let none = &crate::utilization::NoGpus;
+            return attribution::summarize(
+                &node_name,
+                &[],
+                none,
+                &|_| None,
+                window,
+                interval,
+                BusySource::NvmlDevice,
+            );
+        }
+        if let Some(trace) = recorded {
+            let resolve = |id: &str| trace.index_of(id);
+            return attribution::summarize(
+                &node_name,
+                &pods,
+                trace.as_ref(),
+                &resolve,
+                window,
+                interval,
+                BusySource::RecordedTrace,
+            );
+        }
+        let nvml = crate::utilization::NvmlUtilization::new()
+            .map_err(attribution::AttributionError::Sampling)?;
+        attribution::summarize(
+            &node_name,
+            &pods,
+            &nvml,
+            &|id| nvml.index_of(id),
+            window,
+            interval,
+            BusySource::NvmlDevice,
+        )
+    })
+    .await
+    .map_err(|e| attribution::AttributionError::Sampling(e.to_string()))?
 }
 
 async fn measure_and_publish(

@@ -71,6 +71,67 @@ fn read_report(path: &std::path::Path) -> Option<offload_api::observed::Allocato
     offload_api::observed::allocator_report(&text)
 }
 
+/// The command started with the reporter's path in its environment, its output copied to ours
+/// and its last lines kept.
+#[allow(clippy::type_complexity)]
+fn spawn_teed(
+    program: &str,
+    args: &[String],
+    report: &std::path::Path,
+) -> Result<
+    (
+        std::process::Child,
+        Vec<std::thread::JoinHandle<()>>,
+        Arc<Mutex<VecDeque<String>>>,
+    ),
+    String,
+> {
+    let mut child = Command::new(program)
+        .args(args)
+        .env("OFFLOAD_MEMORY_REPORT", report)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    let kept = Arc::new(Mutex::new(VecDeque::new()));
+    let mut copies = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        copies.push(tee(out, std::io::stderr(), kept.clone()));
+    }
+    if let Some(err) = child.stderr.take() {
+        copies.push(tee(err, std::io::stderr(), kept.clone()));
+    }
+    Ok((child, copies, kept))
+}
+
+/// Samples the GPUs' memory and utilization every `interval` until the command ends: how it
+/// ended, the memory peaks, and the utilization summed over its samples.
+fn sample_until_exit<S: UtilizationSource + ?Sized>(
+    source: &S,
+    devices: &[u32],
+    interval: Duration,
+    child: &mut std::process::Child,
+    program: &str,
+) -> Result<(std::process::ExitStatus, MemoryPeaks, u64, u32), String> {
+    let mut memory = MemoryPeaks::default();
+    let (mut busy, mut samples) = (0u64, 0u32);
+    let status = loop {
+        memory.sample(source, devices);
+        if let Ok(v) = source.utilization(devices) {
+            for (_, pct) in v {
+                busy += u64::from(pct.min(100));
+                samples = samples.saturating_add(1);
+            }
+        }
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => std::thread::sleep(interval),
+            Err(e) => return Err(format!("waiting for {program}: {e}")),
+        }
+    };
+    Ok((status, memory, busy, samples))
+}
+
 /// Runs `command` and observes `devices` (all when empty) every `interval` until it ends.
 pub fn observe_command<S: UtilizationSource + ?Sized>(
     source: &S,
@@ -90,38 +151,10 @@ pub fn observe_command<S: UtilizationSource + ?Sized>(
         started.elapsed().as_nanos()
     ));
     let _ = std::fs::remove_file(&report);
-    let mut child = Command::new(program)
-        .args(args)
-        .env("OFFLOAD_MEMORY_REPORT", &report)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
-    let kept = Arc::new(Mutex::new(VecDeque::new()));
-    let mut copies = Vec::new();
-    if let Some(out) = child.stdout.take() {
-        copies.push(tee(out, std::io::stderr(), kept.clone()));
-    }
-    if let Some(err) = child.stderr.take() {
-        copies.push(tee(err, std::io::stderr(), kept.clone()));
-    }
+    let (mut child, copies, kept) = spawn_teed(program, args, &report)?;
     let pid = child.id();
-    let mut memory = MemoryPeaks::default();
-    let (mut busy, mut samples) = (0u64, 0u32);
-    let status = loop {
-        memory.sample(source, devices);
-        if let Ok(v) = source.utilization(devices) {
-            for (_, pct) in v {
-                busy += u64::from(pct.min(100));
-                samples = samples.saturating_add(1);
-            }
-        }
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) => std::thread::sleep(interval),
-            Err(e) => return Err(format!("waiting for {program}: {e}")),
-        }
-    };
+    let (status, memory, busy, samples) =
+        sample_until_exit(source, devices, interval, &mut child, program)?;
     for c in copies {
         let _ = c.join();
     }

@@ -269,6 +269,35 @@ fn describe(g: &GpuReport) -> String {
     )
 }
 
+/// Unified memory, or a node labelled coherent, needs every GPU coherent (ATS over NVLink-C2C);
+/// a coherent node labelled discrete works, with a warning to re-label it.
+fn check_coherence(
+    expected: &Expected,
+    gpus: &[GpuReport],
+    model: NodeMemoryModel,
+    node: &str,
+) -> Result<Option<String>, Mismatch> {
+    let coherent = |g: &GpuReport| g.addressing_mode == AddressingMode::Ats && g.c2c.enabled;
+    if expected.mode == OffloadMode::UnifiedMemory
+        || expected.node_class == Some(NodeClass::Coherent)
+    {
+        let short: Vec<String> = gpus.iter().filter(|g| !coherent(g)).map(describe).collect();
+        if !short.is_empty() {
+            return Err(Mismatch::NotCoherent {
+                detail: short.join("; "),
+                node: node.to_string(),
+            });
+        }
+    } else if expected.node_class == Some(NodeClass::Discrete) && model == NodeMemoryModel::Coherent
+    {
+        return Ok(Some(format!(
+            "node {node} is hardware-coherent but was labelled discrete: explicit CPU copies work \
+             here, unified memory would too (restart the offload-agent pod on {node} to re-label it)"
+        )));
+    }
+    Ok(None)
+}
+
 /// Checks the node against the configuration. `pin` page-locks host memory the way the
 /// framework will (`Err` with the driver's message when refused); it is called only when the
 /// configuration pins.
@@ -300,29 +329,7 @@ pub fn verify(
     }
     let model = NodeMemoryModel::classify(&reading.gpus);
     let mut warnings = Vec::new();
-    let coherent = |g: &GpuReport| g.addressing_mode == AddressingMode::Ats && g.c2c.enabled;
-    if expected.mode == OffloadMode::UnifiedMemory
-        || expected.node_class == Some(NodeClass::Coherent)
-    {
-        let short: Vec<String> = reading
-            .gpus
-            .iter()
-            .filter(|g| !coherent(g))
-            .map(describe)
-            .collect();
-        if !short.is_empty() {
-            return Err(Mismatch::NotCoherent {
-                detail: short.join("; "),
-                node,
-            });
-        }
-    } else if expected.node_class == Some(NodeClass::Discrete) && model == NodeMemoryModel::Coherent
-    {
-        warnings.push(format!(
-            "node {node} is hardware-coherent but was labelled discrete: explicit CPU copies work \
-             here, unified memory would too (restart the offload-agent pod on {node} to re-label it)"
-        ));
-    }
+    warnings.extend(check_coherence(expected, &reading.gpus, model, &node)?);
     if expected.pin_memory && expected.mode != OffloadMode::Disabled {
         pin().map_err(|error| Mismatch::PinRefused {
             mib: PIN_PROBE_BYTES >> 20,

@@ -321,6 +321,77 @@ pub struct Caches {
     pub extended_resource_toleration: bool,
 }
 
+/// Every object of a kind the API serves, watched with the default backoff.
+fn every<K>(
+    client: &Client,
+    config: watcher::Config,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + use<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    watcher(Api::<K>::all(client.clone()), config).default_backoff()
+}
+
+/// Every watch reads from any recent state (the API server's cache), not a quorum read.
+fn config() -> watcher::Config {
+    watcher::Config::default().any_semantic()
+}
+
+/// Objects kept as they came.
+fn keep<K>(_: &mut K) {}
+
+/// DRA's caches: the GPU driver's ResourceSlices and the claim templates, each empty where DRA
+/// is off or the API server does not serve its kind.
+#[allow(clippy::type_complexity)]
+fn dra_caches(
+    client: &Client,
+    metrics: &Arc<Metrics>,
+    dra: Option<&DraOptions>,
+) -> (
+    Cache<Tolerant<ResourceSlice>>,
+    Cache<Tolerant<ResourceClaimTemplate>>,
+    impl Future<Output = ()> + Send + use<>,
+) {
+    let slice_config = dra.map(|d| config().fields(&format!("spec.driver={}", d.driver)));
+    let (slices, drive_slices) = cache(
+        served_or_empty::<Tolerant<ResourceSlice>>(client, slice_config),
+        "ResourceSlice",
+        metrics.clone(),
+        keep,
+    );
+    let (claim_templates, drive_templates) = cache(
+        served_or_empty::<Tolerant<ResourceClaimTemplate>>(client, dra.map(|_| config())),
+        "ResourceClaimTemplate",
+        metrics.clone(),
+        keep,
+    );
+    let drive = async move {
+        tokio::join!(drive_slices, drive_templates);
+    };
+    (slices, claim_templates, drive)
+}
+
+/// The nodes as the decision reads them: from the Node cache alone, or beside the DRA driver's
+/// ResourceSlices where DRA is on.
+fn node_views(
+    nodes: &Cache<Node>,
+    slices: &Cache<Tolerant<ResourceSlice>>,
+    dra: Option<&DraOptions>,
+) -> NodeViews {
+    match dra {
+        Some(d) => NodeViews::with_slices(
+            nodes.store().clone(),
+            slices.store().clone(),
+            d.driver.clone(),
+        )
+        .with_generations(nodes.generation(), Some(slices.generation()))
+        .with_change_log(nodes.change_log()),
+        None => NodeViews::new(nodes.store().clone())
+            .with_generations(nodes.generation(), None)
+            .with_change_log(nodes.change_log()),
+    }
+}
+
 impl Caches {
     /// Starts nothing: returns the caches and the future that drives all three watches (it
     /// runs until dropped).
@@ -328,81 +399,52 @@ impl Caches {
         client: &Client,
         metrics: Arc<Metrics>,
         dra: Option<&DraOptions>,
-    ) -> (Caches, impl Future<Output = ()> + Send + 'static) {
-        fn config() -> watcher::Config {
-            watcher::Config::default().any_semantic()
-        }
-        fn keep<K>(_: &mut K) {}
+    ) -> (Caches, impl Future<Output = ()> + Send + use<>) {
         let (profiles, drive_profiles) = cache(
-            watcher(Api::<OffloadProfile>::all(client.clone()), config()).default_backoff(),
+            every::<OffloadProfile>(client, config()),
             "OffloadProfile",
             metrics.clone(),
             keep,
         );
         let (nodes, drive_nodes) = cache(
-            watcher(Api::<Node>::all(client.clone()), config()).default_backoff(),
+            every::<Node>(client, config()),
             "Node",
             metrics.clone(),
             slim_node,
         );
         let (jobs, drive_jobs) = cache(
-            watcher(Api::<Tolerant<TrainingJob>>::all(client.clone()), config()).default_backoff(),
+            every::<Tolerant<TrainingJob>>(client, config()),
             "TrainingJob",
             metrics.clone(),
             keep,
         );
         let (trainjob_crd, drive_crd) = cache(
-            watcher(
-                Api::<CustomResourceDefinition>::all(client.clone()),
+            every::<CustomResourceDefinition>(
+                client,
                 config().fields(&format!(
                     "metadata.name={}",
                     offload_api::names::TRAINJOB_CRD
                 )),
-            )
-            .default_backoff(),
+            ),
             "CustomResourceDefinition",
             metrics.clone(),
             keep,
         );
-        let slice_config = dra.map(|d| config().fields(&format!("spec.driver={}", d.driver)));
-        let (slices, drive_slices) = cache(
-            served_or_empty::<Tolerant<ResourceSlice>>(client, slice_config),
-            "ResourceSlice",
-            metrics.clone(),
-            keep,
-        );
-        let (claim_templates, drive_templates) = cache(
-            served_or_empty::<Tolerant<ResourceClaimTemplate>>(client, dra.map(|_| config())),
-            "ResourceClaimTemplate",
-            metrics.clone(),
-            keep,
-        );
+        let (slices, claim_templates, drive_dra) = dra_caches(client, &metrics, dra);
         let (limit_ranges, drive_limits) = cache(
-            watcher(Api::<LimitRange>::all(client.clone()), config()).default_backoff(),
+            every::<LimitRange>(client, config()),
             "LimitRange",
             metrics.clone(),
             keep,
         );
-        let node_views = Arc::new(match dra {
-            Some(d) => NodeViews::with_slices(
-                nodes.store().clone(),
-                slices.store().clone(),
-                d.driver.clone(),
-            )
-            .with_generations(nodes.generation(), Some(slices.generation()))
-            .with_change_log(nodes.change_log()),
-            None => NodeViews::new(nodes.store().clone())
-                .with_generations(nodes.generation(), None)
-                .with_change_log(nodes.change_log()),
-        });
+        let node_views = Arc::new(node_views(&nodes, &slices, dra));
         let drive = async move {
             tokio::join!(
                 drive_profiles,
                 drive_nodes,
                 drive_jobs,
                 drive_crd,
-                drive_slices,
-                drive_templates,
+                drive_dra,
                 drive_limits
             );
         };
@@ -457,7 +499,7 @@ impl Caches {
 fn served_or_empty<K>(
     client: &Client,
     config: Option<watcher::Config>,
-) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + use<K>
 where
     K: Resource<DynamicType = ()>
         + Clone

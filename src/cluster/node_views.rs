@@ -224,6 +224,20 @@ impl NodeViews {
             self.publish(now, &index);
             return index;
         }
+        let index = self.rebuild(&mut snap, state, slices);
+        snap.generations = now;
+        self.publish(now, &index);
+        index
+    }
+
+    /// The index from the stores' whole state (`snap` holds what the last one was built from):
+    /// each node parsed again only where it changed, the old index kept where none did.
+    fn rebuild(
+        &self,
+        snap: &mut Snapshot,
+        state: Vec<Arc<Node>>,
+        slices: Vec<Arc<Tolerant<ResourceSlice>>>,
+    ) -> Arc<NodeIndex> {
         let witnesses = match &self.slices {
             Some((_, driver)) if !slices.is_empty() => {
                 crate::dra::slices::witnesses(&slices, driver)
@@ -255,8 +269,6 @@ impl NodeViews {
         snap.index = Some(index.clone());
         snap.objects = state;
         snap.slices = slices;
-        snap.generations = now;
-        self.publish(now, &index);
         index
     }
 

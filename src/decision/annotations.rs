@@ -22,34 +22,11 @@ use offload_api::v1alpha1::ModelHints;
 pub(super) fn model_annotations(
     annotations: &BTreeMap<String, String>,
 ) -> Result<Option<ModelHints>, String> {
-    use offload_api::v1alpha1::ExpertHints;
     let get = |key: &str| -> Option<&str> { annotations.get(key).map(String::as_str) };
-    use offload_api::hints::{self, CountHint};
-    // Every hint's annotation but the three that size a model alone.
-    let sizing = [
-        names::ANNOTATION_MODEL_PARAMETERS,
-        names::ANNOTATION_MODEL_CONFIG,
-    ];
-    let shape_keys: Vec<&str> = hints::COUNT_HINTS
-        .iter()
-        .map(|h| h.annotation)
-        .chain(hints::OTHER_HINTS.iter().map(|(_, a)| *a))
-        .filter(|a| !sizing.contains(a))
-        .collect();
+    use offload_api::hints;
     let parameters = get(names::ANNOTATION_MODEL_PARAMETERS);
     let config = get(names::ANNOTATION_MODEL_CONFIG);
-    let hidden_and_layers =
-        get(names::ANNOTATION_HIDDEN_SIZE).is_some() && get(names::ANNOTATION_LAYERS).is_some();
-    if parameters.is_none() && config.is_none() && !hidden_and_layers {
-        if let Some(key) = shape_keys.iter().find(|k| get(k).is_some()) {
-            return Err(format!(
-                "annotation {key} needs {} (the model's total parameters, e.g. 8B), {} (a ConfigMap with its config.json), or {} and {}",
-                names::ANNOTATION_MODEL_PARAMETERS,
-                names::ANNOTATION_MODEL_CONFIG,
-                names::ANNOTATION_HIDDEN_SIZE,
-                names::ANNOTATION_LAYERS
-            ));
-        }
+    if !sized(annotations)? {
         return Ok(None);
     }
     let parameters = parameters
@@ -68,25 +45,10 @@ pub(super) fn model_annotations(
                 .map_err(|e| format!("annotation {}: {e}", names::ANNOTATION_MODEL_CONFIG))
         })
         .transpose()?;
-    let count = |hint: &CountHint| count_annotation(annotations, hint);
+    let count = |hint: &hints::CountHint| count_annotation(annotations, hint);
     let flag = |key: &str| flag_annotation(annotations, key);
     let architecture = architecture_annotation(annotations)?;
-    let experts = match (count(&hints::EXPERTS)?, count(&hints::EXPERTS_PER_TOKEN)?) {
-        (None, None) => None,
-        (Some(count_), Some(per_token)) => Some(ExpertHints {
-            count: count_,
-            per_token,
-            shared: count(&hints::SHARED_EXPERTS)?,
-            intermediate_size: count(&hints::EXPERT_INTERMEDIATE_SIZE)?,
-        }),
-        _ => {
-            return Err(format!(
-                "annotations {} and {} go together",
-                names::ANNOTATION_EXPERTS,
-                names::ANNOTATION_EXPERTS_PER_TOKEN
-            ));
-        }
-    };
+    let experts = expert_annotations(annotations)?;
     Ok(Some(ModelHints {
         parameters,
         config_map_ref,
@@ -113,6 +75,62 @@ pub(super) fn model_annotations(
         experts,
         activation_checkpointing: flag(names::ANNOTATION_ACTIVATION_CHECKPOINTING)?,
     }))
+}
+
+/// Whether the annotations size a model (its parameters, its config, or its width and layers);
+/// a shape hint without any of them is refused, naming what it needs.
+fn sized(annotations: &BTreeMap<String, String>) -> Result<bool, String> {
+    use offload_api::hints;
+    let get = |key: &str| annotations.get(key).map(String::as_str);
+    if get(names::ANNOTATION_MODEL_PARAMETERS).is_some()
+        || get(names::ANNOTATION_MODEL_CONFIG).is_some()
+        || (get(names::ANNOTATION_HIDDEN_SIZE).is_some() && get(names::ANNOTATION_LAYERS).is_some())
+    {
+        return Ok(true);
+    }
+    // Every hint's annotation but the ones that size a model alone.
+    let sizing = [
+        names::ANNOTATION_MODEL_PARAMETERS,
+        names::ANNOTATION_MODEL_CONFIG,
+    ];
+    let shape_key = hints::COUNT_HINTS
+        .iter()
+        .map(|h| h.annotation)
+        .chain(hints::OTHER_HINTS.iter().map(|(_, a)| *a))
+        .filter(|a| !sizing.contains(a))
+        .find(|k| get(k).is_some());
+    match shape_key {
+        Some(key) => Err(format!(
+            "annotation {key} needs {} (the model's total parameters, e.g. 8B), {} (a ConfigMap with its config.json), or {} and {}",
+            names::ANNOTATION_MODEL_PARAMETERS,
+            names::ANNOTATION_MODEL_CONFIG,
+            names::ANNOTATION_HIDDEN_SIZE,
+            names::ANNOTATION_LAYERS
+        )),
+        None => Ok(false),
+    }
+}
+
+/// The mixture-of-experts hints: the expert count and the experts per token go together.
+fn expert_annotations(
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<offload_api::v1alpha1::ExpertHints>, String> {
+    use offload_api::hints;
+    let count = |hint: &hints::CountHint| count_annotation(annotations, hint);
+    match (count(&hints::EXPERTS)?, count(&hints::EXPERTS_PER_TOKEN)?) {
+        (None, None) => Ok(None),
+        (Some(count_), Some(per_token)) => Ok(Some(offload_api::v1alpha1::ExpertHints {
+            count: count_,
+            per_token,
+            shared: count(&hints::SHARED_EXPERTS)?,
+            intermediate_size: count(&hints::EXPERT_INTERMEDIATE_SIZE)?,
+        })),
+        _ => Err(format!(
+            "annotations {} and {} go together",
+            names::ANNOTATION_EXPERTS,
+            names::ANNOTATION_EXPERTS_PER_TOKEN
+        )),
+    }
 }
 
 /// Megatron-core's layout of another kind's job, from `offload.dev/megatron-tensor-parallel`,

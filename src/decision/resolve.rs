@@ -76,7 +76,6 @@ pub fn resolve_offload(
     partial_ratio_supported(job, &facts)?;
     let memory = sizing::job_memory(job, &facts, profile_name)?;
     let mut reasons = Reasons::default();
-
     // Nodes whose agent and GPU driver disagree: a claim-pinned job's affinity excludes them
     // by name (its claims' selectors see only the driver's word); past a bound it is pinned by
     // the agent's labels instead.
@@ -98,79 +97,136 @@ pub fn resolve_offload(
     reasons.add(Field::Mode, placement.mode_why.clone());
     let (memory_request, whole_cores) = host_side(job, profile, &placement, &mut reasons);
 
-    let (overlap, overlap_efficiency, why) = overlap::resolve_overlap(job, profile, &placement);
-    reasons.add(Field::Overlap, why);
-
-    let (pin_memory, why) = pinning::resolve_pinning(job, profile, &placement);
-    reasons.add(Field::PinMemory, why);
-
-    let (ratio, why) = ratio::resolve_ratio(job, profile, &facts, &placement)?;
-    reasons.add(Field::OffloadRatio, why);
-
+    let settings = Settings::of(job, profile, &facts, &placement, &mut reasons)?;
     let memory_plan = memory_plan(job, &placement, memory.as_ref());
-    let (framework, whys) = frameworks::plan(
+    let (framework, state) = framework_plan(
         job,
         &facts,
-        placement.mode,
-        overlap,
-        ratio,
-        placement.class(),
-        profile.allow_zen_flow,
+        &placement,
+        &settings,
         memory_plan,
+        whole_cores.is_some(),
+        &mut reasons,
     );
-    for why in whys
-        .into_iter()
-        .chain(threads_reason(job, whole_cores.is_some()))
-    {
-        reasons.add(Field::Framework, why);
-    }
     let (gpu_claims, exclude_nodes) =
         claim_pinning(job, &placement, by_claims, exclude_nodes, &mut reasons);
-    let state = state_placement(placement.mode, ratio, &framework, memory_plan.placement);
+    let chosen = placement.memory.as_ref();
     #[cfg(test)]
     within_bound(&reasons.0);
-
     Ok(Resolution {
         profile: profile_name.to_string(),
         mode: placement.mode,
-        overlap,
-        ratio,
-        pin_memory,
+        overlap: settings.overlap,
+        ratio: settings.ratio,
+        pin_memory: settings.pin_memory,
         node_class: placement.class(),
         node_selector: profile.node_selector.clone(),
-        overlap_efficiency,
+        overlap_efficiency: settings.overlap_efficiency,
         framework,
         reasons: reasons.0,
         startup_guard: profile.startup_guard,
         report_allocator_peaks: profile.report_allocator_peaks,
-        memory: match (placement.memory.as_ref(), memory.as_ref()) {
-            // A trial's budget is the one it was checked against ([`crate::decision::runs::proven`]).
-            (Some(c), Some(jm)) => Some(match c.trial {
-                Some(_) => MemoryEstimate::of(&jm.as_trial(), &c.estimate, &c.class),
-                None => MemoryEstimate::of(jm, &c.estimate, &c.class),
-            }),
-            _ => None,
-        },
+        memory: memory_estimate(&placement, memory.as_ref()),
         gpu_claims,
         exclude_nodes,
         gpu_claim_entries: job.gpu_claim_entries.clone(),
         placement: state,
-        trial: placement.memory.as_ref().and_then(|c| c.trial.clone()),
-        memory_why: placement.memory.as_ref().map(|c| c.figures.clone()),
-        proven: placement
-            .memory
-            .as_ref()
-            .is_some_and(|c| c.proven && c.trial.is_none()),
-        stepped: placement.memory.as_ref().and_then(|c| c.stepped.clone()),
-        cpu_cores: whole_cores
-            .map(|w| f64::from(w.cores))
-            .or_else(|| job.cpu_limit.as_ref().map(|(c, _)| *c)),
+        trial: chosen.and_then(|c| c.trial.clone()),
+        memory_why: chosen.map(|c| c.figures.clone()),
+        proven: chosen.is_some_and(|c| c.proven && c.trial.is_none()),
+        stepped: chosen.and_then(|c| c.stepped.clone()),
+        cpu_cores: whole_cores.map_or_else(
+            || job.cpu_limit.as_ref().map(|(c, _)| *c),
+            |w| Some(f64::from(w.cores)),
+        ),
         whole_cores,
         cpu_threads: cpu_threads(job),
         memory_request,
         requested: job.offload.clone(),
         training_container: job.training_container.map(|(i, _)| i),
     })
+}
+
+/// The settings of the chosen placement, each with its reason, and whether the profile allows
+/// ZenFlow.
+struct Settings {
+    overlap: bool,
+    overlap_efficiency: Option<f64>,
+    pin_memory: bool,
+    ratio: f64,
+    allow_zen_flow: bool,
+}
+
+impl Settings {
+    fn of(
+        job: &JobRequest,
+        profile: &OffloadProfileSpec,
+        facts: &frameworks::FrameworkFacts,
+        placement: &placement::ModeAndClass<'_, '_>,
+        reasons: &mut Reasons,
+    ) -> Result<Settings, ResolveError> {
+        let (overlap, overlap_efficiency, why) = overlap::resolve_overlap(job, profile, placement);
+        reasons.add(Field::Overlap, why);
+        let (pin_memory, why) = pinning::resolve_pinning(job, profile, placement);
+        reasons.add(Field::PinMemory, why);
+        let (ratio, why) = ratio::resolve_ratio(job, profile, facts, placement)?;
+        reasons.add(Field::OffloadRatio, why);
+        Ok(Settings {
+            overlap,
+            overlap_efficiency,
+            pin_memory,
+            ratio,
+            allow_zen_flow: profile.allow_zen_flow,
+        })
+    }
+}
+
+/// The framework's own settings for the decision, with their reasons (and the threads'), and
+/// where the state it keeps is placed.
+fn framework_plan(
+    job: &JobRequest,
+    facts: &frameworks::FrameworkFacts,
+    placement: &placement::ModeAndClass<'_, '_>,
+    settings: &Settings,
+    memory_plan: frameworks::MemoryPlan,
+    whole_cores: bool,
+    reasons: &mut Reasons,
+) -> (FrameworkPlan, memory::Placement) {
+    let (framework, whys) = frameworks::plan(
+        job,
+        facts,
+        placement.mode,
+        settings.overlap,
+        settings.ratio,
+        placement.class(),
+        settings.allow_zen_flow,
+        memory_plan,
+    );
+    for why in whys.into_iter().chain(threads_reason(job, whole_cores)) {
+        reasons.add(Field::Framework, why);
+    }
+    let state = state_placement(
+        placement.mode,
+        settings.ratio,
+        &framework,
+        memory_plan.placement,
+    );
+    (framework, state)
+}
+
+/// The memory model's figures for the placement chosen; a trial's budget is the one it was
+/// checked against ([`crate::decision::runs::proven`]).
+fn memory_estimate(
+    placement: &placement::ModeAndClass<'_, '_>,
+    memory: Option<&memory::JobMemory>,
+) -> Option<MemoryEstimate> {
+    match (placement.memory.as_ref(), memory) {
+        (Some(c), Some(jm)) => Some(match c.trial {
+            Some(_) => MemoryEstimate::of(&jm.as_trial(), &c.estimate, &c.class),
+            None => MemoryEstimate::of(jm, &c.estimate, &c.class),
+        }),
+        _ => None,
+    }
 }
 
 /// The host side of the decision: the host memory the training container is asked to request

@@ -316,6 +316,72 @@ fn files_by_config_map(
         .collect()
 }
 
+/// A list the API server does not serve (404) reads as nothing.
+fn ignore_absent<T>(r: Result<T, kube::Error>) -> Result<Option<T>, kube::Error> {
+    match r {
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+        other => other.map(Some),
+    }
+}
+
+/// The ResourceClaimTemplates of the manifests' namespaces, by namespace and name.
+async fn claim_templates_of(
+    client: &kube::Client,
+    manifests: &[Value],
+) -> Result<BTreeMap<(String, String), Arc<ResourceClaimTemplate>>, kube::Error> {
+    use kube::api::{Api, ListParams};
+    let mut claim_templates = BTreeMap::new();
+    let namespaces: std::collections::BTreeSet<&str> = manifests.iter().map(namespace_of).collect();
+    for ns in namespaces {
+        let listed = ignore_absent(
+            Api::<ResourceClaimTemplate>::namespaced(client.clone(), ns)
+                .list(&ListParams::default())
+                .await,
+        )?;
+        for t in listed.map(|l| l.items).unwrap_or_default() {
+            let name = t.metadata.name.clone().unwrap_or_default();
+            claim_templates.insert((ns.to_string(), name), Arc::new(t));
+        }
+    }
+    Ok(claim_templates)
+}
+
+/// A manifest's namespace (`default` where it names none).
+fn namespace_of(manifest: &Value) -> &str {
+    manifest
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("default")
+}
+
+/// The texts of the DeepSpeed and model ConfigMaps the manifests reference, by ConfigMap name
+/// (what is missing is said when the job is decided).
+#[allow(clippy::type_complexity)]
+async fn referenced_configs(
+    client: &kube::Client,
+    manifests: &[Value],
+) -> Result<(BTreeMap<String, String>, BTreeMap<String, String>), kube::Error> {
+    let mut deepspeed_configs = BTreeMap::new();
+    let mut model_configs = BTreeMap::new();
+    for m in manifests {
+        let ns = namespace_of(m);
+        let (deepspeed, model) = Reference::of_json(m);
+        for (r, into) in [
+            (deepspeed, &mut deepspeed_configs),
+            (model, &mut model_configs),
+        ] {
+            let Some(r) = r else { continue };
+            if let crate::decision::referenced::Fetched::Found(cm) =
+                crate::cluster::referenced::fetch(client, ns, &r).await?
+                && let Ok(text) = crate::decision::model::model_config::config_map_key(&cm, &r.key)
+            {
+                into.insert(r.name, text);
+            }
+        }
+    }
+    Ok((deepspeed_configs, model_configs))
+}
+
 /// Profiles, nodes and the jobs' DeepSpeed ConfigMaps from the current cluster.
 pub async fn inputs_from_cluster(
     client: &kube::Client,
@@ -340,12 +406,6 @@ pub async fn inputs_from_cluster(
         .collect();
     // DRA, where the cluster serves it: the driver's slices and the jobs' claim templates.
     let dra = crate::dra::DraOptions::default();
-    fn ignore_absent<T>(r: Result<T, kube::Error>) -> Result<Option<T>, kube::Error> {
-        match r {
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
-            other => other.map(Some),
-        }
-    }
     let slices: Vec<Arc<Tolerant<ResourceSlice>>> = ignore_absent(
         Api::<Tolerant<ResourceSlice>>::all(client.clone())
             .list(&ListParams::default().fields(&format!("spec.driver={}", dra.driver)))
@@ -354,48 +414,8 @@ pub async fn inputs_from_cluster(
     .map(|l| l.items.into_iter().map(Arc::new).collect())
     .unwrap_or_default();
     let nodes = with_slices(nodes, &slices, &dra.driver);
-    let mut claim_templates = BTreeMap::new();
-    let namespaces: std::collections::BTreeSet<&str> = manifests
-        .iter()
-        .map(|m| {
-            m.pointer("/metadata/namespace")
-                .and_then(Value::as_str)
-                .unwrap_or("default")
-        })
-        .collect();
-    for ns in namespaces {
-        let listed = ignore_absent(
-            Api::<ResourceClaimTemplate>::namespaced(client.clone(), ns)
-                .list(&ListParams::default())
-                .await,
-        )?;
-        for t in listed.map(|l| l.items).unwrap_or_default() {
-            let name = t.metadata.name.clone().unwrap_or_default();
-            claim_templates.insert((ns.to_string(), name), Arc::new(t));
-        }
-    }
-    let mut deepspeed_configs = BTreeMap::new();
-    let mut model_configs = BTreeMap::new();
-    for m in manifests {
-        let ns = m
-            .pointer("/metadata/namespace")
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        let (deepspeed, model) = Reference::of_json(m);
-        for (r, into) in [
-            (deepspeed, &mut deepspeed_configs),
-            (model, &mut model_configs),
-        ] {
-            let Some(r) = r else { continue };
-            // The referenced key's text (what is missing is said when the job is decided).
-            if let crate::decision::referenced::Fetched::Found(cm) =
-                crate::cluster::referenced::fetch(client, ns, &r).await?
-                && let Ok(text) = crate::decision::model::model_config::config_map_key(&cm, &r.key)
-            {
-                into.insert(r.name, text);
-            }
-        }
-    }
+    let claim_templates = claim_templates_of(client, manifests).await?;
+    let (deepspeed_configs, model_configs) = referenced_configs(client, manifests).await?;
     Ok(Inputs {
         view: MemoryView {
             profiles,

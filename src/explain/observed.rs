@@ -74,40 +74,50 @@ pub fn read_evidence(source: &str, text: &str, job: &str) -> Result<Evidence, St
         .is_ok_and(|v| v.get("command").is_some() && v.get("pod").is_some());
     if is_run {
         let run = ObservedRun::parse(text).map_err(|e| format!("{source}: {e}"))?;
-        let outcome = if run.succeeded() {
-            Outcome::Ran
-        } else if says_gpu_out_of_memory(&run.message) {
-            Outcome::OutOfMemory(MemoryKind::Gpu, run.message.clone())
-        } else if run.signal == Some(SIGKILL) || run.exit_code == Some(137) {
-            Outcome::OutOfMemory(
-                MemoryKind::Host,
-                format!(
-                    "killed (SIGKILL), as the kernel's OOM killer kills: taken as host memory{}",
-                    if run.message.is_empty() {
-                        String::new()
-                    } else {
-                        format!("; it said: {}", last_line(&run.message))
-                    }
-                ),
-            )
-        } else {
-            Outcome::Failed(format!(
-                "{}: {}",
-                run.exit_code.map_or_else(
-                    || format!("signal {}", run.signal.unwrap_or_default()),
-                    |c| format!("exit {c}")
-                ),
-                last_line(&run.message)
-            ))
-        };
         return Ok(Evidence {
             source: source.to_string(),
             trained: run.succeeded(),
+            outcome: outcome_of_run(&run),
             pod: run.pod,
-            outcome,
             configuration: run.configuration,
         });
     }
+    summary_evidence(source, text, job)
+}
+
+/// How an observed run ended: trained, out of GPU memory (PyTorch's words), killed as the OOM
+/// killer kills (taken as host memory), or failed otherwise.
+fn outcome_of_run(run: &ObservedRun) -> Outcome {
+    if run.succeeded() {
+        Outcome::Ran
+    } else if says_gpu_out_of_memory(&run.message) {
+        Outcome::OutOfMemory(MemoryKind::Gpu, run.message.clone())
+    } else if run.signal == Some(SIGKILL) || run.exit_code == Some(137) {
+        Outcome::OutOfMemory(
+            MemoryKind::Host,
+            format!(
+                "killed (SIGKILL), as the kernel's OOM killer kills: taken as host memory{}",
+                if run.message.is_empty() {
+                    String::new()
+                } else {
+                    format!("; it said: {}", last_line(&run.message))
+                }
+            ),
+        )
+    } else {
+        Outcome::Failed(format!(
+            "{}: {}",
+            run.exit_code.map_or_else(
+                || format!("signal {}", run.signal.unwrap_or_default()),
+                |c| format!("exit {c}")
+            ),
+            last_line(&run.message)
+        ))
+    }
+}
+
+/// A node's observed summary as evidence of the TrainingJob `job`: its pods' highest figures.
+fn summary_evidence(source: &str, text: &str, job: &str) -> Result<Evidence, String> {
     let summary = ObservedSummary::parse(text).map_err(|e| {
         format!("{source}: neither an observed run (offload-agent observe -- COMMAND) nor a node's observed summary: {e}")
     })?;
@@ -231,6 +241,26 @@ fn implausible(pod: &PodObservation, inputs: &Inputs) -> Option<String> {
     pod.implausible(&gpus, memory)
 }
 
+/// Why a run teaches nothing about the decision `res` (it ran another configuration, or its
+/// figures cannot be true on these nodes), with the configuration it ran where that is why.
+fn not_evidence(
+    ev: &Evidence,
+    res: &crate::decision::Resolution,
+    inputs: &Inputs,
+) -> Option<(String, Option<String>)> {
+    if let Some(ran) = ran_another(ev, res) {
+        return Some((
+            format!(
+                "{}; it ran {ran}, not the configuration decided now: its figures are of another configuration and teach nothing here",
+                outcome_said(&ev.outcome)
+            ),
+            Some(ran),
+        ));
+    }
+    implausible(&ev.pod, inputs)
+        .map(|why| (format!("not evidence: {why}; it teaches nothing"), None))
+}
+
 /// Explains `tj` after the runs of `evidence`, in order.
 pub fn explain_after(tj: &TrainingJob, inputs: &mut Inputs, evidence: &[Evidence]) -> Explanation {
     let mut tj = tj.clone();
@@ -261,23 +291,12 @@ pub fn explain_after(tj: &TrainingJob, inputs: &mut Inputs, evidence: &[Evidence
             steps.push(step(held, None));
             break;
         }
-        if let Some(ran) = ran_another(ev, &res) {
-            let mut taken = step(
-                format!(
-                    "{}; it ran {ran}, not the configuration decided now: its figures are of another configuration and teach nothing here",
-                    outcome_said(&ev.outcome)
-                ),
-                None,
-            );
-            taken.configuration = ran;
+        if let Some((said, ran)) = not_evidence(ev, &res, inputs) {
+            let mut taken = step(said, None);
+            if let Some(ran) = ran {
+                taken.configuration = ran;
+            }
             steps.push(taken);
-            continue;
-        }
-        if let Some(why) = implausible(&ev.pod, inputs) {
-            steps.push(step(
-                format!("not evidence: {why}; it teaches nothing"),
-                None,
-            ));
             continue;
         }
         let failed = match &ev.outcome {
@@ -296,16 +315,13 @@ pub fn explain_after(tj: &TrainingJob, inputs: &mut Inputs, evidence: &[Evidence
                 now,
             ),
         };
-        if let Some(kind) = failed {
+        if let (Some(kind), Outcome::OutOfMemory(_, message)) = (failed, &ev.outcome) {
             let failure = crate::decision::runs::evidence::failure_record(
                 &tj,
                 Some(&status),
                 kind,
                 &format!("observed-{i}"),
-                &oom_line(match &ev.outcome {
-                    Outcome::OutOfMemory(_, m) => m,
-                    _ => "",
-                }),
+                &oom_line(message),
                 now.to_string(),
             );
             let st = tj.status.get_or_insert_with(TrainingJobStatus::default);

@@ -425,69 +425,20 @@ fn judge(
         (Some(Err(e)), _) => return (Standing::Ignored(bounded(&e.to_string())), None),
         (Some(Ok(r)), _) => r,
     };
-    // Each agent writes only its own node's report (the chart's admission policy enforces it);
-    // a report naming another node, or dated in the future, was not written by this node's
-    // agent now.
-    if report.node != name {
-        return (
-            Standing::Ignored(format!(
-                "its report was written for node {:?}",
-                bounded(&report.node)
-            )),
-            None,
-        );
-    }
-    if let Ok(at) = report.generated_at.parse::<jiff::Timestamp>()
-        && at.duration_since(jiff::Timestamp::now()) > CLOCK_SKEW
-    {
-        return (
-            Standing::Ignored(format!(
-                "its report is dated {}, in the future",
-                bounded(&report.generated_at)
-            )),
-            None,
-        );
-    }
-    let Some(class) = class_of(report.memory_model) else {
-        let why = match report.memory_model {
-            NodeMemoryModel::NoGpu => "its report says it has no GPU".to_string(),
-            _ => match &report.nvml.error {
-                Some(e) => format!("its report says NVML could not be read ({})", bounded(e)),
-                None => "its report says the GPUs' memory model is unknown".to_string(),
-            },
+    let checked = own_report(name, report).and_then(|()| {
+        let class = class_of_report(report)?;
+        let labels = match published {
+            Ok(Some(l)) => l,
+            Ok(None) => return Err(format!("it has a report but no {} label", names::LABEL_UMA)),
+            Err(e) => return Err(e.to_string()),
         };
-        return (Standing::Ignored(why), None);
+        labels_agree(&labels, class, report)?;
+        Ok((class, labels))
+    });
+    let (class, labels) = match checked {
+        Ok(found) => found,
+        Err(why) => return (Standing::Ignored(why), None),
     };
-    let labels = match published {
-        Ok(Some(l)) => l,
-        Ok(None) => {
-            return (
-                Standing::Ignored(format!("it has a report but no {} label", names::LABEL_UMA)),
-                None,
-            );
-        }
-        Err(e) => return (Standing::Ignored(e.to_string()), None),
-    };
-    let expected = NodeLabels::from_report(report);
-    if labels.class() != Some(class)
-        || labels.uma != expected.uma
-        || labels.addressing_mode != expected.addressing_mode
-        || labels.c2c != expected.c2c
-    {
-        return (
-            Standing::Ignored(format!(
-                "its labels (uma={}, addressing-mode={}, c2c={}) contradict its report ({} memory, uma={}, addressing-mode={}, c2c={})",
-                labels.uma,
-                labels.addressing_mode.label_value(),
-                labels.c2c,
-                report.memory_model,
-                expected.uma,
-                expected.addressing_mode.label_value(),
-                expected.c2c
-            )),
-            None,
-        );
-    }
     let conflict = (labels.overlap != report.selftest.verdict).then(|| {
         format!(
             "its label {}={} contradicts its report ({})",
@@ -503,4 +454,58 @@ fn judge(
         },
         conflict,
     )
+}
+
+/// Each agent writes only its own node's report (the chart's admission policy enforces it): a
+/// report naming another node, or dated in the future, was not written by this node's agent now.
+fn own_report(name: &str, report: &NodeReport) -> Result<(), String> {
+    if report.node != name {
+        return Err(format!(
+            "its report was written for node {:?}",
+            bounded(&report.node)
+        ));
+    }
+    if let Ok(at) = report.generated_at.parse::<jiff::Timestamp>()
+        && at.duration_since(jiff::Timestamp::now()) > CLOCK_SKEW
+    {
+        return Err(format!(
+            "its report is dated {}, in the future",
+            bounded(&report.generated_at)
+        ));
+    }
+    Ok(())
+}
+
+/// The node's class from its report, or why it has none.
+fn class_of_report(report: &NodeReport) -> Result<NodeClass, String> {
+    class_of(report.memory_model).ok_or_else(|| match report.memory_model {
+        NodeMemoryModel::NoGpu => "its report says it has no GPU".to_string(),
+        _ => match &report.nvml.error {
+            Some(e) => format!("its report says NVML could not be read ({})", bounded(e)),
+            None => "its report says the GPUs' memory model is unknown".to_string(),
+        },
+    })
+}
+
+/// The node's published labels say what its report says (the overlap label aside: a conflict
+/// there is reported, not disqualifying).
+fn labels_agree(labels: &NodeLabels, class: NodeClass, report: &NodeReport) -> Result<(), String> {
+    let expected = NodeLabels::from_report(report);
+    if labels.class() != Some(class)
+        || labels.uma != expected.uma
+        || labels.addressing_mode != expected.addressing_mode
+        || labels.c2c != expected.c2c
+    {
+        return Err(format!(
+            "its labels (uma={}, addressing-mode={}, c2c={}) contradict its report ({} memory, uma={}, addressing-mode={}, c2c={})",
+            labels.uma,
+            labels.addressing_mode.label_value(),
+            labels.c2c,
+            report.memory_model,
+            expected.uma,
+            expected.addressing_mode.label_value(),
+            expected.c2c
+        ));
+    }
+    Ok(())
 }

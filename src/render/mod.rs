@@ -391,14 +391,9 @@ fn requested_names(spec: &PodSpec, res: &Resolution) -> std::collections::BTreeS
     names
 }
 
-/// [`apply_to_pod_template`] on a bare pod spec (for Pods).
-pub fn apply_to_pod_spec(
-    spec: &mut PodSpec,
-    res: &Resolution,
-    config: Option<&ConfigMount>,
-    opts: &RenderOptions,
-) {
-    // The guard is first among the init containers, so it runs before anything of the user's.
+/// The start-up guard, first among the init containers so it runs before anything of the
+/// user's (none where the decision needs no check).
+fn place_guard(spec: &mut PodSpec, res: &Resolution, opts: &RenderOptions) {
     if let Some(inits) = spec.init_containers.as_mut() {
         inits.retain(|c| c.name != GUARD_CONTAINER);
     }
@@ -412,36 +407,58 @@ pub fn apply_to_pod_spec(
     if spec.init_containers.as_ref().is_some_and(Vec::is_empty) {
         spec.init_containers = None;
     }
+}
+
+/// One container's env: the operator's variables replaced, the reporter's directory on
+/// PYTHONPATH, and the training container's thread count.
+fn write_env(
+    container: &mut Container,
+    i: usize,
+    res: &Resolution,
+    config: Option<&ConfigMount>,
+    vars: &[EnvVar],
+) {
+    let env = container.env.get_or_insert_with(Vec::new);
+    env.retain(|e| !names::OPERATOR_ENV.contains(&e.name.as_str()));
+    // The reporter's directory on PYTHONPATH, where the container sets none of its own
+    // (one equal to the directory is the operator's, from an earlier render).
+    let reporter = config
+        .filter(|_| res.report_allocator_peaks)
+        .map(|c| c.mount_path.as_str());
+    if let Some(dir) = reporter {
+        env.retain(|e| !(e.name == "PYTHONPATH" && e.value.as_deref() == Some(dir)));
+    }
+    env.extend(vars.iter().cloned());
+    if let Some(dir) = reporter
+        && !env.iter().any(|e| e.name == "PYTHONPATH")
+    {
+        env.push(self::env("PYTHONPATH", dir));
+    }
+    // The training process's threads fit its CPU quota, where the user set none: an
+    // OpenMP optimizer (DeepSpeed's CPU Adam) would start one per visible core.
+    // Nor where the container takes env from a ConfigMap or Secret the webhook cannot
+    // read: its own env would win over a value set there.
+    if let Some(threads) = res.cpu_threads
+        && res.training_container.unwrap_or(0) == i
+        && !env.iter().any(|e| e.name == names::ENV_OMP_THREADS)
+        && container.env_from.as_ref().is_none_or(Vec::is_empty)
+    {
+        env.push(self::env(names::ENV_OMP_THREADS, &threads.to_string()));
+    }
+}
+
+/// [`apply_to_pod_template`] on a bare pod spec (for Pods).
+pub fn apply_to_pod_spec(
+    spec: &mut PodSpec,
+    res: &Resolution,
+    config: Option<&ConfigMount>,
+    opts: &RenderOptions,
+) {
+    place_guard(spec, res, opts);
     let file = config.map(ConfigMount::file_path);
     let vars = env_vars(res, file.as_deref());
     for (i, container) in spec.containers.iter_mut().enumerate() {
-        let env = container.env.get_or_insert_with(Vec::new);
-        env.retain(|e| !names::OPERATOR_ENV.contains(&e.name.as_str()));
-        // The reporter's directory on PYTHONPATH, where the container sets none of its own
-        // (one equal to the directory is the operator's, from an earlier render).
-        let reporter = config
-            .filter(|_| res.report_allocator_peaks)
-            .map(|c| c.mount_path.as_str());
-        if let Some(dir) = reporter {
-            env.retain(|e| !(e.name == "PYTHONPATH" && e.value.as_deref() == Some(dir)));
-        }
-        env.extend(vars.iter().cloned());
-        if let Some(dir) = reporter
-            && !env.iter().any(|e| e.name == "PYTHONPATH")
-        {
-            env.push(self::env("PYTHONPATH", dir));
-        }
-        // The training process's threads fit its CPU quota, where the user set none: an
-        // OpenMP optimizer (DeepSpeed's CPU Adam) would start one per visible core.
-        // Nor where the container takes env from a ConfigMap or Secret the webhook cannot
-        // read: its own env would win over a value set there.
-        if let Some(threads) = res.cpu_threads
-            && res.training_container.unwrap_or(0) == i
-            && !env.iter().any(|e| e.name == names::ENV_OMP_THREADS)
-            && container.env_from.as_ref().is_none_or(Vec::is_empty)
-        {
-            env.push(self::env(names::ENV_OMP_THREADS, &threads.to_string()));
-        }
+        write_env(container, i, res, config, &vars);
         if let Some(cfg) = config {
             let mounts = container.volume_mounts.get_or_insert_with(Vec::new);
             mounts.retain(|m| m.name != CONFIG_VOLUME);

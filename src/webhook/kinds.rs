@@ -373,7 +373,24 @@ fn trainjob_edit(
         .get_mut("spec")
         .and_then(Value::as_object_mut)
         .ok_or_else(|| err("/spec", "missing"))?;
-    // Env of the trainer container: operator-owned names replaced, the user's kept.
+    trainer_env(spec, res)?;
+    // Placement of the trainer's pods.
+    let reqs = render::node_requirements(res);
+    let affinity = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": requirements_json(&reqs)}]
+    }}});
+    trainer_affinity(spec, features.trainjob, &reqs, affinity)
+}
+
+/// The trainer container's env: operator-owned names replaced, the user's kept.
+fn trainer_env(
+    spec: &mut serde_json::Map<String, Value>,
+    res: &Resolution,
+) -> Result<(), KindError> {
+    let err = |path: &str, detail: &str| KindError {
+        path: path.into(),
+        detail: detail.into(),
+    };
     let trainer = spec.entry("trainer").or_insert_with(|| json!({}));
     let trainer = trainer
         .as_object_mut()
@@ -390,12 +407,23 @@ fn trainjob_edit(
     for var in render::env_vars(res, None) {
         env.push(serde_json::to_value(var).map_err(|e| err("/spec/trainer/env", &e.to_string()))?);
     }
-    // Placement of the trainer's pods.
-    let reqs = render::node_requirements(res);
-    let affinity = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": requirements_json(&reqs)}]
-    }}});
-    match features.trainjob {
+    Ok(())
+}
+
+/// The trainer pods' node affinity, written where the installed TrainJob API takes it: a
+/// runtime patch of the operator's own (Trainer 2.2 and later), else a pod template override
+/// (2.1); refused where neither exists and there is a placement to write.
+fn trainer_affinity(
+    spec: &mut serde_json::Map<String, Value>,
+    api: TrainJobApi,
+    reqs: &[NodeSelectorRequirement],
+    affinity: Value,
+) -> Result<(), KindError> {
+    let err = |path: &str, detail: &str| KindError {
+        path: path.into(),
+        detail: detail.into(),
+    };
+    match api {
         TrainJobApi::RuntimePatches => {
             let patches = spec.entry("runtimePatches").or_insert_with(|| json!([]));
             let patches = patches

@@ -481,6 +481,63 @@ pub struct Rotator {
 }
 
 impl Rotator {
+    /// The first certificate read or issued (and, where the operator manages it, its CA bundle
+    /// published on the webhook configurations) and the TLS configuration serving it.
+    async fn start(
+        client: Client,
+        certs: &CertMode,
+    ) -> Result<(Rotator, RustlsConfig), tls::TlsError> {
+        let first = match certs {
+            CertMode::Managed(m) => m.ensure(&client).await?,
+            CertMode::Files(f) => f.read()?,
+        };
+        let config = RustlsConfig::from_pem(
+            first.cert_pem.clone().into_bytes(),
+            first.key_pem.clone().into_bytes(),
+        )
+        .await
+        .map_err(tls::TlsError::Pem)?;
+        let rotator = Rotator {
+            client,
+            mode: certs.clone(),
+            config: config.clone(),
+            bundle: Arc::new(std::sync::Mutex::new(first.bundle_pem.clone())),
+        };
+        if let CertMode::Managed(m) = certs {
+            m.publish_bundle(&rotator.client, &first.bundle_pem).await?;
+        }
+        Ok((rotator, config))
+    }
+
+    /// Keeps the certificate current (re-read or renewed every `interval`) and, where the
+    /// operator manages it, its bundle published; never ends.
+    async fn keep_current(self, interval: Duration) {
+        let keep_published = async {
+            if let CertMode::Managed(m) = &self.mode {
+                m.keep_bundle_published(&self.client, || {
+                    self.bundle
+                        .lock()
+                        .map(|b| b.clone())
+                        .unwrap_or_else(|p| p.into_inner().clone())
+                })
+                .await;
+            }
+            std::future::pending::<()>().await;
+        };
+        let renew = async {
+            loop {
+                tokio::time::sleep(interval).await;
+                if let Err(e) = self.refresh().await {
+                    tracing::warn!(error = %e, "webhook certificate refresh failed");
+                }
+            }
+        };
+        tokio::select! {
+            () = renew => {},
+            () = keep_published => {},
+        }
+    }
+
     /// Re-issues (managed) or re-reads (files) the serving certificate and swaps it into the
     /// running server; connections in flight are not dropped.
     pub async fn rotate(&self) -> Result<(), tls::TlsError> {
@@ -535,25 +592,7 @@ pub async fn serve_router(
     app: Router,
     shutdown: CancellationToken,
 ) -> Result<(Rotator, SocketAddr, impl Future<Output = ()> + Send + use<>), tls::TlsError> {
-    let first = match &options.certs {
-        CertMode::Managed(m) => m.ensure(&client).await?,
-        CertMode::Files(f) => f.read()?,
-    };
-    let config = RustlsConfig::from_pem(
-        first.cert_pem.clone().into_bytes(),
-        first.key_pem.clone().into_bytes(),
-    )
-    .await
-    .map_err(tls::TlsError::Pem)?;
-    let rotator = Rotator {
-        client,
-        mode: options.certs.clone(),
-        config: config.clone(),
-        bundle: Arc::new(std::sync::Mutex::new(first.bundle_pem.clone())),
-    };
-    if let CertMode::Managed(m) = &options.certs {
-        m.publish_bundle(&rotator.client, &first.bundle_pem).await?;
-    }
+    let (rotator, config) = Rotator::start(client, &options.certs).await?;
     let bind_err = |source| tls::TlsError::Bind {
         addr: options.addr,
         source,
@@ -576,38 +615,8 @@ pub async fn serve_router(
         .http1()
         .header_read_timeout(READ_TIMEOUT);
     let server = server.serve(app.into_make_service());
-    let refresher = rotator.clone();
-    let interval = options.check_interval;
-    let watcher_client = rotator.client.clone();
-    let published = rotator.bundle.clone();
-    let managed = match &options.certs {
-        CertMode::Managed(m) => Some(m.clone()),
-        CertMode::Files(_) => None,
-    };
+    let keep_certs = rotator.clone().keep_current(options.check_interval);
     let run = async move {
-        let keep_published = async {
-            match &managed {
-                Some(m) => {
-                    m.keep_bundle_published(&watcher_client, || {
-                        published
-                            .lock()
-                            .map(|b| b.clone())
-                            .unwrap_or_else(|p| p.into_inner().clone())
-                    })
-                    .await;
-                    std::future::pending::<()>().await;
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
-        let renew = async {
-            loop {
-                tokio::time::sleep(interval).await;
-                if let Err(e) = refresher.refresh().await {
-                    tracing::warn!(error = %e, "webhook certificate refresh failed");
-                }
-            }
-        };
         let stop = async {
             shutdown.cancelled().await;
             handle.graceful_shutdown(Some(Duration::from_secs(10)));
@@ -618,8 +627,7 @@ pub async fn serve_router(
                     tracing::error!(error = %e, "webhook server stopped");
                 }
             }
-            _ = renew => {},
-            _ = keep_published => {},
+            () = keep_certs => {},
             _ = async { stop.await; std::future::pending::<()>().await } => {},
         }
     };

@@ -36,6 +36,21 @@ pub struct Hold {
     pub pods: u32,
 }
 
+impl Hold {
+    /// The hold of a job's pods from now: until the sizer's attempts have had their time.
+    pub fn from_now(pending: &PendingStep, options: &SizerOptions, pods: u32) -> Hold {
+        let until = jiff::SignedDuration::try_from(wait_limit(options))
+            .ok()
+            .and_then(|d| jiff::Timestamp::now().checked_add(d).ok())
+            .unwrap_or_else(jiff::Timestamp::now);
+        Hold {
+            pending: pending.clone(),
+            until,
+            pods,
+        }
+    }
+}
+
 /// How long the pods of a job wait at most: the sizer's two attempts (the job's own image, then
 /// the sizer image) and a minute for their Jobs and pods to start.
 pub fn wait_limit(options: &SizerOptions) -> Duration {

@@ -386,6 +386,68 @@ fn copy_ms(bandwidth: &Bandwidths, pinned: bool, total: usize) -> f64 {
         .fold(0.0, f64::max)
 }
 
+impl Rig {
+    /// The buffers of `chunks` chunks of `elems` each, on the device and the host, where the
+    /// GPU has room for them (256 MiB kept free).
+    fn new(
+        opt: &SelfTestOptions,
+        module: Module,
+        chunks: usize,
+        elems: usize,
+    ) -> Result<(Rig, Option<String>), CudaError> {
+        let total = chunks * elems;
+        let (free, _) = result::mem_get_info().map_err(drv("cuMemGetInfo"))?;
+        let need = total * 4 * 2;
+        if need + (256 << 20) > free {
+            return Err(CudaError::NoMemory {
+                need_mib: need >> 20,
+                free_mib: free >> 20,
+            });
+        }
+        let (host_grads, host_params, pinned_error) = host_buffers(opt, total);
+        let rig = Rig {
+            module,
+            compute: Stream::new()?,
+            d2h: Stream::new()?,
+            h2d: Stream::new()?,
+            dev_grads: DeviceBuf::new(total)?,
+            dev_params: DeviceBuf::new(total)?,
+            host_grads,
+            host_params,
+            m: vec![0.0; total],
+            v: vec![0.0; total],
+            chunks,
+            elems,
+            iters: 256,
+        };
+        Ok((rig, pinned_error))
+    }
+
+    /// The timed repeats after one warm-up of each: GPU alone, CPU alone, serial, pipelined
+    /// (serial again where the options force it), in ms.
+    #[allow(clippy::type_complexity)]
+    fn timed(
+        &mut self,
+        opt: &SelfTestOptions,
+    ) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>), CudaError> {
+        let (mut t_gpu, mut t_cpu, mut t_serial, mut t_pipe) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        self.serial()?;
+        self.pipelined()?;
+        for _ in 0..opt.repeats.max(1) {
+            t_gpu.push(self.gpu_only()?);
+            t_cpu.push(self.cpu_only());
+            t_serial.push(self.serial()?);
+            t_pipe.push(if opt.force_serial {
+                self.serial()?
+            } else {
+                self.pipelined()?
+            });
+        }
+        Ok((t_gpu, t_cpu, t_serial, t_pipe))
+    }
+}
+
 /// Runs every measurement on GPU `device`, with the CPU threads of the current thread pool.
 pub fn measure(opt: &SelfTestOptions, device: usize) -> Result<Measurements, CudaError> {
     let _ctx = Context::new(device)?;
@@ -393,31 +455,8 @@ pub fn measure(opt: &SelfTestOptions, device: usize) -> Result<Measurements, Cud
     let chunks = opt.chunks.max(1) as usize;
     let elems = chunk_elems(opt);
     let total = chunks * elems;
-    let (free, _) = result::mem_get_info().map_err(drv("cuMemGetInfo"))?;
-    let need = total * 4 * 2;
-    if need + (256 << 20) > free {
-        return Err(CudaError::NoMemory {
-            need_mib: need >> 20,
-            free_mib: free >> 20,
-        });
-    }
-    let (host_grads, host_params, pinned_error) = host_buffers(opt, total);
-    let pinned = host_grads.pinned;
-    let mut rig = Rig {
-        module,
-        compute: Stream::new()?,
-        d2h: Stream::new()?,
-        h2d: Stream::new()?,
-        dev_grads: DeviceBuf::new(total)?,
-        dev_params: DeviceBuf::new(total)?,
-        host_grads,
-        host_params,
-        m: vec![0.0; total],
-        v: vec![0.0; total],
-        chunks,
-        elems,
-        iters: 256,
-    };
+    let (mut rig, pinned_error) = Rig::new(opt, module, chunks, elems)?;
+    let pinned = rig.host_grads.pinned;
 
     let bandwidth = bandwidths(&rig, opt.coherent)?;
 
@@ -429,23 +468,7 @@ pub fn measure(opt: &SelfTestOptions, device: usize) -> Result<Measurements, Cud
     let probe = rig.gpu_only()? / chunks as f64;
     rig.iters = balance_iters(t_cpu_probe, opt.chunks, rig.iters, probe);
 
-    let repeats = opt.repeats.max(1);
-    let mut t_gpu = Vec::new();
-    let mut t_cpu = Vec::new();
-    let mut t_serial = Vec::new();
-    let mut t_pipe = Vec::new();
-    rig.serial()?;
-    rig.pipelined()?;
-    for _ in 0..repeats {
-        t_gpu.push(rig.gpu_only()?);
-        t_cpu.push(rig.cpu_only());
-        t_serial.push(rig.serial()?);
-        t_pipe.push(if opt.force_serial {
-            rig.serial()?
-        } else {
-            rig.pipelined()?
-        });
-    }
+    let (t_gpu, t_cpu, t_serial, t_pipe) = rig.timed(opt)?;
     tracing::info!(
         device,
         threads = adam::threads(),

@@ -183,74 +183,14 @@ pub(in crate::decision) fn choose<'c, 'a>(
 ) -> Result<ModeAndClass<'c, 'a>, ResolveError> {
     let job = cx.job;
     let profile = cx.profile;
-    let coherent = &candidates.coherent;
-    let discrete = &candidates.discrete;
     let (requested, source) = effective(job.offload.mode, profile.mode, ModeSetting::Auto);
     let no_nodes = || ResolveError::NoReportedNodes {
         profile: cx.profile_name.to_string(),
     };
     match requested {
         ModeSetting::Disabled => disabled(cx, candidates, source),
-        ModeSetting::UnifiedMemory => {
-            if coherent.is_empty() {
-                if let Some(detail) = candidates.left_out(NodeClass::Coherent) {
-                    return Err(ResolveError::TemplateLeavesNoNodes {
-                        profile: cx.profile_name.to_string(),
-                        class: " of class Coherent (mode UnifiedMemory)".into(),
-                        detail: detail.to_string(),
-                    });
-                }
-                if candidates.is_empty() {
-                    return Err(no_nodes());
-                }
-                return Err(ResolveError::NoCoherentNodes {
-                    profile: cx.profile_name.to_string(),
-                    discrete: discrete.len(),
-                });
-            }
-            explicit(
-                cx,
-                coherent,
-                OffloadMode::UnifiedMemory,
-                format!(
-                    "UnifiedMemory requested by {source}; {} coherent node(s) available",
-                    coherent.len()
-                ),
-                format!("mode UnifiedMemory (from {source})"),
-            )
-        }
-        ModeSetting::CpuCopy => {
-            if !discrete.is_empty() {
-                explicit(
-                    cx,
-                    discrete,
-                    OffloadMode::CpuCopy,
-                    format!(
-                        "CPUCopy requested by {source}; {} discrete node(s) available",
-                        discrete.len()
-                    ),
-                    format!("mode CPUCopy (from {source})"),
-                )
-            } else if coherent.is_empty() {
-                Err(no_nodes())
-            } else if profile.allow_cpu_copy_on_coherent_nodes {
-                explicit(
-                    cx,
-                    coherent,
-                    OffloadMode::CpuCopy,
-                    format!(
-                        "CPUCopy requested by {source} on coherent nodes, which profile {:?} allows (allowCPUCopyOnCoherentNodes)",
-                        cx.profile_name
-                    ),
-                    format!("mode CPUCopy (from {source})"),
-                )
-            } else {
-                Err(ResolveError::CopyOnCoherentNotAllowed {
-                    profile: cx.profile_name.to_string(),
-                    coherent: coherent.len(),
-                })
-            }
-        }
+        ModeSetting::UnifiedMemory => unified_requested(cx, candidates, source),
+        ModeSetting::CpuCopy => copy_requested(cx, candidates, source),
         ModeSetting::Auto => {
             let classes = candidates.ordered(profile);
             if classes.is_empty() {
@@ -264,6 +204,86 @@ pub(in crate::decision) fn choose<'c, 'a>(
                 Some(jm) => auto_by_memory(cx, jm, &classes, source),
             }
         }
+    }
+}
+
+/// UnifiedMemory, as the job or profile asks: on the coherent nodes, or why there are none.
+fn unified_requested<'c, 'a>(
+    cx: &PlacementInputs,
+    candidates: &'c Candidates<'a>,
+    source: Source,
+) -> Result<ModeAndClass<'c, 'a>, ResolveError> {
+    let coherent = &candidates.coherent;
+    if coherent.is_empty() {
+        if let Some(detail) = candidates.left_out(NodeClass::Coherent) {
+            return Err(ResolveError::TemplateLeavesNoNodes {
+                profile: cx.profile_name.to_string(),
+                class: " of class Coherent (mode UnifiedMemory)".into(),
+                detail: detail.to_string(),
+            });
+        }
+        if candidates.is_empty() {
+            return Err(ResolveError::NoReportedNodes {
+                profile: cx.profile_name.to_string(),
+            });
+        }
+        return Err(ResolveError::NoCoherentNodes {
+            profile: cx.profile_name.to_string(),
+            discrete: candidates.discrete.len(),
+        });
+    }
+    explicit(
+        cx,
+        coherent,
+        OffloadMode::UnifiedMemory,
+        format!(
+            "UnifiedMemory requested by {source}; {} coherent node(s) available",
+            coherent.len()
+        ),
+        format!("mode UnifiedMemory (from {source})"),
+    )
+}
+
+/// CPUCopy, as the job or profile asks: on the discrete nodes, else on coherent ones where the
+/// profile allows it.
+fn copy_requested<'c, 'a>(
+    cx: &PlacementInputs,
+    candidates: &'c Candidates<'a>,
+    source: Source,
+) -> Result<ModeAndClass<'c, 'a>, ResolveError> {
+    let coherent = &candidates.coherent;
+    let discrete = &candidates.discrete;
+    if !discrete.is_empty() {
+        explicit(
+            cx,
+            discrete,
+            OffloadMode::CpuCopy,
+            format!(
+                "CPUCopy requested by {source}; {} discrete node(s) available",
+                discrete.len()
+            ),
+            format!("mode CPUCopy (from {source})"),
+        )
+    } else if coherent.is_empty() {
+        Err(ResolveError::NoReportedNodes {
+            profile: cx.profile_name.to_string(),
+        })
+    } else if cx.profile.allow_cpu_copy_on_coherent_nodes {
+        explicit(
+            cx,
+            coherent,
+            OffloadMode::CpuCopy,
+            format!(
+                "CPUCopy requested by {source} on coherent nodes, which profile {:?} allows (allowCPUCopyOnCoherentNodes)",
+                cx.profile_name
+            ),
+            format!("mode CPUCopy (from {source})"),
+        )
+    } else {
+        Err(ResolveError::CopyOnCoherentNotAllowed {
+            profile: cx.profile_name.to_string(),
+            coherent: coherent.len(),
+        })
     }
 }
 

@@ -201,6 +201,58 @@ pub(in crate::decision) fn model_note(jm: &JobMemory) -> String {
     }
 }
 
+/// A placement chosen on `class`, with the model's figures and the note of how close to the
+/// limit it comes.
+fn chosen(
+    jm: &JobMemory,
+    class: &ClassMemory,
+    placement: Placement,
+    estimate: Estimate,
+) -> MemoryChoice {
+    let (brief, provenance) = jm.brief(&estimate, class);
+    let mut figures = jm.describe(&estimate, class);
+    if let Some(close) = jm.close_to_limit(&estimate, class) {
+        figures.push_str("; ");
+        figures.push_str(&close);
+    }
+    figures.push_str(&model_note(jm));
+    MemoryChoice {
+        placement,
+        figures,
+        brief,
+        provenance,
+        estimate,
+        class: class.clone(),
+        proven: false,
+        trial: None,
+        stepped: None,
+    }
+}
+
+/// Where the pod's cores decided that a partial share of `r` beats offloading parameters too
+/// (a share above the one measured with 16 cores), what they allow.
+fn partial_cores_note(allowed: &Allowed, r: f64) -> String {
+    match &allowed.cpu_note {
+        Some(cores) if r > PARTIAL_BEFORE_PARAMS_UP_TO && allowed.with_params => format!(
+            "; with {cores}, a partial share up to {:.0}% runs faster than offloading parameters too (measured up to {:.0}% with the 16 cores of a PCIe H200's host: the CPU steps all of the optimizer state then, this share of it here)",
+            allowed.partial_before_params * 100.0,
+            PARTIAL_BEFORE_PARAMS_UP_TO * 100.0
+        ),
+        _ => String::new(),
+    }
+}
+
+/// Where the pod's cores made parameters offloaded beat the partial share `r` the job needs.
+fn params_cores_note(allowed: &Allowed, r: f64) -> String {
+    allowed.cpu_note.as_ref().map_or_else(String::new, |cores| {
+        format!(
+            "; with {cores}, a partial share runs faster than offloading parameters too only up to {:.0}%, and this job needs {:.0}%",
+            allowed.partial_before_params * 100.0,
+            r * 100.0
+        )
+    })
+}
+
 /// The fastest placement `allowed` on `class` that fits, or everything tried.
 pub(in crate::decision) fn fastest(
     jm: &JobMemory,
@@ -208,28 +260,7 @@ pub(in crate::decision) fn fastest(
     allowed: &Allowed,
 ) -> Result<MemoryChoice, Tried> {
     let mut tried = Tried::default();
-    let choice = |placement: Placement, estimate: Estimate| {
-        let (brief, provenance) = jm.brief(&estimate, class);
-        MemoryChoice {
-            placement,
-            figures: {
-                let mut figures = jm.describe(&estimate, class);
-                if let Some(close) = jm.close_to_limit(&estimate, class) {
-                    figures.push_str("; ");
-                    figures.push_str(&close);
-                }
-                figures.push_str(&model_note(jm));
-                figures
-            },
-            brief,
-            provenance,
-            estimate,
-            class: class.clone(),
-            proven: false,
-            trial: None,
-            stepped: None,
-        }
-    };
+    let choice = |placement: Placement, estimate: Estimate| chosen(jm, class, placement, estimate);
     let try_fixed = |placement: Placement, tried: &mut Tried| {
         let (est, fit) = jm.estimate_checked(placement, class);
         tried.0.push((placement, est, fit));
@@ -254,29 +285,15 @@ pub(in crate::decision) fn fastest(
         && r <= allowed.partial_before_params
     {
         let mut c = choice(Placement::PartialOptimizer(r), est);
-        if let Some(cores) = allowed
-            .cpu_note
-            .as_ref()
-            .filter(|_| r > PARTIAL_BEFORE_PARAMS_UP_TO && allowed.with_params)
-        {
-            c.figures.push_str(&format!(
-                "; with {cores}, a partial share up to {:.0}% runs faster than offloading parameters too (measured up to {:.0}% with the 16 cores of a PCIe H200's host: the CPU steps all of the optimizer state then, this share of it here)",
-                allowed.partial_before_params * 100.0,
-                PARTIAL_BEFORE_PARAMS_UP_TO * 100.0
-            ));
-        }
+        c.figures.push_str(&partial_cores_note(allowed, r));
         return Ok(c);
     }
     if allowed.with_params
         && let Some(est) = try_fixed(Placement::OptimizerAndParams, &mut tried)
     {
         let mut c = choice(Placement::OptimizerAndParams, est);
-        if let (Some(cores), Some((r, _))) = (&allowed.cpu_note, partial) {
-            c.figures.push_str(&format!(
-                "; with {cores}, a partial share runs faster than offloading parameters too only up to {:.0}%, and this job needs {:.0}%",
-                allowed.partial_before_params * 100.0,
-                r * 100.0
-            ));
+        if let Some((r, _)) = partial {
+            c.figures.push_str(&params_cores_note(allowed, r));
         }
         return Ok(c);
     }
@@ -325,6 +342,24 @@ pub(in crate::decision) fn advice(
     let mut ideas = Vec::new();
     zero3_advice(jm, class, allowed, &mut ideas);
     megatron_advice(jm, class, allowed, &mut ideas);
+    more_ranks_advice(jm, class, allowed, &mut ideas);
+    step_advice(jm, class, allowed, &mut ideas);
+    hints_advice(jm, class, allowed, &mut ideas);
+    pod_limit_advice(jm, class, allowed, &mut ideas);
+    if ideas.is_empty() {
+        "no more GPUs, ZeRO stage or micro-batch found that would fit: it needs nodes with more GPU or host memory".to_string()
+    } else {
+        ideas.join("; ")
+    }
+}
+
+/// Twice the GPUs, up to the most advised, where that fits.
+fn more_ranks_advice(
+    jm: &JobMemory,
+    class: &ClassMemory,
+    allowed: &Allowed,
+    ideas: &mut Vec<String>,
+) {
     let mut ranks = jm.ranks.saturating_mul(2);
     while ranks <= MAX_ADVISED_RANKS {
         let more = jm.with_ranks(ranks);
@@ -337,6 +372,10 @@ pub(in crate::decision) fn advice(
         }
         ranks = ranks.saturating_mul(2);
     }
+}
+
+/// Half the micro-batch, or activation checkpointing, where that fits.
+fn step_advice(jm: &JobMemory, class: &ClassMemory, allowed: &Allowed, ideas: &mut Vec<String>) {
     if let Some(tokens) = jm.tokens
         && tokens > 1.0
     {
@@ -362,6 +401,10 @@ pub(in crate::decision) fn advice(
             ));
         }
     }
+}
+
+/// The other end of what the model's hints allow, where that fits: which hint decides it.
+fn hints_advice(jm: &JobMemory, class: &ClassMemory, allowed: &Allowed, ideas: &mut Vec<String>) {
     if let Some(open) = jm.shape.open {
         let other = JobMemory {
             shape: crate::decision::model::shape::ModelShape {
@@ -382,6 +425,15 @@ pub(in crate::decision) fn advice(
             ));
         }
     }
+}
+
+/// A larger pod memory limit, where that fits.
+fn pod_limit_advice(
+    jm: &JobMemory,
+    class: &ClassMemory,
+    allowed: &Allowed,
+    ideas: &mut Vec<String>,
+) {
     if let Some(limit) = jm.pod_memory_limit {
         let unlimited = JobMemory {
             pod_memory_limit: None,
@@ -396,11 +448,6 @@ pub(in crate::decision) fn advice(
                 c.placement
             ));
         }
-    }
-    if ideas.is_empty() {
-        "no more GPUs, ZeRO stage or micro-batch found that would fit: it needs nodes with more GPU or host memory".to_string()
-    } else {
-        ideas.join("; ")
     }
 }
 
@@ -423,6 +470,18 @@ fn megatron_advice(
     else {
         return;
     };
+    // The job as Megatron-core would lay it out with other flags.
+    let laid_out = |tensor, model_parallel, distributed, sequence| JobMemory {
+        sharding: Sharding::Megatron {
+            tensor,
+            model_parallel,
+            distributed,
+            sequence,
+            unfused_attention,
+            first_copy_freed,
+        },
+        ..jm.clone()
+    };
     if let PartialRatio::No(why) = &allowed.partial
         && allowed.offload
         && !allowed.whole_optimizer
@@ -432,17 +491,7 @@ fn megatron_advice(
             whole_optimizer: true,
             ..allowed.clone()
         };
-        let sharded = JobMemory {
-            sharding: Sharding::Megatron {
-                tensor,
-                model_parallel,
-                distributed: true,
-                sequence,
-                unfused_attention,
-                first_copy_freed,
-            },
-            ..jm.clone()
-        };
+        let sharded = laid_out(tensor, model_parallel, true, sequence);
         if let Ok(c) = fastest(&sharded, class, &with) {
             ideas.push(format!(
                 "{why}; Megatron-core 0.12.0 or newer with the distributed optimizer would fit it as {}",
@@ -451,17 +500,7 @@ fn megatron_advice(
         }
     }
     if tensor > 1 && !sequence {
-        let split = JobMemory {
-            sharding: Sharding::Megatron {
-                tensor,
-                model_parallel,
-                distributed,
-                sequence: true,
-                unfused_attention,
-                first_copy_freed,
-            },
-            ..jm.clone()
-        };
+        let split = laid_out(tensor, model_parallel, distributed, true);
         if let Ok(c) = fastest(&split, class, allowed) {
             ideas.push(format!(
                 "sequence parallelism (--sequence-parallel, declared as spec.megatron.sequenceParallel or annotation offload.dev/megatron-sequence-parallel) would fit it as {}",
@@ -472,17 +511,7 @@ fn megatron_advice(
     let wider = tensor.saturating_mul(2);
     let groups = model_parallel.saturating_mul(2);
     if u64::from(groups) <= jm.ranks {
-        let split = JobMemory {
-            sharding: Sharding::Megatron {
-                tensor: wider,
-                model_parallel: groups,
-                distributed,
-                sequence,
-                unfused_attention,
-                first_copy_freed,
-            },
-            ..jm.clone()
-        };
+        let split = laid_out(wider, groups, distributed, sequence);
         if let Ok(c) = fastest(&split, class, allowed) {
             ideas.push(format!(
                 "tensor-parallel size {wider} ({tensor} now: spec.megatron.tensorParallel, or annotation offload.dev/megatron-tensor-parallel on other kinds) would fit as {}",

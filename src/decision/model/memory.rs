@@ -208,6 +208,18 @@ pub struct ClassMemory {
 }
 
 impl ClassMemory {
+    /// The memory a run had: its GPU's, on its class, host memory not checked (what a run
+    /// teaches is read against what it ran on).
+    pub fn ran_on(class: offload_api::v1alpha1::NodeClass, gpu_bytes: u64) -> ClassMemory {
+        ClassMemory {
+            gpu_bytes,
+            gpu_node: String::new(),
+            host_per_pod: None,
+            host_node: String::new(),
+            class: Some(class),
+        }
+    }
+
     /// GPU memory the estimate may use: the GPU less the CUDA context and the allocator's
     /// fragmentation.
     pub fn gpu_budget(&self) -> f64 {
@@ -347,67 +359,15 @@ impl JobMemory {
         flushes: &[Flush],
         class: &ClassMemory,
     ) -> Estimate {
-        let p = self.parameters;
-        let s = self.shard();
-        let b = self.value_bytes;
-        let o = self.optimizer_bytes();
         let act = self.activation_bytes(class) * self.activation_factor();
-        let c = BUCKET_BYTES + FRAMEWORK_BYTES;
-        let live = b * p.min(MAX_LIVE_PARAMETERS);
-        // ZeRO-3 over several ranks gathers each layer's parameters whole while it runs (not
-        // measured: one GPU gathers nothing it does not hold).
-        let gathered = if self.ranks > 1 {
-            2.0 * b * self.largest_layer()
-        } else {
-            0.0
-        };
         let r = match placement {
             Placement::NoOffload => 0.0,
             Placement::PartialOptimizer(_) => share.clamp(0.0, 1.0),
             Placement::Optimizer | Placement::OptimizerAndParams => 1.0,
         };
-        let kept = 1.0 - r;
-        // fp32 gradients the optimizer needs in mixed precision.
-        let f = if self.mixed() { 4.0 } else { 0.0 };
         let learned = self.learned_on(class);
-        let gpu_with = |factor: f64| {
-            let act = act * factor;
-            // With optimizer state offloaded the peak is the loss's backward or a gradient
-            // flush, whichever is higher.
-            let offloaded = flushes
-                .iter()
-                .map(|f| factor * f.alive + f.transient)
-                .fold(act, f64::max)
-                + OFFLOAD_STREAM_BYTES;
-            match (self.sharding, placement) {
-                (Sharding::Zero(3), Placement::NoOffload) => {
-                    (b + b + o) * s + c + gathered + act.max((b + 4.0) * self.largest_group())
-                }
-                (Sharding::Zero(3), Placement::PartialOptimizer(_)) => {
-                    b * s + (o + 4.0) * kept * s + c + gathered + offloaded
-                }
-                (Sharding::Zero(3), Placement::Optimizer) => b * s + c + gathered + offloaded,
-                (Sharding::Zero(3), Placement::OptimizerAndParams) => c + offloaded + live,
-                (Sharding::Fsdp, Placement::OptimizerAndParams) => {
-                    (act + c + live) * UNMEASURED_SAFETY
-                }
-                (Sharding::Fsdp, _) => ((b + b + o + f) * s + act + c + live) * UNMEASURED_SAFETY,
-                (Sharding::Zero(2), _) => {
-                    (b * p + (b + o) * kept * s + act.max(f * kept * s) + 2.0 * c)
-                        * UNMEASURED_SAFETY
-                }
-                (Sharding::Zero(1), _) => {
-                    ((b + b) * p + o * kept * s + act.max(f * kept * s) + c) * UNMEASURED_SAFETY
-                }
-                (Sharding::Zero(_), _) => ((b + b + o + f) * p + act + c) * UNMEASURED_SAFETY,
-                (Sharding::Megatron { .. }, _) => {
-                    self.megatron_gpu(kept, act, factor, c) * self.megatron_safety()
-                }
-                (Sharding::Unsharded, _) => {
-                    ((b + b) * p + o * kept * p + act.max(f * kept * p) + c) * UNMEASURED_SAFETY
-                }
-            }
-        };
+        let gpu_with =
+            |factor: f64| self.gpu_bytes(placement, 1.0 - r, act * factor, factor, flushes);
         Estimate {
             placement,
             gpu: gpu_with(learned.activations) * self.corrections.gpu,
@@ -419,6 +379,65 @@ impl JobMemory {
             structural: gpu_with(0.0) * self.corrections.gpu,
             learned,
             offloaded_share: matches!(placement, Placement::PartialOptimizer(_)).then_some(r),
+        }
+    }
+
+    /// The bytes `placement` needs on each GPU with `kept` of the optimizer state there and
+    /// activations of `act` bytes (`factor` times the model's: what was learned scales them).
+    fn gpu_bytes(
+        &self,
+        placement: Placement,
+        kept: f64,
+        act: f64,
+        factor: f64,
+        flushes: &[Flush],
+    ) -> f64 {
+        let p = self.parameters;
+        let s = self.shard();
+        let b = self.value_bytes;
+        let o = self.optimizer_bytes();
+        let c = BUCKET_BYTES + FRAMEWORK_BYTES;
+        let live = b * p.min(MAX_LIVE_PARAMETERS);
+        // ZeRO-3 over several ranks gathers each layer's parameters whole while it runs (not
+        // measured: one GPU gathers nothing it does not hold).
+        let gathered = if self.ranks > 1 {
+            2.0 * b * self.largest_layer()
+        } else {
+            0.0
+        };
+        // fp32 gradients the optimizer needs in mixed precision.
+        let f = if self.mixed() { 4.0 } else { 0.0 };
+        // With optimizer state offloaded the peak is the loss's backward or a gradient flush,
+        // whichever is higher.
+        let offloaded = flushes
+            .iter()
+            .map(|f| factor * f.alive + f.transient)
+            .fold(act, f64::max)
+            + OFFLOAD_STREAM_BYTES;
+        match (self.sharding, placement) {
+            (Sharding::Zero(3), Placement::NoOffload) => {
+                (b + b + o) * s + c + gathered + act.max((b + 4.0) * self.largest_group())
+            }
+            (Sharding::Zero(3), Placement::PartialOptimizer(_)) => {
+                b * s + (o + 4.0) * kept * s + c + gathered + offloaded
+            }
+            (Sharding::Zero(3), Placement::Optimizer) => b * s + c + gathered + offloaded,
+            (Sharding::Zero(3), Placement::OptimizerAndParams) => c + offloaded + live,
+            (Sharding::Fsdp, Placement::OptimizerAndParams) => (act + c + live) * UNMEASURED_SAFETY,
+            (Sharding::Fsdp, _) => ((b + b + o + f) * s + act + c + live) * UNMEASURED_SAFETY,
+            (Sharding::Zero(2), _) => {
+                (b * p + (b + o) * kept * s + act.max(f * kept * s) + 2.0 * c) * UNMEASURED_SAFETY
+            }
+            (Sharding::Zero(1), _) => {
+                ((b + b) * p + o * kept * s + act.max(f * kept * s) + c) * UNMEASURED_SAFETY
+            }
+            (Sharding::Zero(_), _) => ((b + b + o + f) * p + act + c) * UNMEASURED_SAFETY,
+            (Sharding::Megatron { .. }, _) => {
+                self.megatron_gpu(kept, act, factor, c) * self.megatron_safety()
+            }
+            (Sharding::Unsharded, _) => {
+                ((b + b) * p + o * kept * p + act.max(f * kept * p) + c) * UNMEASURED_SAFETY
+            }
         }
     }
 

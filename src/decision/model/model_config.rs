@@ -251,31 +251,10 @@ fn shape_of(cfg: &Map<String, Value>, top: &Map<String, Value>) -> Result<ModelS
         100_000,
     )?;
     let heads = required(cfg, &["num_attention_heads", "n_head"], 100_000)?;
-    let intermediate = match (
-        first(
-            cfg,
-            &["intermediate_size", "n_inner", "ffn_dim"],
-            10_000_000,
-        )?,
-        block,
-    ) {
-        (Some(f), _) => f,
-        (None, Block::Plain) => 4.0 * hidden,
-        (None, Block::Gated) => {
-            return Err("has no intermediate_size (the MLP's size)".into());
-        }
-    };
+    let intermediate = intermediate_of(cfg, block, hidden)?;
     let kv_heads = kv_heads_of(cfg, heads)?;
     let latent = latent_attention_head(cfg)?;
-    let head_dim = match latent.or(whole(cfg, "head_dim", 100_000)?) {
-        Some(d) => d,
-        None if hidden % heads == 0.0 => hidden / heads,
-        None => {
-            return Err(format!(
-                "hidden_size {hidden} is not a multiple of num_attention_heads {heads} and there is no head_dim"
-            ));
-        }
-    };
+    let head_dim = head_dim_of(cfg, latent, hidden, heads)?;
     let vocab = required(cfg, &["vocab_size", "padded_vocab_size"], 100_000_000)?;
     let tied = boolean(cfg, "tie_word_embeddings")?
         .or(boolean(top, "tie_word_embeddings")?)
@@ -318,6 +297,39 @@ fn shape_of(cfg: &Map<String, Value>, top: &Map<String, Value>) -> Result<ModelS
         window: window(cfg, model_type, layers)?,
         source: None,
     })
+}
+
+/// The MLP's size (a plain block's is four times the width where the config gives none).
+fn intermediate_of(cfg: &Map<String, Value>, block: Block, hidden: f64) -> Result<f64, String> {
+    match (
+        first(
+            cfg,
+            &["intermediate_size", "n_inner", "ffn_dim"],
+            10_000_000,
+        )?,
+        block,
+    ) {
+        (Some(f), _) => Ok(f),
+        (None, Block::Plain) => Ok(4.0 * hidden),
+        (None, Block::Gated) => Err("has no intermediate_size (the MLP's size)".into()),
+    }
+}
+
+/// The width of one attention head: latent attention's, the config's `head_dim`, else the
+/// width over the heads where it divides.
+fn head_dim_of(
+    cfg: &Map<String, Value>,
+    latent: Option<f64>,
+    hidden: f64,
+    heads: f64,
+) -> Result<f64, String> {
+    match latent.or(whole(cfg, "head_dim", 100_000)?) {
+        Some(d) => Ok(d),
+        None if hidden % heads == 0.0 => Ok(hidden / heads),
+        None => Err(format!(
+            "hidden_size {hidden} is not a multiple of num_attention_heads {heads} and there is no head_dim"
+        )),
+    }
 }
 
 /// The key/value heads (all heads where the config names none, one for multi-query attention),

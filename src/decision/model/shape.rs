@@ -90,6 +90,22 @@ pub struct Experts {
     pub dense_layers: f64,
 }
 
+impl Experts {
+    /// Experts as a job's hints give them: every expert (routed and shared) `size` wide, no
+    /// shared gate, every layer a mixture.
+    pub fn hinted(count: f64, per_token: f64, shared: f64, size: f64) -> Experts {
+        Experts {
+            count,
+            per_token,
+            intermediate: size,
+            shared,
+            shared_intermediate: size,
+            shared_gate: false,
+            dense_layers: 0.0,
+        }
+    }
+}
+
 /// Bytes per token a gated shared expert's gate keeps besides the expert's output: the
 /// sigmoid's 16-bit output and the product's other factor, one value each.
 pub const SHARED_GATE_SAVED_BYTES: f64 = 4.0;

@@ -352,20 +352,7 @@ fn model_shape(
         ));
     };
     let block = given.block.unwrap_or(Block::Gated);
-    let heads = given
-        .heads
-        .unwrap_or_else(|| (hidden / 128.0).round().max(1.0));
-    let kv_heads = given.kv_heads.unwrap_or(match block {
-        Block::Gated => heads.min(8.0),
-        Block::Plain => heads,
-    });
-    if kv_heads > heads || heads % kv_heads != 0.0 {
-        return Err(ResolveError::InvalidModelHints {
-            detail: format!(
-                "spec.model.keyValueHeads {kv_heads} must divide spec.model.attentionHeads {heads}"
-            ),
-        });
-    }
+    let (heads, kv_heads) = given.heads_of(hidden, block)?;
     let intermediate_known = given.intermediate.is_some() || block == Block::Plain;
     let intermediate = given.intermediate.unwrap_or(match block {
         Block::Gated => 3.5 * hidden,
@@ -392,14 +379,8 @@ fn model_shape(
         attention_bias: block == Block::Plain,
         positions: 0.0,
         rotary: hints.rotary_embeddings.unwrap_or(true),
-        experts: experts.map(|(count, per_token, shared, size)| Experts {
-            count,
-            per_token,
-            intermediate: size.unwrap_or(intermediate),
-            shared,
-            shared_intermediate: size.unwrap_or(intermediate),
-            shared_gate: false,
-            dense_layers: 0.0,
+        experts: experts.map(|(count, per_token, shared, size)| {
+            Experts::hinted(count, per_token, shared, size.unwrap_or(intermediate))
         }),
         known: intermediate_known && given.vocab.is_some(),
         standing: super::shape::TypeStanding::Counted,
@@ -416,6 +397,28 @@ fn model_shape(
         given.kv_heads.is_none(),
         given.vocab.is_some(),
     ))
+}
+
+impl Given {
+    /// The attention and key/value heads: as given, else a typical decoder's (128-wide heads;
+    /// eight key/value heads for a gated block); the key/value heads must divide the heads.
+    fn heads_of(&self, hidden: f64, block: Block) -> Result<(f64, f64), ResolveError> {
+        let heads = self
+            .heads
+            .unwrap_or_else(|| (hidden / 128.0).round().max(1.0));
+        let kv_heads = self.kv_heads.unwrap_or(match block {
+            Block::Gated => heads.min(8.0),
+            Block::Plain => heads,
+        });
+        if kv_heads > heads || heads % kv_heads != 0.0 {
+            return Err(ResolveError::InvalidModelHints {
+                detail: format!(
+                    "spec.model.keyValueHeads {kv_heads} must divide spec.model.attentionHeads {heads}"
+                ),
+            });
+        }
+        Ok((heads, kv_heads))
+    }
 }
 
 /// The shape fields a job's hints give, each checked against its bound.

@@ -121,6 +121,27 @@ fn namespace_bound(own: Option<u64>, limits: &NamespaceLimits) -> (Option<u64>, 
     }
 }
 
+/// The GPUs one container asks for (its limit, else its request).
+fn container_gpus(
+    c: &k8s_openapi::api::core::v1::Container,
+    limits: Option<&BTreeMap<String, Quantity>>,
+    requests: Option<&BTreeMap<String, Quantity>>,
+) -> Result<u64, ResolveError> {
+    let Some(q) = limits
+        .and_then(|l| l.get(names::GPU_RESOURCE))
+        .or_else(|| requests.and_then(|r| r.get(names::GPU_RESOURCE)))
+    else {
+        return Ok(0);
+    };
+    quantity::device_count(q).map_err(|e| ResolveError::InvalidResources {
+        detail: format!(
+            "container {:?} resources {}: {e}",
+            c.name,
+            names::GPU_RESOURCE
+        ),
+    })
+}
+
 impl PodResources {
     /// Reads a pod spec. A quantity that is not one, a fraction of a GPU, or a count no machine
     /// has is an error naming the container; sums are checked.
@@ -153,21 +174,15 @@ impl PodResources {
             let bad = |what: &str, e: quantity::QuantityError| ResolveError::InvalidResources {
                 detail: format!("container {:?} {what}: {e}", c.name),
             };
-            if let Some(q) = limits
-                .and_then(|l| l.get(names::GPU_RESOURCE))
-                .or_else(|| requests.and_then(|r| r.get(names::GPU_RESOURCE)))
-            {
-                let n = quantity::device_count(q)
-                    .map_err(|e| bad(&format!("resources {}", names::GPU_RESOURCE), e))?;
-                gpus = gpus.checked_add(n).filter(|t| *t <= MAX_GPUS).ok_or_else(|| {
-                    ResolveError::InvalidResources {
-                        detail: format!(
-                            "the pod's containers ask for more than {MAX_GPUS} {} in all, more than any node has",
-                            names::GPU_RESOURCE
-                        ),
-                    }
+            gpus = gpus
+                .checked_add(container_gpus(c, limits, requests)?)
+                .filter(|t| *t <= MAX_GPUS)
+                .ok_or_else(|| ResolveError::InvalidResources {
+                    detail: format!(
+                        "the pod's containers ask for more than {MAX_GPUS} {} in all, more than any node has",
+                        names::GPU_RESOURCE
+                    ),
                 })?;
-            }
             let own = limits
                 .and_then(|l| l.get("memory"))
                 .map(|q| quantity::bytes(q).map_err(|e| bad("limits.memory", e)))

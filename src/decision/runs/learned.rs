@@ -536,46 +536,8 @@ impl LearnedMemory {
         let changed = match entry.runs.iter().position(|r| r.job == run.job) {
             Some(i) => {
                 let old = entry.runs.remove(i);
-                let moved = |a: f64, b: f64| (a - b).abs() > 0.01 * b.abs().max(1e-9);
-                let changed = moved(old.activations, run.activations)
-                    || match (old.host, run.host) {
-                        (Some(a), Some(b)) => moved(a, b),
-                        (a, b) => a.is_some() != b.is_some(),
-                    }
-                    || old.failed != run.failed
-                    || old.trained != run.trained
-                    || old.ran_as != run.ran_as
-                    || old.step_seconds != run.step_seconds && run.step_seconds.is_some();
-                // The same job's figures only rise over its run: keep the higher; but the
-                // allocator's own figure is what the run needed, and replaces the device's
-                // upper bound (never the other way round).
-                let activations = match (old.allocator, run.allocator) {
-                    (false, true) => run.activations,
-                    (true, false) => old.activations,
-                    _ => old.activations.max(run.activations),
-                };
-                let merged = Run {
-                    activations,
-                    allocator: old.allocator || run.allocator,
-                    host: match (old.host, run.host) {
-                        (Some(a), Some(b)) => Some(a.max(b)),
-                        (a, b) => a.or(b),
-                    },
-                    failed: old.failed || run.failed,
-                    // A run that ran out of memory did not train, whatever an earlier window
-                    // of it showed.
-                    trained: (old.trained || run.trained) && !(old.failed || run.failed),
-                    trial: old.trial || run.trial,
-                    ran_as: run.ran_as.or(old.ran_as),
-                    // A later window without the reporter's figures keeps the run's step.
-                    step_seconds: run.step_seconds.or(old.step_seconds),
-                    parameters: match (old.parameters, run.parameters) {
-                        (Some(a), Some(b)) => Some(a.max(b)),
-                        (a, b) => a.or(b),
-                    },
-                    ..run
-                };
-                entry.runs.push(merged);
+                let changed = old.differs_from(&run);
+                entry.runs.push(old.merged_with(run));
                 changed
             }
             None => {
@@ -599,6 +561,57 @@ impl LearnedMemory {
         let shapes = mine.clone().count();
         let runs = mine.map(|e| e.runs.len()).sum();
         (shapes, runs)
+    }
+}
+
+impl Run {
+    /// Whether a later window of the same job says something new: a figure moved by more than
+    /// 1 %, or how it ended, what it ran or its step changed.
+    fn differs_from(&self, run: &Run) -> bool {
+        let old = self;
+        let moved = |a: f64, b: f64| (a - b).abs() > 0.01 * b.abs().max(1e-9);
+        moved(old.activations, run.activations)
+            || match (old.host, run.host) {
+                (Some(a), Some(b)) => moved(a, b),
+                (a, b) => a.is_some() != b.is_some(),
+            }
+            || old.failed != run.failed
+            || old.trained != run.trained
+            || old.ran_as != run.ran_as
+            || old.step_seconds != run.step_seconds && run.step_seconds.is_some()
+    }
+
+    /// The same job's run after a later window. Its figures only rise over the run: the higher
+    /// is kept; but the allocator's own figure is what the run needed, and replaces the
+    /// device's upper bound (never the other way round).
+    fn merged_with(self, run: Run) -> Run {
+        let old = self;
+        let activations = match (old.allocator, run.allocator) {
+            (false, true) => run.activations,
+            (true, false) => old.activations,
+            _ => old.activations.max(run.activations),
+        };
+        Run {
+            activations,
+            allocator: old.allocator || run.allocator,
+            host: match (old.host, run.host) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            },
+            failed: old.failed || run.failed,
+            // A run that ran out of memory did not train, whatever an earlier window of it
+            // showed.
+            trained: (old.trained || run.trained) && !(old.failed || run.failed),
+            trial: old.trial || run.trial,
+            ran_as: run.ran_as.or(old.ran_as),
+            // A later window without the reporter's figures keeps the run's step.
+            step_seconds: run.step_seconds.or(old.step_seconds),
+            parameters: match (old.parameters, run.parameters) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            },
+            ..run
+        }
     }
 }
 

@@ -152,6 +152,20 @@ fn gpu_with(jm: &JobMemory, cm: &ClassMemory, placement: Placement, activations:
     jm.estimate_checked(placement, cm).0.gpu
 }
 
+/// The shape a lesson is recorded under, in words: the model's, or the job's with the size its
+/// peaks gave where it has no hints.
+fn described(job: &JobRequest, jm: &JobMemory) -> String {
+    if jm.inferred {
+        format!(
+            "{} (no model hints; {:.2}B parameters by its peaks)",
+            job.identity.as_deref().unwrap_or_default(),
+            jm.parameters / 1e9
+        )
+    } else {
+        jm.shape.describe()
+    }
+}
+
 /// What the run of `job` observed in `obs` teaches; `None` where it teaches nothing (no GPU
 /// peak, or a job without hints that has no identity to learn under).
 pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, ResolveError> {
@@ -162,13 +176,7 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
     };
     let believed = believed(obs);
     let obs = &believed;
-    let cm = ClassMemory {
-        gpu_bytes: obs.gpu_bytes,
-        gpu_node: String::new(),
-        host_per_pod: None,
-        host_node: String::new(),
-        class: Some(obs.class),
-    };
+    let cm = ClassMemory::ran_on(obs.class, obs.gpu_bytes);
     let needed = needed_of(obs, gpu_peak, &cm);
     #[allow(clippy::cast_precision_loss)]
     let host_peak = obs.host_peak.map(|h| h as f64).filter(|h| *h > 0.0);
@@ -193,15 +201,7 @@ pub fn lesson(job: &JobRequest, obs: &Observed) -> Result<Option<Lesson>, Resolv
     let (activations, capped) = activations_of(&jm, &cm, obs, needed);
     let est = jm.estimate_checked(obs.placement, &cm).0;
     let host = host_factor(host_peak, est.host_per_pod, obs.failed);
-    let described = if jm.inferred {
-        format!(
-            "{} (no model hints; {:.2}B parameters by its peaks)",
-            job.identity.as_deref().unwrap_or_default(),
-            jm.parameters / 1e9
-        )
-    } else {
-        jm.shape.describe()
-    };
+    let described = described(&job, &jm);
     let said = Said {
         gpu_peak,
         host_peak,

@@ -85,27 +85,7 @@ fn resolve_for_object(
     }
     let pending = pending_step(&request, annotations, review);
     if pending.is_some() {
-        request.model_trace = TraceInput::Untraced(match hold {
-            Some(h) if jiff::Timestamp::now() < h.until => {
-                let waits = match &review.sizer {
-                    SizerState::Waiting(what) => what.as_str(),
-                    _ => "its sizer is to start",
-                };
-                return Err(Box::new(Verdict::deny(
-                    req,
-                    "WaitingForTrace",
-                    format!(
-                        "the pod waits for its model's step to be traced ({waits}); its controller creates it again, and from {} the counted model decides",
-                        h.until
-                    ),
-                )));
-            }
-            Some(h) => format!(
-                "no trace of the model's step by {}, so the counted model decides; the operator traces it for the jobs of it that come after",
-                h.until
-            ),
-            None => "not traced yet: a Pod's env is written as it is created, so the counted model decides; the operator traces its step now for the pods of it that come after".into(),
-        });
+        request.model_trace = TraceInput::Untraced(untraced_why(req, review, hold)?);
     }
     let res =
         decide_request(requested.as_deref(), &request, namespace, review.view).map_err(|e| {
@@ -118,6 +98,36 @@ fn resolve_for_object(
             ))
         })?;
     Ok((res, pending))
+}
+
+/// Why a step still to be traced is not used for this object: past its hold, or not held (a
+/// Pod's env is written as it is created); a pod within its hold is refused while the sizer runs.
+fn untraced_why(
+    req: &AdmissionRequest<DynamicObject>,
+    review: &Review,
+    hold: Option<&Hold>,
+) -> Result<String, Box<Verdict>> {
+    match hold {
+        Some(h) if jiff::Timestamp::now() < h.until => {
+            let waits = match &review.sizer {
+                SizerState::Waiting(what) => what.as_str(),
+                _ => "its sizer is to start",
+            };
+            Err(Box::new(Verdict::deny(
+                req,
+                "WaitingForTrace",
+                format!(
+                    "the pod waits for its model's step to be traced ({waits}); its controller creates it again, and from {} the counted model decides",
+                    h.until
+                ),
+            )))
+        }
+        Some(h) => Ok(format!(
+            "no trace of the model's step by {}, so the counted model decides; the operator traces it for the jobs of it that come after",
+            h.until
+        )),
+        None => Ok("not traced yet: a Pod's env is written as it is created, so the counted model decides; the operator traces its step now for the pods of it that come after".into()),
+    }
 }
 
 /// The step of `request`'s model still to be traced, where the operator traces models, the
@@ -224,28 +234,40 @@ fn metadata_adds(meta: &ObjectMeta, written: Vec<(&str, String)>) -> Vec<PatchOp
     }
 }
 
-/// Mutating batch Job, JobSet, PyTorchJob and TrainJob at CREATE; the verdict carries the
-/// resolution it wrote.
-pub fn mutate_workload(req: &AdmissionRequest<DynamicObject>, review: &Review) -> Verdict {
-    if req.operation != Operation::Create {
-        return Verdict::allow(AdmissionResponse::from(req));
-    }
+/// The kind the request is of, and its object; the denial where the webhook knows no such
+/// kind or the request carries none.
+fn kind_and_object(
+    req: &AdmissionRequest<DynamicObject>,
+) -> Result<(&'static dyn kinds::JobKind, &DynamicObject), Box<Verdict>> {
     let Some(kind) = kinds::kind_for(&req.kind) else {
-        return Verdict::deny(
+        return Err(Box::new(Verdict::deny(
             req,
             "UnknownKind",
             format!(
                 "{}/{} is not a job kind this webhook configures",
                 req.kind.group, req.kind.kind
             ),
-        );
+        )));
     };
     let Some(object) = req.object.as_ref() else {
-        return Verdict::deny(
+        return Err(Box::new(Verdict::deny(
             req,
             "InvalidObject",
             format!("the request carries no {}", kind.name()),
-        );
+        )));
+    };
+    Ok((kind, object))
+}
+
+/// Mutating batch Job, JobSet, PyTorchJob and TrainJob at CREATE; the verdict carries the
+/// resolution it wrote.
+pub fn mutate_workload(req: &AdmissionRequest<DynamicObject>, review: &Review) -> Verdict {
+    if req.operation != Operation::Create {
+        return Verdict::allow(AdmissionResponse::from(req));
+    }
+    let (kind, object) = match kind_and_object(req) {
+        Ok(found) => found,
+        Err(denied) => return *denied,
     };
     if !labelled(&object.metadata) {
         // Only opted-in objects are configured (the webhook configuration selects them by the
@@ -277,15 +299,7 @@ pub fn mutate_workload(req: &AdmissionRequest<DynamicObject>, review: &Review) -
     if let (Some(pending), Some(store)) = (pending.as_ref(), review.view.trace_store())
         && !templates.is_empty()
     {
-        let until = jiff::SignedDuration::try_from(sizer_wait::wait_limit(store.options()))
-            .ok()
-            .and_then(|d| jiff::Timestamp::now().checked_add(d).ok())
-            .unwrap_or_else(jiff::Timestamp::now);
-        let hold = Hold {
-            pending: pending.clone(),
-            until,
-            pods,
-        };
+        let hold = Hold::from_now(pending, store.options(), pods);
         return hold_workload(req, obj, &object.metadata, &templates, &hold);
     }
     let ops = match kind.patch(

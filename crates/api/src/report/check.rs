@@ -190,6 +190,34 @@ impl SelfTestReport {
                 s.per_gpu.len()
             ));
         }
+        s.check_fractions()?;
+        if s.verdict != OverlapVerdict::Untested && s.efficiency.is_none() {
+            return impossible(format!(
+                "selftest.verdict is {} without an efficiency",
+                s.verdict
+            ));
+        }
+        s.check_figures()?;
+        for (name, value, range) in [
+            ("cpuUpdateRate", s.cpu_update_rate, CPU_UPDATE_RATES),
+            ("gpuFlops", s.gpu_flops, GPU_FLOPS),
+        ] {
+            if let Some(v) = value
+                && !range.contains(&v)
+            {
+                return impossible(format!(
+                    "selftest.{name} {v:e} is outside {:e}–{:e}, what hardware measures",
+                    range.start(),
+                    range.end()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The efficiencies and the threshold are fractions; each GPU's CPU update rate is one
+    /// hardware measures.
+    fn check_fractions(&self) -> Result<(), ReportError> {
         let unit = |name: &str, v: f64| -> Result<(), ReportError> {
             if (0.0..=1.0).contains(&v) {
                 Ok(())
@@ -199,37 +227,37 @@ impl SelfTestReport {
                 )))
             }
         };
-        unit("threshold", s.threshold)?;
+        unit("threshold", self.threshold)?;
         for (name, value) in [
-            ("efficiency", s.efficiency),
-            ("efficiencyMin", s.efficiency_min),
-            ("efficiencyMax", s.efficiency_max),
+            ("efficiency", self.efficiency),
+            ("efficiencyMin", self.efficiency_min),
+            ("efficiencyMax", self.efficiency_max),
         ] {
             if let Some(e) = value {
                 unit(name, e)?;
             }
         }
-        for gpu in &s.per_gpu {
+        for gpu in &self.per_gpu {
             if let Some(e) = gpu.efficiency {
                 unit("perGpu[].efficiency", e)?;
             }
             if let Some(v) = gpu.cpu_update_rate
                 && !(v.is_finite() && CPU_UPDATE_RATES.contains(&v))
             {
-                return impossible(format!(
+                return Err(ReportError::Impossible(format!(
                     "selftest.perGpu[{}].cpuUpdateRate {v:e} is outside {:e}–{:e}, what hardware measures",
                     gpu.index,
                     CPU_UPDATE_RATES.start(),
                     CPU_UPDATE_RATES.end()
-                ));
+                )));
             }
         }
-        if s.verdict != OverlapVerdict::Untested && s.efficiency.is_none() {
-            return impossible(format!(
-                "selftest.verdict is {} without an efficiency",
-                s.verdict
-            ));
-        }
+        Ok(())
+    }
+
+    /// Every timing, rate and bandwidth is a finite, non-negative figure.
+    fn check_figures(&self) -> Result<(), ReportError> {
+        let s = self;
         let figures = [
             ("cpuUpdateRate", s.cpu_update_rate),
             ("gpuFlops", s.gpu_flops),
@@ -251,23 +279,9 @@ impl SelfTestReport {
             if let Some(v) = value
                 && !(v.is_finite() && v >= 0.0)
             {
-                return impossible(format!(
+                return Err(ReportError::Impossible(format!(
                     "selftest.{name} {v} is not a finite, non-negative figure"
-                ));
-            }
-        }
-        for (name, value, range) in [
-            ("cpuUpdateRate", s.cpu_update_rate, CPU_UPDATE_RATES),
-            ("gpuFlops", s.gpu_flops, GPU_FLOPS),
-        ] {
-            if let Some(v) = value
-                && !range.contains(&v)
-            {
-                return impossible(format!(
-                    "selftest.{name} {v:e} is outside {:e}–{:e}, what hardware measures",
-                    range.start(),
-                    range.end()
-                ));
+                )));
             }
         }
         Ok(())

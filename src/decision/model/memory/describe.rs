@@ -46,29 +46,7 @@ impl JobMemory {
 
     /// One sentence with the figures of `est` against `class`.
     pub fn describe(&self, est: &Estimate, class: &ClassMemory) -> String {
-        let limit = self
-            .pod_memory_limit
-            .map(|l| match &self.pod_memory_limit_source {
-                Some(from) => format!(" (pod limit {}: {from})", gib(as_f64(l))),
-                None => format!(" (pod limit {})", gib(as_f64(l))),
-            })
-            .unwrap_or_default();
-        let host = match (class.host_per_pod, self.pod_memory_limit) {
-            (Some(share), _) => format!(
-                "{} of host memory per pod of {} ({}){limit}",
-                gib(est.host_per_pod),
-                gib(as_f64(share)),
-                class.host_node
-            ),
-            (None, Some(_)) => format!(
-                "{} of host memory per pod{limit} (the nodes state no allocatable memory)",
-                gib(est.host_per_pod)
-            ),
-            (None, None) => format!(
-                "{} of host memory per pod, not checked: the nodes state no allocatable memory and the pod sets no limit",
-                gib(est.host_per_pod)
-            ),
-        };
+        let host = self.host_said(est, class);
         let left = self.headroom(est, class);
         let total = as_f64(class.gpu_bytes);
         let room = if left >= 0.0 {
@@ -85,6 +63,46 @@ impl JobMemory {
             .filter(|s| matches!(est.placement, Placement::PartialOptimizer(r) if (r - s).abs() > 0.005))
             .map(|s| format!(" (DeepSpeed's sub-groups put {:.0}% on the host)", s * 100.0))
             .unwrap_or_default();
+        let learned = self.learned_said(est, class);
+        let standing = self.model_said();
+        format!(
+            "needs about {} of the {} each GPU can hold on {}, {room}{share}, and {host}{learned}{standing}",
+            gib(est.gpu),
+            gib(self.gpu_budget(class)),
+            class.gpu_node
+        )
+    }
+
+    /// The host memory a pod needs, against its share of the node or its limit.
+    fn host_said(&self, est: &Estimate, class: &ClassMemory) -> String {
+        let limit = self
+            .pod_memory_limit
+            .map(|l| match &self.pod_memory_limit_source {
+                Some(from) => format!(" (pod limit {}: {from})", gib(as_f64(l))),
+                None => format!(" (pod limit {})", gib(as_f64(l))),
+            })
+            .unwrap_or_default();
+        match (class.host_per_pod, self.pod_memory_limit) {
+            (Some(share), _) => format!(
+                "{} of host memory per pod of {} ({}){limit}",
+                gib(est.host_per_pod),
+                gib(as_f64(share)),
+                class.host_node
+            ),
+            (None, Some(_)) => format!(
+                "{} of host memory per pod{limit} (the nodes state no allocatable memory)",
+                gib(est.host_per_pod)
+            ),
+            (None, None) => format!(
+                "{} of host memory per pod, not checked: the nodes state no allocatable memory and the pod sets no limit",
+                gib(est.host_per_pod)
+            ),
+        }
+    }
+
+    /// What runs taught changed in the figures (and whether the model alone would have tried
+    /// the placement), a count corrected by runs, or a size inferred from them.
+    fn learned_said(&self, est: &Estimate, class: &ClassMemory) -> String {
         let learned = match class.class {
             Some(c) if !est.learned.is_neutral() => {
                 let mut plain = self.clone();
@@ -112,21 +130,14 @@ impl JobMemory {
             ),
             None => learned,
         };
-        let learned = if self.inferred {
+        if self.inferred {
             format!(
                 "{learned} (the job gives no model hints: sized as {:.2}B parameters from the peaks of its observed runs)",
                 self.parameters / 1e9
             )
         } else {
             learned
-        };
-        let standing = self.model_said();
-        format!(
-            "needs about {} of the {} each GPU can hold on {}, {room}{share}, and {host}{learned}{standing}",
-            gib(est.gpu),
-            gib(self.gpu_budget(class)),
-            class.gpu_node
-        )
+        }
     }
 
     /// Where the model's figures come from, for reasons: the trace, or why there is none and
