@@ -325,6 +325,35 @@ async fn apply_examples(cluster: &DevCluster) -> Result<(), String> {
 /// Waits until every example job has its workload, the profiles count nodes and jobs, and the
 /// pods are placed.
 async fn wait_for_decisions(cluster: &DevCluster, client: &kube::Client) -> Result<(), String> {
+    wait_for_workloads(client).await?;
+    wait_for_profile_counts(cluster).await?;
+    wait_for(
+        "pods of every job to be placed",
+        Duration::from_secs(60),
+        || async {
+            kubectl(
+                cluster,
+                &[
+                    "get",
+                    "pods",
+                    "-n",
+                    "default",
+                    "-l",
+                    "offload.dev/training-job",
+                    "-o",
+                    "jsonpath={.items[*].spec.nodeName}",
+                ],
+            )
+            .is_ok_and(|s| s.split_whitespace().count() >= 5)
+        },
+    )
+    .await?;
+
+    Ok(())
+}
+
+/// Waits until every example TrainingJob has created its workload.
+async fn wait_for_workloads(client: &kube::Client) -> Result<(), String> {
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), "default");
     wait_for(
         "every TrainingJob to create its workload",
@@ -345,7 +374,11 @@ async fn wait_for_decisions(cluster: &DevCluster, client: &kube::Client) -> Resu
             }
         },
     )
-    .await?;
+    .await
+}
+
+/// Waits until the profiles' status counts the nodes and the jobs decided with each.
+async fn wait_for_profile_counts(cluster: &DevCluster) -> Result<(), String> {
     wait_for(
         "profile status to count the nodes",
         Duration::from_secs(30),
@@ -384,28 +417,6 @@ async fn wait_for_decisions(cluster: &DevCluster, client: &kube::Client) -> Resu
         },
     )
     .await?;
-    wait_for(
-        "pods of every job to be placed",
-        Duration::from_secs(60),
-        || async {
-            kubectl(
-                cluster,
-                &[
-                    "get",
-                    "pods",
-                    "-n",
-                    "default",
-                    "-l",
-                    "offload.dev/training-job",
-                    "-o",
-                    "jsonpath={.items[*].spec.nodeName}",
-                ],
-            )
-            .is_ok_and(|s| s.split_whitespace().count() >= 5)
-        },
-    )
-    .await?;
-
     Ok(())
 }
 

@@ -105,6 +105,60 @@ fn trace_of(
     ))
 }
 
+/// The job a bench record ran: one GPU, ZeRO-3, bf16, `tokens` a micro-batch, DeepSpeed's
+/// sub-groups of `group` where the record set them.
+fn bench_job(shape: ModelShape, tokens: f64, group: Option<f64>) -> JobMemory {
+    JobMemory {
+        parameters: shape.parameters(),
+        shape,
+        tokens: Some(tokens),
+        checkpointing: false,
+        ranks: 1,
+        gpus_per_pod: 1,
+        pods: 1,
+        sharding: Sharding::Zero(3),
+        value_bytes: 2.0,
+        pod_memory_limit: None,
+        pod_memory_limit_source: None,
+        sub_group_size: group,
+        corrections: Default::default(),
+        shape_key: String::new(),
+        learned: Default::default(),
+        inferred: false,
+        ran: Default::default(),
+        reserved_trials: Default::default(),
+        traced: None,
+        untraced: None,
+        counted_parameters: None,
+        logits_room: true,
+    }
+}
+
+/// The traced model's GPU estimate for the same job, with its error against the measured peak.
+fn traced_column(
+    job: &JobMemory,
+    t: std::sync::Arc<offload_operator::decision::model::memory::Traced>,
+    placement: Placement,
+    class: &ClassMemory,
+    measured: &Measured,
+) -> String {
+    let job = JobMemory {
+        parameters: t.parameters(),
+        traced: Some(t),
+        ..job.clone()
+    };
+    let est = job.estimate_checked(placement, class).0;
+    format!(
+        "{}{}",
+        gib(est.gpu),
+        if measured.ok && measured.gpu > 0.0 {
+            format!(" ({:+.1}%)", (est.gpu / measured.gpu - 1.0) * 100.0)
+        } else {
+            String::new()
+        }
+    )
+}
+
 /// One row per phase of every run in `runs`, models read from `models` (`NAME.json`), with the
 /// traced model's estimate beside the counted one's where `traces` holds the phase's trace.
 pub fn run(
@@ -141,49 +195,11 @@ pub fn run(
             let (placement, group) = placement_of(&zero);
             for phase in &phases_of(&rec) {
                 let tokens = phase.get("tokens").and_then(Value::as_f64).unwrap_or(0.0);
-                let job = JobMemory {
-                    parameters: shape.parameters(),
-                    shape,
-                    tokens: Some(tokens),
-                    checkpointing: false,
-                    ranks: 1,
-                    gpus_per_pod: 1,
-                    pods: 1,
-                    sharding: Sharding::Zero(3),
-                    value_bytes: 2.0,
-                    pod_memory_limit: None,
-                    pod_memory_limit_source: None,
-                    sub_group_size: group,
-                    corrections: Default::default(),
-                    shape_key: String::new(),
-                    learned: Default::default(),
-                    inferred: false,
-                    ran: Default::default(),
-                    reserved_trials: Default::default(),
-                    traced: None,
-                    untraced: None,
-                    counted_parameters: None,
-                    logits_room: true,
-                };
+                let job = bench_job(shape, tokens, group);
                 let (est, fit) = job.estimate_checked(placement, &class);
                 let measured = Measured::of(&rec, phase);
-                let traced = trace_of(traces, &name, phase).map(|t| {
-                    let job = JobMemory {
-                        parameters: t.parameters(),
-                        traced: Some(t),
-                        ..job.clone()
-                    };
-                    let est = job.estimate_checked(placement, &class).0;
-                    format!(
-                        "{}{}",
-                        gib(est.gpu),
-                        if measured.ok && measured.gpu > 0.0 {
-                            format!(" ({:+.1}%)", (est.gpu / measured.gpu - 1.0) * 100.0)
-                        } else {
-                            String::new()
-                        }
-                    )
-                });
+                let traced = trace_of(traces, &name, phase)
+                    .map(|t| traced_column(&job, t, placement, &class, &measured));
                 let configuration = format!(
                     "{placement}{}{}",
                     est.offloaded_share

@@ -44,18 +44,39 @@ pub fn page() -> Result<String, String> {
     Ok(out)
 }
 
-/// The longest sentence for status over the decisions of the examples' TrainingJobs, on a
-/// cluster of the recorded GH200 and H200 nodes: its length and text.
-pub fn longest_of_examples() -> Result<(usize, String), String> {
-    use offload_operator::cluster::view::MemoryView;
-    use offload_operator::decision::JobRequest;
+/// The profile a TrainingJob names (`auto`: the default one).
+fn profile_of(tj: &TrainingJob) -> &str {
+    let wanted = tj
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(offload_api::names::PROFILE_ANNOTATION))
+        .map_or(offload_api::names::DEFAULT_PROFILE, String::as_str);
+    if wanted == offload_api::names::PROFILE_AUTO {
+        offload_api::names::DEFAULT_PROFILE
+    } else {
+        wanted
+    }
+}
+
+/// The examples' inputs: a cluster of the recorded GH200 and H200 nodes, the DeepSpeed config,
+/// the Llama model config and the profiles.
+#[allow(clippy::type_complexity)]
+fn example_inputs(
+    root: &std::path::Path,
+) -> Result<
+    (
+        offload_operator::index::NodeIndex,
+        offload_operator::decision::UserConfig,
+        offload_operator::decision::ModelShape,
+        Vec<OffloadProfile>,
+    ),
+    String,
+> {
     use offload_operator::decision::UserConfig;
     use offload_operator::decision::model::model_config;
-    use offload_operator::decision::resolve_offload;
     use offload_operator::index::{Allocatable, NodeIndex, NodeInfo};
     use offload_testenv::fixtures;
-
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
     let read = |file: &str| -> Result<String, String> {
         std::fs::read_to_string(root.join(file)).map_err(|e| format!("examples/{file}: {e}"))
     };
@@ -100,6 +121,21 @@ pub fn longest_of_examples() -> Result<(usize, String), String> {
     .iter()
     .map(|f| serde_saphyr::from_str(&read(f)?).map_err(|e| format!("{f}: {e}")))
     .collect::<Result<_, String>>()?;
+    Ok((nodes, config, shape, profiles))
+}
+
+/// The longest sentence for status over the decisions of the examples' TrainingJobs, on a
+/// cluster of the recorded GH200 and H200 nodes: its length and text.
+pub fn longest_of_examples() -> Result<(usize, String), String> {
+    use offload_operator::cluster::view::MemoryView;
+    use offload_operator::decision::JobRequest;
+    use offload_operator::decision::resolve_offload;
+
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let read = |file: &str| -> Result<String, String> {
+        std::fs::read_to_string(root.join(file)).map_err(|e| format!("examples/{file}: {e}"))
+    };
+    let (nodes, config, shape, profiles) = example_inputs(&root)?;
     let mut longest = (0, String::new());
     let mut files: Vec<String> = std::fs::read_dir(&root)
         .map_err(|e| e.to_string())?
@@ -110,17 +146,7 @@ pub fn longest_of_examples() -> Result<(usize, String), String> {
     for file in files {
         let tj: TrainingJob =
             serde_saphyr::from_str(&read(&file)?).map_err(|e| format!("{file}: {e}"))?;
-        let wanted = tj
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(offload_api::names::PROFILE_ANNOTATION))
-            .map_or(offload_api::names::DEFAULT_PROFILE, String::as_str);
-        let wanted = if wanted == offload_api::names::PROFILE_AUTO {
-            offload_api::names::DEFAULT_PROFILE
-        } else {
-            wanted
-        };
+        let wanted = profile_of(&tj);
         let Some(profile) = profiles
             .iter()
             .find(|p| p.metadata.name.as_deref() == Some(wanted))
