@@ -290,6 +290,41 @@ async fn a_megatron_job_gets_its_hybrid_optimizer_flags_before_any_pod_starts() 
         );
         assert_eq!(env["USER_SETTING"], "kept");
     }
+    // The same job trained with SGD: Megatron-core's hybrid optimizer takes Adam alone, so it
+    // cannot be offloaded and is held, with the change that would let it run; no workload.
+    create_training_job(
+        &api,
+        "gpt-sgd",
+        &ns,
+        json!({"name": "Megatron", "version": "0.14.0"}),
+        json!({"megatron": {"tensorParallel": 2, "optimizer": "SGD"},
+               "model": {"architecture": "GPT", "hiddenSize": 6144, "layers": 44,
+                         "attentionHeads": 48, "vocabSize": 50304, "tokensPerStep": 4096}}),
+    )
+    .await;
+    let held = wait_for_condition(&api, "gpt-sgd", "OffloadResolved", "False").await;
+    let cond = held
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "OffloadResolved")
+        .unwrap()
+        .clone();
+    assert!(
+        cond.message.contains("takes --optimizer adam alone")
+            && cond.message.contains("spec.megatron.optimizer: Adam"),
+        "{}",
+        cond.message
+    );
+    assert!(
+        Api::<Job>::namespaced(client.clone(), &ns)
+            .get_opt("gpt-sgd")
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 #[tokio::test]

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use offload_api::names;
 use offload_api::quantity::ParameterCount;
 use offload_api::v1alpha1::ModelHints;
+use offload_api::v1alpha1::{Fp8Recipe, MegatronOptimizer, TransformerImpl};
 
 /// Model hints of another object kind, each annotation as the `spec.model` field of a
 /// TrainingJob: `offload.dev/model-parameters` (`8B`), `offload.dev/model-config` (a ConfigMap
@@ -135,31 +136,17 @@ fn expert_annotations(
 
 /// Megatron-core's layout of another kind's job, from `offload.dev/megatron-tensor-parallel`,
 /// `offload.dev/megatron-pipeline-parallel`, `offload.dev/megatron-distributed-optimizer`,
-/// `offload.dev/megatron-sequence-parallel`, `offload.dev/megatron-transformer-impl` and
-/// `offload.dev/megatron-manual-gc`,
-/// as `spec.megatron` of a TrainingJob; refused on a job whose framework is not Megatron.
+/// `offload.dev/megatron-sequence-parallel`, `offload.dev/megatron-transformer-impl`,
+/// `offload.dev/megatron-manual-gc`, `offload.dev/megatron-optimizer`,
+/// `offload.dev/megatron-fp8-param-gather`, `offload.dev/megatron-fp8-recipe` and
+/// `offload.dev/megatron-fsdp`, as `spec.megatron` of a TrainingJob; refused on a job whose
+/// framework is not Megatron.
 pub(super) fn megatron_annotations(
     annotations: &BTreeMap<String, String>,
     framework: offload_api::v1alpha1::Framework,
 ) -> Result<offload_api::v1alpha1::MegatronSpec, String> {
     use offload_api::hints::MAX_MODEL_PARALLEL;
-    let keys = [
-        names::ANNOTATION_MEGATRON_TENSOR_PARALLEL,
-        names::ANNOTATION_MEGATRON_PIPELINE_PARALLEL,
-        names::ANNOTATION_MEGATRON_DISTRIBUTED_OPTIMIZER,
-        names::ANNOTATION_MEGATRON_SEQUENCE_PARALLEL,
-        names::ANNOTATION_MEGATRON_TRANSFORMER_IMPL,
-        names::ANNOTATION_MEGATRON_MANUAL_GC,
-    ];
-    if framework != offload_api::v1alpha1::Framework::Megatron
-        && let Some(key) = keys.iter().find(|k| annotations.contains_key(**k))
-    {
-        return Err(format!(
-            "annotation {key} describes a Megatron-core job: set {}: Megatron (and {}), or remove it",
-            names::ANNOTATION_FRAMEWORK,
-            names::ANNOTATION_FRAMEWORK_VERSION
-        ));
-    }
+    only_for_megatron(annotations, framework)?;
     let size = |key: &str| -> Result<Option<u32>, String> {
         annotations
             .get(key)
@@ -182,19 +169,96 @@ pub(super) fn megatron_annotations(
             annotations,
             names::ANNOTATION_MEGATRON_SEQUENCE_PARALLEL,
         )?,
-        transformer_impl: annotations
-            .get(names::ANNOTATION_MEGATRON_TRANSFORMER_IMPL)
-            .map(|v| match v.trim() {
-                "local" => Ok(offload_api::v1alpha1::TransformerImpl::Local),
-                "transformer_engine" => Ok(offload_api::v1alpha1::TransformerImpl::TransformerEngine),
-                _ => Err(format!(
-                    "annotation {}: {v:?} is not local or transformer_engine (Megatron-LM's --transformer-impl)",
-                    names::ANNOTATION_MEGATRON_TRANSFORMER_IMPL
-                )),
-            })
-            .transpose()?,
+        transformer_impl: choice(
+            annotations,
+            names::ANNOTATION_MEGATRON_TRANSFORMER_IMPL,
+            "Megatron-LM's --transformer-impl",
+            &[
+                ("local", TransformerImpl::Local),
+                ("transformer_engine", TransformerImpl::TransformerEngine),
+            ],
+        )?,
         manual_gc: flag_annotation(annotations, names::ANNOTATION_MEGATRON_MANUAL_GC)?,
+        optimizer: choice(
+            annotations,
+            names::ANNOTATION_MEGATRON_OPTIMIZER,
+            "Megatron-LM's --optimizer",
+            &[
+                ("adam", MegatronOptimizer::Adam),
+                ("sgd", MegatronOptimizer::Sgd),
+                ("muon", MegatronOptimizer::Muon),
+            ],
+        )?,
+        fp8_param_gather: flag_annotation(
+            annotations,
+            names::ANNOTATION_MEGATRON_FP8_PARAM_GATHER,
+        )?,
+        fp8_recipe: choice(
+            annotations,
+            names::ANNOTATION_MEGATRON_FP8_RECIPE,
+            "Megatron-LM's --fp8-recipe",
+            &[
+                ("delayed", Fp8Recipe::Delayed),
+                ("tensorwise", Fp8Recipe::Tensorwise),
+                ("blockwise", Fp8Recipe::Blockwise),
+                ("mxfp8", Fp8Recipe::Mxfp8),
+            ],
+        )?,
+        megatron_fsdp: flag_annotation(annotations, names::ANNOTATION_MEGATRON_FSDP)?,
     })
+}
+
+/// Megatron-core's annotations describe a Megatron job: refused on another framework's.
+fn only_for_megatron(
+    annotations: &BTreeMap<String, String>,
+    framework: offload_api::v1alpha1::Framework,
+) -> Result<(), String> {
+    let keys = [
+        names::ANNOTATION_MEGATRON_TENSOR_PARALLEL,
+        names::ANNOTATION_MEGATRON_PIPELINE_PARALLEL,
+        names::ANNOTATION_MEGATRON_DISTRIBUTED_OPTIMIZER,
+        names::ANNOTATION_MEGATRON_SEQUENCE_PARALLEL,
+        names::ANNOTATION_MEGATRON_TRANSFORMER_IMPL,
+        names::ANNOTATION_MEGATRON_MANUAL_GC,
+        names::ANNOTATION_MEGATRON_OPTIMIZER,
+        names::ANNOTATION_MEGATRON_FP8_PARAM_GATHER,
+        names::ANNOTATION_MEGATRON_FP8_RECIPE,
+        names::ANNOTATION_MEGATRON_FSDP,
+    ];
+    if framework != offload_api::v1alpha1::Framework::Megatron
+        && let Some(key) = keys.iter().find(|k| annotations.contains_key(**k))
+    {
+        return Err(format!(
+            "annotation {key} describes a Megatron-core job: set {}: Megatron (and {}), or remove it",
+            names::ANNOTATION_FRAMEWORK,
+            names::ANNOTATION_FRAMEWORK_VERSION
+        ));
+    }
+    Ok(())
+}
+
+/// One of a closed set of values an annotation takes (the launch line's own spelling).
+fn choice<T: Copy>(
+    annotations: &BTreeMap<String, String>,
+    key: &str,
+    what: &str,
+    values: &[(&str, T)],
+) -> Result<Option<T>, String> {
+    let Some(v) = annotations.get(key) else {
+        return Ok(None);
+    };
+    values
+        .iter()
+        .find(|(name, _)| *name == v.trim())
+        .map(|(_, value)| Some(*value))
+        .ok_or_else(|| {
+            let names: Vec<&str> = values.iter().map(|(name, _)| *name).collect();
+            let allowed = match names.as_slice() {
+                [a, b] => format!("{a} or {b}"),
+                _ => format!("one of {}", names.join(", ")),
+            };
+            format!("annotation {key}: {v:?} is not {allowed} ({what})")
+        })
 }
 
 /// A whole-number hint's annotation, within the hint's bounds.

@@ -274,12 +274,15 @@ fn megatron_can_take(
     }
     match frameworks::megatron_offload_blocker(job, facts.version.as_ref()) {
         None => Ok(()),
-        Some(problem) => Err(ResolveError::FrameworkCannot {
+        Some(b) => Err(ResolveError::FrameworkCannot {
             problem: format!(
-                "{problem}; the decision needs offload: {}",
-                placement.mode_why.message
+                "{}; the decision needs offload: {}",
+                b.problem, placement.mode_why.message
             ),
-            change: "use Megatron-core 0.12.0 or newer with the distributed optimizer, or a profile whose mode lets the job run without offload".to_string(),
+            change: format!(
+                "{}, or use a profile whose mode lets the job run without offload",
+                b.change
+            ),
         }),
     }
 }

@@ -104,6 +104,19 @@ pub const ANNOTATION_MEGATRON_TRANSFORMER_IMPL: &str = "offload.dev/megatron-tra
 /// Annotation on other job kinds and Pods of a Megatron-core job: `false` where its training
 /// loop does not run Megatron-LM's `--manual-gc`, as `spec.megatron.manualGc` (on when unset).
 pub const ANNOTATION_MEGATRON_MANUAL_GC: &str = "offload.dev/megatron-manual-gc";
+/// Annotation on other job kinds and Pods of a Megatron-core job: `adam`, `sgd` or `muon`,
+/// Megatron-LM's `--optimizer`, as `spec.megatron.optimizer` (`adam` when unset).
+pub const ANNOTATION_MEGATRON_OPTIMIZER: &str = "offload.dev/megatron-optimizer";
+/// Annotation on other job kinds and Pods of a Megatron-core job: `true` where it runs with
+/// `--fp8-param-gather`, as `spec.megatron.fp8ParamGather` (off when unset).
+pub const ANNOTATION_MEGATRON_FP8_PARAM_GATHER: &str = "offload.dev/megatron-fp8-param-gather";
+/// Annotation on other job kinds and Pods of a Megatron-core job: `delayed`, `tensorwise`,
+/// `blockwise` or `mxfp8`, Megatron-LM's `--fp8-recipe`, as `spec.megatron.fp8Recipe`
+/// (`delayed` when unset).
+pub const ANNOTATION_MEGATRON_FP8_RECIPE: &str = "offload.dev/megatron-fp8-recipe";
+/// Annotation on other job kinds and Pods of a Megatron-core job: `true` where it runs with
+/// `--use-megatron-fsdp`, as `spec.megatron.megatronFsdp` (off when unset).
+pub const ANNOTATION_MEGATRON_FSDP: &str = "offload.dev/megatron-fsdp";
 /// Annotation on other job kinds and Pods: the model's total parameters, as in
 /// `spec.model.parameters` of a TrainingJob (`8B`, `8000000000`).
 pub const ANNOTATION_MODEL_PARAMETERS: &str = "offload.dev/model-parameters";

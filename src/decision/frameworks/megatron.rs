@@ -10,22 +10,69 @@ use super::{FrameworkFacts, FrameworkPlan, MANUAL_GC_INTERVAL, MegatronPlan, say
 use crate::decision::error::ResolveError;
 use crate::decision::request::JobRequest;
 
-/// Why Megatron-core cannot offload this job's optimizer state, if it cannot: the hybrid
-/// device optimizer came in 0.12.0, and it needs the distributed optimizer (through
-/// `--use-precision-aware-optimizer`, which it requires).
+/// Why Megatron-core cannot offload a job's optimizer state, and what would let it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(in crate::decision) struct Blocker {
+    /// What Megatron-core refuses, in its own terms.
+    pub(in crate::decision) problem: String,
+    /// What to change.
+    pub(in crate::decision) change: String,
+}
+
+/// Why Megatron-core cannot offload this job's optimizer state, if it cannot, as its
+/// `megatron/training/arguments.py` asserts: the hybrid device optimizer came in 0.12.0; it
+/// runs through `--use-precision-aware-optimizer`, which takes the distributed optimizer and
+/// `--optimizer adam` alone; with `--fp8-param-gather` it needs the delayed FP8 recipe; and it
+/// does not run under Megatron-FSDP.
 pub(in crate::decision) fn megatron_offload_blocker(
     job: &JobRequest,
     version: Option<&FrameworkVersion>,
-) -> Option<String> {
+) -> Option<Blocker> {
+    use offload_api::v1alpha1::{Fp8Recipe, MegatronOptimizer};
     let at = version::deepspeed::show(version::megatron::CPU_OFFLOAD);
+    let m = &job.megatron;
+    let blocker = |problem: String, change: &str| {
+        Some(Blocker {
+            problem,
+            change: change.to_string(),
+        })
+    };
     match version {
-        None => Some("the Megatron-core version is unknown".to_string()),
-        Some(v) if !version::megatron::has(v, version::megatron::CPU_OFFLOAD) => Some(format!(
-            "Megatron-core {v} has no optimizer offload (--optimizer-cpu-offload came in {at})"
-        )),
-        Some(_) if job.megatron.distributed_optimizer == Some(false) => Some(
-            "Megatron-core's optimizer offload needs the distributed optimizer (--use-precision-aware-optimizer, which it requires, refuses anything else), and the job turns it off (spec.megatron.distributedOptimizer, or annotation offload.dev/megatron-distributed-optimizer, is false)".to_string(),
+        None => blocker(
+            "the Megatron-core version is unknown".to_string(),
+            "declare the image's Megatron-core version (spec.framework.version)",
         ),
+        Some(v) if !version::megatron::has(v, version::megatron::CPU_OFFLOAD) => blocker(
+            format!("Megatron-core {v} has no optimizer offload (--optimizer-cpu-offload came in {at})"),
+            &format!("use Megatron-core {at} or newer"),
+        ),
+        Some(_) if m.distributed_optimizer == Some(false) => blocker(
+            "Megatron-core's optimizer offload needs the distributed optimizer (--use-precision-aware-optimizer, which it requires, refuses anything else), and the job turns it off (spec.megatron.distributedOptimizer, or annotation offload.dev/megatron-distributed-optimizer, is false)".to_string(),
+            "run with the distributed optimizer (spec.megatron.distributedOptimizer unset or true)",
+        ),
+        Some(_) if m.optimizer.is_some_and(|o| o != MegatronOptimizer::Adam) => blocker(
+            format!(
+                "Megatron-core's optimizer offload runs through --use-precision-aware-optimizer, which takes --optimizer adam alone, and the job's optimizer is {:?} (spec.megatron.optimizer, or annotation offload.dev/megatron-optimizer)",
+                m.optimizer.unwrap_or_default()
+            ),
+            "train with --optimizer adam (spec.megatron.optimizer: Adam)",
+        ),
+        Some(_) if m.megatron_fsdp == Some(true) => blocker(
+            "Megatron-core's hybrid device optimizer does not run under Megatron-FSDP (--use-megatron-fsdp: spec.megatron.megatronFsdp, or annotation offload.dev/megatron-fsdp)".to_string(),
+            "train with the distributed optimizer instead of Megatron-FSDP (spec.megatron.megatronFsdp: false)",
+        ),
+        Some(_)
+            if m.fp8_param_gather == Some(true)
+                && m.fp8_recipe.is_some_and(|r| r != Fp8Recipe::Delayed) =>
+        {
+            blocker(
+                format!(
+                    "Megatron-core's optimizer offload takes --fp8-param-gather only with --fp8-recipe delayed, and the job's recipe is {:?} (spec.megatron.fp8Recipe, or annotation offload.dev/megatron-fp8-recipe)",
+                    m.fp8_recipe.unwrap_or_default()
+                ),
+                "use --fp8-recipe delayed (spec.megatron.fp8Recipe: Delayed) or turn --fp8-param-gather off (spec.megatron.fp8ParamGather: false)",
+            )
+        }
         Some(_) => None,
     }
 }
@@ -103,13 +150,13 @@ pub(super) fn check_megatron(
     if matches!(
         job.offload.mode,
         ModeSetting::CpuCopy | ModeSetting::UnifiedMemory
-    ) && let Some(problem) = megatron_offload_blocker(job, version)
+    ) && let Some(b) = megatron_offload_blocker(job, version)
     {
         return Err(ResolveError::FrameworkCannot {
-            problem,
+            problem: b.problem,
             change: format!(
-                "use Megatron-core {} or newer with the distributed optimizer, or set offload.mode Disabled (or Auto, which then offloads nothing)",
-                version::deepspeed::show(version::megatron::CPU_OFFLOAD)
+                "{}, or set offload.mode Disabled (or Auto, which then offloads nothing)",
+                b.change
             ),
         });
     }

@@ -166,7 +166,7 @@ pub(super) fn partial_ratio_support(
         Framework::Fsdp => Err("FSDP has no partial-offload switch".to_string()),
         Framework::Megatron => match megatron_offload_blocker(job, facts.version.as_ref()) {
             None => Ok(()),
-            Some(why) => Err(why),
+            Some(b) => Err(format!("{}: {}", b.problem, b.change)),
         },
         Framework::DeepSpeed => {
             let Some(v) = &facts.version else {

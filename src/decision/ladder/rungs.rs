@@ -493,10 +493,7 @@ fn megatron_advice(
         };
         let sharded = laid_out(tensor, model_parallel, true, sequence);
         if let Ok(c) = fastest(&sharded, class, &with) {
-            ideas.push(format!(
-                "{why}; Megatron-core 0.12.0 or newer with the distributed optimizer would fit it as {}",
-                c.placement
-            ));
+            ideas.push(format!("{why}; with that it would fit as {}", c.placement));
         }
     }
     if tensor > 1 && !sequence {

@@ -274,3 +274,70 @@ fn layouts_megatron_core_refuses_are_refused_with_what_to_change() {
     // A layout that divides them all is decided.
     resolve(&layout(8, 4, 64, 8, 44), &nodes).unwrap();
 }
+
+#[test]
+fn what_megatron_cores_arguments_assert_for_the_hybrid_optimizer_is_refused_with_what_to_change() {
+    use offload_api::v1alpha1::{Fp8Recipe, MegatronOptimizer};
+    // Each setting Megatron-core's arguments.py refuses beside --optimizer-cpu-offload, with
+    // the change that lets it run.
+    let cases: [(fn(&mut MegatronSpec), &str, &str); 4] = [
+        (
+            |m| m.optimizer = Some(MegatronOptimizer::Sgd),
+            "takes --optimizer adam alone, and the job's optimizer is Sgd",
+            "spec.megatron.optimizer: Adam",
+        ),
+        (
+            |m| m.optimizer = Some(MegatronOptimizer::Muon),
+            "the job's optimizer is Muon",
+            "--optimizer adam",
+        ),
+        (
+            |m| m.megatron_fsdp = Some(true),
+            "does not run under Megatron-FSDP",
+            "spec.megatron.megatronFsdp: false",
+        ),
+        (
+            |m| {
+                m.fp8_param_gather = Some(true);
+                m.fp8_recipe = Some(Fp8Recipe::Mxfp8);
+            },
+            "--fp8-param-gather only with --fp8-recipe delayed, and the job's recipe is Mxfp8",
+            "spec.megatron.fp8Recipe: Delayed",
+        ),
+    ];
+    for (edit, problem, change) in cases {
+        // Asked for explicitly: refused before anything else is decided.
+        let mut job = megatron("0.19.0");
+        edit(&mut job.megatron);
+        job.offload.mode = ModeSetting::CpuCopy;
+        let err = resolve(&job, &h200s()).unwrap_err();
+        assert_eq!(err.category(), "FrameworkCannotTakeConfig", "{err}");
+        let said = err.to_string();
+        assert!(said.contains(problem) && said.contains(change), "{said}");
+        // Decided: a job that fits runs without offload, flags without the hybrid optimizer …
+        let mut fits = sized("0.19.0", 8_000_000_000, 32, 8);
+        edit(&mut fits.megatron);
+        let res = resolve(&fits, &h200s()).unwrap();
+        assert_eq!(res.mode, OffloadMode::Disabled);
+        assert!(!plan(&res).cpu_offload);
+        // … one that needs offload is held, naming the change that would let it fit.
+        let mut needs = sized("0.19.0", 12_000_000_000, 40, 1);
+        edit(&mut needs.megatron);
+        let err = resolve(&needs, &h200s()).unwrap_err();
+        assert_eq!(err.category(), "InsufficientMemory", "{err}");
+        let said = err.to_string();
+        assert!(
+            said.contains(change) && said.contains("with that it would fit as"),
+            "{said}"
+        );
+    }
+    // Adam, the delayed recipe with FP8 gathers, and no Megatron-FSDP: offloaded as ever.
+    let mut job = sized("0.19.0", 12_000_000_000, 40, 1);
+    job.megatron.optimizer = Some(MegatronOptimizer::Adam);
+    job.megatron.fp8_param_gather = Some(true);
+    job.megatron.fp8_recipe = Some(Fp8Recipe::Delayed);
+    job.megatron.megatron_fsdp = Some(false);
+    let res = resolve(&job, &h200s()).unwrap();
+    assert_eq!(res.mode, OffloadMode::CpuCopy, "{:?}", res.reasons);
+    assert!(plan(&res).cpu_offload);
+}

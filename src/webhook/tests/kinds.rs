@@ -624,6 +624,36 @@ async fn megatron_pytorchjobs_take_their_layout_from_annotations() {
         ),
         "{message}"
     );
+    // An optimizer the hybrid device optimizer cannot take: the job that needs offload is
+    // refused, naming the change; a value Megatron-LM does not take is refused too.
+    let mut sgd = sequence.clone();
+    sgd["offload.dev/megatron-optimizer"] = json!("sgd");
+    let message = refusal(sgd.clone()).await;
+    assert!(
+        message.contains("takes --optimizer adam alone") && message.contains("Adam"),
+        "{message}"
+    );
+    sgd["offload.dev/megatron-optimizer"] = json!("lion");
+    let message = refusal(sgd).await;
+    assert!(
+        message.contains(
+            "offload.dev/megatron-optimizer: \"lion\" is not one of adam, sgd, muon"
+        ),
+        "{message}"
+    );
+    // FP8 gathers with a recipe other than delayed, and Megatron-FSDP: refused the same way.
+    let mut fp8 = sequence.clone();
+    fp8["offload.dev/megatron-fp8-param-gather"] = json!("true");
+    fp8["offload.dev/megatron-fp8-recipe"] = json!("tensorwise");
+    let message = refusal(fp8.clone()).await;
+    assert!(message.contains("--fp8-recipe delayed"), "{message}");
+    fp8["offload.dev/megatron-fp8-recipe"] = json!("delayed");
+    let (_, r) = admit_ptj(ptj(fp8)).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    let mut fsdp = sequence.clone();
+    fsdp["offload.dev/megatron-fsdp"] = json!("true");
+    let message = refusal(fsdp).await;
+    assert!(message.contains("Megatron-FSDP"), "{message}");
     // Without the annotation each GPU is read as holding the whole model (data-parallel over
     // two): it fits no GH200, and the refusal says which annotation would fit it.
     let message = refusal(megatron(None)).await;

@@ -255,6 +255,53 @@ pub struct MegatronSpec {
     /// loop is not Megatron-LM's or Megatron-Bridge's, which would not collect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manual_gc: Option<bool>,
+    /// Megatron-LM's `--optimizer`: `Adam` (its default, AdamW) when unset. Only `Adam` can be
+    /// offloaded: the hybrid device optimizer runs through `--use-precision-aware-optimizer`,
+    /// which takes Adam alone. The operator reads it; the launch line sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer: Option<MegatronOptimizer>,
+    /// Megatron-LM's `--fp8-param-gather` (parameters gathered in FP8). With optimizer offload
+    /// Megatron-core takes it only with the `Delayed` FP8 recipe. Off when unset. The operator
+    /// reads it; the launch line sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_param_gather: Option<bool>,
+    /// Megatron-LM's `--fp8-recipe`; `Delayed` (its default) when unset. The operator reads
+    /// it; the launch line sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_recipe: Option<Fp8Recipe>,
+    /// Megatron-LM's `--use-megatron-fsdp`: Megatron-FSDP instead of the distributed optimizer,
+    /// under which the hybrid device optimizer does not run. Off when unset. The operator reads
+    /// it; the launch line sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub megatron_fsdp: Option<bool>,
+}
+
+/// Megatron-LM's optimizer (`--optimizer`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum MegatronOptimizer {
+    /// Adam with decoupled weight decay (`adam`).
+    #[default]
+    Adam,
+    /// Stochastic gradient descent (`sgd`).
+    #[serde(rename = "SGD")]
+    Sgd,
+    /// Muon (`muon`).
+    Muon,
+}
+
+/// Megatron-LM's FP8 scaling recipe (`--fp8-recipe`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Fp8Recipe {
+    /// Delayed scaling (`delayed`).
+    #[default]
+    Delayed,
+    /// Per-tensor current scaling (`tensorwise`).
+    Tensorwise,
+    /// Per-block scaling (`blockwise`).
+    Blockwise,
+    /// MXFP8 (`mxfp8`).
+    #[serde(rename = "MXFP8")]
+    Mxfp8,
 }
 
 impl MegatronSpec {
