@@ -1,6 +1,8 @@
 //! Assembling the node report from a reading and a self-test.
 
-use offload_api::report::{NodeMemoryModel, NodeReport, REPORT_SCHEMA_VERSION, SelfTestReport};
+use offload_api::report::{
+    MemoryWitnesses, NodeMemoryModel, NodeReport, REPORT_SCHEMA_VERSION, SelfTestReport,
+};
 
 use crate::probe::{NodeReading, NvmlSource, busy, os_numa_nodes};
 use crate::selftest::{self, SelfTestOptions};
@@ -87,6 +89,11 @@ fn postponed(
 /// Puts a reading and a self-test together.
 pub fn assemble(node: &str, reading: NodeReading, selftest: SelfTestReport) -> NodeReport {
     let memory_model = reading.memory_model();
+    let memory_witnesses = Some(MemoryWitnesses::weigh(
+        memory_model,
+        &reading.gpus,
+        reading.memory_only_nodes,
+    ));
     NodeReport {
         schema_version: REPORT_SCHEMA_VERSION,
         agent_version: AGENT_VERSION.to_string(),
@@ -99,6 +106,7 @@ pub fn assemble(node: &str, reading: NodeReading, selftest: SelfTestReport) -> N
         cpu_manager_policy: crate::topology::cpu_manager_policy(std::path::Path::new(
             crate::topology::CPU_MANAGER_STATE,
         )),
+        memory_witnesses,
         selftest,
     }
 }
@@ -216,5 +224,86 @@ mod tests {
             NodeReport::parse(&report.to_annotation().unwrap()).unwrap(),
             report
         );
+    }
+
+    /// Builds the report of a recorded reading, with the kernel's view `memory_only` instead of
+    /// the recording's where given.
+    fn witnessed(
+        fixture: &str,
+        memory_only: Option<Option<Vec<offload_api::report::MemoryOnlyNode>>>,
+    ) -> NodeReport {
+        let mut source = RecordedNvml::from_report(fixture).unwrap();
+        if let Some(view) = memory_only {
+            source = source.with_memory_only_nodes(view);
+        }
+        let report = build(
+            "n",
+            &source,
+            &SelfTestOptions::default(),
+            SelfTestRun::default(),
+        );
+        assert_eq!(
+            NodeReport::parse(&report.to_annotation().unwrap()).unwrap(),
+            report
+        );
+        report
+    }
+
+    #[test]
+    fn the_memory_model_says_which_witnesses_it_used_in_numa_and_cdmm_modes() {
+        use offload_api::report::{KernelGpuMemory, MemoryOnlyNode};
+        // GH200 in NUMA mode (reference reading): NVML and the kernel's GPU memory node agree.
+        let numa = witnessed(fixtures::GH200_NUMA_REFERENCE, None);
+        assert_eq!(numa.memory_model, NodeMemoryModel::Coherent);
+        let w = numa.memory_witnesses.as_ref().unwrap();
+        assert_eq!(w.kernel, Some(KernelGpuMemory::NumaNodes));
+        assert!(w.agree && w.used.contains("NUMA mode"), "{}", w.used);
+        assert_eq!(
+            offload_api::labels::published(&numa)[names::LABEL_UMA],
+            "true"
+        );
+        // GB200 in CDMM mode (reference reading): no GPU memory node, still coherent by NVML.
+        let cdmm = witnessed(fixtures::GB200_CDMM_REFERENCE, None);
+        assert_eq!(cdmm.memory_model, NodeMemoryModel::Coherent);
+        let w = cdmm.memory_witnesses.as_ref().unwrap();
+        assert_eq!(w.kernel, Some(KernelGpuMemory::NotNumaNodes));
+        assert!(w.agree && w.used.contains("CDMM"), "{}", w.used);
+        // An H200 (recorded) whose host shows memory-only nodes as large as its GPU (a CXL
+        // expander, or a coherent platform NVML does not see as one): the witnesses disagree,
+        // NVML's word stands and the node is not unified.
+        let h200_gpu = 150_754_820_096;
+        let odd = witnessed(
+            fixtures::H200_READING,
+            Some(Some(vec![MemoryOnlyNode {
+                node: 2,
+                bytes: h200_gpu,
+            }])),
+        );
+        assert_eq!(odd.memory_model, NodeMemoryModel::Discrete);
+        let w = odd.memory_witnesses.as_ref().unwrap();
+        assert!(
+            !w.agree && w.used.contains("not classified unified"),
+            "{}",
+            w.used
+        );
+        assert_eq!(
+            offload_api::labels::published(&odd)[names::LABEL_UMA],
+            "false"
+        );
+        // A small memory-only node is not the GPU's memory; an unreadable view is said.
+        let small = witnessed(
+            fixtures::H200_READING,
+            Some(Some(vec![MemoryOnlyNode {
+                node: 2,
+                bytes: 8 << 30,
+            }])),
+        );
+        let w = small.memory_witnesses.as_ref().unwrap();
+        assert_eq!(w.kernel, Some(KernelGpuMemory::NotNumaNodes));
+        assert!(w.agree);
+        let unread = witnessed(fixtures::GH200_REFERENCE, Some(None));
+        let w = unread.memory_witnesses.as_ref().unwrap();
+        assert_eq!(w.kernel, None);
+        assert!(w.used.contains("could not be read"), "{}", w.used);
     }
 }

@@ -13,7 +13,9 @@ use nvml_wrapper::sys_exports::field_id::{
 use nvml_wrapper_sys::bindings::{
     nvmlC2cModeInfo_v1_t, nvmlDeviceAddressingMode_t, nvmlReturn_enum_NVML_SUCCESS,
 };
-use offload_api::report::{AddressingMode, C2cInfo, GpuReport, NodeMemoryModel, NvmlInfo};
+use offload_api::report::{
+    AddressingMode, C2cInfo, GpuReport, MemoryOnlyNode, NodeMemoryModel, NvmlInfo,
+};
 
 /// Everything NVML said about the node.
 #[derive(Clone, Debug, PartialEq)]
@@ -22,6 +24,8 @@ pub struct NodeReading {
     pub nvml: NvmlInfo,
     /// GPUs; empty when NVML failed or there are none.
     pub gpus: Vec<GpuReport>,
+    /// The kernel's NUMA nodes without CPUs that hold memory (`None`: not read).
+    pub memory_only_nodes: Option<Vec<MemoryOnlyNode>>,
 }
 
 impl NodeReading {
@@ -118,7 +122,7 @@ impl NvmlSource for RealNvml {
     }
 
     fn read(&self) -> NodeReading {
-        match Nvml::init() {
+        let reading = match Nvml::init() {
             Ok(nvml) => read_with(&nvml),
             Err(e) => NodeReading {
                 nvml: NvmlInfo {
@@ -127,7 +131,12 @@ impl NvmlSource for RealNvml {
                     ..NvmlInfo::default()
                 },
                 gpus: Vec::new(),
+                memory_only_nodes: None,
             },
+        };
+        NodeReading {
+            memory_only_nodes: crate::topology::memory_only_nodes(std::path::Path::new("/sys")),
+            ..reading
         }
     }
 }
@@ -162,6 +171,7 @@ fn read_with(nvml: &Nvml) -> NodeReading {
                     ..info
                 },
                 gpus: Vec::new(),
+                memory_only_nodes: None,
             };
         }
     };
@@ -179,6 +189,7 @@ fn read_with(nvml: &Nvml) -> NodeReading {
             ..info
         },
         gpus,
+        memory_only_nodes: None,
     }
 }
 
@@ -321,9 +332,16 @@ impl RecordedNvml {
             reading: NodeReading {
                 nvml: report.nvml,
                 gpus: report.gpus,
+                memory_only_nodes: report.memory_witnesses.map(|w| w.memory_only_nodes),
             },
             activity: Vec::new(),
         })
+    }
+
+    /// The same reading with the kernel's NUMA view `nodes` instead (`None`: unreadable).
+    pub fn with_memory_only_nodes(mut self, nodes: Option<Vec<MemoryOnlyNode>>) -> Self {
+        self.reading.memory_only_nodes = nodes;
+        self
     }
 
     /// The same reading with GPUs in use (a job running), for the busy check.
@@ -342,6 +360,7 @@ impl RecordedNvml {
                     ..NvmlInfo::default()
                 },
                 gpus: Vec::new(),
+                memory_only_nodes: None,
             },
             activity: Vec::new(),
         }

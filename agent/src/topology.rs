@@ -89,6 +89,36 @@ pub fn numa_memory_bytes(sys: &Path, node: i32) -> Option<u64> {
     })
 }
 
+/// The NUMA nodes without CPUs that hold memory (`None`: the kernel's NUMA view could not be
+/// read): where a coherent platform in NUMA mode shows its GPUs' memory.
+pub fn memory_only_nodes(sys: &Path) -> Option<Vec<offload_api::report::MemoryOnlyNode>> {
+    let root = sys.join("devices/system/node");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&root).ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(node) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("node"))
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let cpus = read_small(&entry.path().join("cpulist")).unwrap_or_default();
+        if !cpus.trim().is_empty() {
+            continue;
+        }
+        let bytes = i32::try_from(node)
+            .ok()
+            .and_then(|n| numa_memory_bytes(sys, n))
+            .unwrap_or(0);
+        if bytes > 0 && out.len() < offload_api::report::MAX_MEMORY_ONLY_NODES {
+            out.push(offload_api::report::MemoryOnlyNode { node, bytes });
+        }
+    }
+    out.sort_by_key(|n| n.node);
+    Some(out)
+}
+
 /// The kubelet's CPU manager policy from its state file (`{"policyName":"static",…}`).
 pub fn cpu_manager_policy(path: &Path) -> Option<String> {
     let text = read_small(path)?;
@@ -174,5 +204,37 @@ mod tests {
         std::fs::write(&state, "not json").unwrap();
         assert_eq!(cpu_manager_policy(&state), None);
         assert_eq!(cpu_manager_policy(&sys.join("absent")), None);
+    }
+
+    #[test]
+    fn memory_only_nodes_are_the_nodes_without_cpus_that_hold_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path();
+        // A GH200 in NUMA mode as the kernel lays it out: CPUs and LPDDR5X on node 0, the GPU's
+        // memory on node 1, empty memory-only nodes beside it.
+        for (node, cpus, kb) in [
+            (0, "0-71\n", 500_000_000u64),
+            (1, "\n", 96_626_276),
+            (2, "\n", 0),
+        ] {
+            let d = sys.join(format!("devices/system/node/node{node}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cpulist"), cpus).unwrap();
+            std::fs::write(
+                d.join("meminfo"),
+                format!("Node {node} MemTotal:       {kb} kB\n"),
+            )
+            .unwrap();
+        }
+        std::fs::create_dir_all(sys.join("devices/system/node/possible")).unwrap();
+        let nodes = memory_only_nodes(sys).unwrap();
+        assert_eq!(
+            nodes,
+            vec![offload_api::report::MemoryOnlyNode {
+                node: 1,
+                bytes: 96_626_276 * 1024
+            }]
+        );
+        assert_eq!(memory_only_nodes(&sys.join("absent")), None);
     }
 }

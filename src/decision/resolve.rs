@@ -453,7 +453,12 @@ fn disagreeing_nodes(job: &JobRequest, nodes: &NodeIndex) -> Vec<String> {
     let found: Result<_, std::convert::Infallible> = nodes.memo("disagreeing nodes", || {
         Ok(nodes
             .nodes()
-            .filter(|n| n.witness() == crate::index::Witness::Disagree)
+            .filter(|n| {
+                matches!(
+                    n.witness(),
+                    crate::index::Witness::Disagree | crate::index::Witness::Confirmed
+                )
+            })
             .map(|n| n.name.clone())
             .collect::<Vec<String>>())
     });

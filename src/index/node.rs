@@ -104,6 +104,8 @@ pub struct NodeInfo {
     standing: Standing,
     overlap_conflict: Option<String>,
     witness: Witness,
+    /// The memory model a cluster operator confirmed for the node, as the annotation says it.
+    confirmed: Option<String>,
 }
 
 /// A taint of a node.
@@ -128,6 +130,10 @@ pub enum Witness {
     DriverOnly,
     /// The report and the driver disagree on unified memory: the node is not used.
     Disagree,
+    /// The report and the driver disagree, and the cluster operator confirmed the agent's word
+    /// ([`names::ANNOTATION_MEMORY_MODEL_CONFIRMED`]): used as the agent classed it, except by
+    /// jobs whose GPU claims select by the driver's attributes.
+    Confirmed,
 }
 
 impl NodeInfo {
@@ -144,6 +150,9 @@ impl NodeInfo {
         info.observed = annotations
             .get(names::ANNOTATION_OBSERVED)
             .map(|json| ObservedSummary::parse(json));
+        info.confirmed = annotations
+            .get(names::ANNOTATION_MEMORY_MODEL_CONFIRMED)
+            .map(|v| bounded(v.trim()));
         info
     }
 
@@ -166,6 +175,7 @@ impl NodeInfo {
             standing,
             overlap_conflict,
             witness: Witness::Agent,
+            confirmed: None,
         }
     }
 
@@ -280,14 +290,20 @@ impl NodeInfo {
                     DriverSays::Mixed => agent_ats,
                     DriverSays::Nothing => false,
                 };
-                if disagree {
+                if disagree && self.confirmed.as_deref() == Some(model.to_string().as_str()) {
+                    self.witness = Witness::Confirmed;
+                } else if disagree {
                     let report_mode = self
                         .parsed_report()
                         .map_or("unknown", |r| r.addressing_mode().label_value());
                     self.standing = Standing::Ignored(format!(
-                        "its agent reports {model} memory (addressing mode {report_mode}) but GPU driver {} publishes {} in its ResourceSlices: not trusted for unified memory until the two agree",
+                        "its agent reports {model} memory (addressing mode {report_mode}) but GPU driver {} publishes {} in its ResourceSlices: not trusted for unified memory until the two agree, or until annotation {}: {model} confirms the agent's word{}",
                         bounded(&witness.driver),
-                        witness.describe()
+                        witness.describe(),
+                        names::ANNOTATION_MEMORY_MODEL_CONFIRMED,
+                        self.confirmed
+                            .as_ref()
+                            .map_or(String::new(), |c| format!(" (it says {c:?})"))
                     ));
                     self.witness = Witness::Disagree;
                 }

@@ -184,6 +184,29 @@ fn the_drivers_word_confirms_contradicts_or_stands_in_for_the_agents() {
             "{why}"
         );
     }
+    // The cluster operator's confirmation of the agent's word: used as the agent classed it
+    // (a witness claim-pinned jobs leave out); a confirmation of anything else leaves the node
+    // unused and is named.
+    let confirmed = |value: &str| {
+        let mut annotations = annotations_of("gh", fixtures::GH200_REFERENCE);
+        annotations.insert(
+            offload_api::names::ANNOTATION_MEMORY_MODEL_CONFIRMED.to_string(),
+            value.to_string(),
+        );
+        NodeInfo::from_metadata("gh", labels_of(fixtures::GH200_REFERENCE), &annotations)
+            .with_driver(driver_says(Some("HMM"), 1))
+    };
+    let judged = confirmed("coherent");
+    assert_eq!(judged.witness(), Witness::Confirmed);
+    assert_eq!(judged.class(), Some(NodeClass::Coherent));
+    let judged = confirmed("discrete");
+    assert_eq!(judged.witness(), Witness::Disagree);
+    let why = judged.ignored_because().unwrap();
+    assert!(
+        why.contains("offload.dev/memory-model-confirmed: coherent")
+            && why.contains("\"discrete\""),
+        "{why}"
+    );
     // No report: classed by the driver alone.
     let bare = NodeInfo::from_metadata("bare", BTreeMap::new(), &BTreeMap::new());
     assert_eq!(bare.standing(), &Standing::NotReported);

@@ -117,6 +117,11 @@ pub const ANNOTATION_MEGATRON_FP8_RECIPE: &str = "offload.dev/megatron-fp8-recip
 /// Annotation on other job kinds and Pods of a Megatron-core job: `true` where it runs with
 /// `--use-megatron-fsdp`, as `spec.megatron.megatronFsdp` (off when unset).
 pub const ANNOTATION_MEGATRON_FSDP: &str = "offload.dev/megatron-fsdp";
+/// Annotation a cluster operator sets on a Node whose witnesses of unified memory disagree (its
+/// agent's report and the GPU driver's ResourceSlices): the memory model the agent reports
+/// (`coherent`, `discrete` or `hmm`), confirmed, so the node is used as its agent classed it.
+/// Any other value leaves the node unused.
+pub const ANNOTATION_MEMORY_MODEL_CONFIRMED: &str = "offload.dev/memory-model-confirmed";
 /// Annotation on other job kinds and Pods: the model's total parameters, as in
 /// `spec.model.parameters` of a TrainingJob (`8B`, `8000000000`).
 pub const ANNOTATION_MODEL_PARAMETERS: &str = "offload.dev/model-parameters";

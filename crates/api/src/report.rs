@@ -8,17 +8,22 @@
 use serde::{Deserialize, Serialize};
 
 mod check;
+mod witness;
 pub use check::{
-    CPU_UPDATE_RATES, GPU_FLOPS, MAX_GPU_MEMORY, MAX_GPUS, MAX_REPORT_BYTES, MIN_GPU_MEMORY,
-    ReportError, gpu_memory_bound, impossible_gpu_memory,
+    CPU_UPDATE_RATES, GPU_FLOPS, MAX_GPU_MEMORY, MAX_GPUS, MAX_REPORT_BYTES, MAX_WITNESS_SENTENCE,
+    MIN_GPU_MEMORY, ReportError, gpu_memory_bound, impossible_gpu_memory,
+};
+pub use witness::{
+    GPU_MEMORY_SHARE, KernelGpuMemory, MAX_MEMORY_ONLY_NODES, MemoryOnlyNode, MemoryWitnesses,
 };
 
 /// Version of the report's JSON schema this code writes. Bump on any change; readers accept
 /// every version in [`READABLE_SCHEMA_VERSIONS`].
-pub const REPORT_SCHEMA_VERSION: u32 = 2;
+pub const REPORT_SCHEMA_VERSION: u32 = 3;
 /// Schema versions this code reads: version 1 is version 2 without the repeated-measurement,
-/// per-GPU and postponement fields.
-pub const READABLE_SCHEMA_VERSIONS: [u32; 2] = [1, 2];
+/// per-GPU and postponement fields; version 2 is version 3 without the memory model's
+/// witnesses.
+pub const READABLE_SCHEMA_VERSIONS: [u32; 3] = [1, 2, 3];
 
 /// How a GPU addresses host memory, as NVML's `nvmlDeviceGetAddressingMode` reports it. One
 /// spelling for JSON, text and the `offload.dev/addressing-mode` label (see
@@ -146,6 +151,10 @@ pub struct NodeReport {
     /// cores), where the agent could read it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_manager_policy: Option<String>,
+    /// What each witness of the memory model said (NVML, the kernel's NUMA view) and which the
+    /// classification used (reports of schema version 3 on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_witnesses: Option<MemoryWitnesses>,
     /// Overlap self-test results.
     pub selftest: SelfTestReport,
 }

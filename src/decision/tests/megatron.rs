@@ -280,7 +280,8 @@ fn what_megatron_cores_arguments_assert_for_the_hybrid_optimizer_is_refused_with
     use offload_api::v1alpha1::{Fp8Recipe, MegatronOptimizer};
     // Each setting Megatron-core's arguments.py refuses beside --optimizer-cpu-offload, with
     // the change that lets it run.
-    let cases: [(fn(&mut MegatronSpec), &str, &str); 4] = [
+    type Case = (fn(&mut MegatronSpec), &'static str, &'static str);
+    let cases: [Case; 4] = [
         (
             |m| m.optimizer = Some(MegatronOptimizer::Sgd),
             "takes --optimizer adam alone, and the job's optimizer is Sgd",

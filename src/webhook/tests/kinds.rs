@@ -636,9 +636,7 @@ async fn megatron_pytorchjobs_take_their_layout_from_annotations() {
     sgd["offload.dev/megatron-optimizer"] = json!("lion");
     let message = refusal(sgd).await;
     assert!(
-        message.contains(
-            "offload.dev/megatron-optimizer: \"lion\" is not one of adam, sgd, muon"
-        ),
+        message.contains("offload.dev/megatron-optimizer: \"lion\" is not one of adam, sgd, muon"),
         "{message}"
     );
     // FP8 gathers with a recipe other than delayed, and Megatron-FSDP: refused the same way.

@@ -98,6 +98,9 @@ pub enum ReportError {
     },
 }
 
+/// The longest sentence a report's witnesses may carry.
+pub const MAX_WITNESS_SENTENCE: usize = 400;
+
 /// The API server caps all of an object's annotations at 256 KiB: a report larger than that
 /// never came from a node.
 pub const MAX_REPORT_BYTES: usize = 256 * 1024;
@@ -136,7 +139,36 @@ impl NodeReport {
     /// [`MAX_GPUS`] GPUs, a GPU listed twice, GPU memory no GPU has, a date that is not one.
     pub fn check(&self) -> Result<(), ReportError> {
         self.check_gpus()?;
+        self.check_witnesses()?;
         self.selftest.check()
+    }
+
+    /// The witnesses say what the memory model rests on: NVML's word is the model, the kernel
+    /// never makes a node unified; their lists and sentence are bounded.
+    fn check_witnesses(&self) -> Result<(), ReportError> {
+        let Some(w) = &self.memory_witnesses else {
+            return Ok(());
+        };
+        let impossible = |msg: String| Err(ReportError::Impossible(msg));
+        if w.nvml != self.memory_model {
+            return impossible(format!(
+                "memoryWitnesses.nvml is {} but memoryModel is {}: the model is NVML's word",
+                w.nvml, self.memory_model
+            ));
+        }
+        if w.memory_only_nodes.len() > super::MAX_MEMORY_ONLY_NODES {
+            return impossible(format!(
+                "memoryWitnesses lists {} memory-only NUMA nodes, more than {}",
+                w.memory_only_nodes.len(),
+                super::MAX_MEMORY_ONLY_NODES
+            ));
+        }
+        if w.used.chars().count() > MAX_WITNESS_SENTENCE {
+            return impossible(format!(
+                "memoryWitnesses.used is longer than {MAX_WITNESS_SENTENCE} characters"
+            ));
+        }
+        Ok(())
     }
 
     /// The node's part: its GPUs, its date, its memory model.

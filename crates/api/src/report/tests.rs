@@ -210,3 +210,39 @@ fn a_real_probe_names_its_gpus_local_cores() {
         );
     }
 }
+
+#[test]
+fn the_memory_models_witnesses_are_read_and_checked() {
+    let numa = NodeReport::parse(include_str!(
+        "../../../testenv/fixtures/node-report-gh200-numa.json"
+    ))
+    .unwrap();
+    let w = numa.memory_witnesses.as_ref().unwrap();
+    assert_eq!(w.kernel, Some(KernelGpuMemory::NumaNodes));
+    let cdmm = NodeReport::parse(include_str!(
+        "../../../testenv/fixtures/node-report-gb200-cdmm.json"
+    ))
+    .unwrap();
+    assert_eq!(cdmm.memory_model, NodeMemoryModel::Coherent);
+    assert_eq!(cdmm.gpus.len(), 4);
+    // The kernel never makes a node unified: a model that is not NVML's word is refused, as
+    // are an unbounded list and sentence.
+    let mut forged = serde_json::to_value(&cdmm).unwrap();
+    forged["memoryWitnesses"]["nvml"] = serde_json::json!("discrete");
+    let err = NodeReport::parse(&forged.to_string()).unwrap_err();
+    assert!(
+        err.to_string().contains("the model is NVML's word"),
+        "{err}"
+    );
+    let mut long = serde_json::to_value(&cdmm).unwrap();
+    long["memoryWitnesses"]["used"] = serde_json::json!("x".repeat(MAX_WITNESS_SENTENCE + 1));
+    assert!(NodeReport::parse(&long.to_string()).is_err());
+    let mut many = serde_json::to_value(&numa).unwrap();
+    many["memoryWitnesses"]["memoryOnlyNodes"] = serde_json::json!(
+        (0..=MAX_MEMORY_ONLY_NODES)
+            .map(|n| serde_json::json!({"node": n, "bytes": 1}))
+            .collect::<Vec<_>>()
+    );
+    let err = NodeReport::parse(&many.to_string()).unwrap_err();
+    assert!(err.to_string().contains("memory-only NUMA nodes"), "{err}");
+}
