@@ -107,6 +107,11 @@ pub fn assemble(node: &str, reading: NodeReading, selftest: SelfTestReport) -> N
             crate::topology::CPU_MANAGER_STATE,
         )),
         memory_witnesses,
+        cpu_architecture: Some(std::env::consts::ARCH.to_string()),
+        resctrl: crate::topology::resctrl(
+            std::fs::read_to_string("/proc/filesystems").ok().as_deref(),
+            std::path::Path::new("/sys"),
+        ),
         selftest,
     }
 }

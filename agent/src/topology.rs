@@ -119,6 +119,18 @@ pub fn memory_only_nodes(sys: &Path) -> Option<Vec<offload_api::report::MemoryOn
     Some(out)
 }
 
+/// The kernel's resource control: whether it has `resctrl` (`filesystems`: the text of
+/// `/proc/filesystems`) and whether it is mounted under `sys` (`fs/resctrl/info`).
+pub fn resctrl(filesystems: Option<&str>, sys: &Path) -> Option<offload_api::report::Resctrl> {
+    let supported = filesystems?
+        .lines()
+        .any(|l| l.split_whitespace().last() == Some("resctrl"));
+    Some(offload_api::report::Resctrl {
+        supported,
+        mounted: sys.join("fs/resctrl/info").is_dir(),
+    })
+}
+
 /// The kubelet's CPU manager policy from its state file (`{"policyName":"static",…}`).
 pub fn cpu_manager_policy(path: &Path) -> Option<String> {
     let text = read_small(path)?;
@@ -236,5 +248,13 @@ mod tests {
             }]
         );
         assert_eq!(memory_only_nodes(&sys.join("absent")), None);
+        // An MPAM kernel with resctrl, not mounted; then mounted; a kernel without it.
+        let with = "nodev\tsysfs\nnodev\tresctrl\n";
+        let r = resctrl(Some(with), sys).unwrap();
+        assert!(r.supported && !r.mounted);
+        std::fs::create_dir_all(sys.join("fs/resctrl/info")).unwrap();
+        assert!(resctrl(Some(with), sys).unwrap().mounted);
+        assert!(!resctrl(Some("nodev\tsysfs\n"), sys).unwrap().supported);
+        assert_eq!(resctrl(None, sys), None);
     }
 }

@@ -202,7 +202,12 @@ fn framework_plan(
         settings.allow_zen_flow,
         memory_plan,
     );
-    for why in whys.into_iter().chain(threads_reason(job, whole_cores)) {
+    let setup = superoffload_setup(&framework, placement);
+    for why in whys
+        .into_iter()
+        .chain(setup)
+        .chain(threads_reason(job, whole_cores))
+    {
         reasons.add(Field::Framework, why);
     }
     let state = state_placement(
@@ -212,6 +217,47 @@ fn framework_plan(
         memory_plan.placement,
     );
     (framework, state)
+}
+
+/// Where SuperOffload is written for Grace nodes whose kernel lacks MPAM's resctrl (its setup
+/// guidance: resctrl partitions and the CPU optimizer bound to the GPU's NUMA node), which
+/// nodes and what they lack: it runs, sharing caches and memory bandwidth with everything else.
+fn superoffload_setup(
+    framework: &FrameworkPlan,
+    placement: &placement::ModeAndClass<'_, '_>,
+) -> Option<Why> {
+    if !matches!(framework, FrameworkPlan::DeepSpeed(p) if p.super_offload) {
+        return None;
+    }
+    let lacking: Vec<String> = placement
+        .chosen?
+        .nodes()
+        .filter_map(|n| {
+            let report = n.parsed_report()?;
+            let grace = report.cpu_architecture.as_deref() == Some("aarch64");
+            let lacks = match report.resctrl {
+                Some(r) if !r.supported => "no resctrl in its kernel (MPAM off)",
+                Some(r) if !r.mounted => "resctrl not mounted",
+                _ => return None,
+            };
+            grace.then(|| format!("{} ({lacks})", n.name))
+        })
+        .take(4)
+        .collect();
+    if lacking.is_empty() {
+        return None;
+    }
+    Some(Why::summed(
+        ReasonCode::SuperOffloadSetup,
+        format!(
+            "SuperOffload without its setup on {} Grace node(s): no MPAM resctrl partitions, so the CPU optimizer shares caches and memory bandwidth",
+            lacking.len()
+        ),
+        format!(
+            "SuperOffload on nodes whose kernel lacks what its setup guidance on Grace asks for — an MPAM kernel with resctrl partitions and the CPU optimizer bound to the GPU's NUMA node: {}; it runs, with the CPU optimizer sharing caches and memory bandwidth",
+            lacking.join(", ")
+        ),
+    ))
 }
 
 /// The memory model's figures for the placement chosen; a trial's budget is the one it was

@@ -155,8 +155,25 @@ pub struct NodeReport {
     /// classification used (reports of schema version 3 on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_witnesses: Option<MemoryWitnesses>,
+    /// The CPU architecture the agent runs on (`aarch64` on Grace, `x86_64`), where it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_architecture: Option<String>,
+    /// The kernel's resource control (`resctrl`: MPAM on Arm, RDT on x86), where it was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resctrl: Option<Resctrl>,
     /// Overlap self-test results.
     pub selftest: SelfTestReport,
+}
+
+/// The kernel's resource control filesystem, which partitions caches and memory bandwidth (on
+/// Grace: MPAM, which SuperOffload's setup guidance asks for).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Resctrl {
+    /// The kernel has it (`resctrl` in `/proc/filesystems`).
+    pub supported: bool,
+    /// It is mounted where the agent can see it (`/sys/fs/resctrl/info`).
+    pub mounted: bool,
 }
 
 /// NVML availability and versions.

@@ -21,6 +21,60 @@ fn superoffload_before_its_fixes_comes_with_a_warning() {
 }
 
 #[test]
+fn superoffload_on_grace_without_mpams_resctrl_says_what_its_setup_lacks() {
+    // The GH200 reference reading with what its agent reads of the kernel.
+    let grace = |name: &str, resctrl: Option<offload_api::report::Resctrl>, arch: &str| {
+        let mut report = NodeReport::parse(fixtures::GH200_REFERENCE).unwrap();
+        report.node = name.to_string();
+        report.cpu_architecture = Some(arch.to_string());
+        report.resctrl = resctrl;
+        NodeInfo::from_report(name, &report)
+    };
+    use offload_api::report::Resctrl;
+    let setup = |res: &Resolution| {
+        res.reasons
+            .iter()
+            .find(|r| r.code == offload_api::v1alpha1::ReasonCode::SuperOffloadSetup)
+            .map(|r| r.message.clone())
+    };
+    let off = Resctrl {
+        supported: false,
+        mounted: false,
+    };
+    let res = resolve(&deepspeed("0.19.8"), &[grace("gh-a", Some(off), "aarch64")]).unwrap();
+    assert!(ds_plan(&res).super_offload);
+    let said = setup(&res).expect("a setup reason");
+    assert!(
+        said.contains("gh-a (no resctrl in its kernel (MPAM off))") && said.contains("NUMA node"),
+        "{said}"
+    );
+    let unmounted = Resctrl {
+        supported: true,
+        mounted: false,
+    };
+    let res = resolve(
+        &deepspeed("0.19.8"),
+        &[grace("gh-a", Some(unmounted), "aarch64")],
+    )
+    .unwrap();
+    assert!(setup(&res).unwrap().contains("resctrl not mounted"));
+    // Mounted, or not Grace, or not read: nothing to say.
+    let ready = Resctrl {
+        supported: true,
+        mounted: true,
+    };
+    for node in [
+        grace("gh-a", Some(ready), "aarch64"),
+        grace("gh-a", Some(off), "x86_64"),
+        grace("gh-a", None, "aarch64"),
+    ] {
+        let res = resolve(&deepspeed("0.19.8"), &[node]).unwrap();
+        assert!(ds_plan(&res).super_offload);
+        assert_eq!(setup(&res), None);
+    }
+}
+
+#[test]
 fn explicit_superoffload_needs_a_version_that_has_it() {
     let mut job = deepspeed("0.17.4");
     job.deepspeed.super_offload = Some(true);

@@ -146,10 +146,20 @@ impl NodeReport {
     /// The witnesses say what the memory model rests on: NVML's word is the model, the kernel
     /// never makes a node unified; their lists and sentence are bounded.
     fn check_witnesses(&self) -> Result<(), ReportError> {
+        let impossible = |msg: String| Err(ReportError::Impossible(msg));
+        if let Some(arch) = &self.cpu_architecture
+            && (arch.is_empty()
+                || arch.len() > 32
+                || !arch.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        {
+            return impossible(format!(
+                "cpuArchitecture {:?} is not an architecture's name",
+                arch.chars().take(40).collect::<String>()
+            ));
+        }
         let Some(w) = &self.memory_witnesses else {
             return Ok(());
         };
-        let impossible = |msg: String| Err(ReportError::Impossible(msg));
         if w.nvml != self.memory_model {
             return impossible(format!(
                 "memoryWitnesses.nvml is {} but memoryModel is {}: the model is NVML's word",

@@ -76,6 +76,9 @@ pub enum ReasonCode {
     FrameworkSettings,
     /// DeepSpeed's SuperOffload on or off.
     SuperOffload,
+    /// SuperOffload on Grace nodes whose kernel lacks what its setup guidance asks for (MPAM's
+    /// resctrl partitions): it runs, with the CPU optimizer sharing caches and memory bandwidth.
+    SuperOffloadSetup,
     /// DeepSpeed's ZenFlow on or off (only with consent: it changes the optimisation).
     ZenFlow,
     /// DeepSpeed's `offload_param`: parameters offloaded too, or kept on the GPU.
@@ -95,7 +98,7 @@ pub enum ReasonCode {
 
 impl ReasonCode {
     /// Every code, in the order the reference lists them.
-    pub const ALL: [ReasonCode; 33] = [
+    pub const ALL: [ReasonCode; 34] = [
         ReasonCode::FitsWithoutOffload,
         ReasonCode::SmallestOffloadThatFits,
         ReasonCode::ProvenByRuns,
@@ -122,6 +125,7 @@ impl ReasonCode {
         ReasonCode::RatioLowered,
         ReasonCode::FrameworkSettings,
         ReasonCode::SuperOffload,
+        ReasonCode::SuperOffloadSetup,
         ReasonCode::ZenFlow,
         ReasonCode::ParametersOffloaded,
         ReasonCode::SettingLowered,
@@ -158,6 +162,7 @@ impl ReasonCode {
             | C::RatioLowered => &["offloadRatio"],
             C::FrameworkSettings
             | C::SuperOffload
+            | C::SuperOffloadSetup
             | C::ZenFlow
             | C::ParametersOffloaded
             | C::SettingLowered
@@ -197,6 +202,7 @@ impl ReasonCode {
             ReasonCode::RatioLowered => "RatioLowered",
             ReasonCode::FrameworkSettings => "FrameworkSettings",
             ReasonCode::SuperOffload => "SuperOffload",
+            ReasonCode::SuperOffloadSetup => "SuperOffloadSetup",
             ReasonCode::ZenFlow => "ZenFlow",
             ReasonCode::ParametersOffloaded => "ParametersOffloaded",
             ReasonCode::SettingLowered => "SettingLowered",
