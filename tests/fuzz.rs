@@ -196,6 +196,10 @@ fn decision_engine() {
                             [usize::from((flags >> 4) % 3)],
                         zen_flow: [None, Some(true), Some(false)][usize::from((flags >> 6) % 3)],
                         zenflow_in_config: flags & 1 == 1,
+                        bf16_optimizer_states: [None, Some(true), Some(false)]
+                            [usize::from((stage >> 3) % 3)],
+                        bf16_in_config: flags & 2 == 2,
+                        bf16_states_in_config: stage & 1 == 1,
                     },
                     // Model hints from 1 parameter to 10^15, with and without the step's tokens.
                     model: (flags & 4 == 4).then(|| ModelHints {

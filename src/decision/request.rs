@@ -221,6 +221,12 @@ pub struct DeepSpeedRequest {
     pub zen_flow: Option<bool>,
     /// The user's DeepSpeed JSON already has a `zenflow` section (their own consent).
     pub zenflow_in_config: bool,
+    /// The job's consent (`true`) or refusal (`false`) to bf16 optimizer states under offload.
+    pub bf16_optimizer_states: Option<bool>,
+    /// The user's DeepSpeed JSON trains in bf16 (`bf16.enabled`).
+    pub bf16_in_config: bool,
+    /// The user's DeepSpeed JSON already keeps the optimizer state in bf16 (their consent).
+    pub bf16_states_in_config: bool,
 }
 
 /// The id a TrainingJob's runs are recorded under: `namespace/name/uid`.
@@ -276,6 +282,8 @@ impl JobRequest {
         let ds = spec.deepspeed.clone().unwrap_or_default();
         let mut deepspeed = DeepSpeedRequest::from_spec(&ds, config.and_then(|c| c.stage));
         deepspeed.zenflow_in_config = config.is_some_and(|c| c.zenflow);
+        deepspeed.bf16_in_config = config.is_some_and(|c| c.bf16);
+        deepspeed.bf16_states_in_config = config.is_some_and(|c| c.bf16_states);
         let offload = super::AdmittedRequest::original(tj)
             .or_else(|| recorded_request(tj))
             .unwrap_or_else(|| spec.offload.clone());
@@ -480,6 +488,9 @@ impl DeepSpeedRequest {
             super_offload: ds.super_offload,
             zen_flow: ds.zen_flow,
             zenflow_in_config: false,
+            bf16_optimizer_states: ds.bf16_optimizer_states,
+            bf16_in_config: false,
+            bf16_states_in_config: false,
         }
     }
 }

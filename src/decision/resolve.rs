@@ -219,6 +219,13 @@ fn framework_plan(
     (framework, state)
 }
 
+/// The Grace nodes of a class whose kernel lacks MPAM's resctrl: how many, and the first few
+/// with what each lacks.
+struct SetupLacking {
+    count: usize,
+    first: Vec<String>,
+}
+
 /// Where SuperOffload is written for Grace nodes whose kernel lacks MPAM's resctrl (its setup
 /// guidance: resctrl partitions and the CPU optimizer bound to the GPU's NUMA node), which
 /// nodes and what they lack: it runs, sharing caches and memory bandwidth with everything else.
@@ -229,29 +236,34 @@ fn superoffload_setup(
     if !matches!(framework, FrameworkPlan::DeepSpeed(p) if p.super_offload) {
         return None;
     }
-    let lacking: Vec<String> = placement
-        .chosen?
-        .nodes()
-        .filter_map(|n| {
-            let report = n.parsed_report()?;
-            let grace = report.cpu_architecture.as_deref() == Some("aarch64");
-            let lacks = match report.resctrl {
-                Some(r) if !r.supported => "no resctrl in its kernel (MPAM off)",
-                Some(r) if !r.mounted => "resctrl not mounted",
-                _ => return None,
-            };
-            grace.then(|| format!("{} ({lacks})", n.name))
-        })
-        .take(4)
-        .collect();
+    // A fact of the class's nodes, worked out once per index whatever the job.
+    // A fact of the class's nodes, worked out once per index whatever the job.
+    let lacking = placement.chosen?.fact(|nodes| {
+        let all: Vec<String> = nodes
+            .filter_map(|n| {
+                let report = n.parsed_report()?;
+                let grace = report.cpu_architecture.as_deref() == Some("aarch64");
+                let lacks = match report.resctrl {
+                    Some(r) if !r.supported => "no resctrl in its kernel (MPAM off)",
+                    Some(r) if !r.mounted => "resctrl not mounted",
+                    _ => return None,
+                };
+                grace.then(|| format!("{} ({lacks})", n.name))
+            })
+            .collect();
+        SetupLacking {
+            count: all.len(),
+            first: all.into_iter().take(4).collect(),
+        }
+    });
+    let (count, lacking) = (lacking.count, &lacking.first);
     if lacking.is_empty() {
         return None;
     }
     Some(Why::summed(
         ReasonCode::SuperOffloadSetup,
         format!(
-            "SuperOffload without its setup on {} Grace node(s): no MPAM resctrl partitions, so the CPU optimizer shares caches and memory bandwidth",
-            lacking.len()
+            "SuperOffload without its setup on {count} Grace node(s): no MPAM resctrl partitions, so the CPU optimizer shares caches and memory bandwidth"
         ),
         format!(
             "SuperOffload on nodes whose kernel lacks what its setup guidance on Grace asks for — an MPAM kernel with resctrl partitions and the CPU optimizer bound to the GPU's NUMA node: {}; it runs, with the CPU optimizer sharing caches and memory bandwidth",
@@ -347,6 +359,7 @@ fn memory_plan(
             .map(|c| c.placement)
             .or(placement.rung),
         rung: placement.memory.is_none() && placement.rung.is_some(),
+        bf16_states: placement.memory.as_ref().is_some_and(|c| c.bf16_states),
         sub_group_size: match (memory, job.config.sub_group_size) {
             (Some(jm), None) => Some(memory::operator_sub_group_size(jm.parameters, jm.ranks)),
             _ => None,

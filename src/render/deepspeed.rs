@@ -75,7 +75,8 @@ fn device(res: &Resolution) -> &'static str {
 /// Merges the offload section into the user's DeepSpeed JSON. Only the keys the operator owns
 /// change (`device`, `pin_memory`, `ratio`, `super_offload`, `cpuadam_cores_perc` of the two
 /// offload sections, and `stage` and, with a partial ratio, `sub_group_size` when the user's
-/// config lacks them); every other key is kept as written. Merging twice gives the same
+/// config lacks them; `bf16`'s state keys where the decision keeps the optimizer state in
+/// bf16); every other key is kept as written. Merging twice gives the same
 /// document.
 pub fn merge_config(
     user: &Value,
@@ -102,6 +103,12 @@ pub fn merge_config(
         write_zenflow(zero)?;
     }
     write_offload_param(zero, res, plan)?;
+    if plan.bf16_optimizer_states {
+        let bf16 = section(&mut root, "bf16", "bf16")?;
+        bf16.insert("enabled".into(), json!(true));
+        bf16.insert("bf16_master_weights_and_grads".into(), json!(true));
+        bf16.insert("bf16_optimizer_states".into(), json!(true));
+    }
     Ok(Value::Object(root))
 }
 

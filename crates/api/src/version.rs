@@ -58,6 +58,9 @@ pub mod deepspeed {
     pub const SUPER_OFFLOAD: (u64, u64, u64) = (0, 18, 0);
     /// The release whose SuperOffload fixes make it the sensible minimum.
     pub const SUPER_OFFLOAD_RECOMMENDED: (u64, u64, u64) = (0, 18, 9);
+    /// `bf16.bf16_master_weights_and_grads` and `bf16.bf16_optimizer_states` beside
+    /// `offload_optimizer`: the optimizer state kept in bf16 (first in the 0.19.1 release).
+    pub const BF16_OPTIMIZER_STATES: (u64, u64, u64) = (0, 19, 1);
     /// `zero_optimization.zenflow` (first in the 0.17.5 release).
     pub const ZENFLOW: (u64, u64, u64) = (0, 17, 5);
 

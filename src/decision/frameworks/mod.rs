@@ -51,6 +51,9 @@ pub struct DeepSpeedPlan {
     /// Write `zero_optimization.sub_group_size` (with a partial ratio, where the user's config
     /// sets none: the share offloaded is counted in whole sub-groups).
     pub sub_group_size: Option<u64>,
+    /// Write `bf16.bf16_master_weights_and_grads` and `bf16.bf16_optimizer_states`: the
+    /// optimizer state in bf16 under offload (with consent, where nothing in fp32 fits).
+    pub bf16_optimizer_states: bool,
 }
 
 /// Accelerate FSDP switches.
@@ -198,6 +201,9 @@ pub(super) struct MemoryPlan {
     pub(super) sub_group_size: Option<u64>,
     /// `placement` is a rung of `unknownSize: TryFastest`, not what the model sized.
     pub(super) rung: bool,
+    /// The placement keeps the optimizer state in bf16 (a consenting job that fits nothing in
+    /// fp32).
+    pub(super) bf16_states: bool,
 }
 
 /// How the framework realises the configuration, with the reasons (one or two sentences).
@@ -229,6 +235,13 @@ pub(super) fn plan(
         );
         if ds.zenflow {
             ds.super_offload = false;
+        }
+        if ds.bf16_optimizer_states {
+            why.push(Why::summed(
+                ReasonCode::Bf16OptimizerStates,
+                "optimizer state in bf16 under offload: nothing in fp32 fits, and the job consented (it changes the numerics)",
+                "bf16.bf16_master_weights_and_grads and bf16.bf16_optimizer_states: the master weights, gradients and Adam moments in bf16, about half the host memory of the offloaded state in fp32; written because no configuration in fp32 fits and the job (spec.deepspeed.bf16OptimizerStates, its own config) or its profile (allowBf16OptimizerStates) consented to the change in numerics",
+            ));
         }
         // What overlap means in the keys written.
         match mode {
@@ -402,6 +415,7 @@ fn plan_inner(
                 write_ratio,
                 zenflow: false,
                 sub_group_size: memory.sub_group_size.filter(|_| write_ratio && ratio < 1.0),
+                bf16_optimizer_states: memory.bf16_states && mode != OffloadMode::Disabled,
             })
         }
         (Framework::Fsdp, Some(version)) => fsdp_plan(version, mode, memory, why),

@@ -34,6 +34,11 @@ pub struct UserConfig {
     pub stage: Option<u8>,
     /// Whether it has a `zero_optimization.zenflow` section (the user's consent to ZenFlow).
     pub zenflow: bool,
+    /// Whether it trains in bf16 (`bf16.enabled`).
+    pub bf16: bool,
+    /// Whether it keeps the optimizer state in bf16 (`bf16.bf16_optimizer_states`: the user's
+    /// consent to it).
+    pub bf16_states: bool,
     /// What sizes memory.
     pub facts: ConfigFacts,
 }
@@ -185,8 +190,16 @@ impl UserConfig {
             ),
             sub_group_size: positive(zero.and_then(|z| z.get("sub_group_size"))),
         };
+        let bf16_flag = |key: &str| {
+            json.get("bf16")
+                .and_then(|s| s.get(key))
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+        };
         Ok(UserConfig {
             zenflow: zero.and_then(|z| z.get("zenflow")).is_some(),
+            bf16: enabled("bf16") || enabled("bfloat16"),
+            bf16_states: bf16_flag("bf16_optimizer_states"),
             json,
             stage,
             facts,

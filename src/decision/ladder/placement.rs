@@ -164,6 +164,12 @@ impl PlacementInputs<'_> {
         });
         (allowed.partial_before_params, allowed.cpu_note) =
             crate::decision::pod::cpu::partial_before_params(self.job, cpus.0.iter());
+        // The profile's consent to the optimizer state in bf16.
+        if allowed.bf16_states == rungs::Bf16States::Offered
+            && self.profile.allow_bf16_optimizer_states
+        {
+            allowed.bf16_states = rungs::Bf16States::Allowed;
+        }
         // Trials only where a failure is recovered from (a TrainingJob) and the share is the
         // operator's to choose.
         if self.job.identity.is_some() && fixed.is_none() && self.profile.learn_memory {

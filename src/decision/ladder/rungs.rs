@@ -42,6 +42,9 @@ pub(in crate::decision) struct MemoryChoice {
     /// Where what trained was ranked by its steps over a less offloaded configuration that
     /// trained slower: both steps, short (`2000 ms a step; 35% 2300 ms`).
     pub(in crate::decision) stepped: Option<String>,
+    /// The optimizer state kept in bf16: the rung a consenting job that fits nothing in fp32
+    /// takes.
+    pub(in crate::decision) bf16_states: bool,
 }
 
 /// A trial of a rung faster than the fastest configuration that trained.
@@ -79,6 +82,21 @@ pub(in crate::decision) struct Allowed {
     pub(in crate::decision) partial_before_params: f64,
     /// Where the pod's cores moved that share from the measured one: the cores in words.
     pub(in crate::decision) cpu_note: Option<String>,
+    /// The rung with the optimizer state in bf16 under offload.
+    pub(in crate::decision) bf16_states: Bf16States,
+}
+
+/// Whether the rung with the optimizer state in bf16 may be taken, or only offered in the
+/// advice of a job that fits nowhere.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(in crate::decision) enum Bf16States {
+    /// Not for this job: not DeepSpeed ≥ 0.19.1 training in bf16 with offload, or refused.
+    #[default]
+    Unavailable,
+    /// The job could take it, without consent yet.
+    Offered,
+    /// Consented: taken where nothing in fp32 fits.
+    Allowed,
 }
 
 impl Allowed {
@@ -155,6 +173,7 @@ pub(in crate::decision) fn allowed(
         Framework::Generic => (true, false),
     };
     let whole_ok = fixed_ratio.is_none_or(|r| r >= 1.0);
+    let bf16_states = bf16_states(job, facts, offload);
     Allowed {
         no_offload,
         offload,
@@ -168,6 +187,34 @@ pub(in crate::decision) fn allowed(
         trials: 0,
         partial_before_params: PARTIAL_BEFORE_PARAMS_UP_TO,
         cpu_note: None,
+        bf16_states,
+    }
+}
+
+/// Whether a DeepSpeed job may keep its optimizer state in bf16 under offload: DeepSpeed
+/// 0.19.1 or newer, the job training in bf16 with ZeRO and offload possible; taken with the
+/// job's consent (its spec, or its own config keeping the state in bf16), else offered (a
+/// profile may consent).
+fn bf16_states(job: &JobRequest, facts: &FrameworkFacts, offload: bool) -> Bf16States {
+    let ds = &job.deepspeed;
+    let takes = job.framework.name == Framework::DeepSpeed
+        && offload
+        && facts.stage >= 1
+        && ds.bf16_in_config
+        && ds.bf16_optimizer_states != Some(false)
+        && facts.version.as_ref().is_some_and(|v| {
+            offload_api::version::deepspeed::has(
+                v,
+                offload_api::version::deepspeed::BF16_OPTIMIZER_STATES,
+            )
+        });
+    match (
+        takes,
+        ds.bf16_optimizer_states == Some(true) || ds.bf16_states_in_config,
+    ) {
+        (false, _) => Bf16States::Unavailable,
+        (true, true) => Bf16States::Allowed,
+        (true, false) => Bf16States::Offered,
     }
 }
 
@@ -216,6 +263,9 @@ fn chosen(
         figures.push_str(&close);
     }
     figures.push_str(&model_note(jm));
+    if jm.bf16_states {
+        figures.push_str("; the optimizer state in bf16 (consented: it changes the numerics), as nothing in fp32 fits");
+    }
     MemoryChoice {
         placement,
         figures,
@@ -226,6 +276,7 @@ fn chosen(
         proven: false,
         trial: None,
         stepped: None,
+        bf16_states: jm.bf16_states,
     }
 }
 
@@ -310,7 +361,24 @@ pub(in crate::decision) fn fastest(
     {
         return Ok(choice(Placement::Optimizer, est));
     }
+    // Nothing in fp32 fits: the state in bf16, where the job consented.
+    if allowed.bf16_states == Bf16States::Allowed
+        && !jm.bf16_states
+        && let Ok(c) = fastest(&jm.with_bf16_states(), class, &in_bf16(allowed))
+    {
+        return Ok(c);
+    }
     Err(tried)
+}
+
+/// What a job may take with its optimizer state in bf16: offload only (the rung is under
+/// offload), and no second bf16 rung.
+fn in_bf16(allowed: &Allowed) -> Allowed {
+    Allowed {
+        no_offload: false,
+        bf16_states: Bf16States::Unavailable,
+        ..allowed.clone()
+    }
 }
 
 impl Tried {
@@ -342,6 +410,7 @@ pub(in crate::decision) fn advice(
     let mut ideas = Vec::new();
     zero3_advice(jm, class, allowed, &mut ideas);
     megatron_advice(jm, class, allowed, &mut ideas);
+    bf16_advice(jm, class, allowed, &mut ideas);
     more_ranks_advice(jm, class, allowed, &mut ideas);
     step_advice(jm, class, allowed, &mut ideas);
     hints_advice(jm, class, allowed, &mut ideas);
@@ -350,6 +419,19 @@ pub(in crate::decision) fn advice(
         "no more GPUs, ZeRO stage or micro-batch found that would fit: it needs nodes with more GPU or host memory".to_string()
     } else {
         ideas.join("; ")
+    }
+}
+
+/// The optimizer state in bf16 under offload, for a job that could take it without consent yet.
+fn bf16_advice(jm: &JobMemory, class: &ClassMemory, allowed: &Allowed, ideas: &mut Vec<String>) {
+    if allowed.bf16_states != Bf16States::Offered || jm.bf16_states {
+        return;
+    }
+    if let Ok(c) = fastest(&jm.with_bf16_states(), class, &in_bf16(allowed)) {
+        ideas.push(format!(
+            "the optimizer state in bf16 under offload would fit as {} (spec.deepspeed.bf16OptimizerStates: true, or the profile's allowBf16OptimizerStates: it changes the numerics)",
+            c.placement
+        ));
     }
 }
 

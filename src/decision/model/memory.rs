@@ -44,6 +44,10 @@ pub const PARTIAL_BEFORE_PARAMS_UP_TO: f64 = 0.45;
 
 /// DeepSpeed's reduce bucket (`reduce_bucket_size` 5·10⁸ in 16-bit), allocated at start.
 const BUCKET_BYTES: f64 = 1e9;
+/// Bytes a parameter of one piece of optimizer state in bf16 (not measured: DeepSpeed's own
+/// account of `bf16_optimizer_states`, about 6 bytes a parameter on the host for the master
+/// weights and both moments).
+const STATE_BYTES_BF16: f64 = 2.0;
 /// The framework's own GPU buffers beside the bucket (measured 0.07–0.11 GB).
 const FRAMEWORK_BYTES: f64 = 0.12e9;
 /// What the GPU holds beyond the count whenever optimizer state is offloaded: copies on
@@ -187,6 +191,10 @@ pub struct JobMemory {
     /// trial of a faster rung ([`crate::decision::runs::proven`]), which keeps the fragmentation share alone
     /// and lets its run tell whether the step needed more: it falls back should it run out.
     pub logits_room: bool,
+    /// The optimizer state, master weights and gradients kept in bf16 (DeepSpeed's
+    /// `bf16_optimizer_states` with `bf16_master_weights_and_grads`): 2 bytes each a parameter
+    /// where fp32 takes 4. Only a rung of consenting jobs under offload sets it.
+    pub bf16_states: bool,
 }
 
 /// What one node class offers a job: its smallest GPU, and the least host memory one of the
@@ -298,7 +306,41 @@ impl JobMemory {
     /// Optimizer bytes per parameter: fp32 master weights and two moments in mixed precision,
     /// the two moments in fp32.
     fn optimizer_bytes(&self) -> f64 {
-        if self.mixed() { 12.0 } else { 8.0 }
+        if self.bf16_states {
+            3.0 * STATE_BYTES_BF16
+        } else if self.mixed() {
+            12.0
+        } else {
+            8.0
+        }
+    }
+
+    /// Bytes a parameter of each piece of optimizer state (the master weights, each Adam
+    /// moment, the master gradients) takes.
+    pub(super) fn state_bytes(&self) -> f64 {
+        if self.bf16_states {
+            STATE_BYTES_BF16
+        } else {
+            4.0
+        }
+    }
+
+    /// Bytes a parameter of the master gradients mixed precision keeps beside the 16-bit ones
+    /// (none in fp32, where the gradients are the master's).
+    fn grad_bytes(&self) -> f64 {
+        if self.mixed() {
+            self.state_bytes()
+        } else {
+            0.0
+        }
+    }
+
+    /// The job with its optimizer state, master weights and gradients in bf16.
+    pub fn with_bf16_states(&self) -> JobMemory {
+        JobMemory {
+            bf16_states: true,
+            ..self.clone()
+        }
     }
 
     /// The job as a trial of a faster rung sees it ([`crate::decision::runs::proven`]): the allocator's room
@@ -379,65 +421,6 @@ impl JobMemory {
             structural: gpu_with(0.0) * self.corrections.gpu,
             learned,
             offloaded_share: matches!(placement, Placement::PartialOptimizer(_)).then_some(r),
-        }
-    }
-
-    /// The bytes `placement` needs on each GPU with `kept` of the optimizer state there and
-    /// activations of `act` bytes (`factor` times the model's: what was learned scales them).
-    fn gpu_bytes(
-        &self,
-        placement: Placement,
-        kept: f64,
-        act: f64,
-        factor: f64,
-        flushes: &[Flush],
-    ) -> f64 {
-        let p = self.parameters;
-        let s = self.shard();
-        let b = self.value_bytes;
-        let o = self.optimizer_bytes();
-        let c = BUCKET_BYTES + FRAMEWORK_BYTES;
-        let live = b * p.min(MAX_LIVE_PARAMETERS);
-        // ZeRO-3 over several ranks gathers each layer's parameters whole while it runs (not
-        // measured: one GPU gathers nothing it does not hold).
-        let gathered = if self.ranks > 1 {
-            2.0 * b * self.largest_layer()
-        } else {
-            0.0
-        };
-        // fp32 gradients the optimizer needs in mixed precision.
-        let f = if self.mixed() { 4.0 } else { 0.0 };
-        // With optimizer state offloaded the peak is the loss's backward or a gradient flush,
-        // whichever is higher.
-        let offloaded = flushes
-            .iter()
-            .map(|f| factor * f.alive + f.transient)
-            .fold(act, f64::max)
-            + OFFLOAD_STREAM_BYTES;
-        match (self.sharding, placement) {
-            (Sharding::Zero(3), Placement::NoOffload) => {
-                (b + b + o) * s + c + gathered + act.max((b + 4.0) * self.largest_group())
-            }
-            (Sharding::Zero(3), Placement::PartialOptimizer(_)) => {
-                b * s + (o + 4.0) * kept * s + c + gathered + offloaded
-            }
-            (Sharding::Zero(3), Placement::Optimizer) => b * s + c + gathered + offloaded,
-            (Sharding::Zero(3), Placement::OptimizerAndParams) => c + offloaded + live,
-            (Sharding::Fsdp, Placement::OptimizerAndParams) => (act + c + live) * UNMEASURED_SAFETY,
-            (Sharding::Fsdp, _) => ((b + b + o + f) * s + act + c + live) * UNMEASURED_SAFETY,
-            (Sharding::Zero(2), _) => {
-                (b * p + (b + o) * kept * s + act.max(f * kept * s) + 2.0 * c) * UNMEASURED_SAFETY
-            }
-            (Sharding::Zero(1), _) => {
-                ((b + b) * p + o * kept * s + act.max(f * kept * s) + c) * UNMEASURED_SAFETY
-            }
-            (Sharding::Zero(_), _) => ((b + b + o + f) * p + act + c) * UNMEASURED_SAFETY,
-            (Sharding::Megatron { .. }, _) => {
-                self.megatron_gpu(kept, act, factor, c) * self.megatron_safety()
-            }
-            (Sharding::Unsharded, _) => {
-                ((b + b) * p + o * kept * p + act.max(f * kept * p) + c) * UNMEASURED_SAFETY
-            }
         }
     }
 
@@ -606,6 +589,7 @@ pub fn gpu_memory_for(estimate: f64, room: f64) -> u64 {
 mod corrections;
 mod describe;
 mod flushes;
+mod gpu;
 mod groups;
 mod host;
 mod megatron;

@@ -239,6 +239,7 @@ fn job_memory_of(
         untraced,
         counted_parameters: None,
         logits_room: true,
+        bf16_states: false,
     }))
 }
 

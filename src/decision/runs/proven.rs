@@ -207,6 +207,7 @@ fn choice_of(jm: &JobMemory, cm: &ClassMemory, placement: Placement, note: Strin
         proven: true,
         trial: None,
         stepped: None,
+        bf16_states: jm.bf16_states,
     }
 }
 

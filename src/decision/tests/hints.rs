@@ -190,6 +190,7 @@ fn partial_hints_are_bounded_by_the_parameter_count_and_say_what_would_decide_it
         trials: 0,
         partial_before_params: crate::decision::model::memory::PARTIAL_BEFORE_PARAMS_UP_TO,
         cpu_note: None,
+        bf16_states: Default::default(),
     };
     assert!(crate::decision::ladder::rungs::fastest(&jm, &cm, &allowed).is_err());
     let advice = crate::decision::ladder::rungs::advice(&jm, &cm, &allowed);

@@ -489,3 +489,69 @@ fn a_host_kill_is_a_vpa_bump_never_the_whole_node() {
     let c = Corrections::from_failures(&[f]);
     assert!((c.gpu - 139.0 / 130.0 * 1.05).abs() < 1e-9, "{}", c.gpu);
 }
+
+#[test]
+fn the_optimizer_state_in_bf16_is_the_rung_a_consenting_job_takes_where_nothing_in_fp32_fits() {
+    use offload_api::v1alpha1::ReasonCode;
+    let job = |version: &str| {
+        let mut job = with_model(deepspeed(version), 9_122_865_152, 44);
+        job.deepspeed.bf16_in_config = true;
+        job
+    };
+    let node = || with_host(h200("h"), H200_HOST);
+    // What the job needs of the host in fp32 with its optimizer state offloaded.
+    let fp32 = resolve(&job("0.19.8"), &[node()]).unwrap();
+    assert_ne!(fp32.mode, OffloadMode::Disabled, "{}", fp32.summary());
+    let fp32_host = fp32.memory.as_ref().unwrap().host_bytes_per_pod;
+    // A pod limit a fifth below it: nothing in fp32 fits.
+    let limit = fp32_host / 5 * 4;
+    let limited = |version: &str| {
+        let mut j = job(version);
+        j.pod_memory_limit = Some(limit);
+        j
+    };
+    // Without consent: held, the message offering the rung.
+    let err = resolve(&limited("0.19.8"), &[node()]).unwrap_err();
+    assert_eq!(err.category(), "InsufficientMemory");
+    assert!(
+        err.to_string()
+            .contains("the optimizer state in bf16 under offload would fit as")
+            && err.to_string().contains("bf16OptimizerStates"),
+        "{err}"
+    );
+    // With the job's consent: taken, its keys planned and said, the host under the limit.
+    let mut consenting = limited("0.19.8");
+    consenting.deepspeed.bf16_optimizer_states = Some(true);
+    let res = resolve(&consenting, &[node()]).unwrap();
+    assert!(ds_plan(&res).bf16_optimizer_states, "{}", res.summary());
+    assert!(
+        res.reasons
+            .iter()
+            .any(|r| r.code == ReasonCode::Bf16OptimizerStates)
+    );
+    let est = res.memory.as_ref().unwrap();
+    assert!(
+        est.host_bytes_per_pod <= limit && est.host_bytes_per_pod < fp32_host,
+        "{est:?}"
+    );
+    // The profile's consent does the same; the job's refusal keeps it off, offered nowhere.
+    let mut profile = profile();
+    profile.allow_bf16_optimizer_states = true;
+    let res = resolve_offload(&limited("0.19.8"), "default", &profile, &idx(&[node()])).unwrap();
+    assert!(ds_plan(&res).bf16_optimizer_states);
+    let mut refusing = limited("0.19.8");
+    refusing.deepspeed.bf16_optimizer_states = Some(false);
+    let err = resolve_offload(&refusing, "default", &profile, &idx(&[node()])).unwrap_err();
+    assert!(!err.to_string().contains("in bf16"), "{err}");
+    // A DeepSpeed before 0.19.1 has no such keys: neither taken nor offered.
+    let mut old = limited("0.19.0");
+    old.deepspeed.bf16_optimizer_states = Some(true);
+    let err = resolve(&old, &[node()]).unwrap_err();
+    assert!(!err.to_string().contains("in bf16"), "{err}");
+    // Where fp32 fits, consent changes nothing.
+    let mut fits = job("0.19.8");
+    fits.deepspeed.bf16_optimizer_states = Some(true);
+    let res = resolve(&fits, &[node()]).unwrap();
+    assert!(!ds_plan(&res).bf16_optimizer_states);
+    assert_eq!(res.ratio, fp32.ratio);
+}

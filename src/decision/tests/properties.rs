@@ -112,6 +112,7 @@ fn arb_job() -> impl Strategy<Value = JobRequest> {
                     super_offload: sup,
                     zen_flow: None,
                     zenflow_in_config: false,
+                    ..DeepSpeedRequest::default()
                 },
                 model: hints
                     .map(|(parameters, tokens_per_step)| super::hints(parameters, tokens_per_step)),

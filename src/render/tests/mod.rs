@@ -155,6 +155,27 @@ fn merge_keeps_every_user_key_and_is_idempotent() {
 }
 
 #[test]
+fn the_optimizer_state_in_bf16_writes_its_two_keys_beside_the_users_bf16_section() {
+    let user = json!({"bf16": {"enabled": true, "immediate_grad_update": false},
+                      "zero_optimization": {"stage": 3}});
+    let res = resolved(Framework::DeepSpeed, Some("0.19.8"), fixtures::H200_READING);
+    let plan = crate::decision::DeepSpeedPlan {
+        bf16_optimizer_states: true,
+        ..ds_plan(&res)
+    };
+    let merged = merge_config(&user, &res, &plan).unwrap();
+    let bf16 = &merged["bf16"];
+    assert_eq!(bf16["enabled"], true);
+    assert_eq!(bf16["bf16_master_weights_and_grads"], true);
+    assert_eq!(bf16["bf16_optimizer_states"], true);
+    assert_eq!(bf16["immediate_grad_update"], false);
+    assert_eq!(merge_config(&merged, &res, &plan).unwrap(), merged);
+    // Without the rung the user's section is left as written.
+    let plain = merge_config(&user, &res, &ds_plan(&res)).unwrap();
+    assert_eq!(plain["bf16"], user["bf16"]);
+}
+
+#[test]
 fn merge_rejects_keys_the_declared_version_does_not_know() {
     let user = json!({"zero_optimization": {"offload_optimizer": {"device": "cpu", "turbo": 1}}});
     let res = resolved(Framework::DeepSpeed, Some("0.19.8"), fixtures::H200_READING);

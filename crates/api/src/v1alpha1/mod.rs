@@ -1,12 +1,14 @@
 //! The `offload.dev/v1alpha1` API: `TrainingJob` and `OffloadProfile`, and the CRDs made from them.
 
 mod common;
+mod megatron;
 mod model_hints;
 mod offload_profile;
 mod reason;
 mod training_job;
 
 pub use common::*;
+pub use megatron::*;
 pub use model_hints::*;
 pub use offload_profile::*;
 pub use reason::*;

@@ -120,6 +120,13 @@ pub struct OffloadProfileSpec {
     #[serde(default, rename = "allowZenFlow")]
     pub allow_zen_flow: bool,
 
+    /// Consent, for every DeepSpeed job of this profile that leaves
+    /// `deepspeed.bf16OptimizerStates` unset, to the optimizer state kept in bf16 under offload
+    /// where the job fits no configuration in fp32 (a change to the numerics; about half the
+    /// host memory of the offloaded state).
+    #[serde(default)]
+    pub allow_bf16_optimizer_states: bool,
+
     /// How many times a TrainingJob whose training pod runs out of GPU or host memory is
     /// re-decided with that evidence and recreated (its estimate raised past what failed); after
     /// that it is held with the figures. 0: never.
@@ -244,6 +251,7 @@ impl Default for OffloadProfileSpec {
             allow_cpu_copy_on_coherent_nodes: false,
             startup_guard: true,
             allow_zen_flow: false,
+            allow_bf16_optimizer_states: false,
             max_memory_retries: DEFAULT_MAX_MEMORY_RETRIES,
             learn_memory: true,
             learning_scope: LearningScope::Namespace,

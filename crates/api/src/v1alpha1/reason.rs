@@ -81,6 +81,9 @@ pub enum ReasonCode {
     SuperOffloadSetup,
     /// DeepSpeed's ZenFlow on or off (only with consent: it changes the optimisation).
     ZenFlow,
+    /// The optimizer state kept in bf16 under offload (only with consent: it changes the
+    /// numerics), where nothing in fp32 fits.
+    Bf16OptimizerStates,
     /// DeepSpeed's `offload_param`: parameters offloaded too, or kept on the GPU.
     ParametersOffloaded,
     /// A setting the declared framework version cannot take was lowered to one it can.
@@ -98,7 +101,7 @@ pub enum ReasonCode {
 
 impl ReasonCode {
     /// Every code, in the order the reference lists them.
-    pub const ALL: [ReasonCode; 34] = [
+    pub const ALL: [ReasonCode; 35] = [
         ReasonCode::FitsWithoutOffload,
         ReasonCode::SmallestOffloadThatFits,
         ReasonCode::ProvenByRuns,
@@ -127,6 +130,7 @@ impl ReasonCode {
         ReasonCode::SuperOffload,
         ReasonCode::SuperOffloadSetup,
         ReasonCode::ZenFlow,
+        ReasonCode::Bf16OptimizerStates,
         ReasonCode::ParametersOffloaded,
         ReasonCode::SettingLowered,
         ReasonCode::NoOverlapSwitch,
@@ -163,6 +167,7 @@ impl ReasonCode {
             C::FrameworkSettings
             | C::SuperOffload
             | C::SuperOffloadSetup
+            | C::Bf16OptimizerStates
             | C::ZenFlow
             | C::ParametersOffloaded
             | C::SettingLowered
@@ -204,6 +209,7 @@ impl ReasonCode {
             ReasonCode::SuperOffload => "SuperOffload",
             ReasonCode::SuperOffloadSetup => "SuperOffloadSetup",
             ReasonCode::ZenFlow => "ZenFlow",
+            ReasonCode::Bf16OptimizerStates => "Bf16OptimizerStates",
             ReasonCode::ParametersOffloaded => "ParametersOffloaded",
             ReasonCode::SettingLowered => "SettingLowered",
             ReasonCode::NoOverlapSwitch => "NoOverlapSwitch",

@@ -131,6 +131,7 @@ fn bench_job(shape: ModelShape, tokens: f64, group: Option<f64>) -> JobMemory {
         untraced: None,
         counted_parameters: None,
         logits_room: true,
+        bf16_states: false,
     }
 }
 

@@ -37,10 +37,10 @@ pub(super) fn pinned_block(bytes: f64) -> f64 {
 /// Pinned bytes of the sub-groups' fp32 gradient buffers: per power-of-two size, as many blocks
 /// as sub-groups on the host of that size, and one where only sub-groups on the GPU have it
 /// (theirs are freed to the allocator's cache and reused one after another).
-pub(super) fn pinned_gradient_blocks(on_gpu: &[f64], on_host: &[f64]) -> f64 {
+pub(super) fn pinned_gradient_blocks(on_gpu: &[f64], on_host: &[f64], state: f64) -> f64 {
     let mut sizes: Vec<(f64, usize, bool)> = Vec::new();
     let mut count = |n: f64, host: bool| {
-        let block = pinned_block(4.0 * n);
+        let block = pinned_block(state * n);
         match sizes.iter_mut().find(|(b, _, _)| *b == block) {
             Some(entry) => {
                 if host {
@@ -103,7 +103,7 @@ impl JobMemory {
         } else {
             s
         };
-        let o = self.optimizer_bytes() + if self.mixed() { 4.0 } else { 0.0 };
+        let o = self.optimizer_bytes() + self.grad_bytes();
         base + match placement {
             Placement::NoOffload => 0.0,
             Placement::PartialOptimizer(_) => (3.0 + o * r) * state,
@@ -154,10 +154,13 @@ impl JobMemory {
     pub(super) fn zero3_optimizer_on_host(&self, on_host: OnHost<'_>) -> f64 {
         let s = self.shard();
         let b = self.value_bytes;
+        // The master weights, each moment and the master gradients: 4 bytes a parameter in
+        // fp32, 2 in bf16.
+        let sb = self.state_bytes();
         let flat = pinned_block(b * s);
         let (groups, offloaded, largest) = match on_host {
             OnHost::Walked { on_gpu, on_host } => {
-                let blocks = pinned_gradient_blocks(on_gpu, on_host);
+                let blocks = pinned_gradient_blocks(on_gpu, on_host, sb);
                 let offloaded: f64 = on_host.iter().sum();
                 let largest = on_host.iter().copied().fold(0.0, f64::max);
                 (blocks, offloaded, largest)
@@ -166,16 +169,16 @@ impl JobMemory {
                 // A block is less than twice what it holds; one block of the sub-groups on the
                 // GPU stays cached.
                 let offloaded = share * s;
-                let cached = if share < 1.0 { 2.0 * 4.0 * group } else { 0.0 };
+                let cached = if share < 1.0 { 2.0 * sb * group } else { 0.0 };
                 (
-                    2.0 * 4.0 * offloaded + cached,
+                    2.0 * sb * offloaded + cached,
                     offloaded,
                     group.min(offloaded),
                 )
             }
         };
         let start = b * s;
-        let first_step = STEP_HOST_BYTES + 8.0 * offloaded + b * largest;
-        HOST_BASE_BYTES + flat + groups + 4.0 * offloaded + start.max(first_step)
+        let first_step = STEP_HOST_BYTES + 2.0 * sb * offloaded + b * largest;
+        HOST_BASE_BYTES + flat + groups + sb * offloaded + start.max(first_step)
     }
 }

@@ -38,7 +38,7 @@ fn pinned_blocks_match_what_the_host_allocator_held() {
             panic!("{name}: the walk adds up to the shard");
         };
         let pinned =
-            pinned_block(j.value_bytes * j.shard()) + pinned_gradient_blocks(on_gpu, on_host);
+            pinned_block(j.value_bytes * j.shard()) + pinned_gradient_blocks(on_gpu, on_host, 4.0);
         let err = pinned / measured - 1.0;
         assert!(
             err.abs() <= 0.001,
@@ -58,15 +58,15 @@ fn gradient_blocks_of_the_gpus_sub_groups_are_cached_once() {
     // Two sub-groups of 100 M parameters (400 MB → 512 MiB blocks) on the host, three on the
     // GPU of the same size: two blocks.
     assert_eq!(
-        pinned_gradient_blocks(&[1e8, 1e8, 1e8], &[1e8, 1e8]),
+        pinned_gradient_blocks(&[1e8, 1e8, 1e8], &[1e8, 1e8], 4.0),
         2.0 * 512.0 * mib
     );
     // One sub-group on the GPU of 250 M (1 GB → 1 GiB block) beside them: one more block.
     assert_eq!(
-        pinned_gradient_blocks(&[2.5e8, 1e8], &[1e8, 1e8]),
+        pinned_gradient_blocks(&[2.5e8, 1e8], &[1e8, 1e8], 4.0),
         2.0 * 512.0 * mib + 1024.0 * mib
     );
-    assert_eq!(pinned_gradient_blocks(&[], &[]), 0.0);
+    assert_eq!(pinned_gradient_blocks(&[], &[], 4.0), 0.0);
 }
 
 #[test]

@@ -67,6 +67,7 @@ pub(super) fn job(shape: ModelShape, tokens: f64) -> JobMemory {
         untraced: None,
         counted_parameters: None,
         logits_room: true,
+        bf16_states: false,
     }
 }
 
