@@ -639,6 +639,18 @@ async fn the_agent_may_only_touch_offload_keys_on_its_own_node(
         "--overwrite",
     ]);
     assert!(!ok && err.contains("offload.dev/* annotations"), "{err}");
+    // Nor may it confirm its own word on the node's memory model.
+    let (ok, err) = as_agent(&[
+        "annotate",
+        "node",
+        "chart-h200-0",
+        "offload.dev/memory-model-confirmed=coherent",
+        "--overwrite",
+    ]);
+    assert!(
+        !ok && err.contains("may not change offload.dev/memory-model-confirmed"),
+        "{err}"
+    );
     kubectl(
         cluster,
         &["label", "node", "chart-h200-0", "offload.dev/probe-"],
