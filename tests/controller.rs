@@ -302,16 +302,7 @@ async fn a_megatron_job_gets_its_hybrid_optimizer_flags_before_any_pod_starts() 
                          "attentionHeads": 48, "vocabSize": 50304, "tokensPerStep": 4096}}),
     )
     .await;
-    let held = wait_for_condition(&api, "gpt-sgd", "OffloadResolved", "False").await;
-    let cond = held
-        .status
-        .as_ref()
-        .unwrap()
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "OffloadResolved")
-        .unwrap()
-        .clone();
+    let cond = condition_when(&api, "gpt-sgd", "OffloadResolved", "False").await;
     assert!(
         cond.message.contains("takes --optimizer adam alone")
             && cond.message.contains("spec.megatron.optimizer: Adam"),

@@ -117,6 +117,13 @@ pub(in crate::decision) struct PlacementInputs<'j> {
 }
 
 impl PlacementInputs<'_> {
+    /// No GPU node has reported (or none matches the profile).
+    fn no_nodes(&self) -> ResolveError {
+        ResolveError::NoReportedNodes {
+            profile: self.profile_name.to_string(),
+        }
+    }
+
     /// A ratio the job or the profile fixes, with where it comes from. A profile's partial
     /// ratio the framework cannot take is lowered to 1 (the ratio step says so); a job's is
     /// refused before placement.
@@ -190,9 +197,6 @@ pub(in crate::decision) fn choose<'c, 'a>(
     let job = cx.job;
     let profile = cx.profile;
     let (requested, source) = effective(job.offload.mode, profile.mode, ModeSetting::Auto);
-    let no_nodes = || ResolveError::NoReportedNodes {
-        profile: cx.profile_name.to_string(),
-    };
     match requested {
         ModeSetting::Disabled => disabled(cx, candidates, source),
         ModeSetting::UnifiedMemory => unified_requested(cx, candidates, source),
@@ -200,7 +204,7 @@ pub(in crate::decision) fn choose<'c, 'a>(
         ModeSetting::Auto => {
             let classes = candidates.ordered(profile);
             if classes.is_empty() {
-                return Err(no_nodes());
+                return Err(cx.no_nodes());
             }
             match cx.memory {
                 None if cx.profile.unknown_size == UnknownSize::TryFastest => {
@@ -229,9 +233,7 @@ fn unified_requested<'c, 'a>(
             });
         }
         if candidates.is_empty() {
-            return Err(ResolveError::NoReportedNodes {
-                profile: cx.profile_name.to_string(),
-            });
+            return Err(cx.no_nodes());
         }
         return Err(ResolveError::NoCoherentNodes {
             profile: cx.profile_name.to_string(),
@@ -271,9 +273,7 @@ fn copy_requested<'c, 'a>(
             format!("mode CPUCopy (from {source})"),
         )
     } else if coherent.is_empty() {
-        Err(ResolveError::NoReportedNodes {
-            profile: cx.profile_name.to_string(),
-        })
+        Err(cx.no_nodes())
     } else if cx.profile.allow_cpu_copy_on_coherent_nodes {
         explicit(
             cx,
@@ -380,9 +380,7 @@ fn disabled<'c, 'a>(
     };
     let classes = candidates.ordered(cx.profile);
     if classes.is_empty() {
-        return Err(ResolveError::NoReportedNodes {
-            profile: cx.profile_name.to_string(),
-        });
+        return Err(cx.no_nodes());
     }
     let mut fitting: Vec<(&ClassNodes, MemoryChoice)> = Vec::new();
     let mut failures = Vec::new();

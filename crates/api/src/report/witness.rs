@@ -62,10 +62,8 @@ impl MemoryWitnesses {
         gpus: &[GpuReport],
         memory_only: Option<Vec<MemoryOnlyNode>>,
     ) -> MemoryWitnesses {
-        let mut nodes = memory_only.clone().unwrap_or_default();
-        nodes.truncate(MAX_MEMORY_ONLY_NODES);
         let gpu_bytes: u64 = gpus.iter().map(|g| g.memory_total_bytes).sum();
-        let kernel = memory_only.map(|m| {
+        let kernel = memory_only.as_ref().map(|m| {
             let held: u64 = m.iter().map(|n| n.bytes).fold(0, u64::saturating_add);
             #[allow(clippy::cast_precision_loss)]
             let holds = gpu_bytes > 0 && held as f64 >= GPU_MEMORY_SHARE * gpu_bytes as f64;
@@ -97,6 +95,8 @@ impl MemoryWitnesses {
             ),
             (false, _) => (true, format!("NVML ({nvml}); the kernel shows no GPU memory node")),
         };
+        let mut nodes = memory_only.unwrap_or_default();
+        nodes.truncate(MAX_MEMORY_ONLY_NODES);
         MemoryWitnesses {
             nvml,
             kernel,
